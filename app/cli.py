@@ -1,0 +1,87 @@
+"""`cudagraph-serve`: the command line. `serve` starts the HTTP server; flags override settings."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+import uvicorn
+from pydantic import ValidationError
+
+from app.config import Settings, describe_errors
+
+# Flags that map one-to-one onto Settings fields (dashes for underscores).
+SERVE_FLAGS: dict[str, dict[str, Any]] = {
+    "host": {},
+    "port": {"type": int},
+    "device": {"help": "auto | cpu | cuda | cuda:N"},
+    "engine": {"choices": ["auto", "eager", "cuda-graph"]},
+    "weights": {},
+    "buckets": {"help": "comma-separated batch sizes, e.g. 1,2,4,8"},
+    "max-delay-ms": {"type": float},
+    "queue-limit": {"type": int},
+    "in-flight": {"type": int},
+    "request-timeout-s": {"type": float},
+    "max-body-bytes": {"type": int},
+    "max-instances": {"type": int},
+    "dtype": {"choices": ["fp32", "fp16", "bf16"]},
+    "channels-last": {"action": argparse.BooleanOptionalAction},
+    "log-level": {"choices": ["debug", "info", "warning", "error"]},
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cudagraph-serve", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the HTTP server (settings: CGSERVE_* env, .env, flags)")
+    for flag, options in SERVE_FLAGS.items():
+        serve.add_argument(f"--{flag}", default=None, **options)
+    return parser
+
+
+def load_settings(overrides: dict[str, Any]) -> Settings:
+    """Settings from env and .env with the given flags on top; exits 2 with what to fix."""
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as error:
+        sys.stderr.write(describe_errors(error) + "\n")
+        raise SystemExit(2) from None
+
+
+def serve(settings: Settings) -> int:
+    from app.main import create_app
+
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    server: uvicorn.Server | None = None
+
+    def exit_server() -> None:
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(settings, on_fatal=exit_server)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=False,  # per-request logging costs more than the model; metrics count requests
+        loop="auto",  # uvloop where installed
+        http="auto",  # httptools where installed
+    )
+    server = uvicorn.Server(config)
+    server.run()
+    return 1 if app.state.service.failure else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        overrides = {name: value for name, value in vars(args).items() if name != "command"}
+        return serve(load_settings(overrides))
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

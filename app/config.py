@@ -1,0 +1,109 @@
+"""The service's one Settings object: env prefix CGSERVE_, a .env file, CLI flags on top."""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from models.cnn import WEIGHTS_PATH
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CGSERVE_", env_file=".env", extra="ignore", frozen=True)
+
+    host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 in a container).")
+    port: int = Field(8000, ge=1, le=65535)
+    model: Literal["fashion-cnn"] = Field("fashion-cnn", description="Which model spec to serve.")
+    weights: Path = Field(WEIGHTS_PATH, description="State dict to load into the model.")
+    device: str = Field("auto", description="auto | cpu | cuda | cuda:N; auto takes cuda:0 where present.")
+    engine: Literal["auto", "eager", "cuda-graph"] = Field(
+        "auto", description="auto: cuda-graph on a GPU, eager on the CPU."
+    )
+    buckets: Annotated[tuple[int, ...], NoDecode] = Field(
+        DEFAULT_BUCKETS, description="Batch sizes to capture, comma-separated (e.g. 1,2,4,8)."
+    )
+    max_delay_ms: float = Field(
+        1.0, ge=0.0, le=1000.0, description="Longest the oldest queued request waits for a fuller batch."
+    )
+    queue_limit: int = Field(4096, ge=1, description="Rows allowed to wait; more are shed with 503.")
+    in_flight: int = Field(2, ge=1, le=16, description="Batches launched but not yet handed back.")
+    request_timeout_s: float = Field(10.0, gt=0.0, description="A request still queued after this gets 504.")
+    max_body_bytes: int = Field(16 * 2**20, ge=1024, description="Larger request bodies get 413.")
+    max_instances: int = Field(1024, ge=1, description="Images allowed in one request.")
+    max_image_pixels: int = Field(
+        4096 * 4096, ge=784, description="Uploads with more pixels are refused before decoding."
+    )
+    dtype: Literal["fp32", "fp16", "bf16"] = Field("fp32", description="Compute dtype on the GPU.")
+    channels_last: bool = Field(False, description="Run convolutions in channels_last memory format.")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("buckets", mode="before")
+    @classmethod
+    def _split_buckets(cls, value: object) -> object:
+        if isinstance(value, str):
+            try:
+                return tuple(int(part) for part in value.split(",") if part.strip())
+            except ValueError:
+                raise ValueError(f"buckets must be comma-separated integers such as 1,2,4,8; got {value!r}") from None
+        return value
+
+    @field_validator("buckets")
+    @classmethod
+    def _check_buckets(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value:
+            raise ValueError("buckets must name at least one batch size, e.g. 1,2,4,8")
+        if any(b < 1 for b in value):
+            raise ValueError(f"every bucket must be a positive batch size; got {list(value)}")
+        return tuple(sorted(set(value)))
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        if not _DEVICE.match(value):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N; got {value!r}") from None
+        return value
+
+    @field_validator("weights")
+    @classmethod
+    def _check_weights(cls, value: Path) -> Path:
+        if not value.is_file():
+            raise ValueError(f"weights file {value} does not exist; point CGSERVE_WEIGHTS at a state dict")
+        return value
+
+    @model_validator(mode="after")
+    def _check_engine_device(self) -> Settings:
+        if self.engine == "cuda-graph" and self.device == "cpu":
+            raise ValueError("engine cuda-graph needs a CUDA device; use device auto or cuda, or engine eager")
+        if self.queue_limit < self.max_instances:
+            raise ValueError(
+                f"queue_limit ({self.queue_limit}) must be at least max_instances ({self.max_instances}), "
+                "or the largest allowed request could never be queued"
+            )
+        return self
+
+    @property
+    def max_bucket(self) -> int:
+        return self.buckets[-1]
+
+
+def describe_errors(error: ValidationError) -> str:
+    """One line per invalid setting, named as the user would set it (env var and flag)."""
+    lines = []
+    for item in error.errors():
+        name = ".".join(str(part) for part in item["loc"]) or "settings"
+        where = f"CGSERVE_{name.upper()} / --{name.replace('_', '-')}" if item["loc"] else name
+        lines.append(f"  {where}: {item['msg']}")
+    return "invalid configuration:\n" + "\n".join(lines)
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

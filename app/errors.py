@@ -1,0 +1,91 @@
+"""Errors that become HTTP answers, each with a status, a code, what was wrong and what was expected.
+
+Every error body has one shape: {"error": {"code": ..., "message": ..., "expected": ...}}.
+"""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    status: int = 500
+    code: str = "internal_error"
+    # The label on cgserve_rejections_total.
+    reason: str = "engine_error"
+
+    def __init__(self, message: str, *, expected: str = "", headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.expected = expected
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, dict[str, str]]:
+        error = {"code": self.code, "message": self.message}
+        if self.expected:
+            error["expected"] = self.expected
+        return {"error": error}
+
+
+class InputError(ServiceError):
+    """The request itself is wrong: the client must change it."""
+
+    status = 422
+    code = "invalid_input"
+    reason = "invalid_input"
+
+    def __init__(self, message: str, *, expected: str, status: int = 422, code: str = "invalid_input") -> None:
+        super().__init__(message, expected=expected)
+        self.status = status
+        self.code = code
+
+
+class BodyTooLargeError(InputError):
+    reason = "body_too_large"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"request body exceeds {limit} bytes",
+            expected=f"a body of at most {limit} bytes (CGSERVE_MAX_BODY_BYTES); split large requests",
+            status=413,
+            code="body_too_large",
+        )
+
+
+class QueueFullError(ServiceError):
+    status = 503
+    code = "overloaded"
+    reason = "queue_full"
+
+    def __init__(self, queued: int, limit: int) -> None:
+        super().__init__(
+            f"the queue holds {queued} rows and its limit is {limit}; the request was not queued",
+            expected="a retry after the Retry-After interval",
+            headers={"Retry-After": "1"},
+        )
+
+
+class DeadlineExceededError(ServiceError):
+    status = 504
+    code = "deadline_exceeded"
+    reason = "deadline_exceeded"
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(
+            f"the request waited longer than its {timeout_s:g} s deadline and was not run",
+            expected="a retry when the service is less loaded",
+        )
+
+
+class NotReadyError(ServiceError):
+    status = 503
+    code = "not_ready"
+    reason = "not_ready"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail, expected="a retry once GET /readyz answers 200", headers={"Retry-After": "1"})
+
+
+class EngineError(ServiceError):
+    """The batch this request rode in failed on the engine; the error is logged with its traceback."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"inference failed: {detail}", expected="a retry; the failure is logged on the server")

@@ -1,0 +1,37 @@
+"""The FastAPI application: routes, the body-size limit and the service's lifespan."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from app.body_limit import BodyLimitMiddleware
+from app.config import Settings, get_settings
+from app.routes import router
+from app.service import Service
+
+
+def create_app(settings: Settings | None = None, *, on_fatal: Callable[[], None] = lambda: None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        service = Service(settings, on_fatal=on_fatal)
+        app.state.service = service
+        service.start()
+        try:
+            yield
+        finally:
+            await service.stop()
+
+    app = FastAPI(
+        title="cudagraph-serve",
+        summary="A Fashion-MNIST CNN served with dynamic batching and one CUDA graph per batch size.",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.include_router(router)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    return app

@@ -1,0 +1,73 @@
+"""Every Prometheus metric the service exports, in one place.
+
+Base units (seconds, rows), histograms rather than summaries so that replicas aggregate,
+prefix `cgserve_`. deploy/ (recording rules, alerts, the Grafana dashboard) and the tests
+that check them read the names from here.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+# 50 µs … 10 s: a replay of the seed CNN is ~30 µs, an overloaded queue is seconds.
+LATENCY_BUCKETS = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005,
+    0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+# Powers of two up to 1024 rows: the default buckets are 1…128, requests may carry more.
+ROW_BUCKETS = tuple(float(2**i) for i in range(11))
+
+REQUEST_LATENCY = Histogram(
+    "cgserve_request_duration_seconds",
+    "POST /predict end to end, from the body received to the answer encoded.",
+    ["format"],
+    buckets=LATENCY_BUCKETS,
+)
+REQUESTS = Counter(
+    "cgserve_requests",
+    "POST /predict answers by input format and HTTP status code.",
+    ["format", "code"],
+)
+QUEUE_WAIT = Histogram(
+    "cgserve_queue_wait_seconds",
+    "Time a request's rows waited in the batcher's queue before their batch was launched.",
+    buckets=LATENCY_BUCKETS,
+)
+BATCH_COMPUTE = Histogram(
+    "cgserve_batch_compute_seconds",
+    "Device time of one batch by bucket: CUDA timing events around the replay on a GPU, "
+    "the forward call's wall time on the CPU.",
+    ["bucket"],
+    buckets=LATENCY_BUCKETS,
+)
+BATCH_ROWS = Histogram(
+    "cgserve_batch_rows",
+    "Real (non-padding) rows in one launched batch.",
+    buckets=ROW_BUCKETS,
+)
+BATCHES = Counter("cgserve_batches", "Batches launched (graph replays) by bucket.", ["bucket"])
+PADDING_ROWS = Counter(
+    "cgserve_padding_rows",
+    "Rows of padding added to reach a captured bucket size, by bucket.",
+    ["bucket"],
+)
+QUEUE_DEPTH = Gauge("cgserve_queue_depth_rows", "Rows waiting in the batcher's queue.")
+IN_FLIGHT = Gauge("cgserve_in_flight_batches", "Batches launched whose results are not yet handed back.")
+REJECTIONS = Counter(
+    "cgserve_rejections",
+    "Requests answered with an error, by reason: invalid_input, body_too_large, queue_full, "
+    "deadline_exceeded, engine_error.",
+    ["reason"],
+)
+CAPTURE_SECONDS = Gauge(
+    "cgserve_graph_capture_seconds", "Wall time to warm up and capture each bucket's CUDA graph.", ["bucket"]
+)
+GRAPH_POOL_BYTES = Gauge(
+    "cgserve_graph_pool_bytes", "Device memory held by the shared CUDA-graph memory pool after capture."
+)
+READY = Gauge("cgserve_ready", "1 when the engine is ready to serve, 0 while starting or broken.")
+ENGINE_INFO = Gauge(
+    "cgserve_engine_info",
+    "Always 1; the labels name the engine serving this process.",
+    ["engine", "device", "dtype", "model"],
+)

@@ -1,0 +1,72 @@
+"""The real server process, started with README's command, answering real concurrent clients."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+import torch
+
+from app.config import Settings
+from app.model_spec import FASHION_CNN
+from tests.integration.server_process import running_server
+
+CONCURRENT = 200
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with running_server(tmp_path_factory.mktemp("server") / "server.log", max_delay_ms="2") as url:
+        yield url
+
+
+def test_concurrent_requests_each_get_the_eager_answer_for_their_own_input(server: str) -> None:
+    rng = np.random.default_rng(7)
+    # Requests of 1–3 images, so batches mix request sizes and split across buckets.
+    inputs = [rng.random((int(rng.integers(1, 4)), 784), dtype=np.float32) for _ in range(CONCURRENT)]
+
+    async def send_all() -> list[httpx.Response]:
+        limits = httpx.Limits(max_connections=CONCURRENT)
+        async with httpx.AsyncClient(base_url=server, limits=limits, timeout=60) as client:
+            return await asyncio.gather(
+                *(
+                    client.post(
+                        "/predict",
+                        content=orjson.dumps({"instances": x}, option=orjson.OPT_SERIALIZE_NUMPY),
+                        headers={"content-type": "application/json"},
+                    )
+                    for x in inputs
+                )
+            )
+
+    answers = asyncio.run(send_all())
+    module = FASHION_CNN.build(Settings().weights)
+    for x, answer in zip(inputs, answers, strict=True):
+        assert answer.status_code == 200, answer.text
+        with torch.inference_mode():
+            want = module(torch.from_numpy(x).reshape(-1, 1, 28, 28)).numpy()
+        got = np.array([p["scores"] for p in answer.json()["predictions"]], dtype=np.float32)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    metrics = httpx.get(f"{server}/metrics").text
+    batches = sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("cgserve_batches_total{"))
+    assert 0 < batches < CONCURRENT  # concurrent requests were batched together
+
+
+def test_bad_request_to_the_real_server_leaves_it_serving(server: str) -> None:
+    bad = httpx.post(f"{server}/predict", content=b"{", headers={"content-type": "application/json"})
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
+    good = httpx.post(f"{server}/predict", json={"instances": [[0.0] * 784]})
+    assert good.status_code == 200
+
+
+def test_invalid_setting_stops_start_up_with_what_to_fix(tmp_path: Path) -> None:
+    with (
+        pytest.raises(RuntimeError, match=r"CGSERVE_BUCKETS / --buckets: .*positive"),
+        running_server(tmp_path / "bad.log", buckets="0,4"),
+    ):
+        pass

@@ -1,0 +1,70 @@
+"""An engine for batcher tests: no model, every output row a function of its own input row.
+
+Row i of a batch answers [v, 2v, 3v] where v is the mean of input row i, so a test that gives
+each request its own constant image can check that every request got its own rows back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+
+from app.engines.base import Slot
+
+SHAPE = (1, 2, 2)  # (C, H, W) of one tiny image
+CLASSES = 3
+
+
+def images(*values: float) -> np.ndarray:
+    """(len(values), 1, 2, 2) float32, image i filled with values[i]."""
+    return np.stack([np.full(SHAPE, v, dtype=np.float32) for v in values])
+
+
+def expected(*values: float) -> np.ndarray:
+    return np.array([[v, 2 * v, 3 * v] for v in values], dtype=np.float32)
+
+
+class FakeEngine:
+    name = "fake"
+    device = "cpu"
+
+    def __init__(self, buckets: tuple[int, ...] = (1, 2, 4, 8), *, poison: float | None = None) -> None:
+        self.buckets = buckets
+        self.poison = poison  # a batch holding this value fails
+        self.launches: list[tuple[int, np.ndarray]] = []  # (bucket, a copy of the real+padding inputs)
+        self.gate = asyncio.Event()  # closed: run() waits, as a busy device would
+        self.gate.set()
+        self.launched = asyncio.Event()
+
+    def new_slot(self) -> Slot:
+        max_bucket = self.buckets[-1]
+        return Slot(
+            inputs=np.zeros((max_bucket, *SHAPE), dtype=np.float32),
+            outputs=np.zeros((max_bucket, CLASSES), dtype=np.float32),
+        )
+
+    async def run(self, slot: Slot, bucket: int) -> float:
+        batch = slot.inputs[:bucket].copy()
+        self.launches.append((bucket, batch))
+        self.launched.set()
+        await self.gate.wait()
+        if self.poison is not None and (batch == self.poison).any():
+            raise RuntimeError("poisoned batch")
+        means = batch.reshape(bucket, -1).mean(axis=1)
+        slot.outputs[:bucket] = means[:, None] * np.array([1, 2, 3], dtype=np.float32)
+        return 0.001
+
+    def launched_values(self) -> list[list[float]]:
+        """Per launch, the first pixel of every row (padding included)."""
+        return [batch[:, 0, 0, 0].tolist() for _, batch in self.launches]
+
+    def healthy(self) -> bool:
+        return True
+
+    def describe(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,191 @@
+"""The batcher without HTTP: fill, delay, padding, split, deadline, overload, errors, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import numpy as np
+import pytest
+
+from app.batcher import Batcher
+from app.errors import DeadlineExceededError, EngineError, NotReadyError, QueueFullError
+from tests.unit.fake_engine import FakeEngine, expected, images
+
+pytestmark = pytest.mark.anyio
+
+# A delay no test waits out: where it matters, the test proves the batch left without it.
+FOREVER = 60.0
+
+
+@asynccontextmanager
+async def running(engine: FakeEngine, **options: float) -> AsyncIterator[Batcher]:
+    settings = {"max_delay_s": FOREVER, "queue_limit": 1024, "request_timeout_s": FOREVER, "in_flight": 2}
+    settings.update(options)
+    batcher = Batcher(
+        engine,
+        max_delay_s=settings["max_delay_s"],
+        queue_limit=int(settings["queue_limit"]),
+        request_timeout_s=settings["request_timeout_s"],
+        in_flight=int(settings["in_flight"]),
+    )
+    batcher.start()
+    try:
+        yield batcher
+    finally:
+        engine.gate.set()
+        await batcher.stop()
+
+
+async def submit_all(batcher: Batcher, *requests: np.ndarray) -> list[np.ndarray]:
+    return await asyncio.wait_for(asyncio.gather(*(batcher.submit(r) for r in requests)), timeout=10)
+
+
+def test_padding_table_maps_rows_to_smallest_bucket_that_fits() -> None:
+    batcher = Batcher(FakeEngine((1, 2, 4, 8)), max_delay_s=0, queue_limit=64, request_timeout_s=1)
+    assert [batcher.pad_to[rows] for rows in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
+
+
+async def test_full_largest_bucket_launches_without_waiting_for_the_delay() -> None:
+    engine = FakeEngine()
+    async with running(engine) as batcher:
+        values = [float(v) for v in range(1, 9)]
+        results = await submit_all(batcher, *(images(v) for v in values))
+    assert [bucket for bucket, _ in engine.launches] == [8]
+    for value, result in zip(values, results, strict=True):
+        np.testing.assert_array_equal(result, expected(value))
+
+
+async def test_partial_batch_launches_after_max_delay_padded_to_bucket() -> None:
+    engine = FakeEngine()
+    async with running(engine, max_delay_s=0.02) as batcher:
+        results = await submit_all(batcher, images(1.0), images(2.0), images(3.0))
+    assert [bucket for bucket, _ in engine.launches] == [4]  # 3 rows + 1 padding
+    assert engine.launched_values()[0][:3] == [1.0, 2.0, 3.0]
+    for value, result in zip([1.0, 2.0, 3.0], results, strict=True):
+        np.testing.assert_array_equal(result, expected(value))
+
+
+async def test_request_larger_than_largest_bucket_is_split_and_reassembled_in_order() -> None:
+    engine = FakeEngine()
+    values = [float(v) for v in range(20)]
+    async with running(engine, max_delay_s=0.0) as batcher:
+        (result,) = await submit_all(batcher, images(*values))
+    assert [bucket for bucket, _ in engine.launches] == [8, 8, 4]
+    np.testing.assert_array_equal(result, expected(*values))
+
+
+async def test_multi_image_requests_are_packed_row_by_row() -> None:
+    engine = FakeEngine()
+    async with running(engine, max_delay_s=0.0, in_flight=1) as batcher:
+        engine.gate.clear()
+        first = asyncio.create_task(batcher.submit(images(0.5)))
+        await engine.launched.wait()  # the device is busy with [0.5]; the next three queue up
+        rest = [asyncio.create_task(batcher.submit(images(v, v, v))) for v in (1.0, 2.0, 3.0)]
+        await asyncio.sleep(0)
+        engine.gate.set()
+        results = await asyncio.wait_for(asyncio.gather(first, *rest), timeout=10)
+    # 9 rows queued behind the first batch: one full bucket of 8, the 9th row in a batch of 1.
+    assert [bucket for bucket, _ in engine.launches] == [1, 8, 1]
+    assert engine.launched_values()[1] == [1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 3.0, 3.0]
+    for value, result in zip((1.0, 2.0, 3.0), results[1:], strict=True):
+        np.testing.assert_array_equal(result, expected(value, value, value))
+
+
+async def test_two_batches_in_flight_while_the_device_is_busy() -> None:
+    engine = FakeEngine()
+    async with running(engine, max_delay_s=0.0, in_flight=2) as batcher:
+        engine.gate.clear()
+        tasks = []
+        for value in (1.0, 2.0, 3.0):
+            tasks.append(asyncio.create_task(batcher.submit(images(value))))
+            await asyncio.sleep(0.01)
+        # Neither launched batch has come back; the third request waits for a free slot.
+        assert engine.launched_values() == [[1.0], [2.0]]
+        engine.gate.set()
+        results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
+    assert engine.launched_values() == [[1.0], [2.0], [3.0]]
+    for value, result in zip((1.0, 2.0, 3.0), results, strict=True):
+        np.testing.assert_array_equal(result, expected(value))
+
+
+async def test_request_past_its_deadline_gets_504_and_is_not_launched() -> None:
+    engine = FakeEngine()
+    async with running(engine, max_delay_s=0.0, in_flight=1, request_timeout_s=0.05) as batcher:
+        engine.gate.clear()
+        first = asyncio.create_task(batcher.submit(images(1.0)))
+        await engine.launched.wait()
+        late = asyncio.create_task(batcher.submit(images(2.0)))
+        await asyncio.sleep(0.1)  # the device stays busy past the second request's deadline
+        engine.gate.set()
+        np.testing.assert_array_equal(await first, expected(1.0))
+        with pytest.raises(DeadlineExceededError):
+            await late
+    assert engine.launched_values() == [[1.0]]
+
+
+async def test_queue_over_its_limit_sheds_with_503() -> None:
+    engine = FakeEngine()
+    async with running(engine, max_delay_s=0.0, in_flight=1, queue_limit=4) as batcher:
+        engine.gate.clear()
+        busy = asyncio.create_task(batcher.submit(images(1.0)))
+        await engine.launched.wait()
+        queued = asyncio.create_task(batcher.submit(images(2.0, 2.0, 2.0, 2.0)))
+        await asyncio.sleep(0)
+        with pytest.raises(QueueFullError) as refused:
+            await batcher.submit(images(3.0))
+        assert refused.value.headers == {"Retry-After": "1"}
+        engine.gate.set()
+        await asyncio.wait_for(asyncio.gather(busy, queued), timeout=10)
+
+
+async def test_failed_batch_fails_only_its_own_requests_and_batcher_keeps_running() -> None:
+    engine = FakeEngine(poison=-1.0)
+    async with running(engine, max_delay_s=0.0, in_flight=1) as batcher:
+        engine.gate.clear()
+        first = asyncio.create_task(batcher.submit(images(-1.0)))
+        await engine.launched.wait()
+        second = asyncio.create_task(batcher.submit(images(5.0)))
+        await asyncio.sleep(0)
+        engine.gate.set()
+        with pytest.raises(EngineError, match="poisoned batch"):
+            await first
+        np.testing.assert_array_equal(await second, expected(5.0))
+        np.testing.assert_array_equal(await batcher.submit(images(6.0)), expected(6.0))
+
+
+async def test_every_request_of_a_failed_batch_gets_the_error() -> None:
+    engine = FakeEngine(poison=-1.0)
+    async with running(engine, max_delay_s=0.01) as batcher:
+        outcomes = await asyncio.gather(*(batcher.submit(images(v)) for v in (1.0, -1.0, 2.0)), return_exceptions=True)
+    assert [type(o) for o in outcomes] == [EngineError] * 3
+
+
+async def test_cancelled_request_is_not_launched_and_others_are_answered() -> None:
+    engine = FakeEngine()
+    async with running(engine, max_delay_s=0.0, in_flight=1) as batcher:
+        engine.gate.clear()
+        busy = asyncio.create_task(batcher.submit(images(1.0)))
+        await engine.launched.wait()
+        gone = asyncio.create_task(batcher.submit(images(2.0)))
+        kept = asyncio.create_task(batcher.submit(images(3.0)))
+        await asyncio.sleep(0)
+        gone.cancel()  # the client disconnected while queued
+        engine.gate.set()
+        results = await asyncio.wait_for(asyncio.gather(busy, kept), timeout=10)
+    np.testing.assert_array_equal(results[1], expected(3.0))
+    launched = [v for values in engine.launched_values() for v in values]
+    assert 2.0 not in launched
+    assert batcher.queued_rows == 0
+
+
+async def test_stop_answers_queued_requests_503() -> None:
+    engine = FakeEngine()
+    batcher = Batcher(engine, max_delay_s=FOREVER, queue_limit=64, request_timeout_s=FOREVER, in_flight=1)
+    batcher.start()
+    waiting = asyncio.create_task(batcher.submit(images(1.0)))
+    await asyncio.sleep(0)
+    await batcher.stop()
+    with pytest.raises(NotReadyError):
+        await waiting
