@@ -28,6 +28,7 @@ SERVE_FLAGS: dict[str, dict[str, Any]] = {
     "max-instances": {"type": int},
     "dtype": {"choices": ["fp32", "fp16", "bf16"]},
     "channels-last": {"action": argparse.BooleanOptionalAction},
+    "event-wait": {"choices": ["poll", "spin", "block"]},
     "log-level": {"choices": ["debug", "info", "warning", "error"]},
 }
 
@@ -38,6 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the HTTP server (settings: CGSERVE_* env, .env, flags)")
     for flag, options in SERVE_FLAGS.items():
         serve.add_argument(f"--{flag}", default=None, **options)
+    dump = commands.add_parser("debug-dump", help="capture one bucket's CUDA graph and write its debug dump (dot)")
+    dump.add_argument("--bucket", type=int, default=8, help="batch size to capture (default 8)")
+    dump.add_argument("--out", default="cuda_graph.dot", help="file to write (default cuda_graph.dot)")
+    dump.add_argument("--device", default="cuda")
+    dump.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default=None)
     return parser
 
 
@@ -75,11 +81,40 @@ def serve(settings: Settings) -> int:
     return 1 if app.state.service.failure else 0
 
 
+def debug_dump(bucket: int, out: str, overrides: dict[str, Any]) -> int:
+    """Capture `bucket` alone with keep_graph=True and debug mode on, and write its dot file."""
+    import torch
+
+    from app.engines import resolve_device
+    from app.engines.cuda import CudaEngine
+    from app.model_spec import SPECS
+
+    settings = load_settings({**overrides, "buckets": (bucket,), "engine": "cuda-graph"})
+    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    spec = SPECS[settings.model]
+    torch.cuda.CUDAGraph().enable_debug_mode()  # must precede the capture to record the graph
+    engine = CudaEngine(
+        spec.build(settings.weights),
+        spec,
+        settings.buckets,
+        device=torch.device(resolve_device(settings.device)),
+        dtype=settings.dtype,
+        slots=1,
+        keep_graphs=True,
+    )
+    engine.debug_dump(bucket, out)
+    engine.close()
+    sys.stdout.write(f"wrote the CUDA graph of bucket {bucket} to {out}\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         overrides = {name: value for name, value in vars(args).items() if name != "command"}
         return serve(load_settings(overrides))
+    if args.command == "debug-dump":
+        return debug_dump(args.bucket, args.out, {"device": args.device, "dtype": args.dtype})
     return 2
 
 

@@ -43,6 +43,11 @@ class Settings(BaseSettings):
     )
     dtype: Literal["fp32", "fp16", "bf16"] = Field("fp32", description="Compute dtype on the GPU.")
     channels_last: bool = Field(False, description="Run convolutions in channels_last memory format.")
+    event_wait: Literal["poll", "spin", "block"] = Field(
+        "poll",
+        description="How a finished batch is noticed: the event loop polls its event, or a thread "
+        "waits on it spinning or sleeping (bench/results has the measured difference).",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("buckets", mode="before")

@@ -20,7 +20,8 @@ class ModelSpec:
     name: str
     input_shape: tuple[int, int, int]  # (C, H, W) of one image, float32 intensities in [0, 1]
     class_names: tuple[str, ...]
-    # Builds the module the engines serve: (B, C, H, W) → probabilities (B, num_classes), on the CPU.
+    # Builds the module the engines serve: (B, C, H, W) → logits (B, num_classes), on the CPU.
+    # Engines turn logits into probabilities with a softmax in fp32, whatever the compute dtype.
     build: Callable[[Path], nn.Module]
 
     @property

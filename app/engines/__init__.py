@@ -46,4 +46,5 @@ def build_engine(settings: Settings, spec: ModelSpec) -> Engine:
         dtype=settings.dtype,
         channels_last=settings.channels_last,
         slots=settings.in_flight,
+        event_wait=settings.event_wait,
     )

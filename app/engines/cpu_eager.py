@@ -43,8 +43,8 @@ class CpuEagerEngine:
         start = time.perf_counter()
         with torch.inference_mode():
             # from_numpy shares memory: (bucket, C, H, W) in, (bucket, classes) written in place.
-            probabilities = self.module(torch.from_numpy(slot.inputs[:bucket]))
-            torch.from_numpy(slot.outputs[:bucket]).copy_(probabilities)
+            logits = self.module(torch.from_numpy(slot.inputs[:bucket]))
+            torch.softmax(logits, dim=1, out=torch.from_numpy(slot.outputs[:bucket]))
         return time.perf_counter() - start
 
     def healthy(self) -> bool:

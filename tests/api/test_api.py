@@ -43,7 +43,7 @@ def eager_scores(images_uint8: np.ndarray) -> np.ndarray:
     module = FASHION_CNN.build(Settings().weights)
     x = torch.from_numpy(images_uint8.astype(np.float32) / 255).reshape(-1, 1, 28, 28)
     with torch.inference_mode():
-        return torch.cat([module(row[None]) for row in x]).numpy()
+        return torch.cat([torch.softmax(module(row[None]), dim=1) for row in x]).numpy()
 
 
 def png_bytes(image: np.ndarray) -> bytes:

@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,22 +24,28 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+README_COMMAND = ("make", "--no-print-directory", "serve")
+
+
 @contextmanager
-def running_server(log_path: Path, **settings: str) -> Iterator[str]:
-    """Run `make serve` with CGSERVE_* settings; yield its base URL once /readyz answers 200."""
+def running_server(log_path: Path, command: tuple[str, ...] = README_COMMAND, **settings: str) -> Iterator[str]:
+    """Run `command` (README's by default) with CGSERVE_* settings; yield its URL once /readyz answers 200."""
     port = free_port()
     env = {**os.environ, "CGSERVE_HOST": "127.0.0.1", "CGSERVE_PORT": str(port)}
     env.update({f"CGSERVE_{name.upper()}": value for name, value in settings.items()})
     with log_path.open("wb") as log:
         # A session of its own, so that stopping it stops make and the server it started.
         process = subprocess.Popen(
-            ["make", "--no-print-directory", "serve"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            list(command), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
         url = f"http://127.0.0.1:{port}"
         try:
             wait_ready(url, process, log_path)
             yield url
+        except BaseException:
+            sys.stderr.write(f"--- server log ({log_path}), last 4000 characters ---\n{log_path.read_text()[-4000:]}\n")
+            raise
         finally:
             stop(process)
 

@@ -1,0 +1,153 @@
+"""Engine micro-benchmark on a GPU: eager forward vs bare replay vs the engine's full path.
+
+Per bucket, medians over many runs, in µs of wall time on the host:
+  eager       module(x) on the device, then the stream synchronized (launch-bound)
+  replay      a bare graph of the forward alone (no copies): replay(), then the stream synchronized
+  queue_sync  the engine's own graph (H2D + forward + softmax + D2H) and its events, then the
+              stream synchronized: the full path without the asyncio hand-back
+  engine_*    `await engine.run(slot, b)` from an asyncio loop: the engine's full path, H2D +
+              forward + softmax + D2H in one replay, then the hand-back (poll / spin / block)
+Also the graph pool of all buckets vs the largest alone, and start-up times.
+
+    python3 bench/engine_bench.py --out bench/results/<date>-engine.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import platform
+import statistics
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from app.config import DEFAULT_BUCKETS, Settings
+from app.engines.base import Slot
+from app.engines.cuda import CudaEngine
+from app.engines.graph_capture import capture_graphs
+from app.model_spec import FASHION_CNN
+
+DEVICE = torch.device("cuda:0")
+VARIANTS = {  # name → CudaEngine options
+    "engine_graph_poll": {"event_wait": "poll"},
+    "engine_graph_spin": {"event_wait": "spin"},
+    "engine_graph_block": {"event_wait": "block"},
+    "engine_eager_poll": {"use_graphs": False, "event_wait": "poll"},
+}
+
+
+def build(buckets: tuple[int, ...], **options: object) -> CudaEngine:
+    module = FASHION_CNN.build(Settings().weights)
+    return CudaEngine(module, FASHION_CNN, buckets, device=DEVICE, **options)  # type: ignore[arg-type]
+
+
+def median_us(samples: list[float]) -> float:
+    return round(statistics.median(samples) * 1e6, 2)
+
+
+def time_host(fn, stream: torch.cuda.Stream, iterations: int) -> float:  # type: ignore[no-untyped-def]
+    samples = []
+    for _ in range(iterations):
+        started = time.perf_counter()
+        fn()
+        stream.synchronize()
+        samples.append(time.perf_counter() - started)
+    return median_us(samples)
+
+
+def time_engine(engine: CudaEngine, slot: Slot, bucket: int, iterations: int) -> tuple[float, float]:
+    """Median wall µs of the full path, and median device µs from its timing events."""
+    slot.inputs[:bucket] = np.random.default_rng(0).random((bucket, 1, 28, 28), dtype=np.float32)
+
+    async def loop() -> tuple[list[float], list[float]]:
+        walls, devices = [], []
+        for _ in range(iterations):
+            started = time.perf_counter()
+            device_s = await engine.run(slot, bucket)
+            walls.append(time.perf_counter() - started)
+            devices.append(device_s)
+        return walls, devices
+
+    walls, devices = asyncio.run(loop())
+    return median_us(walls), median_us(devices)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--iterations", type=int, default=2000)
+    args = parser.parse_args()
+    buckets = DEFAULT_BUCKETS
+    record: dict[str, object] = {
+        "command": " ".join(["python3", *sys.argv]),
+        "date": date.today().isoformat(),
+        "gpu": torch.cuda.get_device_name(DEVICE),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "iterations": args.iterations,
+        "units": "microseconds, median",
+    }
+
+    # Memory first, on a quiet allocator: the largest bucket alone, then every bucket.
+    memory = {}
+    for name, subset in (("largest_alone", buckets[-1:]), ("all_buckets", buckets)):
+        gc.collect()
+        torch.cuda.empty_cache()
+        engine = build(subset)
+        memory[name] = {"pool_bytes": engine.pool_bytes, "startup_s": round(engine.startup_seconds, 3)}
+        engine.close()
+        del engine
+    memory["ratio_all_to_largest"] = round(
+        memory["all_buckets"]["pool_bytes"] / memory["largest_alone"]["pool_bytes"], 3
+    )
+    record["memory"] = memory
+
+    engines = {name: build(buckets, **options) for name, options in VARIANTS.items()}
+    slots = {name: engine.new_slot() for name, engine in engines.items()}
+    record["startup_s"] = {name: round(e.startup_seconds, 3) for name, e in engines.items()}
+    record["capture_s"] = engines["engine_graph_poll"].capture_seconds
+    module = FASHION_CNN.build(Settings().weights).to(DEVICE).eval()
+    stream = torch.cuda.Stream(DEVICE)
+    static_in = torch.rand((buckets[-1], 1, 28, 28), device=DEVICE)
+    bare_graphs = capture_graphs(lambda b: module(static_in[:b]), buckets, stream, torch.cuda.graph_pool_handle())
+    rows = {}
+    for bucket in buckets:
+        x = static_in[:bucket]
+        with torch.inference_mode(), torch.cuda.stream(stream):
+            row: dict[str, float] = {
+                "eager": time_host(lambda x=x: module(x), stream, args.iterations),
+                "replay": time_host(bare_graphs.graphs[bucket].replay, stream, args.iterations),
+            }
+        polled = engines["engine_graph_poll"]
+        state = slots["engine_graph_poll"].device_state
+        row["queue_sync"] = time_host(
+            lambda b=bucket, e=polled, s=state: e._queue_batch(s, b), polled._stream, args.iterations
+        )
+        for name, engine in engines.items():
+            row[name], row[name + "_device"] = time_engine(engine, slots[name], bucket, args.iterations)
+        row["ratio_engine_to_replay"] = round(row["engine_graph_poll"] / row["replay"], 3)
+        rows[str(bucket)] = row
+        print(
+            f"bucket {bucket:4d}: eager {row['eager']:7.1f}  replay {row['replay']:7.1f}  "
+            + "  ".join(f"{n.removeprefix('engine_')} {row[n]:7.1f}" for n in VARIANTS)
+            + f"  ratio {row['ratio_engine_to_replay']:.2f}",
+            flush=True,
+        )
+    record["buckets"] = rows
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    print(json.dumps(memory, indent=2))
+    for engine in engines.values():
+        engine.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""The CUDA-graph engine on a real GPU (marker `gpu`; skipped where torch sees no CUDA device)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import resource
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from app.batcher import Batcher
+from app.config import Settings
+from app.engines.base import Slot
+from app.engines.cuda import TOLERANCE, CudaEngine
+from app.main import create_app
+from app.model_spec import FASHION_CNN
+from models.fashion_mnist import load_test_sample
+from tests.integration.server_process import ROOT, running_server
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+DEVICE = torch.device("cuda:0")
+
+
+def build(**options: object) -> CudaEngine:
+    buckets = options.pop("buckets", BUCKETS)
+    return CudaEngine(FASHION_CNN.build(Settings().weights), FASHION_CNN, buckets, device=DEVICE, **options)  # type: ignore[arg-type]
+
+
+def eager(x: np.ndarray) -> np.ndarray:
+    """(k, 1, 28, 28) → (k, 10) probabilities: the fp32 model run eagerly on the GPU, without TF32."""
+    module = FASHION_CNN.build(Settings().weights).to(DEVICE)
+    with torch.inference_mode(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        return torch.softmax(module(torch.from_numpy(x).to(DEVICE)), dim=1).cpu().numpy()
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+async def run_rows(engine: CudaEngine, slot: Slot, x: np.ndarray, bucket: int) -> np.ndarray:
+    slot.inputs[: len(x)] = x
+    await engine.run(slot, bucket)
+    return slot.outputs[: len(x)].copy()
+
+
+@pytest.fixture
+def engine() -> Iterator[CudaEngine]:
+    built = build()
+    yield built
+    built.close()
+
+
+@pytest.mark.parametrize("event_wait", ["poll", "spin", "block"])
+def test_every_bucket_equals_eager_in_fp32(event_wait: str) -> None:
+    engine = build(event_wait=event_wait)
+    slot = engine.new_slot()
+    rng = np.random.default_rng()
+    try:
+        for bucket in BUCKETS:
+            x = rng.random((bucket, 1, 28, 28), dtype=np.float32)
+            got = asyncio.run(run_rows(engine, slot, x, bucket))
+            assert relative_error(got, eager(x)) <= TOLERANCE["fp32"], f"bucket {bucket}"
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize(("dtype", "channels_last"), [("fp16", False), ("bf16", False), ("fp16", True), ("fp32", True)])
+def test_every_bucket_within_tolerance_at_each_dtype(dtype: str, channels_last: bool) -> None:
+    engine = build(dtype=dtype, channels_last=channels_last)
+    try:
+        # Logits of every (slot, bucket) against fp32 eager on fresh random input, on each call.
+        for _ in range(3):
+            errors = engine._validate()
+            assert max(errors.values()) <= TOLERANCE[dtype]
+        # Probabilities of real images through the full path: same labels as fp32 eager.
+        images, _ = load_test_sample()
+        x = (images[:128].astype(np.float32) / 255).reshape(-1, 1, 28, 28)
+        got = asyncio.run(run_rows(engine, engine.new_slot(), x, 128))
+        want = eager(x)
+        assert (got.argmax(1) == want.argmax(1)).mean() >= 0.99
+        assert np.abs(got - want).max() <= 0.05
+    finally:
+        engine.close()
+
+
+def test_padding_rows_never_change_real_rows(engine: CudaEngine) -> None:
+    slot = engine.new_slot()
+    rng = np.random.default_rng(1)
+    real = rng.random((3, 1, 28, 28), dtype=np.float32)
+    outputs = []
+    for padding in (np.zeros((5, 1, 28, 28), np.float32), rng.random((5, 1, 28, 28), dtype=np.float32)):
+        slot.inputs[3:8] = padding
+        outputs.append(asyncio.run(run_rows(engine, slot, real, 8)))
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+
+
+def test_serving_needs_no_global_synchronize(engine: CudaEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a global synchronize was called on the serving path")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", forbidden)
+    monkeypatch.setattr(torch.cuda.Stream, "synchronize", forbidden)
+    rng = np.random.default_rng(2)
+    inputs = [rng.random((int(rng.integers(1, 40)), 1, 28, 28), dtype=np.float32) for _ in range(300)]
+
+    async def serve_all() -> list[np.ndarray]:
+        batcher = Batcher(engine, max_delay_s=0.0005, queue_limit=100_000, request_timeout_s=30)
+        batcher.start()
+        try:
+            return await asyncio.gather(*(batcher.submit(x) for x in inputs))
+        finally:
+            await batcher.stop()
+
+    answers = asyncio.run(serve_all())
+    monkeypatch.undo()
+    want = eager(np.concatenate(inputs))
+    np.testing.assert_allclose(np.concatenate(answers), want, rtol=1e-4, atol=1e-6)
+
+
+def test_replays_run_on_the_dedicated_stream_not_the_default_one(engine: CudaEngine) -> None:
+    assert engine._stream.cuda_stream != torch.cuda.default_stream(DEVICE).cuda_stream
+    slot = engine.new_slot()
+    x = np.random.default_rng(3).random((4, 1, 28, 28), dtype=np.float32)
+    torch.cuda._sleep(4_000_000_000)  # ~2 s of busy default stream at H200 clocks
+    got = asyncio.run(run_rows(engine, slot, x, 4))
+    # The batch came back while the default stream was still busy: nothing waited on it.
+    assert not torch.cuda.default_stream(DEVICE).query()
+    torch.cuda.default_stream(DEVICE).synchronize()
+    np.testing.assert_allclose(got, eager(x), rtol=1e-4, atol=1e-6)
+
+
+def test_device_memory_does_not_grow_over_10000_requests(engine: CudaEngine) -> None:
+    rng = np.random.default_rng(4)
+    pool = [rng.random((int(rng.integers(1, 9)), 1, 28, 28), dtype=np.float32) for _ in range(64)]
+
+    async def serve(count: int, batcher: Batcher) -> None:
+        for start in range(0, count, 500):
+            await asyncio.gather(*(batcher.submit(pool[i % 64]) for i in range(start, start + 500)))
+
+    async def measure() -> tuple[tuple[int, int], tuple[int, int]]:
+        batcher = Batcher(engine, max_delay_s=0.0005, queue_limit=100_000, request_timeout_s=30)
+        batcher.start()
+        try:
+            await serve(1_000, batcher)  # warm: every bucket used, allocator settled
+            before = (torch.cuda.memory_allocated(DEVICE), torch.cuda.memory_reserved(DEVICE))
+            await serve(10_000, batcher)
+            after = (torch.cuda.memory_allocated(DEVICE), torch.cuda.memory_reserved(DEVICE))
+            return before, after
+        finally:
+            await batcher.stop()
+
+    before, after = asyncio.run(measure())
+    assert after == before, f"allocated/reserved grew from {before} to {after}"
+
+
+def test_failing_replay_answers_500_and_readiness_reports_a_broken_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    with TestClient(create_app(Settings(device="cuda"))) as client:
+        client.portal.call(client.app.state.service.wait_started)  # type: ignore[attr-defined]
+        body = orjson.dumps({"instances": [[0.5] * 784]})
+        headers = {"content-type": "application/json"}
+        assert client.post("/predict", content=body, headers=headers).status_code == 200
+        engine = client.app.state.service.engine  # type: ignore[attr-defined]
+
+        def failing(*args: object) -> None:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered (simulated)")
+
+        monkeypatch.setattr(engine, "_queue_batch", failing)
+        answer = client.post("/predict", content=body, headers=headers)
+        assert answer.status_code == 500 and "illegal memory access" in answer.json()["error"]["message"]
+        ready = client.get("/readyz")
+        assert ready.status_code == 503 and "device reported an error" in ready.json()["detail"]
+
+
+def test_2000_concurrent_http_requests_each_equal_eager_for_their_own_input(tmp_path: Path) -> None:
+    clients, per_client = 8, 250  # each client one connection per request: no waiting in httpx's pool
+    # 2,000 sockets on each side; the server, a child, inherits the raised limit.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
+    rng = np.random.default_rng(5)
+    inputs = [rng.random((int(rng.integers(1, 4)), 784), dtype=np.float32) for _ in range(clients * per_client)]
+    bodies = [orjson.dumps({"instances": x}, option=orjson.OPT_SERIALIZE_NUMPY) for x in inputs]
+    command = (sys.executable, "-m", "app.cli", "serve")
+    with running_server(tmp_path / "server.log", command=command, device="cuda") as url:
+
+        async def one_client(share: list[bytes]) -> list[httpx.Response]:
+            limits = httpx.Limits(max_connections=len(share))
+            async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
+                headers = {"content-type": "application/json"}
+                return await asyncio.gather(*(client.post("/predict", content=b, headers=headers) for b in share))
+
+        async def send_all() -> list[httpx.Response]:
+            shares = [bodies[i * per_client : (i + 1) * per_client] for i in range(clients)]
+            answers = await asyncio.gather(*(one_client(share) for share in shares))
+            return [answer for share in answers for answer in share]
+
+        answers = asyncio.run(send_all())
+        (card,) = httpx.get(f"{url}/v1/models").json()["models"]
+    assert card["engine"] == "cuda-graph"
+    want = eager(np.concatenate(inputs).reshape(-1, 1, 28, 28))
+    got = []
+    for answer in answers:
+        assert answer.status_code == 200, answer.text
+        got.extend(p["scores"] for p in answer.json()["predictions"])
+    np.testing.assert_allclose(np.array(got, dtype=np.float32), want, rtol=1e-4, atol=1e-6)
+
+
+def test_debug_dump_writes_the_graph_with_its_kernels(tmp_path: Path) -> None:
+    out = tmp_path / "bucket8.dot"
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "debug-dump", "--bucket", "8", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    text = out.read_text()
+    kernels = re.findall(r"KERNEL", text, flags=re.IGNORECASE)
+    assert kernels, text[:2000]
+    assert re.search(r"MEMCPY", text, flags=re.IGNORECASE)  # the H2D/D2H copies are in the graph
