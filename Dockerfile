@@ -1,0 +1,52 @@
+# cudagraph-serve: the service on an NVIDIA GPU (it also runs on a CPU-only host, eager).
+#
+# Base: the official PyTorch runtime image rather than nvidia/cuda + a torch wheel. The wheel
+# bundles its own CUDA and cuDNN libraries, so on nvidia/cuda they would be there twice (~3 GB);
+# here torch, CUDA 12.8 and cuDNN 9 come as one tested set. torch 2.11 is the release the
+# project's GPU runs use; CUDA 12.8 has kernels for Hopper (H100/H200) and Blackwell and needs
+# only a >= 570 driver (a CUDA 13 build needs >= 580). `runtime`, not `devel`: nothing is
+# compiled here. Its Python is Ubuntu 24.04's python3 (3.12).
+FROM pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime
+
+# The base image's python3 is marked externally managed (PEP 668); this container has no other
+# user of it, so pip installs next to torch, as the base image itself did.
+ENV PIP_BREAK_SYSTEM_PACKAGES=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+
+WORKDIR /opt/cgserve
+
+# Dependencies first, read from pyproject.toml alone, so that editing app/ or models/ reuses
+# this layer. torch>=2.4 is already met by the base image, so pip keeps its CUDA build; the
+# last line fails the build if anything replaced it.
+COPY pyproject.toml ./
+RUN python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+        > /tmp/requirements.txt \
+    && python3 -m pip install --no-cache-dir -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt \
+    && python3 -c "import torch; assert torch.version.cuda, 'torch lost its CUDA build'"
+
+# The code and the shipped weights (models/*.pt is package data).
+COPY README.md ./
+COPY app/ app/
+COPY models/ models/
+COPY loadtest/ loadtest/
+# A numeric, non-root user: Kubernetes' runAsNonRoot can check a number, not a name.
+RUN python3 -m pip install --no-cache-dir --no-deps . \
+    && groupadd --system --gid 10001 cgserve \
+    && useradd --system --no-log-init --uid 10001 --gid 10001 --create-home \
+        --home-dir /home/cgserve --shell /usr/sbin/nologin cgserve
+USER 10001:10001
+
+EXPOSE 8000
+
+# Ready = engine built, graphs captured and checked against eager (GET /readyz answers 200).
+# urlopen raises on 503 or no answer, and python3 then exits 1 (unhealthy). The start period
+# covers CUDA start-up and graph capture; the image has python3 but no curl.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=120s --retries=3 \
+    CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/readyz' % os.environ.get('CGSERVE_PORT', '8000'), timeout=2)"]
+
+# The same start command as README's; the port comes from CGSERVE_PORT (default 8000), the rest
+# of the configuration from CGSERVE_* variables.
+CMD ["cudagraph-serve", "serve", "--host", "0.0.0.0"]
