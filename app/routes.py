@@ -35,7 +35,8 @@ ACCEPTED = "application/json, multipart/form-data (field `file`) or application/
 _FORMAT_OF = {"application/json": "json", "multipart/form-data": "image", "application/octet-stream": "raw"}
 
 
-def get_service(request: Request) -> Service:
+async def get_service(request: Request) -> Service:
+    # async: FastAPI runs a plain `def` dependency on a worker thread, a thread hop per request.
     service: Service = request.app.state.service
     return service
 
@@ -61,8 +62,9 @@ ServiceDep = Annotated[Service, Depends(get_service)]
     },
     openapi_extra=PREDICT_OPENAPI,
 )
-async def predict(request: Request, service: ServiceDep) -> Response:
+async def predict(request: Request) -> Response:
     started = time.perf_counter()
+    service: Service = request.app.state.service  # no Depends on the hot path: nothing to solve
     media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
     form = _FORMAT_OF.get(media, "unsupported")
     try:

@@ -130,7 +130,8 @@ def test_replays_run_on_the_dedicated_stream_not_the_default_one(engine: CudaEng
     assert engine._stream.cuda_stream != torch.cuda.default_stream(DEVICE).cuda_stream
     slot = engine.new_slot()
     x = np.random.default_rng(3).random((4, 1, 28, 28), dtype=np.float32)
-    torch.cuda._sleep(4_000_000_000)  # ~2 s of busy default stream at H200 clocks
+    with torch.cuda.stream(torch.cuda.default_stream(DEVICE)):
+        torch.cuda._sleep(4_000_000_000)  # ~2 s of busy default stream at H200 clocks
     got = asyncio.run(run_rows(engine, slot, x, 4))
     # The batch came back while the default stream was still busy: nothing waited on it.
     assert not torch.cuda.default_stream(DEVICE).query()
