@@ -27,6 +27,8 @@ from app.errors import DeadlineExceededError, EngineError, NotReadyError, QueueF
 
 log = logging.getLogger(__name__)
 
+REAP_INTERVAL_S = 0.5
+
 
 @dataclass(slots=True, eq=False)
 class _Request:
@@ -78,8 +80,9 @@ class Batcher:
         for slot in slots:
             self._free_slots.put_nowait(slot)
         self._num_classes = slots[0].outputs.shape[1]
-        self._batches: set[asyncio.Task[None]] = set()
+        self._batches: dict[asyncio.Task[None], tuple[float, list[_Share]]] = {}  # task → (launched, shares)
         self._loop_task: asyncio.Task[None] | None = None
+        self._reaper_task: asyncio.Task[None] | None = None
         self._bucket_metrics = {
             b: (
                 metrics.BATCHES.labels(bucket=str(b)),
@@ -95,20 +98,22 @@ class Batcher:
 
     def start(self) -> None:
         self._loop_task = asyncio.create_task(self._collect_and_launch(), name="batcher")
+        self._reaper_task = asyncio.create_task(self._reap_forever(), name="batcher-reaper")
 
     async def stop(self) -> None:
         """Stop launching, answer queued requests 503, and let in-flight batches finish."""
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            await asyncio.gather(self._loop_task, return_exceptions=True)
-            self._loop_task = None
+        for task in (self._loop_task, self._reaper_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._loop_task = self._reaper_task = None
         while self._queue:
             request = self._queue.popleft()
             if not request.future.done():
                 request.future.set_exception(NotReadyError("the server is shutting down"))
         self._queued_rows = 0
         metrics.QUEUE_DEPTH.set(0)
-        await asyncio.gather(*self._batches, return_exceptions=True)
+        await asyncio.gather(*list(self._batches), return_exceptions=True)
 
     async def submit(self, images: np.ndarray) -> np.ndarray:
         """(k, C, H, W) float32 → (k, num_classes) probabilities, in the order given."""
@@ -132,13 +137,7 @@ class Batcher:
         # full batch is ready. Anything else it notices when its timer fires.
         if was_empty or self._queued_rows >= self.max_bucket:
             self._wakeup.set()
-        try:
-            # The collector answers 504 for requests still queued at their deadline; this bound
-            # covers a launched batch that never comes back (a hung device): no request waits forever.
-            async with asyncio.timeout(self.request_timeout_s + self.batch_timeout_s):
-                return await request.future
-        except TimeoutError:
-            raise DeadlineExceededError(self.request_timeout_s) from None
+        return await request.future
 
     async def _collect_and_launch(self) -> None:
         while True:
@@ -149,8 +148,8 @@ class Batcher:
                 self._free_slots.put_nowait(slot)
                 continue
             task = asyncio.create_task(self._run_batch(slot, shares, rows))
-            self._batches.add(task)
-            task.add_done_callback(self._batches.discard)
+            self._batches[task] = (time.monotonic(), shares)
+            task.add_done_callback(self._batches.pop)
 
     async def _wait_for_batch(self) -> None:
         while self._queued_rows < self.max_bucket:
@@ -168,6 +167,26 @@ class Batcher:
             except TimeoutError:
                 return
 
+    async def _reap_forever(self) -> None:
+        """Every request gets an answer even when the collector cannot run (no free slot) or a
+        launched batch never comes back (a hung device). Off the per-request path: one sweep a
+        REAP_INTERVAL_S rather than a timer per request."""
+        while True:
+            await asyncio.sleep(REAP_INTERVAL_S)
+            self.reap(time.monotonic())
+
+    def reap(self, now: float) -> None:
+        for request in self._queue:  # the collector drops them, done, when it next runs
+            if request.next_row == 0 and now >= request.deadline and not request.future.done():
+                request.future.set_exception(DeadlineExceededError(self.request_timeout_s))
+        for launched, shares in self._batches.values():
+            if now - launched > self.batch_timeout_s:
+                for request, _, _ in shares:
+                    if not request.future.done():
+                        request.future.set_exception(
+                            EngineError(f"the batch did not complete within {self.batch_timeout_s:g} s")
+                        )
+
     def _take_batch(self) -> tuple[list[_Share], int]:
         """Pop up to max_bucket rows off the queue, oldest first; answer expired requests 504."""
         shares: list[_Share] = []
@@ -182,7 +201,6 @@ class Batcher:
             if request.next_row == 0 and now >= request.deadline:
                 self._queue.popleft()
                 self._queued_rows -= request.rows
-                metrics.REJECTIONS.labels(reason=DeadlineExceededError.reason).inc()
                 request.future.set_exception(DeadlineExceededError(self.request_timeout_s))
                 continue
             if request.next_row == 0:
@@ -216,7 +234,6 @@ class Batcher:
             log.exception("batch of %d rows (bucket %d) failed; failing its %d requests", rows, bucket, len(shares))
             for request, _, _ in shares:
                 if not request.future.done():
-                    metrics.REJECTIONS.labels(reason=EngineError.reason).inc()
                     request.future.set_exception(EngineError(f"{type(error).__name__}: {error}"))
         else:
             compute.observe(seconds)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+import tempfile
 from typing import Any
 
 import uvicorn
@@ -31,6 +33,7 @@ SERVE_FLAGS: dict[str, dict[str, Any]] = {
     "dtype": {"choices": ["fp32", "fp16", "bf16"]},
     "channels-last": {"action": argparse.BooleanOptionalAction},
     "event-wait": {"choices": ["poll", "spin", "block"]},
+    "workers": {"type": int},
     "log-level": {"choices": ["debug", "info", "warning", "error"]},
 }
 
@@ -58,7 +61,9 @@ def load_settings(overrides: dict[str, Any]) -> Settings:
         raise SystemExit(2) from None
 
 
-def serve(settings: Settings) -> int:
+def serve(settings: Settings, overrides: dict[str, Any]) -> int:
+    if settings.workers > 1:
+        return serve_workers(settings, overrides)
     from app.main import create_app
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -81,6 +86,41 @@ def serve(settings: Settings) -> int:
     server = uvicorn.Server(config)
     server.run()
     return 1 if app.state.service.failure else 0
+
+
+def serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
+    """uvicorn's process manager: `workers` processes share the port, each builds its own engine.
+
+    The flags reach the workers as CGSERVE_* variables (they re-read Settings); Prometheus runs
+    in multiprocess mode so that /metrics in any worker reports all of them. The parent must
+    not import prometheus_client before PROMETHEUS_MULTIPROC_DIR is set, so app.main is
+    imported only by the workers.
+    """
+    for name, value in overrides.items():
+        if value is not None:
+            os.environ[f"CGSERVE_{name.upper()}"] = _env_value(value)
+    with tempfile.TemporaryDirectory(prefix="cgserve-metrics-") as metrics_dir:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+        uvicorn.run(
+            "app.main:create_app",
+            factory=True,
+            host=settings.host,
+            port=settings.port,
+            workers=settings.workers,
+            log_level=settings.log_level,
+            access_log=False,
+            loop="auto",
+            http="auto",
+        )
+    return 0
+
+
+def _env_value(value: Any) -> str:
+    if isinstance(value, tuple | list):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def debug_dump(bucket: int, out: str, overrides: dict[str, Any]) -> int:
@@ -114,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         overrides = {name: value for name, value in vars(args).items() if name != "command"}
-        return serve(load_settings(overrides))
+        return serve(load_settings(overrides), overrides)
     if args.command == "debug-dump":
         return debug_dump(args.bucket, args.out, {"device": args.device, "dtype": args.dtype})
     return 2

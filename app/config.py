@@ -48,6 +48,12 @@ class Settings(BaseSettings):
         description="How a finished batch is noticed: the event loop polls its event, or a thread "
         "waits on it spinning or sleeping (bench/results has the measured difference).",
     )
+    workers: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Server processes on one port, each with its own engine and graphs; /metrics merges them.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("buckets", mode="before")

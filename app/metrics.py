@@ -7,7 +7,9 @@ that check them read the names from here.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
 # 50 µs … 10 s: a replay of the seed CNN is ~30 µs, an overloaded queue is seconds.
 LATENCY_BUCKETS = (
@@ -51,8 +53,13 @@ PADDING_ROWS = Counter(
     "Rows of padding added to reach a captured bucket size, by bucket.",
     ["bucket"],
 )
-QUEUE_DEPTH = Gauge("cgserve_queue_depth_rows", "Rows waiting in the batcher's queue.")
-IN_FLIGHT = Gauge("cgserve_in_flight_batches", "Batches launched whose results are not yet handed back.")
+# multiprocess_mode says how /metrics merges a gauge across workers (ignored with one process).
+QUEUE_DEPTH = Gauge("cgserve_queue_depth_rows", "Rows waiting in the batcher's queue.", multiprocess_mode="livesum")
+IN_FLIGHT = Gauge(
+    "cgserve_in_flight_batches",
+    "Batches launched whose results are not yet handed back.",
+    multiprocess_mode="livesum",
+)
 REJECTIONS = Counter(
     "cgserve_rejections",
     "Requests answered with an error, by reason: invalid_input, body_too_large, queue_full, "
@@ -60,14 +67,31 @@ REJECTIONS = Counter(
     ["reason"],
 )
 CAPTURE_SECONDS = Gauge(
-    "cgserve_graph_capture_seconds", "Wall time to warm up and capture each bucket's CUDA graph.", ["bucket"]
+    "cgserve_graph_capture_seconds",
+    "Wall time to warm up and capture each bucket's CUDA graph.",
+    ["bucket"],
+    multiprocess_mode="max",
 )
 GRAPH_POOL_BYTES = Gauge(
-    "cgserve_graph_pool_bytes", "Device memory held by the shared CUDA-graph memory pool after capture."
+    "cgserve_graph_pool_bytes",
+    "Device memory held by the shared CUDA-graph memory pool after capture.",
+    multiprocess_mode="livesum",
 )
-READY = Gauge("cgserve_ready", "1 when the engine is ready to serve, 0 while starting or broken.")
+READY = Gauge(
+    "cgserve_ready", "1 when the engine is ready to serve, 0 while starting or broken.", multiprocess_mode="livemin"
+)
 ENGINE_INFO = Gauge(
     "cgserve_engine_info",
     "Always 1; the labels name the engine serving this process.",
     ["engine", "device", "dtype", "model"],
+    multiprocess_mode="max",
 )
+
+
+def exposition() -> bytes:
+    """The text format for GET /metrics: this process's metrics, or every worker's when several run."""
+    if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return generate_latest(registry)
+    return generate_latest()

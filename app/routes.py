@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Annotated, Any
@@ -9,7 +10,7 @@ from typing import Annotated, Any
 import numpy as np
 import orjson
 from fastapi import APIRouter, Depends, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
@@ -81,9 +82,16 @@ async def predict(request: Request) -> Response:
         internal = ServiceError("unexpected server error; it is logged with its traceback")
         metrics.REJECTIONS.labels(reason=internal.reason).inc()
         response = error_response(internal)
-    metrics.REQUESTS.labels(format=form, code=str(response.status_code)).inc()
-    metrics.REQUEST_LATENCY.labels(format=form).observe(time.perf_counter() - started)
+    counter, latency = _request_metrics(form, response.status_code)
+    counter.inc()
+    latency.observe(time.perf_counter() - started)
     return response
+
+
+@functools.cache
+def _request_metrics(form: str, status: int) -> tuple[Any, Any]:
+    """The labelled children, looked up once per (format, status) instead of per request."""
+    return metrics.REQUESTS.labels(format=form, code=str(status)), metrics.REQUEST_LATENCY.labels(format=form)
 
 
 async def _decode(request: Request, media: str, service: Service) -> np.ndarray:
@@ -175,4 +183,4 @@ async def models(service: ServiceDep) -> dict[str, Any]:
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
 async def prometheus_metrics() -> Response:
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+    return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

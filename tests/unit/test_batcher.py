@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -189,3 +190,19 @@ async def test_stop_answers_queued_requests_503() -> None:
     await batcher.stop()
     with pytest.raises(NotReadyError):
         await waiting
+
+
+async def test_reaper_answers_requests_that_no_free_slot_would_ever_collect() -> None:
+    engine = FakeEngine()
+    async with running(engine, max_delay_s=0.0, in_flight=1, request_timeout_s=5.0) as batcher:
+        engine.gate.clear()  # a hung device: the one slot never comes back
+        hung = asyncio.create_task(batcher.submit(images(1.0)))
+        await engine.launched.wait()
+        queued = asyncio.create_task(batcher.submit(images(2.0)))
+        await asyncio.sleep(0)
+        batcher.reap(time.monotonic() + 6.0)  # the queued request's deadline has passed
+        with pytest.raises(DeadlineExceededError):
+            await queued
+        batcher.reap(time.monotonic() + batcher.batch_timeout_s + 1.0)  # and the launched batch's bound
+        with pytest.raises(EngineError, match="did not complete"):
+            await hung
