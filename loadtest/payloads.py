@@ -1,0 +1,228 @@
+"""Request bodies built from real Fashion-MNIST test images, encoded once before a run.
+
+Three forms, as the service accepts them:
+  json  {"instances": [[784 floats in [0, 1]], ...]}      application/json
+  png   one 28×28 grayscale PNG in multipart field `file`  multipart/form-data
+  raw   N×28×28 uint8 (or float32 in [0, 1], ?dtype=float32) application/octet-stream
+
+Each body carries the labels the eager model gives its images on the CPU (not the data set's
+ground truth: the model is ~90% right, and the server must agree with the model, not the data).
+Images whose two best logits are closer than `min_margin` are left out, so that a different
+but correct float path on the server (TF32 convolutions, fp16, another summation order) cannot
+flip a label and be counted as a wrong answer.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+FORMS = ("json", "png", "raw")
+RAW_DTYPES = ("uint8", "float32")
+# A fixed boundary: the bodies are built once, and it cannot occur inside a PNG's bytes by
+# chance often enough to matter (each body is checked anyway).
+MULTIPART_BOUNDARY = "cgserve-loadtest-5f1d2c"
+DEFAULT_MIN_MARGIN = 0.5  # logits; see the module docstring
+
+
+@dataclass(frozen=True)
+class Payloads:
+    form: str
+    path: str  # request path with its query, e.g. "/predict?dtype=float32"
+    content_type: str
+    bodies: tuple[bytes, ...]
+    expected: tuple[tuple[int, ...], ...] | None  # eager labels per body; None: not checked
+    images_per_request: int
+    info: dict[str, Any] = field(default_factory=dict)  # what the record says about the payloads
+
+
+def to_unit_float(images: np.ndarray) -> np.ndarray:
+    """uint8 (N, 28, 28) → float32 (N, 28, 28) in [0, 1], bit for bit what app.codecs makes of
+    raw and PNG bodies (a multiply by float32(1/255), which can differ from a divide by one ulp)."""
+    return images.astype(np.float32) * np.float32(1 / 255)
+
+
+def encode_json(images: np.ndarray) -> bytes:
+    """uint8 (k, 28, 28) → {"instances": [[784 floats], ...]}.
+
+    orjson writes float32 values in their shortest round-tripping form, so the server parses
+    back exactly the float32 pixels the reference labels were computed on.
+    """
+    flat = to_unit_float(images).reshape(len(images), -1)  # (k, 784)
+    return orjson.dumps({"instances": flat}, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def encode_raw(images: np.ndarray, dtype: str) -> bytes:
+    """uint8 (k, 28, 28) → k×28×28 bytes, uint8 as-is or float32 in [0, 1] (little-endian)."""
+    if dtype == "uint8":
+        return np.ascontiguousarray(images, dtype=np.uint8).tobytes()
+    if dtype == "float32":
+        return to_unit_float(images).astype("<f4").tobytes()
+    raise ValueError(f"raw dtype must be one of {RAW_DTYPES}, got {dtype!r}")
+
+
+def encode_png(image: np.ndarray) -> bytes:
+    """uint8 (28, 28) → a lossless 8-bit grayscale PNG."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(image, dtype=np.uint8), mode="L").save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def multipart_body(data: bytes, *, filename: str, content_type: str) -> bytes:
+    """One file in field `file` as a complete multipart/form-data body (MULTIPART_BOUNDARY)."""
+    if MULTIPART_BOUNDARY.encode() in data:
+        raise ValueError("the multipart boundary occurs inside the file; change MULTIPART_BOUNDARY")
+    head = (
+        f"--{MULTIPART_BOUNDARY}\r\n"
+        f'Content-Disposition: form-data; name="file"; filename="{filename}"\r\n'
+        f"Content-Type: {content_type}\r\n\r\n"
+    ).encode()
+    return head + data + f"\r\n--{MULTIPART_BOUNDARY}--\r\n".encode()
+
+
+def load_images(limit: int | None = None) -> np.ndarray:
+    """The shipped real test images, uint8 (N, 28, 28), at most `limit` of them."""
+    from models.fashion_mnist import load_test_sample
+
+    images, _ = load_test_sample()
+    return images[:limit] if limit else images
+
+
+def reference_logits(images: np.ndarray, weights: Path | str | None = None) -> np.ndarray:
+    """float32 (N, 10) logits of the eager model on the CPU for uint8 images (N, 28, 28)."""
+    import torch
+
+    from models.cnn import WEIGHTS_PATH, load_model
+
+    model = load_model(weights or WEIGHTS_PATH, device="cpu")
+    x = torch.from_numpy(to_unit_float(images)).unsqueeze(1)  # (N, 1, 28, 28)
+    with torch.inference_mode():
+        return model(x).numpy()
+
+
+def top2_margin(logits: np.ndarray) -> np.ndarray:
+    """float (N,) gap between the best and second-best logit of (N, C) logits."""
+    top2 = np.sort(logits, axis=1)[:, -2:]
+    return top2[:, 1] - top2[:, 0]
+
+
+def build_payloads(
+    form: str,
+    *,
+    images_per_request: int = 1,
+    raw_dtype: str = "uint8",
+    check_labels: bool = True,
+    weights: Path | str | None = None,
+    min_margin: float = DEFAULT_MIN_MARGIN,
+    limit: int | None = None,
+    path: str = "/predict",
+) -> Payloads:
+    """All bodies of one form, each with the eager labels of its images (see module doc)."""
+    if form not in FORMS:
+        raise ValueError(f"form must be one of {FORMS}, got {form!r}")
+    if images_per_request < 1:
+        raise ValueError(f"images per request must be ≥ 1, got {images_per_request}")
+    if form == "png" and images_per_request != 1:
+        raise ValueError("the png form carries one image per request; use --batch 1")
+    images = load_images(limit)
+    info: dict[str, Any] = {"source": "models/fashion_mnist_test_sample.npz", "images_loaded": len(images)}
+    labels = None
+    if check_labels:
+        logits = reference_logits(images, weights)
+        keep = top2_margin(logits) >= min_margin
+        images, labels = images[keep], logits[keep].argmax(1)
+        info |= {
+            "label_reference": f"eager CPU model, weights {weights or 'models/fashion_cnn.pt'}",
+            "min_margin_logits": min_margin,
+            "images_left_out_ambiguous": int((~keep).sum()),
+        }
+    k = images_per_request
+    n_bodies = len(images) // k
+    if n_bodies == 0:
+        raise ValueError(f"{len(images)} images cannot fill one request of {k}")
+    groups = [images[i * k : (i + 1) * k] for i in range(n_bodies)]  # each (k, 28, 28)
+    expected = None
+    if labels is not None:
+        expected = tuple(tuple(int(v) for v in labels[i * k : (i + 1) * k]) for i in range(n_bodies))
+
+    if form == "json":
+        bodies = tuple(encode_json(g) for g in groups)
+        content_type = "application/json"
+    elif form == "raw":
+        bodies = tuple(encode_raw(g, raw_dtype) for g in groups)
+        content_type = "application/octet-stream"
+        if raw_dtype != "uint8":
+            path = f"{path}?dtype={raw_dtype}"
+        info["raw_dtype"] = raw_dtype
+    else:
+        bodies = tuple(
+            multipart_body(encode_png(g[0]), filename=f"fmnist-{i}.png", content_type="image/png")
+            for i, g in enumerate(groups)
+        )
+        content_type = f"multipart/form-data; boundary={MULTIPART_BOUNDARY}"
+    info |= {
+        "images_used": n_bodies * k,
+        "bodies": n_bodies,
+        "body_bytes_mean": round(float(np.mean([len(b) for b in bodies])), 1),
+    }
+    return Payloads(
+        form=form,
+        path=path,
+        content_type=content_type,
+        bodies=bodies,
+        expected=expected,
+        images_per_request=k,
+        info=info,
+    )
+
+
+@dataclass(frozen=True)
+class PayloadOptions:
+    """What to send, as the CLI takes it; `build()` encodes the bodies."""
+
+    form: str = "json"
+    batch: int = 1  # images per request (json and raw)
+    raw_dtype: str = "uint8"
+    check_labels: bool = True
+    weights: str | None = None  # for the reference labels; None: models/fashion_cnn.pt
+    min_margin: float = DEFAULT_MIN_MARGIN
+    images: int | None = None  # use the first N shipped images; None: all 1000
+    path: str = "/predict"
+
+    def build(self) -> Payloads:
+        return build_payloads(
+            self.form,
+            images_per_request=self.batch,
+            raw_dtype=self.raw_dtype,
+            check_labels=self.check_labels,
+            weights=self.weights,
+            min_margin=self.min_margin,
+            limit=self.images,
+            path=self.path,
+        )
+
+    def to_args(self) -> list[str]:
+        """The CLI flags that reproduce these options."""
+        args = ["--form", self.form]
+        if self.batch != 1:
+            args += ["--batch", str(self.batch)]
+        if self.form == "raw" and self.raw_dtype != "uint8":
+            args += ["--raw-dtype", self.raw_dtype]
+        if not self.check_labels:
+            args.append("--no-check-labels")
+        if self.weights:
+            args += ["--weights", str(self.weights)]
+        if self.min_margin != DEFAULT_MIN_MARGIN:
+            args += ["--min-margin", f"{self.min_margin:g}"]
+        if self.images:
+            args += ["--images", str(self.images)]
+        if self.path != "/predict":
+            args += ["--path", self.path]
+        return args

@@ -1,0 +1,153 @@
+"""The pure arithmetic of a load run: percentiles, one process's result, and their merge.
+
+Nothing here touches the network, so the figures a run reports are unit-tested on their own.
+Latencies travel as raw float64 seconds (one value per request) and are merged before any
+percentile is taken: percentiles of several processes cannot be averaged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# The figures every record quotes; p99.9 needs ≥ 1000 samples to mean anything (see `counts`).
+QUANTILES = {"p50": 50.0, "p90": 90.0, "p99": 99.0, "p99_9": 99.9}
+
+
+def percentile(values: np.ndarray, q: float) -> float | None:
+    """Nearest-rank percentile: the smallest value with at least q% of the samples ≤ it.
+
+    Conservative (never interpolates below a real sample), as HdrHistogram and wrk2 quote
+    tails. `values` float (N,), any order; None for an empty array.
+    """
+    if not 0.0 <= q <= 100.0:
+        raise ValueError(f"percentile q must be within [0, 100], got {q}")
+    n = len(values)
+    if n == 0:
+        return None
+    rank = max(1, math.ceil(q / 100.0 * n))  # 1-based rank into the sorted samples
+    return float(np.partition(values, rank - 1)[rank - 1])
+
+
+def latency_summary_ms(latencies_s: np.ndarray) -> dict[str, float | None]:
+    """p50/p90/p99/p99.9/max/mean/min in milliseconds of raw latencies in seconds (N,)."""
+    ms = np.asarray(latencies_s, dtype=np.float64) * 1e3
+    out: dict[str, float | None] = {name: percentile(ms, q) for name, q in QUANTILES.items()}
+    empty = len(ms) == 0
+    out["max"] = None if empty else float(ms.max())
+    out["mean"] = None if empty else float(ms.mean())
+    out["min"] = None if empty else float(ms.min())
+    return {k: (None if v is None else round(v, 4)) for k, v in out.items()}
+
+
+def poisson_schedule(rate: float, horizon_s: float, rng: np.random.Generator) -> np.ndarray:
+    """Send times (s, float64 (N,), increasing, all < horizon_s) of a Poisson process of `rate`/s.
+
+    Inter-arrival gaps are exponential with mean 1/rate, so arrivals are independent of the
+    server's answers (open loop). N is random with mean rate × horizon_s.
+    """
+    if rate <= 0 or horizon_s <= 0:
+        raise ValueError(f"rate and horizon must be > 0, got rate={rate}, horizon_s={horizon_s}")
+    # Draw a few σ more gaps than expected so one draw almost always covers the horizon.
+    expected = rate * horizon_s
+    times = np.cumsum(rng.exponential(1.0 / rate, int(expected + 6 * math.sqrt(expected) + 16)))
+    while times[-1] < horizon_s:  # rare: extend until the horizon is covered
+        more = np.cumsum(rng.exponential(1.0 / rate, len(times))) + times[-1]
+        times = np.concatenate([times, more])
+    return times[times < horizon_s]
+
+
+@dataclass
+class WorkerResult:
+    """What one load-generator process measured. Only requests inside the measurement window
+    (after the warm-up) enter `latencies_s`, `lags_s` and `errors`.
+
+    latencies_s: float64 (M,) per measured request, from its scheduled send to its outcome
+    lags_s:      float64 (M,) actual send − scheduled send (the generator's own delay)
+    """
+
+    latencies_s: np.ndarray = field(default_factory=lambda: np.empty(0))
+    lags_s: np.ndarray = field(default_factory=lambda: np.empty(0))
+    sent_in_window: int = 0  # requests whose actual send fell in the window (achieved rate)
+    ok_in_window: int = 0  # correct answers that arrived in the window (throughput)
+    ok: int = 0  # measured requests answered correctly
+    warmup_requests: int = 0  # requests scheduled during the warm-up, left out of the figures
+    errors: Counter[str] = field(default_factory=Counter)  # measured requests, by kind
+    warmup_errors: Counter[str] = field(default_factory=Counter)
+    error_examples: dict[str, str] = field(default_factory=dict)  # first message per kind
+    server: dict[str, str] = field(default_factory=dict)  # "model"/"engine" of the first answer
+    connection_waits: int = 0  # requests that waited for a free connection (the pool limit)
+    cpu_s: float = 0.0  # the generator's own CPU time over the run (summed over processes)
+    wall_s: float = 0.0  # the run's wall time (summed over processes): cpu_s / wall_s = busy share
+
+    @property
+    def measured(self) -> int:
+        return len(self.latencies_s)
+
+
+def window_result(rows: list[tuple[float, float, float, str | None]], w0: float, w1: float) -> WorkerResult:
+    """One process's figures from its raw rows (scheduled, sent, done, error kind or None).
+
+    A request belongs to the window [w0, w1) by its scheduled time (so a late send still counts
+    against the server's load), counts towards the achieved rate by its actual send, and towards
+    throughput by its completion. Latency runs from min(scheduled, sent): timers may fire a
+    little early, never to the server's credit.
+    """
+    res = WorkerResult()
+    latencies, lags = [], []
+    for t_sched, t_send, t_done, kind in rows:
+        if w0 <= t_send < w1:
+            res.sent_in_window += 1
+        if kind is None and w0 <= t_done < w1:
+            res.ok_in_window += 1
+        if t_sched < w0:
+            res.warmup_requests += 1
+            if kind is not None:
+                res.warmup_errors[kind] += 1
+            continue
+        if t_sched >= w1:
+            continue  # closed loop: sent as the window closed
+        latencies.append(t_done - min(t_sched, t_send))
+        lags.append(t_send - t_sched)
+        if kind is None:
+            res.ok += 1
+        else:
+            res.errors[kind] += 1
+    res.latencies_s = np.asarray(latencies, dtype=np.float64)
+    res.lags_s = np.asarray(lags, dtype=np.float64)
+    return res
+
+
+def merge_results(results: list[WorkerResult]) -> WorkerResult:
+    """One result from several processes that measured the same window: raw samples are
+    concatenated, counts added, the first example of each error kind kept."""
+    merged = WorkerResult(
+        latencies_s=np.concatenate([r.latencies_s for r in results]) if results else np.empty(0),
+        lags_s=np.concatenate([r.lags_s for r in results]) if results else np.empty(0),
+    )
+    for r in results:
+        merged.sent_in_window += r.sent_in_window
+        merged.ok_in_window += r.ok_in_window
+        merged.ok += r.ok
+        merged.warmup_requests += r.warmup_requests
+        merged.connection_waits += r.connection_waits
+        merged.cpu_s += r.cpu_s
+        merged.wall_s += r.wall_s
+        merged.errors.update(r.errors)
+        merged.warmup_errors.update(r.warmup_errors)
+        for kind, message in r.error_examples.items():
+            merged.error_examples.setdefault(kind, message)
+        for key, value in r.server.items():
+            merged.server.setdefault(key, value)
+    return merged
+
+
+def split_evenly(total: int, parts: int) -> list[int]:
+    """`total` split into `parts` integers that differ by at most one (largest first)."""
+    if parts <= 0:
+        raise ValueError(f"parts must be > 0, got {parts}")
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]

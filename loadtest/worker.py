@@ -1,0 +1,260 @@
+"""One load-generator process: httpx (HTTP/1.1, explicit connection limits) driving either
+open-loop Poisson arrivals or a closed loop of fixed concurrency.
+
+Connections: `connections` httpx transports of one connection each (Limits(max_connections=1)),
+lent out last-in first-out so that few stay hot, and requests sent with the transport's
+`handle_async_request`. One shared httpx pool of N connections scans all of them on every
+request: at 64 connections that tripled the client's CPU per request and made the generator,
+not the server, the bottleneck. Requests are built once, before the run.
+
+Open loop: every send time is drawn before the run; a request's latency runs from its
+scheduled send time, so a slow server (or a busy generator, or a full connection pool) cannot
+hide its queueing by delaying the next send (no coordinated omission). Timers fire to the
+millisecond, so the dispatcher wakes up to EARLY_S ahead and latency is counted from
+min(scheduled, actual send): a request sent late is still charged from its schedule.
+
+Closed loop: `concurrency` coroutines each send, wait for the answer, and send again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import importlib.util
+import itertools
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+
+from loadtest.payloads import Payloads
+from loadtest.stats import WorkerResult, poisson_schedule, window_result
+
+try:
+    import uvloop
+except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
+    uvloop = None
+
+# httpcore runs `import sniffio` on every request to learn the async library. Where sniffio is
+# not installed (recent anyio no longer needs it), each failed import walks sys.path: ~0.3 ms of
+# CPU a request, a third of the client's cost. A None entry makes the failure immediate, and
+# httpcore then assumes asyncio, which is what runs here.
+if importlib.util.find_spec("sniffio") is None:
+    sys.modules["sniffio"] = None  # type: ignore[assignment]
+
+# uvloop rounds timers to the nearest ms, asyncio's epoll loop rounds up: wake this early.
+EARLY_S = 0.0005 if uvloop is not None else 0.001
+PROGRESS_SLOTS = 4  # per process in the shared progress array: sent, done, errors, ready
+clock = time.perf_counter  # CLOCK_MONOTONIC on Linux
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    index: int
+    base_url: str
+    payloads: Payloads
+    mode: str  # "open" or "closed"
+    rate: float  # this process's Poisson rate, req/s (open loop)
+    concurrency: int  # this process's requests in flight (closed loop)
+    connections: int  # httpx connection-pool limit of this process
+    warmup_s: float
+    duration_s: float
+    timeout_s: float
+    seed: int
+
+
+def check_answer(
+    status: int, body: bytes, expected: tuple[int, ...] | None, n_images: int
+) -> tuple[str | None, str, dict[str, Any] | None]:
+    """(error kind or None, message, parsed answer) for one HTTP answer.
+
+    Kinds: http_<status>[:<error code>], bad_response, wrong_label.
+    """
+    if status != 200:
+        kind, message = f"http_{status}", body[:200].decode(errors="replace")
+        try:
+            error = orjson.loads(body)["error"]
+            kind, message = f"http_{status}:{error['code']}", str(error.get("message", ""))
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            pass
+        return kind, message, None
+    try:
+        answer = orjson.loads(body)
+        predictions = answer["predictions"]
+        labels = [p["label"] for p in predictions]
+        n_scores = {len(p["scores"]) for p in predictions}
+    except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+        return "bad_response", f"{type(exc).__name__}: {body[:200]!r}", None
+    if len(labels) != n_images or n_scores != {10}:
+        return "bad_response", f"{len(labels)} predictions (scores {n_scores}) for {n_images} images", None
+    if expected is not None and tuple(labels) != expected:
+        return "wrong_label", f"labels {labels}, the eager model says {list(expected)}", answer
+    return None, "", answer
+
+
+def _transport_kind(exc: httpx.HTTPError) -> str:
+    if isinstance(exc, httpx.PoolTimeout):
+        return "pool_timeout"  # no free connection within the timeout: raise --connections
+    if isinstance(exc, httpx.TimeoutException):
+        return "timeout"
+    if isinstance(exc, httpx.ConnectError):
+        return "connect"
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return "protocol"
+    if isinstance(exc, httpx.NetworkError):
+        return "network"
+    return f"transport:{type(exc).__name__}"
+
+
+class _Run:
+    """The state of one process's run: its connections, the payload cursor and the raw records."""
+
+    def __init__(self, spec: WorkerSpec, t0: float, progress: Any) -> None:
+        self.spec, self.t0, self.progress = spec, t0, progress
+        self.slot = spec.index * PROGRESS_SLOTS
+        p = spec.payloads
+        # Built once and sent again and again: httpx streams bytes bodies anew on each send.
+        url = httpx.URL(spec.base_url + p.path)
+        headers = {"content-type": p.content_type, "accept": "application/json"}
+        timeout = {"timeout": httpx.Timeout(spec.timeout_s).as_dict()}  # connect, read, write, pool
+        self.requests = [httpx.Request("POST", url, content=b, headers=headers, extensions=timeout) for b in p.bodies]
+        # Processes start at different images, so together they cycle through all of them.
+        self.cursor = itertools.count(spec.index * 7919 % len(p.bodies))
+        # One row per request: scheduled, sent, done (perf_counter s), error kind (None = ok).
+        self.rows: list[tuple[float, float, float, str | None]] = []
+        self.examples: dict[str, str] = {}
+        self.server: dict[str, str] = {}
+        self.idle: asyncio.LifoQueue[httpx.AsyncHTTPTransport] = asyncio.LifoQueue()
+        self.transports: list[httpx.AsyncHTTPTransport] = []
+        self.connection_waits = 0  # requests that found every connection busy
+
+    async def _take_connection(self) -> httpx.AsyncHTTPTransport:
+        """The most recently used idle connection, a new one under the limit, or the next freed
+        (waiting at most the timeout: TimeoutError)."""
+        if not self.idle.empty():
+            return self.idle.get_nowait()
+        if len(self.transports) < self.spec.connections:
+            transport = httpx.AsyncHTTPTransport(
+                limits=httpx.Limits(max_connections=1, max_keepalive_connections=1, keepalive_expiry=None),
+                http1=True,
+                http2=False,
+                verify=False,  # plain http to this machine: skip loading CA certificates
+                retries=0,
+            )
+            self.transports.append(transport)
+            return transport
+        self.connection_waits += 1
+        async with asyncio.timeout(self.spec.timeout_s):
+            return await self.idle.get()
+
+    async def request(self, t_sched: float) -> None:
+        p = self.spec.payloads
+        j = next(self.cursor) % len(p.bodies)
+        expected = p.expected[j] if p.expected is not None else None
+        self.progress[self.slot] += 1
+        t_send = clock()
+        kind, message, transport = None, "", None
+        try:
+            transport = await self._take_connection()
+            resp = await transport.handle_async_request(self.requests[j])
+            try:
+                body = await resp.aread()
+            finally:
+                await resp.aclose()
+            kind, message, answer = check_answer(resp.status_code, body, expected, p.images_per_request)
+            if answer is not None and not self.server:
+                self.server = {k: str(answer.get(k)) for k in ("model", "engine")}
+        except httpx.HTTPError as exc:
+            kind, message = _transport_kind(exc), f"{type(exc).__name__}: {exc}"
+        except TimeoutError:
+            kind, message = "pool_timeout", f"no free connection within {self.spec.timeout_s:g} s (--connections)"
+        except asyncio.CancelledError:
+            kind, message = "unfinished", "still waiting when the run ended"
+            raise
+        finally:
+            if transport is not None:
+                self.idle.put_nowait(transport)
+            self.rows.append((t_sched, t_send, clock(), kind))
+            self.progress[self.slot + 1] += 1
+            if kind is not None:
+                self.progress[self.slot + 2] += 1
+                self.examples.setdefault(kind, message)
+
+    async def open_loop(self) -> None:
+        spec = self.spec
+        rng = np.random.default_rng([spec.seed, spec.index])
+        schedule = self.t0 + poisson_schedule(spec.rate, spec.warmup_s + spec.duration_s, rng)
+        tasks: set[asyncio.Task[None]] = set()
+        for t_sched in schedule.tolist():
+            delay = t_sched - clock() - EARLY_S
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(self.request(t_sched))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        await self._drain(tasks)
+
+    async def closed_loop(self) -> None:
+        t_end = self.t0 + self.spec.warmup_s + self.spec.duration_s
+
+        async def client_loop() -> None:
+            while (t := clock()) < t_end:
+                await self.request(t)
+
+        tasks = {asyncio.create_task(client_loop()) for _ in range(self.spec.concurrency)}
+        await self._drain(tasks)
+
+    async def _drain(self, tasks: set[asyncio.Task[None]]) -> None:
+        """Wait for the last answers (bounded: httpx's timeout, plus slack), cancel the rest."""
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(set(tasks), timeout=self.spec.timeout_s * 2 + 1)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    def result(self) -> WorkerResult:
+        w0 = self.t0 + self.spec.warmup_s
+        res = window_result(self.rows, w0, w0 + self.spec.duration_s)
+        res.error_examples, res.server = self.examples, self.server
+        res.connection_waits = self.connection_waits
+        return res
+
+
+async def run_worker(spec: WorkerSpec, t0: float, progress: Any) -> WorkerResult:
+    """Run one process's share of the load, starting at perf_counter time t0."""
+    run = _Run(spec, t0, progress)
+    try:
+        if (delay := t0 - clock()) > 0:
+            await asyncio.sleep(delay)
+        cpu0, wall0 = time.process_time(), clock()
+        if spec.mode == "open":
+            await run.open_loop()
+        else:
+            await run.closed_loop()
+        cpu_s, wall_s = time.process_time() - cpu0, clock() - wall0
+    finally:
+        await asyncio.gather(*(t.aclose() for t in run.transports), return_exceptions=True)
+    result = run.result()
+    result.cpu_s, result.wall_s = cpu_s, wall_s
+    return result
+
+
+def worker_main(spec: WorkerSpec, progress: Any, start: Any, start_wall: Any, results: Any) -> None:
+    """Process entry: report ready, wait for the common start, run, put (index, result, error)."""
+    try:
+        gc.freeze()  # the payloads are long-lived: keep them out of every collection
+        progress[spec.index * PROGRESS_SLOTS + 3] = 1
+        if not start.wait(timeout=300):
+            raise TimeoutError("no start signal from the parent within 300 s")
+        # perf_counter is per-boot monotonic; translate the parent's wall-clock start into it.
+        t0 = clock() + (start_wall.value - time.time())
+        runner = uvloop.run if uvloop is not None else asyncio.run
+        results.put((spec.index, runner(run_worker(spec, t0, progress)), None))
+    except BaseException:
+        results.put((spec.index, None, traceback.format_exc()))

@@ -1,0 +1,116 @@
+"""The load generator end to end against real server processes: short, bounded runs whose
+records must hold every figure and show every answer correct (0 errors)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+RUN_TIMEOUT_S = 120  # the generator bounds itself; this only catches a hang
+
+
+def loadtest(*args: str, out: Path) -> dict[str, Any]:
+    """Run `python -m loadtest ARGS --out OUT --quiet` and return the record it wrote."""
+    argv = [sys.executable, "-m", "loadtest", *args, "--out", str(out), "--quiet"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert done.returncode == 0, f"{argv}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    return json.loads(out.read_text())
+
+
+def assert_all_correct(record: dict[str, Any]) -> None:
+    counts = record["counts"]
+    assert counts["measured"] > 0
+    assert record["errors"] == {} and record["warmup_errors"] == {}, record["error_examples"]
+    assert counts["ok"] == counts["measured"] and counts["errors"] == 0
+    assert record["throughput_rps"] > 0
+    lat = record["latency_ms"]
+    assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["p99_9"] <= lat["max"]
+
+
+def test_open_loop_json(server_url: str, tmp_path: Path) -> None:
+    record = loadtest(
+        "--url", server_url, "--rate", "50", "--duration", "3", "--warmup", "0.5", "--form", "json",
+        out=tmp_path / "json.json",
+    )  # fmt: skip
+    assert_all_correct(record)
+    assert record["schema"] == "cgserve-loadtest/1"
+    assert record["mode"] == "open" and record["arrivals"] == "poisson"
+    assert record["target_rate_rps"] == 50 and record["duration_s"] == 3 and record["warmup_s"] == 0.5
+    assert record["latency_from"] == "scheduled send time"
+    assert record["labels_checked"] is True and record["payloads"]["images_used"] > 900
+    assert record["server"]["engine"] == "eager"
+    assert record["command"].startswith("python -m loadtest --url") and "--rate 50" in record["command"]
+    assert 20 < record["offered_rate_rps"] < 90  # Poisson(150) over 3 s
+    assert record["summary"] and {"p50", "p90", "p99", "p99_9", "max"} <= set(record["latency_ms"])
+
+
+@pytest.mark.parametrize("form", ["png", "raw"])
+def test_open_loop_png_and_raw(server_url: str, tmp_path: Path, form: str) -> None:
+    record = loadtest(
+        "--url", server_url, "--rate", "30", "--duration", "1.5", "--warmup", "0.3", "--form", form,
+        out=tmp_path / f"{form}.json",
+    )  # fmt: skip
+    assert_all_correct(record)
+    assert record["form"] == form
+
+
+def test_closed_loop_two_processes_batched_raw(server_url: str, tmp_path: Path) -> None:
+    record = loadtest(
+        "--url", server_url, "--concurrency", "4", "--processes", "2", "--duration", "1.5", "--warmup", "0.3",
+        "--form", "raw", "--raw-dtype", "float32", "--batch", "4",
+        out=tmp_path / "closed.json",
+    )  # fmt: skip
+    assert_all_correct(record)
+    assert record["mode"] == "closed" and record["processes"] == 2 and record["concurrency"] == 4
+    assert record["images_per_s"] == pytest.approx(4 * record["throughput_rps"], abs=0.1)
+    assert record["path"] == "/predict?dtype=float32"
+
+
+def test_sweep_reports_capacity_and_draws_the_curve(server_url: str, tmp_path: Path) -> None:
+    argv = [
+        sys.executable, "-m", "loadtest", "sweep", "--url", server_url, "--rates", "10,20",
+        "--slo-p99-ms", "5000", "--duration", "1", "--warmup", "0.3", "--out", str(tmp_path / "sweep.json"), "--quiet",
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    sweep = json.loads((tmp_path / "sweep.json").read_text())
+    assert sweep["schema"] == "cgserve-loadtest-sweep/1"
+    assert [s["target_rate_rps"] for s in sweep["steps"]] == [10, 20]
+    assert all(s["passed"] for s in sweep["steps"]) and sweep["capacity_rps"] == 20
+    assert (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+    assert "capacity: 20 req/s" in done.stdout
+
+
+def test_noop_server_answers_same_shape(noop_url: str, tmp_path: Path) -> None:
+    for form in ("json", "png", "raw"):
+        record = loadtest(
+            "--url", noop_url, "--concurrency", "2", "--duration", "1", "--warmup", "0.2", "--form", form,
+            "--no-check-labels", out=tmp_path / f"noop-{form}.json",
+        )  # fmt: skip
+        assert_all_correct(record)
+        assert record["server"] == {"model": "noop", "engine": "noop"} and record["labels_checked"] is False
+
+
+def test_bench_driver_smoke(tmp_path: Path) -> None:
+    """The benchmark driver on the no-op server alone, with tiny steps: it writes both reports."""
+    argv = [
+        sys.executable, "-m", "loadtest.bench_server", "--out-dir", str(tmp_path), "--servers", "noop",
+        "--concurrencies", "2", "--load-fractions", "0.5", "--step-duration", "1", "--warmup", "0.2",
+        "--processes", "1", "--hey", "",
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    (json_path,) = tmp_path.glob("*-server.json")
+    report = json.loads(json_path.read_text())
+    noop = report["servers"]["noop"]
+    assert noop["saturation"]["throughput_rps"] > 0 and len(noop["open_loop"]) == 1
+    assert noop["closed_loop"][0]["counts"]["errors"] == 0
+    assert report["machine"]["cpu_count"] and "command" in noop
+    assert "| noop (ceiling) |" in next(tmp_path.glob("*-server.md")).read_text()
