@@ -34,10 +34,5 @@ class ModelSpec:
         return len(self.class_names)
 
 
-def _fashion_cnn(weights: Path) -> nn.Module:
-    # Softmax inside the served module: the captured graph hands back scores, not logits.
-    return nn.Sequential(load_model(weights), nn.Softmax(dim=1)).eval()
-
-
-FASHION_CNN = ModelSpec(name="fashion-cnn", input_shape=INPUT_SHAPE, class_names=CLASS_NAMES, build=_fashion_cnn)
+FASHION_CNN = ModelSpec(name="fashion-cnn", input_shape=INPUT_SHAPE, class_names=CLASS_NAMES, build=load_model)
 SPECS = {FASHION_CNN.name: FASHION_CNN}

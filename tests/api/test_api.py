@@ -19,6 +19,7 @@ from app import service as service_module
 from app.config import Settings
 from app.main import create_app
 from app.model_spec import FASHION_CNN
+from models.cnn import load_model
 from models.fashion_mnist import load_test_sample
 
 MAX_INSTANCES = 16
@@ -39,8 +40,11 @@ def client() -> Iterator[TestClient]:
 
 
 def eager_scores(images_uint8: np.ndarray) -> np.ndarray:
-    """(k, 28, 28) uint8 → (k, 10) probabilities from the model run directly, one image at a time."""
-    module = FASHION_CNN.build(Settings().weights)
+    """(k, 28, 28) uint8 → (k, 10) probabilities from the model run directly, one image at a time.
+
+    The reference is built from models/ alone, not from the service's model spec, so a mistake
+    in the spec (a second softmax, say) cannot hide in both sides of the comparison."""
+    module = load_model()
     x = torch.from_numpy(images_uint8.astype(np.float32) / 255).reshape(-1, 1, 28, 28)
     with torch.inference_mode():
         return torch.cat([torch.softmax(module(row[None]), dim=1) for row in x]).numpy()
@@ -83,6 +87,8 @@ def test_one_test_image_as_json_png_and_raw_gets_the_same_correct_label(
         assert prediction["label"] == label
         assert prediction["class_name"] == FASHION_CNN.class_names[label]
         np.testing.assert_allclose(prediction["scores"], eager_scores(image[None])[0], rtol=1e-4, atol=1e-6)
+        assert sum(prediction["scores"]) == pytest.approx(1.0, abs=1e-5)
+        assert max(prediction["scores"]) > 0.9  # a clear ankle boot: the model is sure of it
     assert answers[0].json()["engine"] == "eager"
 
 

@@ -12,8 +12,7 @@ import orjson
 import pytest
 import torch
 
-from app.config import Settings
-from app.model_spec import FASHION_CNN
+from models.cnn import load_model
 from tests.integration.server_process import running_server
 
 CONCURRENT = 200
@@ -45,7 +44,7 @@ def test_concurrent_requests_each_get_the_eager_answer_for_their_own_input(serve
             )
 
     answers = asyncio.run(send_all())
-    module = FASHION_CNN.build(Settings().weights)
+    module = load_model()  # from models/ alone, independent of the service's model spec
     for x, answer in zip(inputs, answers, strict=True):
         assert answer.status_code == 200, answer.text
         with torch.inference_mode():
