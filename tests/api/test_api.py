@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import io
+import os
+import shutil
 import struct
+import subprocess
 import threading
 import zlib
 from collections.abc import Iterator
@@ -251,3 +254,18 @@ def test_start_up_failure_is_reported_and_stops_the_server(monkeypatch: pytest.M
         assert answer.status_code == 503
         assert "bucket 8 differs from eager" in answer.json()["detail"]
     assert stopped.is_set()
+
+
+def test_promtool_check_metrics_finds_nothing_to_complain_about(client: TestClient) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("promtool is missing: apt-get install prometheus")
+        pytest.skip("promtool is missing (Debian package prometheus)")
+    client.post("/predict", content=GOOD, headers=JSON)
+    client.post("/predict", content=b"{", headers=JSON)  # a rejection, so every family has samples
+    exposition = client.get("/metrics").text
+    checked = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, text=True)
+    assert checked.returncode == 0 and not checked.stdout.strip() and not checked.stderr.strip(), (
+        checked.stdout + checked.stderr
+    )
