@@ -7,7 +7,9 @@ largest bucket (or one that straddles a full batch) is split and reassembled.
 
 Pipelining: one task collects and launches, holding a free Slot for each batch; up to
 `in_flight` batches run at once and a Slot returns to the pool only after its batch's results
-were copied out. Every request gets exactly one answer: its probabilities, or an error.
+were copied out. Every request gets exactly one answer: its probabilities, or an error —
+503 when the queue is over its limit, 504 when still queued at its deadline (never launched),
+500 when its batch failed or never came back (the reaper's bound, `batch_timeout_s`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""Hands CUDA completions back to asyncio without blocking the event loop or the device.
+"""Hands CUDA completions back to asyncio from a thread, without blocking the event loop.
 
-One daemon thread blocks on each batch's `done` event in launch order (events on one stream
+One daemon thread waits on each batch's `done` event in launch order (events on one stream
 complete in order) and resolves the batch's asyncio future through `call_soon_threadsafe`.
-Events are created with `blocking=True`, so the thread sleeps in the driver instead of
-spinning, and `Event.synchronize` releases the GIL while it waits. Nothing here touches the
-device globally: no torch.cuda.synchronize(), no Stream.synchronize().
+`Event.synchronize` releases the GIL while it waits: in the driver's sleep for events made
+with `blocking=True`, spinning for the others. It waits on one event at a time and never on
+the device or a whole stream. Used for CGSERVE_EVENT_WAIT=spin|block, and by `poll` for a
+batch that outlasts its polling budget.
 """
 
 from __future__ import annotations

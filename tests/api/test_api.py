@@ -269,3 +269,15 @@ def test_promtool_check_metrics_finds_nothing_to_complain_about(client: TestClie
     assert checked.returncode == 0 and not checked.stdout.strip() and not checked.stderr.strip(), (
         checked.stdout + checked.stderr
     )
+
+
+def test_jpeg_upload_and_a_larger_rgb_photo_are_made_28x28_grayscale(
+    client: TestClient, sample: tuple[np.ndarray, np.ndarray]
+) -> None:
+    image, label = sample[0][0], int(sample[1][0])
+    for size, mode in (((28, 28), "L"), ((280, 280), "RGB")):
+        buffer = io.BytesIO()
+        Image.fromarray(image).resize(size).convert(mode).save(buffer, format="JPEG", quality=95)
+        answer = client.post("/predict", files={"file": ("boot.jpg", buffer.getvalue(), "image/jpeg")})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["predictions"][0]["label"] == label

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,3 +70,29 @@ def test_invalid_setting_stops_start_up_with_what_to_fix(tmp_path: Path) -> None
         running_server(tmp_path / "bad.log", buckets="0,4"),
     ):
         pass
+
+
+def test_clients_that_disconnect_mid_request_do_not_disturb_the_others(server: str) -> None:
+    body = orjson.dumps({"instances": [[0.5] * 784] * 4})
+    headers = {"content-type": "application/json"}
+
+    async def leave_early(client: httpx.AsyncClient) -> None:
+        # Sends the request, then gives up before the answer can come: the connection closes.
+        with contextlib.suppress(httpx.TimeoutException):
+            await client.post("/predict", content=body, headers=headers, timeout=0.0005)
+
+    async def run() -> list[httpx.Response]:
+        async with (
+            httpx.AsyncClient(base_url=server, limits=httpx.Limits(max_connections=100)) as impatient,
+            httpx.AsyncClient(base_url=server, limits=httpx.Limits(max_connections=100), timeout=60) as patient,
+        ):
+            answers = await asyncio.gather(
+                *(leave_early(impatient) for _ in range(50)),
+                *(patient.post("/predict", content=body, headers=headers) for _ in range(50)),
+            )
+        return [a for a in answers if a is not None]
+
+    answers = asyncio.run(run())
+    assert len(answers) == 50 and all(a.status_code == 200 for a in answers)
+    assert all(len(a.json()["predictions"]) == 4 for a in answers)
+    assert httpx.get(f"{server}/readyz").status_code == 200
