@@ -24,6 +24,8 @@ def ratios(servers: dict[str, dict[str, Any]]) -> dict[str, float | None]:
             out[f"{ours}_over_ceiling"] = ratio(sat(ours), sat(ceiling))
             if ours.endswith("-4w"):
                 out[f"{ours}_over_one_worker_ceiling"] = ratio(sat(ours), sat("noop"))
+            elif sat("noop-lean"):  # the ceiling of the stack the service runs (a plain /predict route)
+                out[f"{ours}_over_plain_route_ceiling"] = ratio(sat(ours), sat("noop-lean"))
     return out
 
 

@@ -59,6 +59,11 @@ class ServerDef:
 
 SERVERS = {
     "noop": ServerDef("ceiling", "{python} -m loadtest.servers.noop --host {host} --port {port}", check_labels=False),
+    "noop-lean": ServerDef(
+        "ceiling, plain route",
+        "{python} -m loadtest.servers.noop --host {host} --port {port} --lean",
+        check_labels=False,
+    ),
     "naive": ServerDef("baseline", "{python} -m loadtest.servers.naive --host {host} --port {port} --device auto"),
     "eager": ServerDef(
         "ours", "{python} -m app.cli serve --host {host} --port {port} --engine eager --device auto --log-level warning"

@@ -1,13 +1,14 @@
 """The HTTP stack's ceiling: decodes each body with app.codecs exactly as the service does and
 answers a same-shaped result (uniform scores, one prediction per image) without any model.
 
-    python -m loadtest.servers.noop --host 127.0.0.1 --port 8001 [--workers N]
+    python -m loadtest.servers.noop --host 127.0.0.1 --port 8001 [--workers N] [--lean]
 """
 
 from __future__ import annotations
 
 import numpy as np
 from fastapi import FastAPI, Request, Response
+from starlette.routing import Route
 
 from app.codecs import encode_predictions
 from app.errors import InputError
@@ -28,8 +29,18 @@ async def predict(request: Request) -> Response:
     return Response(encode_predictions(probabilities, model="noop", engine="noop"), media_type="application/json")
 
 
+# The same no-op behind a plain Starlette route, as the service serves POST /predict (app/main.py):
+# the ceiling of the stack the service actually runs, beside the FastAPI-route ceiling above.
+lean_app = FastAPI(title="loadtest no-op server, plain route", telemetry=NO_TELEMETRY)
+add_probes(lean_app)
+lean_app.router.routes.insert(0, Route("/predict", predict, methods=["POST"]))
+
+
 def main() -> None:
-    serve("loadtest.servers.noop:app", parser(__doc__).parse_args())
+    p = parser(__doc__)
+    p.add_argument("--lean", action="store_true", help="serve /predict through a plain Starlette route")
+    args = p.parse_args()
+    serve("loadtest.servers.noop:lean_app" if args.lean else "loadtest.servers.noop:app", args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,66 @@
+"""The real app with a stand-in engine: measures the HTTP path on any machine, GPU or not.
+
+Every batch completes `--batch-us` after launch (a timer, as a GPU batch would: the event loop
+is free meanwhile), so what a load generator measures against it is the service's own CPU cost
+per request: HTTP, decode, batcher, hand-back, encode, metrics.
+
+    python bench/proxy_server.py --port 8000 [--batch-us 80]
+    hey -z 6s -c 64 -m POST -T application/json -D body.json http://127.0.0.1:8000/predict
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+import numpy as np
+import uvicorn
+
+from app import service as service_module
+from app.config import Settings
+from app.engines.base import Slot
+from app.main import create_app
+
+
+class TimerEngine:
+    name = "stand-in"
+    device = "cpu"
+
+    def __init__(self, batch_s: float, buckets: tuple[int, ...]) -> None:
+        self.batch_s = batch_s
+        self.buckets = buckets
+
+    def new_slot(self) -> Slot:
+        rows = self.buckets[-1]
+        return Slot(np.zeros((rows, 1, 28, 28), np.float32), np.full((rows, 10), 0.1, np.float32))
+
+    async def run(self, slot: Slot, bucket: int) -> float:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        loop.call_later(self.batch_s, done.set_result, None)
+        await done
+        return self.batch_s
+
+    def healthy(self) -> bool:
+        return True
+
+    def describe(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--batch-us", type=float, default=80.0)
+    args = parser.parse_args()
+    settings = Settings(port=args.port)
+    service_module.build_engine = lambda s, spec: TimerEngine(args.batch_us / 1e6, s.buckets)  # type: ignore[assignment]
+    uvicorn.run(create_app(settings), host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+
+
+if __name__ == "__main__":
+    main()
