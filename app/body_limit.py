@@ -1,7 +1,8 @@
 """ASGI middleware that refuses request bodies over a size limit (413) without buffering them.
 
-A declared Content-Length over the limit is answered at once; a chunked body is counted as
-it arrives and the read that crosses the limit raises BodyTooLargeError in the handler.
+A declared Content-Length over the limit is answered at once (one within it needs no more
+work: the HTTP parser delivers no more than it declares); a chunked body is counted as it
+arrives and the read that crosses the limit raises BodyTooLargeError in the handler.
 """
 
 from __future__ import annotations
@@ -23,10 +24,14 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         for name, value in scope["headers"]:
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                await self._refuse(send)
+            if name == b"content-length" and value.isdigit():
+                if int(value) > self.max_bytes:
+                    await self._refuse(send)
+                    return
+                # The HTTP parser delivers no more than the declared length: nothing to count.
+                await self.app(scope, receive, send)
                 return
-        received = 0
+        received = 0  # a chunked body: count it as it arrives
 
         async def limited_receive() -> Message:
             nonlocal received

@@ -281,3 +281,14 @@ def test_jpeg_upload_and_a_larger_rgb_photo_are_made_28x28_grayscale(
         answer = client.post("/predict", files={"file": ("boot.jpg", buffer.getvalue(), "image/jpeg")})
         assert answer.status_code == 200, answer.text
         assert answer.json()["predictions"][0]["label"] == label
+
+
+def test_chunked_body_over_the_limit_is_counted_and_refused(client: TestClient) -> None:
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the middleware must count
+        for _ in range(MAX_BODY // 4096 + 2):
+            yield b"\0" * 4096
+
+    answer = client.post("/predict", content=chunks(), headers=RAW)
+    assert answer.status_code == 413 and answer.json()["error"]["code"] == "body_too_large"
+    good = client.post("/predict", content=GOOD, headers=JSON)
+    assert good.status_code == 200
