@@ -96,3 +96,27 @@ def test_clients_that_disconnect_mid_request_do_not_disturb_the_others(server: s
     assert len(answers) == 50 and all(a.status_code == 200 for a in answers)
     assert all(len(a.json()["predictions"]) == 4 for a in answers)
     assert httpx.get(f"{server}/readyz").status_code == 200
+
+
+def test_several_workers_share_the_port_and_merge_their_metrics(tmp_path: Path) -> None:
+    with running_server(tmp_path / "workers.log", workers="2") as url:
+        for _ in range(40):  # new connections, so both workers take some
+            assert httpx.post(f"{url}/predict", json={"instances": [[0.0] * 784]}).status_code == 200
+        exposition = httpx.get(f"{url}/metrics").text
+    served = sum(
+        float(line.split()[-1])
+        for line in exposition.splitlines()
+        if line.startswith('cgserve_requests_total{code="200",format="json"}')
+    )
+    assert served == 40  # whichever worker answered /metrics counted every worker's requests
+
+
+def test_a_worker_whose_start_up_fails_stops_the_whole_server(tmp_path: Path) -> None:
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"not a state dict")
+    with (
+        # make reports its command's status 1 as "Error 1" and exits 2 itself.
+        pytest.raises(RuntimeError, match=r"exited with 2(.|\n)*start-up failed(.|\n)*serve\] Error 1"),
+        running_server(tmp_path / "failed.log", workers="2", weights=str(corrupt)),
+    ):
+        pass
