@@ -224,7 +224,8 @@ class Batcher:
             slot.inputs[offset : offset + end - start] = request.images[start:end]
             offset += end - start
         # Rows [rows, bucket) keep whatever an earlier batch left there: every row of a batch is
-        # computed independently (tests/unit/test_padding.py), so stale padding cannot leak.
+        # computed independently (test_padding_rows_never_change_real_rows, tests/unit and tests/gpu),
+        # so stale padding cannot leak.
         batches, padding, compute = self._bucket_metrics[bucket]
         batches.inc()
         padding.inc(bucket - rows)
