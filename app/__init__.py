@@ -1,0 +1,3 @@
+"""cudagraph-serve: CNNs over HTTP, one CUDA graph per batch size."""
+
+__version__ = "0.2.0"

@@ -5,9 +5,13 @@ otherwise when the oldest queued request has waited `max_delay_s`. A batch is pa
 smallest bucket ≥ its rows; requests are packed row by row, so a request larger than the
 largest bucket (or one that straddles a full batch) is split and reassembled.
 
-Pipelining: one task collects and launches, holding a free Slot for each batch; up to
-`in_flight` batches run at once and a Slot returns to the pool only after its batch's results
-were copied out. Every request gets exactly one answer: its probabilities, or an error —
+Pipelining: one task collects and launches, holding a free Slot for each batch; the engine
+has one Slot per batch in flight (its `in_flight`) and a Slot returns to the pool only after
+its batch's results were copied out.
+
+Pixels stay small: a batch whose requests all brought uint8 pixels is staged as uint8 (the
+engine casts on the device); one that mixes in float requests is staged as float32, the uint8
+rows scaled to [0, 1] on the way in. Every request gets exactly one answer: its probabilities, or an error —
 503 when the queue is over its limit, 504 when still queued at its deadline (never launched),
 500 when its batch failed or never came back (the reaper's bound, `batch_timeout_s`).
 """
@@ -24,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from app import metrics
-from app.engines.base import Engine, Slot
+from app.engines.base import Engine, InputDtype, Slot
 from app.errors import DeadlineExceededError, EngineError, NotReadyError, QueueFullError
 
 log = logging.getLogger(__name__)
@@ -34,7 +38,7 @@ REAP_INTERVAL_S = 0.5
 
 @dataclass(slots=True, eq=False)
 class _Request:
-    images: np.ndarray  # (k, C, H, W) float32
+    images: np.ndarray  # (k, C, H, W) uint8 pixels or float32 intensities in [0, 1]
     probabilities: np.ndarray  # (k, num_classes) float32, filled chunk by chunk
     future: asyncio.Future[np.ndarray]
     enqueued: float  # time.monotonic()
@@ -59,16 +63,14 @@ class Batcher:
         max_delay_s: float,
         queue_limit: int,
         request_timeout_s: float,
-        in_flight: int = 2,
         batch_timeout_s: float = 30.0,
+        model: str = "",
     ) -> None:
-        if in_flight < 1:
-            raise ValueError(f"in_flight must be at least 1; got {in_flight}")
         self.engine = engine
         self.max_delay_s = max_delay_s
         self.queue_limit = queue_limit
         self.request_timeout_s = request_timeout_s
-        self.in_flight = in_flight
+        self.in_flight = len(engine.slots)
         self.batch_timeout_s = batch_timeout_s
         self.max_bucket = engine.buckets[-1]
         # pad_to[rows] = smallest bucket ≥ rows, for 1 ≤ rows ≤ max_bucket (the padding table).
@@ -78,21 +80,25 @@ class Batcher:
         self._queued_rows = 0
         self._wakeup = asyncio.Event()
         self._free_slots: asyncio.Queue[Slot] = asyncio.Queue()
-        slots = [engine.new_slot() for _ in range(in_flight)]
-        for slot in slots:
+        for slot in engine.slots:
             self._free_slots.put_nowait(slot)
-        self._num_classes = slots[0].outputs.shape[1]
+        self._num_classes = engine.slots[0].outputs.shape[1]
         self._batches: dict[asyncio.Task[None], tuple[float, list[_Share]]] = {}  # task → (launched, shares)
         self._loop_task: asyncio.Task[None] | None = None
         self._reaper_task: asyncio.Task[None] | None = None
+        # The labelled metric children, looked up once rather than per batch.
         self._bucket_metrics = {
             b: (
-                metrics.BATCHES.labels(bucket=str(b)),
-                metrics.PADDING_ROWS.labels(bucket=str(b)),
-                metrics.BATCH_COMPUTE.labels(bucket=str(b)),
+                metrics.BATCHES.labels(model=model, bucket=str(b)),
+                metrics.PADDING_ROWS.labels(model=model, bucket=str(b)),
+                metrics.BATCH_COMPUTE.labels(model=model, bucket=str(b)),
             )
             for b in engine.buckets
         }
+        self._queue_depth = metrics.QUEUE_DEPTH.labels(model=model)
+        self._queue_wait = metrics.QUEUE_WAIT.labels(model=model)
+        self._batch_rows = metrics.BATCH_ROWS.labels(model=model)
+        self._in_flight = metrics.IN_FLIGHT.labels(model=model)
 
     @property
     def queued_rows(self) -> int:
@@ -114,11 +120,11 @@ class Batcher:
             if not request.future.done():
                 request.future.set_exception(NotReadyError("the server is shutting down"))
         self._queued_rows = 0
-        metrics.QUEUE_DEPTH.set(0)
+        self._queue_depth.set(0)
         await asyncio.gather(*list(self._batches), return_exceptions=True)
 
     async def submit(self, images: np.ndarray) -> np.ndarray:
-        """(k, C, H, W) float32 → (k, num_classes) probabilities, in the order given."""
+        """(k, C, H, W) uint8 pixels or float32 intensities → (k, num_classes) probabilities, in order."""
         rows = len(images)
         if self._queued_rows + rows > self.queue_limit:
             raise QueueFullError(self._queued_rows, self.queue_limit)
@@ -134,7 +140,7 @@ class Batcher:
         was_empty = not self._queue
         self._queue.append(request)
         self._queued_rows += rows
-        metrics.QUEUE_DEPTH.set(self._queued_rows)
+        self._queue_depth.set(self._queued_rows)
         # Wake the collector only when its decision can change: the delay clock starts, or a
         # full batch is ready. Anything else it notices when its timer fires.
         if was_empty or self._queued_rows >= self.max_bucket:
@@ -206,7 +212,7 @@ class Batcher:
                 request.future.set_exception(DeadlineExceededError(self.request_timeout_s))
                 continue
             if request.next_row == 0:
-                metrics.QUEUE_WAIT.observe(now - request.enqueued)
+                self._queue_wait.observe(now - request.enqueued)
             take = min(request.rows - request.next_row, self.max_bucket - rows)
             shares.append((request, request.next_row, request.next_row + take))
             request.next_row += take
@@ -214,14 +220,20 @@ class Batcher:
             self._queued_rows -= take
             if request.next_row == request.rows:
                 self._queue.popleft()
-        metrics.QUEUE_DEPTH.set(self._queued_rows)
+        self._queue_depth.set(self._queued_rows)
         return shares, rows
 
     async def _run_batch(self, slot: Slot, shares: list[_Share], rows: int) -> None:
         bucket = self.pad_to[rows]
+        dtype = _staging_dtype(shares)
+        staging = slot.inputs[dtype]  # (max_bucket, C, H, W)
         offset = 0
         for request, start, end in shares:
-            slot.inputs[offset : offset + end - start] = request.images[start:end]
+            rows_in = request.images[start:end]
+            if rows_in.dtype == staging.dtype:
+                staging[offset : offset + end - start] = rows_in
+            else:  # uint8 pixels riding in a float32 batch
+                np.multiply(rows_in, np.float32(1 / 255), out=staging[offset : offset + end - start])
             offset += end - start
         # Rows [rows, bucket) keep whatever an earlier batch left there: every row of a batch is
         # computed independently (test_padding_rows_never_change_real_rows, tests/unit and tests/gpu),
@@ -229,10 +241,10 @@ class Batcher:
         batches, padding, compute = self._bucket_metrics[bucket]
         batches.inc()
         padding.inc(bucket - rows)
-        metrics.BATCH_ROWS.observe(rows)
-        metrics.IN_FLIGHT.inc()
+        self._batch_rows.observe(rows)
+        self._in_flight.inc()
         try:
-            seconds = await self.engine.run(slot, bucket)
+            seconds = await self.engine.run(slot, bucket, dtype)
         except Exception as error:
             log.exception("batch of %d rows (bucket %d) failed; failing its %d requests", rows, bucket, len(shares))
             for request, _, _ in shares:
@@ -250,5 +262,10 @@ class Batcher:
                         request.future.set_result(request.probabilities)
                 offset += n
         finally:
-            metrics.IN_FLIGHT.dec()
+            self._in_flight.dec()
             self._free_slots.put_nowait(slot)
+
+
+def _staging_dtype(shares: list[_Share]) -> InputDtype:
+    """uint8 when every request of the batch brought pixels: a quarter of the bytes to the device."""
+    return "uint8" if all(request.images.dtype == np.uint8 for request, _, _ in shares) else "float32"

@@ -1,55 +1,74 @@
-"""`cudagraph-serve`: the command line. `serve` starts the HTTP server; flags override settings."""
+"""`cudagraph-serve`: the command line. Every setting is a flag, generated from Settings.
+
+    cudagraph-serve serve [--port 8000 --model-repository DIR …]   run the HTTP server
+    cudagraph-serve debug-dump --bucket 8 --out graph.dot          one bucket's CUDA graph, as dot
+
+Start-up problems (an invalid setting, a bad model.toml or weights file, no CUDA where it was
+asked for, a port in use) print one line each and exit non-zero before the server listens.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
-import signal
+import socket
 import sys
-import tempfile
+import types
+import typing
+from pathlib import Path
 from typing import Any
 
-import uvicorn
 from pydantic import ValidationError
+from pydantic.fields import FieldInfo
 
+from app import __version__
 from app.config import Settings, describe_errors
 
-# Flags that map one-to-one onto Settings fields (dashes for underscores).
-SERVE_FLAGS: dict[str, dict[str, Any]] = {
-    "host": {},
-    "port": {"type": int},
-    "device": {"help": "auto | cpu | cuda | cuda:N"},
-    "engine": {"choices": ["auto", "eager", "cuda-graph"]},
-    "model": {"choices": ["fashion-cnn"]},
-    "weights": {},
-    "buckets": {"help": "comma-separated batch sizes, e.g. 1,2,4,8"},
-    "max-delay-ms": {"type": float},
-    "queue-limit": {"type": int},
-    "in-flight": {"type": int},
-    "request-timeout-s": {"type": float},
-    "max-body-bytes": {"type": int},
-    "max-instances": {"type": int},
-    "max-image-pixels": {"type": int},
-    "dtype": {"choices": ["fp32", "fp16", "bf16"]},
-    "channels-last": {"action": argparse.BooleanOptionalAction},
-    "event-wait": {"choices": ["poll", "spin", "block"]},
-    "workers": {"type": int},
-    "log-level": {"choices": ["debug", "info", "warning", "error"]},
-}
+log = logging.getLogger("app.cli")
+
+
+def add_settings_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per Settings field: its CGSERVE_ name, default and description in --help."""
+    for name, field in Settings.model_fields.items():
+        options: dict[str, Any] = {"default": None, "dest": name}
+        choices = _choices(field)
+        if field.annotation is bool:
+            options["action"] = argparse.BooleanOptionalAction
+        elif choices:
+            options["choices"] = choices
+        else:
+            options["metavar"] = name.upper()
+        default = field.get_default(call_default_factory=True)
+        if isinstance(default, tuple):
+            default = ",".join(map(str, default))
+        text = f"{field.description or ''} [env CGSERVE_{name.upper()}; default {default}]"
+        parser.add_argument(f"--{name.replace('_', '-')}", help=text.replace("%", "%%"), **options)
+
+
+def _choices(field: FieldInfo) -> list[str]:
+    """The values of a Literal field (also inside `| None`), else none."""
+    annotation = field.annotation
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        annotation = next(arg for arg in typing.get_args(annotation) if arg is not type(None))
+    return [str(v) for v in typing.get_args(annotation)] if typing.get_origin(annotation) is typing.Literal else []
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cudagraph-serve", description=__doc__)
+    parser = argparse.ArgumentParser(prog="cudagraph-serve", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="run the HTTP server (settings: CGSERVE_* env, .env, flags)")
-    for flag, options in SERVE_FLAGS.items():
-        serve.add_argument(f"--{flag}", default=None, **options)
-    dump = commands.add_parser("debug-dump", help="capture one bucket's CUDA graph and write its debug dump (dot)")
+    serve = commands.add_parser(
+        "serve",
+        help="run the HTTP server",
+        description="Run the HTTP server. Settings come from flags, then CGSERVE_* variables, then .env.",
+    )
+    add_settings_flags(serve)
+    dump = commands.add_parser("debug-dump", help="capture one bucket's CUDA graph and write it as Graphviz dot")
+    dump.add_argument("--model", default=None, help="model of the repository (default: the default model)")
     dump.add_argument("--bucket", type=int, default=8, help="batch size to capture (default 8)")
     dump.add_argument("--out", default="cuda_graph.dot", help="file to write (default cuda_graph.dot)")
-    dump.add_argument("--device", default="cuda")
-    dump.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default=None)
+    for name in ("model_repository", "device", "dtype"):
+        dump.add_argument(f"--{name.replace('_', '-')}", default=None, help=Settings.model_fields[name].description)
     return parser
 
 
@@ -62,109 +81,101 @@ def load_settings(overrides: dict[str, Any]) -> Settings:
         raise SystemExit(2) from None
 
 
+def prepare_or_exit(settings: Settings) -> list[Any]:
+    """Every model read, loaded on the CPU and checked, or one line per problem and exit 2."""
+    from app.repository import ModelConfigError
+    from app.service import prepare_models
+
+    try:
+        return prepare_models(settings)
+    except ModelConfigError as error:
+        sys.stderr.write("cannot start, the model repository has problems:\n")
+        sys.stderr.write("".join(f"  {problem}\n" for problem in error.problems))
+        raise SystemExit(2) from None
+    except Exception as error:  # a bug or an environment problem: one line, the traceback at debug level
+        log.debug("preparing the models failed", exc_info=True)
+        sys.stderr.write(f"cannot start: {type(error).__name__}: {' '.join(str(error).split())[:500]}\n")
+        raise SystemExit(1) from None
+
+
+def bind_or_exit(settings: Settings) -> socket.socket:
+    """The listening socket, bound before any engine is built: a port in use fails at once."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((settings.host, settings.port))
+    except OSError as error:
+        sock.close()
+        sys.stderr.write(f"cannot start: cannot listen on {settings.host}:{settings.port}: {error.strerror}\n")
+        raise SystemExit(1) from None
+    return sock
+
+
 def serve(settings: Settings, overrides: dict[str, Any]) -> int:
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    prepared = prepare_or_exit(settings)
+    sock = bind_or_exit(settings)
     if settings.workers > 1:
+        from app.workers import serve_workers
+
+        sock.close()  # uvicorn's manager binds the port itself, for its workers to share
         return serve_workers(settings, overrides)
+    import uvicorn
+
     from app.main import create_app
 
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server: uvicorn.Server | None = None
 
     def exit_server() -> None:
         if server is not None:
             server.should_exit = True
 
-    app = create_app(settings, on_fatal=exit_server)
+    app = create_app(settings, prepared=prepared, on_fatal=exit_server)
     config = uvicorn.Config(
         app,
-        host=settings.host,
-        port=settings.port,
         log_level=settings.log_level,
         access_log=False,  # per-request logging costs more than the model; metrics count requests
         loop="auto",  # uvloop where installed
         http="auto",  # httptools where installed
     )
     server = uvicorn.Server(config)
-    server.run()
+    server.run(sockets=[sock])
     return 1 if app.state.service.failure else 0
 
 
-def serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
-    """uvicorn's process manager: `workers` processes share the port, each builds its own engine.
-
-    The flags reach the workers as CGSERVE_* variables (they re-read Settings); Prometheus runs
-    in multiprocess mode so that /metrics in any worker reports all of them. The parent must
-    not import prometheus_client before PROMETHEUS_MULTIPROC_DIR is set, so app.main is
-    imported only by the workers. A worker whose start-up fails leaves a marker and stops the
-    manager, so the whole server exits 1, as a single process does.
-    """
-    for name, value in overrides.items():
-        if value is not None:
-            os.environ[f"CGSERVE_{name.upper()}"] = _env_value(value)
-    with tempfile.TemporaryDirectory(prefix="cgserve-metrics-") as metrics_dir:
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
-        os.environ[_FAILED_MARKER_ENV] = os.path.join(metrics_dir, "start-up-failed")
-        uvicorn.run(
-            "app.cli:worker_app",
-            factory=True,
-            host=settings.host,
-            port=settings.port,
-            workers=settings.workers,
-            log_level=settings.log_level,
-            access_log=False,
-            loop="auto",
-            http="auto",
-        )
-        return 1 if os.path.exists(os.environ[_FAILED_MARKER_ENV]) else 0
-
-
-_FAILED_MARKER_ENV = "CGSERVE_START_UP_FAILED_MARKER"
-
-
-def worker_app() -> Any:
-    """The app of one worker under serve_workers (uvicorn calls this factory in each process)."""
-    from app.main import create_app
-
-    def stop_every_worker() -> None:
-        with open(os.environ[_FAILED_MARKER_ENV], "w"):
-            pass
-        os.kill(os.getppid(), signal.SIGTERM)  # the manager stops all workers and returns
-
-    return create_app(on_fatal=stop_every_worker)
-
-
-def _env_value(value: Any) -> str:
-    if isinstance(value, tuple | list):
-        return ",".join(str(v) for v in value)
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
-
-def debug_dump(bucket: int, out: str, overrides: dict[str, Any]) -> int:
-    """Capture `bucket` alone with keep_graph=True and debug mode on, and write its dot file."""
+def debug_dump(args: argparse.Namespace) -> int:
+    """Capture one bucket with keep_graph=True and debug mode on, and write its dot file."""
     import torch
 
-    from app.engines import resolve_device
+    if not torch.cuda.is_available():
+        sys.stderr.write("debug-dump captures a CUDA graph and torch sees no CUDA device here\n")
+        return 2
     from app.engines.cuda import CudaEngine
-    from app.model_spec import SPECS
 
-    settings = load_settings({**overrides, "buckets": (bucket,), "engine": "cuda-graph"})
+    overrides = {"model_repository": args.model_repository, "device": args.device or "cuda", "dtype": args.dtype}
+    settings = load_settings({**overrides, "buckets": str(args.bucket), "engine": "cuda-graph"})
     logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    spec = SPECS[settings.model]
+    prepared = {model.spec.name: (model, options) for model, options in prepare_or_exit(settings)}
+    name = args.model or settings.default_model or next(iter(prepared))
+    if name not in prepared:
+        sys.stderr.write(f"no model named {name!r}; the repository has {list(prepared)}\n")
+        return 2
+    model, options = prepared[name]
     torch.cuda.CUDAGraph().enable_debug_mode()  # must precede the capture to record the graph
     engine = CudaEngine(
-        spec.build(settings.weights),
-        spec,
-        settings.buckets,
-        device=torch.device(resolve_device(settings.device)),
-        dtype=settings.dtype,
-        slots=1,
+        model.module,
+        model.spec,
+        (args.bucket,),
+        device=torch.device(options.device),
+        dtype=options.dtype,
+        channels_last=options.channels_last,
+        in_flight=1,
         keep_graphs=True,
     )
-    engine.debug_dump(bucket, out)
+    engine.debug_dump(args.bucket, args.out)
     engine.close()
-    sys.stdout.write(f"wrote the CUDA graph of bucket {bucket} to {out}\n")
+    sys.stdout.write(f"wrote the CUDA graph of {name}, bucket {args.bucket}, to {Path(args.out)}\n")
     return 0
 
 
@@ -174,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides = {name: value for name, value in vars(args).items() if name != "command"}
         return serve(load_settings(overrides), overrides)
     if args.command == "debug-dump":
-        return debug_dump(args.bucket, args.out, {"device": args.device, "dtype": args.dtype})
+        return debug_dump(args)
     return 2
 
 

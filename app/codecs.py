@@ -1,8 +1,9 @@
-"""Request bodies → float32 image batches, and probabilities → the JSON answer.
+"""Request bodies → image batches in the model's (C, H, W), and probabilities → the JSON answer.
 
-Every decoder returns a float32 array (k, C, H, W) of intensities in [0, 1], k ≥ 1, or raises
-InputError naming what was wrong and what was expected. The hot path is orjson + numpy:
-no per-element Python or pydantic validation.
+Every decoder returns an array (k, C, H, W), k ≥ 1, or raises InputError naming what was wrong
+and what was expected. Pixels stay small: raw uint8 bodies and decoded uploads come back as
+uint8 (the engine casts on the device); JSON and raw float32 come back as float32 intensities
+in [0, 1]. The hot path is orjson + numpy: no per-element Python or pydantic validation.
 """
 
 from __future__ import annotations
@@ -15,81 +16,99 @@ import orjson
 from PIL import Image, UnidentifiedImageError
 
 from app.errors import InputError
-from app.model_spec import FASHION_CNN, ModelSpec
+from app.model_spec import ModelSpec
 
-JSON_EXPECTED = (
-    'a JSON object {"instances": [...]} whose instances are each a 28×28 nested list or a flat list '
-    "of 784 numbers, pixel intensities scaled to [0, 1]"
-)
-RAW_EXPECTED = (
-    "application/octet-stream: N×28×28 uint8 pixels 0–255 (N×784 bytes), "
-    "or with ?dtype=float32 N×28×28 little-endian float32 intensities in [0, 1] (N×3136 bytes)"
-)
 IMAGE_EXPECTED = "a multipart/form-data upload of one PNG or JPEG image in the field `file`"
 RAW_DTYPES: dict[str, np.dtype[Any]] = {"uint8": np.dtype(np.uint8), "float32": np.dtype("<f4")}
+RAW_LAYOUTS = ("nchw", "nhwc")
 
 
-def decode_json(body: bytes, *, max_instances: int, spec: ModelSpec = FASHION_CNN) -> np.ndarray:
+def json_expected(spec: ModelSpec) -> str:
+    c, h, w = spec.input_shape
+    shapes = f"a {h}×{w} nested list, " if c == 1 else ""
+    return (
+        f'a JSON object {{"instances": [...]}} whose instances are each {shapes}a {c}×{h}×{w} nested list or a '
+        f"flat list of {spec.pixels} numbers, pixel intensities scaled to [0, 1]"
+    )
+
+
+def raw_expected(spec: ModelSpec) -> str:
+    c, h, w = spec.input_shape
+    return (
+        f"application/octet-stream: N×{c}×{h}×{w} uint8 pixels 0–255 (N×{spec.pixels} bytes; ?layout=nhwc for "
+        f"N×{h}×{w}×{c}), or with ?dtype=float32 little-endian float32 intensities in [0, 1] "
+        f"(N×{spec.pixels * 4} bytes)"
+    )
+
+
+def decode_json(body: bytes, *, max_instances: int, spec: ModelSpec) -> np.ndarray:
     """{"instances": [...]} → (k, C, H, W) float32."""
+    expected = json_expected(spec)
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as error:
         # orjson refuses NaN/Infinity literals, numbers beyond float64 and nesting deeper than 1024.
         raise InputError(
-            f"the body is not valid JSON: {error}", expected=JSON_EXPECTED, status=400, code="invalid_json"
+            f"the body is not valid JSON: {error}", expected=expected, status=400, code="invalid_json"
         ) from None
     if not isinstance(document, dict) or "instances" not in document:
-        raise InputError('the JSON object has no field "instances"', expected=JSON_EXPECTED)
+        raise InputError('the JSON object has no field "instances"', expected=expected)
     instances = document["instances"]
     if not isinstance(instances, list):
-        raise InputError(f'"instances" is a {type(instances).__name__}, not a list', expected=JSON_EXPECTED)
-    _check_count(len(instances), max_instances, JSON_EXPECTED)
+        raise InputError(f'"instances" is a {type(instances).__name__}, not a list', expected=expected)
+    _check_count(len(instances), max_instances, expected)
     try:
         array = np.array(instances)  # dtype inferred, so strings, booleans and nulls show up below
     except (ValueError, OverflowError, RecursionError):
         raise InputError(
             "the instances do not form a regular array (ragged lists, mixed lists and numbers, "
             "too deeply nested, or numbers out of range)",
-            expected=JSON_EXPECTED,
+            expected=expected,
         ) from None
     if array.dtype.kind not in "iuf":
         raise InputError(
             f"the instances hold non-numeric elements (decoded as {_kind_name(array.dtype)})",
-            expected=JSON_EXPECTED,
+            expected=expected,
         )
     c, h, w = spec.input_shape
-    if array.shape[1:] not in ((spec.pixels,), (h, w), (c, h, w)):
-        raise InputError(
-            f"each instance has shape {list(array.shape[1:])}; expected [{h}, {w}] or [{spec.pixels}]",
-            expected=JSON_EXPECTED,
-        )
-    return _checked_intensities(array.astype(np.float32).reshape(-1, c, h, w), JSON_EXPECTED)
+    shapes = [(spec.pixels,), (c, h, w), *([(h, w)] if c == 1 else [])]
+    if array.shape[1:] not in shapes:
+        named = " or ".join(str(list(shape)) for shape in shapes)
+        raise InputError(f"each instance has shape {list(array.shape[1:])}; expected {named}", expected=expected)
+    return _checked_intensities(array.astype(np.float32).reshape(-1, c, h, w), expected)
 
 
-def decode_raw(body: bytes, *, dtype: str = "uint8", max_instances: int, spec: ModelSpec = FASHION_CNN) -> np.ndarray:
-    """N×C×H×W packed pixels → (N, C, H, W) float32."""
+def decode_raw(
+    body: bytes, *, dtype: str = "uint8", layout: str = "nchw", max_instances: int, spec: ModelSpec
+) -> np.ndarray:
+    """N packed images → (N, C, H, W): uint8 pixels as they came (no copy for NCHW), or float32."""
+    expected = raw_expected(spec)
     if dtype not in RAW_DTYPES:
         raise InputError(f"dtype={dtype!r} is not supported", expected="dtype=uint8 (default) or dtype=float32")
+    if layout not in RAW_LAYOUTS:
+        raise InputError(f"layout={layout!r} is not supported", expected="layout=nchw (default) or layout=nhwc")
     image_bytes = spec.pixels * RAW_DTYPES[dtype].itemsize
     if len(body) % image_bytes:
         raise InputError(
             f"the body has {len(body)} bytes, not a multiple of one {dtype} image ({image_bytes} bytes)",
-            expected=RAW_EXPECTED,
+            expected=expected,
         )
-    _check_count(len(body) // image_bytes, max_instances, RAW_EXPECTED)
-    pixels = np.frombuffer(body, dtype=RAW_DTYPES[dtype]).reshape(-1, *spec.input_shape)
-    if dtype == "uint8":
-        scaled: np.ndarray = pixels.astype(np.float32) * np.float32(1 / 255)
-        return scaled
-    return _checked_intensities(pixels, RAW_EXPECTED)
+    _check_count(len(body) // image_bytes, max_instances, expected)
+    c, h, w = spec.input_shape
+    flat = np.frombuffer(body, dtype=RAW_DTYPES[dtype])
+    # NHWC (how decoders hand out images) becomes an NCHW view; the batcher's copy into its
+    # staging slot does the transpose.
+    images = flat.reshape(-1, c, h, w) if layout == "nchw" else flat.reshape(-1, h, w, c).transpose(0, 3, 1, 2)
+    return images if dtype == "uint8" else _checked_intensities(images, expected)
 
 
-def decode_image(data: bytes, *, max_pixels: int, spec: ModelSpec = FASHION_CNN) -> np.ndarray:
-    """A PNG or JPEG → (1, C, H, W) float32, as Fashion-MNIST: grayscale, resized to H×W."""
+def decode_image(data: bytes, *, max_pixels: int, spec: ModelSpec) -> np.ndarray:
+    """A PNG or JPEG → (1, C, H, W) uint8: the model's colour, resized and cropped per its [preprocess]."""
     if not data:
         raise InputError("the uploaded file is empty", expected=IMAGE_EXPECTED)
     c, h, w = spec.input_shape
-    too_large = f"an image of at most {max_pixels} pixels; Fashion-MNIST images are 28×28"
+    color, resize, crop = spec.config.color, spec.preprocess.resize, spec.preprocess.crop
+    too_large = f"an image of at most {max_pixels} pixels; this model takes {w}×{h}"
     try:
         # open() reads the header only: the size check runs before any pixel is decoded.
         with Image.open(io.BytesIO(data), formats=("PNG", "JPEG")) as image:
@@ -101,10 +120,18 @@ def decode_image(data: bytes, *, max_pixels: int, spec: ModelSpec = FASHION_CNN)
                     status=413,
                     code="image_too_large",
                 )
-            image.draft("L", (w, h))  # JPEG decodes at a reduced scale; a no-op for PNG
-            gray = image.convert("L")
-            if gray.size != (w, h):
-                gray = gray.resize((w, h), Image.Resampling.LANCZOS)
+            # JPEG decodes at a reduced scale, no smaller than what follows needs; a no-op for PNG.
+            image.draft(color, (resize, resize) if resize else (w, h))
+            picture = image.convert(color)
+            if resize:  # shorter side → resize, as torchvision's Resize(int)
+                scale = resize / min(picture.size)
+                size = (max(1, round(picture.width * scale)), max(1, round(picture.height * scale)))
+                picture = picture.resize(size, Image.Resampling.BILINEAR)
+            if crop:  # centre crop, as torchvision's CenterCrop
+                left, top = (picture.width - crop) // 2, (picture.height - crop) // 2
+                picture = picture.crop((left, top, left + crop, top + crop))
+            if picture.size != (w, h):
+                picture = picture.resize((w, h), Image.Resampling.LANCZOS)
     except Image.DecompressionBombError as error:  # Pillow's own guard, hit by absurd headers
         raise InputError(str(error), expected=too_large, status=413, code="image_too_large") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
@@ -112,11 +139,11 @@ def decode_image(data: bytes, *, max_pixels: int, spec: ModelSpec = FASHION_CNN)
             f"the upload could not be decoded as PNG or JPEG ({type(error).__name__}: {error})",
             expected=IMAGE_EXPECTED,
         ) from None
-    pixels = np.asarray(gray, dtype=np.uint8).reshape(1, c, h, w)
-    return pixels.astype(np.float32) * np.float32(1 / 255)
+    pixels = np.asarray(picture, dtype=np.uint8).reshape(h, w, c)  # (H, W, C) as Pillow holds it
+    return np.ascontiguousarray(pixels.transpose(2, 0, 1))[None]  # (1, C, H, W)
 
 
-def encode_predictions(probabilities: np.ndarray, *, model: str, engine: str, spec: ModelSpec = FASHION_CNN) -> bytes:
+def encode_predictions(probabilities: np.ndarray, *, model: str, engine: str, spec: ModelSpec) -> bytes:
     """(k, num_classes) float32 probabilities → the /predict answer as JSON bytes."""
     labels = probabilities.argmax(axis=1).tolist()
     predictions: list[dict[str, Any]] = [

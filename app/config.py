@@ -1,48 +1,91 @@
-"""The service's one Settings object: env prefix CGSERVE_, a .env file, CLI flags on top."""
+"""The service's one Settings object: env prefix CGSERVE_, a .env file, CLI flags on top.
+
+Imports neither torch nor models/: `cudagraph-serve --help` and a bad setting answer at once.
+Per-model choices (engine, dtype, buckets …) live in each model's model.toml; the settings of
+the same name here are the defaults a model.toml may override.
+"""
 
 from __future__ import annotations
 
 import re
 from functools import lru_cache
+from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from models.cnn import WEIGHTS_PATH
-
+# The shipped repository: the seed CNN alone. `models` is a plain package (its __init__ is empty).
+DEFAULT_REPOSITORY = Path(str(files("models"))) / "repository"
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+Engine = Literal["auto", "eager", "cuda-graph", "compile", "onnxruntime"]
+Dtype = Literal["fp32", "fp16", "bf16"]
+Compile = Literal["none", "inductor", "max-autotune"]
+
+
+def split_buckets(value: object) -> object:
+    """ "1,2,4" (env, flag) → (1, 2, 4); anything else is left for pydantic to check."""
+    if isinstance(value, str):
+        try:
+            return tuple(int(part) for part in value.split(",") if part.strip())
+        except ValueError:
+            raise ValueError(f"buckets must be comma-separated integers such as 1,2,4,8; got {value!r}") from None
+    return value
+
+
+def check_buckets(value: tuple[int, ...]) -> tuple[int, ...]:
+    if not value:
+        raise ValueError("buckets must name at least one batch size, e.g. 1,2,4,8")
+    if any(b < 1 for b in value):
+        raise ValueError(f"every bucket must be a positive batch size; got {list(value)}")
+    return tuple(sorted(set(value)))
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CGSERVE_", env_file=".env", extra="ignore", frozen=True)
 
     host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 in a container).")
-    port: int = Field(8000, ge=1, le=65535)
-    model: Literal["fashion-cnn"] = Field("fashion-cnn", description="Which model spec to serve.")
-    weights: Path = Field(WEIGHTS_PATH, description="State dict to load into the model.")
+    port: int = Field(8000, ge=1, le=65535, description="HTTP port.")
+    model_repository: Path = Field(
+        DEFAULT_REPOSITORY,
+        description="Folder of models, one sub-folder with a model.toml each; the default holds the seed CNN.",
+    )
+    default_model: str | None = Field(
+        None, description="Model that POST /predict serves; may be left out when the repository holds one model."
+    )
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N; auto takes cuda:0 where present.")
-    engine: Literal["auto", "eager", "cuda-graph"] = Field(
-        "auto", description="auto: cuda-graph on a GPU, eager on the CPU."
+    engine: Engine = Field(
+        "auto",
+        description="Default engine (a model.toml may choose its own). auto: cuda-graph on a GPU, eager on the "
+        "CPU, onnxruntime for ONNX files.",
+    )
+    compile: Compile = Field(
+        "none",
+        description="Default for cuda-graph models: compile the module with inductor (max-autotune: with "
+        "autotuning) before capturing its graphs.",
+    )
+    compile_cache_dir: Path | None = Field(
+        None, description="Inductor's on-disk cache, so that a restart does not recompile (a volume in containers)."
     )
     buckets: Annotated[tuple[int, ...], NoDecode] = Field(
-        DEFAULT_BUCKETS, description="Batch sizes to capture, comma-separated (e.g. 1,2,4,8)."
+        DEFAULT_BUCKETS, description="Default batch sizes to capture, comma-separated (e.g. 1,2,4,8)."
     )
     max_delay_ms: float = Field(
         1.0, ge=0.0, le=1000.0, description="Longest the oldest queued request waits for a fuller batch."
     )
-    queue_limit: int = Field(4096, ge=1, description="Rows allowed to wait; more are shed with 503.")
-    in_flight: int = Field(2, ge=1, le=16, description="Batches launched but not yet handed back.")
+    queue_limit: int = Field(4096, ge=1, description="Rows allowed to wait per model; more are shed with 503.")
+    in_flight: int = Field(2, ge=1, le=16, description="Batches launched but not yet handed back, per model.")
     request_timeout_s: float = Field(10.0, gt=0.0, description="A request still queued after this gets 504.")
     max_body_bytes: int = Field(16 * 2**20, ge=1024, description="Larger request bodies get 413.")
     max_instances: int = Field(1024, ge=1, description="Images allowed in one request.")
     max_image_pixels: int = Field(
         4096 * 4096, ge=784, description="Uploads with more pixels are refused before decoding."
     )
-    dtype: Literal["fp32", "fp16", "bf16"] = Field("fp32", description="Compute dtype on the GPU.")
-    channels_last: bool = Field(False, description="Run convolutions in channels_last memory format.")
+    dtype: Dtype = Field("fp32", description="Default compute dtype on the GPU (fp16 and bf16 need CUDA).")
+    channels_last: bool = Field(False, description="Default: run convolutions in channels_last memory format.")
     event_wait: Literal["poll", "spin", "block"] = Field(
         "poll",
         description="How a finished batch is noticed: the event loop polls its event, or a thread "
@@ -52,28 +95,12 @@ class Settings(BaseSettings):
         1,
         ge=1,
         le=64,
-        description="Server processes on one port, each with its own engine and graphs; /metrics merges them.",
+        description="Server processes on one port, each with its own engines and graphs; /metrics merges them.",
     )
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log verbosity.")
 
-    @field_validator("buckets", mode="before")
-    @classmethod
-    def _split_buckets(cls, value: object) -> object:
-        if isinstance(value, str):
-            try:
-                return tuple(int(part) for part in value.split(",") if part.strip())
-            except ValueError:
-                raise ValueError(f"buckets must be comma-separated integers such as 1,2,4,8; got {value!r}") from None
-        return value
-
-    @field_validator("buckets")
-    @classmethod
-    def _check_buckets(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        if not value:
-            raise ValueError("buckets must name at least one batch size, e.g. 1,2,4,8")
-        if any(b < 1 for b in value):
-            raise ValueError(f"every bucket must be a positive batch size; got {list(value)}")
-        return tuple(sorted(set(value)))
+    _split_buckets = field_validator("buckets", mode="before")(split_buckets)
+    _check_buckets = field_validator("buckets")(check_buckets)
 
     @field_validator("device")
     @classmethod
@@ -82,27 +109,25 @@ class Settings(BaseSettings):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N; got {value!r}") from None
         return value
 
-    @field_validator("weights")
+    @field_validator("model_repository")
     @classmethod
-    def _check_weights(cls, value: Path) -> Path:
-        if not value.is_file():
-            raise ValueError(f"weights file {value} does not exist; point CGSERVE_WEIGHTS at a state dict")
+    def _check_repository(cls, value: Path) -> Path:
+        if not value.is_dir():
+            raise ValueError(f"model repository {value} is not a folder")
         return value
 
     @model_validator(mode="after")
-    def _check_engine_device(self) -> Settings:
-        if self.engine == "cuda-graph" and self.device == "cpu":
+    def _check_combinations(self) -> Settings:
+        if self.device == "cpu" and self.engine in ("cuda-graph",):
             raise ValueError("engine cuda-graph needs a CUDA device; use device auto or cuda, or engine eager")
+        if self.device == "cpu" and self.dtype != "fp32":
+            raise ValueError(f"dtype {self.dtype} needs a CUDA device; on the CPU the models run in fp32")
         if self.queue_limit < self.max_instances:
             raise ValueError(
                 f"queue_limit ({self.queue_limit}) must be at least max_instances ({self.max_instances}), "
                 "or the largest allowed request could never be queued"
             )
         return self
-
-    @property
-    def max_bucket(self) -> int:
-        return self.buckets[-1]
 
 
 def describe_errors(error: ValidationError) -> str:

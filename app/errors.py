@@ -5,6 +5,9 @@ Every error body has one shape: {"error": {"code": ..., "message": ..., "expecte
 
 from __future__ import annotations
 
+import orjson
+from starlette.responses import Response
+
 
 class ServiceError(Exception):
     status: int = 500
@@ -89,3 +92,36 @@ class EngineError(ServiceError):
 
     def __init__(self, detail: str) -> None:
         super().__init__(f"inference failed: {detail}", expected="a retry; the failure is logged on the server")
+
+
+class UnknownModelError(ServiceError):
+    status = 404
+    code = "unknown_model"
+    reason = "unknown_model"
+
+    def __init__(self, name: str | None, names: list[str]) -> None:
+        served = ", ".join(names)
+        if name is None:
+            message = f"several models are served ({served}) and none is the default"
+            expected = "POST /v1/models/{name}/predict, or CGSERVE_DEFAULT_MODEL set to one of them"
+        else:
+            message = f"no model named {name!r} is served"
+            expected = f"one of: {served}"
+        super().__init__(message, expected=expected)
+
+
+class RouteError(ServiceError):
+    """404 and 405 from the router, in the service's error envelope."""
+
+    reason = "invalid_route"
+
+    def __init__(self, status: int, message: str, expected: str) -> None:
+        super().__init__(message, expected=expected)
+        self.status = status
+        self.code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
+
+
+def error_response(error: ServiceError) -> Response:
+    return Response(
+        orjson.dumps(error.body()), status_code=error.status, headers=error.headers, media_type="application/json"
+    )

@@ -1,4 +1,4 @@
-"""The FastAPI application: routes, the body-size limit and the service's lifespan."""
+"""The FastAPI application: routes, the body-size limit, error envelopes and the service's lifespan."""
 
 from __future__ import annotations
 
@@ -7,25 +7,41 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.telemetry import TelemetryConfig
+from fastapi_offline import FastAPIOffline
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Route
 
 from app.body_limit import BodyLimitMiddleware
 from app.config import Settings, get_settings
-from app.routes import predict, router
+from app.engine_factory import EngineOptions
+from app.errors import RouteError, error_response
+from app.openapi import build_openapi
+from app.repository import LoadedModel
+from app.routes import models, probes
+from app.routes.predict import predict
 from app.service import Service
 
 # No OpenTelemetry (Prometheus is the metrics path): with it off FastAPI skips its per-request
 # provider look-ups, a few % of the request path under load (py-spy). The benchmark's no-op and
 # naive servers use the same setting, so the comparison stays like for like.
 NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
+ROUTES = "POST /predict, POST /v1/models/{name}/predict, GET /v1/models[/{name}], /healthz, /readyz, /metrics, /docs"
 
 
-def create_app(settings: Settings | None = None, *, on_fatal: Callable[[], None] = lambda: None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None,
+    *,
+    prepared: list[tuple[LoadedModel, EngineOptions]] | None = None,
+    on_fatal: Callable[[], None] = lambda: None,
+) -> FastAPI:
+    """The app; `prepared` models (loaded and checked by the CLI) save loading them twice."""
     settings = settings or get_settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        service = Service(settings, on_fatal=on_fatal)
+        service = Service(settings, prepared=prepared, on_fatal=on_fatal)
         app.state.service = service
         service.start()
         try:
@@ -33,18 +49,29 @@ def create_app(settings: Settings | None = None, *, on_fatal: Callable[[], None]
         finally:
             await service.stop()
 
-    app = FastAPI(
+    # FastAPIOffline serves Swagger UI and ReDoc from files in its wheel: /docs works offline.
+    app = FastAPIOffline(
         title="cudagraph-serve",
-        summary="A Fashion-MNIST CNN served with dynamic batching and one CUDA graph per batch size.",
-        version="0.1.0",
+        summary="CNNs served with dynamic batching and one CUDA graph per batch size.",
+        version="0.2.0",
         lifespan=lifespan,
         telemetry=NO_TELEMETRY,
     )
-    app.include_router(router)
-    # POST /predict is served by a plain Starlette route placed ahead of its FastAPI twin, which
-    # stays only to document the three body forms in OpenAPI. FastAPI's per-route machinery
-    # (exit stacks, dependency solving, response-model plumbing) cost a third of each request
-    # under load (py-spy) and the handler uses none of it; bench/results/README.md has the figures.
-    app.router.routes.insert(0, Route("/predict", predict, methods=["POST"], include_in_schema=False))
+    app.include_router(probes.router)
+    app.include_router(models.router)
+    for path in ("/predict", "/v1/models/{name}/predict"):
+        app.router.routes.append(Route(path, predict, methods=["POST"], include_in_schema=False))
+    app.openapi = lambda: build_openapi(app)  # type: ignore[method-assign]
+    app.add_exception_handler(HTTPException, route_error)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     return app
+
+
+async def route_error(request: Request, error: Exception) -> Response:
+    """404 and 405 from the router, in the same {"error": …} envelope as every other error."""
+    assert isinstance(error, HTTPException)
+    message = f"{request.method} {request.url.path}: {error.detail}"
+    answer = error_response(RouteError(error.status_code, message, expected=ROUTES))
+    if error.headers:
+        answer.headers.update(error.headers)  # 405's Allow
+    return answer

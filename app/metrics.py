@@ -21,68 +21,82 @@ ROW_BUCKETS = tuple(float(2**i) for i in range(11))
 
 REQUEST_LATENCY = Histogram(
     "cgserve_request_duration_seconds",
-    "POST /predict end to end, from the body received to the answer encoded.",
-    ["format"],
+    "Inference requests end to end, from the body received to the answer encoded.",
+    ["model", "format"],
     buckets=LATENCY_BUCKETS,
 )
 REQUESTS = Counter(
     "cgserve_requests",
-    "POST /predict answers by input format and HTTP status code.",
-    ["format", "code"],
+    "Inference answers by model, input format and HTTP status code.",
+    ["model", "format", "code"],
 )
 QUEUE_WAIT = Histogram(
     "cgserve_queue_wait_seconds",
     "Time a request's rows waited in the batcher's queue before their batch was launched.",
+    ["model"],
     buckets=LATENCY_BUCKETS,
 )
 BATCH_COMPUTE = Histogram(
     "cgserve_batch_compute_seconds",
     "Device time of one batch by bucket: CUDA timing events around the replay on a GPU, "
     "the forward call's wall time on the CPU.",
-    ["bucket"],
+    ["model", "bucket"],
     buckets=LATENCY_BUCKETS,
 )
 BATCH_ROWS = Histogram(
     "cgserve_batch_rows",
     "Real (non-padding) rows in one launched batch.",
+    ["model"],
     buckets=ROW_BUCKETS,
 )
-BATCHES = Counter("cgserve_batches", "Batches launched (graph replays) by bucket.", ["bucket"])
+BATCHES = Counter("cgserve_batches", "Batches launched (graph replays) by bucket.", ["model", "bucket"])
 PADDING_ROWS = Counter(
     "cgserve_padding_rows",
     "Rows of padding added to reach a captured bucket size, by bucket.",
-    ["bucket"],
+    ["model", "bucket"],
 )
 # multiprocess_mode says how /metrics merges a gauge across workers (ignored with one process).
-QUEUE_DEPTH = Gauge("cgserve_queue_depth_rows", "Rows waiting in the batcher's queue.", multiprocess_mode="livesum")
+QUEUE_DEPTH = Gauge(
+    "cgserve_queue_depth_rows", "Rows waiting in the batcher's queue.", ["model"], multiprocess_mode="livesum"
+)
 IN_FLIGHT = Gauge(
     "cgserve_in_flight_batches",
     "Batches launched whose results are not yet handed back.",
+    ["model"],
     multiprocess_mode="livesum",
 )
 REJECTIONS = Counter(
     "cgserve_rejections",
     "Requests answered with an error, by reason: invalid_input, body_too_large, queue_full, "
-    "deadline_exceeded, engine_error.",
-    ["reason"],
+    "deadline_exceeded, engine_error, not_ready, unknown_model (model is empty where no model was named).",
+    ["model", "reason"],
 )
 CAPTURE_SECONDS = Gauge(
     "cgserve_graph_capture_seconds",
-    "Wall time to warm up and capture each bucket's CUDA graph.",
-    ["bucket"],
+    "Wall time to warm up and capture each bucket's CUDA graphs (all slots and input dtypes).",
+    ["model", "bucket"],
     multiprocess_mode="max",
 )
 GRAPH_POOL_BYTES = Gauge(
     "cgserve_graph_pool_bytes",
     "Device memory held by the shared CUDA-graph memory pool after capture.",
+    ["model"],
     multiprocess_mode="livesum",
 )
 READY = Gauge(
-    "cgserve_ready", "1 when the engine is ready to serve, 0 while starting or broken.", multiprocess_mode="livemin"
+    "cgserve_ready",
+    "1 when every model is ready to serve, 0 while starting or broken.",
+    multiprocess_mode="livemin",
+)
+MODEL_READY = Gauge(
+    "cgserve_model_ready",
+    "1 when this model's engine is ready to serve, 0 while starting or broken.",
+    ["model"],
+    multiprocess_mode="livemin",
 )
 ENGINE_INFO = Gauge(
     "cgserve_engine_info",
-    "Always 1; the labels name the engine serving this process.",
+    "Always 1; the labels name the engine serving each model.",
     ["engine", "device", "dtype", "model"],
     multiprocess_mode="max",
 )

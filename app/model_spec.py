@@ -1,28 +1,27 @@
-"""What the service needs to know about a model: its input, its labels and how to build it.
+"""What the service knows about one served model: its name, input, labels and preprocessing.
 
-The HTTP codecs, the batcher's buffers and the engines read shapes from here, so serving
-another CNN means adding a spec, not editing them.
+Read from the model's model.toml (app/repository/); the codecs, the batcher's buffers and the
+engines take shapes from here, so nothing below the router knows which CNN it serves.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from torch import nn
-
-from models.cnn import CLASS_NAMES, INPUT_SHAPE, load_model
+from app.model_config import ModelConfig, Preprocess
 
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
-    name: str
-    input_shape: tuple[int, int, int]  # (C, H, W) of one image, float32 intensities in [0, 1]
+    name: str  # the folder's name: /v1/models/{name}
+    folder: Path
+    config: ModelConfig
     class_names: tuple[str, ...]
-    # Builds the module the engines serve: (B, C, H, W) → logits (B, num_classes), on the CPU.
-    # Engines turn logits into probabilities with a softmax in fp32, whatever the compute dtype.
-    build: Callable[[Path], nn.Module]
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:  # (C, H, W) of one image
+        return self.config.input_shape
 
     @property
     def pixels(self) -> int:
@@ -33,6 +32,9 @@ class ModelSpec:
     def num_classes(self) -> int:
         return len(self.class_names)
 
+    @property
+    def preprocess(self) -> Preprocess:
+        return self.config.preprocess
 
-FASHION_CNN = ModelSpec(name="fashion-cnn", input_shape=INPUT_SHAPE, class_names=CLASS_NAMES, build=load_model)
-SPECS = {FASHION_CNN.name: FASHION_CNN}
+    def path(self, relative: str) -> Path:
+        return self.folder / relative

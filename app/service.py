@@ -1,8 +1,10 @@
-"""The service's state across its life: starting → ready (or failed), then stopped.
+"""The service's models across their life: starting → ready (or failed), then stopped.
 
-The engine is built on a worker thread after the server is listening, so /healthz answers
-and /readyz says 503 while graphs are captured and validated. A start-up failure is fatal:
-it is logged with what to fix and `on_fatal` asks the server to exit non-zero.
+Engines are built on a worker thread after the server is listening, so /healthz answers and
+/readyz says 503 while graphs are captured and validated; each model becomes ready on its own
+and the service is ready once all are. A start-up failure is fatal: it is logged with what to
+fix and `on_fatal` asks the server to exit non-zero. The service, not the engines, reads the
+settings and publishes what the engines measured as metrics.
 """
 
 from __future__ import annotations
@@ -10,79 +12,42 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from app import metrics
 from app.batcher import Batcher
 from app.config import Settings
-from app.engines import Engine, build_engine
-from app.errors import NotReadyError
-from app.model_spec import SPECS, ModelSpec
+from app.engine_factory import EngineOptions, build_engine, engine_options, resolve_device, use_compile_cache
+from app.engines.base import Engine
+from app.errors import NotReadyError, UnknownModelError
+from app.model_spec import ModelSpec
+from app.repository import LoadedModel, ModelConfigError, load_model, read_repository
 
 log = logging.getLogger(__name__)
 
 
-class Service:
-    def __init__(self, settings: Settings, *, on_fatal: Callable[[], None] = lambda: None) -> None:
-        self.settings = settings
-        self.spec: ModelSpec = SPECS[settings.model]
-        self.engine: Engine | None = None
-        self.batcher: Batcher | None = None
-        self.failure: str | None = None
-        self._on_fatal = on_fatal
-        self._startup: asyncio.Task[None] | None = None
+@dataclass(eq=False)
+class ServedModel:
+    """One model: its spec, the options its engine was built with, and, once ready, engine and batcher."""
 
-    def start(self) -> None:
-        metrics.READY.set(0)
-        self._startup = asyncio.create_task(self._start(), name="engine-startup")
-
-    async def wait_started(self) -> None:
-        """For tests and tools: returns once the engine is ready or start-up failed."""
-        if self._startup is not None:
-            await asyncio.shield(self._startup)
-
-    async def _start(self) -> None:
-        try:
-            engine = await asyncio.to_thread(build_engine, self.settings, self.spec)
-        except Exception as error:
-            self.failure = f"{type(error).__name__}: {error}"
-            log.critical("start-up failed, the server will exit: %s", self.failure, exc_info=True)
-            self._on_fatal()
-            return
-        batcher = Batcher(
-            engine,
-            max_delay_s=self.settings.max_delay_ms / 1000,
-            queue_limit=self.settings.queue_limit,
-            request_timeout_s=self.settings.request_timeout_s,
-            in_flight=self.settings.in_flight,
-        )
-        batcher.start()
-        self.engine, self.batcher = engine, batcher
-        metrics.ENGINE_INFO.labels(
-            engine=engine.name,
-            device=engine.device,
-            dtype=str(engine.describe().get("dtype", "fp32")),
-            model=self.spec.name,
-        ).set(1)
-        metrics.READY.set(1)
-        log.info("ready: engine=%s device=%s buckets=%s", engine.name, engine.device, list(engine.buckets))
-
-    async def stop(self) -> None:
-        metrics.READY.set(0)
-        if self._startup is not None and not self._startup.done():
-            self._startup.cancel()
-        if self.batcher is not None:
-            await self.batcher.stop()
-        if self.engine is not None:
-            self.engine.close()
+    spec: ModelSpec
+    options: EngineOptions
+    engine: Engine | None = None
+    batcher: Batcher | None = None
+    failure: str | None = None
 
     def readiness(self) -> tuple[bool, str]:
         if self.failure is not None:
-            return False, f"start-up failed: {self.failure}"
+            return False, f"{self.spec.name}: start-up failed: {self.failure}"
         if self.engine is None or self.batcher is None:
-            return False, "starting: loading the model and preparing the engine"
+            return (
+                False,
+                f"{self.spec.name}: starting: loading the model and preparing the {self.options.engine} engine",
+            )
         if not self.engine.healthy():
+            metrics.MODEL_READY.labels(model=self.spec.name).set(0)
             metrics.READY.set(0)
-            return False, f"the {self.engine.device} device reported an error; restart the service"
+            return False, f"{self.spec.name}: the {self.engine.device} device reported an error; restart the service"
         return True, "ready"
 
     def ready_batcher(self) -> Batcher:
@@ -91,3 +56,134 @@ class Service:
         if not ready or self.batcher is None:
             raise NotReadyError(detail)
         return self.batcher
+
+
+def prepare_models(settings: Settings) -> list[tuple[LoadedModel, EngineOptions]]:
+    """Read the repository, load every model on the CPU and resolve its engine options.
+
+    Raises ModelConfigError listing every problem. The CLI calls this before the server
+    listens, so a bad model.toml or weights file stops start-up with one line per problem.
+    """
+    specs = read_repository(settings.model_repository)
+    names = [spec.name for spec in specs]
+    if settings.default_model is not None and settings.default_model not in names:
+        raise ModelConfigError(
+            [f"CGSERVE_DEFAULT_MODEL: {settings.default_model!r} is not in {settings.model_repository}: {names}"]
+        )
+    device = resolve_device(settings.device)
+    prepared, problems = [], []
+    for spec in specs:  # every model's problems at once, so that one run shows everything to fix
+        try:
+            prepared.append((load_model(spec), engine_options(settings, spec, device)))
+        except ModelConfigError as error:
+            problems += error.problems
+    if problems:
+        raise ModelConfigError(problems)
+    return prepared
+
+
+class Service:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        prepared: list[tuple[LoadedModel, EngineOptions]] | None = None,
+        on_fatal: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.settings = settings
+        self.models: dict[str, ServedModel] = {}
+        self.failure: str | None = None
+        self._prepared = prepared
+        self._on_fatal = on_fatal
+        self._startup: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        metrics.READY.set(0)
+        self._startup = asyncio.create_task(self._start(), name="engine-startup")
+
+    async def wait_started(self) -> None:
+        """For tests and tools: returns once every model is ready or start-up failed."""
+        if self._startup is not None:
+            await asyncio.shield(self._startup)
+
+    async def _start(self) -> None:
+        try:
+            prepared = self._prepared
+            if prepared is None:
+                prepared = await asyncio.to_thread(prepare_models, self.settings)
+            self._prepared = None  # the CPU copies are the engines' now
+            self.models = {model.spec.name: ServedModel(model.spec, options) for model, options in prepared}
+            use_compile_cache(self.settings)
+            for model, _ in prepared:
+                await self._start_model(self.models[model.spec.name], model)
+        except Exception as error:
+            self.failure = f"{type(error).__name__}: {error}"
+            log.critical("start-up failed, the server will exit: %s", self.failure)
+            log.debug("start-up failure", exc_info=True)
+            self._on_fatal()
+            return
+        metrics.READY.set(1)
+        log.info("ready: serving %s", ", ".join(self.models))
+
+    async def _start_model(self, served: ServedModel, model: LoadedModel) -> None:
+        name, options, settings = served.spec.name, served.options, self.settings
+        metrics.MODEL_READY.labels(model=name).set(0)
+        try:
+            engine = await asyncio.to_thread(
+                build_engine, model, options, in_flight=settings.in_flight, event_wait=settings.event_wait
+            )
+        except Exception as error:
+            served.failure = f"{type(error).__name__}: {error}"
+            raise
+        batcher = Batcher(
+            engine,
+            max_delay_s=options.max_delay_ms / 1000,
+            queue_limit=settings.queue_limit,
+            request_timeout_s=settings.request_timeout_s,
+            model=name,
+        )
+        batcher.start()
+        served.engine, served.batcher = engine, batcher
+        report = engine.report
+        for bucket, seconds in report.capture_seconds.items():
+            metrics.CAPTURE_SECONDS.labels(model=name, bucket=str(bucket)).set(seconds)
+        metrics.GRAPH_POOL_BYTES.labels(model=name).set(report.pool_bytes)
+        dtype = str(report.facts.get("dtype", "fp32"))
+        metrics.ENGINE_INFO.labels(engine=engine.name, device=engine.device, dtype=dtype, model=name).set(1)
+        metrics.MODEL_READY.labels(model=name).set(1)
+        log.info("%s ready: engine=%s device=%s buckets=%s", name, engine.name, engine.device, list(engine.buckets))
+
+    async def stop(self) -> None:
+        metrics.READY.set(0)
+        if self._startup is not None and not self._startup.done():
+            self._startup.cancel()
+        for served in self.models.values():
+            if served.batcher is not None:
+                await served.batcher.stop()
+            if served.engine is not None:
+                served.engine.close()
+
+    def readiness(self) -> tuple[bool, str]:
+        if self.failure is not None:
+            return False, f"start-up failed: {self.failure}"
+        if not self.models:
+            return False, "starting: reading the model repository"
+        details = [detail for ready, detail in (m.readiness() for m in self.models.values()) if not ready]
+        return (False, "; ".join(details)) if details else (True, "ready")
+
+    def model(self, name: str | None) -> ServedModel:
+        """The named model, or the default one for name None; UnknownModelError (404) otherwise."""
+        if name is None:
+            name = self.settings.default_model
+            if name is None and len(self.models) == 1:
+                return next(iter(self.models.values()))
+            if name is None:
+                if not self.models:
+                    raise NotReadyError("starting: reading the model repository")
+                raise UnknownModelError(None, list(self.models))
+        served = self.models.get(name)
+        if served is None:
+            if not self.models:
+                raise NotReadyError("starting: reading the model repository")
+            raise UnknownModelError(name, list(self.models))
+        return served

@@ -29,7 +29,8 @@ CLASS_NAMES = (
     "Bag",
     "Ankle boot",
 )
-WEIGHTS_PATH = Path(__file__).with_name("fashion_cnn.pt")
+# The shipped weights live in the default model repository, beside their model.toml.
+WEIGHTS_PATH = Path(__file__).parent / "repository" / "fashion-cnn" / "fashion_cnn.pt"
 
 
 class FashionCNN(nn.Module):

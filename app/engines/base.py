@@ -1,37 +1,57 @@
 """The small interface every engine offers the batcher.
 
 The batcher owns the policy (which rows, which bucket, when); an engine owns the device work.
-Per batch in flight the batcher holds one Slot: it writes the rows into `slot.inputs`, awaits
-`engine.run(slot, bucket)`, reads `slot.outputs`, and only then reuses the slot. On a GPU the
-slot's arrays are views of pinned host memory, so the copies to and from the device are async.
+Per batch in flight the batcher holds one Slot: it writes the rows into one of the slot's two
+staging arrays, awaits `engine.run(slot, bucket, dtype)`, reads `slot.outputs`, and only then
+reuses the slot. On a GPU the arrays are views of pinned host memory (the copies to and from
+the device are async), and the engine keeps its own per-slot objects (events, graphs) by
+`slot.index`.
+
+Two input dtypes, because pixels stay small until the device:
+  uint8    8-bit pixels (raw bytes, decoded uploads): a quarter of the host-to-device traffic;
+           the cast to [0, 1] happens on the device, inside the graph
+  float32  intensities in [0, 1] (JSON, raw float32)
+Either way the engine then applies the model's per-channel (x − mean) / std.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
 
 import numpy as np
+
+InputDtype = Literal["uint8", "float32"]
+INPUT_DTYPES: tuple[InputDtype, ...] = ("uint8", "float32")
 
 
 @dataclass(slots=True)
 class Slot:
-    inputs: np.ndarray  # (max_bucket, C, H, W) float32 host staging; rows past the batch are padding
-    outputs: np.ndarray  # (max_bucket, num_classes) float32 host results
-    device_state: Any = None  # engine-private per-slot objects (e.g. CUDA events)
+    index: int  # which of the engine's slots: its key for the slot's device objects
+    inputs: dict[InputDtype, np.ndarray]  # dtype → (max_bucket, C, H, W) staging; rows past the batch are padding
+    outputs: np.ndarray  # (max_bucket, num_classes) float32 probabilities
+
+
+@dataclass(slots=True)
+class EngineReport:
+    """What an engine measured while it was built; the service publishes it (metrics, /v1/models)."""
+
+    startup_seconds: float = 0.0
+    capture_seconds: dict[int, float] = field(default_factory=dict)  # bucket → warm-up + capture (all slots)
+    pool_bytes: int = 0  # device memory held by the graphs' shared pool
+    validation_error: dict[int, float] = field(default_factory=dict)  # bucket → max relative error vs fp32 eager
+    facts: dict[str, Any] = field(default_factory=dict)  # dtype, device name, providers … for /v1/models
 
 
 class Engine(Protocol):
-    name: str  # "eager" | "cuda-graph"
+    name: str  # "eager" | "cuda-graph" | "compile" | "onnxruntime"
     device: str  # "cpu" | "cuda:0" …
     buckets: tuple[int, ...]  # ascending batch sizes the engine runs
+    slots: tuple[Slot, ...]  # host buffers, one per batch in flight: the engine's `slots` argument
+    report: EngineReport
 
-    def new_slot(self) -> Slot:
-        """Host buffers for one batch in flight; called at start-up only."""
-        ...
-
-    async def run(self, slot: Slot, bucket: int) -> float:
-        """Compute `slot.outputs[:bucket]` from `slot.inputs[:bucket]`; return device seconds.
+    async def run(self, slot: Slot, bucket: int, dtype: InputDtype) -> float:
+        """Compute `slot.outputs[:bucket]` from `slot.inputs[dtype][:bucket]`; return device seconds.
 
         `bucket` is one of `buckets`. Never blocks the event loop. Raises on failure, which
         fails this batch only.
@@ -42,8 +62,13 @@ class Engine(Protocol):
         """False once the device is known broken (readiness reports it)."""
         ...
 
-    def describe(self) -> dict[str, Any]:
-        """Facts for GET /v1/models: dtype, capture times, pool memory …"""
-        ...
-
     def close(self) -> None: ...
+
+
+def host_slot(index: int, max_bucket: int, input_shape: tuple[int, int, int], classes: int) -> Slot:
+    """A Slot of plain (unpinned) numpy arrays, for engines that compute on the host."""
+    return Slot(
+        index=index,
+        inputs={dtype: np.zeros((max_bucket, *input_shape), dtype=dtype) for dtype in INPUT_DTYPES},
+        outputs=np.zeros((max_bucket, classes), dtype=np.float32),
+    )

@@ -9,49 +9,48 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from app.engines.base import Slot
+from app.engines.base import EngineReport, InputDtype, Slot, host_slot
+from app.engines.model_input import ModelInput
 from app.model_spec import ModelSpec
 
 
 class CpuEagerEngine:
-    name = "eager"
     device = "cpu"
 
-    def __init__(self, module: nn.Module, spec: ModelSpec, buckets: tuple[int, ...]) -> None:
-        self.module = module.eval()
+    def __init__(
+        self, module: nn.Module, spec: ModelSpec, buckets: tuple[int, ...], *, in_flight: int = 2, name: str = "eager"
+    ) -> None:
+        started = time.perf_counter()
+        self.name = name
+        self.module = module  # in eval mode already (app/repository/loaders.py)
+        self.model_input = ModelInput(spec.preprocess.mean, spec.preprocess.std)
         self.spec = spec
         self.buckets = buckets
+        self.slots = tuple(host_slot(i, buckets[-1], spec.input_shape, spec.num_classes) for i in range(in_flight))
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cpu-eager")
+        self.report = EngineReport(facts={"dtype": "fp32", "threads": torch.get_num_threads()})
+        self.report.startup_seconds = time.perf_counter() - started
 
-    def new_slot(self) -> Slot:
-        max_bucket = self.buckets[-1]
-        return Slot(
-            inputs=np.zeros((max_bucket, *self.spec.input_shape), dtype=np.float32),
-            outputs=np.zeros((max_bucket, self.spec.num_classes), dtype=np.float32),
-        )
+    async def run(self, slot: Slot, bucket: int, dtype: InputDtype) -> float:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._forward, slot.inputs[dtype][:bucket], slot.outputs)
 
-    async def run(self, slot: Slot, bucket: int) -> float:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._forward, slot, bucket)
-
-    def _forward(self, slot: Slot, bucket: int) -> float:
+    def _forward(self, inputs: np.ndarray, outputs: np.ndarray) -> float:
         start = time.perf_counter()
+        bucket = len(inputs)
         with torch.inference_mode():
             # from_numpy shares memory: (bucket, C, H, W) in, (bucket, classes) written in place.
-            logits = self.module(torch.from_numpy(slot.inputs[:bucket]))
-            torch.softmax(logits, dim=1, out=torch.from_numpy(slot.outputs[:bucket]))
+            logits = self.module(self.model_input(torch.from_numpy(inputs)))
+            torch.softmax(logits.float(), dim=1, out=torch.from_numpy(outputs[:bucket]))
         return time.perf_counter() - start
 
     def healthy(self) -> bool:
         return True
-
-    def describe(self) -> dict[str, Any]:
-        return {"dtype": "fp32", "threads": torch.get_num_threads()}
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)

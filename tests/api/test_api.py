@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -21,9 +22,9 @@ from PIL import Image
 from app import service as service_module
 from app.config import Settings
 from app.main import create_app
-from app.model_spec import FASHION_CNN
 from models.cnn import load_model
 from models.fashion_mnist import load_test_sample
+from tests.seed_model import seed_spec
 
 MAX_INSTANCES = 16
 MAX_BODY = 256 * 1024
@@ -88,7 +89,7 @@ def test_one_test_image_as_json_png_and_raw_gets_the_same_correct_label(
         assert answer.status_code == 200, answer.text
         (prediction,) = answer.json()["predictions"]
         assert prediction["label"] == label
-        assert prediction["class_name"] == FASHION_CNN.class_names[label]
+        assert prediction["class_name"] == seed_spec().class_names[label]
         np.testing.assert_allclose(prediction["scores"], eager_scores(image[None])[0], rtol=1e-4, atol=1e-6)
         assert sum(prediction["scores"]) == pytest.approx(1.0, abs=1e-5)
         assert max(prediction["scores"]) > 0.9  # a clear ankle boot: the model is sure of it
@@ -190,7 +191,10 @@ def test_bad_input_gets_a_clear_4xx_and_the_service_keeps_serving(
 def test_probes_model_card_and_metrics(client: TestClient) -> None:
     assert client.get("/healthz").json() == {"status": "alive"}
     assert client.get("/readyz").status_code == 200
-    (card,) = client.get("/v1/models").json()["models"]
+    listing = client.get("/v1/models").json()
+    (card,) = listing["models"]
+    assert listing["default"] == "fashion-cnn"
+    assert client.get("/v1/models/fashion-cnn").json() == card
     assert card["input"]["shape"] == [1, 28, 28]
     assert card["labels"][9] == "Ankle boot"
     assert card["engine"] == "eager" and card["device"] == "cpu"
@@ -216,7 +220,14 @@ def test_openapi_documents_every_input_form_with_an_example(client: TestClient) 
     content = spec["paths"]["/predict"]["post"]["requestBody"]["content"]
     assert set(content) == {"application/json", "multipart/form-data", "application/octet-stream"}
     assert content["application/json"]["examples"]
-    assert client.get("/docs").status_code == 200
+    assert "/v1/models/{name}/predict" in spec["paths"]
+    for ref in ("PredictResponse", "ErrorResponse", "PredictRequest"):
+        assert ref in spec["components"]["schemas"]
+    # Swagger UI from the service itself, not a CDN: /docs works without internet.
+    page = client.get("/docs")
+    assert page.status_code == 200 and "cdn" not in page.text.lower()
+    for asset in re.findall(r'(?:src|href)="(/[^"]+\.(?:js|css))"', page.text):
+        assert client.get(asset).status_code == 200, asset
 
 
 # --- readiness ------------------------------------------------------------------------------
@@ -292,3 +303,18 @@ def test_chunked_body_over_the_limit_is_counted_and_refused(client: TestClient) 
     assert answer.status_code == 413 and answer.json()["error"]["code"] == "body_too_large"
     good = client.post("/predict", content=GOOD, headers=JSON)
     assert good.status_code == 200
+
+
+def test_a_model_by_name_and_unknown_names_and_routes_get_the_error_envelope(client: TestClient) -> None:
+    named = client.post("/v1/models/fashion-cnn/predict", content=GOOD, headers=JSON)
+    assert named.status_code == 200 and named.json()["model"] == "fashion-cnn"
+    for answer, status, code, words in (
+        (client.post("/v1/models/nope/predict", content=GOOD, headers=JSON), 404, "unknown_model", "fashion-cnn"),
+        (client.get("/v1/models/nope"), 404, "unknown_model", "fashion-cnn"),
+        (client.get("/no/such/route"), 404, "not_found", "/no/such/route"),
+        (client.delete("/predict"), 405, "method_not_allowed", "DELETE"),
+    ):
+        assert answer.status_code == status, answer.text
+        error = answer.json()["error"]
+        assert error["code"] == code and error["expected"]
+        assert words in error["message"] + error["expected"]

@@ -19,13 +19,13 @@ from fastapi.testclient import TestClient
 
 from app.batcher import Batcher
 from app.config import Settings
-from app.engines.base import Slot
+from app.engines.base import InputDtype, Slot
 from app.engines.cuda import TOLERANCE, CudaEngine
 from app.main import create_app
-from app.model_spec import FASHION_CNN
 from models.cnn import load_model
 from models.fashion_mnist import load_test_sample
 from tests.integration.server_process import ROOT, running_server
+from tests.seed_model import seed_spec
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 DEVICE = torch.device("cuda:0")
@@ -33,7 +33,7 @@ DEVICE = torch.device("cuda:0")
 
 def build(**options: object) -> CudaEngine:
     buckets = options.pop("buckets", BUCKETS)
-    return CudaEngine(FASHION_CNN.build(Settings().weights), FASHION_CNN, buckets, device=DEVICE, **options)  # type: ignore[arg-type]
+    return CudaEngine(load_model(), seed_spec(), buckets, device=DEVICE, **options)  # type: ignore[arg-type]
 
 
 def eager(x: np.ndarray) -> np.ndarray:
@@ -48,8 +48,9 @@ def relative_error(got: np.ndarray, want: np.ndarray) -> float:
 
 
 async def run_rows(engine: CudaEngine, slot: Slot, x: np.ndarray, bucket: int) -> np.ndarray:
-    slot.inputs[: len(x)] = x
-    await engine.run(slot, bucket)
+    dtype: InputDtype = "uint8" if x.dtype == np.uint8 else "float32"
+    slot.inputs[dtype][: len(x)] = x
+    await engine.run(slot, bucket, dtype)
     return slot.outputs[: len(x)].copy()
 
 
@@ -63,7 +64,7 @@ def engine() -> Iterator[CudaEngine]:
 @pytest.mark.parametrize("event_wait", ["poll", "spin", "block"])
 def test_every_bucket_equals_eager_in_fp32(event_wait: str) -> None:
     engine = build(event_wait=event_wait)
-    slot = engine.new_slot()
+    slot = engine.slots[0]
     rng = np.random.default_rng()
     try:
         for bucket in BUCKETS:
@@ -91,7 +92,7 @@ def test_every_bucket_within_tolerance_at_each_dtype(dtype: str, channels_last: 
         # Probabilities of real images through the full path: same labels as fp32 eager.
         images, _ = load_test_sample()
         x = (images[:128].astype(np.float32) / 255).reshape(-1, 1, 28, 28)
-        got = asyncio.run(run_rows(engine, engine.new_slot(), x, 128))
+        got = asyncio.run(run_rows(engine, engine.slots[1], x, 128))
         want = eager(x)
         assert (got.argmax(1) == want.argmax(1)).mean() >= 0.99
         assert np.abs(got - want).max() <= 0.05
@@ -100,12 +101,12 @@ def test_every_bucket_within_tolerance_at_each_dtype(dtype: str, channels_last: 
 
 
 def test_padding_rows_never_change_real_rows(engine: CudaEngine) -> None:
-    slot = engine.new_slot()
+    slot = engine.slots[0]
     rng = np.random.default_rng(1)
     real = rng.random((3, 1, 28, 28), dtype=np.float32)
     outputs = []
     for padding in (np.zeros((5, 1, 28, 28), np.float32), rng.random((5, 1, 28, 28), dtype=np.float32)):
-        slot.inputs[3:8] = padding
+        slot.inputs["float32"][3:8] = padding
         outputs.append(asyncio.run(run_rows(engine, slot, real, 8)))
     np.testing.assert_array_equal(outputs[0], outputs[1])
 
@@ -116,6 +117,7 @@ def test_serving_needs_no_global_synchronize(engine: CudaEngine, monkeypatch: py
 
     monkeypatch.setattr(torch.cuda, "synchronize", forbidden)
     monkeypatch.setattr(torch.cuda.Stream, "synchronize", forbidden)
+    torch.cuda.set_sync_debug_mode("error")  # and any implicit synchronizing call raises inside torch
     rng = np.random.default_rng(2)
     inputs = [rng.random((int(rng.integers(1, 40)), 1, 28, 28), dtype=np.float32) for _ in range(300)]
 
@@ -127,7 +129,10 @@ def test_serving_needs_no_global_synchronize(engine: CudaEngine, monkeypatch: py
         finally:
             await batcher.stop()
 
-    answers = asyncio.run(serve_all())
+    try:
+        answers = asyncio.run(serve_all())
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
     monkeypatch.undo()
     want = eager(np.concatenate(inputs))
     np.testing.assert_allclose(np.concatenate(answers), want, rtol=1e-4, atol=1e-6)
@@ -135,7 +140,7 @@ def test_serving_needs_no_global_synchronize(engine: CudaEngine, monkeypatch: py
 
 def test_replays_run_on_the_dedicated_stream_not_the_default_one(engine: CudaEngine) -> None:
     assert engine._stream.cuda_stream != torch.cuda.default_stream(DEVICE).cuda_stream
-    slot = engine.new_slot()
+    slot = engine.slots[0]
     x = np.random.default_rng(3).random((4, 1, 28, 28), dtype=np.float32)
     with torch.cuda.stream(torch.cuda.default_stream(DEVICE)):
         torch.cuda._sleep(4_000_000_000)  # ~2 s of busy default stream at H200 clocks
@@ -176,7 +181,7 @@ def test_failing_replay_answers_500_and_readiness_reports_a_broken_device(monkey
         body = orjson.dumps({"instances": [[0.5] * 784]})
         headers = {"content-type": "application/json"}
         assert client.post("/predict", content=body, headers=headers).status_code == 200
-        engine = client.app.state.service.engine  # type: ignore[attr-defined]
+        engine = client.app.state.service.models["fashion-cnn"].engine  # type: ignore[attr-defined]
 
         def failing(*args: object) -> None:
             raise RuntimeError("CUDA error: an illegal memory access was encountered (simulated)")
@@ -235,3 +240,12 @@ def test_debug_dump_writes_the_graph_with_its_kernels(tmp_path: Path) -> None:
     kernels = re.findall(r"KERNEL", text, flags=re.IGNORECASE)
     assert kernels, text[:2000]
     assert re.search(r"MEMCPY", text, flags=re.IGNORECASE)  # the H2D/D2H copies are in the graph
+
+
+def test_uint8_pixels_equal_their_float_intensities_at_every_bucket(engine: CudaEngine) -> None:
+    rng = np.random.default_rng(6)
+    for bucket in BUCKETS:
+        pixels = rng.integers(0, 256, (bucket, 1, 28, 28), dtype=np.uint8)
+        from_pixels = asyncio.run(run_rows(engine, engine.slots[0], pixels, bucket))
+        from_floats = asyncio.run(run_rows(engine, engine.slots[1], pixels.astype(np.float32) / 255, bucket))
+        np.testing.assert_allclose(from_pixels, from_floats, rtol=1e-5, atol=1e-7)

@@ -7,11 +7,10 @@ each request its own constant image can check that every request got its own row
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import numpy as np
 
-from app.engines.base import Slot
+from app.engines.base import EngineReport, InputDtype, Slot, host_slot
 
 SHAPE = (1, 2, 2)  # (C, H, W) of one tiny image
 CLASSES = 3
@@ -30,24 +29,25 @@ class FakeEngine:
     name = "fake"
     device = "cpu"
 
-    def __init__(self, buckets: tuple[int, ...] = (1, 2, 4, 8), *, poison: float | None = None) -> None:
+    def __init__(
+        self, buckets: tuple[int, ...] = (1, 2, 4, 8), *, poison: float | None = None, in_flight: int = 2
+    ) -> None:
         self.buckets = buckets
+        self.slots = tuple(host_slot(i, buckets[-1], SHAPE, CLASSES) for i in range(in_flight))
+        self.report = EngineReport()
         self.poison = poison  # a batch holding this value fails
         self.launches: list[tuple[int, np.ndarray]] = []  # (bucket, a copy of the real+padding inputs)
         self.gate = asyncio.Event()  # closed: run() waits, as a busy device would
         self.gate.set()
         self.launched = asyncio.Event()
+        self.dtypes: list[InputDtype] = []  # the staging dtype of each launch
 
-    def new_slot(self) -> Slot:
-        max_bucket = self.buckets[-1]
-        return Slot(
-            inputs=np.zeros((max_bucket, *SHAPE), dtype=np.float32),
-            outputs=np.zeros((max_bucket, CLASSES), dtype=np.float32),
-        )
-
-    async def run(self, slot: Slot, bucket: int) -> float:
-        batch = slot.inputs[:bucket].copy()
+    async def run(self, slot: Slot, bucket: int, dtype: InputDtype) -> float:
+        batch = slot.inputs[dtype][:bucket].astype(np.float32)  # a copy, as real and padding rows stood
+        if dtype == "uint8":
+            batch *= np.float32(1 / 255)
         self.launches.append((bucket, batch))
+        self.dtypes.append(dtype)
         self.launched.set()
         await self.gate.wait()
         if self.poison is not None and (batch == self.poison).any():
@@ -62,9 +62,6 @@ class FakeEngine:
 
     def healthy(self) -> bool:
         return True
-
-    def describe(self) -> dict[str, Any]:
-        return {}
 
     def close(self) -> None:
         pass

@@ -12,7 +12,7 @@ import pytest
 
 from app.batcher import Batcher
 from app.errors import DeadlineExceededError, EngineError, NotReadyError, QueueFullError
-from tests.unit.fake_engine import FakeEngine, expected, images
+from tests.unit.fake_engine import SHAPE, FakeEngine, expected, images
 
 pytestmark = pytest.mark.anyio
 
@@ -22,14 +22,13 @@ FOREVER = 60.0
 
 @asynccontextmanager
 async def running(engine: FakeEngine, **options: float) -> AsyncIterator[Batcher]:
-    settings = {"max_delay_s": FOREVER, "queue_limit": 1024, "request_timeout_s": FOREVER, "in_flight": 2}
+    settings = {"max_delay_s": FOREVER, "queue_limit": 1024, "request_timeout_s": FOREVER}
     settings.update(options)
     batcher = Batcher(
         engine,
         max_delay_s=settings["max_delay_s"],
         queue_limit=int(settings["queue_limit"]),
         request_timeout_s=settings["request_timeout_s"],
-        in_flight=int(settings["in_flight"]),
     )
     batcher.start()
     try:
@@ -78,8 +77,8 @@ async def test_request_larger_than_largest_bucket_is_split_and_reassembled_in_or
 
 
 async def test_multi_image_requests_are_packed_row_by_row() -> None:
-    engine = FakeEngine()
-    async with running(engine, max_delay_s=0.0, in_flight=1) as batcher:
+    engine = FakeEngine(in_flight=1)
+    async with running(engine, max_delay_s=0.0) as batcher:
         engine.gate.clear()
         first = asyncio.create_task(batcher.submit(images(0.5)))
         await engine.launched.wait()  # the device is busy with [0.5]; the next three queue up
@@ -95,8 +94,8 @@ async def test_multi_image_requests_are_packed_row_by_row() -> None:
 
 
 async def test_two_batches_in_flight_while_the_device_is_busy() -> None:
-    engine = FakeEngine()
-    async with running(engine, max_delay_s=0.0, in_flight=2) as batcher:
+    engine = FakeEngine(in_flight=2)
+    async with running(engine, max_delay_s=0.0) as batcher:
         engine.gate.clear()
         tasks = []
         for value in (1.0, 2.0, 3.0):
@@ -112,8 +111,8 @@ async def test_two_batches_in_flight_while_the_device_is_busy() -> None:
 
 
 async def test_request_past_its_deadline_gets_504_and_is_not_launched() -> None:
-    engine = FakeEngine()
-    async with running(engine, max_delay_s=0.0, in_flight=1, request_timeout_s=0.05) as batcher:
+    engine = FakeEngine(in_flight=1)
+    async with running(engine, max_delay_s=0.0, request_timeout_s=0.05) as batcher:
         engine.gate.clear()
         first = asyncio.create_task(batcher.submit(images(1.0)))
         await engine.launched.wait()
@@ -127,8 +126,8 @@ async def test_request_past_its_deadline_gets_504_and_is_not_launched() -> None:
 
 
 async def test_queue_over_its_limit_sheds_with_503() -> None:
-    engine = FakeEngine()
-    async with running(engine, max_delay_s=0.0, in_flight=1, queue_limit=4) as batcher:
+    engine = FakeEngine(in_flight=1)
+    async with running(engine, max_delay_s=0.0, queue_limit=4) as batcher:
         engine.gate.clear()
         busy = asyncio.create_task(batcher.submit(images(1.0)))
         await engine.launched.wait()
@@ -142,8 +141,8 @@ async def test_queue_over_its_limit_sheds_with_503() -> None:
 
 
 async def test_failed_batch_fails_only_its_own_requests_and_batcher_keeps_running() -> None:
-    engine = FakeEngine(poison=-1.0)
-    async with running(engine, max_delay_s=0.0, in_flight=1) as batcher:
+    engine = FakeEngine(poison=-1.0, in_flight=1)
+    async with running(engine, max_delay_s=0.0) as batcher:
         engine.gate.clear()
         first = asyncio.create_task(batcher.submit(images(-1.0)))
         await engine.launched.wait()
@@ -164,8 +163,8 @@ async def test_every_request_of_a_failed_batch_gets_the_error() -> None:
 
 
 async def test_cancelled_request_is_not_launched_and_others_are_answered() -> None:
-    engine = FakeEngine()
-    async with running(engine, max_delay_s=0.0, in_flight=1) as batcher:
+    engine = FakeEngine(in_flight=1)
+    async with running(engine, max_delay_s=0.0) as batcher:
         engine.gate.clear()
         busy = asyncio.create_task(batcher.submit(images(1.0)))
         await engine.launched.wait()
@@ -182,8 +181,8 @@ async def test_cancelled_request_is_not_launched_and_others_are_answered() -> No
 
 
 async def test_stop_answers_queued_requests_503() -> None:
-    engine = FakeEngine()
-    batcher = Batcher(engine, max_delay_s=FOREVER, queue_limit=64, request_timeout_s=FOREVER, in_flight=1)
+    engine = FakeEngine(in_flight=1)
+    batcher = Batcher(engine, max_delay_s=FOREVER, queue_limit=64, request_timeout_s=FOREVER)
     batcher.start()
     waiting = asyncio.create_task(batcher.submit(images(1.0)))
     await asyncio.sleep(0)
@@ -193,8 +192,8 @@ async def test_stop_answers_queued_requests_503() -> None:
 
 
 async def test_reaper_answers_requests_that_no_free_slot_would_ever_collect() -> None:
-    engine = FakeEngine()
-    async with running(engine, max_delay_s=0.0, in_flight=1, request_timeout_s=5.0) as batcher:
+    engine = FakeEngine(in_flight=1)
+    async with running(engine, max_delay_s=0.0, request_timeout_s=5.0) as batcher:
         engine.gate.clear()  # a hung device: the one slot never comes back
         hung = asyncio.create_task(batcher.submit(images(1.0)))
         await engine.launched.wait()
@@ -206,3 +205,15 @@ async def test_reaper_answers_requests_that_no_free_slot_would_ever_collect() ->
         batcher.reap(time.monotonic() + batcher.batch_timeout_s + 1.0)  # and the launched batch's bound
         with pytest.raises(EngineError, match="did not complete"):
             await hung
+
+
+async def test_pixels_stay_uint8_unless_a_float_request_shares_the_batch() -> None:
+    engine = FakeEngine()
+    pixels = np.full((1, *SHAPE), 51, dtype=np.uint8)  # 51 / 255 = 0.2
+    async with running(engine) as batcher:
+        only_pixels = await submit_all(batcher, *([pixels] * 8))
+        mixed = await submit_all(batcher, *([pixels] * 4), *(images(0.5) for _ in range(4)))
+    assert engine.dtypes == ["uint8", "float32"]
+    assert engine.launched_values()[1] == pytest.approx([0.2] * 4 + [0.5] * 4)
+    for result in [*only_pixels, *mixed[:4]]:
+        np.testing.assert_allclose(result, expected(0.2), rtol=1e-6)

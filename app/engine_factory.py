@@ -1,0 +1,123 @@
+"""Which engine each model gets, with which options, and building it.
+
+A model.toml's own choice wins over the service's setting of the same name, which is only the
+default. Resolving is pure and cheap (the CLI checks every model before the server listens);
+building loads the device and is slow (capture, validation), so it runs off the event loop.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from app.config import Settings
+from app.engines.base import Engine
+from app.model_config import ModelConfigError
+from app.model_spec import ModelSpec
+from app.repository import LoadedModel
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    engine: str  # eager | cuda-graph | compile | onnxruntime
+    device: str  # cpu | cuda:N
+    dtype: str
+    channels_last: bool
+    compile: str  # cuda-graph: none | inductor | max-autotune
+    compile_mode: str  # engine compile: torch.compile's mode
+    buckets: tuple[int, ...]
+    max_delay_ms: float
+    providers: tuple[str, ...]
+
+
+def resolve_device(setting: str) -> str:
+    """auto → cuda:0 where CUDA is present, else cpu; cuda → cuda:0. Imports torch."""
+    import torch
+
+    if setting == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    if setting.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ModelConfigError([f"device {setting} was asked for, but torch sees no CUDA device; use device auto"])
+        index = 0 if setting == "cuda" else int(setting.partition(":")[2])
+        if index >= torch.cuda.device_count():
+            raise ModelConfigError([f"device {setting}: torch sees {torch.cuda.device_count()} CUDA device(s)"])
+        return f"cuda:{index}"
+    return setting
+
+
+def engine_options(settings: Settings, spec: ModelSpec, device: str) -> EngineOptions:
+    config = spec.config
+    toml = spec.folder / "model.toml"
+    engine = config.engine or settings.engine
+    if config.format == "onnx":
+        engine = "onnxruntime"
+    elif engine in ("auto", "onnxruntime"):
+        engine = "cuda-graph" if device.startswith("cuda") else "eager"
+    dtype = config.dtype or settings.dtype
+    problems = []
+    if device == "cpu" and engine == "cuda-graph":
+        problems.append(f"{toml}: engine: cuda-graph needs a CUDA device and this process has none; use eager")
+    if device == "cpu" and engine != "onnxruntime" and dtype != "fp32":
+        source = "dtype" if config.dtype else "CGSERVE_DTYPE"
+        problems.append(f"{toml}: {source}: {dtype} needs a CUDA device; on the CPU models run in fp32")
+    if problems:
+        raise ModelConfigError(problems)
+    return EngineOptions(
+        engine=engine,
+        device=device,
+        dtype=dtype,
+        channels_last=settings.channels_last if config.channels_last is None else config.channels_last,
+        compile=config.compile or settings.compile,
+        compile_mode=config.compile_mode,
+        buckets=config.buckets or settings.buckets,
+        max_delay_ms=settings.max_delay_ms if config.max_delay_ms is None else config.max_delay_ms,
+        providers=config.providers,
+    )
+
+
+def build_engine(model: LoadedModel, options: EngineOptions, *, in_flight: int, event_wait: str) -> Engine:
+    """Build the engine `options` name for `model` (loaded on the CPU); slow: run it off the event loop."""
+    spec = model.spec
+    if options.engine == "onnxruntime":
+        from app.engines.onnx_runtime import OnnxRuntimeEngine
+
+        return OnnxRuntimeEngine(spec, options.buckets, providers=options.providers, in_flight=in_flight)
+    import torch
+    from torch import nn
+
+    module = model.module
+    assert isinstance(module, nn.Module)
+    if options.device == "cpu":
+        from app.engines.cpu_eager import CpuEagerEngine
+
+        if options.engine == "compile":
+            from app.engines.inductor import compile_module
+
+            compiled = compile_module(module, options.compile_mode, len(options.buckets))
+            return CpuEagerEngine(compiled, spec, options.buckets, in_flight=in_flight, name="compile")  # type: ignore[arg-type]
+        return CpuEagerEngine(module, spec, options.buckets, in_flight=in_flight)
+    from app.engines.cuda import CudaEngine
+    from app.engines.inductor import CAPTURE_MODES
+
+    torch_mode = {"compile": options.compile_mode, "cuda-graph": CAPTURE_MODES[options.compile]}.get(options.engine)
+    return CudaEngine(
+        module,
+        spec,
+        options.buckets,
+        device=torch.device(options.device),
+        use_graphs=options.engine == "cuda-graph",
+        dtype=options.dtype,
+        channels_last=options.channels_last,
+        torch_compile_mode=torch_mode,
+        in_flight=in_flight,
+        event_wait=event_wait,
+        name=options.engine,
+    )
+
+
+def use_compile_cache(settings: Settings) -> None:
+    """Point inductor's on-disk cache at CGSERVE_COMPILE_CACHE_DIR (read when it compiles)."""
+    if settings.compile_cache_dir is not None:
+        settings.compile_cache_dir.mkdir(parents=True, exist_ok=True)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(settings.compile_cache_dir)

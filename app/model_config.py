@@ -1,0 +1,160 @@
+"""One model's model.toml, parsed and checked: what a user writes to serve their own CNN.
+
+    format = "torchscript" | "exported" | "onnx" | "torchvision" | "python"
+    file = "model.pt"                      # torchscript, exported, onnx
+    architecture = "resnet50"              # torchvision, with `arguments` and `weights`
+    factory = "model:build"                # python: module found first in the model's folder
+    input_shape = [3, 224, 224]            # (C, H, W) of one image
+    labels = ["cat", "dog"] | "labels.txt" # one per output class
+    [preprocess]                           # image uploads; mean/std run inside the graph
+    color = "RGB"; resize = 256; crop = 224; mean = [...]; std = [...]
+
+Unknown keys are errors (a typo must not be ignored), and every problem is reported with the
+file and the key, so a user fixes them all in one go.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from app.config import Compile, Dtype, check_buckets, split_buckets
+
+Format = Literal["torchscript", "exported", "onnx", "torchvision", "python"]
+ModelEngine = Literal["eager", "cuda-graph", "compile", "onnxruntime"]
+FILE_FORMATS = ("torchscript", "exported", "onnx")
+
+
+class ModelConfigError(ValueError):
+    """One or more problems with a model's configuration, one line each."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+class Preprocess(BaseModel):
+    """How an uploaded image becomes the model's (C, H, W) uint8 pixels, and their normalisation."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    color: Literal["L", "RGB"] | None = None  # default: L for C = 1, RGB for C = 3
+    resize: Annotated[int, Field(ge=1)] | None = None  # shorter side, before the crop
+    crop: Annotated[int, Field(ge=1)] | None = None  # centre crop, square
+    # Per channel, on [0, 1] intensities: x ↦ (x − mean) / std, captured in the graph.
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+
+    @field_validator("std")
+    @classmethod
+    def _positive(cls, value: tuple[float, ...] | None) -> tuple[float, ...] | None:
+        if value is not None and any(s <= 0 for s in value):
+            raise ValueError(f"every std must be positive; got {list(value)}")
+        return value
+
+
+class ModelConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+    format: Format
+    input_shape: tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]]
+    labels: list[str] | str
+    file: str | None = None
+    weights: str | None = None
+    architecture: str | None = None
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    allow_random_weights: bool = False
+    factory: str | None = None
+    preprocess: Preprocess = Preprocess()
+    # Per-model engine options; unset means the service's setting of the same name.
+    engine: ModelEngine | None = None
+    dtype: Dtype | None = None
+    channels_last: bool | None = None
+    compile: Compile | None = None
+    compile_mode: Literal["reduce-overhead", "max-autotune", "default"] = "reduce-overhead"  # engine = "compile"
+    buckets: tuple[int, ...] | None = None
+    max_delay_ms: Annotated[float, Field(ge=0.0, le=1000.0)] | None = None
+    providers: tuple[str, ...] = ("CPUExecutionProvider",)  # engine = "onnxruntime"
+
+    _split_buckets = field_validator("buckets", mode="before")(split_buckets)
+
+    @field_validator("buckets")
+    @classmethod
+    def _check_buckets(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        return None if value is None else check_buckets(value)
+
+    def cross_field_problems(self) -> list[tuple[str, str]]:
+        """(key, message) for what no single field can check: keys that go together."""
+        problems = []
+        needs = {"torchscript": "file", "exported": "file", "onnx": "file", "torchvision": "architecture"}
+        needs["python"] = "factory"
+        if getattr(self, needs[self.format]) is None:
+            problems.append((needs[self.format], f'format "{self.format}" needs this key'))
+        if self.format == "torchvision" and self.weights is None and not self.allow_random_weights:
+            problems.append(
+                ("weights", 'format "torchvision" needs a state-dict file here, or allow_random_weights = true '
+                 "for a benchmark model with random weights")
+            )  # fmt: skip
+        if self.format == "onnx" and self.engine not in (None, "onnxruntime"):
+            problems.append(("engine", f'"{self.engine}" cannot run an ONNX file; use "onnxruntime"'))
+        if self.format != "onnx" and self.engine == "onnxruntime":
+            problems.append(("engine", f'"onnxruntime" runs ONNX files only; this model\'s format is "{self.format}"'))
+        channels = self.input_shape[0]
+        for key in ("mean", "std"):
+            values = getattr(self.preprocess, key)
+            if values is not None and len(values) != channels:
+                problems.append((f"preprocess.{key}", f"{len(values)} values for an input of {channels} channels"))
+        color = self.preprocess.color
+        if color is not None and {"L": 1, "RGB": 3}[color] != channels:
+            problems.append(("preprocess.color", f'"{color}" does not give the {channels} channels of input_shape'))
+        if color is None and channels not in (1, 3):
+            problems.append(("input_shape", f"{channels} channels; image uploads need 1 (L) or 3 (RGB)"))
+        return problems
+
+    @property
+    def color(self) -> Literal["L", "RGB"]:
+        return self.preprocess.color or ("L" if self.input_shape[0] == 1 else "RGB")
+
+
+def read_model_config(path: Path) -> ModelConfig:
+    """Parse DIR/<name>/model.toml; ModelConfigError lists every problem as `file: key: message`."""
+    try:
+        document = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as error:
+        raise ModelConfigError([f"{path}: cannot be read: {error}"]) from None
+    except tomllib.TOMLDecodeError as error:
+        raise ModelConfigError([f"{path}: not valid TOML: {error}"]) from None
+    try:
+        config = ModelConfig.model_validate(document)
+    except ValidationError as error:
+        raise ModelConfigError([_problem(path, item) for item in error.errors()]) from None
+    problems = [f"{path}: {key}: {message}" for key, message in config.cross_field_problems()]
+    problems += [
+        f"{path}: {key}: file {value!r} does not exist in {path.parent}"
+        for key in ("file", "weights")
+        if (value := getattr(config, key)) is not None and not (path.parent / value).is_file()
+    ]
+    if isinstance(config.labels, str) and not (path.parent / config.labels).is_file():
+        problems.append(f"{path}: labels: file {config.labels!r} does not exist in {path.parent}")
+    if problems:
+        raise ModelConfigError(problems)
+    return config
+
+
+def read_labels(config: ModelConfig, folder: Path) -> tuple[str, ...]:
+    """The labels list, or the lines of the labels file (blank lines skipped)."""
+    if isinstance(config.labels, list):
+        return tuple(config.labels)
+    lines = (folder / config.labels).read_text().splitlines()
+    return tuple(line.strip() for line in lines if line.strip())
+
+
+def _problem(path: Path, item: Any) -> str:
+    key = ".".join(str(part) for part in item["loc"]) or "(file)"
+    message = str(item["msg"]).removeprefix("Value error, ")
+    if item["type"] == "extra_forbidden":
+        message = "unknown key (a typo?)"
+    return f"{path}: {key}: {message}"

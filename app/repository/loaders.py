@@ -1,0 +1,123 @@
+"""Turning a model.toml into something an engine can run: an nn.Module, or an ONNX file.
+
+Every loader builds on the CPU; the engine moves the module to its device. A failure names the
+model.toml and the key to fix, in one line.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+
+from app.model_config import ModelConfigError
+from app.model_spec import ModelSpec
+
+TORCHVISION_FIX = (
+    "install torchvision beside a CUDA build of torch (pip install 'cudagraph-serve[torchvision]'); "
+    "PyPI's torchvision wheels do not import beside the CPU-only torch wheel"
+)
+
+
+def load_module(spec: ModelSpec) -> nn.Module:
+    """The model as an eval-mode nn.Module on the CPU: (B, C, H, W) float32 → logits (B, classes).
+
+    Engines take it as it is: they never call .eval() again (an exported program refuses it).
+    """
+    config = spec.config
+    loader = {
+        "torchscript": _torchscript,
+        "exported": _exported,
+        "torchvision": _torchvision,
+        "python": _python,
+    }[config.format]
+    try:
+        module = loader(spec)
+    except ModelConfigError:
+        raise
+    except Exception as error:
+        key = {"torchvision": "architecture", "python": "factory"}.get(config.format, "file")
+        raise ModelConfigError([f"{spec.folder / 'model.toml'}: {key}: {_one_line(error)}"]) from error
+    if config.format != "exported":  # an exported program is traced in eval mode and refuses .eval()
+        module.eval()
+    return module
+
+
+def _torchscript(spec: ModelSpec) -> nn.Module:
+    module: nn.Module = torch.jit.load(str(spec.path(spec.config.file or "")), map_location="cpu")
+    return module
+
+
+def _exported(spec: ModelSpec) -> nn.Module:
+    program = torch.export.load(str(spec.path(spec.config.file or "")))
+    return program.module()
+
+
+def _torchvision(spec: ModelSpec) -> nn.Module:
+    try:
+        import torchvision
+    except Exception as error:  # ImportError, or RuntimeError from its _C.so beside a CPU torch
+        raise ModelConfigError(
+            [f"{spec.folder / 'model.toml'}: format: torchvision cannot be imported ({_one_line(error)}); "
+             f"{TORCHVISION_FIX}"]
+        ) from None  # fmt: skip
+    config = spec.config
+    # Random weights (allow_random_weights) are seeded: every worker and restart serves the same model.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        module: nn.Module = torchvision.models.get_model(config.architecture or "", weights=None, **config.arguments)
+    if config.weights is not None:
+        _load_weights(module, spec)
+    return module
+
+
+def _python(spec: ModelSpec) -> nn.Module:
+    module_name, _, function_name = (spec.config.factory or "").partition(":")
+    if not module_name or not function_name:
+        raise ModelConfigError(
+            [f"{spec.folder / 'model.toml'}: factory: expected 'module:function', got {spec.config.factory!r}"]
+        )
+    factory = getattr(_import(spec, module_name), function_name)
+    module = factory()
+    if not isinstance(module, nn.Module):
+        raise ModelConfigError(
+            [f"{spec.folder / 'model.toml'}: factory: {spec.config.factory} returned a "
+             f"{type(module).__name__}, not a torch.nn.Module"]
+        )  # fmt: skip
+    if spec.config.weights is not None:
+        _load_weights(module, spec)
+    return module
+
+
+def _import(spec: ModelSpec, module_name: str) -> ModuleType:
+    """`module_name` from the model's own folder first (as Triton's model.py), else from sys.path."""
+    local = spec.folder.joinpath(*module_name.split(".")).with_suffix(".py")
+    if not local.is_file():
+        return importlib.import_module(module_name)
+    unique = f"cgserve_model_{spec.name.replace('-', '_')}_{module_name.replace('.', '_')}"
+    found = importlib.util.spec_from_file_location(unique, local)
+    assert found is not None and found.loader is not None
+    module = importlib.util.module_from_spec(found)
+    sys.modules[unique] = module
+    found.loader.exec_module(module)
+    return module
+
+
+def _load_weights(module: nn.Module, spec: ModelSpec) -> None:
+    path: Path = spec.path(spec.config.weights or "")
+    try:
+        state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        module.load_state_dict(state)
+    except Exception as error:
+        raise ModelConfigError([f"{spec.folder / 'model.toml'}: weights: {path.name}: {_one_line(error)}"]) from None
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text[:400]}"

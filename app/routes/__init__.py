@@ -1,0 +1,1 @@
+"""HTTP routes: predict (plain Starlette, the hot path), the model descriptions, probes and metrics."""

@@ -1,0 +1,84 @@
+"""GET /v1/models and /v1/models/{name}: what is served, how, and what it measured at start-up."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from app.codecs import IMAGE_EXPECTED, json_expected, raw_expected
+from app.errors import ServiceError, error_response
+from app.routes.probes import ServiceDep
+from app.schemas import ErrorResponse
+from app.service import ServedModel, Service
+
+router = APIRouter()
+
+
+@router.get("/v1/models", summary="Every served model, as GET /v1/models/{name} describes it")
+async def list_models(service: ServiceDep) -> dict[str, Any]:
+    return {"default": _default_name(service), "models": [card(m, service) for m in service.models.values()]}
+
+
+@router.get(
+    "/v1/models/{name}",
+    summary="One model: input, labels, format, engine, device, buckets, dtype, capture and validation figures",
+    responses={404: {"model": ErrorResponse, "description": "No model of that name; the message lists those served"}},
+)
+async def describe_model(name: str, service: ServiceDep) -> Any:
+    try:
+        return card(service.model(name), service)
+    except ServiceError as error:
+        return error_response(error)
+
+
+def card(served: ServedModel, service: Service) -> dict[str, Any]:
+    spec, options, settings = served.spec, served.options, service.settings
+    config = spec.config
+    described: dict[str, Any] = {
+        "name": spec.name,
+        "format": config.format,
+        "input": {
+            "shape": list(spec.input_shape),
+            "dtypes": {"uint8": "pixels 0–255 (raw bytes, image uploads)", "float32": "intensities in [0, 1]"},
+            "max_instances": settings.max_instances,
+            "forms": {"json": json_expected(spec), "image": IMAGE_EXPECTED, "raw": raw_expected(spec)},
+            "preprocess": config.preprocess.model_dump(exclude_none=True) | {"color": config.color},
+        },
+        "labels": list(spec.class_names),
+        "ready": served.readiness()[0],
+        "engine": options.engine,
+        "device": options.device,
+        "buckets": list(options.buckets),
+        "dtype": options.dtype,
+        "channels_last": options.channels_last,
+        "batching": {
+            "max_delay_ms": options.max_delay_ms,
+            "queue_limit_rows": settings.queue_limit,
+            "in_flight": settings.in_flight,
+            "request_timeout_s": settings.request_timeout_s,
+        },
+    }
+    if options.engine == "cuda-graph":
+        described["compile"] = options.compile
+    if config.format == "torchvision":
+        described["architecture"] = config.architecture
+        described["random_weights"] = config.weights is None
+    if served.failure is not None:
+        described["failure"] = served.failure
+    if served.engine is not None:
+        report = served.engine.report
+        described["startup_seconds"] = round(report.startup_seconds, 3)
+        if report.capture_seconds:  # CUDA graphs only
+            described["capture_seconds"] = {str(b): round(s, 6) for b, s in sorted(report.capture_seconds.items())}
+            described["graph_pool_bytes"] = report.pool_bytes
+        if report.validation_error:  # engines on a GPU, checked against fp32 eager
+            described["validation_relative_error"] = {str(b): e for b, e in sorted(report.validation_error.items())}
+        described.update(report.facts)
+    return described
+
+
+def _default_name(service: Service) -> str | None:
+    if service.settings.default_model is not None:
+        return service.settings.default_model
+    return next(iter(service.models)) if len(service.models) == 1 else None

@@ -1,0 +1,109 @@
+"""POST /predict and POST /v1/models/{name}/predict: plain Starlette routes on the hot path.
+
+FastAPI's per-route machinery (exit stacks, dependency solving, response-model plumbing) cost a
+third of each request under load (py-spy; bench/results/README.md has the figures) and these
+handlers use none of it. app/openapi.py documents them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import Any
+
+import numpy as np
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from app import metrics
+from app.codecs import IMAGE_EXPECTED, decode_image, decode_json, decode_raw, encode_predictions
+from app.errors import InputError, ServiceError, error_response
+from app.model_spec import ModelSpec
+from app.service import Service
+
+log = logging.getLogger(__name__)
+
+ACCEPTED = "application/json, multipart/form-data (field `file`) or application/octet-stream"
+FORMAT_OF = {"application/json": "json", "multipart/form-data": "image", "application/octet-stream": "raw"}
+
+
+async def predict(request: Request) -> Response:
+    started = time.perf_counter()
+    service: Service = request.app.state.service
+    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    form = FORMAT_OF.get(media, "unsupported")
+    name: str = request.path_params.get("name", "")
+    try:
+        served = service.model(name or None)
+        name = served.spec.name
+        batcher = served.ready_batcher()
+        images = await decode(request, media, served.spec, service)
+        probabilities = await batcher.submit(images)
+        body = encode_predictions(probabilities, model=name, engine=batcher.engine.name, spec=served.spec)
+        response = Response(body, media_type="application/json")
+    except ServiceError as error:
+        metrics.REJECTIONS.labels(model=name, reason=error.reason).inc()
+        response = error_response(error)
+    except Exception:
+        log.exception("unexpected error in %s", request.url.path)
+        internal = ServiceError("unexpected server error; it is logged with its traceback")
+        metrics.REJECTIONS.labels(model=name, reason=internal.reason).inc()
+        response = error_response(internal)
+    counter, latency = _request_metrics(name, form, response.status_code)
+    counter.inc()
+    latency.observe(time.perf_counter() - started)
+    return response
+
+
+@functools.cache
+def _request_metrics(model: str, form: str, status: int) -> tuple[Any, Any]:
+    """The labelled children, looked up once per (model, format, status) instead of per request."""
+    return (
+        metrics.REQUESTS.labels(model=model, format=form, code=str(status)),
+        metrics.REQUEST_LATENCY.labels(model=model, format=form),
+    )
+
+
+async def decode(request: Request, media: str, spec: ModelSpec, service: Service) -> np.ndarray:
+    """The body as (k, C, H, W) uint8 pixels or float32 intensities, by its content type."""
+    settings = service.settings
+    if media == "application/json":
+        return decode_json(await request.body(), max_instances=settings.max_instances, spec=spec)
+    if media == "application/octet-stream":
+        query = request.query_params
+        return decode_raw(
+            await request.body(),
+            dtype=query.get("dtype", "uint8"),
+            layout=query.get("layout", "nchw"),
+            max_instances=settings.max_instances,
+            spec=spec,
+        )
+    if media == "multipart/form-data":
+        return decode_image(await read_upload(request), max_pixels=settings.max_image_pixels, spec=spec)
+    raise InputError(
+        f"content type {media or '(none)'!r} is not accepted",
+        expected=ACCEPTED,
+        status=415,
+        code="unsupported_media_type",
+    )
+
+
+async def read_upload(request: Request) -> bytes:
+    try:
+        async with request.form(max_files=1, max_fields=8) as form:
+            upload = form.get("file")
+            if not isinstance(upload, UploadFile):
+                raise InputError("the multipart body has no file in the field `file`", expected=IMAGE_EXPECTED)
+            return await upload.read()
+    except (MultiPartException, HTTPException) as error:
+        detail = getattr(error, "detail", None) or getattr(error, "message", str(error))
+        raise InputError(
+            f"the multipart body could not be parsed: {detail}",
+            expected=IMAGE_EXPECTED,
+            status=400,
+            code="invalid_multipart",
+        ) from None

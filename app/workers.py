@@ -1,0 +1,63 @@
+"""Several server processes on one port (CGSERVE_WORKERS > 1), through uvicorn's process manager.
+
+The flags reach the workers as CGSERVE_* variables (each worker re-reads Settings and builds its
+own engines and graphs); Prometheus runs in multiprocess mode so that /metrics in any worker
+reports all of them. The parent must not import prometheus_client before
+PROMETHEUS_MULTIPROC_DIR is set, so app.main is imported only by the workers. A worker whose
+start-up fails leaves a marker and stops the manager, so the whole server exits 1, as a single
+process does.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+from typing import Any
+
+import uvicorn
+
+from app.config import Settings
+
+_FAILED_MARKER_ENV = "CGSERVE_START_UP_FAILED_MARKER"
+
+
+def serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
+    for name, value in overrides.items():
+        if value is not None:
+            os.environ[f"CGSERVE_{name.upper()}"] = _env_value(value)
+    with tempfile.TemporaryDirectory(prefix="cgserve-metrics-") as metrics_dir:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+        os.environ[_FAILED_MARKER_ENV] = os.path.join(metrics_dir, "start-up-failed")
+        uvicorn.run(
+            "app.workers:worker_app",
+            factory=True,
+            host=settings.host,
+            port=settings.port,
+            workers=settings.workers,
+            log_level=settings.log_level,
+            access_log=False,
+            loop="auto",
+            http="auto",
+        )
+        return 1 if os.path.exists(os.environ[_FAILED_MARKER_ENV]) else 0
+
+
+def worker_app() -> Any:
+    """The app of one worker (uvicorn calls this factory in each process)."""
+    from app.main import create_app
+
+    def stop_every_worker() -> None:
+        with open(os.environ[_FAILED_MARKER_ENV], "w"):
+            pass
+        os.kill(os.getppid(), signal.SIGTERM)  # the manager stops all workers and returns
+
+    return create_app(on_fatal=stop_every_worker)
+
+
+def _env_value(value: Any) -> str:
+    if isinstance(value, tuple | list):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
