@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from app.config import DEFAULT_BUCKETS, Settings
-from app.model_spec import FASHION_CNN
+from app.config import DEFAULT_BUCKETS
+from models.cnn import load_model
 from models.fashion_mnist import load_test_sample
 
 DEVICE = torch.device("cuda:0")
@@ -43,7 +43,7 @@ def main() -> None:
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
-    module = FASHION_CNN.build(Settings().weights).to(DEVICE).eval()
+    module = load_model(device=DEVICE)
     images = torch.from_numpy(load_test_sample()[0].astype(np.float32) / 255).reshape(-1, 1, 28, 28).to(DEVICE)
     record: dict[str, object] = {"command": " ".join(["python3", *sys.argv]), "gpu": torch.cuda.get_device_name()}
     for name, dtype, benchmark in (

@@ -28,11 +28,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from app.config import DEFAULT_BUCKETS, Settings
+from app.config import DEFAULT_BUCKETS
 from app.engines.base import Slot
 from app.engines.cuda import CudaEngine
 from app.engines.graph_capture import capture_graphs
-from app.model_spec import FASHION_CNN
+from models.cnn import load_model
+from tests.seed_model import seed_spec
 
 DEVICE = torch.device("cuda:0")
 VARIANTS = {  # name → CudaEngine options
@@ -44,8 +45,7 @@ VARIANTS = {  # name → CudaEngine options
 
 
 def build(buckets: tuple[int, ...], **options: object) -> CudaEngine:
-    module = FASHION_CNN.build(Settings().weights)
-    return CudaEngine(module, FASHION_CNN, buckets, device=DEVICE, **options)  # type: ignore[arg-type]
+    return CudaEngine(load_model(), seed_spec(), buckets, device=DEVICE, **options)  # type: ignore[arg-type]
 
 
 def _loop_factory():  # type: ignore[no-untyped-def]
@@ -73,13 +73,13 @@ def time_host(fn, stream: torch.cuda.Stream, iterations: int) -> float:  # type:
 
 def time_engine(engine: CudaEngine, slot: Slot, bucket: int, iterations: int) -> tuple[float, float]:
     """Median wall µs of the full path, and median device µs from its timing events."""
-    slot.inputs[:bucket] = np.random.default_rng(0).random((bucket, 1, 28, 28), dtype=np.float32)
+    slot.inputs["float32"][:bucket] = np.random.default_rng(0).random((bucket, 1, 28, 28), dtype=np.float32)
 
     async def loop() -> tuple[list[float], list[float]]:
         walls, devices = [], []
         for _ in range(iterations):
             started = time.perf_counter()
-            device_s = await engine.run(slot, bucket)
+            device_s = await engine.run(slot, bucket, "float32")
             walls.append(time.perf_counter() - started)
             devices.append(device_s)
         return walls, devices
@@ -112,7 +112,7 @@ def main() -> None:
         gc.collect()
         torch.cuda.empty_cache()
         engine = build(subset)
-        memory[name] = {"pool_bytes": engine.pool_bytes, "startup_s": round(engine.startup_seconds, 3)}
+        memory[name] = {"pool_bytes": engine.report.pool_bytes, "startup_s": round(engine.report.startup_seconds, 3)}
         engine.close()
         del engine
     memory["ratio_all_to_largest"] = round(
@@ -121,10 +121,10 @@ def main() -> None:
     record["memory"] = memory
 
     engines = {name: build(buckets, **options) for name, options in VARIANTS.items()}
-    slots = {name: engine.new_slot() for name, engine in engines.items()}
-    record["startup_s"] = {name: round(e.startup_seconds, 3) for name, e in engines.items()}
-    record["capture_s"] = engines["engine_graph_poll"].capture_seconds
-    module = FASHION_CNN.build(Settings().weights).to(DEVICE).eval()
+    slots = {name: engine.slots[0] for name, engine in engines.items()}
+    record["startup_s"] = {name: round(e.report.startup_seconds, 3) for name, e in engines.items()}
+    record["capture_s"] = engines["engine_graph_poll"].report.capture_seconds
+    module = load_model().to(DEVICE)
     stream = torch.cuda.Stream(DEVICE)
     static_in = torch.rand((buckets[-1], 1, 28, 28), device=DEVICE)
     bare_graphs = capture_graphs(lambda b: module(static_in[:b]), buckets, stream, torch.cuda.graph_pool_handle())
@@ -137,9 +137,9 @@ def main() -> None:
                 "replay": time_host(bare_graphs.graphs[bucket].replay, stream, args.iterations),
             }
         polled = engines["engine_graph_poll"]
-        state = slots["engine_graph_poll"].device_state
+        state = polled._slots[0]
         row["queue_sync"] = time_host(
-            lambda b=bucket, e=polled, s=state: e._queue_batch(s, b), polled._stream, args.iterations
+            lambda b=bucket, e=polled, s=state: e._queue_batch(s, b, "float32"), polled._stream, args.iterations
         )
         for name, engine in engines.items():
             row[name], row[name + "_device"] = time_engine(engine, slots[name], bucket, args.iterations)

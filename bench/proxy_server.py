@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from typing import Any
 
-import numpy as np
 import uvicorn
 
 from app import service as service_module
 from app.config import Settings
-from app.engines.base import Slot
+from app.engines.base import EngineReport, InputDtype, Slot, host_slot
 from app.main import create_app
 
 
@@ -27,15 +25,13 @@ class TimerEngine:
     name = "stand-in"
     device = "cpu"
 
-    def __init__(self, batch_s: float, buckets: tuple[int, ...]) -> None:
+    def __init__(self, batch_s: float, buckets: tuple[int, ...], in_flight: int) -> None:
         self.batch_s = batch_s
         self.buckets = buckets
+        self.slots = tuple(host_slot(i, buckets[-1], (1, 28, 28), 10) for i in range(in_flight))
+        self.report = EngineReport()
 
-    def new_slot(self) -> Slot:
-        rows = self.buckets[-1]
-        return Slot(np.zeros((rows, 1, 28, 28), np.float32), np.full((rows, 10), 0.1, np.float32))
-
-    async def run(self, slot: Slot, bucket: int) -> float:
+    async def run(self, slot: Slot, bucket: int, dtype: InputDtype) -> float:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
         loop.call_later(self.batch_s, done.set_result, None)
@@ -44,9 +40,6 @@ class TimerEngine:
 
     def healthy(self) -> bool:
         return True
-
-    def describe(self) -> dict[str, Any]:
-        return {}
 
     def close(self) -> None:
         pass
@@ -58,7 +51,9 @@ def main() -> None:
     parser.add_argument("--batch-us", type=float, default=80.0)
     args = parser.parse_args()
     settings = Settings(port=args.port)
-    service_module.build_engine = lambda s, spec: TimerEngine(args.batch_us / 1e6, s.buckets)  # type: ignore[assignment]
+    service_module.build_engine = lambda model, options, *, in_flight, event_wait: TimerEngine(  # type: ignore[assignment]
+        args.batch_us / 1e6, options.buckets, in_flight
+    )
     uvicorn.run(create_app(settings), host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
 
 
