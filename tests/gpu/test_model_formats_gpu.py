@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 
 import httpx
@@ -44,9 +45,9 @@ def test_each_torch_format_in_graphs_equals_its_eager_output(tmp_path: Path, exp
 
 
 def test_resnet50_and_the_seed_cnn_served_at_once(tmp_path: Path) -> None:
-    with running_server(
-        tmp_path / "server.log", model_repository=str(EXAMPLES), device="cuda", buckets="1,8,32"
-    ) as url:
+    command = (sys.executable, "-m", "app.cli", "serve")
+    settings = {"model_repository": str(EXAMPLES), "device": "cuda", "buckets": "1,8,32"}
+    with running_server(tmp_path / "server.log", command=command, **settings) as url:
         listing = {card["name"]: card for card in httpx.get(f"{url}/v1/models").json()["models"]}
         assert set(listing) == {"fashion-cnn", "resnet50"}
         resnet = listing["resnet50"]

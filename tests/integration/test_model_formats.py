@@ -32,6 +32,7 @@ FORMATS = {
     "seed-python": ("python", model_exports.python_factory),
 }
 IMAGES = 16
+SERVE = (sys.executable, "-m", "app.cli", "serve")  # this interpreter: the H200 has no make venv
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     for _, export in FORMATS.values():
         export(root)
     log = tmp_path_factory.mktemp("server") / "server.log"
-    with running_server(log, model_repository=str(root), device="cpu") as url:
+    with running_server(log, command=SERVE, model_repository=str(root), device="cpu") as url:
         yield url
 
 
@@ -133,7 +134,7 @@ def test_torchvision_resnet18_equals_torchvision_eager_or_names_the_fix(tmp_path
             1, 3, 1, 1
         )
         want = torch.softmax(reference(x), dim=1).numpy()
-    with running_server(tmp_path / "server.log", model_repository=str(folder.parent), device="cpu") as url:
+    with running_server(tmp_path / "server.log", command=SERVE, model_repository=str(folder.parent)) as url:
         answer = httpx.post(
             f"{url}/predict", content=pixels.tobytes(), headers={"content-type": "application/octet-stream"}
         )
