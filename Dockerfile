@@ -17,6 +17,14 @@ ENV PIP_BREAK_SYSTEM_PACKAGES=1 \
 
 WORKDIR /opt/cgserve
 
+# A C compiler for Triton: the graph engine compiles the model with inductor by default
+# (CGSERVE_COMPILE=inductor, measured in bench/results/README.md) and Triton builds its small
+# launcher stub with gcc the first time it runs. Versions follow the base image's Ubuntu release.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+
 # Dependencies first, read from pyproject.toml alone, so that editing app/ or models/ reuses
 # this layer. torch>=2.4 is already met by the base image, so pip keeps its CUDA build; the
 # last line fails the build if anything replaced it.
@@ -36,7 +44,10 @@ COPY loadtest/ loadtest/
 RUN python3 -m pip install --no-cache-dir --no-deps . \
     && groupadd --system --gid 10001 cgserve \
     && useradd --system --no-log-init --uid 10001 --gid 10001 --create-home \
-        --home-dir /home/cgserve --shell /usr/sbin/nologin cgserve
+        --home-dir /home/cgserve --shell /usr/sbin/nologin cgserve \
+    && mkdir -p /var/cache/cgserve && chown 10001:10001 /var/cache/cgserve
+# Inductor's compiled kernels: a volume here (compose, Kubernetes) makes a restart skip compiling.
+ENV CGSERVE_COMPILE_CACHE_DIR=/var/cache/cgserve/inductor
 USER 10001:10001
 
 EXPOSE 8000

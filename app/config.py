@@ -63,9 +63,9 @@ class Settings(BaseSettings):
         "CPU, onnxruntime for ONNX files.",
     )
     compile: Compile = Field(
-        "none",
-        description="Default for cuda-graph models: compile the module with inductor (max-autotune: with "
-        "autotuning) before capturing its graphs.",
+        "inductor",
+        description="Default for cuda-graph models: capture inductor's compiled kernels (max-autotune: autotuned; "
+        "none: the eager module). inductor won at every bucket on the H200 (bench/results/README.md).",
     )
     compile_cache_dir: Path | None = Field(
         None, description="Inductor's on-disk cache, so that a restart does not recompile (a volume in containers)."

@@ -17,7 +17,7 @@ from models.evaluate import evaluate, to_input
 from models.fashion_mnist import DATA_DIR, DEBIAN_PACKAGE, load_split, load_test_sample
 
 RECORD_PATH = WEIGHTS_PATH.with_suffix(".json")
-EXAMPLES = WEIGHTS_PATH.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "models" / "examples"
 
 
 @pytest.fixture(scope="module")
