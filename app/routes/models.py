@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+import orjson
+from fastapi import APIRouter, Response
 
 from app.codecs import IMAGE_EXPECTED, json_expected, raw_expected
-from app.errors import ServiceError, error_response
+from app.errors import NotReadyError, ServiceError, error_response
 from app.routes.probes import ServiceDep
 from app.schemas import ErrorResponse
 from app.service import ServedModel, Service
@@ -30,6 +31,22 @@ async def describe_model(name: str, service: ServiceDep) -> Any:
         return card(service.model(name), service)
     except ServiceError as error:
         return error_response(error)
+
+
+@router.get(
+    "/v1/models/{name}/ready",
+    summary="One model's readiness: 200 once its graphs are captured and validated, 503 before or when broken",
+    responses={404: {"model": ErrorResponse}, 503: {"description": "Starting, failed or broken device"}},
+)
+async def model_ready(name: str, service: ServiceDep) -> Response:
+    try:
+        ready, detail = service.model(name).readiness()
+    except NotReadyError as error:  # the repository is still being read
+        ready, detail = False, error.message
+    except ServiceError as error:
+        return error_response(error)
+    body = {"name": name, "status": "ready" if ready else "not_ready", "detail": detail}
+    return Response(orjson.dumps(body), status_code=200 if ready else 503, media_type="application/json")
 
 
 def card(served: ServedModel, service: Service) -> dict[str, Any]:

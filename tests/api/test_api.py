@@ -195,6 +195,7 @@ def test_probes_model_card_and_metrics(client: TestClient) -> None:
     (card,) = listing["models"]
     assert listing["default"] == "fashion-cnn"
     assert client.get("/v1/models/fashion-cnn").json() == card
+    assert client.get("/v1/models/fashion-cnn/ready").json()["status"] == "ready"
     assert card["input"]["shape"] == [1, 28, 28]
     assert card["labels"][9] == "Ankle boot"
     assert card["engine"] == "eager" and card["device"] == "cpu"
@@ -246,6 +247,8 @@ def test_not_ready_until_the_engine_is_built_then_ready(monkeypatch: pytest.Monk
         assert client.get("/healthz").status_code == 200
         starting = client.get("/readyz")
         assert starting.status_code == 503 and "starting" in starting.json()["detail"]
+        model_starting = client.get("/v1/models/fashion-cnn/ready")
+        assert model_starting.status_code == 503 and "starting" in model_starting.json()["detail"]
         refused = client.post("/predict", content=GOOD, headers=JSON)
         assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
         release.set()
