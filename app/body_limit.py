@@ -46,7 +46,7 @@ class BodyLimitMiddleware:
 
     async def _refuse(self, send: Send) -> None:
         error = BodyTooLargeError(self.max_bytes)
-        metrics.REJECTIONS.labels(model="", reason=error.reason).inc()
+        metrics.reject("", error.reason)
         body = orjson.dumps(error.body())
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         # The client may still be sending: close the connection rather than read the body.

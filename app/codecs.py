@@ -56,7 +56,7 @@ def decode_json(body: bytes, *, max_instances: int, spec: ModelSpec) -> np.ndarr
     instances = document["instances"]
     if not isinstance(instances, list):
         raise InputError(f'"instances" is a {type(instances).__name__}, not a list', expected=expected)
-    _check_count(len(instances), max_instances, expected)
+    check_count(len(instances), max_instances, expected)
     try:
         array = np.array(instances)  # dtype inferred, so strings, booleans and nulls show up below
     except (ValueError, OverflowError, RecursionError):
@@ -75,7 +75,7 @@ def decode_json(body: bytes, *, max_instances: int, spec: ModelSpec) -> np.ndarr
     if array.shape[1:] not in shapes:
         named = " or ".join(str(list(shape)) for shape in shapes)
         raise InputError(f"each instance has shape {list(array.shape[1:])}; expected {named}", expected=expected)
-    return _checked_intensities(array.astype(np.float32).reshape(-1, c, h, w), expected)
+    return checked_intensities(array.astype(np.float32).reshape(-1, c, h, w), expected)
 
 
 def decode_raw(
@@ -93,13 +93,13 @@ def decode_raw(
             f"the body has {len(body)} bytes, not a multiple of one {dtype} image ({image_bytes} bytes)",
             expected=expected,
         )
-    _check_count(len(body) // image_bytes, max_instances, expected)
+    check_count(len(body) // image_bytes, max_instances, expected)
     c, h, w = spec.input_shape
     flat = np.frombuffer(body, dtype=RAW_DTYPES[dtype])
     # NHWC (how decoders hand out images) becomes an NCHW view; the batcher's copy into its
     # staging slot does the transpose.
     images = flat.reshape(-1, c, h, w) if layout == "nchw" else flat.reshape(-1, h, w, c).transpose(0, 3, 1, 2)
-    return images if dtype == "uint8" else _checked_intensities(images, expected)
+    return images if dtype == "uint8" else checked_intensities(images, expected)
 
 
 def decode_image(data: bytes, *, max_pixels: int, spec: ModelSpec) -> np.ndarray:
@@ -155,7 +155,7 @@ def encode_predictions(probabilities: np.ndarray, *, model: str, engine: str, sp
     )
 
 
-def _check_count(count: int, max_instances: int, expected: str) -> None:
+def check_count(count: int, max_instances: int, expected: str) -> None:
     if count == 0:
         raise InputError("the request holds no images", expected=expected)
     if count > max_instances:
@@ -167,7 +167,7 @@ def _check_count(count: int, max_instances: int, expected: str) -> None:
         )
 
 
-def _checked_intensities(batch: np.ndarray, expected: str) -> np.ndarray:
+def checked_intensities(batch: np.ndarray, expected: str) -> np.ndarray:
     if not np.isfinite(batch).all():
         raise InputError("the pixels hold NaN or infinite values", expected=expected)
     low, high = float(batch.min()), float(batch.max())

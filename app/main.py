@@ -22,12 +22,16 @@ from app.repository import LoadedModel
 from app.routes import models, probes
 from app.routes.predict import predict
 from app.service import Service
+from app.v2 import rest as v2_rest
 
 # No OpenTelemetry (Prometheus is the metrics path): with it off FastAPI skips its per-request
 # provider look-ups, a few % of the request path under load (py-spy). The benchmark's no-op and
 # naive servers use the same setting, so the comparison stays like for like.
 NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
-ROUTES = "POST /predict, POST /v1/models/{name}/predict, GET /v1/models[/{name}], /healthz, /readyz, /metrics, /docs"
+ROUTES = (
+    "POST /predict, POST /v1/models/{name}/predict, GET /v1/models[/{name}], /healthz, /readyz, /metrics, /docs; "
+    "the Open Inference Protocol under /v2"
+)
 
 
 def create_app(
@@ -59,8 +63,10 @@ def create_app(
     )
     app.include_router(probes.router)
     app.include_router(models.router)
+    app.include_router(v2_rest.router)
     for path in ("/predict", "/v1/models/{name}/predict"):
         app.router.routes.append(Route(path, predict, methods=["POST"], include_in_schema=False))
+    app.router.routes.extend(v2_rest.INFER_ROUTES)
     app.openapi = lambda: build_openapi(app)  # type: ignore[method-assign]
     app.add_exception_handler(HTTPException, route_error)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
@@ -71,7 +77,9 @@ async def route_error(request: Request, error: Exception) -> Response:
     """404 and 405 from the router, in the same {"error": …} envelope as every other error."""
     assert isinstance(error, HTTPException)
     message = f"{request.method} {request.url.path}: {error.detail}"
-    answer = error_response(RouteError(error.status_code, message, expected=ROUTES))
+    route_error = RouteError(error.status_code, message, expected=ROUTES)
+    # The v2 protocol's clients expect its own error shape, {"error": "…"}.
+    answer = v2_rest.v2_error(route_error) if request.url.path.startswith("/v2") else error_response(route_error)
     if error.headers:
         answer.headers.update(error.headers)  # 405's Allow
     return answer

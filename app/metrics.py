@@ -7,6 +7,7 @@ that check them read the names from here.
 
 from __future__ import annotations
 
+import functools
 import os
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
@@ -22,13 +23,14 @@ ROW_BUCKETS = tuple(float(2**i) for i in range(11))
 REQUEST_LATENCY = Histogram(
     "cgserve_request_duration_seconds",
     "Inference requests end to end, from the body received to the answer encoded.",
-    ["model", "format"],
+    ["model", "protocol", "format"],
     buckets=LATENCY_BUCKETS,
 )
 REQUESTS = Counter(
     "cgserve_requests",
-    "Inference answers by model, input format and HTTP status code.",
-    ["model", "format", "code"],
+    "Inference answers by model, protocol (rest: /predict; v2: the Open Inference Protocol over HTTP; "
+    "grpc: over gRPC), input format and status (HTTP code, or the gRPC status name).",
+    ["model", "protocol", "format", "code"],
 )
 QUEUE_WAIT = Histogram(
     "cgserve_queue_wait_seconds",
@@ -109,3 +111,23 @@ def exposition() -> bytes:
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         return generate_latest(registry)
     return generate_latest()
+
+
+@functools.cache
+def _request_children(model: str, protocol: str, form: str, code: str) -> tuple[Counter, Histogram]:
+    """The labelled children, looked up once per label set instead of per request."""
+    return (
+        REQUESTS.labels(model=model, protocol=protocol, format=form, code=code),
+        REQUEST_LATENCY.labels(model=model, protocol=protocol, format=form),
+    )
+
+
+def observe_request(model: str, protocol: str, form: str, code: str, seconds: float) -> None:
+    """One answered inference request, from any ingress."""
+    counter, latency = _request_children(model, protocol, form, code)
+    counter.inc()
+    latency.observe(seconds)
+
+
+def reject(model: str, reason: str) -> None:
+    REJECTIONS.labels(model=model, reason=reason).inc()

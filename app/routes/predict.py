@@ -7,10 +7,8 @@ handlers use none of it. app/openapi.py documents them.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
-from typing import Any
 
 import numpy as np
 from starlette.datastructures import UploadFile
@@ -46,26 +44,15 @@ async def predict(request: Request) -> Response:
         body = encode_predictions(probabilities, model=name, engine=batcher.engine.name, spec=served.spec)
         response = Response(body, media_type="application/json")
     except ServiceError as error:
-        metrics.REJECTIONS.labels(model=name, reason=error.reason).inc()
+        metrics.reject(name, error.reason)
         response = error_response(error)
     except Exception:
         log.exception("unexpected error in %s", request.url.path)
         internal = ServiceError("unexpected server error; it is logged with its traceback")
-        metrics.REJECTIONS.labels(model=name, reason=internal.reason).inc()
+        metrics.reject(name, internal.reason)
         response = error_response(internal)
-    counter, latency = _request_metrics(name, form, response.status_code)
-    counter.inc()
-    latency.observe(time.perf_counter() - started)
+    metrics.observe_request(name, "rest", form, str(response.status_code), time.perf_counter() - started)
     return response
-
-
-@functools.cache
-def _request_metrics(model: str, form: str, status: int) -> tuple[Any, Any]:
-    """The labelled children, looked up once per (model, format, status) instead of per request."""
-    return (
-        metrics.REQUESTS.labels(model=model, format=form, code=str(status)),
-        metrics.REQUEST_LATENCY.labels(model=model, format=form),
-    )
 
 
 async def decode(request: Request, media: str, spec: ModelSpec, service: Service) -> np.ndarray:

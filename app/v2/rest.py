@@ -1,0 +1,216 @@
+"""The Open Inference Protocol (KServe v2) over HTTP, beside our own routes, on the same port.
+
+Health, server and model metadata, Triton's model configuration extension (what perf_analyzer
+reads), and inference with JSON tensors or the binary tensor data extension
+(`Inference-Header-Content-Length`: a JSON header, then each binary tensor's bytes in order).
+Inference shares the batchers, limits, deadlines and metrics of POST /predict (protocol "v2").
+Every error is the protocol's {"error": "…"} with its HTTP status.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import orjson
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from app import metrics
+from app.errors import InputError, ServiceError
+from app.routes.probes import ServiceDep
+from app.service import ServedModel, Service
+from app.v2 import tensors
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/v2", tags=["Open Inference Protocol (KServe v2)"])
+HEADER_LENGTH = "inference-header-content-length"
+JSON = "application/json"
+
+
+def v2_error(error: ServiceError) -> Response:
+    """{"error": "…"} with the status Triton gives: 400 for a request whose content is invalid."""
+    text = f"{error.message}; expected {error.expected}" if error.expected else error.message
+    status = 400 if error.status == 422 else error.status
+    return Response(orjson.dumps({"error": text}), status_code=status, headers=error.headers, media_type=JSON)
+
+
+def _model(service: Service, name: str, version: str | None) -> ServedModel:
+    served = service.model(name)
+    if version not in (None, "", tensors.VERSION):
+        raise InputError(f"model {name} has no version {version!r}", expected=f"version {tensors.VERSION}", status=404)
+    return served
+
+
+def platform(served: ServedModel) -> str:
+    return f"cudagraph-serve_{served.options.engine}"
+
+
+@router.get("", summary="Server metadata and the protocol extensions supported")
+async def server_metadata() -> dict[str, Any]:
+    return tensors.server_metadata()
+
+
+@router.get("/health/live", summary="200 while the process answers")
+async def live() -> Response:
+    return Response(status_code=200)
+
+
+@router.get("/health/ready", summary="200 once every model is ready, else 503")
+async def ready(service: ServiceDep) -> Response:
+    return Response(status_code=200 if service.readiness()[0] else 503)
+
+
+@router.get("/models/{name}", summary="Model metadata: input and output tensors")
+@router.get("/models/{name}/versions/{version}", summary="Model metadata of one version")
+async def model_metadata(name: str, service: ServiceDep, version: str | None = None) -> Response:
+    try:
+        served = _model(service, name, version)
+    except ServiceError as error:
+        return v2_error(error)
+    return Response(orjson.dumps(tensors.model_metadata(served.spec, platform(served))), media_type=JSON)
+
+
+@router.get("/models/{name}/ready", summary="200 once the model is ready, else 503")
+@router.get("/models/{name}/versions/{version}/ready", summary="Readiness of one version")
+async def model_ready(name: str, service: ServiceDep, version: str | None = None) -> Response:
+    try:
+        served = _model(service, name, version)
+    except ServiceError as error:
+        return v2_error(error)
+    return Response(status_code=200 if served.readiness()[0] else 503)
+
+
+@router.get("/models/{name}/config", summary="Triton's model configuration extension (batch size, tensors)")
+@router.get("/models/{name}/versions/{version}/config", summary="Model configuration of one version")
+async def model_config(name: str, service: ServiceDep, version: str | None = None) -> Response:
+    try:
+        served = _model(service, name, version)
+    except ServiceError as error:
+        return v2_error(error)
+    options = served.options
+    config = tensors.model_config(served.spec, platform(served), options.buckets, options.max_delay_ms)
+    return Response(orjson.dumps(config), media_type=JSON)
+
+
+async def infer(request: Request) -> Response:
+    """POST /v2/models/{name}[/versions/{version}]/infer: a plain route, as POST /predict is."""
+    started = time.perf_counter()
+    service: Service = request.app.state.service
+    name: str = request.path_params["name"]
+    form = "binary" if HEADER_LENGTH in request.headers else "json"
+    try:
+        served = _model(service, name, request.path_params.get("version"))
+        batcher = served.ready_batcher()
+        document, binary = _split_body(await request.body(), request.headers.get(HEADER_LENGTH))
+        images = _input(document, binary, served.spec, service.settings.max_instances)
+        probabilities = await batcher.submit(images)
+        response = _answer(document, served, probabilities)
+    except ServiceError as error:
+        metrics.reject(name, error.reason)
+        response = v2_error(error)
+    except Exception:
+        log.exception("unexpected error in %s", request.url.path)
+        internal = ServiceError("unexpected server error; it is logged with its traceback")
+        metrics.reject(name, internal.reason)
+        response = v2_error(internal)
+    metrics.observe_request(name, "v2", form, str(response.status_code), time.perf_counter() - started)
+    return response
+
+
+INFER_ROUTES = [
+    Route("/v2/models/{name}/infer", infer, methods=["POST"], include_in_schema=False),
+    Route("/v2/models/{name}/versions/{version}/infer", infer, methods=["POST"], include_in_schema=False),
+]
+
+
+def _split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes]:
+    """The JSON inference header and the binary section after it (empty without the extension)."""
+    header, binary = body, b""
+    if header_length is not None:
+        if not header_length.isdigit() or int(header_length) > len(body):
+            raise InputError(
+                f"Inference-Header-Content-Length is {header_length!r} for a body of {len(body)} bytes",
+                expected="the byte length of the JSON header that starts the body",
+                status=400,
+            )
+        header, binary = body[: int(header_length)], body[int(header_length) :]
+    try:
+        document = orjson.loads(header)
+    except orjson.JSONDecodeError as error:
+        raise InputError(
+            f"the inference header is not valid JSON: {error}", expected="a JSON object", status=400
+        ) from None
+    if not isinstance(document, dict):
+        raise InputError("the inference header is not a JSON object", expected='{"inputs": [...]}', status=400)
+    return document, binary
+
+
+def _input(document: dict[str, Any], binary: bytes, spec: Any, max_instances: int) -> np.ndarray:
+    inputs = document.get("inputs")
+    if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
+        raise InputError('"inputs" must be a list of one tensor', expected=tensors.expected(spec))
+    tensor = inputs[0]
+    datatype, shape = tensor.get("datatype"), tensor.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise InputError(f"the input's shape is {shape!r}", expected=tensors.expected(spec))
+    size = (tensor.get("parameters") or {}).get("binary_data_size")
+    if size is not None:
+        if not isinstance(size, int) or size != len(binary):
+            raise InputError(
+                f"binary_data_size is {size!r} and the binary section holds {len(binary)} bytes",
+                expected="binary_data_size equal to the bytes after the JSON header",
+            )
+        data = tensors.binary_elements(str(datatype), binary)
+    elif "data" in tensor:
+        data = tensors.json_elements(str(datatype), tensor["data"], spec)
+    else:
+        raise InputError(
+            'the input has neither "data" nor parameters.binary_data_size', expected=tensors.expected(spec)
+        )
+    return tensors.decode_input(
+        spec, name=str(tensor.get("name")), datatype=str(datatype), shape=shape, data=data, max_instances=max_instances
+    )
+
+
+def _answer(document: dict[str, Any], served: ServedModel, probabilities: np.ndarray) -> Response:
+    """The response: probabilities, or top-k strings (classification), JSON or binary as asked."""
+    spec = served.spec
+    wants_binary = bool((document.get("parameters") or {}).get("binary_data_output", False))
+    requested = document.get("outputs") or [{"name": tensors.OUTPUT}]
+    header: dict[str, Any] = {"model_name": spec.name, "model_version": tensors.VERSION, "outputs": []}
+    if isinstance(document.get("id"), str):
+        header["id"] = document["id"]
+    chunks: list[bytes] = []
+    for output in requested:
+        if not isinstance(output, dict) or output.get("name") != tensors.OUTPUT:
+            raise InputError(f"no output named {output!r}", expected=f'the output "{tensors.OUTPUT}"')
+        parameters = output.get("parameters") or {}
+        count = int(parameters.get("classification", 0) or 0)
+        values = tensors.classification(probabilities, count, spec.class_names) if count else probabilities
+        described: dict[str, Any] = {
+            "name": tensors.OUTPUT,
+            "datatype": "BYTES" if count else "FP32",
+            "shape": list(values.shape),
+        }
+        if parameters.get("binary_data", wants_binary):
+            raw = _bytes_tensor(values) if count else np.ascontiguousarray(values, dtype="<f4").tobytes()
+            described["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            described["data"] = [v.decode() for v in values.reshape(-1)] if count else values.reshape(-1)
+        header["outputs"].append(described)
+    body = orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not chunks:
+        return Response(body, media_type=JSON)
+    headers = {"Inference-Header-Content-Length": str(len(body))}
+    return Response(body + b"".join(chunks), headers=headers, media_type="application/octet-stream")
+
+
+def _bytes_tensor(values: np.ndarray) -> bytes:
+    """BYTES elements in the binary extension: each a 4-byte little-endian length, then the bytes."""
+    return b"".join(len(v).to_bytes(4, "little") + v for v in values.reshape(-1))
