@@ -98,16 +98,16 @@ def prepare_or_exit(settings: Settings) -> list[Any]:
         raise SystemExit(1) from None
 
 
-def bind_or_exit(settings: Settings) -> socket.socket:
-    """The listening socket, bound before any engine is built: a port in use fails at once."""
+def bind_or_exit(settings: Settings, port: int) -> socket.socket:
+    """A socket bound to `port`, before any engine is built: a port in use fails at once."""
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((settings.host, settings.port))
+        sock.bind((settings.host, port))
     except OSError as error:
         sock.close()
-        sys.stderr.write(f"cannot start: cannot listen on {settings.host}:{settings.port}: {error.strerror}\n")
+        sys.stderr.write(f"cannot start: cannot listen on {settings.host}:{port}: {error.strerror}\n")
         raise SystemExit(1) from None
     return sock
 
@@ -115,7 +115,9 @@ def bind_or_exit(settings: Settings) -> socket.socket:
 def serve(settings: Settings, overrides: dict[str, Any]) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     prepared = prepare_or_exit(settings)
-    sock = bind_or_exit(settings)
+    sock = bind_or_exit(settings, settings.port)
+    if settings.grpc_port:  # checked, then freed for the gRPC server to bind
+        bind_or_exit(settings, settings.grpc_port).close()
     if settings.workers > 1:
         from app.workers import serve_workers
 

@@ -49,6 +49,9 @@ class Settings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 in a container).")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port.")
+    grpc_port: int = Field(
+        8001, ge=0, le=65535, description="gRPC port of the Open Inference Protocol (GRPCInferenceService); 0: off."
+    )
     model_repository: Path = Field(
         DEFAULT_REPOSITORY,
         description="Folder of models, one sub-folder with a model.toml each; the default holds the seed CNN.",

@@ -48,9 +48,17 @@ def create_app(
         service = Service(settings, prepared=prepared, on_fatal=on_fatal)
         app.state.service = service
         service.start()
+        grpc_server = None
+        if settings.grpc_port:
+            from app.v2.grpc_server import GrpcServer  # grpcio loads only where gRPC is on
+
+            grpc_server = GrpcServer(service, settings, reuse_port=settings.workers > 1)
+            await grpc_server.start()
         try:
             yield
         finally:
+            if grpc_server is not None:
+                await grpc_server.stop()
             await service.stop()
 
     # FastAPIOffline serves Swagger UI and ReDoc from files in its wheel: /docs works offline.

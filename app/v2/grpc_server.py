@@ -1,0 +1,206 @@
+"""The Open Inference Protocol over gRPC (GRPCInferenceService), in the server's own process.
+
+It runs on the same event loop as the HTTP server and submits to the same batchers, so both
+protocols share engines, graphs, limits and metrics (protocol "grpc"). Beside it: the standard
+gRPC health service (SERVING once every model is ready) and server reflection. A client's
+deadline bounds the wait for its answer; message sizes are bounded by CGSERVE_MAX_BODY_BYTES.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from app import metrics
+from app.config import Settings
+from app.errors import DeadlineExceededError, InputError, ServiceError
+from app.service import ServedModel, Service
+from app.v2 import tensors
+from app.v2.proto import grpc_predict_v2_pb2 as pb
+from app.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+# The service's HTTP statuses as gRPC codes.
+STATUS_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.INVALID_ARGUMENT,
+    415: grpc.StatusCode.INVALID_ARGUMENT,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+HEALTH_POLL_S = 1.0
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: Any, context: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.service.readiness()[0])
+
+    async def ModelReady(self, request: Any, context: Any) -> pb.ModelReadyResponse:
+        served = await self._model(request.name, request.version, context)
+        return pb.ModelReadyResponse(ready=served.readiness()[0])
+
+    async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(**tensors.server_metadata())
+
+    async def ModelMetadata(self, request: Any, context: Any) -> pb.ModelMetadataResponse:
+        served = await self._model(request.name, request.version, context)
+        return pb.ModelMetadataResponse(**tensors.model_metadata(served.spec, _platform(served)))
+
+    async def ModelConfig(self, request: Any, context: Any) -> pb.ModelConfigResponse:
+        served = await self._model(request.name, request.version, context)
+        options = served.options
+        config = tensors.model_config(served.spec, _platform(served), options.buckets, options.max_delay_ms)
+        return pb.ModelConfigResponse(config=pb.ModelConfig(**config))
+
+    async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
+        started = time.perf_counter()
+        name = request.model_name
+        form = "raw" if request.raw_input_contents else "typed"
+        code = grpc.StatusCode.OK
+        try:
+            served = self._lookup(name, request.model_version)
+            batcher = served.ready_batcher()
+            images = _input(request, served, self.service.settings.max_instances)
+            remaining = context.time_remaining()  # the client's deadline, or None
+            try:
+                probabilities = await asyncio.wait_for(batcher.submit(images), timeout=remaining)
+            except TimeoutError:
+                raise DeadlineExceededError(remaining or 0.0) from None
+            return _answer(request, served, probabilities)
+        except ServiceError as error:
+            metrics.reject(name, error.reason)
+            code = STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL)
+            text = f"{error.message}; expected {error.expected}" if error.expected else error.message
+            await context.abort(code, text)
+            raise  # abort() raises; this line is for the type checker
+        except Exception:
+            log.exception("unexpected error in ModelInfer")
+            code = grpc.StatusCode.INTERNAL
+            metrics.reject(name, "engine_error")
+            await context.abort(code, "unexpected server error; it is logged with its traceback")
+            raise
+        finally:
+            metrics.observe_request(name, "grpc", form, code.name, time.perf_counter() - started)
+
+    def _lookup(self, name: str, version: str) -> ServedModel:
+        served = self.service.model(name)
+        if version not in ("", tensors.VERSION):
+            raise InputError(f"model {name} has no version {version!r}", expected="version 1", status=404)
+        return served
+
+    async def _model(self, name: str, version: str, context: Any) -> ServedModel:
+        try:
+            return self._lookup(name, version)
+        except ServiceError as error:
+            await context.abort(STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL), error.message)
+            raise
+
+
+def _platform(served: ServedModel) -> str:
+    return f"cudagraph-serve_{served.options.engine}"
+
+
+def _input(request: Any, served: ServedModel, max_instances: int) -> np.ndarray:
+    spec = served.spec
+    if len(request.inputs) != 1:
+        raise InputError(f"the request has {len(request.inputs)} inputs", expected=tensors.expected(spec))
+    tensor = request.inputs[0]
+    if request.raw_input_contents:
+        data = tensors.binary_elements(tensor.datatype, request.raw_input_contents[0])
+    elif tensor.datatype == "FP32":
+        data = np.asarray(tensor.contents.fp32_contents, dtype=np.float32)
+    else:
+        contents = np.asarray(tensor.contents.uint_contents, dtype=np.uint32)
+        if contents.size and contents.max() > 255:
+            raise InputError("UINT8 contents above 255", expected=tensors.expected(spec))
+        data = contents.astype(np.uint8)
+    return tensors.decode_input(
+        spec,
+        name=tensor.name,
+        datatype=tensor.datatype,
+        shape=list(tensor.shape),
+        data=data,
+        max_instances=max_instances,
+    )
+
+
+def _answer(request: Any, served: ServedModel, probabilities: np.ndarray) -> pb.ModelInferResponse:
+    spec = served.spec
+    response = pb.ModelInferResponse(model_name=spec.name, model_version=tensors.VERSION, id=request.id)
+    requested = list(request.outputs) or [pb.ModelInferRequest.InferRequestedOutputTensor(name=tensors.OUTPUT)]
+    for output in requested:
+        if output.name != tensors.OUTPUT:
+            raise InputError(f"no output named {output.name!r}", expected=f'the output "{tensors.OUTPUT}"')
+        count = output.parameters["classification"].int64_param if "classification" in output.parameters else 0
+        if count:
+            values = tensors.classification(probabilities, count, spec.class_names)
+            raw = b"".join(len(v).to_bytes(4, "little") + v for v in values.reshape(-1))
+            response.outputs.add(name=tensors.OUTPUT, datatype="BYTES", shape=list(values.shape))
+        else:
+            raw = np.ascontiguousarray(probabilities, dtype="<f4").tobytes()
+            response.outputs.add(name=tensors.OUTPUT, datatype="FP32", shape=list(probabilities.shape))
+        response.raw_output_contents.append(raw)
+    return response
+
+
+class GrpcServer:
+    """The gRPC server and its health service, started and stopped with the HTTP app."""
+
+    def __init__(self, service: Service, settings: Settings, *, reuse_port: bool) -> None:
+        limit = settings.max_body_bytes
+        options = [
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", max(limit, 64 * 2**20)),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),  # workers share the port; one process owns it
+        ]
+        self.server = grpc.aio.server(options=options)
+        self.health = health.aio.HealthServicer()
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(service), self.server)  # type: ignore[no-untyped-call]
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
+        reflection.enable_server_reflection(names, self.server)
+        self.address = f"{settings.host}:{settings.grpc_port}"
+        if self.server.add_insecure_port(self.address) == 0:
+            raise RuntimeError(f"gRPC cannot listen on {self.address}")
+        self._service = service
+        self._watch: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.server.start()
+        self._watch = asyncio.create_task(self._report_health(), name="grpc-health")
+        log.info("gRPC (Open Inference Protocol) on %s", self.address)
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+        await self.server.stop(grace_s)
+
+    async def _report_health(self) -> None:
+        """SERVING exactly while the whole service is ready (a broken device turns it off)."""
+        serving = health_pb2.HealthCheckResponse.SERVING
+        not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+        while True:
+            status = serving if self._service.readiness()[0] else not_serving
+            for name in ("", SERVICE_NAME):
+                await self.health.set(name, status)
+            await asyncio.sleep(HEALTH_POLL_S)
