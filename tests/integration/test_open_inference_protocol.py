@@ -1,0 +1,194 @@
+"""Triton's own clients, unmodified, against the real server on the CPU: HTTP and gRPC.
+
+Every answer of the Open Inference Protocol must equal POST /predict's for the same images.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as triton_grpc
+import tritonclient.http as triton_http
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from models.fashion_mnist import load_test_sample
+from tests.integration.server_process import free_port, running_server
+
+MODEL = "fashion-cnn"
+SERVE = (sys.executable, "-m", "app.cli", "serve")
+CLIENTS = {"http": triton_http, "grpc": triton_grpc}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    grpc_port = free_port()
+    log = tmp_path_factory.mktemp("oip") / "server.log"
+    with running_server(log, command=SERVE, device="cpu", grpc_port=str(grpc_port), max_instances="64") as url:
+        yield {"url": url, "http": url.removeprefix("http://"), "grpc": f"127.0.0.1:{grpc_port}"}
+
+
+@pytest.fixture(scope="module")
+def images() -> np.ndarray:
+    return load_test_sample()[0][:6].reshape(6, 1, 28, 28)  # (6, 1, 28, 28) uint8, real test images
+
+
+@pytest.fixture(scope="module")
+def predicted(server: dict[str, str], images: np.ndarray) -> np.ndarray:
+    """POST /predict's probabilities for the same images: what every v2 answer must equal."""
+    answer = httpx.post(
+        f"{server['url']}/predict", content=images.tobytes(), headers={"content-type": "application/octet-stream"}
+    )
+    return np.array([p["scores"] for p in answer.json()["predictions"]], dtype=np.float32)
+
+
+def client(kind: str, server: dict[str, str]) -> object:
+    return CLIENTS[kind].InferenceServerClient(server[kind])
+
+
+@pytest.mark.parametrize("kind", list(CLIENTS))
+def test_server_and_model_metadata(kind: str, server: dict[str, str]) -> None:
+    triton = client(kind, server)
+    assert triton.is_server_live() and triton.is_server_ready() and triton.is_model_ready(MODEL)  # type: ignore[attr-defined]
+    as_json = {"as_json": True} if kind == "grpc" else {}  # the HTTP client always answers JSON
+    metadata = triton.get_server_metadata(**as_json)  # type: ignore[attr-defined]
+    assert {"binary_tensor_data", "classification"} <= set(metadata["extensions"])
+    model = triton.get_model_metadata(MODEL, **as_json)  # type: ignore[attr-defined]
+    (tensor,) = model["inputs"]
+    assert tensor["name"] == "input" and [int(d) for d in tensor["shape"]] == [-1, 1, 28, 28]
+    (output,) = model["outputs"]
+    assert output["name"] == "probabilities" and [int(d) for d in output["shape"]] == [-1, 10]
+    config = triton.get_model_config(MODEL, **as_json)  # type: ignore[attr-defined]
+    config = config.get("config", config)
+    assert int(config["max_batch_size"]) == 128
+
+
+@pytest.mark.parametrize("kind", list(CLIENTS))
+@pytest.mark.parametrize("datatype", ["UINT8", "FP32"])
+@pytest.mark.parametrize("binary", [True, False])
+def test_infer_equals_predict(
+    kind: str, datatype: str, binary: bool, server: dict[str, str], images: np.ndarray, predicted: np.ndarray
+) -> None:
+    module = CLIENTS[kind]
+    data = images if datatype == "UINT8" else (images / 255).astype(np.float32)
+    tensor = module.InferInput("input", list(data.shape), datatype)
+    outputs = [module.InferRequestedOutput("probabilities")]
+    if kind == "http":
+        tensor.set_data_from_numpy(data, binary_data=binary)
+        outputs = [module.InferRequestedOutput("probabilities", binary_data=binary)]
+    else:
+        tensor.set_data_from_numpy(data)  # gRPC sends raw_input_contents
+    result = client(kind, server).infer(MODEL, [tensor], outputs=outputs, request_id="req-7")  # type: ignore[attr-defined]
+    np.testing.assert_allclose(result.as_numpy("probabilities"), predicted, rtol=1e-5, atol=1e-7)
+    response = result.get_response()
+    assert (response["id"] if kind == "http" else response.id) == "req-7"
+
+
+@pytest.mark.parametrize("kind", list(CLIENTS))
+def test_classification_gives_top_k_score_index_label(kind: str, server: dict[str, str], images: np.ndarray) -> None:
+    module = CLIENTS[kind]
+    tensor = module.InferInput("input", list(images.shape), "UINT8")
+    tensor.set_data_from_numpy(images)
+    outputs = [module.InferRequestedOutput("probabilities", class_count=3)]
+    top = client(kind, server).infer(MODEL, [tensor], outputs=outputs).as_numpy("probabilities")  # type: ignore[attr-defined]
+    assert top.shape == (6, 3)
+    score, index, label = (top[0][0].decode() if isinstance(top[0][0], bytes) else top[0][0]).split(":")
+    assert (index, label) == ("9", "Ankle boot") and float(score) > 0.9
+
+
+@pytest.mark.parametrize("kind", list(CLIENTS))
+def test_async_infer(kind: str, server: dict[str, str], images: np.ndarray, predicted: np.ndarray) -> None:
+    module = CLIENTS[kind]
+    tensor = module.InferInput("input", list(images.shape), "UINT8")
+    tensor.set_data_from_numpy(images)
+    triton = client(kind, server)
+    if kind == "http":
+        result = triton.async_infer(MODEL, [tensor]).get_result()  # type: ignore[attr-defined]
+    else:
+        done = threading.Event()
+        results: list[object] = []
+
+        def finished(result: object, error: object) -> None:
+            results.append(error if error is not None else result)
+            done.set()
+
+        triton.async_infer(MODEL, [tensor], callback=finished)  # type: ignore[attr-defined]
+        assert done.wait(30)
+        result = results[0]
+    np.testing.assert_allclose(result.as_numpy("probabilities"), predicted, rtol=1e-5, atol=1e-7)  # type: ignore[attr-defined]
+
+
+BAD = [
+    # (case, model, name, datatype, array, http status, grpc status, words)
+    ("unknown model", "nope", "input", "UINT8", np.zeros((1, 1, 28, 28), np.uint8), 404, "NOT_FOUND", "fashion-cnn"),
+    ("wrong shape", MODEL, "input", "UINT8", np.zeros((1, 1, 28, 27), np.uint8), 400, "INVALID_ARGUMENT", "shape"),
+    ("wrong dtype", MODEL, "input", "INT32", np.zeros((1, 1, 28, 28), np.int32), 400, "INVALID_ARGUMENT", "INT32"),
+    ("wrong name", MODEL, "pixels", "UINT8", np.zeros((1, 1, 28, 28), np.uint8), 400, "INVALID_ARGUMENT", "pixels"),
+    ("out of range", MODEL, "input", "FP32", np.full((1, 1, 28, 28), 2.0, np.float32), 400, "INVALID_ARGUMENT",
+     "[0, 1]"),
+    ("too many images", MODEL, "input", "UINT8", np.zeros((65, 1, 28, 28), np.uint8), 413, "INVALID_ARGUMENT",
+     "at most 64"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", list(CLIENTS))
+@pytest.mark.parametrize(
+    ("case", "model", "name", "datatype", "array", "status", "code", "words"), BAD, ids=[b[0] for b in BAD]
+)
+def test_bad_requests_get_the_protocols_error_and_the_server_keeps_serving(
+    kind: str, case: str, model: str, name: str, datatype: str, array: np.ndarray, status: int, code: str,
+    words: str, server: dict[str, str], images: np.ndarray,
+) -> None:  # fmt: skip
+    module = CLIENTS[kind]
+    tensor = module.InferInput(name, list(array.shape), datatype)
+    tensor.set_data_from_numpy(array)
+    with pytest.raises(InferenceServerException) as raised:
+        client(kind, server).infer(model, [tensor])  # type: ignore[attr-defined]
+    got = raised.value.status()
+    assert got == (str(status) if kind == "http" else f"StatusCode.{code}"), raised.value
+    assert words in raised.value.message()
+    good = module.InferInput("input", list(images.shape), "UINT8")
+    good.set_data_from_numpy(images)
+    assert client(kind, server).infer(MODEL, [good]).as_numpy("probabilities").shape == (6, 10)  # type: ignore[attr-defined]
+
+
+def test_rest_errors_and_unknown_routes_use_the_protocols_error_form(server: dict[str, str]) -> None:
+    url = server["url"]
+    for answer, status in (
+        (httpx.post(f"{url}/v2/models/{MODEL}/infer", content=b"{"), 400),
+        (httpx.post(f"{url}/v2/models/{MODEL}/infer", json={"inputs": []}), 400),
+        (httpx.get(f"{url}/v2/models/{MODEL}/versions/7"), 404),
+        (httpx.get(f"{url}/v2/nothing/here"), 404),
+    ):
+        assert answer.status_code == status and isinstance(answer.json()["error"], str), answer.text
+    assert httpx.get(f"{url}/v2/health/ready").status_code == 200
+
+
+def test_grpc_health_service_and_metrics_label_the_protocol(server: dict[str, str]) -> None:
+    with grpc.insecure_channel(server["grpc"]) as channel:
+        answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""))
+    assert answer.status == health_pb2.HealthCheckResponse.SERVING
+    exposition = httpx.get(f"{server['url']}/metrics").text
+    for protocol in ("rest", "v2", "grpc"):
+        assert f'protocol="{protocol}"' in exposition
+
+
+def test_grpc_port_in_use_stops_start_up(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        with (
+            pytest.raises(RuntimeError, match=f"cannot listen on 127.0.0.1:{port}"),
+            running_server(tmp_path / "log", command=SERVE, device="cpu", grpc_port=port),
+        ):
+            pass
