@@ -50,7 +50,8 @@ RUN python3 -m pip install --no-cache-dir --no-deps . \
 ENV CGSERVE_COMPILE_CACHE_DIR=/var/cache/cgserve/inductor
 USER 10001:10001
 
-EXPOSE 8000
+# HTTP (our API and the Open Inference Protocol's REST form), and gRPC (CGSERVE_GRPC_PORT).
+EXPOSE 8000 8001
 
 # Ready = engine built, graphs captured and checked against eager (GET /readyz answers 200).
 # urlopen raises on 503 or no answer, and python3 then exits 1 (unhealthy). The start period

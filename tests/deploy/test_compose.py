@@ -106,7 +106,9 @@ def test_every_setting_in_dotenv_reaches_the_api(compose: str, tmp_path: Path, s
     files = (BASE,) if stack == "gpu" else (BASE, CPU)
     env = config(compose, *files, project=tmp_path, dotenv=dotenv)["services"]["api"]["environment"]
     # What compose itself fixes: the port Prometheus scrapes, and the CPU stack's device.
-    fixed = {"CGSERVE_PORT": "8000"} | ({"CGSERVE_DEVICE": "cpu"} if stack == "cpu" else {})
+    fixed = {"CGSERVE_PORT": "8000", "CGSERVE_GRPC_PORT": "8001"} | (
+        {"CGSERVE_DEVICE": "cpu"} if stack == "cpu" else {}
+    )
     expected = {name: fixed.get(name, f"from-dotenv-{name.lower()}") for name in names}
     assert {name: env.get(name) for name in names} == expected
 
@@ -120,16 +122,20 @@ def test_a_name_alone_in_dotenv_takes_the_shell_value(compose: str, tmp_path: Pa
     assert "CGSERVE_DTYPE" not in env  # set in the shell alone: compose passes no shell variable unasked
 
 
-def test_published_port_comes_from_cgserve_published_port(
+def test_published_ports_come_from_cgserve_published_port_and_grpc_published_port(
     compose: str, tmp_path: Path, gpu_stack: dict[str, Any]
 ) -> None:
-    (port,) = gpu_stack["services"]["api"]["ports"]
-    assert (port["published"], port["target"]) == ("8000", 8000)
-    from_shell = config(compose, BASE, project=tmp_path / "shell", env={"CGSERVE_PUBLISHED_PORT": "8123"})
-    from_dotenv = config(compose, BASE, project=tmp_path / "dotenv", dotenv="CGSERVE_PUBLISHED_PORT=8124\n")
-    for model, published in ((from_shell, "8123"), (from_dotenv, "8124")):
-        (port,) = model["services"]["api"]["ports"]
-        assert (port["published"], port["target"]) == (published, 8000)
+    http_port, grpc_port = gpu_stack["services"]["api"]["ports"]
+    assert (http_port["published"], http_port["target"]) == ("8000", 8000)
+    assert (grpc_port["published"], grpc_port["target"]) == ("8001", 8001)
+    shell = {"CGSERVE_PUBLISHED_PORT": "8123", "CGSERVE_GRPC_PUBLISHED_PORT": "8125"}
+    from_shell = config(compose, BASE, project=tmp_path / "shell", env=shell)
+    dotenv = "CGSERVE_PUBLISHED_PORT=8124\nCGSERVE_GRPC_PUBLISHED_PORT=8126\n"
+    from_dotenv = config(compose, BASE, project=tmp_path / "dotenv", dotenv=dotenv)
+    for model, published in ((from_shell, ("8123", "8125")), (from_dotenv, ("8124", "8126"))):
+        http_port, grpc_port = model["services"]["api"]["ports"]
+        assert (http_port["published"], grpc_port["published"]) == published
+        assert (http_port["target"], grpc_port["target"]) == (8000, 8001)
 
 
 class ReadyzStub(http.server.BaseHTTPRequestHandler):
