@@ -27,8 +27,6 @@ import platform
 import re
 import shlex
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -44,8 +42,8 @@ from loadtest.bench_report import markdown, ratios
 from loadtest.payloads import PayloadOptions, Payloads
 from loadtest.pinning import core_list, plan_pinning
 from loadtest.runner import LoadSpec, run_load
+from loadtest.server_process import HOST, ServerProcess, free_port
 
-HOST = "127.0.0.1"
 SCHEMA = "cgserve-bench-server/1"
 
 
@@ -98,12 +96,6 @@ def resolve_hey(path: str | None) -> str | None:
     return shutil.which(path)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
 def machine_info() -> dict[str, Any]:
     import fastapi
     import torch
@@ -139,52 +131,6 @@ def machine_info() -> dict[str, Any]:
     except (OSError, subprocess.SubprocessError):
         info["git_commit"] = None
     return info
-
-
-class Server:
-    """One server process in its own session (so it and its workers stop together)."""
-
-    def __init__(self, name: str, argv: list[str], log_path: Path) -> None:
-        self.name, self.argv, self.log_path = name, argv, log_path
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = log_path.open("wb")
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.url = ""
-
-    def wait_ready(self, url: str, timeout_s: float) -> float:
-        """Seconds until GET /readyz answered 200; raises with the log's tail otherwise."""
-        t0 = time.monotonic()
-        with httpx.Client(base_url=url, timeout=2.0, trust_env=False) as client:
-            while time.monotonic() - t0 < timeout_s:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"{self.name} exited with code {self.proc.returncode}:\n{self.log_tail()}")
-                try:
-                    if client.get("/readyz").status_code == 200:
-                        self.url = url
-                        return time.monotonic() - t0
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.25)
-        raise TimeoutError(f"{self.name} not ready within {timeout_s:g} s:\n{self.log_tail()}")
-
-    def log_tail(self, lines: int = 20) -> str:
-        self._log.flush()
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def stop(self) -> None:
-        """SIGTERM (uvicorn stops gracefully), then SIGKILL, to this server's process group only."""
-        for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-            if self.proc.poll() is not None:
-                break
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(timeout=wait_s)
-            except subprocess.TimeoutExpired:
-                continue
-        self._log.close()
 
 
 def run_hey(
@@ -249,11 +195,11 @@ class Bench:
         out: dict[str, Any] = {"role": sdef.role, "command": shlex.join(argv), "labels_checked": sdef.check_labels}
         payloads = self.payloads if sdef.check_labels else replace(self.payloads, expected=None)
         print(f"{name}: {out['command']}", flush=True)
-        server = Server(name, argv, a.out_dir / "logs" / f"{stamp}-{name}.log")
+        server = ServerProcess(argv, a.out_dir / "logs" / f"{stamp}-{name}.log", port=port, name=name)
         out["log"] = str(server.log_path)
         try:
-            url = f"http://{HOST}:{port}"
-            out["ready_s"] = round(server.wait_ready(url, a.startup_timeout), 2)
+            url = server.url
+            out["ready_s"] = round(server.wait_ready(a.startup_timeout), 2)
             card = httpx.get(f"{url}/v1/models", timeout=5, trust_env=False)
             if card.status_code == 200:
                 out["model_card"] = card.json()
