@@ -41,8 +41,9 @@ import orjson
 from loadtest.bench_report import markdown, ratios
 from loadtest.payloads import PayloadOptions, Payloads
 from loadtest.pinning import core_list, plan_pinning
-from loadtest.runner import LoadSpec, run_load
+from loadtest.runner import run_load
 from loadtest.server_process import HOST, ServerProcess, free_port
+from loadtest.spec import LoadSpec
 
 SCHEMA = "cgserve-bench-server/1"
 
