@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -24,6 +25,14 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def wait_until(condition: Callable[[], bool], server: ServerProcess) -> None:
+    """Poll `condition` while `server` runs; fail with its log if it exits or 30 s pass."""
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline and server.proc.poll() is None, server.log_tail()
+        time.sleep(0.05)
 
 
 def test_free_port_can_be_bound() -> None:
@@ -73,10 +82,7 @@ def test_stop_ends_the_whole_group_children_included(tmp_path: Path) -> None:
         f"open({str(pid_file)!r}, 'w').write(str(child.pid)); child.wait()"
     )
     server = ServerProcess([sys.executable, "-c", parent], tmp_path / "group.log", port=free_port())
-    deadline = time.monotonic() + 30
-    while not pid_file.exists() or not pid_file.read_text():
-        assert time.monotonic() < deadline and server.proc.poll() is None, server.log_tail()
-        time.sleep(0.05)
+    wait_until(lambda: pid_file.exists() and pid_file.read_text() != "", server)
     child = int(pid_file.read_text())
     assert alive(child)
     server.stop()
@@ -93,10 +99,7 @@ def test_stop_kills_what_ignores_sigterm(tmp_path: Path) -> None:
         f"pathlib.Path({str(ready)!r}).touch(); time.sleep(60)"
     )
     server = ServerProcess([sys.executable, "-c", stubborn], tmp_path / "stubborn.log", port=free_port())
-    deadline = time.monotonic() + 30
-    while not ready.exists():  # SIGTERM before the handler is set would end it the ordinary way
-        assert time.monotonic() < deadline, server.log_tail()
-        time.sleep(0.05)
+    wait_until(ready.exists, server)  # SIGTERM before the handler is set would end it the ordinary way
     t0 = time.monotonic()
     assert server.stop(grace_s=0.5) == -9
     assert time.monotonic() - t0 < 10
