@@ -26,23 +26,29 @@ MAX_INSTANCES: int = Settings.model_fields["max_instances"].default
 MAX_IMAGE_PIXELS: int = Settings.model_fields["max_image_pixels"].default
 
 
-async def decode_request(request: Request) -> np.ndarray:
-    """The body as float32 (k, 1, 28, 28); raises InputError. The one place the reference servers
-    call app.codecs' decoders: when their arguments change, only this function follows."""
-    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+def decode(media: str, data: bytes, *, dtype: str = "uint8") -> np.ndarray:
+    """A body of media type `media` (for multipart, the uploaded file) as float32 (k, 1, 28, 28);
+    raises InputError. The one place loadtest calls app.codecs' decoders: when their arguments
+    change, only this function follows."""
     if media == "application/json":
-        return decode_json(await request.body(), max_instances=MAX_INSTANCES)
+        return decode_json(data, max_instances=MAX_INSTANCES)
     if media == "application/octet-stream":
-        dtype = request.query_params.get("dtype", "uint8")
-        return decode_raw(await request.body(), dtype=dtype, max_instances=MAX_INSTANCES)
+        return decode_raw(data, dtype=dtype, max_instances=MAX_INSTANCES)
     if media == "multipart/form-data":
-        return decode_image(await _read_upload(request), max_pixels=MAX_IMAGE_PIXELS)
+        return decode_image(data, max_pixels=MAX_IMAGE_PIXELS)
     raise InputError(
         f"content type {media or '(none)'!r} is not accepted",
         expected=ACCEPTED,
         status=415,
         code="unsupported_media_type",
     )
+
+
+async def decode_request(request: Request) -> np.ndarray:
+    """The request's body decoded as app/routes.py decodes it: dispatched on its content type."""
+    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    data = await _read_upload(request) if media == "multipart/form-data" else await request.body()
+    return decode(media, data, dtype=request.query_params.get("dtype", "uint8"))
 
 
 def error_response(error: InputError) -> Response:

@@ -1,5 +1,6 @@
 """What the generator sends is what the service decodes: every body form through app.codecs'
-own decoders, bit for bit, with the eager model's labels of exactly those pixels."""
+own decoders (called as the reference servers call them), bit for bit, with the eager model's
+labels of exactly those pixels."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from PIL import Image
 from starlette.datastructures import Headers, UploadFile
 from starlette.formparsers import MultiPartParser
 
-from app.codecs import decode_image, decode_json, decode_raw
 from loadtest.payloads import (
     MULTIPART_CONTENT_TYPE,
     PayloadOptions,
@@ -26,6 +26,7 @@ from loadtest.payloads import (
     to_unit_float,
     top2_margin,
 )
+from loadtest.servers.common import decode
 
 
 @pytest.fixture(scope="module")
@@ -34,18 +35,18 @@ def images() -> np.ndarray:
 
 
 def test_json_body_decodes_to_the_reference_pixels(images: np.ndarray) -> None:
-    decoded = decode_json(encode_json(images[:4]), max_instances=64)  # (4, 1, 28, 28)
+    decoded = decode("application/json", encode_json(images[:4]))  # (4, 1, 28, 28)
     assert np.array_equal(decoded[:, 0], to_unit_float(images[:4]))  # bit for bit
 
 
 @pytest.mark.parametrize("dtype", ["uint8", "float32"])
 def test_raw_body_decodes_to_the_reference_pixels(images: np.ndarray, dtype: str) -> None:
-    decoded = decode_raw(encode_raw(images[:3], dtype), dtype=dtype, max_instances=64)
+    decoded = decode("application/octet-stream", encode_raw(images[:3], dtype), dtype=dtype)
     assert np.array_equal(decoded[:, 0], to_unit_float(images[:3]))
 
 
 def test_png_body_decodes_to_the_reference_pixels(images: np.ndarray) -> None:
-    decoded = decode_image(encode_png(images[5]), max_pixels=4096 * 4096)
+    decoded = decode("multipart/form-data", encode_png(images[5]))
     assert np.array_equal(decoded[0, 0], to_unit_float(images[5:6])[0])
 
 
@@ -86,7 +87,7 @@ def test_payloads_carry_the_eager_labels_of_unambiguous_images() -> None:
     info = payloads.info
     assert info["images_used"] + info["images_left_out_ambiguous"] >= 196
     # The labels are the model's, computed on exactly the decoded pixels of each body.
-    first = decode_json(payloads.bodies[0], max_instances=8)[:, 0]  # (4, 28, 28) float32
+    first = decode("application/json", payloads.bodies[0])[:, 0]  # (4, 28, 28) float32
     logits = reference_logits(np.rint(first * 255).astype(np.uint8))
     assert tuple(logits.argmax(1).tolist()) == payloads.expected[0]
     assert (top2_margin(logits) >= info["min_margin_logits"]).all()
