@@ -53,14 +53,18 @@ class ServerProcess:
         self.url = f"http://{HOST}:{port}"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = log_path.open("wb")
-        self.proc = subprocess.Popen(
-            self.argv,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **env} if env else None,
-            cwd=cwd,
-            start_new_session=True,
-        )
+        try:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **env} if env else None,
+                cwd=cwd,
+                start_new_session=True,
+            )
+        except BaseException:  # e.g. no such program: nothing to stop, but the log is open
+            self._log.close()
+            raise
 
     def wait_ready(self, timeout_s: float, path: str = "/readyz") -> float:
         """Seconds until GET `path` answered 200. RuntimeError if the process exits first,
