@@ -22,7 +22,8 @@ from typing import Any
 import orjson
 
 from loadtest.payloads import DEFAULT_MIN_MARGIN, FORMS, RAW_DTYPES, PayloadOptions
-from loadtest.runner import LoadSpec, run_load
+from loadtest.runner import run_load
+from loadtest.spec import LoadSpec
 from loadtest.sweep import plot_sweep, run_sweep, sweep_summary
 
 

@@ -16,292 +16,30 @@ the generator, not the server, set the ceiling (each step's record also gives th
 CPU share, `loadgen_cpu_busy`).
 Writes <out-dir>/<date>-server.json (every figure and command, machine info) and
 <out-dir>/<date>-server.md (the table), and each server's log under <out-dir>/logs/.
+The parts are in loadtest/bench/; this module is the command line.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import platform
-import re
 import shlex
-import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 
-from loadtest.bench_report import markdown, ratios
-from loadtest.payloads import PayloadOptions, Payloads
-from loadtest.pinning import core_list, plan_pinning
-from loadtest.runner import LoadSpec, run_load
+from loadtest.bench.machine import machine_info
+from loadtest.bench.measure import Bench
+from loadtest.bench.pinning import plan_pinning
+from loadtest.bench.report import markdown, ratios
+from loadtest.bench.servers import SERVERS, templates
+from loadtest.payloads import PayloadOptions
 
-HOST = "127.0.0.1"
 SCHEMA = "cgserve-bench-server/1"
-
-
-@dataclass(frozen=True)
-class ServerDef:
-    role: str  # "ceiling", "baseline" or "ours"
-    template: str  # {python}, {host}, {port} are filled in
-    check_labels: bool = True
-    needs_cuda: bool = False
-
-
-SERVERS = {
-    "noop": ServerDef("ceiling", "{python} -m loadtest.servers.noop --host {host} --port {port}", check_labels=False),
-    "noop-lean": ServerDef(
-        "ceiling, plain route",
-        "{python} -m loadtest.servers.noop --host {host} --port {port} --lean",
-        check_labels=False,
-    ),
-    "naive": ServerDef("baseline", "{python} -m loadtest.servers.naive --host {host} --port {port} --device auto"),
-    "eager": ServerDef(
-        "ours", "{python} -m app.cli serve --host {host} --port {port} --engine eager --device auto --log-level warning"
-    ),
-    "cuda-graph": ServerDef(
-        "ours",
-        "{python} -m app.cli serve --host {host} --port {port} --engine cuda-graph --device cuda --log-level warning",
-        needs_cuda=True,
-    ),
-    # The process model: several uvicorn workers on one port, each with its own graphs; compared
-    # with the no-op server given the same number of workers.
-    "noop-4w": ServerDef(
-        "ceiling, 4 workers",
-        "{python} -m loadtest.servers.noop --host {host} --port {port} --workers 4",
-        check_labels=False,
-    ),
-    "cuda-graph-4w": ServerDef(
-        "ours, 4 workers",
-        "{python} -m app.cli serve --host {host} --port {port} --engine cuda-graph --device cuda --log-level warning"
-        " --workers 4",
-        needs_cuda=True,
-    ),
-}
-
-
-def resolve_hey(path: str | None) -> str | None:
-    """hey's absolute path, or None where it is absent."""
-    if not path:
-        return None
-    if Path(path).is_file():
-        return str(Path(path).resolve())
-    return shutil.which(path)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-def machine_info() -> dict[str, Any]:
-    import fastapi
-    import torch
-    import uvicorn
-
-    cpu_model = ""
-    with contextlib.suppress(OSError, StopIteration):
-        cpu_model = next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
-    info: dict[str, Any] = {
-        "hostname": platform.node(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu_model": cpu_model,
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)),
-        "torch": torch.__version__,
-        "torch_cuda": torch.version.cuda,
-        "cuda_available": torch.cuda.is_available(),
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "fastapi": fastapi.__version__,
-        "uvicorn": uvicorn.__version__,
-        "httpx": httpx.__version__,
-    }
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, timeout=5)
-        info["git_commit"] = commit.stdout.strip() if commit.returncode == 0 else None
-        info["git_dirty"] = bool(dirty.stdout.strip()) if dirty.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        info["git_commit"] = None
-    return info
-
-
-class Server:
-    """One server process in its own session (so it and its workers stop together)."""
-
-    def __init__(self, name: str, argv: list[str], log_path: Path) -> None:
-        self.name, self.argv, self.log_path = name, argv, log_path
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = log_path.open("wb")
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.url = ""
-
-    def wait_ready(self, url: str, timeout_s: float) -> float:
-        """Seconds until GET /readyz answered 200; raises with the log's tail otherwise."""
-        t0 = time.monotonic()
-        with httpx.Client(base_url=url, timeout=2.0, trust_env=False) as client:
-            while time.monotonic() - t0 < timeout_s:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"{self.name} exited with code {self.proc.returncode}:\n{self.log_tail()}")
-                try:
-                    if client.get("/readyz").status_code == 200:
-                        self.url = url
-                        return time.monotonic() - t0
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.25)
-        raise TimeoutError(f"{self.name} not ready within {timeout_s:g} s:\n{self.log_tail()}")
-
-    def log_tail(self, lines: int = 20) -> str:
-        self._log.flush()
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def stop(self) -> None:
-        """SIGTERM (uvicorn stops gracefully), then SIGKILL, to this server's process group only."""
-        for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-            if self.proc.poll() is not None:
-                break
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(timeout=wait_s)
-            except subprocess.TimeoutExpired:
-                continue
-        self._log.close()
-
-
-def run_hey(
-    hey: str, url: str, body_path: Path, *, concurrency: int, duration_s: float, prefix: list[str]
-) -> dict[str, Any]:
-    """hey at `concurrency` for `duration_s`, every request with the JSON body in `body_path`."""
-    argv = [*prefix, hey, "-z", f"{duration_s:g}s", "-c", str(concurrency), "-m", "POST"]
-    argv += ["-T", "application/json", "-D", str(body_path), f"{url}/predict"]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=duration_s + 60).stdout
-    return parse_hey(out) | {"command": shlex.join(argv)}
-
-
-def parse_hey(out: str) -> dict[str, Any]:
-    """Requests/s, latency percentiles (ms) and status codes from hey's text summary."""
-    rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    latency = {f"p{q}": round(float(v) * 1e3, 3) for q, v in re.findall(r"\s(\d+)% in ([\d.]+) secs", out)}
-    return {
-        "requests_per_s": float(rps.group(1)) if rps else None,
-        "latency_ms": {k: latency[k] for k in ("p50", "p90", "p99") if k in latency},
-        "status_codes": {code: int(n) for code, n in re.findall(r"\[(\d+)\]\s+(\d+) responses", out)},
-        "raw_tail": out[-1500:] if rps is None else None,
-    }
-
-
-class Bench:
-    def __init__(self, args: argparse.Namespace, payloads: Payloads, options: PayloadOptions, pin: dict[str, Any]):
-        self.args, self.payloads, self.options, self.pin = args, payloads, options, pin
-        loadgen = pin["loadgen_cores"]
-        self.processes = args.processes or (len(loadgen) if loadgen else max(1, (os.cpu_count() or 2) // 2))
-        self.loadgen_prefix = ["taskset", "-c", core_list(loadgen)] if loadgen else []
-        self.server_prefix = ["taskset", "-c", core_list(pin["server_cores"])] if pin["server_cores"] else []
-        self.hey = resolve_hey(args.hey)
-        self.hey_targets = {"noop", "eager"}  # set by main(): the ceiling and ours (cuda-graph where it runs)
-
-    def step(self, name: str, url: str, payloads: Payloads, **load: Any) -> dict[str, Any]:
-        a = self.args
-        spec = LoadSpec(
-            url=url,
-            processes=self.processes,
-            warmup_s=a.warmup,
-            duration_s=a.step_duration,
-            timeout_s=a.timeout,
-            **load,
-        )
-        options = replace(self.options, check_labels=payloads.expected is not None)
-        command = shlex.join([*self.loadgen_prefix, "python", "-m", "loadtest", *spec.to_args(), *options.to_args()])
-        what = f"c{load['concurrency']}" if "concurrency" in load else f"{load['rate']:.0f}/s"
-        record = run_load(spec, payloads, command=command, label=f"{name} {what}")
-        lat = record["latency_ms"]
-        print(
-            f"  {name:<10} {what:>8}: {record['throughput_rps']:>9,.1f} req/s  p50 {lat['p50'] or 0:7.2f} ms  "
-            f"p99 {lat['p99'] or 0:7.2f} ms  errors {record['counts']['errors']}  "
-            f"generator busy {record['loadgen_cpu_busy'] or 0:.0%}",
-            flush=True,
-        )
-        return record
-
-    def server(self, name: str, sdef: ServerDef, template: str, stamp: str) -> dict[str, Any]:
-        a = self.args
-        port = free_port()
-        argv = [*self.server_prefix, *shlex.split(template.format(python=sys.executable, host=HOST, port=port))]
-        out: dict[str, Any] = {"role": sdef.role, "command": shlex.join(argv), "labels_checked": sdef.check_labels}
-        payloads = self.payloads if sdef.check_labels else replace(self.payloads, expected=None)
-        print(f"{name}: {out['command']}", flush=True)
-        server = Server(name, argv, a.out_dir / "logs" / f"{stamp}-{name}.log")
-        out["log"] = str(server.log_path)
-        try:
-            url = f"http://{HOST}:{port}"
-            out["ready_s"] = round(server.wait_ready(url, a.startup_timeout), 2)
-            card = httpx.get(f"{url}/v1/models", timeout=5, trust_env=False)
-            if card.status_code == 200:
-                out["model_card"] = card.json()
-            out["closed_loop"] = [self.step(name, url, payloads, concurrency=c) for c in a.concurrencies]
-            clean = [r for r in out["closed_loop"] if r["counts"]["errors"] == 0] or out["closed_loop"]
-            best = max(clean, key=lambda r: r["throughput_rps"])
-            out["saturation"] = {
-                "throughput_rps": best["throughput_rps"],
-                "concurrency": best["concurrency"],
-                "p99_ms": best["latency_ms"]["p99"],
-                "rule": "highest closed-loop throughput among error-free steps",
-            }
-            out["open_loop"] = []
-            for fraction in a.load_fractions:
-                rate = round(fraction * best["throughput_rps"], 1)
-                if rate <= 0:
-                    continue
-                record = self.step(name, url, payloads, rate=rate)
-                record["fraction_of_saturation"] = fraction
-                out["open_loop"].append(record)
-            if name in self.hey_targets and self.hey:
-                out["hey"] = self.cross_check(url, out["closed_loop"])
-        except Exception as error:  # one server failing must not lose the others' figures
-            out["error"] = f"{type(error).__name__}: {error}"
-            print(f"  {name} failed: {out['error']}", flush=True)
-        finally:
-            out["exit_code_before_stop"] = server.proc.poll()  # None: it was still serving
-            server.stop()
-        return out
-
-    def cross_check(self, url: str, closed: list[dict[str, Any]]) -> dict[str, Any]:
-        c = self.args.hey_concurrency or self.args.concurrencies[0]
-        ours = next((r for r in closed if r["concurrency"] == c), None)
-        body_path = self.args.out_dir / "logs" / "hey-body.json"
-        body_path.write_bytes(self.payloads.bodies[0])
-        result = run_hey(
-            self.hey,
-            url,
-            body_path,
-            concurrency=c,
-            duration_s=self.args.step_duration,
-            prefix=self.loadgen_prefix,
-        )
-        result |= {"concurrency": c, "loadtest_requests_per_s": ours["throughput_rps"] if ours else None}
-        if result["requests_per_s"] and ours:
-            result["loadtest_over_hey"] = round(ours["throughput_rps"] / result["requests_per_s"], 3)
-        print(f"  hey c{c}: {result['requests_per_s']} req/s (ours {result['loadtest_requests_per_s']})", flush=True)
-        return result
 
 
 def _floats(text: str) -> list[float]:
@@ -312,15 +50,16 @@ def _ints(text: str) -> list[int]:
     return [int(v) for v in text.split(",") if v.strip()]
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m loadtest.bench_server",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--out-dir", type=Path, required=True, help="where the JSON, the markdown and logs/ go")
-    p.add_argument("--servers", default=",".join(SERVERS), help="which to run, in order (default %(default)s)")
-    p.add_argument(
+    add = p.add_argument
+    add("--out-dir", type=Path, required=True, help="where the JSON, the markdown and logs/ go")
+    add("--servers", default=",".join(SERVERS), help="which to run, in order (default %(default)s)")
+    add(
         "--server-cmd",
         action="append",
         default=[],
@@ -328,29 +67,31 @@ def main(argv: list[str] | None = None) -> int:
         help="replace a server's command; {python} {host} {port} are filled in, e.g. "
         "'eager={python} -m app.cli serve --host {host} --port {port} --engine eager' (repeatable)",
     )
-    p.add_argument("--server-cores", default="auto", help="taskset list for servers (default: lower half)")
-    p.add_argument("--loadgen-cores", default="auto", help="cores for the load generator (default: upper half)")
-    p.add_argument("--no-pin", action="store_true", help="pin nothing")
-    p.add_argument("--processes", type=int, help="load-generator processes (default: one per load-generator core)")
-    p.add_argument("--concurrencies", type=_ints, default=[16, 32, 64], help="closed-loop steps (default 16,32,64)")
-    p.add_argument("--load-fractions", type=_floats, default=[0.5, 0.9], help="open-loop steps (default 0.5,0.9)")
-    p.add_argument("--step-duration", type=float, default=8.0, help="measured seconds per step (default 8)")
-    p.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds per step (default 2)")
-    p.add_argument("--timeout", type=float, default=5.0, help="per-request timeout, s (default 5)")
-    p.add_argument("--startup-timeout", type=float, default=180.0, help="seconds to wait for /readyz (default 180)")
-    p.add_argument("--form", choices=("json", "png", "raw"), default="json", help="request body form (default json)")
-    p.add_argument("--hey", default=".gpu/bin/hey", help="hey binary for the cross-check; skipped if absent")
-    p.add_argument("--hey-concurrency", type=int, help="hey's concurrency (default: the first of --concurrencies)")
+    add("--server-cores", default="auto", help="taskset list for servers (default: lower half)")
+    add("--loadgen-cores", default="auto", help="cores for the load generator (default: upper half)")
+    add("--no-pin", action="store_true", help="pin nothing")
+    add("--processes", type=int, help="load-generator processes (default: one per load-generator core)")
+    add("--concurrencies", type=_ints, default=[16, 32, 64], help="closed-loop steps (default 16,32,64)")
+    add("--load-fractions", type=_floats, default=[0.5, 0.9], help="open-loop steps (default 0.5,0.9)")
+    add("--step-duration", type=float, default=8.0, help="measured seconds per step (default 8)")
+    add("--warmup", type=float, default=2.0, help="warm-up seconds per step (default 2)")
+    add("--timeout", type=float, default=5.0, help="per-request timeout, s (default 5)")
+    add("--startup-timeout", type=float, default=180.0, help="seconds to wait for /readyz (default 180)")
+    add("--form", choices=("json", "png", "raw"), default="json", help="request body form (default json)")
+    add("--hey", default=".gpu/bin/hey", help="hey binary for the cross-check; skipped if absent")
+    add("--hey-concurrency", type=int, help="hey's concurrency (default: the first of --concurrencies)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     command = shlex.join(["python", "-m", "loadtest.bench_server", *(sys.argv[1:] if argv is None else argv)])
-
     names = [n.strip() for n in args.servers.split(",") if n.strip()]
-    templates = {n: d.template for n, d in SERVERS.items()}
-    for item in args.server_cmd:
-        name, sep, template = item.partition("=")
-        if not sep or name not in SERVERS:
-            p.error(f"--server-cmd takes NAME=TEMPLATE with NAME in {', '.join(SERVERS)}; got {item!r}")
-        templates[name] = template
+    try:
+        commands = templates(args.server_cmd)
+    except ValueError as error:
+        p.error(str(error))
     if unknown := [n for n in names if n not in SERVERS]:
         p.error(f"unknown servers {unknown}; choose from {', '.join(SERVERS)}")
 
@@ -370,9 +111,10 @@ def main(argv: list[str] | None = None) -> int:
             pin["loadgen_cores"] = None
     options = PayloadOptions(form=args.form)
     payloads = options.build()
-    bench = Bench(args, payloads, options, pin)
-    bench.hey_targets = {"noop", "cuda-graph" if info["cuda_available"] and "cuda-graph" in names else "eager"}
-    bench.hey_targets |= {n for n in names if n.endswith("-4w")}
+    # hey runs against the ceiling and ours (cuda-graph where it runs), and each multi-worker server.
+    ours = "cuda-graph" if info["cuda_available"] and "cuda-graph" in names else "eager"
+    hey_targets = {"noop", ours} | {n for n in names if n.endswith("-4w")}
+    bench = Bench(args, payloads, options, pin, hey_targets=hey_targets)
     notes = list(pin["notes"])
     if args.hey and bench.hey is None:
         notes.append(f"hey cross-check skipped: {args.hey} not found")
@@ -388,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             servers[name] = {"role": sdef.role, "skipped": reason}
             notes.append(f"{name} skipped: no CUDA device")
             continue
-        servers[name] = bench.server(name, sdef, templates[name], stamp)
+        servers[name] = bench.server(name, sdef, commands[name], stamp)
 
     report: dict[str, Any] = {
         "schema": SCHEMA,

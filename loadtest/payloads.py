@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import orjson
 
@@ -27,6 +28,7 @@ RAW_DTYPES = ("uint8", "float32")
 # A fixed boundary: the bodies are built once, and it cannot occur inside a PNG's bytes by
 # chance often enough to matter (each body is checked anyway).
 MULTIPART_BOUNDARY = "cgserve-loadtest-5f1d2c"
+MULTIPART_CONTENT_TYPE = f"multipart/form-data; boundary={MULTIPART_BOUNDARY}"
 DEFAULT_MIN_MARGIN = 0.5  # logits; see the module docstring
 
 
@@ -76,15 +78,20 @@ def encode_png(image: np.ndarray) -> bytes:
 
 
 def multipart_body(data: bytes, *, filename: str, content_type: str) -> bytes:
-    """One file in field `file` as a complete multipart/form-data body (MULTIPART_BOUNDARY)."""
+    """One file in field `file` as a complete multipart/form-data body, encoded by httpx with
+    MULTIPART_BOUNDARY (given in the Content-Type, httpx uses it), so every body shares one header."""
     if MULTIPART_BOUNDARY.encode() in data:
         raise ValueError("the multipart boundary occurs inside the file; change MULTIPART_BOUNDARY")
-    head = (
-        f"--{MULTIPART_BOUNDARY}\r\n"
-        f'Content-Disposition: form-data; name="file"; filename="{filename}"\r\n'
-        f"Content-Type: {content_type}\r\n\r\n"
-    ).encode()
-    return head + data + f"\r\n--{MULTIPART_BOUNDARY}--\r\n".encode()
+    request = httpx.Request(
+        "POST",
+        "http://127.0.0.1/predict",  # never sent: only the encoded body is kept
+        files={"file": (filename, data, content_type)},
+        headers={"content-type": MULTIPART_CONTENT_TYPE},
+    )
+    body = request.read()
+    if not body.startswith(f"--{MULTIPART_BOUNDARY}\r\n".encode()):  # an httpx that ignores the header's
+        raise RuntimeError("httpx encoded the body with a boundary of its own, not MULTIPART_BOUNDARY")
+    return body
 
 
 def load_images(limit: int | None = None) -> np.ndarray:
@@ -166,7 +173,7 @@ def build_payloads(
             multipart_body(encode_png(g[0]), filename=f"fmnist-{i}.png", content_type="image/png")
             for i, g in enumerate(groups)
         )
-        content_type = f"multipart/form-data; boundary={MULTIPART_BOUNDARY}"
+        content_type = MULTIPART_CONTENT_TYPE
     info |= {
         "images_used": n_bodies * k,
         "bodies": n_bodies,

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.payloads import PayloadOptions, Payloads
-from loadtest.runner import LoadSpec, run_load
+from loadtest.runner import run_load
+from loadtest.spec import LoadSpec
 
 SCHEMA = "cgserve-loadtest-sweep/1"
 

@@ -1,44 +1,72 @@
-"""What the reference servers share with the service: the body decoding (app.codecs, dispatched
-on content type as app/routes.py does), the error shape, the probes and the uvicorn settings.
+"""What the reference servers share with the service: the body decoding (app.codecs' own
+decoders, dispatched on content type as app/routes.py does), the error shape, the probes and
+the uvicorn settings. Only what answers a decoded batch differs between them.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import numpy as np
 import orjson
 import uvicorn
 from fastapi import FastAPI, Request, Response
-from starlette.datastructures import UploadFile
 
-from app.codecs import IMAGE_EXPECTED, decode_image, decode_json, decode_raw
+from app.codecs import decode_image, decode_json, decode_raw
+from app.config import Settings
 from app.errors import InputError
 
-MAX_INSTANCES = 1024  # the service's default CGSERVE_MAX_INSTANCES
-MAX_IMAGE_PIXELS = 4096 * 4096  # the service's default CGSERVE_MAX_IMAGE_PIXELS
+# The service's own upload reader (field `file`, its limits, its 400 for a broken body): private
+# to app/routes.py, imported rather than copied so the ceiling cannot drift from it.
+from app.routes import ACCEPTED, _read_upload
+
+# The service's default limits, read from its settings: the ceiling refuses what the service refuses.
+MAX_INSTANCES: int = Settings.model_fields["max_instances"].default
+MAX_IMAGE_PIXELS: int = Settings.model_fields["max_image_pixels"].default
+
+
+def decode(media: str, data: bytes, *, dtype: str = "uint8") -> np.ndarray:
+    """A body of media type `media` (for multipart, the uploaded file) as float32 (k, 1, 28, 28);
+    raises InputError. The one place loadtest calls app.codecs' decoders: when their arguments
+    change, only this function follows."""
+    if media == "application/json":
+        return decode_json(data, max_instances=MAX_INSTANCES)
+    if media == "application/octet-stream":
+        return decode_raw(data, dtype=dtype, max_instances=MAX_INSTANCES)
+    if media == "multipart/form-data":
+        return decode_image(data, max_pixels=MAX_IMAGE_PIXELS)
+    raise InputError(
+        f"content type {media or '(none)'!r} is not accepted",
+        expected=ACCEPTED,
+        status=415,
+        code="unsupported_media_type",
+    )
 
 
 async def decode_request(request: Request) -> np.ndarray:
-    """The body as float32 (k, 1, 28, 28), decoded by app.codecs; raises InputError."""
+    """The request's body decoded as app/routes.py decodes it: dispatched on its content type."""
     media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-    if media == "application/json":
-        return decode_json(await request.body(), max_instances=MAX_INSTANCES)
-    if media == "application/octet-stream":
-        dtype = request.query_params.get("dtype", "uint8")
-        return decode_raw(await request.body(), dtype=dtype, max_instances=MAX_INSTANCES)
-    if media == "multipart/form-data":
-        async with request.form(max_files=1, max_fields=8) as form:
-            upload = form.get("file")
-            if not isinstance(upload, UploadFile):
-                raise InputError("the multipart body has no file in the field `file`", expected=IMAGE_EXPECTED)
-            return decode_image(await upload.read(), max_pixels=MAX_IMAGE_PIXELS)
-    raise InputError(f"content type {media!r} is not accepted", expected="json, multipart or octet-stream", status=415)
+    data = await _read_upload(request) if media == "multipart/form-data" else await request.body()
+    return decode(media, data, dtype=request.query_params.get("dtype", "uint8"))
 
 
 def error_response(error: InputError) -> Response:
     return Response(orjson.dumps(error.body()), status_code=error.status, media_type="application/json")
+
+
+def predict_endpoint(answer: Callable[[np.ndarray], bytes]) -> Callable[[Request], Awaitable[Response]]:
+    """POST /predict: the body decoded as the service decodes it, then `answer(images)` —
+    float32 (k, 1, 28, 28) → the JSON answer — or the decoder's InputError."""
+
+    async def predict(request: Request) -> Response:
+        try:
+            images = await decode_request(request)
+        except InputError as error:
+            return error_response(error)
+        return Response(answer(images), media_type="application/json")
+
+    return predict
 
 
 def add_probes(app: FastAPI, is_ready: Callable[[], bool] = lambda: True) -> None:

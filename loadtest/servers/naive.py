@@ -11,13 +11,13 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import numpy as np
 import torch
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI
 
 from app.codecs import encode_predictions
-from app.errors import InputError
 from app.main import NO_TELEMETRY
-from loadtest.servers.common import add_probes, decode_request, error_response, parser, serve
+from loadtest.servers.common import add_probes, parser, predict_endpoint, serve
 from models.cnn import WEIGHTS_PATH, load_model
 
 # Read in each uvicorn worker (workers re-import this module), set by main().
@@ -42,18 +42,16 @@ app = FastAPI(title="loadtest naive server", lifespan=lifespan, telemetry=NO_TEL
 add_probes(app, lambda: "model" in state)
 
 
-@app.post("/predict")
-async def predict(request: Request) -> Response:
-    try:
-        images = await decode_request(request)  # (k, 1, 28, 28) float32
-    except InputError as error:
-        return error_response(error)
+def eager_answer(images: np.ndarray) -> bytes:
+    """(k, 1, 28, 28) → the model's answer, computed and waited for right here."""
     model, device = state["model"], state["device"]
     with torch.inference_mode():
         x = torch.from_numpy(images).to(device)
         probabilities = torch.softmax(model(x), dim=1).cpu().numpy()  # (k, 10); .cpu() waits for the GPU
-    body = encode_predictions(probabilities, model="fashion-cnn", engine=str(state["engine"]))
-    return Response(body, media_type="application/json")
+    return encode_predictions(probabilities, model="fashion-cnn", engine=str(state["engine"]))
+
+
+app.post("/predict")(predict_endpoint(eager_answer))
 
 
 def main() -> None:

@@ -7,27 +7,24 @@ answers a same-shaped result (uniform scores, one prediction per image) without 
 from __future__ import annotations
 
 import numpy as np
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI
 from starlette.routing import Route
 
 from app.codecs import encode_predictions
-from app.errors import InputError
 from app.main import NO_TELEMETRY
-from loadtest.servers.common import add_probes, decode_request, error_response, parser, serve
+from loadtest.servers.common import add_probes, parser, predict_endpoint, serve
 
+
+def uniform_answer(images: np.ndarray) -> bytes:
+    """(k, 1, 28, 28) → k predictions of 0.1 for every class: the service's answer, no model."""
+    probabilities = np.full((len(images), 10), 0.1, dtype=np.float32)  # (k, 10)
+    return encode_predictions(probabilities, model="noop", engine="noop")
+
+
+predict = predict_endpoint(uniform_answer)
 app = FastAPI(title="loadtest no-op server", telemetry=NO_TELEMETRY)
 add_probes(app)
-
-
-@app.post("/predict")
-async def predict(request: Request) -> Response:
-    try:
-        images = await decode_request(request)  # (k, 1, 28, 28) float32
-    except InputError as error:
-        return error_response(error)
-    probabilities = np.full((len(images), 10), 0.1, dtype=np.float32)  # (k, 10)
-    return Response(encode_predictions(probabilities, model="noop", engine="noop"), media_type="application/json")
-
+app.post("/predict")(predict)
 
 # The same no-op behind a plain Starlette route, as the service serves POST /predict (app/main.py):
 # the ceiling of the stack the service actually runs, beside the FastAPI-route ceiling above.

@@ -11,8 +11,6 @@ import math
 import os
 import random
 import shutil
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -23,6 +21,8 @@ import httpx
 import pytest
 import yaml
 
+from loadtest.server_process import HOST, free_port, running
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,71 +31,24 @@ START_TIMEOUT_S = 120.0  # the service's start-up (CPU: seconds; GPU: graph capt
 QUERY_TIMEOUT_S = 60.0  # until the p99 and every recording rule have values
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def executable(name: str, hint: str) -> str:
-    beside_python = Path(sys.executable).parent / name
-    found = str(beside_python) if beside_python.is_file() else shutil.which(name)
+def prometheus_binary() -> str:
+    found = shutil.which("prometheus")
     if found is None:
-        message = f"{name} not found: {hint}"
+        message = "prometheus not found: install Debian's `prometheus` package (apt-get install prometheus)"
         if os.environ.get("CI") == "true":
             pytest.fail(f"{message} (CI=true: the scrape test must run)")
         pytest.skip(message)
     return found
 
 
-def log_tail(path: Path, lines: int = 40) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-
-
-def wait_until_ok(proc: subprocess.Popen[bytes], url: str, log: Path, what: str) -> None:
-    """Poll `url` until it answers 200; fail with the log if the process exits or time runs out."""
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"{what} exited with {proc.returncode} before {url} answered 200:\n{log_tail(log)}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.25)
-    pytest.fail(f"{what}: {url} did not answer 200 within {START_TIMEOUT_S:.0f} s:\n{log_tail(log)}")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-
-
 @pytest.fixture
 def service(tmp_path: Path) -> Iterator[str]:
     """The real service on a free loopback port; yields its base URL; always stopped."""
-    command = executable("cudagraph-serve", "pip install . (the project's console script)")
     port = free_port()
-    log = tmp_path / "service.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [command, "serve", "--host", "127.0.0.1", "--port", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=tmp_path,  # no stray .env from the checkout
-        )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_until_ok(proc, f"{url}/readyz", log, "cudagraph-serve")
-        yield url
-    finally:
-        stop(proc)
+    argv = [sys.executable, "-m", "app.cli", "serve", "--host", HOST, "--port", str(port)]
+    # cwd: no stray .env from the checkout
+    with running(argv, tmp_path / "service.log", port=port, ready_timeout_s=START_TIMEOUT_S, cwd=tmp_path) as server:
+        yield server.url
 
 
 def loopback_config(service_port: int, tmp_path: Path) -> Path:
@@ -114,28 +67,17 @@ def loopback_config(service_port: int, tmp_path: Path) -> Path:
 @pytest.fixture
 def prometheus(service: str, tmp_path: Path) -> Iterator[str]:
     """A real Prometheus scraping `service`; yields its base URL; always stopped."""
-    binary = executable("prometheus", "install Debian's `prometheus` package (apt-get install prometheus)")
     port = free_port()
     config = loopback_config(int(service.rsplit(":", 1)[1]), tmp_path)
+    argv = [
+        prometheus_binary(),
+        f"--config.file={config}",
+        f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+        f"--web.listen-address={HOST}:{port}",
+    ]
     log = tmp_path / "prometheus.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=tmp_path,
-        )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_until_ok(proc, f"{url}/-/ready", log, "prometheus")
-        yield url
-    finally:
-        stop(proc)
+    with running(argv, log, port=port, ready_timeout_s=START_TIMEOUT_S, ready_path="/-/ready", cwd=tmp_path) as server:
+        yield server.url
 
 
 def query(prometheus: str, expr: str) -> list[float]:

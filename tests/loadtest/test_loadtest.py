@@ -96,21 +96,3 @@ def test_noop_server_answers_same_shape(noop_url: str, tmp_path: Path) -> None:
         )  # fmt: skip
         assert_all_correct(record)
         assert record["server"] == {"model": "noop", "engine": "noop"} and record["labels_checked"] is False
-
-
-def test_bench_driver_smoke(tmp_path: Path) -> None:
-    """The benchmark driver on the no-op server alone, with tiny steps: it writes both reports."""
-    argv = [
-        sys.executable, "-m", "loadtest.bench_server", "--out-dir", str(tmp_path), "--servers", "noop",
-        "--concurrencies", "2", "--load-fractions", "0.5", "--step-duration", "1", "--warmup", "0.2",
-        "--processes", "1", "--hey", "",
-    ]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
-    (json_path,) = tmp_path.glob("*-server.json")
-    report = json.loads(json_path.read_text())
-    noop = report["servers"]["noop"]
-    assert noop["saturation"]["throughput_rps"] > 0 and len(noop["open_loop"]) == 1
-    assert noop["closed_loop"][0]["counts"]["errors"] == 0
-    assert report["machine"]["cpu_count"] and "command" in noop
-    assert "| noop (ceiling) |" in next(tmp_path.glob("*-server.md")).read_text()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loadtest.pinning import core_list
+from loadtest.bench.pinning import core_list
 
 
 def ratio(a: float | None, b: float | None) -> float | None:

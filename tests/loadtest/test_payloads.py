@@ -1,0 +1,102 @@
+"""What the generator sends is what the service decodes: every body form through app.codecs'
+own decoders (called as the reference servers call them), bit for bit, with the eager model's
+labels of exactly those pixels."""
+
+from __future__ import annotations
+
+import io
+import zlib
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+from PIL import Image
+from starlette.datastructures import Headers, UploadFile
+from starlette.formparsers import MultiPartParser
+
+from loadtest.payloads import (
+    MULTIPART_CONTENT_TYPE,
+    PayloadOptions,
+    build_payloads,
+    encode_json,
+    encode_png,
+    encode_raw,
+    load_images,
+    reference_logits,
+    to_unit_float,
+    top2_margin,
+)
+from loadtest.servers.common import decode
+
+
+@pytest.fixture(scope="module")
+def images() -> np.ndarray:
+    return load_images(16)  # uint8 (16, 28, 28)
+
+
+def test_json_body_decodes_to_the_reference_pixels(images: np.ndarray) -> None:
+    decoded = decode("application/json", encode_json(images[:4]))  # (4, 1, 28, 28)
+    assert np.array_equal(decoded[:, 0], to_unit_float(images[:4]))  # bit for bit
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "float32"])
+def test_raw_body_decodes_to_the_reference_pixels(images: np.ndarray, dtype: str) -> None:
+    decoded = decode("application/octet-stream", encode_raw(images[:3], dtype), dtype=dtype)
+    assert np.array_equal(decoded[:, 0], to_unit_float(images[:3]))
+
+
+def test_png_body_decodes_to_the_reference_pixels(images: np.ndarray) -> None:
+    decoded = decode("multipart/form-data", encode_png(images[5]))
+    assert np.array_equal(decoded[0, 0], to_unit_float(images[5:6])[0])
+
+
+def test_encode_png_writes_8bit_grayscale() -> None:
+    # Signature, IHDR for 28×28 8-bit grayscale, and its CRC.
+    png = encode_png(np.zeros((28, 28), dtype=np.uint8))
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR"
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert (width, height, png[24], png[25]) == (28, 28, 8, 0)
+    assert int.from_bytes(png[29:33], "big") == zlib.crc32(png[12:29])
+
+
+async def parse_multipart(body: bytes, content_type: str) -> bytes:
+    """The file in field `file`, as Starlette's parser (the service's) reads it."""
+
+    async def stream() -> AsyncIterator[bytes]:
+        yield body
+
+    form = await MultiPartParser(Headers({"content-type": content_type}), stream()).parse()
+    upload = form["file"]
+    assert isinstance(upload, UploadFile)
+    return await upload.read()
+
+
+@pytest.mark.anyio
+async def test_multipart_bodies_parse_back_to_their_png_with_one_shared_header(images: np.ndarray) -> None:
+    payloads = build_payloads("png", check_labels=False, limit=3)
+    assert payloads.content_type == MULTIPART_CONTENT_TYPE and len(payloads.bodies) == 3
+    for i, body in enumerate(payloads.bodies):
+        png = await parse_multipart(body, payloads.content_type)
+        assert np.array_equal(np.asarray(Image.open(io.BytesIO(png))), images[i])
+
+
+def test_payloads_carry_the_eager_labels_of_unambiguous_images() -> None:
+    payloads = build_payloads("json", images_per_request=4, limit=200)
+    assert payloads.expected is not None and len(payloads.expected) == len(payloads.bodies)
+    assert all(len(e) == 4 for e in payloads.expected)
+    info = payloads.info
+    assert info["images_used"] + info["images_left_out_ambiguous"] >= 196
+    # The labels are the model's, computed on exactly the decoded pixels of each body.
+    first = decode("application/json", payloads.bodies[0])[:, 0]  # (4, 28, 28) float32
+    logits = reference_logits(np.rint(first * 255).astype(np.uint8))
+    assert tuple(logits.argmax(1).tolist()) == payloads.expected[0]
+    assert (top2_margin(logits) >= info["min_margin_logits"]).all()
+
+
+def test_payload_options_reject_bad_combinations() -> None:
+    with pytest.raises(ValueError, match="one image"):
+        build_payloads("png", images_per_request=2, check_labels=False, limit=4)
+    with pytest.raises(ValueError, match="form"):
+        build_payloads("xml", check_labels=False)
+    raw = PayloadOptions(form="raw", raw_dtype="float32", check_labels=False, images=4).build()
+    assert raw.path == "/predict?dtype=float32" and len(raw.bodies[0]) == 28 * 28 * 4
