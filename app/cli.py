@@ -23,6 +23,7 @@ from pydantic.fields import FieldInfo
 
 from app import __version__
 from app.config import Settings, describe_errors
+from app.server_options import UVICORN_OPTIONS
 
 log = logging.getLogger("app.cli")
 
@@ -134,13 +135,7 @@ def serve(settings: Settings, overrides: dict[str, Any]) -> int:
             server.should_exit = True
 
     app = create_app(settings, prepared=prepared, on_fatal=exit_server)
-    config = uvicorn.Config(
-        app,
-        log_level=settings.log_level,
-        access_log=False,  # per-request logging costs more than the model; metrics count requests
-        loop="auto",  # uvloop where installed
-        http="auto",  # httptools where installed
-    )
+    config = uvicorn.Config(app, log_level=settings.log_level, **UVICORN_OPTIONS)
     server = uvicorn.Server(config)
     server.run(sockets=[sock])
     return 1 if app.state.service.failure else 0

@@ -18,6 +18,7 @@ from typing import Any
 import uvicorn
 
 from app.config import Settings
+from app.server_options import UVICORN_OPTIONS
 
 _FAILED_MARKER_ENV = "CGSERVE_START_UP_FAILED_MARKER"
 
@@ -36,9 +37,7 @@ def serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
             port=settings.port,
             workers=settings.workers,
             log_level=settings.log_level,
-            access_log=False,
-            loop="auto",
-            http="auto",
+            **UVICORN_OPTIONS,
         )
         return 1 if os.path.exists(os.environ[_FAILED_MARKER_ENV]) else 0
 

@@ -45,7 +45,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
     add("--timeout", type=float, default=10.0, help="per-request timeout, s (default %(default)s)")
     add("--seed", type=int, default=0, help="seed of the Poisson schedule (default 0)")
-    add("--weights", help="weights for the reference labels (default models/fashion_cnn.pt)")
+    add("--weights", help="weights for the reference labels (default models/repository/fashion-cnn/fashion_cnn.pt)")
     add("--no-check-labels", action="store_true", help="check status and shape only (e.g. a no-op server)")
     add(
         "--min-margin",

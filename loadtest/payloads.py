@@ -146,7 +146,7 @@ def build_payloads(
         keep = top2_margin(logits) >= min_margin
         images, labels = images[keep], logits[keep].argmax(1)
         info |= {
-            "label_reference": f"eager CPU model, weights {weights or 'models/fashion_cnn.pt'}",
+            "label_reference": f"eager CPU model, weights {weights or 'models/repository/fashion-cnn/fashion_cnn.pt'}",
             "min_margin_logits": min_margin,
             "images_left_out_ambiguous": int((~keep).sum()),
         }
@@ -198,7 +198,7 @@ class PayloadOptions:
     batch: int = 1  # images per request (json and raw)
     raw_dtype: str = "uint8"
     check_labels: bool = True
-    weights: str | None = None  # for the reference labels; None: models/fashion_cnn.pt
+    weights: str | None = None  # for the reference labels; None: models/repository/fashion-cnn/fashion_cnn.pt
     min_margin: float = DEFAULT_MIN_MARGIN
     images: int | None = None  # use the first N shipped images; None: all 1000
     path: str = "/predict"

@@ -5,9 +5,16 @@ GPU tests skip where torch sees no CUDA device; everything else runs on the CPU 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# In-process apps (TestClient) start no gRPC server: it would take port 8001 in every test, and
+# load this service's protocol messages into the process's protobuf pool, where tritonclient's
+# (imported by the protocol tests) already defines the same names. Real server processes get a
+# free gRPC port from the harness.
+os.environ.setdefault("CGSERVE_GRPC_PORT", "0")
 
 ROOT = Path(__file__).resolve().parents[1]
 

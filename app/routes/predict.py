@@ -39,7 +39,14 @@ async def predict(request: Request) -> Response:
         served = service.model(name or None)
         name = served.spec.name
         batcher = served.ready_batcher()
-        images = await decode(request, media, served.spec, service)
+        settings = service.settings
+        images = await decode_body(
+            request,
+            media,
+            served.spec,
+            max_instances=settings.max_instances,
+            max_image_pixels=settings.max_image_pixels,
+        )
         probabilities = await batcher.submit(images)
         body = encode_predictions(probabilities, model=name, engine=batcher.engine.name, spec=served.spec)
         response = Response(body, media_type="application/json")
@@ -55,22 +62,26 @@ async def predict(request: Request) -> Response:
     return response
 
 
-async def decode(request: Request, media: str, spec: ModelSpec, service: Service) -> np.ndarray:
-    """The body as (k, C, H, W) uint8 pixels or float32 intensities, by its content type."""
-    settings = service.settings
+async def decode_body(
+    request: Request, media: str, spec: ModelSpec, *, max_instances: int, max_image_pixels: int
+) -> np.ndarray:
+    """The body as (k, C, H, W) uint8 pixels or float32 intensities, by its content type.
+
+    The benchmark's no-op ceiling (loadtest/servers/) calls this too, so it decodes exactly as
+    the service does."""
     if media == "application/json":
-        return decode_json(await request.body(), max_instances=settings.max_instances, spec=spec)
+        return decode_json(await request.body(), max_instances=max_instances, spec=spec)
     if media == "application/octet-stream":
         query = request.query_params
         return decode_raw(
             await request.body(),
             dtype=query.get("dtype", "uint8"),
             layout=query.get("layout", "nchw"),
-            max_instances=settings.max_instances,
+            max_instances=max_instances,
             spec=spec,
         )
     if media == "multipart/form-data":
-        return decode_image(await read_upload(request), max_pixels=settings.max_image_pixels, spec=spec)
+        return decode_image(await read_upload(request), max_pixels=max_image_pixels, spec=spec)
     raise InputError(
         f"content type {media or '(none)'!r} is not accepted",
         expected=ACCEPTED,

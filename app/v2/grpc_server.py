@@ -161,6 +161,22 @@ def _answer(request: Any, served: ServedModel, probabilities: np.ndarray) -> pb.
     return response
 
 
+class HealthServicer(health.aio.HealthServicer):  # type: ignore[misc]
+    """grpc.health.v1: Check answers from the service's readiness at that moment; Watch streams
+    what the watcher task last set (see GrpcServer._report_health)."""
+
+    def __init__(self, service: Service) -> None:
+        super().__init__()
+        self._service = service
+
+    async def Check(self, request: Any, context: Any) -> health_pb2.HealthCheckResponse:
+        if request.service not in ("", SERVICE_NAME):
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no service named {request.service!r}")
+        ready = self._service.readiness()[0]
+        serving = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+        return health_pb2.HealthCheckResponse(status=serving)
+
+
 class GrpcServer:
     """The gRPC server and its health service, started and stopped with the HTTP app."""
 
@@ -172,7 +188,7 @@ class GrpcServer:
             ("grpc.so_reuseport", 1 if reuse_port else 0),  # workers share the port; one process owns it
         ]
         self.server = grpc.aio.server(options=options)
-        self.health = health.aio.HealthServicer()
+        self.health = HealthServicer(service)
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(service), self.server)  # type: ignore[no-untyped-call]
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)

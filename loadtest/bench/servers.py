@@ -17,7 +17,8 @@ class ServerDef:
     needs_cuda: bool = False
 
 
-_SERVE = "{python} -m app.cli serve --host {host} --port {port} --log-level warning"
+# gRPC off: the HTTP path is what these servers are compared on.
+_SERVE = "{python} -m app.cli serve --host {host} --port {port} --grpc-port 0 --log-level warning"
 SERVERS = {
     "noop": ServerDef("ceiling", "{python} -m loadtest.servers.noop --host {host} --port {port}", check_labels=False),
     "noop-lean": ServerDef(

@@ -1,6 +1,6 @@
-"""What the reference servers share with the service: the body decoding (app.codecs' own
-decoders, dispatched on content type as app/routes.py does), the error shape, the probes and
-the uvicorn settings. Only what answers a decoded batch differs between them.
+"""What the reference servers share with the service: the body decoding (the service's own
+`decode_body`, dispatched on content type), the error shape, the probes and the uvicorn
+settings. Only what answers a decoded batch differs between them.
 """
 
 from __future__ import annotations
@@ -13,42 +13,23 @@ import orjson
 import uvicorn
 from fastapi import FastAPI, Request, Response
 
-from app.codecs import decode_image, decode_json, decode_raw
-from app.config import Settings
+from app.config import DEFAULT_REPOSITORY, Settings
 from app.errors import InputError
-
-# The service's own upload reader (field `file`, its limits, its 400 for a broken body): private
-# to app/routes.py, imported rather than copied so the ceiling cannot drift from it.
-from app.routes import ACCEPTED, _read_upload
+from app.repository import read_repository
+from app.routes.predict import decode_body
+from app.server_options import UVICORN_OPTIONS
 
 # The service's default limits, read from its settings: the ceiling refuses what the service refuses.
 MAX_INSTANCES: int = Settings.model_fields["max_instances"].default
 MAX_IMAGE_PIXELS: int = Settings.model_fields["max_image_pixels"].default
-
-
-def decode(media: str, data: bytes, *, dtype: str = "uint8") -> np.ndarray:
-    """A body of media type `media` (for multipart, the uploaded file) as float32 (k, 1, 28, 28);
-    raises InputError. The one place loadtest calls app.codecs' decoders: when their arguments
-    change, only this function follows."""
-    if media == "application/json":
-        return decode_json(data, max_instances=MAX_INSTANCES)
-    if media == "application/octet-stream":
-        return decode_raw(data, dtype=dtype, max_instances=MAX_INSTANCES)
-    if media == "multipart/form-data":
-        return decode_image(data, max_pixels=MAX_IMAGE_PIXELS)
-    raise InputError(
-        f"content type {media or '(none)'!r} is not accepted",
-        expected=ACCEPTED,
-        status=415,
-        code="unsupported_media_type",
-    )
+(SEED,) = read_repository(DEFAULT_REPOSITORY)  # the seed CNN's spec, as the service reads it
 
 
 async def decode_request(request: Request) -> np.ndarray:
-    """The request's body decoded as app/routes.py decodes it: dispatched on its content type."""
+    """The request's body decoded by the service's own route code: (k, 1, 28, 28) uint8 pixels
+    (raw bytes, uploads) or float32 intensities (JSON, raw float32); raises InputError."""
     media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-    data = await _read_upload(request) if media == "multipart/form-data" else await request.body()
-    return decode(media, data, dtype=request.query_params.get("dtype", "uint8"))
+    return await decode_body(request, media, SEED, max_instances=MAX_INSTANCES, max_image_pixels=MAX_IMAGE_PIXELS)
 
 
 def error_response(error: InputError) -> Response:
@@ -57,7 +38,7 @@ def error_response(error: InputError) -> Response:
 
 def predict_endpoint(answer: Callable[[np.ndarray], bytes]) -> Callable[[Request], Awaitable[Response]]:
     """POST /predict: the body decoded as the service decodes it, then `answer(images)` —
-    float32 (k, 1, 28, 28) → the JSON answer — or the decoder's InputError."""
+    (k, 1, 28, 28) → the JSON answer — or the decoder's InputError."""
 
     async def predict(request: Request) -> Response:
         try:
@@ -93,12 +74,5 @@ def parser(description: str) -> argparse.ArgumentParser:
 def serve(app_path: str, args: argparse.Namespace) -> None:
     """uvicorn as the service runs it: uvloop and httptools where installed, no access log."""
     uvicorn.run(
-        app_path,
-        host=args.host,
-        port=args.port,
-        workers=args.workers,
-        log_level=args.log_level,
-        access_log=False,
-        loop="auto",
-        http="auto",
+        app_path, host=args.host, port=args.port, workers=args.workers, log_level=args.log_level, **UVICORN_OPTIONS
     )

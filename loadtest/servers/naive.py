@@ -17,7 +17,7 @@ from fastapi import FastAPI
 
 from app.codecs import encode_predictions
 from app.main import NO_TELEMETRY
-from loadtest.servers.common import add_probes, parser, predict_endpoint, serve
+from loadtest.servers.common import SEED, add_probes, parser, predict_endpoint, serve
 from models.cnn import WEIGHTS_PATH, load_model
 
 # Read in each uvicorn worker (workers re-import this module), set by main().
@@ -46,9 +46,10 @@ def eager_answer(images: np.ndarray) -> bytes:
     """(k, 1, 28, 28) → the model's answer, computed and waited for right here."""
     model, device = state["model"], state["device"]
     with torch.inference_mode():
-        x = torch.from_numpy(images).to(device)
+        x = torch.from_numpy(images).to(device)  # (k, 1, 28, 28) uint8 pixels or float32 intensities
+        x = x.float() / 255 if x.dtype == torch.uint8 else x
         probabilities = torch.softmax(model(x), dim=1).cpu().numpy()  # (k, 10); .cpu() waits for the GPU
-    return encode_predictions(probabilities, model="fashion-cnn", engine=str(state["engine"]))
+    return encode_predictions(probabilities, model="fashion-cnn", engine=str(state["engine"]), spec=SEED)
 
 
 app.post("/predict")(predict_endpoint(eager_answer))
@@ -57,7 +58,7 @@ app.post("/predict")(predict_endpoint(eager_answer))
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--weights", help="state dict (default models/fashion_cnn.pt)")
+    p.add_argument("--weights", help="state dict (default models/repository/fashion-cnn/fashion_cnn.pt)")
     args = p.parse_args()
     os.environ[DEVICE_ENV] = args.device
     if args.weights:

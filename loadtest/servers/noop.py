@@ -12,13 +12,13 @@ from starlette.routing import Route
 
 from app.codecs import encode_predictions
 from app.main import NO_TELEMETRY
-from loadtest.servers.common import add_probes, parser, predict_endpoint, serve
+from loadtest.servers.common import SEED, add_probes, parser, predict_endpoint, serve
 
 
 def uniform_answer(images: np.ndarray) -> bytes:
     """(k, 1, 28, 28) → k predictions of 0.1 for every class: the service's answer, no model."""
     probabilities = np.full((len(images), 10), 0.1, dtype=np.float32)  # (k, 10)
-    return encode_predictions(probabilities, model="noop", engine="noop")
+    return encode_predictions(probabilities, model="noop", engine="noop", spec=SEED)
 
 
 predict = predict_endpoint(uniform_answer)

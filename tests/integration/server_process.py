@@ -18,7 +18,8 @@ README_COMMAND = ("make", "--no-print-directory", "serve")
 def running_server(log_path: Path, command: tuple[str, ...] = README_COMMAND, **settings: str) -> Iterator[str]:
     """Run `command` (README's by default) on a free loopback port; its URL once /readyz answers 200."""
     port = free_port()
-    env = {"CGSERVE_HOST": HOST, "CGSERVE_PORT": str(port)}
+    # gRPC on a port of its own too: servers that overlap in a test session must not share 8001.
+    env = {"CGSERVE_HOST": HOST, "CGSERVE_PORT": str(port), "CGSERVE_GRPC_PORT": str(free_port())}
     env |= {f"CGSERVE_{name.upper()}": value for name, value in settings.items()}
     with running(command, log_path, port=port, ready_timeout_s=START_TIMEOUT_S, env=env, cwd=ROOT) as server:
         yield server.url

@@ -14,6 +14,7 @@ from PIL import Image
 from starlette.datastructures import Headers, UploadFile
 from starlette.formparsers import MultiPartParser
 
+from app.codecs import decode_image, decode_json, decode_raw
 from loadtest.payloads import (
     MULTIPART_CONTENT_TYPE,
     PayloadOptions,
@@ -26,7 +27,7 @@ from loadtest.payloads import (
     to_unit_float,
     top2_margin,
 )
-from loadtest.servers.common import decode
+from loadtest.servers.common import MAX_IMAGE_PIXELS, MAX_INSTANCES, SEED
 
 
 @pytest.fixture(scope="module")
@@ -35,19 +36,22 @@ def images() -> np.ndarray:
 
 
 def test_json_body_decodes_to_the_reference_pixels(images: np.ndarray) -> None:
-    decoded = decode("application/json", encode_json(images[:4]))  # (4, 1, 28, 28)
+    decoded = decode_json(encode_json(images[:4]), max_instances=MAX_INSTANCES, spec=SEED)  # (4, 1, 28, 28)
     assert np.array_equal(decoded[:, 0], to_unit_float(images[:4]))  # bit for bit
 
 
 @pytest.mark.parametrize("dtype", ["uint8", "float32"])
 def test_raw_body_decodes_to_the_reference_pixels(images: np.ndarray, dtype: str) -> None:
-    decoded = decode("application/octet-stream", encode_raw(images[:3], dtype), dtype=dtype)
-    assert np.array_equal(decoded[:, 0], to_unit_float(images[:3]))
+    decoded = decode_raw(encode_raw(images[:3], dtype), dtype=dtype, max_instances=MAX_INSTANCES, spec=SEED)
+    if dtype == "uint8":  # pixels stay uint8 until the engine
+        assert np.array_equal(decoded[:, 0], images[:3])
+    else:
+        assert np.array_equal(decoded[:, 0], to_unit_float(images[:3]))
 
 
 def test_png_body_decodes_to_the_reference_pixels(images: np.ndarray) -> None:
-    decoded = decode("multipart/form-data", encode_png(images[5]))
-    assert np.array_equal(decoded[0, 0], to_unit_float(images[5:6])[0])
+    decoded = decode_image(encode_png(images[5]), max_pixels=MAX_IMAGE_PIXELS, spec=SEED)  # (1, 1, 28, 28) uint8
+    assert np.array_equal(decoded[0, 0], images[5])
 
 
 def test_encode_png_writes_8bit_grayscale() -> None:
@@ -87,7 +91,7 @@ def test_payloads_carry_the_eager_labels_of_unambiguous_images() -> None:
     info = payloads.info
     assert info["images_used"] + info["images_left_out_ambiguous"] >= 196
     # The labels are the model's, computed on exactly the decoded pixels of each body.
-    first = decode("application/json", payloads.bodies[0])[:, 0]  # (4, 28, 28) float32
+    first = decode_json(payloads.bodies[0], max_instances=MAX_INSTANCES, spec=SEED)[:, 0]  # (4, 28, 28) float32
     logits = reference_logits(np.rint(first * 255).astype(np.uint8))
     assert tuple(logits.argmax(1).tolist()) == payloads.expected[0]
     assert (top2_margin(logits) >= info["min_margin_logits"]).all()
