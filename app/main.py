@@ -39,13 +39,18 @@ def create_app(
     *,
     prepared: list[tuple[LoadedModel, EngineOptions]] | None = None,
     on_fatal: Callable[[], None] = lambda: None,
+    on_ready: Callable[[], None] = lambda: None,
+    peers_ready: Callable[[], tuple[bool, str]] | None = None,
 ) -> FastAPI:
-    """The app; `prepared` models (loaded and checked by the CLI) save loading them twice."""
+    """The app; `prepared` models (loaded and checked by the CLI) save loading them twice.
+
+    With several workers (app/workers.py), `on_ready` tells the others this one is ready and
+    `peers_ready` says whether all of them are."""
     settings = settings or get_settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        service = Service(settings, prepared=prepared, on_fatal=on_fatal)
+        service = Service(settings, prepared=prepared, on_fatal=on_fatal, on_ready=on_ready, peers_ready=peers_ready)
         app.state.service = service
         service.start()
         grpc_server = None

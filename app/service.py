@@ -89,12 +89,16 @@ class Service:
         *,
         prepared: list[tuple[LoadedModel, EngineOptions]] | None = None,
         on_fatal: Callable[[], None] = lambda: None,
+        on_ready: Callable[[], None] = lambda: None,
+        peers_ready: Callable[[], tuple[bool, str]] | None = None,
     ) -> None:
         self.settings = settings
         self.models: dict[str, ServedModel] = {}
         self.failure: str | None = None
         self._prepared = prepared
         self._on_fatal = on_fatal
+        self._on_ready = on_ready
+        self._peers_ready = peers_ready  # other worker processes, where there are several
         self._startup: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -123,6 +127,7 @@ class Service:
             self._on_fatal()
             return
         metrics.READY.set(1)
+        self._on_ready()
         log.info("ready: serving %s", ", ".join(self.models))
 
     async def _start_model(self, served: ServedModel, model: LoadedModel) -> None:
@@ -169,7 +174,9 @@ class Service:
         if not self.models:
             return False, "starting: reading the model repository"
         details = [detail for ready, detail in (m.readiness() for m in self.models.values()) if not ready]
-        return (False, "; ".join(details)) if details else (True, "ready")
+        if details:
+            return False, "; ".join(details)
+        return self._peers_ready() if self._peers_ready is not None else (True, "ready")
 
     def model(self, name: str | None) -> ServedModel:
         """The named model, or the default one for name None; UnknownModelError (404) otherwise."""

@@ -5,7 +5,8 @@ own engines and graphs); Prometheus runs in multiprocess mode so that /metrics i
 reports all of them. The parent must not import prometheus_client before
 PROMETHEUS_MULTIPROC_DIR is set, so app.main is imported only by the workers. A worker whose
 start-up fails leaves a marker and stops the manager, so the whole server exits 1, as a single
-process does.
+process does. /readyz in any worker answers 200 only once every worker is ready: each writes a
+marker when it is, and readiness counts the markers of live workers.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -51,7 +53,32 @@ def worker_app() -> Any:
             pass
         os.kill(os.getppid(), signal.SIGTERM)  # the manager stops all workers and returns
 
-    return create_app(on_fatal=stop_every_worker)
+    return create_app(on_fatal=stop_every_worker, on_ready=mark_ready, peers_ready=every_worker_ready)
+
+
+def mark_ready() -> None:
+    """This worker's marker: its engines are built and its graphs validated."""
+    Path(os.environ["PROMETHEUS_MULTIPROC_DIR"], f"ready-{os.getpid()}").touch()
+
+
+def every_worker_ready() -> tuple[bool, str]:
+    """Ready once as many live workers have marked themselves ready as were asked for."""
+    expected = int(os.environ.get("CGSERVE_WORKERS", "1"))
+    ready = sum(
+        _alive(int(marker.name.removeprefix("ready-")))
+        for marker in Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]).glob("ready-*")
+    )
+    if ready < expected:
+        return False, f"starting: {ready} of {expected} workers ready"
+    return True, "ready"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _env_value(value: Any) -> str:
