@@ -11,9 +11,15 @@ its batch's results were copied out.
 
 Pixels stay small: a batch whose requests all brought uint8 pixels is staged as uint8 (the
 engine casts on the device); one that mixes in float requests is staged as float32, the uint8
-rows scaled to [0, 1] on the way in. Every request gets exactly one answer: its probabilities, or an error —
-503 when the queue is over its limit, 504 when still queued at its deadline (never launched),
-500 when its batch failed or never came back (the reaper's bound, `batch_timeout_s`).
+rows scaled to [0, 1] on the way in.
+
+Every request gets exactly one answer: its probabilities, or an error — 503 when the queue is
+over its limit (checked before the body is read, `admit`, and again on submit), 504 when its
+end-to-end deadline passes before its rows are launched (the rows of a split request left
+unlaunched are dropped), 500 when its batch failed, 503 when the device is dead. A batch not
+back within `batch_timeout_s`, or a sticky device error, declares the device dead (`on_dead`):
+queued requests are answered 503, and the slot of a batch that never came back is never reused
+(the device may still write its pinned memory).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import bisect
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,6 +72,7 @@ class Batcher:
         request_timeout_s: float,
         batch_timeout_s: float = 30.0,
         model: str = "",
+        on_dead: Callable[[str], None] = lambda reason: None,
     ) -> None:
         self.engine = engine
         self.max_delay_s = max_delay_s
@@ -72,6 +80,9 @@ class Batcher:
         self.request_timeout_s = request_timeout_s
         self.in_flight = len(engine.slots)
         self.batch_timeout_s = batch_timeout_s
+        self.dead: str | None = None  # why the device is dead, once it is
+        self._on_dead = on_dead
+        self.rows_per_s = 0.0  # moving average of rows answered per second of device time, for Retry-After
         self.max_bucket = engine.buckets[-1]
         # pad_to[rows] = smallest bucket ≥ rows, for 1 ≤ rows ≤ max_bucket (the padding table).
         buckets = list(engine.buckets)
@@ -104,6 +115,21 @@ class Batcher:
     def queued_rows(self) -> int:
         return self._queued_rows
 
+    def admit(self, deadline: float) -> None:
+        """Refuse, before its body is read, a request that cannot be served in time: the device is
+        dead, the queue is at its limit, or the queue ahead would outlast the request's deadline."""
+        if self.dead is not None:
+            raise NotReadyError(f"the device is dead ({self.dead}); the service is restarting")
+        if self._queued_rows >= self.queue_limit:
+            raise QueueFullError(self._queued_rows, self.queue_limit, retry_after_s=self.drain_estimate_s())
+        wait = self.drain_estimate_s()
+        if wait and time.monotonic() + wait > deadline:
+            raise QueueFullError(self._queued_rows, self.queue_limit, retry_after_s=wait, deadline_first=True)
+
+    def drain_estimate_s(self) -> float:
+        """Seconds the rows queued now would take at the recent device throughput (0 when unknown)."""
+        return self._queued_rows / self.rows_per_s if self.rows_per_s else 0.0
+
     def start(self) -> None:
         self._loop_task = asyncio.create_task(self._collect_and_launch(), name="batcher")
         self._reaper_task = asyncio.create_task(self._reap_forever(), name="batcher-reaper")
@@ -121,21 +147,33 @@ class Batcher:
                 request.future.set_exception(NotReadyError("the server is shutting down"))
         self._queued_rows = 0
         self._queue_depth.set(0)
-        await asyncio.gather(*list(self._batches), return_exceptions=True)
+        # In-flight batches finish, within the batch timeout: one that never comes back holds no
+        # shutdown hostage (its requests were answered by the reaper or are answered now).
+        batches = list(self._batches)
+        if batches:
+            _, pending = await asyncio.wait(batches, timeout=self.batch_timeout_s)
+            for task in pending:
+                task.cancel()
 
-    async def submit(self, images: np.ndarray) -> np.ndarray:
-        """(k, C, H, W) uint8 pixels or float32 intensities → (k, num_classes) probabilities, in order."""
+    async def submit(self, images: np.ndarray, deadline: float | None = None) -> np.ndarray:
+        """(k, C, H, W) uint8 pixels or float32 intensities → (k, num_classes) probabilities, in order.
+
+        `deadline` (time.monotonic()) ends the request's life; at most request_timeout_s from now.
+        """
         rows = len(images)
+        if self.dead is not None:
+            raise NotReadyError(f"the device is dead ({self.dead}); the service is restarting")
         if self._queued_rows + rows > self.queue_limit:
-            raise QueueFullError(self._queued_rows, self.queue_limit)
+            raise QueueFullError(self._queued_rows, self.queue_limit, retry_after_s=self.drain_estimate_s())
         loop = asyncio.get_running_loop()
         now = time.monotonic()
+        latest = now + self.request_timeout_s
         request = _Request(
             images=images,
             probabilities=np.empty((rows, self._num_classes), dtype=np.float32),
             future=loop.create_future(),
             enqueued=now,
-            deadline=now + self.request_timeout_s,
+            deadline=latest if deadline is None else min(deadline, latest),
         )
         was_empty = not self._queue
         self._queue.append(request)
@@ -150,11 +188,16 @@ class Batcher:
     async def _collect_and_launch(self) -> None:
         while True:
             slot = await self._free_slots.get()
-            await self._wait_for_batch()
-            shares, rows = self._take_batch()
+            try:
+                await self._wait_for_batch()
+                shares, rows = self._take_batch()
+            except BaseException:  # cancelled (stop) or a bug: the slot goes back, unused
+                self._free_slots.put_nowait(slot)
+                raise
             if rows == 0:  # everything queued was cancelled or expired
                 self._free_slots.put_nowait(slot)
                 continue
+            # From here the slot belongs to the batch's task, which alone gives it back.
             task = asyncio.create_task(self._run_batch(slot, shares, rows))
             self._batches[task] = (time.monotonic(), shares)
             task.add_done_callback(self._batches.pop)
@@ -185,15 +228,28 @@ class Batcher:
 
     def reap(self, now: float) -> None:
         for request in self._queue:  # the collector drops them, done, when it next runs
-            if request.next_row == 0 and now >= request.deadline and not request.future.done():
-                request.future.set_exception(DeadlineExceededError(self.request_timeout_s))
-        for launched, shares in self._batches.values():
+            if now >= request.deadline and not request.future.done():
+                request.future.set_exception(DeadlineExceededError(request.deadline - request.enqueued))
+        for launched, shares in list(self._batches.values()):
             if now - launched > self.batch_timeout_s:
+                self.declare_dead(f"a batch did not complete within the batch timeout of {self.batch_timeout_s:g} s")
                 for request, _, _ in shares:
                     if not request.future.done():
-                        request.future.set_exception(
-                            EngineError(f"the batch did not complete within {self.batch_timeout_s:g} s")
-                        )
+                        request.future.set_exception(NotReadyError(f"the device is dead ({self.dead})"))
+
+    def declare_dead(self, reason: str) -> None:
+        """The device will not recover: answer everything queued 503 and tell the service (once)."""
+        if self.dead is not None:
+            return
+        self.dead = reason
+        log.critical("%s; failing its requests", reason)
+        while self._queue:
+            request = self._queue.popleft()
+            if not request.future.done():
+                request.future.set_exception(NotReadyError(f"the device is dead ({reason})"))
+        self._queued_rows = 0
+        self._queue_depth.set(0)
+        self._on_dead(reason)
 
     def _take_batch(self) -> tuple[list[_Share], int]:
         """Pop up to max_bucket rows off the queue, oldest first; answer expired requests 504."""
@@ -206,10 +262,10 @@ class Batcher:
                 self._queue.popleft()
                 self._queued_rows -= request.rows - request.next_row
                 continue
-            if request.next_row == 0 and now >= request.deadline:
+            if now >= request.deadline:  # its unlaunched rows (all, or the rest of a split) are dropped
                 self._queue.popleft()
-                self._queued_rows -= request.rows
-                request.future.set_exception(DeadlineExceededError(self.request_timeout_s))
+                self._queued_rows -= request.rows - request.next_row
+                request.future.set_exception(DeadlineExceededError(request.deadline - request.enqueued))
                 continue
             if request.next_row == 0:
                 self._queue_wait.observe(now - request.enqueued)
@@ -243,15 +299,23 @@ class Batcher:
         padding.inc(bucket - rows)
         self._batch_rows.observe(rows)
         self._in_flight.inc()
+        finished = False  # the device is done with the slot's memory
         try:
             seconds = await self.engine.run(slot, bucket, dtype)
+            finished = True
         except Exception as error:
+            finished = self.engine.healthy()  # a sticky device error: the slot may still be in use
             log.exception("batch of %d rows (bucket %d) failed; failing its %d requests", rows, bucket, len(shares))
             for request, _, _ in shares:
                 if not request.future.done():
                     request.future.set_exception(EngineError(f"{type(error).__name__}: {error}"))
+            if not finished:
+                self.declare_dead(f"the {self.engine.device} device reported {type(error).__name__}: {error}")
         else:
             compute.observe(seconds)
+            if seconds > 0:  # rows per device second, smoothed over ~20 batches
+                rate = rows / seconds
+                self.rows_per_s = rate if not self.rows_per_s else self.rows_per_s + 0.05 * (rate - self.rows_per_s)
             offset = 0
             for request, start, end in shares:
                 n = end - start
@@ -263,7 +327,8 @@ class Batcher:
                 offset += n
         finally:
             self._in_flight.dec()
-            self._free_slots.put_nowait(slot)
+            if finished:  # a slot whose batch never came back is never reused
+                self._free_slots.put_nowait(slot)
 
 
 def _staging_dtype(shares: list[_Share]) -> InputDtype:

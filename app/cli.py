@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import socket
 import sys
+import threading
 import types
 import typing
 from pathlib import Path
@@ -23,7 +25,6 @@ from pydantic.fields import FieldInfo
 
 from app import __version__
 from app.config import Settings, describe_errors
-from app.server_options import UVICORN_OPTIONS
 
 log = logging.getLogger("app.cli")
 
@@ -127,18 +128,27 @@ def serve(settings: Settings, overrides: dict[str, Any]) -> int:
     import uvicorn
 
     from app.main import create_app
+    from app.server import uvicorn_config
 
     server: uvicorn.Server | None = None
 
     def exit_server() -> None:
+        """A failed start-up or a dead device: stop now, and for certain within the shutdown timeout."""
         if server is not None:
             server.should_exit = True
+        exit_for_certain(settings.shutdown_timeout_s + 5)
 
     app = create_app(settings, prepared=prepared, on_fatal=exit_server)
-    config = uvicorn.Config(app, log_level=settings.log_level, **UVICORN_OPTIONS)
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn_config(app, settings))
     server.run(sockets=[sock])
     return 1 if app.state.service.failure else 0
+
+
+def exit_for_certain(after_s: float) -> None:
+    """A watchdog: a batch hung in the device can hold a graceful shutdown forever."""
+    timer = threading.Timer(after_s, os._exit, args=(1,))
+    timer.daemon = True
+    timer.start()
 
 
 def debug_dump(args: argparse.Namespace) -> int:

@@ -81,11 +81,49 @@ class Settings(BaseSettings):
     )
     queue_limit: int = Field(4096, ge=1, description="Rows allowed to wait per model; more are shed with 503.")
     in_flight: int = Field(2, ge=1, le=16, description="Batches launched but not yet handed back, per model.")
-    request_timeout_s: float = Field(10.0, gt=0.0, description="A request still queued after this gets 504.")
+    request_timeout_s: float = Field(
+        10.0,
+        gt=0.0,
+        description="End to end, from a request's first byte to its answer (read, decode, queue, compute); past "
+        "it: 504, not launched. A client may ask for less (header X-Request-Timeout-Ms, or its gRPC deadline).",
+    )
+    batch_timeout_s: float = Field(
+        10.0,
+        gt=0.0,
+        description="A launched batch not back after this marks the device dead: its requests get 503 and the "
+        "process exits non-zero, for its supervisor to restart it.",
+    )
     max_body_bytes: int = Field(16 * 2**20, ge=1024, description="Larger request bodies get 413.")
+    max_inflight_bytes: int = Field(
+        256 * 2**20,
+        ge=1024,
+        description="Request bodies being read and decoded at once (by declared length; a chunked body counts as "
+        "max_body_bytes); a request that would go over is refused with 503 before its body is read.",
+    )
+    max_connections: int = Field(
+        1024, ge=1, description="Open connections per process; more are answered 503 and closed at once."
+    )
+    max_header_bytes: int = Field(65536, ge=1024, description="Request line and headers over this: 431, closed.")
+    header_timeout_s: float = Field(
+        10.0, gt=0.0, description="Longest to wait for a request's headers (and for a new connection's first one)."
+    )
+    body_timeout_s: float = Field(10.0, gt=0.0, description="Longest a body may pause between two chunks: 408.")
+    keepalive_timeout_s: float = Field(5.0, gt=0.0, description="An idle keep-alive connection is closed after this.")
+    drain_seconds: float = Field(
+        5.0,
+        ge=0.0,
+        description="On SIGTERM: readiness turns 503 at once and requests are still served this long, for load "
+        "balancers to stop sending; then the server stops accepting.",
+    )
+    shutdown_timeout_s: float = Field(
+        30.0, gt=0.0, description="After the drain, longest to finish the requests already read before exiting."
+    )
     max_instances: int = Field(1024, ge=1, description="Images allowed in one request.")
     max_image_pixels: int = Field(
-        4096 * 4096, ge=784, description="Uploads with more pixels are refused before decoding."
+        0,
+        ge=0,
+        description="Uploads with more pixels are refused before decoding (413). 0: per model, 16 times its "
+        "input's pixels and at least 1024×1024: what its preprocessing can use, not what an attacker sends.",
     )
     dtype: Dtype = Field("fp32", description="Default compute dtype on the GPU (fp16 and bf16 need CUDA).")
     channels_last: bool = Field(False, description="Default: run convolutions in channels_last memory format.")

@@ -5,6 +5,12 @@ Every error body has one shape: {"error": {"code": ..., "message": ..., "expecte
 
 from __future__ import annotations
 
+import asyncio
+import math
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import orjson
 from starlette.responses import Response
 
@@ -53,17 +59,25 @@ class BodyTooLargeError(InputError):
         )
 
 
+def retry_after(seconds: float) -> dict[str, str]:
+    """Retry-After in whole seconds (HTTP's unit, at least 1) and Retry-After-Ms, the estimate itself."""
+    return {"Retry-After": str(max(1, math.ceil(seconds))), "Retry-After-Ms": str(max(1, round(seconds * 1000)))}
+
+
 class QueueFullError(ServiceError):
     status = 503
     code = "overloaded"
     reason = "queue_full"
 
-    def __init__(self, queued: int, limit: int) -> None:
-        super().__init__(
-            f"the queue holds {queued} rows and its limit is {limit}; the request was not queued",
-            expected="a retry after the Retry-After interval",
-            headers={"Retry-After": "1"},
-        )
+    def __init__(self, queued: int, limit: int, *, retry_after_s: float = 1.0, deadline_first: bool = False) -> None:
+        if deadline_first:
+            message = (
+                f"the {queued} rows queued ahead need about {retry_after_s:.3f} s, longer than this request's "
+                "deadline allows; it was refused before its body was read"
+            )
+        else:
+            message = f"the queue holds {queued} rows and its limit is {limit}; the request was not queued"
+        super().__init__(message, expected="a retry after the Retry-After interval", headers=retry_after(retry_after_s))
 
 
 class DeadlineExceededError(ServiceError):
@@ -73,8 +87,8 @@ class DeadlineExceededError(ServiceError):
 
     def __init__(self, timeout_s: float) -> None:
         super().__init__(
-            f"the request waited longer than its {timeout_s:g} s deadline and was not run",
-            expected="a retry when the service is less loaded",
+            f"the request was not answered within its {timeout_s:.3g} s deadline and was not run",
+            expected="a retry when the service is less loaded, or a longer X-Request-Timeout-Ms",
         )
 
 
@@ -121,7 +135,46 @@ class RouteError(ServiceError):
         self.code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
 
 
+def error_body(error: ServiceError, *, v2: bool = False) -> bytes:
+    """The service's envelope, or the Open Inference Protocol's {"error": "…"} for its routes."""
+    if not v2:
+        return orjson.dumps(error.body())
+    text = f"{error.message}; expected {error.expected}" if error.expected else error.message
+    return orjson.dumps({"error": text})
+
+
 def error_response(error: ServiceError) -> Response:
-    return Response(
-        orjson.dumps(error.body()), status_code=error.status, headers=error.headers, media_type="application/json"
-    )
+    return Response(error_body(error), status_code=error.status, headers=error.headers, media_type="application/json")
+
+
+class ClientClosedError(ServiceError):
+    """The client went away before its answer: nothing to answer, nothing wrong with the service."""
+
+    status = 499  # nginx's "client closed request": in metrics and logs only, never sent
+    code = "client_closed"
+    reason = "client_closed"
+
+
+class RequestTimeoutError(ServiceError):
+    """The body paused longer than the body-read timeout (slow or half-sent)."""
+
+    status = 408
+    code = "request_timeout"
+    reason = "request_timeout"
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(
+            f"the request body paused for more than {timeout_s:g} s",
+            expected="the whole body, sent without long pauses (CGSERVE_BODY_TIMEOUT_S)",
+            headers={"Connection": "close"},
+        )
+
+
+@asynccontextmanager
+async def within(deadline: float) -> AsyncIterator[None]:
+    """Bound a request's reading, decoding and queueing by its deadline (time.monotonic()): 504 past it."""
+    try:
+        async with asyncio.timeout_at(deadline):  # the event loop's clock is time.monotonic()
+            yield
+    except TimeoutError:
+        raise DeadlineExceededError(max(0.0, deadline - time.monotonic())) from None

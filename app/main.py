@@ -13,12 +13,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from app.body_limit import BodyLimitMiddleware
 from app.config import Settings, get_settings
+from app.drain import drain_on_signals
 from app.engine_factory import EngineOptions
 from app.errors import RouteError, error_response
 from app.openapi import build_openapi
 from app.repository import LoadedModel
+from app.request_guard import RequestGuard
 from app.routes import models, probes
 from app.routes.predict import predict
 from app.service import Service
@@ -60,7 +61,8 @@ def create_app(
             grpc_server = GrpcServer(service, settings, reuse_port=settings.workers > 1)
             await grpc_server.start()
         try:
-            yield
+            with drain_on_signals(settings.drain_seconds, service.begin_drain):
+                yield
         finally:
             if grpc_server is not None:
                 await grpc_server.stop()
@@ -82,7 +84,13 @@ def create_app(
     app.router.routes.extend(v2_rest.INFER_ROUTES)
     app.openapi = lambda: build_openapi(app)  # type: ignore[method-assign]
     app.add_exception_handler(HTTPException, route_error)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        RequestGuard,
+        max_body_bytes=settings.max_body_bytes,
+        max_inflight_bytes=settings.max_inflight_bytes,
+        request_timeout_s=settings.request_timeout_s,
+        body_timeout_s=settings.body_timeout_s,
+    )
     return app
 
 

@@ -36,5 +36,10 @@ class ModelSpec:
     def preprocess(self) -> Preprocess:
         return self.config.preprocess
 
+    def max_image_pixels(self, setting: int) -> int:
+        """Uploads above this are refused before decoding: the setting, or (0) 16× the input's pixels, ≥ 1024²."""
+        _, h, w = self.input_shape
+        return setting or max(1024 * 1024, 16 * h * w)
+
     def path(self, relative: str) -> Path:
         return self.folder / relative

@@ -1,10 +1,14 @@
-"""The service's models across their life: starting → ready (or failed), then stopped.
+"""The service's models across their life, one state machine:
+
+    starting → ready → draining → stopped
+        ↘ failed      ↘ dead (a device fault: the process exits non-zero for its supervisor)
 
 Engines are built on a worker thread after the server is listening, so /healthz answers and
 /readyz says 503 while graphs are captured and validated; each model becomes ready on its own
-and the service is ready once all are. A start-up failure is fatal: it is logged with what to
-fix and `on_fatal` asks the server to exit non-zero. The service, not the engines, reads the
-settings and publishes what the engines measured as metrics.
+and the service is ready once all are. A start-up failure or a dead device is fatal: it is
+logged with what to fix and `on_fatal` asks the server to exit non-zero. On SIGTERM the server
+calls `begin_drain`: readiness turns 503 at once while requests are still served. The service,
+not the engines, reads the settings and publishes what the engines measured as metrics.
 """
 
 from __future__ import annotations
@@ -44,10 +48,10 @@ class ServedModel:
                 False,
                 f"{self.spec.name}: starting: loading the model and preparing the {self.options.engine} engine",
             )
-        if not self.engine.healthy():
+        if self.batcher.dead is not None or not self.engine.healthy():
             metrics.MODEL_READY.labels(model=self.spec.name).set(0)
             metrics.READY.set(0)
-            return False, f"{self.spec.name}: the {self.engine.device} device reported an error; restart the service"
+            return False, f"{self.spec.name}: the {self.engine.device} device is dead; the service is restarting"
         return True, "ready"
 
     def ready_batcher(self) -> Batcher:
@@ -94,7 +98,8 @@ class Service:
     ) -> None:
         self.settings = settings
         self.models: dict[str, ServedModel] = {}
-        self.failure: str | None = None
+        self.failure: str | None = None  # why start-up failed or the device died
+        self.draining = False
         self._prepared = prepared
         self._on_fatal = on_fatal
         self._on_ready = on_ready
@@ -104,6 +109,22 @@ class Service:
     def start(self) -> None:
         metrics.READY.set(0)
         self._startup = asyncio.create_task(self._start(), name="engine-startup")
+
+    def begin_drain(self) -> None:
+        """SIGTERM: readiness 503 from now on, so load balancers stop sending; requests are still served."""
+        if not self.draining:
+            self.draining = True
+            metrics.READY.set(0)
+            log.info("draining: readiness is 503; requests are served until the server stops accepting")
+
+    def _device_died(self, model: str, reason: str) -> None:
+        """A batcher's device is dead: every model's readiness says so and the process exits non-zero."""
+        if self.failure is None:
+            self.failure = f"{model}: the device is dead: {reason}"
+            metrics.READY.set(0)
+            metrics.MODEL_READY.labels(model=model).set(0)
+            log.critical("%s; the server exits for its supervisor to restart it", self.failure)
+            self._on_fatal()
 
     async def wait_started(self) -> None:
         """For tests and tools: returns once every model is ready or start-up failed."""
@@ -145,7 +166,9 @@ class Service:
             max_delay_s=options.max_delay_ms / 1000,
             queue_limit=settings.queue_limit,
             request_timeout_s=settings.request_timeout_s,
+            batch_timeout_s=settings.batch_timeout_s,
             model=name,
+            on_dead=lambda reason: self._device_died(name, reason),
         )
         batcher.start()
         served.engine, served.batcher = engine, batcher
@@ -170,7 +193,9 @@ class Service:
 
     def readiness(self) -> tuple[bool, str]:
         if self.failure is not None:
-            return False, f"start-up failed: {self.failure}"
+            return False, f"failed: {self.failure}"
+        if self.draining:
+            return False, "draining: the server is shutting down"
         if not self.models:
             return False, "starting: reading the model repository"
         details = [detail for ready, detail in (m.readiness() for m in self.models.values()) if not ready]

@@ -20,7 +20,7 @@ from typing import Any
 import uvicorn
 
 from app.config import Settings
-from app.server_options import UVICORN_OPTIONS
+from app.server import uvicorn_options
 
 _FAILED_MARKER_ENV = "CGSERVE_START_UP_FAILED_MARKER"
 
@@ -38,15 +38,18 @@ def serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
             host=settings.host,
             port=settings.port,
             workers=settings.workers,
-            log_level=settings.log_level,
-            **UVICORN_OPTIONS,
+            **uvicorn_options(settings),
         )
         return 1 if os.path.exists(os.environ[_FAILED_MARKER_ENV]) else 0
 
 
 def worker_app() -> Any:
     """The app of one worker (uvicorn calls this factory in each process)."""
+    from app import http_guard
+    from app.config import get_settings
     from app.main import create_app
+
+    http_guard.configure(get_settings())  # this process's protocol limits, from the CGSERVE_* variables
 
     def stop_every_worker() -> None:
         with open(os.environ[_FAILED_MARKER_ENV], "w"):

@@ -14,13 +14,15 @@ import numpy as np
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from app import metrics
 from app.codecs import IMAGE_EXPECTED, decode_image, decode_json, decode_raw, encode_predictions
-from app.errors import InputError, ServiceError, error_response
+from app.errors import ClientClosedError, InputError, ServiceError, error_response, within
 from app.model_spec import ModelSpec
+from app.off_loop import LARGE_JSON_BYTES, off_loop
+from app.request_guard import DEADLINE_KEY
 from app.service import Service
 
 log = logging.getLogger(__name__)
@@ -39,17 +41,20 @@ async def predict(request: Request) -> Response:
         served = service.model(name or None)
         name = served.spec.name
         batcher = served.ready_batcher()
+        deadline = request.scope.get(DEADLINE_KEY) or time.monotonic() + service.settings.request_timeout_s
+        batcher.admit(deadline)  # refused here, before a byte of the body is read
         settings = service.settings
-        images = await decode_body(
-            request,
-            media,
-            served.spec,
-            max_instances=settings.max_instances,
-            max_image_pixels=settings.max_image_pixels,
-        )
-        probabilities = await batcher.submit(images)
+        pixels = served.spec.max_image_pixels(settings.max_image_pixels)
+        limits = {"max_instances": settings.max_instances, "max_image_pixels": pixels}
+        async with within(deadline):
+            images = await decode_body(request, media, served.spec, **limits)
+            probabilities = await batcher.submit(images, deadline)
         body = encode_predictions(probabilities, model=name, engine=batcher.engine.name, spec=served.spec)
         response = Response(body, media_type="application/json")
+    except ClientDisconnect:  # nothing to answer; counted, logged at info, never an error of ours
+        log.info("%s: the client went away before its answer", request.url.path)
+        metrics.reject(name, ClientClosedError.reason)
+        response = Response(status_code=ClientClosedError.status)
     except ServiceError as error:
         metrics.reject(name, error.reason)
         response = error_response(error)
@@ -70,7 +75,10 @@ async def decode_body(
     The benchmark's no-op ceiling (loadtest/servers/) calls this too, so it decodes exactly as
     the service does."""
     if media == "application/json":
-        return decode_json(await request.body(), max_instances=max_instances, spec=spec)
+        body = await request.body()
+        if len(body) < LARGE_JSON_BYTES:
+            return decode_json(body, max_instances=max_instances, spec=spec)
+        return await off_loop(decode_json, body, max_instances=max_instances, spec=spec)
     if media == "application/octet-stream":
         query = request.query_params
         return decode_raw(
@@ -81,7 +89,7 @@ async def decode_body(
             spec=spec,
         )
     if media == "multipart/form-data":
-        return decode_image(await read_upload(request), max_pixels=max_image_pixels, spec=spec)
+        return await off_loop(decode_image, await read_upload(request), max_pixels=max_image_pixels, spec=spec)
     raise InputError(
         f"content type {media or '(none)'!r} is not accepted",
         expected=ACCEPTED,

@@ -21,7 +21,7 @@ from grpc_reflection.v1alpha import reflection
 
 from app import metrics
 from app.config import Settings
-from app.errors import DeadlineExceededError, InputError, ServiceError
+from app.errors import InputError, ServiceError, within
 from app.service import ServedModel, Service
 from app.v2 import tensors
 from app.v2.proto import grpc_predict_v2_pb2 as pb
@@ -78,12 +78,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             served = self._lookup(name, request.model_version)
             batcher = served.ready_batcher()
-            images = _input(request, served, self.service.settings.max_instances)
-            remaining = context.time_remaining()  # the client's deadline, or None
-            try:
-                probabilities = await asyncio.wait_for(batcher.submit(images), timeout=remaining)
-            except TimeoutError:
-                raise DeadlineExceededError(remaining or 0.0) from None
+            # The end to end: the service's timeout, or less if the client's gRPC deadline is nearer.
+            timeout_s = self.service.settings.request_timeout_s
+            remaining = context.time_remaining()
+            deadline = time.monotonic() + (timeout_s if remaining is None else min(timeout_s, remaining))
+            batcher.admit(deadline)
+            async with within(deadline):
+                images = _input(request, served, self.service.settings.max_instances)
+                probabilities = await batcher.submit(images, deadline)
             return _answer(request, served, probabilities)
         except ServiceError as error:
             metrics.reject(name, error.reason)

@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from typing import Any
 
 import numpy as np
 import orjson
 from fastapi import APIRouter
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from app import metrics
-from app.errors import InputError, ServiceError
+from app.errors import ClientClosedError, InputError, ServiceError, error_body, within
+from app.off_loop import LARGE_JSON_BYTES, off_loop
+from app.request_guard import DEADLINE_KEY
 from app.routes.probes import ServiceDep
 from app.service import ServedModel, Service
 from app.v2 import tensors
@@ -34,9 +37,8 @@ JSON = "application/json"
 
 def v2_error(error: ServiceError) -> Response:
     """{"error": "…"} with the status Triton gives: 400 for a request whose content is invalid."""
-    text = f"{error.message}; expected {error.expected}" if error.expected else error.message
     status = 400 if error.status == 422 else error.status
-    return Response(orjson.dumps({"error": text}), status_code=status, headers=error.headers, media_type=JSON)
+    return Response(error_body(error, v2=True), status_code=status, headers=error.headers, media_type=JSON)
 
 
 def _model(service: Service, name: str, version: str | None) -> ServedModel:
@@ -106,10 +108,20 @@ async def infer(request: Request) -> Response:
     try:
         served = _model(service, name, request.path_params.get("version"))
         batcher = served.ready_batcher()
-        document, binary = _split_body(await request.body(), request.headers.get(HEADER_LENGTH))
-        images = _input(document, binary, served.spec, service.settings.max_instances)
-        probabilities = await batcher.submit(images)
+        deadline = request.scope.get(DEADLINE_KEY) or time.monotonic() + service.settings.request_timeout_s
+        batcher.admit(deadline)  # refused here, before a byte of the body is read
+        async with within(deadline):
+            body = await request.body()
+            parse = partial(
+                _parse, body, request.headers.get(HEADER_LENGTH), served.spec, service.settings.max_instances
+            )
+            document, images = await off_loop(parse) if len(body) >= LARGE_JSON_BYTES else parse()
+            probabilities = await batcher.submit(images, deadline)
         response = _answer(document, served, probabilities)
+    except ClientDisconnect:  # nothing to answer; counted, logged at info, never an error of ours
+        log.info("%s: the client went away before its answer", request.url.path)
+        metrics.reject(name, ClientClosedError.reason)
+        response = Response(status_code=ClientClosedError.status)
     except ServiceError as error:
         metrics.reject(name, error.reason)
         response = v2_error(error)
@@ -126,6 +138,12 @@ INFER_ROUTES = [
     Route("/v2/models/{name}/infer", infer, methods=["POST"], include_in_schema=False),
     Route("/v2/models/{name}/versions/{version}/infer", infer, methods=["POST"], include_in_schema=False),
 ]
+
+
+def _parse(body: bytes, header_length: str | None, spec: Any, max_instances: int) -> tuple[dict[str, Any], np.ndarray]:
+    """The inference header and the input as (k, C, H, W): what a request asks, decoded."""
+    document, binary = _split_body(body, header_length)
+    return document, _input(document, binary, spec, max_instances)
 
 
 def _split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes]:

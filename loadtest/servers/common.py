@@ -21,8 +21,8 @@ from app.server_options import UVICORN_OPTIONS
 
 # The service's default limits, read from its settings: the ceiling refuses what the service refuses.
 MAX_INSTANCES: int = Settings.model_fields["max_instances"].default
-MAX_IMAGE_PIXELS: int = Settings.model_fields["max_image_pixels"].default
 (SEED,) = read_repository(DEFAULT_REPOSITORY)  # the seed CNN's spec, as the service reads it
+MAX_IMAGE_PIXELS: int = SEED.max_image_pixels(Settings.model_fields["max_image_pixels"].default)
 
 
 async def decode_request(request: Request) -> np.ndarray:

@@ -194,7 +194,7 @@ def test_failing_replay_answers_500_and_readiness_reports_a_broken_device(monkey
         answer = client.post("/predict", content=body, headers=headers)
         assert answer.status_code == 500 and "illegal memory access" in answer.json()["error"]["message"]
         ready = client.get("/readyz")
-        assert ready.status_code == 503 and "device reported an error" in ready.json()["detail"]
+        assert ready.status_code == 503 and "device is dead" in ready.json()["detail"]
 
 
 def test_2000_concurrent_http_requests_each_equal_eager_for_their_own_input(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,14 +22,15 @@ FOREVER = 60.0
 
 
 @asynccontextmanager
-async def running(engine: FakeEngine, **options: float) -> AsyncIterator[Batcher]:
-    settings = {"max_delay_s": FOREVER, "queue_limit": 1024, "request_timeout_s": FOREVER}
+async def running(engine: FakeEngine, **options: Any) -> AsyncIterator[Batcher]:
+    settings: dict[str, Any] = {"max_delay_s": FOREVER, "queue_limit": 1024, "request_timeout_s": FOREVER}
     settings.update(options)
     batcher = Batcher(
         engine,
         max_delay_s=settings["max_delay_s"],
         queue_limit=int(settings["queue_limit"]),
         request_timeout_s=settings["request_timeout_s"],
+        on_dead=settings.get("on_dead", lambda reason: None),
     )
     batcher.start()
     try:
@@ -135,7 +137,7 @@ async def test_queue_over_its_limit_sheds_with_503() -> None:
         await asyncio.sleep(0)
         with pytest.raises(QueueFullError) as refused:
             await batcher.submit(images(3.0))
-        assert refused.value.headers == {"Retry-After": "1"}
+        assert refused.value.headers["Retry-After"] == "1" and int(refused.value.headers["Retry-After-Ms"]) >= 1
         engine.gate.set()
         await asyncio.wait_for(asyncio.gather(busy, queued), timeout=10)
 
@@ -203,7 +205,7 @@ async def test_reaper_answers_requests_that_no_free_slot_would_ever_collect() ->
         with pytest.raises(DeadlineExceededError):
             await queued
         batcher.reap(time.monotonic() + batcher.batch_timeout_s + 1.0)  # and the launched batch's bound
-        with pytest.raises(EngineError, match="did not complete"):
+        with pytest.raises(NotReadyError, match="did not complete"):
             await hung
 
 
@@ -217,3 +219,58 @@ async def test_pixels_stay_uint8_unless_a_float_request_shares_the_batch() -> No
     assert engine.launched_values()[1] == pytest.approx([0.2] * 4 + [0.5] * 4)
     for result in [*only_pixels, *mixed[:4]]:
         np.testing.assert_allclose(result, expected(0.2), rtol=1e-6)
+
+
+async def test_a_hung_batch_declares_the_device_dead_once_and_its_slot_is_never_reused() -> None:
+    engine = FakeEngine(in_flight=2)
+    deaths: list[str] = []
+    async with running(engine, max_delay_s=0.0, request_timeout_s=5.0, on_dead=deaths.append) as batcher:
+        engine.gate.clear()  # the device never answers
+        hung = asyncio.create_task(batcher.submit(images(1.0)))
+        await engine.launched.wait()
+        batcher.reap(time.monotonic() + batcher.batch_timeout_s + 1.0)
+        batcher.reap(time.monotonic() + batcher.batch_timeout_s + 2.0)
+        with pytest.raises(NotReadyError, match="dead"):
+            await hung
+        assert len(deaths) == 1 and batcher.dead is not None
+        with pytest.raises(NotReadyError, match="dead"):  # refused at once, before its body would be read
+            batcher.admit(time.monotonic() + 1.0)
+        with pytest.raises(NotReadyError, match="dead"):
+            await batcher.submit(images(2.0))
+
+
+async def test_a_deadline_shorter_than_the_timeout_and_the_unlaunched_rows_of_a_split_request() -> None:
+    engine = FakeEngine(buckets=(1, 2), in_flight=1)
+    async with running(engine, max_delay_s=0.0, request_timeout_s=FOREVER) as batcher:
+        engine.gate.clear()
+        busy = asyncio.create_task(batcher.submit(images(1.0)))
+        await engine.launched.wait()
+        # 5 rows: 2 and 2 and 1 once the device frees; its deadline passes while it waits.
+        split = asyncio.create_task(batcher.submit(images(*[2.0] * 5), deadline=time.monotonic() + 0.05))
+        await asyncio.sleep(0.1)
+        engine.gate.set()
+        with pytest.raises(DeadlineExceededError):
+            await split
+        await busy
+        assert batcher.queued_rows == 0
+    assert [values for values in engine.launched_values() if 2.0 in values] == []  # none of it launched
+
+
+async def test_admission_refuses_before_the_body_when_the_queue_cannot_serve_in_time() -> None:
+    engine = FakeEngine(in_flight=1)
+    async with running(engine, max_delay_s=0.0, queue_limit=4) as batcher:
+        engine.gate.clear()
+        busy = asyncio.create_task(batcher.submit(images(1.0)))
+        await engine.launched.wait()
+        queued = asyncio.create_task(batcher.submit(images(*[2.0] * 4)))
+        await asyncio.sleep(0)
+        with pytest.raises(QueueFullError, match="limit is 4"):
+            batcher.admit(time.monotonic() + 60)
+        batcher.rows_per_s = 2.0  # 4 rows ahead at 2 rows/s: 2 s of queue
+        batcher.queue_limit = 100
+        with pytest.raises(QueueFullError, match="deadline") as refused:
+            batcher.admit(time.monotonic() + 1.0)
+        assert refused.value.headers["Retry-After-Ms"] == "2000"
+        batcher.admit(time.monotonic() + 5.0)  # time enough: admitted
+        engine.gate.set()
+        await asyncio.wait_for(asyncio.gather(busy, queued), timeout=10)

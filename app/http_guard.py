@@ -1,0 +1,135 @@
+"""uvicorn's httptools protocol with the limits an exposed server needs and uvicorn lacks.
+
+- Connections: over CGSERVE_MAX_CONNECTIONS per process, a new connection gets 503 (with
+  Retry-After) and is closed before anything of it is parsed.
+- Headers: a request line and headers over CGSERVE_MAX_HEADER_BYTES get 431 and the connection
+  is closed (httptools itself would buffer any size); headers not complete within
+  CGSERVE_HEADER_TIMEOUT_S of the request's first byte, or of the connection's opening, get 408
+  (slowloris: one byte every few seconds holds nothing for long).
+- The deadline's start: the time of each request's first byte goes into the ASGI scope
+  (extensions["cgserve.first_byte"]), so the end-to-end deadline counts the reading too.
+Keep-alive idle timeouts are uvicorn's own (timeout_keep_alive).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from app.config import Settings
+from app.errors import ServiceError, error_body, retry_after
+from app.request_guard import FIRST_BYTE_KEY
+
+
+class _ConnectionRefused(ServiceError):
+    status = 503
+    code = "overloaded"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"the server holds {limit} connections already", expected="a retry after the Retry-After interval",
+            headers=retry_after(0.1),
+        )  # fmt: skip
+
+
+class _HeaderProblem(ServiceError):
+    def __init__(self, status: int, code: str, message: str, expected: str) -> None:
+        super().__init__(message, expected=expected)
+        self.status, self.code = status, code
+
+
+REASONS = {503: b"Service Unavailable", 431: b"Request Header Fields Too Large", 408: b"Request Timeout"}
+
+
+class GuardedHttpProtocol(HttpToolsProtocol):
+    # Set by configure() from the settings, in each process, before the first connection.
+    max_connections = 1024
+    max_header_bytes = 65536
+    header_timeout_s = 10.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._in_headers = True  # between requests or inside a request's head
+        self._header_bytes = 0
+        self._first_byte: float | None = None
+        self._header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.max_connections:
+            self._answer_and_close(_ConnectionRefused(self.max_connections))
+            return
+        self._arm_header_timer()  # a connection that never sends a byte is closed too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_header_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_headers and self._first_byte is None:
+            self._first_byte = time.monotonic()
+            self._arm_header_timer()
+        super().data_received(data)
+        if self._in_headers and self._first_byte is not None:  # all of `data` belonged to the head
+            self._header_bytes += len(data)
+            if self._header_bytes > self.max_header_bytes and not self.transport.is_closing():
+                self._answer_and_close(
+                    _HeaderProblem(
+                        431, "headers_too_large", f"the request line and headers exceed {self.max_header_bytes} bytes",
+                        f"at most {self.max_header_bytes} bytes of headers (CGSERVE_MAX_HEADER_BYTES)",
+                    )
+                )  # fmt: skip
+
+    def on_headers_complete(self) -> None:
+        self._disarm_header_timer()
+        self._in_headers = False
+        self._header_bytes = 0
+        extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
+        extensions[FIRST_BYTE_KEY] = self._first_byte or time.monotonic()
+        self._first_byte = None
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_headers = True  # what comes next on this connection is another request's head
+
+    def _arm_header_timer(self) -> None:
+        self._disarm_header_timer()
+        self._header_timer = self.loop.call_later(self.header_timeout_s, self._header_timeout)
+
+    def _disarm_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_timeout(self) -> None:
+        self._header_timer = None
+        if self._in_headers and not self.transport.is_closing():
+            if self._first_byte is None:  # nothing sent at all: no answer owed
+                self.transport.close()
+                return
+            self._answer_and_close(
+                _HeaderProblem(
+                    408, "header_timeout", f"the request's headers did not arrive within {self.header_timeout_s:g} s",
+                    "the whole request head sent at once (CGSERVE_HEADER_TIMEOUT_S)",
+                )
+            )  # fmt: skip
+
+    def _answer_and_close(self, error: ServiceError) -> None:
+        self._disarm_header_timer()
+        body = error_body(error)
+        head = [b"HTTP/1.1 %d %s" % (error.status, REASONS.get(error.status, b"Error"))]
+        head += [b"content-type: application/json", b"content-length: %d" % len(body), b"connection: close"]
+        head += [f"{name}: {value}".encode() for name, value in error.headers.items()]
+        self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
+        self.transport.close()
+
+
+def configure(settings: Settings) -> None:
+    """Set the limits before the server accepts connections (in each worker process, too)."""
+    GuardedHttpProtocol.max_connections = settings.max_connections
+    GuardedHttpProtocol.max_header_bytes = settings.max_header_bytes
+    GuardedHttpProtocol.header_timeout_s = settings.header_timeout_s

@@ -1,0 +1,118 @@
+"""ASGI middleware that bounds every request with a body before the handler reads it.
+
+- Deadline: the request's end to end starts at its first byte (stamped by app/http_guard.py's
+  protocol, or now) and lasts CGSERVE_REQUEST_TIMEOUT_S, or less if the client asks
+  (`X-Request-Timeout-Ms`); handlers read it from scope["cgserve.deadline"] (time.monotonic()).
+- Size: a declared Content-Length over CGSERVE_MAX_BODY_BYTES is answered 413 at once; a chunked
+  body is counted as it arrives, and the read that crosses the limit raises BodyTooLargeError.
+- Memory: bodies being read and decoded at once are bounded by CGSERVE_MAX_INFLIGHT_BYTES (by
+  declared length; a chunked body counts as the largest allowed): one over it gets 503 with
+  Retry-After before a byte of its body is read.
+- Slow bodies: a body that pauses longer than CGSERVE_BODY_TIMEOUT_S raises RequestTimeoutError
+  (408) in the handler that reads it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app import metrics
+from app.errors import BodyTooLargeError, InputError, RequestTimeoutError, ServiceError, error_body, retry_after
+
+DEADLINE_KEY = "cgserve.deadline"
+FIRST_BYTE_KEY = "cgserve.first_byte"  # set by app/http_guard.py where the guarded protocol runs
+TIMEOUT_HEADER = b"x-request-timeout-ms"
+
+
+class BudgetExhaustedError(ServiceError):
+    status = 503
+    code = "overloaded"
+    reason = "bytes_in_flight"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"request bodies of {limit} bytes are being read and decoded already; this one was not read",
+            expected="a retry after the Retry-After interval (CGSERVE_MAX_INFLIGHT_BYTES)",
+            headers=retry_after(0.05),
+        )
+
+
+class RequestGuard:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_body_bytes: int,
+        max_inflight_bytes: int,
+        request_timeout_s: float,
+        body_timeout_s: float,
+    ) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.max_inflight_bytes = max_inflight_bytes
+        self.request_timeout_s = request_timeout_s
+        self.body_timeout_s = body_timeout_s
+        self.inflight_bytes = 0  # this process's bodies being read and decoded (the event loop's alone)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        started = scope.get("extensions", {}).get(FIRST_BYTE_KEY) or time.monotonic()
+        declared: int | None = None
+        timeout_s = self.request_timeout_s
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit():
+                declared = int(value)
+            elif name == TIMEOUT_HEADER:
+                if not value.isdigit() or int(value) == 0:
+                    expected = "X-Request-Timeout-Ms: a positive whole number of milliseconds"
+                    await self._refuse(
+                        scope, send, InputError(f"X-Request-Timeout-Ms is {value!r}", expected=expected, status=400)
+                    )
+                    return
+                timeout_s = min(timeout_s, int(value) / 1000)
+        if declared is not None and declared > self.max_body_bytes:
+            await self._refuse(scope, send, BodyTooLargeError(self.max_body_bytes))
+            return
+        reserved = self.max_body_bytes if declared is None else declared
+        if self.inflight_bytes + reserved > self.max_inflight_bytes:
+            await self._refuse(scope, send, BudgetExhaustedError(self.max_inflight_bytes))
+            return
+        scope[DEADLINE_KEY] = started + timeout_s
+        self.inflight_bytes += reserved
+        try:
+            await self.app(scope, self._guarded(receive, counted=declared is None), send)
+        finally:
+            self.inflight_bytes -= reserved
+
+    def _guarded(self, receive: Receive, *, counted: bool) -> Receive:
+        received = 0
+
+        async def guarded_receive() -> Message:
+            nonlocal received
+            try:
+                message = await asyncio.wait_for(receive(), self.body_timeout_s)
+            except TimeoutError:
+                raise RequestTimeoutError(self.body_timeout_s) from None
+            if counted and message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    raise BodyTooLargeError(self.max_body_bytes)
+            return message
+
+        return guarded_receive
+
+    async def _refuse(self, scope: Scope, send: Send, error: ServiceError) -> None:
+        """Answer without reading the body; the client may still be sending, so close the connection."""
+        metrics.reject("", error.reason)
+        body = error_body(error, v2=scope["path"].startswith("/v2"))
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        headers += [(name.lower().encode(), value.encode()) for name, value in error.headers.items()]
+        headers.append((b"connection", b"close"))
+        status = 400 if error.status == 422 and scope["path"].startswith("/v2") else error.status
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

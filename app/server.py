@@ -1,0 +1,27 @@
+"""uvicorn's configuration for the service: the guarded protocol and the timeouts of the settings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import uvicorn
+
+from app import http_guard
+from app.config import Settings
+from app.server_options import UVICORN_OPTIONS
+
+
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """What uvicorn.Config and uvicorn.run take, in one process and in workers alike."""
+    http_guard.configure(settings)
+    return {
+        **UVICORN_OPTIONS,
+        "http": http_guard.GuardedHttpProtocol,  # httptools, with connection and header limits
+        "log_level": settings.log_level,
+        "timeout_keep_alive": settings.keepalive_timeout_s,
+        "timeout_graceful_shutdown": settings.shutdown_timeout_s,
+    }
+
+
+def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
+    return uvicorn.Config(app, **uvicorn_options(settings))
