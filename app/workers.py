@@ -11,6 +11,7 @@ marker when it is, and readiness counts the markers of live workers.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import tempfile
@@ -49,7 +50,9 @@ def worker_app() -> Any:
     from app.config import get_settings
     from app.main import create_app
 
-    http_guard.configure(get_settings())  # this process's protocol limits, from the CGSERVE_* variables
+    settings = get_settings()  # from the CGSERVE_* variables the manager exported
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    http_guard.configure(settings)  # this process's protocol limits
 
     def stop_every_worker() -> None:
         with open(os.environ[_FAILED_MARKER_ENV], "w"):

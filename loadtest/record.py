@@ -46,6 +46,10 @@ def build_record(
         "throughput_rps": round(merged.ok_in_window / d, 2),  # correct answers per second
         "images_per_s": round(merged.ok_in_window * payloads.images_per_request / d, 2),
         "latency_ms": latency_summary_ms(merged.latencies_s),
+        "latency_ms_by_outcome": {
+            outcome: latency_summary_ms(np.asarray(values))
+            for outcome, values in sorted(merged.latencies_by_outcome.items())
+        },
         "latency_from": "scheduled send time" if spec.mode == "open" else "send time",
         "loadgen_lag_ms": {
             "p50": _round(percentile(lag_ms, 50)),

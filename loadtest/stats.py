@@ -76,6 +76,8 @@ class WorkerResult:
     error_examples: dict[str, str] = field(default_factory=dict)  # first message per kind
     server: dict[str, str] = field(default_factory=dict)  # "model"/"engine" of the first answer
     connection_waits: int = 0  # requests that waited for a free connection (the pool limit)
+    # Measured latencies (s) by outcome: "ok" or the error kind, e.g. how fast 503s come back.
+    latencies_by_outcome: dict[str, list[float]] = field(default_factory=dict)
     cpu_s: float = 0.0  # the generator's own CPU time over the run (summed over processes)
     wall_s: float = 0.0  # the run's wall time (summed over processes): cpu_s / wall_s = busy share
 
@@ -106,7 +108,9 @@ def window_result(rows: list[tuple[float, float, float, str | None]], w0: float,
             continue
         if t_sched >= w1:
             continue  # closed loop: sent as the window closed
-        latencies.append(t_done - min(t_sched, t_send))
+        latency = t_done - min(t_sched, t_send)
+        latencies.append(latency)
+        res.latencies_by_outcome.setdefault(kind or "ok", []).append(latency)
         lags.append(t_send - t_sched)
         if kind is None:
             res.ok += 1
@@ -136,6 +140,8 @@ def merge_results(results: list[WorkerResult]) -> WorkerResult:
         merged.warmup_errors.update(r.warmup_errors)
         for kind, message in r.error_examples.items():
             merged.error_examples.setdefault(kind, message)
+        for outcome, values in r.latencies_by_outcome.items():
+            merged.latencies_by_outcome.setdefault(outcome, []).extend(values)
         for key, value in r.server.items():
             merged.server.setdefault(key, value)
     return merged

@@ -27,7 +27,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.gpu)
             if not cuda:
                 item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
-        elif parts[0] == "integration":
+        elif parts[0] in ("integration", "reliability"):
             item.add_marker(pytest.mark.integration)
 
 

@@ -1,0 +1,64 @@
+"""SIGTERM with 200 requests in flight, one worker and two: none of them is lost.
+
+The drain turns readiness 503 at once and keeps serving; then the server stops accepting,
+finishes what it has read, and exits 0 within its shutdown timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from loadtest.server_process import free_port, running
+from tests.reliability.common import SERVE
+
+IN_FLIGHT = 200
+IMAGES = 8  # 1,600 rows in all: about a second of work for the CPU engine, well inside the queue limit
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_with_200_requests_in_flight_loses_none(tmp_path: Path, workers: int) -> None:
+    port = free_port()
+    env = {
+        "CGSERVE_HOST": "127.0.0.1", "CGSERVE_PORT": str(port), "CGSERVE_GRPC_PORT": "0", "CGSERVE_DEVICE": "cpu",
+        "CGSERVE_WORKERS": str(workers), "CGSERVE_DRAIN_SECONDS": "1", "CGSERVE_SHUTDOWN_TIMEOUT_S": "20",
+    }  # fmt: skip
+    body = np.random.default_rng(0).integers(0, 256, (IMAGES, 1, 28, 28), dtype=np.uint8).tobytes()
+    with running(SERVE, tmp_path / "server.log", port=port, env=env) as server:
+
+        async def requests_then_sigterm() -> tuple[list[httpx.Response | BaseException], int]:
+            limits = httpx.Limits(max_connections=IN_FLIGHT + 8)
+            raw = {"content-type": "application/octet-stream"}
+            async with (
+                httpx.AsyncClient(base_url=server.url, limits=limits, timeout=30, trust_env=False) as client,
+                httpx.AsyncClient(base_url=server.url, timeout=5, trust_env=False) as probe,
+            ):
+                sent = [
+                    asyncio.create_task(client.post("/predict", content=body, headers=raw)) for _ in range(IN_FLIGHT)
+                ]
+                await asyncio.sleep(0.3)  # every request on the wire and being served
+                os.kill(server.proc.pid, signal.SIGTERM)
+                readiness = 200  # the drain: readiness 503 within the drain second, while still answering
+                for _ in range(10):
+                    readiness = (await probe.get("/readyz")).status_code
+                    if readiness == 503:
+                        break
+                    await asyncio.sleep(0.05)
+                return list(await asyncio.gather(*sent, return_exceptions=True)), readiness
+
+        answers, readiness = asyncio.run(requests_then_sigterm())
+        exit_code = server.proc.wait(timeout=40)
+        log = server.log_path.read_text()
+    failures = [a if isinstance(a, BaseException) else f"{a.status_code} {a.text[:200]}" for a in answers]
+    failures = [f for f in failures if not (isinstance(f, str) and f.startswith("200"))]
+    assert not failures, f"{len(failures)} of {IN_FLIGHT} lost: {failures[:5]}"
+    assert readiness == 503
+    # uvicorn ends a signalled shutdown by re-raising the signal: the status says SIGTERM, as it should.
+    assert exit_code in (0, -signal.SIGTERM), log[-3000:]
+    assert log.count("draining: readiness is 503") == workers and "Finished server process" in log
