@@ -82,7 +82,8 @@ def create_app(
     for path in ("/predict", "/v1/models/{name}/predict"):
         app.router.routes.append(Route(path, predict, methods=["POST"], include_in_schema=False))
     app.router.routes.extend(v2_rest.INFER_ROUTES)
-    app.openapi = lambda: build_openapi(app)  # type: ignore[method-assign]
+    limits = {"max_instances": settings.max_instances, "max_body_bytes": settings.max_body_bytes}
+    app.openapi = lambda: build_openapi(app, **limits)  # type: ignore[method-assign]
     app.add_exception_handler(HTTPException, route_error)
     app.add_middleware(
         RequestGuard,

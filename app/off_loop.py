@@ -4,12 +4,16 @@ An image decode (Pillow releases the GIL while it inflates and resamples) or a l
 (orjson and numpy over millions of numbers) can take tens to hundreds of milliseconds; on the
 loop that is time no other request is read, batched or answered. The pool is bounded (its
 threads), and so is what waits for it: bodies in flight are bounded by CGSERVE_MAX_INFLIGHT_BYTES.
+Its threads run at a lower CPU priority (nice +10): where cores are short, the event loop that
+serves every request comes first, and a flood of large uploads slows the uploads themselves.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -19,7 +23,18 @@ T = TypeVar("T")
 
 # JSON bodies below this decode in well under a millisecond: the thread hop would cost more.
 LARGE_JSON_BYTES = 256 * 1024
-_pool = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="decode")
+DECODE_NICENESS = 10
+
+
+def _lower_priority() -> None:
+    """Linux schedules threads one by one: this thread (not the process) yields to the loop."""
+    with contextlib.suppress(AttributeError, OSError):  # not Linux, or not permitted: run as is
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), DECODE_NICENESS)
+
+
+_pool = ThreadPoolExecutor(
+    max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="decode", initializer=_lower_priority
+)
 
 
 async def off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -71,6 +71,8 @@ def predict_operation(summary: str, parameters: list[dict[str, Any]]) -> dict[st
                 "application/octet-stream": {
                     "schema": {"type": "string", "format": "binary"},
                     "description": "N packed images: uint8 pixels (default) or little-endian float32 in [0, 1].",
+                    # A real body: one blank 28×28 image of the seed CNN, 784 zero bytes.
+                    "example": "\u0000" * 784,
                 },
             },
         },
@@ -87,7 +89,8 @@ def predict_operation(summary: str, parameters: list[dict[str, Any]]) -> dict[st
     }
 
 
-def build_openapi(app: FastAPI) -> dict[str, Any]:
+def build_openapi(app: FastAPI, *, max_instances: int, max_body_bytes: int) -> dict[str, Any]:
+    """The document, with the service's own limits written into it (what /docs promises is what it does)."""
     if app.openapi_schema is not None:
         return app.openapi_schema
     document = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
@@ -102,5 +105,12 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
         defined = model.model_json_schema(ref_template=_REF)
         schemas.update(defined.pop("$defs", {}))
         schemas[model.__name__] = defined
+    schemas["PredictRequest"]["properties"]["instances"]["maxItems"] = max_instances
+    for path in ("/predict", "/v1/models/{name}/predict"):
+        operation = document["paths"][path]["post"]
+        operation["description"] = (
+            f"At most {max_instances} images a request (CGSERVE_MAX_INSTANCES) and {max_body_bytes} bytes a body "
+            "(CGSERVE_MAX_BODY_BYTES)."
+        )
     app.openapi_schema = document
     return document

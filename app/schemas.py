@@ -6,6 +6,8 @@ they exist so that clients see every form, field and error shape with an example
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, Field
 
 _ROW = [0.0] * 20 + [0.5, 0.9, 1.0, 0.9, 0.5] + [0.0] * 3
@@ -40,3 +42,18 @@ class ErrorDetail(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorDetail
+
+
+class V2Error(BaseModel):
+    """The Open Inference Protocol's error body."""
+
+    error: str = Field(description="What was wrong, and what is expected.")
+
+
+V2_NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": V2Error, "description": "No such model or version; the message lists what exists"}
+}
+
+
+class ReadyAnswer(BaseModel):
+    ready: bool

@@ -26,6 +26,7 @@ from app.errors import ClientClosedError, InputError, ServiceError, error_body, 
 from app.off_loop import LARGE_JSON_BYTES, off_loop
 from app.request_guard import DEADLINE_KEY
 from app.routes.probes import ServiceDep
+from app.schemas import V2_NOT_FOUND, ReadyAnswer
 from app.service import ServedModel, Service
 from app.v2 import tensors
 
@@ -58,17 +59,22 @@ async def server_metadata() -> dict[str, Any]:
 
 
 @router.get("/health/live", summary="200 while the process answers")
-async def live() -> Response:
-    return Response(status_code=200)
+async def live() -> dict[str, bool]:
+    return {"live": True}
 
 
-@router.get("/health/ready", summary="200 once every model is ready, else 503")
+@router.get(
+    "/health/ready",
+    summary="200 once every model is ready, else 503",
+    responses={503: {"description": "Starting, draining or a dead device", "model": ReadyAnswer}},
+)
 async def ready(service: ServiceDep) -> Response:
-    return Response(status_code=200 if service.readiness()[0] else 503)
+    is_ready = service.readiness()[0]
+    return Response(orjson.dumps({"ready": is_ready}), status_code=200 if is_ready else 503, media_type=JSON)
 
 
-@router.get("/models/{name}", summary="Model metadata: input and output tensors")
-@router.get("/models/{name}/versions/{version}", summary="Model metadata of one version")
+@router.get("/models/{name}", summary="Model metadata: input and output tensors", responses=V2_NOT_FOUND)
+@router.get("/models/{name}/versions/{version}", summary="Model metadata of one version", responses=V2_NOT_FOUND)
 async def model_metadata(name: str, service: ServiceDep, version: str | None = None) -> Response:
     try:
         served = _model(service, name, version)
@@ -77,18 +83,31 @@ async def model_metadata(name: str, service: ServiceDep, version: str | None = N
     return Response(orjson.dumps(tensors.model_metadata(served.spec, platform(served))), media_type=JSON)
 
 
-@router.get("/models/{name}/ready", summary="200 once the model is ready, else 503")
-@router.get("/models/{name}/versions/{version}/ready", summary="Readiness of one version")
+READY_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **V2_NOT_FOUND,
+    503: {"description": "The model is starting, draining or its device is dead", "model": ReadyAnswer},
+}
+
+
+@router.get("/models/{name}/ready", summary="200 once the model is ready, else 503", responses=READY_RESPONSES)
+@router.get("/models/{name}/versions/{version}/ready", summary="Readiness of one version", responses=READY_RESPONSES)
 async def model_ready(name: str, service: ServiceDep, version: str | None = None) -> Response:
     try:
         served = _model(service, name, version)
     except ServiceError as error:
         return v2_error(error)
-    return Response(status_code=200 if served.readiness()[0] else 503)
+    is_ready = served.readiness()[0]
+    return Response(orjson.dumps({"ready": is_ready}), status_code=200 if is_ready else 503, media_type=JSON)
 
 
-@router.get("/models/{name}/config", summary="Triton's model configuration extension (batch size, tensors)")
-@router.get("/models/{name}/versions/{version}/config", summary="Model configuration of one version")
+@router.get(
+    "/models/{name}/config",
+    summary="Triton's model configuration extension (batch size, tensors)",
+    responses=V2_NOT_FOUND,
+)
+@router.get(
+    "/models/{name}/versions/{version}/config", summary="Model configuration of one version", responses=V2_NOT_FOUND
+)
 async def model_config(name: str, service: ServiceDep, version: str | None = None) -> Response:
     try:
         served = _model(service, name, version)
