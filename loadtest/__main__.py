@@ -54,6 +54,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="leave out images whose top-2 logit gap is below this (default %(default)s)",
     )
     add("--images", type=int, help="use only the first N of the 1000 shipped images")
+    add(
+        "--image-shape",
+        type=lambda text: tuple(int(v) for v in text.split(",")),
+        help="C,H,W of another model (e.g. 3,224,224 with --path /v1/models/resnet50/predict): random raw pixels",
+    )
     add("--out", type=Path, help="write the JSON record here")
     add("--quiet", action="store_true", help="no progress line on stderr")
 
@@ -68,6 +73,7 @@ def _options(args: argparse.Namespace) -> PayloadOptions:
         min_margin=args.min_margin,
         images=args.images,
         path=args.path,
+        image_shape=args.image_shape,
     )
 
 

@@ -130,8 +130,14 @@ def build_payloads(
     min_margin: float = DEFAULT_MIN_MARGIN,
     limit: int | None = None,
     path: str = "/predict",
+    image_shape: tuple[int, int, int] | None = None,
 ) -> Payloads:
-    """All bodies of one form, each with the eager labels of its images (see module doc)."""
+    """All bodies of one form, each with the eager labels of its images (see module doc).
+
+    `image_shape` (C, H, W) other than the seed CNN's: raw bodies of random pixels for another
+    model of the repository (e.g. resnet50's 3×224×224), its labels not checked."""
+    if image_shape is not None and tuple(image_shape) != (1, 28, 28):
+        return random_raw_payloads(image_shape, images_per_request, path)
     if form not in FORMS:
         raise ValueError(f"form must be one of {FORMS}, got {form!r}")
     if images_per_request < 1:
@@ -190,6 +196,14 @@ def build_payloads(
     )
 
 
+def random_raw_payloads(shape: tuple[int, int, int], images_per_request: int, path: str, bodies: int = 16) -> Payloads:
+    """Raw uint8 bodies of `images_per_request` random (C, H, W) images each, seeded."""
+    rng = np.random.default_rng(0)
+    encoded = tuple(rng.integers(0, 256, (images_per_request, *shape), dtype=np.uint8).tobytes() for _ in range(bodies))
+    info = {"source": f"random uint8 pixels, {'×'.join(map(str, shape))} per image, seed 0"}
+    return Payloads("raw", path, "application/octet-stream", encoded, None, images_per_request, info)
+
+
 @dataclass(frozen=True)
 class PayloadOptions:
     """What to send, as the CLI takes it; `build()` encodes the bodies."""
@@ -202,6 +216,7 @@ class PayloadOptions:
     min_margin: float = DEFAULT_MIN_MARGIN
     images: int | None = None  # use the first N shipped images; None: all 1000
     path: str = "/predict"
+    image_shape: tuple[int, int, int] | None = None  # another model's (C, H, W): random raw pixels
 
     def build(self) -> Payloads:
         return build_payloads(
@@ -213,6 +228,7 @@ class PayloadOptions:
             min_margin=self.min_margin,
             limit=self.images,
             path=self.path,
+            image_shape=self.image_shape,
         )
 
     def to_args(self) -> list[str]:
@@ -232,4 +248,6 @@ class PayloadOptions:
             args += ["--images", str(self.images)]
         if self.path != "/predict":
             args += ["--path", self.path]
+        if self.image_shape is not None:
+            args += ["--image-shape", ",".join(map(str, self.image_shape))]
         return args
