@@ -134,7 +134,9 @@ def test_torchvision_resnet18_equals_torchvision_eager_or_names_the_fix(tmp_path
             1, 3, 1, 1
         )
         want = torch.softmax(reference(x), dim=1).numpy()
-    with running_server(tmp_path / "server.log", command=SERVE, model_repository=str(folder.parent)) as url:
+    with running_server(
+        tmp_path / "server.log", command=SERVE, model_repository=str(folder.parent), device="cpu"
+    ) as url:
         answer = httpx.post(
             f"{url}/predict", content=pixels.tobytes(), headers={"content-type": "application/octet-stream"}
         )
