@@ -101,7 +101,10 @@ class Settings(BaseSettings):
         "max_body_bytes); a request that would go over is refused with 503 before its body is read.",
     )
     max_connections: int = Field(
-        1024, ge=1, description="Open connections per process; more are answered 503 and closed at once."
+        0,
+        ge=0,
+        description="Open connections per process; more are answered 503 and closed at once. 0: the process's "
+        "open-file limit less 128 (kept for models, the GPU driver and gRPC).",
     )
     max_header_bytes: int = Field(65536, ge=1024, description="Request line and headers over this: 431, closed.")
     header_timeout_s: float = Field(

@@ -14,6 +14,7 @@ Keep-alive idle timeouts are uvicorn's own (timeout_keep_alive).
 from __future__ import annotations
 
 import asyncio
+import resource
 import time
 from typing import Any
 
@@ -130,6 +131,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
 def configure(settings: Settings) -> None:
     """Set the limits before the server accepts connections (in each worker process, too)."""
-    GuardedHttpProtocol.max_connections = settings.max_connections
+    GuardedHttpProtocol.max_connections = settings.max_connections or open_file_budget()
     GuardedHttpProtocol.max_header_bytes = settings.max_header_bytes
     GuardedHttpProtocol.header_timeout_s = settings.header_timeout_s
+
+
+def open_file_budget() -> int:
+    """What the process may hold in connections: its open-file limit, less some for everything else."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(64, (soft if soft != resource.RLIM_INFINITY else 65536) - 128)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -42,11 +44,13 @@ def create_app(
     on_fatal: Callable[[], None] = lambda: None,
     on_ready: Callable[[], None] = lambda: None,
     peers_ready: Callable[[], tuple[bool, str]] | None = None,
+    exit_on_dead_device: bool = False,
 ) -> FastAPI:
     """The app; `prepared` models (loaded and checked by the CLI) save loading them twice.
 
     With several workers (app/workers.py), `on_ready` tells the others this one is ready and
-    `peers_ready` says whether all of them are."""
+    `peers_ready` says whether all of them are. `exit_on_dead_device`: a server process ends itself at
+    once after its shutdown when a device died (in-process test clients keep their process)."""
     settings = settings or get_settings()
 
     @asynccontextmanager
@@ -67,6 +71,11 @@ def create_app(
             if grpc_server is not None:
                 await grpc_server.stop()
             await service.stop()
+            if service.device_dead and exit_on_dead_device:
+                # A kernel that never ends holds the interpreter's exit (CUDA's teardown waits for it,
+                # and so does a thread stuck in a forward): leave now, non-zero, for the supervisor.
+                logging.shutdown()
+                os._exit(1)
 
     # FastAPIOffline serves Swagger UI and ReDoc from files in its wheel: /docs works offline.
     app = FastAPIOffline(

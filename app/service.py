@@ -100,6 +100,7 @@ class Service:
         self.models: dict[str, ServedModel] = {}
         self.failure: str | None = None  # why start-up failed or the device died
         self.draining = False
+        self.device_dead = False
         self._prepared = prepared
         self._on_fatal = on_fatal
         self._on_ready = on_ready
@@ -119,6 +120,7 @@ class Service:
 
     def _device_died(self, model: str, reason: str) -> None:
         """A batcher's device is dead: every model's readiness says so and the process exits non-zero."""
+        self.device_dead = True
         if self.failure is None:
             self.failure = f"{model}: the device is dead: {reason}"
             metrics.READY.set(0)
@@ -188,7 +190,7 @@ class Service:
         for served in self.models.values():
             if served.batcher is not None:
                 await served.batcher.stop()
-            if served.engine is not None:
+            if served.engine is not None and not self.device_dead:  # a dead engine's close could wait forever
                 served.engine.close()
 
     def readiness(self) -> tuple[bool, str]:

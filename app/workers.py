@@ -59,7 +59,9 @@ def worker_app() -> Any:
             pass
         os.kill(os.getppid(), signal.SIGTERM)  # the manager stops all workers and returns
 
-    return create_app(on_fatal=stop_every_worker, on_ready=mark_ready, peers_ready=every_worker_ready)
+    return create_app(
+        on_fatal=stop_every_worker, on_ready=mark_ready, peers_ready=every_worker_ready, exit_on_dead_device=True
+    )
 
 
 def mark_ready() -> None:
