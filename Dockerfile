@@ -1,12 +1,65 @@
-# cudagraph-serve: the service on an NVIDIA GPU (it also runs on a CPU-only host, eager).
-#
+# cudagraph-serve, in two images from one file:
+#   docker build --target gpu -t cudagraph-serve:gpu .   NVIDIA GPU: CUDA graphs of inductor's kernels
+#   docker build --target cpu -t cudagraph-serve:cpu .   no GPU: eager on the CPU, a fifth of the size
+# A plain `docker build .` builds the last stage, gpu. Both run as uid 10001, answer HEALTHCHECK
+# on /readyz and start with `cudagraph-serve serve --host 0.0.0.0`, the command README's `make
+# serve` runs.
+
+# --- cpu ------------------------------------------------------------------------------------
+# A slim Debian Python and torch's CPU wheel from PyTorch's own index: PyPI's Linux torch is the
+# CUDA build, several GB of libraries this image would never load. No C compiler (nothing is
+# compiled: the CPU engine runs the module eagerly) and no compile cache.
+FROM python:3.12-slim-bookworm AS cpu
+
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+
+WORKDIR /opt/cgserve
+
+# The torch release `make serve` installs (Makefile's TORCH), CPU build; the last line fails the
+# build if a CUDA build slipped in.
+RUN python3 -m pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
+    && python3 -c "import torch; assert torch.version.cuda is None, 'expected the CPU build of torch'"
+
+# Dependencies read from pyproject.toml alone, so that editing app/ or models/ reuses this layer;
+# torch>=2.4 is already met, so pip keeps the CPU build.
+COPY pyproject.toml ./
+RUN python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+        > /tmp/requirements.txt \
+    && python3 -m pip install --no-cache-dir -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt \
+    && python3 -c "import torch; assert torch.version.cuda is None, 'a dependency replaced the CPU build of torch'"
+
+COPY README.md ./
+COPY app/ app/
+COPY models/ models/
+COPY loadtest/ loadtest/
+# A numeric, non-root user: Kubernetes' runAsNonRoot can check a number, not a name.
+RUN python3 -m pip install --no-cache-dir --no-deps . \
+    && groupadd --system --gid 10001 cgserve \
+    && useradd --system --no-log-init --uid 10001 --gid 10001 --create-home \
+        --home-dir /home/cgserve --shell /usr/sbin/nologin cgserve
+USER 10001:10001
+
+# HTTP (our API and the Open Inference Protocol's REST form), and gRPC (CGSERVE_GRPC_PORT).
+EXPOSE 8000 8001
+
+# Ready = every model's engine built (GET /readyz answers 200). urlopen raises on 503 or no
+# answer, and python3 then exits 1 (unhealthy). The image has python3 but no curl.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
+    CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/readyz' % os.environ.get('CGSERVE_PORT', '8000'), timeout=2)"]
+
+CMD ["cudagraph-serve", "serve", "--host", "0.0.0.0"]
+
+# --- gpu ------------------------------------------------------------------------------------
 # Base: the official PyTorch runtime image rather than nvidia/cuda + a torch wheel. The wheel
 # bundles its own CUDA and cuDNN libraries, so on nvidia/cuda they would be there twice (~3 GB);
 # here torch, CUDA 12.8 and cuDNN 9 come as one tested set. torch 2.11 is the release the
 # project's GPU runs use; CUDA 12.8 has kernels for Hopper (H100/H200) and Blackwell and needs
 # only a >= 570 driver (a CUDA 13 build needs >= 580). `runtime`, not `devel`: nothing is
 # compiled here. Its Python is Ubuntu 24.04's python3 (3.12).
-FROM pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime
+FROM pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime AS gpu
 
 # The base image's python3 is marked externally managed (PEP 668); this container has no other
 # user of it, so pip installs next to torch, as the base image itself did.
@@ -40,25 +93,24 @@ COPY README.md ./
 COPY app/ app/
 COPY models/ models/
 COPY loadtest/ loadtest/
-# A numeric, non-root user: Kubernetes' runAsNonRoot can check a number, not a name.
 RUN python3 -m pip install --no-cache-dir --no-deps . \
     && groupadd --system --gid 10001 cgserve \
     && useradd --system --no-log-init --uid 10001 --gid 10001 --create-home \
         --home-dir /home/cgserve --shell /usr/sbin/nologin cgserve \
     && mkdir -p /var/cache/cgserve && chown 10001:10001 /var/cache/cgserve
-# Inductor's compiled kernels: a volume here (compose, Kubernetes) makes a restart skip compiling.
-ENV CGSERVE_COMPILE_CACHE_DIR=/var/cache/cgserve/inductor
+# Inductor's compiled kernels, and Triton's beside them (not under $HOME, which a read-only root
+# file system would refuse): a volume here (compose, Kubernetes) makes a restart skip compiling.
+ENV CGSERVE_COMPILE_CACHE_DIR=/var/cache/cgserve/inductor \
+    TRITON_CACHE_DIR=/var/cache/cgserve/triton
 USER 10001:10001
 
-# HTTP (our API and the Open Inference Protocol's REST form), and gRPC (CGSERVE_GRPC_PORT).
 EXPOSE 8000 8001
 
-# Ready = engine built, graphs captured and checked against eager (GET /readyz answers 200).
-# urlopen raises on 503 or no answer, and python3 then exits 1 (unhealthy). The start period
-# covers CUDA start-up and graph capture; the image has python3 but no curl.
+# The start period covers CUDA start-up, inductor's compile and graph capture (60 s for
+# ResNet-50 with a cold cache on the H200, bench/results/README.md).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=120s --retries=3 \
     CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/readyz' % os.environ.get('CGSERVE_PORT', '8000'), timeout=2)"]
 
-# The same start command as README's; the port comes from CGSERVE_PORT (default 8000), the rest
-# of the configuration from CGSERVE_* variables.
+# The port comes from CGSERVE_PORT (default 8000), the rest of the configuration from CGSERVE_*
+# variables.
 CMD ["cudagraph-serve", "serve", "--host", "0.0.0.0"]

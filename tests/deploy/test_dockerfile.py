@@ -1,8 +1,9 @@
 """The Dockerfile, checked by hadolint (no Docker daemon runs in CI to build the image).
 
-hadolint runs with warnings as failures, the same command on the real file and on two broken
-copies: the controls show that a pass means something (the image does not run as root and its
-base is pinned: hadolint's DL3002 and DL3007).
+hadolint runs with warnings as failures, the same command on the real file and on broken copies:
+the controls show that a pass means something, in each of the two images the file builds (the
+cpu stage first, the gpu stage last): neither runs as root and both bases are pinned (hadolint's
+DL3002 and DL3007, which it checks stage by stage).
 """
 
 from __future__ import annotations
@@ -26,13 +27,25 @@ def test_hadolint_is_clean(hadolint: str) -> None:
     hadolint_check(hadolint, DOCKERFILE)
 
 
+def stage_end(text: str, stage: str) -> int:
+    """Where the named stage's instructions end: the next FROM, or the end of the file."""
+    starts = [m.start() for m in re.finditer(r"^FROM ", text, flags=re.M)] + [len(text)]
+    (index,) = [i for i, s in enumerate(starts[:-1]) if re.match(rf"FROM \S+ AS {stage}\n", text[s:])]
+    return starts[index + 1]
+
+
+def as_root(stage: str) -> Callable[[str], str]:
+    return lambda text: text[: stage_end(text, stage)] + "USER root\n" + text[stage_end(text, stage) :]
+
+
+def unpinned(stage: str) -> Callable[[str], str]:
+    return lambda text: re.sub(rf"^FROM (\S+):\S+ AS {stage}$", rf"FROM \1:latest AS {stage}", text, flags=re.M)
+
+
 @pytest.mark.parametrize(
     ("rule", "broken"),
-    [
-        ("DL3002", lambda text: text + "USER root\n"),  # serving as root
-        ("DL3007", lambda text: re.sub(r"^FROM (\S+):\S+", r"FROM \1:latest", text, count=1, flags=re.M)),
-    ],
-    ids=["runs-as-root", "unpinned-base"],
+    [("DL3002", as_root("cpu")), ("DL3002", as_root("gpu")), ("DL3007", unpinned("cpu")), ("DL3007", unpinned("gpu"))],
+    ids=["cpu-runs-as-root", "gpu-runs-as-root", "cpu-unpinned-base", "gpu-unpinned-base"],
 )
 def test_hadolint_fails_a_broken_copy(hadolint: str, tmp_path: Path, rule: str, broken: Callable[[str], str]) -> None:
     copy = tmp_path / "Dockerfile"

@@ -2,7 +2,8 @@
 Prometheus configuration (target rewritten to the test's port, 1 s scrape and rule evaluation).
 
 Passes when Prometheus can compute the p99 of the request-latency histogram from what it scraped,
-every recording rule has a value, and every rule evaluates without error.
+every recording rule has a value, every rule evaluates without error, and the autoscaling query of
+deploy/k8s (KEDA's Prometheus trigger, read from the manifest) returns the one number KEDA needs.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 P99 = "histogram_quantile(0.99, sum by (le) (rate(cgserve_request_duration_seconds_bucket[1m])))"
+K8S_BASE = REPO / "deploy/k8s/base"
 START_TIMEOUT_S = 120.0  # the service's start-up (CPU: seconds; GPU: graph capture) and Prometheus'
 QUERY_TIMEOUT_S = 60.0  # until the p99 and every recording rule have values
 
@@ -51,14 +53,30 @@ def service(tmp_path: Path) -> Iterator[str]:
         yield server.url
 
 
+def autoscaling_query() -> str:
+    """The PromQL of the ScaledObject's Prometheus trigger, as deploy/k8s ships it."""
+    scaled = yaml.safe_load((K8S_BASE / "scaledobject.yaml").read_text())
+    (trigger,) = [trigger for trigger in scaled["spec"]["triggers"] if trigger["type"] == "prometheus"]
+    query: str = trigger["metadata"]["query"]
+    return query
+
+
+def operator_labels() -> dict[str, str]:
+    """What the Prometheus Operator adds to a pod it scrapes, beyond job (the Service's name, cgserve,
+    as tests/deploy checks): its namespace, the kustomization's."""
+    kustomization = yaml.safe_load((K8S_BASE / "kustomization.yaml").read_text())
+    return {"namespace": kustomization["namespace"], "pod": "cgserve-0"}
+
+
 def loopback_config(service_port: int, tmp_path: Path) -> Path:
-    """deploy/prometheus/prometheus.yml with the target on loopback, 1 s intervals, absolute rule paths."""
+    """deploy/prometheus/prometheus.yml with the target on loopback (labelled as in Kubernetes), 1 s
+    intervals, absolute rule paths."""
     source = REPO / "deploy/prometheus/prometheus.yml"
     config: dict[str, Any] = yaml.safe_load(source.read_text())
     config["global"].update(scrape_interval="1s", evaluation_interval="1s")
     config["rule_files"] = [str(source.parent / pattern) for pattern in config["rule_files"]]
     (job,) = [job for job in config["scrape_configs"] if job["job_name"] == "cgserve"]
-    job["static_configs"] = [{"targets": [f"127.0.0.1:{service_port}"]}]
+    job["static_configs"] = [{"targets": [f"127.0.0.1:{service_port}"], "labels": operator_labels()}]
     path = tmp_path / "prometheus.yml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -97,7 +115,7 @@ def recording_rules() -> list[str]:
 
 def test_prometheus_scrapes_the_service_and_evaluates_the_rules(service: str, prometheus: str) -> None:
     rng = random.Random(0)
-    wanted = [P99, *recording_rules()]
+    wanted = [P99, autoscaling_query(), *recording_rules()]
     missing: list[str] = wanted
     sent = 0
     with httpx.Client(base_url=service, timeout=10) as client:
@@ -118,6 +136,9 @@ def test_prometheus_scrapes_the_service_and_evaluates_the_rules(service: str, pr
     assert not missing, f"no finite value after {QUERY_TIMEOUT_S:.0f} s and {sent} requests for: {missing}"
     assert query(prometheus, 'up{job="cgserve"}') == [1.0]
     assert query(prometheus, 'cgserve_ready{job="cgserve"}') == [1.0]
+    # KEDA's Prometheus scaler needs exactly one sample: the rows waiting, summed over the pods.
+    (rows,) = query(prometheus, autoscaling_query())
+    assert rows >= 0
 
     # Every rule, alerts included, was evaluated without error.
     groups = httpx.get(f"{prometheus}/api/v1/rules", timeout=5).json()["data"]["groups"]
