@@ -21,7 +21,7 @@ Objects = list[dict[str, Any]]
 WORKLOADS = ("gpu", "cpu")  # the overlays: a Deployment of our own
 # Settings the service is getting (README, Running on Kubernetes): set in the ConfigMap already,
 # checked as the others are once app/config.py has them.
-COMING_SETTINGS = {"drain_seconds", "shutdown_timeout_s"}
+COMING_SETTINGS: set[str] = set()  # settings the manifests name before app/config.py has them
 START_COMMAND = ["cudagraph-serve", "serve", "--host", "0.0.0.0"]
 
 
