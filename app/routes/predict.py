@@ -14,15 +14,16 @@ import numpy as np
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 
 from app import metrics
 from app.codecs import IMAGE_EXPECTED, decode_image, decode_json, decode_raw, encode_predictions
-from app.errors import ClientClosedError, InputError, ServiceError, error_response, within
+from app.errors import InputError, error_response, within
 from app.model_spec import ModelSpec
 from app.off_loop import LARGE_JSON_BYTES, off_loop
 from app.request_guard import DEADLINE_KEY
+from app.routes.failures import failure_response
 from app.service import Service
 
 log = logging.getLogger(__name__)
@@ -51,18 +52,8 @@ async def predict(request: Request) -> Response:
             probabilities = await batcher.submit(images, deadline)
         body = encode_predictions(probabilities, model=name, engine=batcher.engine.name, spec=served.spec)
         response = Response(body, media_type="application/json")
-    except ClientDisconnect:  # nothing to answer; counted, logged at info, never an error of ours
-        log.info("%s: the client went away before its answer", request.url.path)
-        metrics.reject(name, ClientClosedError.reason)
-        response = Response(status_code=ClientClosedError.status)
-    except ServiceError as error:
-        metrics.reject(name, error.reason)
-        response = error_response(error)
-    except Exception:
-        log.exception("unexpected error in %s", request.url.path)
-        internal = ServiceError("unexpected server error; it is logged with its traceback")
-        metrics.reject(name, internal.reason)
-        response = error_response(internal)
+    except Exception as error:
+        response = failure_response(error, model=name, path=request.url.path, render=error_response)
     metrics.observe_request(name, "rest", form, str(response.status_code), time.perf_counter() - started)
     return response
 

@@ -17,14 +17,15 @@ from typing import Any
 import numpy as np
 import orjson
 from fastapi import APIRouter
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from app import metrics
-from app.errors import ClientClosedError, InputError, ServiceError, error_body, within
+from app.errors import InputError, ServiceError, error_body, within
 from app.off_loop import LARGE_JSON_BYTES, off_loop
 from app.request_guard import DEADLINE_KEY
+from app.routes.failures import failure_response
 from app.routes.probes import ServiceDep
 from app.schemas import V2_NOT_FOUND, ReadyAnswer
 from app.service import ServedModel, Service
@@ -137,18 +138,8 @@ async def infer(request: Request) -> Response:
             document, images = await off_loop(parse) if len(body) >= LARGE_JSON_BYTES else parse()
             probabilities = await batcher.submit(images, deadline)
         response = _answer(document, served, probabilities)
-    except ClientDisconnect:  # nothing to answer; counted, logged at info, never an error of ours
-        log.info("%s: the client went away before its answer", request.url.path)
-        metrics.reject(name, ClientClosedError.reason)
-        response = Response(status_code=ClientClosedError.status)
-    except ServiceError as error:
-        metrics.reject(name, error.reason)
-        response = v2_error(error)
-    except Exception:
-        log.exception("unexpected error in %s", request.url.path)
-        internal = ServiceError("unexpected server error; it is logged with its traceback")
-        metrics.reject(name, internal.reason)
-        response = v2_error(internal)
+    except Exception as error:
+        response = failure_response(error, model=name, path=request.url.path, render=v2_error)
     metrics.observe_request(name, "v2", form, str(response.status_code), time.perf_counter() - started)
     return response
 

@@ -102,7 +102,7 @@ def test_oversized_headers_get_431_cheaply(server: str, tmp_path: Path) -> None:
                 except OSError:
                     pass
                 answers.append(sock.recv(200))
-            stop.wait(0.02)
+            stop.wait(0.1)  # ten refused heads a second per thread: the refusal is what is measured
 
     share = under_attack(server, tmp_path, huge_headers, threads=2)
     assert share >= 0.8, f"normal traffic kept {share:.0%} of its throughput beside oversized headers"
