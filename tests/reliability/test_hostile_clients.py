@@ -24,7 +24,7 @@ from tests.integration.server_process import running_server
 from tests.reliability.common import PINNED_SERVE, loadtest, on_client_core
 
 TIMEOUTS = {"header_timeout_s": "2", "body_timeout_s": "2", "keepalive_timeout_s": "2"}
-NORMAL = ["--form", "raw", "--batch", "4", "--concurrency", "8", "--warmup", "1", "--duration", "4"]
+NORMAL = ["--form", "raw", "--batch", "4", "--concurrency", "8", "--warmup", "1", "--duration", "6"]
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,9 @@ def under_attack(url: str, tmp_path: Path, attack: Callable[[threading.Event], N
         for attacker in attackers:
             attacker.join(timeout=15)
     after = throughput(url, tmp_path / "after.json")
-    return attacked / ((before + after) / 2)
+    share = attacked / ((before + after) / 2)
+    print(f"{attack.__name__}: {attacked:.0f} req/s under attack, {before:.0f} before, {after:.0f} after: {share:.0%}")
+    return share
 
 
 def test_slowloris_connections_are_closed_and_cost_nothing(server: str, tmp_path: Path) -> None:
