@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from app.access.middleware import add_access_layers
 from app.body_limit import BodyLimitMiddleware
 from app.config import Settings, get_settings
 from app.engine_factory import EngineOptions
@@ -83,6 +84,7 @@ def create_app(
     app.openapi = lambda: build_openapi(app)  # type: ignore[method-assign]
     app.add_exception_handler(HTTPException, route_error)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    add_access_layers(app, settings)  # tokens, CORS, request ids, access log: none unless set
     return app
 
 
