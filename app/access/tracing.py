@@ -77,6 +77,7 @@ class TraceMiddleware:
             client = scope.get("client")
             fields: dict[str, Any] = {
                 "request_id": request_id,
+                "protocol": "http",
                 "method": scope["method"],
                 "path": scope["path"],
                 "status": status,

@@ -344,7 +344,8 @@ def test_the_access_log_has_one_json_line_per_request_with_its_fields(
     assert len(records) == 3
     for record, answer in zip(records, (predicted, named, refused), strict=True):
         assert set(record) == {
-            "time", "request_id", "method", "path", "status", "duration_ms", "bytes_in", "bytes_out", "client", "model"
+            "time", "request_id", "protocol", "method", "path", "status", "duration_ms", "bytes_in", "bytes_out",
+            "client", "model",
         }  # fmt: skip
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", record["time"])
         assert record["request_id"] == answer.headers["x-request-id"]
@@ -353,7 +354,7 @@ def test_the_access_log_has_one_json_line_per_request_with_its_fields(
         assert record["duration_ms"] > 0
         assert record["client"] == "testclient"
     assert records[0] | {"time": None, "duration_ms": None} == {
-        "time": None, "request_id": "log-1", "method": "POST", "path": "/predict", "status": 200,
+        "time": None, "request_id": "log-1", "protocol": "http", "method": "POST", "path": "/predict", "status": 200,
         "duration_ms": None, "bytes_in": 784, "bytes_out": len(predicted.content), "client": "testclient",
         "model": MODEL,
     }  # fmt: skip
