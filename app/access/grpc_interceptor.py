@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from app.access.access_log import AccessLog
+from app.access.access_log import AccessLog, access_log
 from app.access.request_id import HEADER, REQUEST_ID, choose
 from app.access.tokens import TokenSet, bearer_token
 from app.config import Settings
@@ -37,7 +37,7 @@ def server_interceptors(settings: Settings) -> list[grpc.aio.ServerInterceptor]:
     tracing = settings.request_ids or settings.access_log
     if not tokens and not tracing:
         return []
-    log = AccessLog() if settings.access_log else None
+    log = access_log() if settings.access_log else None
     return [AccessInterceptor(tokens=tokens, tracing=tracing, access_log=log)]
 
 

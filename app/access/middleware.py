@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp
 
-from app.access.access_log import AccessLog
+from app.access.access_log import access_log
 from app.access.auth import AuthMiddleware
 from app.access.request_id import install_log_filter
 from app.access.tokens import TokenSet
@@ -47,7 +47,7 @@ def access_layers(settings: Settings) -> list[Callable[[ASGIApp], ASGIApp]]:
     layers: list[Callable[[ASGIApp], ASGIApp]] = []
     if settings.request_ids or settings.access_log:
         install_log_filter()
-        log = AccessLog() if settings.access_log else None
+        log = access_log() if settings.access_log else None
         layers.append(lambda app: TraceMiddleware(app, access_log=log, default_model=settings.default_model))
     if settings.cors_origins:
         origins = list(settings.cors_origins)

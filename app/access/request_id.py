@@ -10,23 +10,27 @@ each record: as `record.request_id` for a format that names `%(request_id)s`, an
 from __future__ import annotations
 
 import logging
+import random
 import re
-import uuid
 from contextvars import ContextVar
 
 HEADER = "x-request-id"
 _SANE = re.compile(rb"^[A-Za-z0-9._-]{1,128}$")
+# A uuid4's version and variant bits, over random ones: uuid.uuid4() costs 7 µs, this 0.5.
+_UUID4_MASK = ~(0xF000 << 64 | 0xC000 << 48) & (2**128 - 1)
+_UUID4_BITS = 0x4000 << 64 | 0x8000 << 48
 
 REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
 
 
 def choose(incoming: bytes | str | None) -> str:
-    """The client's id when it is 1–128 of [A-Za-z0-9._-], else a new uuid4 hex (32 characters)."""
+    """The client's id when it is 1–128 of [A-Za-z0-9._-], else a new uuid4 hex (32 characters;
+    not from os.urandom: an id must be unique, not unguessable)."""
     if incoming:
         raw = incoming.encode() if isinstance(incoming, str) else incoming
         if _SANE.match(raw):
             return raw.decode()
-    return uuid.uuid4().hex
+    return f"{random.getrandbits(128) & _UUID4_MASK | _UUID4_BITS:032x}"
 
 
 class RequestIdFilter(logging.Filter):

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from starlette.routing import Route
 
 from app import cli
-from app.access.access_log import LOGGER
+from app.access.access_log import LOGGER, access_log
 from app.access.request_id import RequestIdFilter
 from app.access.tokens import TokenSet
 from app.config import Settings, describe_errors
@@ -115,11 +115,20 @@ def plain() -> Iterator[TestClient]:
         yield client
 
 
+class AccessLines(list[str]):
+    def written(self) -> list[str]:
+        """The lines, once the access log's writer thread has handed over what is queued."""
+        assert access_log().flush()
+        return list(self)
+
+
 @pytest.fixture
-def access_lines() -> Iterator[list[str]]:
+def access_lines() -> Iterator[AccessLines]:
+    assert access_log().flush()  # earlier tests' lines go to the handlers of their time
     handler = Lines()
+    handler.lines = lines = AccessLines()
     logging.getLogger(LOGGER).addHandler(handler)
-    yield handler.lines
+    yield lines
     logging.getLogger(LOGGER).removeHandler(handler)
 
 
@@ -281,7 +290,7 @@ def test_a_sane_request_id_is_echoed_and_any_other_replaced_on_every_answer(secu
     assert len(set(generated)) == len(generated)
 
 
-def test_an_unhandled_exception_still_gets_the_id_and_an_access_log_line(access_lines: list[str]) -> None:
+def test_an_unhandled_exception_still_gets_the_id_and_an_access_log_line(access_lines: AccessLines) -> None:
     app = create_app(Settings(request_ids=True, access_log=True))
 
     async def boom(request: object) -> None:
@@ -291,7 +300,7 @@ def test_an_unhandled_exception_still_gets_the_id_and_an_access_log_line(access_
     with TestClient(app, raise_server_exceptions=False) as client:
         answer = client.get("/boom", headers={"x-request-id": "trace-500"})
     assert answer.status_code == 500 and answer.headers["x-request-id"] == "trace-500"
-    (line,) = (orjson.loads(line) for line in access_lines if "trace-500" in line)
+    (line,) = (orjson.loads(line) for line in access_lines.written() if "trace-500" in line)
     assert line["status"] == 500 and line["path"] == "/boom"
 
 
@@ -335,12 +344,12 @@ def test_a_log_format_that_names_the_request_id_gets_it_as_a_field() -> None:
 
 
 def test_the_access_log_has_one_json_line_per_request_with_its_fields(
-    secured: TestClient, access_lines: list[str]
+    secured: TestClient, access_lines: AccessLines
 ) -> None:
     predicted = secured.post("/predict", content=PIXELS, headers=RAW | bearer(INFERENCE) | {"x-request-id": "log-1"})
     named = secured.post(f"/v1/models/{MODEL}/predict", content=PIXELS * 2, headers=RAW | bearer(INFERENCE))
     refused = secured.get("/metrics")
-    records = [orjson.loads(line) for line in access_lines]
+    records = [orjson.loads(line) for line in access_lines.written()]
     assert len(records) == 3
     for record, answer in zip(records, (predicted, named, refused), strict=True):
         assert set(record) == {
@@ -393,7 +402,7 @@ def test_a_preflight_from_a_configured_origin_is_answered_before_any_token(secur
 # --- off by default --------------------------------------------------------------------------
 
 
-def test_with_nothing_set_nothing_is_added(plain: TestClient, access_lines: list[str]) -> None:
+def test_with_nothing_set_nothing_is_added(plain: TestClient, access_lines: AccessLines) -> None:
     assert "build_middleware_stack" not in vars(plain.app)  # the stack is FastAPI's own, unwrapped
     for method, path, body, headers, _ in PROTECTED:
         answer = plain.request(method, path, content=body, headers=headers | {"x-request-id": "ignored"})
@@ -402,4 +411,4 @@ def test_with_nothing_set_nothing_is_added(plain: TestClient, access_lines: list
     preflight = {"origin": ORIGIN, "access-control-request-method": "POST"}
     answer = plain.options("/predict", headers=preflight)
     assert answer.status_code == 405 and "access-control-allow-origin" not in answer.headers
-    assert access_lines == []
+    assert access_lines.written() == []
