@@ -63,8 +63,11 @@ class AccessLog:
             if not lines:
                 pass
             elif self.logger.handlers == [self.stdout] and self.logger.isEnabledFor(logging.INFO):
-                self.stdout.stream.write("".join(line + "\n" for line in lines))  # the default: one write
-                self.stdout.flush()
+                try:
+                    self.stdout.stream.write("".join(line + "\n" for line in lines))  # the default: one write
+                    self.stdout.flush()
+                except Exception:  # a closed stdout: say so on stderr, as logging does, and go on
+                    self.stdout.handleError(logging.makeLogRecord({"msg": f"{len(lines)} access-log lines"}))
             else:
                 for line in lines:
                     self.logger.info(line)
