@@ -16,6 +16,8 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from app.access.tokens import Origins, TokenFile, Tokens
+
 # The shipped repository: the seed CNN alone. `models` is a plain package (its __init__ is empty).
 DEFAULT_REPOSITORY = Path(str(files("models"))) / "repository"
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -142,6 +144,38 @@ class Settings(BaseSettings):
         description="Server processes on one port, each with its own engines and graphs; /metrics merges them.",
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log verbosity.")
+    auth_tokens: Tokens = Field(
+        None,
+        description="Bearer tokens for inference (POST /predict, /v1/models/{name}/predict, /v2 but its health "
+        "routes), comma-separated, 16+ characters each; set, those answer 401 without one. A secret: give it in "
+        "the environment or a file, not as a flag (ps shows flags).",
+    )
+    auth_tokens_file: TokenFile = Field(
+        None, description="File of inference tokens, one a line (# comments), read at start-up; adds to auth_tokens."
+    )
+    admin_tokens: Tokens = Field(
+        None,
+        description="Bearer tokens for /metrics and the model descriptions (GET /v1/models…), comma-separated; "
+        "set, those answer 401 without one. Inference tokens are not accepted there, nor these for inference.",
+    )
+    admin_tokens_file: TokenFile = Field(
+        None, description="File of admin tokens, one a line (# comments), read at start-up; adds to admin_tokens."
+    )
+    cors_origins: Origins = Field(
+        (),
+        description="Origins whose web pages may call the API (CORS), comma-separated, or *; empty: no CORS "
+        "headers, preflights get 405.",
+    )
+    request_ids: bool = Field(
+        False,
+        description="X-Request-ID: the client's (1-128 of A-Za-z0-9._-) or a new one, echoed on every answer "
+        "(x-request-id metadata over gRPC) and at the head of every log line written for the request.",
+    )
+    access_log: bool = Field(
+        False,
+        description="One JSON line per HTTP request and gRPC call on stdout (logger cgserve.access): time, "
+        "request_id, method, path, status, duration_ms, bytes_in, bytes_out, client, model. Turns request_ids on.",
+    )
 
     _split_buckets = field_validator("buckets", mode="before")(split_buckets)
     _check_buckets = field_validator("buckets")(check_buckets)

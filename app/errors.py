@@ -178,3 +178,16 @@ async def within(deadline: float) -> AsyncIterator[None]:
             yield
     except TimeoutError:
         raise DeadlineExceededError(max(0.0, deadline - time.monotonic())) from None
+
+
+class UnauthorizedError(ServiceError):
+    """No bearer token, or one that is not among the tokens for this kind of route (401)."""
+
+    status = 401
+    code = "unauthorized"
+    reason = "unauthorized"
+
+    def __init__(self, message: str, *, expected: str, invalid: bool) -> None:
+        # RFC 6750: a wrong token is "invalid_token"; a missing one gets the bare challenge.
+        challenge = 'Bearer realm="cudagraph-serve"' + (', error="invalid_token"' if invalid else "")
+        super().__init__(message, expected=expected, headers={"WWW-Authenticate": challenge})

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from app.access.middleware import add_access_layers
 from app.config import Settings, get_settings
 from app.drain import drain_on_signals
 from app.engine_factory import EngineOptions
@@ -101,6 +102,7 @@ def create_app(
         request_timeout_s=settings.request_timeout_s,
         body_timeout_s=settings.body_timeout_s,
     )
+    add_access_layers(app, settings)  # tokens, CORS, request ids, access log: none unless set
     return app
 
 

@@ -20,6 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from app import metrics
+from app.access.grpc_interceptor import server_interceptors
 from app.config import Settings
 from app.errors import InputError, ServiceError, within
 from app.service import ServedModel, Service
@@ -189,7 +190,7 @@ class GrpcServer:
             ("grpc.max_send_message_length", max(limit, 64 * 2**20)),
             ("grpc.so_reuseport", 1 if reuse_port else 0),  # workers share the port; one process owns it
         ]
-        self.server = grpc.aio.server(options=options)
+        self.server = grpc.aio.server(options=options, interceptors=server_interceptors(settings))
         self.health = HealthServicer(service)
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(service), self.server)  # type: ignore[no-untyped-call]
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

@@ -1,0 +1,138 @@
+"""The access layer of the gRPC server: the inference tokens, request ids and the access log.
+
+Tokens come in the `authorization: Bearer <token>` metadata; without an inference token every
+method answers UNAUTHENTICATED but ServerLive, ServerReady, the health service and reflection
+(the probes, as over HTTP). The `x-request-id` metadata is taken (if sane) or made, set for the
+call's log lines, and sent back in the trailing metadata, errors included. grpc.aio runs an
+interceptor and the handler it leads to in one context, so the id set here reaches the handler.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from app.access.access_log import AccessLog, access_log
+from app.access.request_id import HEADER, REQUEST_ID, choose
+from app.access.tokens import TokenSet, bearer_token
+from app.config import Settings
+
+log = logging.getLogger(__name__)
+_INFERENCE_SERVICE = "/inference.GRPCInferenceService/"
+OPEN = (
+    _INFERENCE_SERVICE + "ServerLive",
+    _INFERENCE_SERVICE + "ServerReady",
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.",
+)
+
+
+def server_interceptors(settings: Settings) -> list[grpc.aio.ServerInterceptor]:
+    """The interceptor the settings call for, or none at all (the default)."""
+    tokens = TokenSet.load(settings.auth_tokens, settings.auth_tokens_file)
+    tracing = settings.request_ids or settings.access_log
+    if not tokens and not tracing:
+        return []
+    log = access_log() if settings.access_log else None
+    return [AccessInterceptor(tokens=tokens, tracing=tracing, access_log=log)]
+
+
+class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    def __init__(self, *, tokens: TokenSet, tracing: bool, access_log: AccessLog | None) -> None:
+        self.tokens = tokens
+        self.tracing = tracing
+        self.log = access_log
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        method: str = details.method
+        metadata = dict(details.invocation_metadata or ())
+        request_id = choose(metadata.get(HEADER)) if self.tracing else None
+        if request_id is not None:
+            REQUEST_ID.set(request_id)  # this call's own context, the handler's too
+        if self.tokens and not method.startswith(OPEN):
+            token = bearer_token(metadata.get("authorization"))
+            if token is None or not self.tokens.accepts(token):
+                what = "is not an accepted token" if token is not None else "is missing"
+                message = (
+                    f"{method}: the bearer token {what}; expected `authorization: Bearer <token>` metadata "
+                    "with one of the inference tokens (CGSERVE_AUTH_TOKENS or CGSERVE_AUTH_TOKENS_FILE)"
+                )
+                log.debug("refused %s: no %s token", method, "accepted" if token is not None else "inference")
+                return self._traced(method, request_id, _refusal(message), None)
+        handler = await continuation(details)
+        if request_id is None or handler is None or handler.unary_unary is None:
+            return handler  # streaming (health Watch, reflection): left as they are
+        return self._traced(method, request_id, handler.unary_unary, handler)
+
+    def _traced(
+        self,
+        method: str,
+        request_id: str | None,
+        behavior: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]],
+        handler: grpc.RpcMethodHandler | None,
+    ) -> grpc.RpcMethodHandler:
+        """`behavior` as a unary handler that sends the id back and writes the access-log line."""
+        log = self.log
+
+        async def traced(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            if request_id is not None:
+                context.set_trailing_metadata(((HEADER, request_id),))  # kept by abort() too
+            if log is None:
+                return await behavior(request, context)
+            arrived, started = time.time(), time.perf_counter()
+            response = None
+            try:
+                response = await behavior(request, context)
+                return response
+            finally:
+                code = context.code() or grpc.StatusCode.OK
+                fields = {
+                    "request_id": request_id,
+                    "protocol": "grpc",
+                    "method": "POST",
+                    "path": method,
+                    "status": getattr(code, "name", str(code)),
+                    "duration_ms": round((time.perf_counter() - started) * 1000, 3),
+                    "bytes_in": _size(request),
+                    "bytes_out": _size(response),
+                    "client": _peer_host(context.peer()),
+                    "model": getattr(request, "model_name", None) or getattr(request, "name", None) or None,
+                }
+                log.write(arrived, fields)
+
+        if handler is None:  # a refusal: the request is never deserialized
+            return grpc.unary_unary_rpc_method_handler(traced)
+        return grpc.unary_unary_rpc_method_handler(traced, handler.request_deserializer, handler.response_serializer)
+
+
+def _refusal(message: str) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
+    async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    return refuse
+
+
+def _size(message: Any) -> int:
+    """A protobuf message's encoded size (the raw bytes of a refused call, never deserialized)."""
+    if message is None:
+        return 0
+    if isinstance(message, bytes | bytearray):
+        return len(message)
+    return int(message.ByteSize()) if hasattr(message, "ByteSize") else 0
+
+
+def _peer_host(peer: str) -> str:
+    """ "ipv4:127.0.0.1:5000" → "127.0.0.1"; "ipv6:[::1]:5000" → "::1"."""
+    kind, _, address = peer.partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        return peer
+    host = address.rpartition(":")[0]
+    return host.strip("[]") if kind == "ipv6" else host

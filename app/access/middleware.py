@@ -1,0 +1,67 @@
+"""Which access layers the app gets: only those the settings turn on, none by default.
+
+Outermost first: request ids and the access log (TraceMiddleware), CORS (so that a browser's
+preflight is answered before any token is asked for, and a 401 carries its CORS headers), then
+the tokens (AuthMiddleware). They wrap the whole Starlette stack, error middleware included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp
+
+from app.access.access_log import access_log
+from app.access.auth import AuthMiddleware
+from app.access.request_id import install_log_filter
+from app.access.tokens import TokenSet
+from app.access.tracing import TraceMiddleware
+from app.config import Settings
+
+# What a browser may send and read across origins: the token, the id, the v2 binary extension.
+CORS_REQUEST_HEADERS = ("authorization", "content-type", "x-request-id", "inference-header-content-length")
+CORS_EXPOSED_HEADERS = ("x-request-id", "inference-header-content-length", "retry-after", "www-authenticate")
+
+
+def add_access_layers(app: FastAPI, settings: Settings) -> None:
+    layers = access_layers(settings)
+    if not layers:
+        return  # all off: not one call more per request than without this package
+    build = app.build_middleware_stack
+
+    def build_with_access() -> ASGIApp:
+        stack = build()
+        for layer in reversed(layers):
+            stack = layer(stack)
+        return stack
+
+    # Outside ServerErrorMiddleware (add_middleware would put them inside it): a 500 it answers
+    # still gets its request id, CORS headers and access-log line.
+    app.build_middleware_stack = build_with_access  # type: ignore[method-assign]
+
+
+def access_layers(settings: Settings) -> list[Callable[[ASGIApp], ASGIApp]]:
+    """The layers, outermost first, each a function of the app inside it."""
+    layers: list[Callable[[ASGIApp], ASGIApp]] = []
+    if settings.request_ids or settings.access_log:
+        install_log_filter()
+        log = access_log() if settings.access_log else None
+        layers.append(lambda app: TraceMiddleware(app, access_log=log, default_model=settings.default_model))
+    if settings.cors_origins:
+        origins = list(settings.cors_origins)
+        layers.append(
+            lambda app: CORSMiddleware(
+                app,
+                allow_origins=origins,
+                allow_methods=("GET", "POST"),
+                allow_headers=CORS_REQUEST_HEADERS,
+                expose_headers=CORS_EXPOSED_HEADERS,
+            )
+        )
+    inference = TokenSet.load(settings.auth_tokens, settings.auth_tokens_file)
+    admin = TokenSet.load(settings.admin_tokens, settings.admin_tokens_file)
+    if inference or admin:
+        layers.append(lambda app: AuthMiddleware(app, inference=inference, admin=admin))
+    return layers
