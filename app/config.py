@@ -47,7 +47,10 @@ def check_buckets(value: tuple[int, ...]) -> tuple[int, ...]:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CGSERVE_", env_file=".env", extra="ignore", frozen=True)
+    # hide_input_in_errors: a bad token must not be repeated in an error (or a traceback's) text.
+    model_config = SettingsConfigDict(
+        env_prefix="CGSERVE_", env_file=".env", extra="ignore", frozen=True, hide_input_in_errors=True
+    )
 
     host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 in a container).")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port.")

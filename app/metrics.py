@@ -69,8 +69,9 @@ IN_FLIGHT = Gauge(
 )
 REJECTIONS = Counter(
     "cgserve_rejections",
-    "Requests answered with an error, by reason: invalid_input, body_too_large, queue_full, "
-    "deadline_exceeded, engine_error, not_ready, unknown_model (model is empty where no model was named).",
+    "Requests answered with an error (or not at all), by reason: invalid_input, body_too_large, queue_full, "
+    "bytes_in_flight, deadline_exceeded, request_timeout, engine_error, not_ready, unknown_model, invalid_route, "
+    "unauthorized, client_closed (model is empty where no model was named).",
     ["model", "reason"],
 )
 CAPTURE_SECONDS = Gauge(
