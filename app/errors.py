@@ -191,3 +191,16 @@ class UnauthorizedError(ServiceError):
         # RFC 6750: a wrong token is "invalid_token"; a missing one gets the bare challenge.
         challenge = 'Bearer realm="cudagraph-serve"' + (', error="invalid_token"' if invalid else "")
         super().__init__(message, expected=expected, headers={"WWW-Authenticate": challenge})
+
+
+class BudgetExhaustedError(ServiceError):
+    status = 503
+    code = "overloaded"
+    reason = "bytes_in_flight"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"request bodies of {limit} bytes are being read and decoded already; this one was not read",
+            expected="a retry after the Retry-After interval (CGSERVE_MAX_INFLIGHT_BYTES)",
+            headers=retry_after(0.05),
+        )

@@ -20,24 +20,18 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import metrics
-from app.errors import BodyTooLargeError, InputError, RequestTimeoutError, ServiceError, error_body, retry_after
+from app.errors import (
+    BodyTooLargeError,
+    BudgetExhaustedError,
+    InputError,
+    RequestTimeoutError,
+    ServiceError,
+    error_body,
+)
 
 DEADLINE_KEY = "cgserve.deadline"
 FIRST_BYTE_KEY = "cgserve.first_byte"  # set by app/http_guard.py where the guarded protocol runs
 TIMEOUT_HEADER = b"x-request-timeout-ms"
-
-
-class BudgetExhaustedError(ServiceError):
-    status = 503
-    code = "overloaded"
-    reason = "bytes_in_flight"
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(
-            f"request bodies of {limit} bytes are being read and decoded already; this one was not read",
-            expected="a retry after the Retry-After interval (CGSERVE_MAX_INFLIGHT_BYTES)",
-            headers=retry_after(0.05),
-        )
 
 
 class RequestGuard:
