@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator, Callable
@@ -20,6 +21,7 @@ from app.config import Settings, get_settings
 from app.drain import drain_on_signals
 from app.engine_factory import EngineOptions
 from app.errors import RouteError, error_response
+from app.loop_lag import GcPauses, sample_loop_lag
 from app.openapi import build_openapi
 from app.repository import LoadedModel
 from app.request_guard import RequestGuard
@@ -59,6 +61,9 @@ def create_app(
         service = Service(settings, prepared=prepared, on_fatal=on_fatal, on_ready=on_ready, peers_ready=peers_ready)
         app.state.service = service
         service.start()
+        gc_pauses = GcPauses()
+        gc_pauses.install()
+        lag_sampler = asyncio.create_task(sample_loop_lag(), name="loop-lag")
         grpc_server = None
         if settings.grpc_port:
             from app.v2.grpc_server import GrpcServer  # grpcio loads only where gRPC is on
@@ -72,6 +77,8 @@ def create_app(
             if grpc_server is not None:
                 await grpc_server.stop()
             await service.stop()
+            lag_sampler.cancel()
+            gc_pauses.remove()
             if service.device_dead and exit_on_dead_device:
                 # A kernel that never ends holds the interpreter's exit (CUDA's teardown waits for it,
                 # and so does a thread stuck in a forward): leave now, non-zero, for the supervisor.

@@ -104,6 +104,20 @@ ENGINE_INFO = Gauge(
     multiprocess_mode="max",
 )
 
+# 100 µs … 2.5 s: a healthy loop wakes within a ms of asking; a full gc of an unfrozen heap took 0.2–0.7 s.
+PAUSE_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+EVENT_LOOP_LAG = Histogram(
+    "cgserve_event_loop_lag_seconds",
+    "How late the event loop woke a task that asked to sleep 50 ms: time the loop was held by other work.",
+    buckets=PAUSE_BUCKETS,
+)
+GC_PAUSE = Histogram(
+    "cgserve_gc_pause_seconds",
+    "Duration of each garbage collection, by generation (2: a full collection).",
+    ["generation"],
+    buckets=PAUSE_BUCKETS,
+)
+
 
 def exposition() -> bytes:
     """The text format for GET /metrics: this process's metrics, or every worker's when several run."""

@@ -24,6 +24,7 @@ from app.config import Settings
 from app.engine_factory import EngineOptions, build_engine, engine_options, resolve_device, use_compile_cache
 from app.engines.base import Engine
 from app.errors import NotReadyError, UnknownModelError
+from app.heap import freeze_startup_heap
 from app.model_spec import ModelSpec
 from app.repository import LoadedModel, ModelConfigError, load_model, read_repository
 
@@ -149,9 +150,11 @@ class Service:
             log.debug("start-up failure", exc_info=True)
             self._on_fatal()
             return
+        # Start-up is over: what it built lives as long as the process; full collections skip it.
+        frozen = freeze_startup_heap()
         metrics.READY.set(1)
         self._on_ready()
-        log.info("ready: serving %s", ", ".join(self.models))
+        log.info("ready: serving %s (%d start-up objects frozen out of gc)", ", ".join(self.models), frozen)
 
     async def _start_model(self, served: ServedModel, model: LoadedModel) -> None:
         name, options, settings = served.spec.name, served.options, self.settings

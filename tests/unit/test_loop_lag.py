@@ -1,0 +1,61 @@
+"""The event-loop lag sampler, the gc pause metric and the start-up heap freeze."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+
+from app import metrics
+from app.heap import freeze_startup_heap
+from app.loop_lag import SAMPLE_INTERVAL_S, GcPauses, sample_loop_lag
+
+
+def _count(histogram_child: object) -> float:
+    """Observations so far of one histogram child (its +Inf bucket)."""
+    samples = [s for metric in histogram_child.collect() for s in metric.samples]  # type: ignore[attr-defined]
+    return next(s.value for s in samples if s.name.endswith("_count"))
+
+
+def _sum(histogram_child: object) -> float:
+    samples = [s for metric in histogram_child.collect() for s in metric.samples]  # type: ignore[attr-defined]
+    return next(s.value for s in samples if s.name.endswith("_sum"))
+
+
+def test_a_blocked_loop_shows_as_lag() -> None:
+    async def block_the_loop_once() -> None:
+        sampler = asyncio.create_task(sample_loop_lag())
+        await asyncio.sleep(SAMPLE_INTERVAL_S / 2)
+        time.sleep(0.2)  # noqa: ASYNC251 - on purpose: holds the loop, as a full gc or an on-loop decode would
+        await asyncio.sleep(2 * SAMPLE_INTERVAL_S)
+        sampler.cancel()
+
+    count, total = _count(metrics.EVENT_LOOP_LAG), _sum(metrics.EVENT_LOOP_LAG)
+    asyncio.run(block_the_loop_once())
+    assert _count(metrics.EVENT_LOOP_LAG) - count >= 2
+    assert _sum(metrics.EVENT_LOOP_LAG) - total >= 0.15  # the 0.2 s hold, less the half interval already asleep
+
+
+def test_each_collection_is_timed_by_generation() -> None:
+    pauses = GcPauses()
+    full = metrics.GC_PAUSE.labels(generation="2")
+    before = _count(full)
+    pauses.install()
+    pauses.install()  # once only
+    try:
+        gc.collect()
+    finally:
+        pauses.remove()
+    assert _count(full) - before == 1
+    gc.collect()
+    assert _count(full) - before == 1  # removed: no longer observed
+
+
+def test_the_frozen_start_up_heap_is_skipped_by_full_collections() -> None:
+    try:
+        frozen = freeze_startup_heap()
+        assert frozen == gc.get_freeze_count() > 10_000  # torch, numpy, the app: everything imported
+        survivors = len(gc.get_objects(generation=2))
+        assert survivors < frozen // 10  # what a full collection still walks
+    finally:
+        gc.unfreeze()
