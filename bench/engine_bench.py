@@ -7,6 +7,11 @@ Per bucket, medians over many runs, in µs of wall time on the host:
               stream synchronized: the full path without the asyncio hand-back
   engine_*    `await engine.run(slot, b)` from an asyncio loop: the engine's full path, H2D +
               forward + softmax + D2H in one replay, then the hand-back (poll / spin / block)
+  ind_*       the same with inductor's kernels (compile "inductor"), against `replay_inductor`, a
+              bare graph of the compiled forward alone; each of issue 12's ideas on its own:
+              uint8 input (a quarter of the H2D bytes), the normalisation fused into the compiled
+              forward (fewer kernels), host_io "mapped" (no memcpy nodes: the kernels read and
+              write the slot's pinned memory)
 Also the graph pool of all buckets vs the largest alone, and start-up times.
 
     python3 bench/engine_bench.py --out bench/results/<date>-engine.json
@@ -32,15 +37,29 @@ from app.config import DEFAULT_BUCKETS
 from app.engines.base import Slot
 from app.engines.cuda import CudaEngine
 from app.engines.graph_capture import capture_graphs
+from app.engines.inductor import compile_module
 from models.cnn import load_model
 from tests.seed_model import seed_spec
 
 DEVICE = torch.device("cuda:0")
-VARIANTS = {  # name → CudaEngine options
-    "engine_graph_poll": {"event_wait": "poll"},
-    "engine_graph_spin": {"event_wait": "spin"},
-    "engine_graph_block": {"event_wait": "block"},
-    "engine_eager_poll": {"use_graphs": False, "event_wait": "poll"},
+INDUCTOR = {"torch_compile_mode": "default"}
+VARIANTS: dict[str, tuple[dict[str, object], str]] = {  # name → (CudaEngine options, input dtype)
+    "engine_graph_poll": ({"event_wait": "poll"}, "float32"),
+    "engine_graph_spin": ({"event_wait": "spin"}, "float32"),
+    "engine_graph_block": ({"event_wait": "block"}, "float32"),
+    "engine_eager_poll": ({"use_graphs": False, "event_wait": "poll"}, "float32"),
+    "engine_graph_uint8": ({"event_wait": "poll"}, "uint8"),
+    "engine_graph_mapped": ({"event_wait": "poll", "host_io": "mapped"}, "float32"),
+    "ind_unfused": ({**INDUCTOR, "fuse_input": False}, "float32"),
+    "ind_unfused_uint8": ({**INDUCTOR, "fuse_input": False}, "uint8"),
+    "ind_fused": (INDUCTOR, "float32"),
+    "ind_fused_uint8": (INDUCTOR, "uint8"),
+    "ind_fused_mapped_uint8": ({**INDUCTOR, "host_io": "mapped"}, "uint8"),
+}
+SAME_ENGINE = {
+    "engine_graph_uint8": "engine_graph_poll",
+    "ind_unfused_uint8": "ind_unfused",
+    "ind_fused_uint8": "ind_fused",
 }
 
 
@@ -71,15 +90,16 @@ def time_host(fn, stream: torch.cuda.Stream, iterations: int) -> float:  # type:
     return median_us(samples)
 
 
-def time_engine(engine: CudaEngine, slot: Slot, bucket: int, iterations: int) -> tuple[float, float]:
+def time_engine(engine: CudaEngine, slot: Slot, bucket: int, iterations: int, dtype: str) -> tuple[float, float]:
     """Median wall µs of the full path, and median device µs from its timing events."""
-    slot.inputs["float32"][:bucket] = np.random.default_rng(0).random((bucket, 1, 28, 28), dtype=np.float32)
+    pixels = np.random.default_rng(0).integers(0, 256, (bucket, 1, 28, 28), dtype=np.uint8)
+    slot.inputs[dtype][:bucket] = pixels if dtype == "uint8" else pixels * np.float32(1 / 255)  # type: ignore[index]
 
     async def loop() -> tuple[list[float], list[float]]:
         walls, devices = [], []
         for _ in range(iterations):
             started = time.perf_counter()
-            device_s = await engine.run(slot, bucket, "float32")
+            device_s = await engine.run(slot, bucket, dtype)  # type: ignore[arg-type]
             walls.append(time.perf_counter() - started)
             devices.append(device_s)
         return walls, devices
@@ -120,14 +140,18 @@ def main() -> None:
     )
     record["memory"] = memory
 
-    engines = {name: build(buckets, **options) for name, options in VARIANTS.items()}
+    engines = {name: build(buckets, **options) for name, (options, _) in VARIANTS.items() if name not in SAME_ENGINE}
+    engines |= {name: engines[twin] for name, twin in SAME_ENGINE.items()}
     slots = {name: engine.slots[0] for name, engine in engines.items()}
+    record["host_io"] = {name: engine.host_io for name, engine in engines.items()}  # "copy" where mapped fell back
     record["startup_s"] = {name: round(e.report.startup_seconds, 3) for name, e in engines.items()}
     record["capture_s"] = engines["engine_graph_poll"].report.capture_seconds
     module = load_model().to(DEVICE)
     stream = torch.cuda.Stream(DEVICE)
     static_in = torch.rand((buckets[-1], 1, 28, 28), device=DEVICE)
     bare_graphs = capture_graphs(lambda b: module(static_in[:b]), buckets, stream, torch.cuda.graph_pool_handle())
+    compiled = compile_module(load_model().to(DEVICE), "default", len(buckets))
+    bare_inductor = capture_graphs(lambda b: compiled(static_in[:b]), buckets, stream, torch.cuda.graph_pool_handle())
     rows = {}
     for bucket in buckets:
         x = static_in[:bucket]
@@ -135,6 +159,7 @@ def main() -> None:
             row: dict[str, float] = {
                 "eager": time_host(lambda x=x: module(x), stream, args.iterations),
                 "replay": time_host(bare_graphs.graphs[bucket].replay, stream, args.iterations),
+                "replay_inductor": time_host(bare_inductor.graphs[bucket].replay, stream, args.iterations),
             }
         polled = engines["engine_graph_poll"]
         state = polled._slots[0]
@@ -142,20 +167,27 @@ def main() -> None:
             lambda b=bucket, e=polled, s=state: e._queue_batch(s, b, "float32"), polled._stream, args.iterations
         )
         for name, engine in engines.items():
-            row[name], row[name + "_device"] = time_engine(engine, slots[name], bucket, args.iterations)
-        row["ratio_engine_to_replay"] = round(row["engine_graph_poll"] / row["replay"], 3)
+            dtype = VARIANTS[name][1]
+            row[name], row[name + "_device"] = time_engine(engine, slots[name], bucket, args.iterations, dtype)
+        for name in VARIANTS:  # each full path against the bare replay of the same forward
+            if name.startswith("engine_graph"):
+                row["ratio_" + name] = round(row[name] / row["replay"], 3)
+            elif name.startswith("ind_"):
+                row["ratio_" + name] = round(row[name] / row["replay_inductor"], 3)
+        row["ratio_engine_to_replay"] = row["ratio_engine_graph_poll"]
         rows[str(bucket)] = row
         print(
             f"bucket {bucket:4d}: eager {row['eager']:7.1f}  replay {row['replay']:7.1f}  "
             + "  ".join(f"{n.removeprefix('engine_')} {row[n]:7.1f}" for n in VARIANTS)
-            + f"  ratio {row['ratio_engine_to_replay']:.2f}",
+            + "  ratios "
+            + " ".join(f"{k.removeprefix('ratio_')}={v:.2f}" for k, v in row.items() if k.startswith("ratio_")),
             flush=True,
         )
     record["buckets"] = rows
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps(memory, indent=2))
-    for engine in engines.values():
+    for engine in {id(e): e for e in engines.values()}.values():  # twins share an engine
         engine.close()
 
 

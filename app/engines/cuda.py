@@ -4,10 +4,13 @@ A batch is, on the engine's own non-default stream, never waiting on the host:
 
     start.record()
     static_in[:b] ← slot.host_in[:b]                     H2D from pinned memory (uint8 or fp32)
-    x = (static_in[:b] / 255 if uint8 − mean) / std      ModelInput, fp32
-    logits = module(x)                                  in the compute dtype, then fp32
+    logits = DeviceForward(static_in[:b])               (x / 255 − mean) / std, the model, fp32 logits
     slot.host_out[:b] ← softmax(logits)                 D2H into pinned memory
     done.record()
+
+With host_io "mapped" the two copies go: the forward reads the slot's pinned pixels and the
+softmax writes its probabilities straight into the slot, through device views of the pinned
+memory (app/engines/host_mapped.py), a graph of kernels alone.
 
 The copies are captured into the graph with the forward, so a batch costs the host a single
 replay() call; their host addresses are baked in, hence one graph per (slot, bucket, input
@@ -16,8 +19,9 @@ batch N+1's copy into static_in runs after batch N's forward read it, and every 
 may alias another bucket's in the shared pool) is copied out inside its own replay. The batcher
 reuses a slot's host buffers only after its `done` event completed.
 
-With `torch_compile_mode` set, the module is first compiled by inductor (fused Triton kernels, one static
-shape per bucket, no CUDA graphs of its own) and those kernels are what each graph captures.
+With `torch_compile_mode` set, the forward is first compiled by inductor (fused Triton kernels, one static
+shape per bucket and input dtype, no CUDA graphs of its own) and those kernels are what each graph
+captures; `fuse_input` compiles the input normalisation with the model (one kernel fewer or more).
 
 Hand-back, by `event_wait`:
   poll   the event loop polls done.query() between its other work (no thread hop); a batch
@@ -40,21 +44,23 @@ import torch
 from torch import nn
 
 from app.engines.base import INPUT_DTYPES, EngineReport, InputDtype, Slot
+from app.engines.device_forward import DeviceForward
 from app.engines.event_waiter import EventWaiter
 from app.engines.graph_capture import capture_graphs
+from app.engines.host_mapped import device_view
 from app.engines.inductor import compile_module
 from app.engines.model_input import ModelInput
 from app.model_spec import ModelSpec
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 TORCH_INPUT = {"uint8": torch.uint8, "float32": torch.float32}
 # ‖engine logits − fp32 eager logits‖ / ‖fp32 eager logits‖ allowed at start-up validation.
 TOLERANCE = {"fp32": 1e-5, "fp16": 1e-2, "bf16": 1e-2}
 # Fresh random inputs per (slot, bucket, input dtype) at start-up: enough draws that a dtype
 # whose error straddles the tolerance is caught on every start, not one start in a few.
 VALIDATION_DRAWS = 4
+HOST_IO = ("copy", "mapped")  # how a graph reaches the slot's pinned memory: memcpy nodes, or device views
 # Longer than any batch of a small CNN; past it, polling would only burn the event loop's core.
 POLL_LIMIT_S = 0.002
 
@@ -65,6 +71,8 @@ _Key = tuple[int, InputDtype]  # (bucket, input dtype): one graph each, per slot
 class _SlotState:
     host_in: dict[InputDtype, torch.Tensor]  # dtype → (max_bucket, C, H, W), pinned
     host_out: torch.Tensor  # (max_bucket, num_classes) fp32 probabilities, pinned
+    mapped_in: dict[InputDtype, torch.Tensor]  # host_io "mapped": CUDA views of host_in, else empty
+    mapped_out: torch.Tensor | None  # host_io "mapped": a CUDA view of host_out
     start: torch.cuda.Event  # timing events bracketing the batch's device work
     done: torch.cuda.Event
     graphs: dict[_Key, torch.cuda.CUDAGraph] = field(default_factory=dict)
@@ -85,6 +93,8 @@ class CudaEngine:
         torch_compile_mode: str | None = None,
         in_flight: int = 2,
         event_wait: str = "poll",
+        host_io: str = "copy",
+        fuse_input: bool = True,
         keep_graphs: bool = False,
         name: str | None = None,
     ) -> None:
@@ -96,6 +106,7 @@ class CudaEngine:
         self.dtype = dtype
         self.channels_last = channels_last
         self.event_wait = event_wait
+        self.host_io = host_io
         self._device = device
         self._broken: str | None = None
         torch.cuda.set_device(device)
@@ -115,7 +126,12 @@ class CudaEngine:
         self._module = module.to(device)
         if channels_last:
             self._module = self._module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-        self._forward = compile_module(self._module, torch_compile_mode, len(buckets))
+        if fuse_input:  # inductor sees the normalisation too: one static shape per (bucket, input dtype)
+            forward = DeviceForward(self._input, self._module, dtype=dtype, channels_last=channels_last)
+            self._forward = compile_module(forward, torch_compile_mode, len(buckets) * len(INPUT_DTYPES))
+        else:
+            compiled = compile_module(self._module, torch_compile_mode, len(buckets))
+            self._forward = DeviceForward(self._input, compiled, dtype=dtype, channels_last=channels_last)  # type: ignore[arg-type]
         # The static inputs, one per input dtype: bucket b's graphs read static_in[dtype][:b].
         self._static_in = {
             d: torch.zeros((buckets[-1], *spec.input_shape), dtype=TORCH_INPUT[d], device=device) for d in INPUT_DTYPES
@@ -133,6 +149,7 @@ class CudaEngine:
                 "channels_last": channels_last,
                 "torch_compile_mode": torch_compile_mode,
                 "event_wait": event_wait,
+                "host_io": self.host_io,
                 "gpu": torch.cuda.get_device_name(device),
             }
         )
@@ -148,11 +165,23 @@ class CudaEngine:
 
     def _new_slot_state(self) -> _SlotState:
         rows, classes = self.buckets[-1], self.spec.num_classes
+        host_in = {
+            d: torch.zeros((rows, *self.spec.input_shape), dtype=TORCH_INPUT[d]).pin_memory() for d in INPUT_DTYPES
+        }
+        host_out = torch.zeros((rows, classes), dtype=torch.float32).pin_memory()
+        mapped_in, mapped_out = {}, None
+        if self.host_io == "mapped":
+            try:
+                mapped_in = {d: device_view(t, self._device) for d, t in host_in.items()}
+                mapped_out = device_view(host_out, self._device)
+            except ValueError as error:  # keep serving, with the copies
+                log.warning("%s: host_io mapped is not possible here (%s); using copies", self.spec.name, error)
+                self.host_io, mapped_in, mapped_out = "copy", {}, None
         return _SlotState(
-            host_in={
-                d: torch.zeros((rows, *self.spec.input_shape), dtype=TORCH_INPUT[d]).pin_memory() for d in INPUT_DTYPES
-            },
-            host_out=torch.zeros((rows, classes), dtype=torch.float32).pin_memory(),
+            host_in=host_in,
+            host_out=host_out,
+            mapped_in=mapped_in,
+            mapped_out=mapped_out,
             start=torch.cuda.Event(enable_timing=True),
             # Non-blocking events make the waiter thread spin in the driver (GIL released).
             done=torch.cuda.Event(enable_timing=True, blocking=self.event_wait != "spin"),
@@ -163,14 +192,13 @@ class CudaEngine:
 
         What each graph captures, and what the eager engine runs per batch.
         """
+        if state.mapped_out is not None:  # read and write the slot's pinned memory in place
+            logits = self._forward(state.mapped_in[dtype][:bucket])  # (b, classes) fp32
+            torch.ops.aten._softmax.out(logits, 1, False, out=state.mapped_out[:bucket])
+            return logits
         static_in = self._static_in[dtype]
         static_in[:bucket].copy_(state.host_in[dtype][:bucket], non_blocking=True)
-        x = self._input(static_in[:bucket])  # (b, C, H, W) fp32
-        if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        # cache_enabled=False: weight casts must be captured into each graph, not cached outside it.
-        with torch.autocast("cuda", dtype=DTYPES[self.dtype], enabled=self.dtype != "fp32", cache_enabled=False):
-            logits = self._forward(x).float()  # (b, classes) fp32
+        logits = self._forward(static_in[:bucket])
         state.host_out[:bucket].copy_(torch.softmax(logits, dim=1), non_blocking=True)
         return logits
 

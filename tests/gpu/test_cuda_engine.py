@@ -75,6 +75,23 @@ def test_every_bucket_equals_eager_in_fp32(event_wait: str) -> None:
         engine.close()
 
 
+@pytest.mark.parametrize("compile_mode", [None, "default"])
+def test_mapped_host_io_aliases_the_slots_and_equals_eager(compile_mode: str | None) -> None:
+    """host_io "mapped": no memcpy nodes; the kernels read and write the pinned slot in place."""
+    engine = build(host_io="mapped", torch_compile_mode=compile_mode, buckets=(1, 8, 32))
+    rng = np.random.default_rng()
+    try:
+        assert engine.host_io == "mapped", "the device views fell back to copies"
+        for slot in engine.slots:
+            for bucket in (1, 8, 32):
+                pixels = rng.integers(0, 256, (bucket, 1, 28, 28), dtype=np.uint8)
+                got = asyncio.run(run_rows(engine, slot, pixels, bucket))
+                want = eager(pixels.astype(np.float32) / np.float32(255))
+                assert relative_error(got, want) <= 1e-4, f"slot {slot.index}, bucket {bucket}"
+    finally:
+        engine.close()
+
+
 def test_a_bucket_beyond_tolerance_stops_start_up_with_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(TOLERANCE, "fp32", -1.0)  # nothing can pass: every bucket mismatches
     with pytest.raises(RuntimeError, match=r"\(fp32\) logits differ from fp32 eager beyond -1.*try another dtype"):
