@@ -1,7 +1,10 @@
 """The dynamic batcher: packs concurrent requests into batches of the engine's bucket sizes.
 
-Policy (Triton's dynamic-batcher rule): launch at once when the largest bucket can be filled,
-otherwise when the oldest queued request has waited `max_delay_s`. A batch is padded to the
+Policy: launch at once when the largest bucket can be filled or when the device is idle (no
+batch in flight: waiting could only add latency, so a lone request goes straight through),
+otherwise when the oldest queued request has waited `max_delay_s` (Triton's dynamic-batcher
+rule) or a running batch completes and leaves the device idle. Under load the device is busy,
+so batches fill while it works; at low load nothing waits for company that is not coming. A batch is padded to the
 smallest bucket ≥ its rows; requests are packed row by row, so a request larger than the
 largest bucket (or one that straddles a full batch) is split and reassembled.
 
@@ -95,6 +98,7 @@ class Batcher:
             self._free_slots.put_nowait(slot)
         self._num_classes = engine.slots[0].outputs.shape[1]
         self._batches: dict[asyncio.Task[None], tuple[float, list[_Share]]] = {}  # task → (launched, shares)
+        self._running = 0  # batches launched and not yet back: 0 means the device is idle
         self._loop_task: asyncio.Task[None] | None = None
         self._reaper_task: asyncio.Task[None] | None = None
         # The labelled metric children, looked up once rather than per batch.
@@ -198,6 +202,7 @@ class Batcher:
                 self._free_slots.put_nowait(slot)
                 continue
             # From here the slot belongs to the batch's task, which alone gives it back.
+            self._running += 1
             task = asyncio.create_task(self._run_batch(slot, shares, rows))
             self._batches[task] = (time.monotonic(), shares)
             task.add_done_callback(self._batches.pop)
@@ -205,6 +210,8 @@ class Batcher:
     async def _wait_for_batch(self) -> None:
         while self._queued_rows < self.max_bucket:
             if self._queue:
+                if not self._running:  # the device is idle
+                    return
                 remaining = self._queue[0].enqueued + self.max_delay_s - time.monotonic()
                 if remaining <= 0:
                     return
@@ -328,7 +335,10 @@ class Batcher:
         finally:
             self._in_flight.dec()
             if finished:  # a slot whose batch never came back is never reused
+                self._running -= 1
                 self._free_slots.put_nowait(slot)
+                if self._queue:  # the device may be idle now: the collector decides
+                    self._wakeup.set()
 
 
 def _staging_dtype(shares: list[_Share]) -> InputDtype:

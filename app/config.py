@@ -82,7 +82,13 @@ class Settings(BaseSettings):
         DEFAULT_BUCKETS, description="Default batch sizes to capture, comma-separated (e.g. 1,2,4,8)."
     )
     max_delay_ms: float = Field(
-        1.0, ge=0.0, le=1000.0, description="Longest the oldest queued request waits for a fuller batch."
+        1.0,
+        ge=0.0,
+        le=1000.0,
+        description=(
+            "Longest the oldest queued request waits for a fuller batch while a batch is running "
+            "(an idle device takes it at once)."
+        ),
     )
     queue_limit: int = Field(4096, ge=1, description="Rows allowed to wait per model; more are shed with 503.")
     in_flight: int = Field(2, ge=1, le=16, description="Batches launched but not yet handed back, per model.")

@@ -69,6 +69,23 @@ async def test_partial_batch_launches_after_max_delay_padded_to_bucket() -> None
         np.testing.assert_array_equal(result, expected(value))
 
 
+async def test_an_idle_device_takes_a_lone_request_at_once_a_busy_one_lets_the_queue_fill() -> None:
+    engine = FakeEngine(in_flight=2)
+    async with running(engine) as batcher:  # max_delay forever: only idleness launches a partial batch
+        engine.gate.clear()
+        first = asyncio.create_task(batcher.submit(images(1.0)))
+        await asyncio.wait_for(engine.launched.wait(), timeout=10)  # at once, without company
+        rest = [asyncio.create_task(batcher.submit(images(v))) for v in (2.0, 3.0, 4.0)]
+        await asyncio.sleep(0.05)
+        assert engine.launched_values() == [[1.0]]  # busy: the three wait, a slot free or not
+        engine.gate.set()  # the batch completes, the device is idle: the three leave together
+        results = await asyncio.wait_for(asyncio.gather(first, *rest), timeout=10)
+    assert [bucket for bucket, _ in engine.launches] == [1, 4]
+    assert engine.launched_values()[1][:3] == [2.0, 3.0, 4.0]  # and one row of padding
+    for value, result in zip((1.0, 2.0, 3.0, 4.0), results, strict=True):
+        np.testing.assert_array_equal(result, expected(value))
+
+
 async def test_request_larger_than_largest_bucket_is_split_and_reassembled_in_order() -> None:
     engine = FakeEngine()
     values = [float(v) for v in range(20)]
