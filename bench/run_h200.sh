@@ -1,21 +1,47 @@
 #!/usr/bin/env bash
-# One call of the device tool on the H200: the GPU tests, then the protocol benchmark; every output
+# One call of the device tool on the H200: the steps named in STEPS (default: all), every output
 # under $OUT. Started after the wheel install line of bench/results/README.md, from the repo root.
+#   STEPS="gpu-tests engine e2e stalls" bash bench/run_h200.sh
+#   GPU_TESTS="tests/gpu/test_device_faults.py …" narrows the GPU tests (default: all of tests/gpu)
 set -u
-export CGSERVE_COMPILE_CACHE_DIR=/tmp/inductor-cache  # shared: what the tests compile, the benchmark reuses
+export CGSERVE_COMPILE_CACHE_DIR=/tmp/inductor-cache  # shared: what the tests compile, the benchmarks reuse
+STEPS=${STEPS:-"gpu-tests torchvision engine e2e stalls protocols"}
 {
   nvidia-smi -L
   python3 -c "import torch, torchvision, triton, grpc, google.protobuf as pb; print('torch', torch.__version__, 'torchvision', torchvision.__version__, 'triton', triton.__version__, 'grpcio', grpc.__version__, 'protobuf', pb.__version__)"
   git log -1 --format='commit %H %s' 2>/dev/null || true
+  echo "STEPS=$STEPS"
 } > "$OUT/env.txt" 2>&1
-# tests/gpu only: the CPU suite's protocol tests need tritonclient and grpcio-tools, which that machine lacks.
-timeout "${GPU_TESTS_S:-290}" python3 -m pytest -m gpu -v -p no:cacheprovider --durations=20 tests/gpu > "$OUT/pytest-gpu.log" 2>&1
-echo "pytest -m gpu: rc=$?"
-timeout 60 python3 -m pytest -v -p no:cacheprovider \
-  tests/integration/test_model_formats.py::test_torchvision_resnet18_equals_torchvision_eager_or_names_the_fix \
-  > "$OUT/pytest-torchvision.log" 2>&1
-echo "torchvision test: rc=$?"
-timeout "${BENCH_S:-200}" python3 bench/protocol_bench.py --concurrencies "${CONCURRENCIES:-1,16,64}" \
-  --out "$OUT/protocols.json" > "$OUT/protocols.log" 2>&1
-echo "protocol bench: rc=$?"
-tail -5 "$OUT/pytest-gpu.log"
+step() { [[ " $STEPS " == *" $1 "* ]]; }
+started=$SECONDS
+if step gpu-tests; then  # tests/gpu only: the CPU suite's protocol tests need tritonclient, which that machine lacks
+  timeout "${GPU_TESTS_S:-290}" python3 -m pytest -m gpu -v -p no:cacheprovider --durations=20 ${GPU_TESTS:-tests/gpu} \
+    > "$OUT/pytest-gpu.log" 2>&1
+  echo "pytest -m gpu: rc=$? at $((SECONDS - started)) s"; tail -3 "$OUT/pytest-gpu.log"
+fi
+if step torchvision; then
+  timeout 60 python3 -m pytest -v -p no:cacheprovider \
+    tests/integration/test_model_formats.py::test_torchvision_resnet18_equals_torchvision_eager_or_names_the_fix \
+    > "$OUT/pytest-torchvision.log" 2>&1
+  echo "torchvision test: rc=$? at $((SECONDS - started)) s"
+fi
+if step engine; then
+  timeout 150 python3 bench/engine_bench.py --iterations "${ENGINE_ITERATIONS:-1000}" --out "$OUT/engine.json" \
+    > "$OUT/engine.log" 2>&1
+  echo "engine bench: rc=$? at $((SECONDS - started)) s"; tail -12 "$OUT/engine.log" | cut -c1-400
+fi
+if step e2e; then
+  timeout 240 python3 bench/resnet50_e2e.py --seconds "${E2E_SECONDS:-4}" --out "$OUT/resnet50-e2e.json" \
+    > "$OUT/resnet50-e2e.log" 2>&1
+  echo "resnet50 e2e: rc=$? at $((SECONDS - started)) s"; tail -2 "$OUT/resnet50-e2e.log" | cut -c1-600
+fi
+if step stalls; then
+  timeout 170 python3 bench/stall_ab.py --device cuda --seconds "${STALL_SECONDS:-12}" --concurrency 64 \
+    --processes 4 --server-cores 0-3 --loadgen-cores 8-15 --out "$OUT/stalls.json" > "$OUT/stalls.log" 2>&1
+  echo "stall A/B: rc=$? at $((SECONDS - started)) s"; cat "$OUT/stalls.log" | cut -c1-300
+fi
+if step protocols; then
+  timeout "${BENCH_S:-200}" python3 bench/protocol_bench.py --concurrencies "${CONCURRENCIES:-1,16,64}" \
+    --out "$OUT/protocols.json" > "$OUT/protocols.log" 2>&1
+  echo "protocol bench: rc=$? at $((SECONDS - started)) s"
+fi
