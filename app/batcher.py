@@ -1,28 +1,26 @@
 """The dynamic batcher: packs concurrent requests into batches of the engine's bucket sizes.
 
-Policy: launch at once when the largest bucket can be filled or when the device is idle (no
-batch in flight: waiting could only add latency, so a lone request goes straight through),
+Policy: launch at once when the largest bucket can be filled or when a device is idle (no
+batch in flight there: waiting could only add latency, so a lone request goes straight through),
 otherwise when the oldest queued request has waited `max_delay_s` (Triton's dynamic-batcher
-rule) or a running batch completes and leaves the device idle. Under load the device is busy,
-so batches fill while it works; at low load nothing waits for company that is not coming. A batch is padded to the
-smallest bucket ≥ its rows; requests are packed row by row, so a request larger than the
-largest bucket (or one that straddles a full batch) is split and reassembled.
+rule) or a running batch completes and leaves its device idle. Under load the devices are busy,
+so batches fill while they work; at low load nothing waits for company that is not coming. A
+batch is padded to the smallest bucket ≥ its rows; requests are packed row by row, so a request larger than the
+largest bucket (or one that straddles a full batch) is split and reassembled (app/batch_shares.py).
 
-Pipelining: one task collects and launches, holding a free Slot for each batch; the engine
-has one Slot per batch in flight (its `in_flight`) and a Slot returns to the pool only after
-its batch's results were copied out.
-
-Pixels stay small: a batch whose requests all brought uint8 pixels is staged as uint8 (the
-engine casts on the device); one that mixes in float requests is staged as float32, the uint8
-rows scaled to [0, 1] on the way in.
+Pipelining and devices: one task collects and launches while a free Slot exists; each engine
+(one per device, all of the same model and buckets) has one Slot per batch in flight (its
+`in_flight`), the SlotPool gives each batch the free slot of the least-loaded device, and a
+Slot returns to the pool only after its batch's results were copied out.
 
 Every request gets exactly one answer: its probabilities, or an error — 503 when the queue is
 over its limit (checked before the body is read, `admit`, and again on submit), 504 when its
 end-to-end deadline passes before its rows are launched (the rows of a split request left
 unlaunched are dropped), 500 when its batch failed, 503 when the device is dead. A batch not
-back within `batch_timeout_s`, or a sticky device error, declares the device dead (`on_dead`):
-queued requests are answered 503, and the slot of a batch that never came back is never reused
-(the device may still write its pinned memory).
+back within `batch_timeout_s`, or a sticky device error, on any device, declares the service's
+device dead (`on_dead`; fail fast, the supervisor restarts the process rather than the batcher
+limping on the other devices): queued requests are answered 503, and the slot of a batch that
+never came back is never reused (the device may still write its pinned memory).
 """
 
 from __future__ import annotations
@@ -32,43 +30,25 @@ import bisect
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from app import metrics
-from app.engines.base import Engine, InputDtype, Slot
+from app.batch_shares import PendingRequest, Share, answer, fail, stage
+from app.engines.base import Engine
 from app.errors import DeadlineExceededError, EngineError, NotReadyError, QueueFullError
+from app.slot_pool import Lease, SlotPool
 
 log = logging.getLogger(__name__)
 
 REAP_INTERVAL_S = 0.5
 
 
-@dataclass(slots=True, eq=False)
-class _Request:
-    images: np.ndarray  # (k, C, H, W) uint8 pixels or float32 intensities in [0, 1]
-    probabilities: np.ndarray  # (k, num_classes) float32, filled chunk by chunk
-    future: asyncio.Future[np.ndarray]
-    enqueued: float  # time.monotonic()
-    deadline: float
-    next_row: int = 0  # rows [0, next_row) have been launched
-    answered_rows: int = 0
-
-    @property
-    def rows(self) -> int:
-        return len(self.images)
-
-
-# (request, first row, end row) of one request's share of a batch.
-_Share = tuple[_Request, int, int]
-
-
 class Batcher:
     def __init__(
         self,
-        engine: Engine,
+        engines: Engine | Sequence[Engine],  # one engine, or one per device: same model, same buckets
         *,
         max_delay_s: float,
         queue_limit: int,
@@ -77,28 +57,28 @@ class Batcher:
         model: str = "",
         on_dead: Callable[[str], None] = lambda reason: None,
     ) -> None:
-        self.engine = engine
+        self.engines: tuple[Engine, ...] = tuple(engines) if isinstance(engines, Sequence) else (engines,)
+        engine = self.engines[0]
+        if any(other.buckets != engine.buckets for other in self.engines):
+            raise ValueError(f"every device's engine needs the same buckets; got {[e.buckets for e in self.engines]}")
         self.max_delay_s = max_delay_s
         self.queue_limit = queue_limit
         self.request_timeout_s = request_timeout_s
-        self.in_flight = len(engine.slots)
+        self.pool = SlotPool(self.engines)  # the slots of every device, and each device's load
         self.batch_timeout_s = batch_timeout_s
         self.dead: str | None = None  # why the device is dead, once it is
+        self.dead_device: str | None = None  # which one
         self._on_dead = on_dead
         self.rows_per_s = 0.0  # moving average of rows answered per second of device time, for Retry-After
         self.max_bucket = engine.buckets[-1]
         # pad_to[rows] = smallest bucket ≥ rows, for 1 ≤ rows ≤ max_bucket (the padding table).
         buckets = list(engine.buckets)
         self.pad_to = [0] + [buckets[bisect.bisect_left(buckets, rows)] for rows in range(1, self.max_bucket + 1)]
-        self._queue: deque[_Request] = deque()
+        self._queue: deque[PendingRequest] = deque()
         self._queued_rows = 0
         self._wakeup = asyncio.Event()
-        self._free_slots: asyncio.Queue[Slot] = asyncio.Queue()
-        for slot in engine.slots:
-            self._free_slots.put_nowait(slot)
         self._num_classes = engine.slots[0].outputs.shape[1]
-        self._batches: dict[asyncio.Task[None], tuple[float, list[_Share]]] = {}  # task → (launched, shares)
-        self._running = 0  # batches launched and not yet back: 0 means the device is idle
+        self._batches: dict[asyncio.Task[None], tuple[float, Lease, list[Share]]] = {}  # task → (launched, …)
         self._loop_task: asyncio.Task[None] | None = None
         self._reaper_task: asyncio.Task[None] | None = None
         # The labelled metric children, looked up once rather than per batch.
@@ -114,6 +94,14 @@ class Batcher:
         self._queue_wait = metrics.QUEUE_WAIT.labels(model=model)
         self._batch_rows = metrics.BATCH_ROWS.labels(model=model)
         self._in_flight = metrics.IN_FLIGHT.labels(model=model)
+        self._device_metrics = [  # per device, by SlotPool index: (batches, rows, in flight)
+            (
+                metrics.DEVICE_BATCHES.labels(model=model, device=e.device),
+                metrics.DEVICE_ROWS.labels(model=model, device=e.device),
+                metrics.DEVICE_IN_FLIGHT.labels(model=model, device=e.device),
+            )
+            for e in self.engines
+        ]
 
     @property
     def queued_rows(self) -> int:
@@ -172,7 +160,7 @@ class Batcher:
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         latest = now + self.request_timeout_s
-        request = _Request(
+        request = PendingRequest(
             images=images,
             probabilities=np.empty((rows, self._num_classes), dtype=np.float32),
             future=loop.create_future(),
@@ -191,26 +179,22 @@ class Batcher:
 
     async def _collect_and_launch(self) -> None:
         while True:
-            slot = await self._free_slots.get()
-            try:
-                await self._wait_for_batch()
-                shares, rows = self._take_batch()
-            except BaseException:  # cancelled (stop) or a bug: the slot goes back, unused
-                self._free_slots.put_nowait(slot)
-                raise
+            await self.pool.wait_free()
+            await self._wait_for_batch()
+            shares, rows = self._take_batch()
             if rows == 0:  # everything queued was cancelled or expired
-                self._free_slots.put_nowait(slot)
                 continue
-            # From here the slot belongs to the batch's task, which alone gives it back.
-            self._running += 1
-            task = asyncio.create_task(self._run_batch(slot, shares, rows))
-            self._batches[task] = (time.monotonic(), shares)
+            # The slot is chosen now, with the batch formed: the least-loaded device at launch.
+            # From here it belongs to the batch's task, which alone gives it back.
+            lease = self.pool.take(self.pad_to[rows])
+            task = asyncio.create_task(self._run_batch(lease, shares, rows))
+            self._batches[task] = (time.monotonic(), lease, shares)
             task.add_done_callback(self._batches.pop)
 
     async def _wait_for_batch(self) -> None:
         while self._queued_rows < self.max_bucket:
             if self._queue:
-                if not self._running:  # the device is idle
+                if self.pool.idle():  # a device has nothing to do: waiting only adds latency
                     return
                 remaining = self._queue[0].enqueued + self.max_delay_s - time.monotonic()
                 if remaining <= 0:
@@ -237,18 +221,18 @@ class Batcher:
         for request in self._queue:  # the collector drops them, done, when it next runs
             if now >= request.deadline and not request.future.done():
                 request.future.set_exception(DeadlineExceededError(request.deadline - request.enqueued))
-        for launched, shares in list(self._batches.values()):
+        for launched, lease, shares in list(self._batches.values()):
             if now - launched > self.batch_timeout_s:
-                self.declare_dead(f"a batch did not complete within the batch timeout of {self.batch_timeout_s:g} s")
-                for request, _, _ in shares:
-                    if not request.future.done():
-                        request.future.set_exception(NotReadyError(f"the device is dead ({self.dead})"))
+                device = lease.engine.device
+                timeout = f"the batch timeout of {self.batch_timeout_s:g} s"
+                self.declare_dead(f"a batch on {device} did not complete within {timeout}", device)
+                fail(shares, lambda: NotReadyError(f"the device is dead ({self.dead})"))
 
-    def declare_dead(self, reason: str) -> None:
-        """The device will not recover: answer everything queued 503 and tell the service (once)."""
+    def declare_dead(self, reason: str, device: str) -> None:
+        """A device will not recover: answer everything queued 503 and tell the service (once)."""
         if self.dead is not None:
             return
-        self.dead = reason
+        self.dead, self.dead_device = reason, device
         log.critical("%s; failing its requests", reason)
         while self._queue:
             request = self._queue.popleft()
@@ -258,9 +242,9 @@ class Batcher:
         self._queue_depth.set(0)
         self._on_dead(reason)
 
-    def _take_batch(self) -> tuple[list[_Share], int]:
+    def _take_batch(self) -> tuple[list[Share], int]:
         """Pop up to max_bucket rows off the queue, oldest first; answer expired requests 504."""
-        shares: list[_Share] = []
+        shares: list[Share] = []
         rows = 0
         now = time.monotonic()
         while self._queue and rows < self.max_bucket:
@@ -286,61 +270,40 @@ class Batcher:
         self._queue_depth.set(self._queued_rows)
         return shares, rows
 
-    async def _run_batch(self, slot: Slot, shares: list[_Share], rows: int) -> None:
-        bucket = self.pad_to[rows]
-        dtype = _staging_dtype(shares)
-        staging = slot.inputs[dtype]  # (max_bucket, C, H, W)
-        offset = 0
-        for request, start, end in shares:
-            rows_in = request.images[start:end]
-            if rows_in.dtype == staging.dtype:
-                staging[offset : offset + end - start] = rows_in
-            else:  # uint8 pixels riding in a float32 batch
-                np.multiply(rows_in, np.float32(1 / 255), out=staging[offset : offset + end - start])
-            offset += end - start
-        # Rows [rows, bucket) keep whatever an earlier batch left there: every row of a batch is
-        # computed independently (test_padding_rows_never_change_real_rows, tests/unit and tests/gpu),
-        # so stale padding cannot leak.
+    async def _run_batch(self, lease: Lease, shares: list[Share], rows: int) -> None:
+        engine, slot, bucket = lease.engine, lease.slot, lease.rows
+        dtype = stage(shares, slot)
         batches, padding, compute = self._bucket_metrics[bucket]
+        device_batches, device_rows, device_in_flight = self._device_metrics[lease.device]
         batches.inc()
         padding.inc(bucket - rows)
         self._batch_rows.observe(rows)
+        device_batches.inc()
+        device_rows.inc(rows)
         self._in_flight.inc()
+        device_in_flight.inc()
         finished = False  # the device is done with the slot's memory
         try:
-            seconds = await self.engine.run(slot, bucket, dtype)
+            seconds = await engine.run(slot, bucket, dtype)
             finished = True
         except Exception as error:
-            finished = self.engine.healthy()  # a sticky device error: the slot may still be in use
-            log.exception("batch of %d rows (bucket %d) failed; failing its %d requests", rows, bucket, len(shares))
-            for request, _, _ in shares:
-                if not request.future.done():
-                    request.future.set_exception(EngineError(f"{type(error).__name__}: {error}"))
+            finished = engine.healthy()  # a sticky device error: the slot may still be in use
+            log.exception(
+                "batch of %d rows (bucket %d) on %s failed; failing its requests", rows, bucket, engine.device
+            )
+            what = f"{type(error).__name__}: {error}"
+            fail(shares, lambda: EngineError(what))
             if not finished:
-                self.declare_dead(f"the {self.engine.device} device reported {type(error).__name__}: {error}")
+                self.declare_dead(f"the {engine.device} device reported {what}", engine.device)
         else:
             compute.observe(seconds)
             if seconds > 0:  # rows per device second, smoothed over ~20 batches
-                rate = rows / seconds
+                rate = rows / seconds * len(self.engines)  # the devices run side by side
                 self.rows_per_s = rate if not self.rows_per_s else self.rows_per_s + 0.05 * (rate - self.rows_per_s)
-            offset = 0
-            for request, start, end in shares:
-                n = end - start
-                if not request.future.done():
-                    request.probabilities[start:end] = slot.outputs[offset : offset + n]
-                    request.answered_rows += n
-                    if request.answered_rows == request.rows:
-                        request.future.set_result(request.probabilities)
-                offset += n
+            answer(shares, slot.outputs)
         finally:
             self._in_flight.dec()
-            if finished:  # a slot whose batch never came back is never reused
-                self._running -= 1
-                self._free_slots.put_nowait(slot)
-                if self._queue:  # the device may be idle now: the collector decides
-                    self._wakeup.set()
-
-
-def _staging_dtype(shares: list[_Share]) -> InputDtype:
-    """uint8 when every request of the batch brought pixels: a quarter of the bytes to the device."""
-    return "uint8" if all(request.images.dtype == np.uint8 for request, _, _ in shares) else "float32"
+            device_in_flight.dec()
+            self.pool.give_back(lease, reusable=finished)  # a slot whose batch never came back is never reused
+            if finished and self._queue:  # its device may be idle now: the collector decides
+                self._wakeup.set()

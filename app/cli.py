@@ -174,7 +174,7 @@ def debug_dump(args: argparse.Namespace) -> int:
         model.module,
         model.spec,
         (args.bucket,),
-        device=torch.device(options.device),
+        device=torch.device(options.devices[0]),
         dtype=options.dtype,
         channels_last=options.channels_last,
         in_flight=1,

@@ -21,7 +21,8 @@ from app.access.tokens import Origins, TokenFile, Tokens
 # The shipped repository: the seed CNN alone. `models` is a plain package (its __init__ is empty).
 DEFAULT_REPOSITORY = Path(str(files("models"))) / "repository"
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
-_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+# One device (auto, cpu, cuda, cuda:N), every visible GPU (all), or a list of GPUs (cuda:0,cuda:1).
+_DEVICE = re.compile(r"^(auto|cpu|all|cuda(:\d+)?(,cuda(:\d+)?)*)$")
 
 Engine = Literal["auto", "eager", "cuda-graph", "compile", "onnxruntime"]
 Dtype = Literal["fp32", "fp16", "bf16"]
@@ -64,7 +65,12 @@ class Settings(BaseSettings):
     default_model: str | None = Field(
         None, description="Model that POST /predict serves; may be left out when the repository holds one model."
     )
-    device: str = Field("auto", description="auto | cpu | cuda | cuda:N; auto takes cuda:0 where present.")
+    device: str = Field(
+        "auto",
+        description="auto | cpu | cuda | cuda:N | all | a list such as cuda:0,cuda:1; auto takes cuda:0 where "
+        "present, all every visible GPU (the CPU where there is none). Several GPUs: one engine each, every batch "
+        "to the least-loaded one.",
+    )
     engine: Engine = Field(
         "auto",
         description="Default engine (a model.toml may choose its own). auto: cuda-graph on a GPU, eager on the "
@@ -91,7 +97,9 @@ class Settings(BaseSettings):
         ),
     )
     queue_limit: int = Field(4096, ge=1, description="Rows allowed to wait per model; more are shed with 503.")
-    in_flight: int = Field(2, ge=1, le=16, description="Batches launched but not yet handed back, per model.")
+    in_flight: int = Field(
+        2, ge=1, le=16, description="Batches launched but not yet handed back, per model and device."
+    )
     request_timeout_s: float = Field(
         10.0,
         gt=0.0,
@@ -192,8 +200,16 @@ class Settings(BaseSettings):
     @field_validator("device")
     @classmethod
     def _check_device(cls, value: str) -> str:
+        value = value.replace(" ", "")
         if not _DEVICE.match(value):
-            raise ValueError(f"device must be auto, cpu, cuda or cuda:N; got {value!r}") from None
+            raise ValueError(
+                f"device must be auto, cpu, all, cuda, cuda:N or a comma-separated list such as cuda:0,cuda:1; "
+                f"got {value!r}"
+            ) from None
+        gpus = [f"cuda:{part.partition(':')[2] or 0}" for part in value.split(",") if part.startswith("cuda")]
+        repeated = sorted({gpu for gpu in gpus if gpus.count(gpu) > 1})
+        if repeated:
+            raise ValueError(f"device lists {', '.join(repeated)} more than once (cuda means cuda:0); got {value!r}")
         return value
 
     @field_validator("model_repository")

@@ -7,6 +7,8 @@ building loads the device and is slow (capture, validation), so it runs off the 
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -20,7 +22,7 @@ from app.repository import LoadedModel
 @dataclass(frozen=True, slots=True)
 class EngineOptions:
     engine: str  # eager | cuda-graph | compile | onnxruntime
-    device: str  # cpu | cuda:N
+    devices: tuple[str, ...]  # (cpu,) or (cuda:N, …): one engine each
     dtype: str
     channels_last: bool
     compile: str  # cuda-graph: none | inductor | max-autotune
@@ -30,24 +32,35 @@ class EngineOptions:
     providers: tuple[str, ...]
 
 
-def resolve_device(setting: str) -> str:
-    """auto → cuda:0 where CUDA is present, else cpu; cuda → cuda:0. Imports torch."""
+def resolve_devices(setting: str) -> tuple[str, ...]:
+    """The devices a `device` setting names, each as cpu or cuda:N. Imports torch.
+
+    auto → cuda:0 where CUDA is present, else cpu; all → every visible GPU, else cpu;
+    cuda → cuda:0; "cuda:0,cuda:1" → both. Raises ModelConfigError for a GPU torch does not see.
+    """
     import torch
 
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if setting == "auto":
-        return "cuda:0" if torch.cuda.is_available() else "cpu"
-    if setting.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ModelConfigError([f"device {setting} was asked for, but torch sees no CUDA device; use device auto"])
-        index = 0 if setting == "cuda" else int(setting.partition(":")[2])
-        if index >= torch.cuda.device_count():
-            raise ModelConfigError([f"device {setting}: torch sees {torch.cuda.device_count()} CUDA device(s)"])
-        return f"cuda:{index}"
-    return setting
+        return ("cuda:0",) if count else ("cpu",)
+    if setting == "all":
+        return tuple(f"cuda:{index}" for index in range(count)) or ("cpu",)
+    if setting == "cpu":
+        return ("cpu",)
+    devices = tuple(f"cuda:{part.partition(':')[2] or 0}" for part in setting.split(","))
+    if not count:
+        raise ModelConfigError([f"device {setting} was asked for, but torch sees no CUDA device; use device auto"])
+    missing = [device for device in devices if int(device.partition(":")[2]) >= count]
+    if missing:
+        raise ModelConfigError(
+            [f"device {setting}: {', '.join(missing)} not present; torch sees {count} CUDA device(s)"]
+        )
+    return devices
 
 
-def engine_options(settings: Settings, spec: ModelSpec, device: str) -> EngineOptions:
+def engine_options(settings: Settings, spec: ModelSpec, devices: tuple[str, ...]) -> EngineOptions:
     config = spec.config
+    device = devices[0]
     toml = spec.folder / "model.toml"
     engine = config.engine or settings.engine
     if config.format == "onnx":
@@ -63,9 +76,11 @@ def engine_options(settings: Settings, spec: ModelSpec, device: str) -> EngineOp
         problems.append(f"{toml}: {source}: {dtype} needs a CUDA device; on the CPU models run in fp32")
     if problems:
         raise ModelConfigError(problems)
+    if engine == "onnxruntime":  # its providers choose its one device (model.toml's providers)
+        devices = devices[:1]
     return EngineOptions(
         engine=engine,
-        device=device,
+        devices=devices,
         dtype=dtype,
         channels_last=settings.channels_last if config.channels_last is None else config.channels_last,
         compile=config.compile or settings.compile,
@@ -76,9 +91,14 @@ def engine_options(settings: Settings, spec: ModelSpec, device: str) -> EngineOp
     )
 
 
-def build_engine(model: LoadedModel, options: EngineOptions, *, in_flight: int, event_wait: str) -> Engine:
-    """Build the engine `options` name for `model` (loaded on the CPU); slow: run it off the event loop."""
+def build_engine(
+    model: LoadedModel, options: EngineOptions, *, device: str | None = None, in_flight: int, event_wait: str
+) -> Engine:
+    """Build the engine `options` name for `model` (loaded on the CPU) on `device` (default: the first of
+    options.devices); slow: run it off the event loop. A CUDA engine moves `model.module` to its device:
+    give each device its own copy (replica_of)."""
     spec = model.spec
+    device = device or options.devices[0]
     if options.engine == "onnxruntime":
         from app.engines.onnx_runtime import OnnxRuntimeEngine
 
@@ -88,7 +108,7 @@ def build_engine(model: LoadedModel, options: EngineOptions, *, in_flight: int, 
 
     module = model.module
     assert isinstance(module, nn.Module)
-    if options.device == "cpu":
+    if device == "cpu":
         from app.engines.cpu_eager import CpuEagerEngine
 
         if options.engine == "compile":
@@ -105,7 +125,7 @@ def build_engine(model: LoadedModel, options: EngineOptions, *, in_flight: int, 
         module,
         spec,
         options.buckets,
-        device=torch.device(options.device),
+        device=torch.device(device),
         use_graphs=options.engine == "cuda-graph",
         dtype=options.dtype,
         channels_last=options.channels_last,
@@ -114,6 +134,20 @@ def build_engine(model: LoadedModel, options: EngineOptions, *, in_flight: int, 
         event_wait=event_wait,
         name=options.engine,
     )
+
+
+def replica_of(model: LoadedModel) -> LoadedModel:
+    """A copy of `model` with its own module: an engine moves (and may compile) the module it is given."""
+    return dataclasses.replace(model, module=copy.deepcopy(model.module))
+
+
+def allow_replica_recompiles(options: EngineOptions) -> None:
+    """Inductor compiles each bucket once per device (its kernels bake in the device index) and dynamo
+    counts every compile of the model's forward against one limit: raise it for all of them."""
+    if len(options.devices) > 1 and (options.engine == "compile" or options.compile != "none"):
+        from app.engines.inductor import allow_recompiles
+
+        allow_recompiles(len(options.buckets) * len(options.devices))
 
 
 def use_compile_cache(settings: Settings) -> None:

@@ -67,6 +67,26 @@ IN_FLIGHT = Gauge(
     ["model"],
     multiprocess_mode="livesum",
 )
+# Per device (cuda:0, cuda:1 … or cpu), for a model served by one engine per GPU: new families,
+# so that the model-level ones above keep their labels (deploy/ rules and dashboards read them).
+DEVICE_BATCHES = Counter(
+    "cgserve_device_batches",
+    "Batches launched on each device (each goes to the least-loaded one).",
+    ["model", "device"],
+)
+DEVICE_ROWS = Counter("cgserve_device_rows", "Real (non-padding) rows launched on each device.", ["model", "device"])
+DEVICE_IN_FLIGHT = Gauge(
+    "cgserve_device_in_flight_batches",
+    "Batches launched on each device whose results are not yet handed back.",
+    ["model", "device"],
+    multiprocess_mode="livesum",
+)
+DEVICE_READY = Gauge(
+    "cgserve_device_ready",
+    "1 when the model's engine on this device is built and its device healthy, 0 while starting or broken.",
+    ["model", "device"],
+    multiprocess_mode="livemin",
+)
 REJECTIONS = Counter(
     "cgserve_rejections",
     "Requests answered with an error (or not at all), by reason: invalid_input, body_too_large, queue_full, "

@@ -9,6 +9,11 @@ and the service is ready once all are. A start-up failure or a dead device is fa
 logged with what to fix and `on_fatal` asks the server to exit non-zero. On SIGTERM the server
 calls `begin_drain`: readiness turns 503 at once while requests are still served. The service,
 not the engines, reads the settings and publishes what the engines measured as metrics.
+
+Several GPUs (device cuda:0,cuda:1 or all): each model gets one engine per GPU, built one after
+the other from its own copy of the module, and one batcher that sends each batch to the
+least-loaded GPU. Readiness names each GPU's state. A fault on any GPU is the service's: it
+exits non-zero (fail fast) rather than serving on fewer GPUs than it was started with.
 """
 
 from __future__ import annotations
@@ -16,12 +21,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app import metrics
 from app.batcher import Batcher
 from app.config import Settings
-from app.engine_factory import EngineOptions, build_engine, engine_options, resolve_device, use_compile_cache
+from app.engine_factory import (
+    EngineOptions,
+    allow_replica_recompiles,
+    build_engine,
+    engine_options,
+    replica_of,
+    resolve_devices,
+    use_compile_cache,
+)
 from app.engines.base import Engine
 from app.errors import NotReadyError, UnknownModelError
 from app.heap import freeze_startup_heap
@@ -33,26 +46,44 @@ log = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class ServedModel:
-    """One model: its spec, the options its engine was built with, and, once ready, engine and batcher."""
+    """One model: its spec, the options its engines were built with, and, once ready, engines and batcher."""
 
     spec: ModelSpec
     options: EngineOptions
-    engine: Engine | None = None
+    engines: list[Engine] = field(default_factory=list)  # one per options.devices, in order, as they are built
     batcher: Batcher | None = None
     failure: str | None = None
 
+    def device_states(self) -> dict[str, str]:
+        """Device → its engine's state: starting, ready, dead, failed (its start-up) or not started."""
+        states = {}
+        for index, device in enumerate(self.options.devices):
+            if index < len(self.engines):
+                dead = not self.engines[index].healthy() or (
+                    self.batcher is not None and self.batcher.dead_device == device
+                )
+                states[device] = "dead" if dead else "ready"
+            elif self.failure is None:
+                states[device] = "starting"
+            else:
+                states[device] = "failed" if index == len(self.engines) else "not started"
+        return states
+
     def readiness(self) -> tuple[bool, str]:
+        name, states = self.spec.name, self.device_states()
+        on = "" if len(states) == 1 else " (" + ", ".join(f"{d} {s}" for d, s in states.items()) + ")"
         if self.failure is not None:
-            return False, f"{self.spec.name}: start-up failed: {self.failure}"
-        if self.engine is None or self.batcher is None:
-            return (
-                False,
-                f"{self.spec.name}: starting: loading the model and preparing the {self.options.engine} engine",
-            )
-        if self.batcher.dead is not None or not self.engine.healthy():
-            metrics.MODEL_READY.labels(model=self.spec.name).set(0)
+            return False, f"{name}: start-up failed: {self.failure}{on}"
+        if self.batcher is None:
+            return False, f"{name}: starting: loading the model and preparing the {self.options.engine} engine{on}"
+        dead = [device for device, state in states.items() if state == "dead"]
+        if self.batcher.dead is not None or dead:
+            metrics.MODEL_READY.labels(model=name).set(0)
             metrics.READY.set(0)
-            return False, f"{self.spec.name}: the {self.engine.device} device is dead; the service is restarting"
+            for device in dead:
+                metrics.DEVICE_READY.labels(model=name, device=device).set(0)
+            device = self.batcher.dead_device or dead[0]
+            return False, f"{name}: the {device} device is dead; the service is restarting{on}"
         return True, "ready"
 
     def ready_batcher(self) -> Batcher:
@@ -75,11 +106,11 @@ def prepare_models(settings: Settings) -> list[tuple[LoadedModel, EngineOptions]
         raise ModelConfigError(
             [f"CGSERVE_DEFAULT_MODEL: {settings.default_model!r} is not in {settings.model_repository}: {names}"]
         )
-    device = resolve_device(settings.device)
+    devices = resolve_devices(settings.device)
     prepared, problems = [], []
     for spec in specs:  # every model's problems at once, so that one run shows everything to fix
         try:
-            prepared.append((load_model(spec), engine_options(settings, spec, device)))
+            prepared.append((load_model(spec), engine_options(settings, spec, devices)))
         except ModelConfigError as error:
             problems += error.problems
     if problems:
@@ -159,15 +190,28 @@ class Service:
     async def _start_model(self, served: ServedModel, model: LoadedModel) -> None:
         name, options, settings = served.spec.name, served.options, self.settings
         metrics.MODEL_READY.labels(model=name).set(0)
+        for device in options.devices:
+            metrics.DEVICE_READY.labels(model=name, device=device).set(0)
+        allow_replica_recompiles(options)
         try:
-            engine = await asyncio.to_thread(
-                build_engine, model, options, in_flight=settings.in_flight, event_wait=settings.event_wait
-            )
+            for index, device in enumerate(options.devices):
+                # Each device's engine moves its module there: all but the last get a copy.
+                replica = model if index == len(options.devices) - 1 else replica_of(model)
+                engine = await asyncio.to_thread(
+                    build_engine,
+                    replica,
+                    options,
+                    device=device,
+                    in_flight=settings.in_flight,
+                    event_wait=settings.event_wait,
+                )
+                served.engines.append(engine)
+                metrics.DEVICE_READY.labels(model=name, device=device).set(1)
         except Exception as error:
             served.failure = f"{type(error).__name__}: {error}"
             raise
         batcher = Batcher(
-            engine,
+            served.engines,
             max_delay_s=options.max_delay_ms / 1000,
             queue_limit=settings.queue_limit,
             request_timeout_s=settings.request_timeout_s,
@@ -176,15 +220,18 @@ class Service:
             on_dead=lambda reason: self._device_died(name, reason),
         )
         batcher.start()
-        served.engine, served.batcher = engine, batcher
-        report = engine.report
-        for bucket, seconds in report.capture_seconds.items():
+        served.batcher = batcher
+        reports = [engine.report for engine in served.engines]
+        for bucket in reports[0].capture_seconds:  # every device's, one after the other
+            seconds = sum(report.capture_seconds[bucket] for report in reports)
             metrics.CAPTURE_SECONDS.labels(model=name, bucket=str(bucket)).set(seconds)
-        metrics.GRAPH_POOL_BYTES.labels(model=name).set(report.pool_bytes)
-        dtype = str(report.facts.get("dtype", "fp32"))
-        metrics.ENGINE_INFO.labels(engine=engine.name, device=engine.device, dtype=dtype, model=name).set(1)
+        metrics.GRAPH_POOL_BYTES.labels(model=name).set(sum(report.pool_bytes for report in reports))
+        for engine in served.engines:
+            dtype = str(engine.report.facts.get("dtype", "fp32"))
+            metrics.ENGINE_INFO.labels(engine=engine.name, device=engine.device, dtype=dtype, model=name).set(1)
         metrics.MODEL_READY.labels(model=name).set(1)
-        log.info("%s ready: engine=%s device=%s buckets=%s", name, engine.name, engine.device, list(engine.buckets))
+        devices = ",".join(engine.device for engine in served.engines)
+        log.info("%s ready: engine=%s device=%s buckets=%s", name, options.engine, devices, list(options.buckets))
 
     async def stop(self) -> None:
         metrics.READY.set(0)
@@ -193,8 +240,9 @@ class Service:
         for served in self.models.values():
             if served.batcher is not None:
                 await served.batcher.stop()
-            if served.engine is not None and not self.device_dead:  # a dead engine's close could wait forever
-                served.engine.close()
+            for engine in served.engines:
+                if not self.device_dead:  # a dead engine's close could wait forever
+                    engine.close()
 
     def readiness(self) -> tuple[bool, str]:
         if self.failure is not None:

@@ -66,7 +66,7 @@ def child(model: str, variant: str, buckets: tuple[int, ...], iterations: int) -
     if variant == "onnxruntime":
         spec = onnx_twin(spec)
     loaded = load_model(spec)
-    options = engine_options(Settings(device="cuda", buckets=buckets), spec, "cuda:0")
+    options = engine_options(Settings(device="cuda", buckets=buckets), spec, ("cuda:0",))
     options = dataclasses.replace(options, **VARIANTS[variant])
     torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()

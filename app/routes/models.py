@@ -65,7 +65,8 @@ def card(served: ServedModel, service: Service) -> dict[str, Any]:
         "labels": list(spec.class_names),
         "ready": served.readiness()[0],
         "engine": options.engine,
-        "device": options.device,
+        "device": ",".join(options.devices),  # as CGSERVE_DEVICE names them; per device: "devices"
+        "devices": devices(served),
         "buckets": list(options.buckets),
         "dtype": options.dtype,
         "channels_last": options.channels_last,
@@ -83,8 +84,8 @@ def card(served: ServedModel, service: Service) -> dict[str, Any]:
         described["random_weights"] = config.weights is None
     if served.failure is not None:
         described["failure"] = served.failure
-    if served.engine is not None:
-        report = served.engine.report
+    if served.engines:  # the first device's figures; every device's engine is built alike
+        report = served.engines[0].report
         described["startup_seconds"] = round(report.startup_seconds, 3)
         if report.capture_seconds:  # CUDA graphs only
             described["capture_seconds"] = {str(b): round(s, 6) for b, s in sorted(report.capture_seconds.items())}
@@ -92,6 +93,22 @@ def card(served: ServedModel, service: Service) -> dict[str, Any]:
         if report.validation_error:  # engines on a GPU, checked against fp32 eager
             described["validation_relative_error"] = {str(b): e for b, e in sorted(report.validation_error.items())}
         described.update(report.facts)
+    return described
+
+
+def devices(served: ServedModel) -> dict[str, dict[str, Any]]:
+    """Device → its engine's state (starting, ready, dead …), GPU and batches launched and in flight."""
+    states = served.device_states()
+    described: dict[str, dict[str, Any]] = {device: {"state": state} for device, state in states.items()}
+    for engine in served.engines:
+        if "gpu" in engine.report.facts:
+            described[engine.device]["gpu"] = engine.report.facts["gpu"]
+    if served.batcher is not None:
+        pool = served.batcher.pool
+        for device, launched in pool.by_device(pool.launched).items():
+            described[device]["batches_launched"] = launched
+        for device, in_flight in pool.by_device(pool.batches_in_flight).items():
+            described[device]["batches_in_flight"] = in_flight
     return described
 
 

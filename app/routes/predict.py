@@ -50,7 +50,7 @@ async def predict(request: Request) -> Response:
         async with within(deadline):
             images = await decode_body(request, media, served.spec, **limits)
             probabilities = await batcher.submit(images, deadline)
-        body = encode_predictions(probabilities, model=name, engine=batcher.engine.name, spec=served.spec)
+        body = encode_predictions(probabilities, model=name, engine=batcher.engines[0].name, spec=served.spec)
         response = Response(body, media_type="application/json")
     except Exception as error:
         response = failure_response(error, model=name, path=request.url.path, render=error_response)

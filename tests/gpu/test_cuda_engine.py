@@ -202,7 +202,7 @@ def test_failing_replay_answers_500_and_readiness_reports_a_broken_device(monkey
         body = orjson.dumps({"instances": [[0.5] * 784]})
         headers = {"content-type": "application/json"}
         assert client.post("/predict", content=body, headers=headers).status_code == 200
-        engine = client.app.state.service.models["fashion-cnn"].engine  # type: ignore[attr-defined]
+        engine = client.app.state.service.models["fashion-cnn"].engines[0]  # type: ignore[attr-defined]
 
         def failing(*args: object) -> None:
             raise RuntimeError("CUDA error: an illegal memory access was encountered (simulated)")

@@ -28,7 +28,7 @@ def test_each_torch_format_in_graphs_equals_its_eager_output(tmp_path: Path, exp
     getattr(model_exports, export)(tmp_path)
     (spec,) = read_repository(tmp_path)
     model = load_model(spec)
-    options = engine_options(Settings(device="cuda", buckets=(1, 4, 32), compile=compile), spec, "cuda:0")
+    options = engine_options(Settings(device="cuda", buckets=(1, 4, 32), compile=compile), spec, ("cuda:0",))
     reference = torch.jit.load(str(spec.path("model.pt"))) if export == "torchscript" else None
     engine = build_engine(model, options, in_flight=2, event_wait="poll")
     try:
