@@ -27,12 +27,20 @@ def expected(*values: float) -> np.ndarray:
 
 class FakeEngine:
     name = "fake"
-    device = "cpu"
 
     def __init__(
-        self, buckets: tuple[int, ...] = (1, 2, 4, 8), *, poison: float | None = None, in_flight: int = 2
+        self,
+        buckets: tuple[int, ...] = (1, 2, 4, 8),
+        *,
+        poison: float | None = None,
+        in_flight: int = 2,
+        device: str = "cpu",
+        sticky: bool = False,
     ) -> None:
         self.buckets = buckets
+        self.device = device
+        self.sticky = sticky  # a poisoned batch breaks the device for good, as a CUDA error does
+        self.broken = False
         self.slots = tuple(host_slot(i, buckets[-1], SHAPE, CLASSES) for i in range(in_flight))
         self.report = EngineReport()
         self.poison = poison  # a batch holding this value fails
@@ -41,6 +49,7 @@ class FakeEngine:
         self.gate.set()
         self.launched = asyncio.Event()
         self.dtypes: list[InputDtype] = []  # the staging dtype of each launch
+        self.used_slots: list[Slot] = []  # the slot of each launch
 
     async def run(self, slot: Slot, bucket: int, dtype: InputDtype) -> float:
         batch = slot.inputs[dtype][:bucket].astype(np.float32)  # a copy, as real and padding rows stood
@@ -48,9 +57,11 @@ class FakeEngine:
             batch *= np.float32(1 / 255)
         self.launches.append((bucket, batch))
         self.dtypes.append(dtype)
+        self.used_slots.append(slot)
         self.launched.set()
         await self.gate.wait()
         if self.poison is not None and (batch == self.poison).any():
+            self.broken = self.sticky
             raise RuntimeError("poisoned batch")
         means = batch.reshape(bucket, -1).mean(axis=1)
         slot.outputs[:bucket] = means[:, None] * np.array([1, 2, 3], dtype=np.float32)
@@ -61,7 +72,7 @@ class FakeEngine:
         return [batch[:, 0, 0, 0].tolist() for _, batch in self.launches]
 
     def healthy(self) -> bool:
-        return True
+        return not self.broken
 
     def close(self) -> None:
         pass
