@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from app import metrics
-from app.batch_shares import PendingRequest, Share, answer, fail, stage
+from app.batch_shares import PendingRequest, Share, answer, fail, stage_rows
 from app.engines.base import Engine
 from app.errors import DeadlineExceededError, EngineError, NotReadyError, QueueFullError
 from app.slot_pool import Lease, SlotPool
@@ -272,7 +272,6 @@ class Batcher:
 
     async def _run_batch(self, lease: Lease, shares: list[Share], rows: int) -> None:
         engine, slot, bucket = lease.engine, lease.slot, lease.rows
-        dtype = stage(shares, slot)
         batches, padding, compute = self._bucket_metrics[bucket]
         device_batches, device_rows, device_in_flight = self._device_metrics[lease.device]
         batches.inc()
@@ -282,8 +281,9 @@ class Batcher:
         device_rows.inc(rows)
         self._in_flight.inc()
         device_in_flight.inc()
-        finished = False  # the device is done with the slot's memory
+        finished = False  # the device (and the staging thread) is done with the slot's memory
         try:
+            dtype = await stage_rows(shares, slot)
             seconds = await engine.run(slot, bucket, dtype)
             finished = True
         except Exception as error:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import time
 
 import numpy as np
 import pytest
 
+from app import batch_shares
 from app.batcher import Batcher
 from app.config import Settings
+from app.engines.base import InputDtype, Slot
 from app.errors import EngineError, NotReadyError
 from app.routes.models import devices
 from app.service import ServedModel, prepare_models
@@ -139,3 +142,32 @@ def test_a_start_up_failure_on_the_second_device_is_reported_for_it() -> None:
     served.failure = "RuntimeError: out of memory"
     ready, detail = served.readiness()
     assert not ready and "out of memory" in detail and "(cuda:0 ready, cuda:1 failed)" in detail
+
+
+async def test_large_batches_are_staged_on_a_thread_with_the_same_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    threads: list[str] = []
+    real_stage = batch_shares.stage
+
+    def recording_stage(shares: list[batch_shares.Share], slot: Slot) -> InputDtype:
+        threads.append(threading.current_thread().name)
+        return real_stage(shares, slot)
+
+    monkeypatch.setattr(batch_shares, "stage", recording_stage)
+    monkeypatch.setattr(batch_shares, "STAGE_OFF_LOOP_BYTES", 64)  # the 1-row batch is 16 bytes, the 8-row one 80
+    engine = FakeEngine()
+    batcher = Batcher(engine, max_delay_s=0.0, queue_limit=1024, request_timeout_s=FOREVER)
+    batcher.start()
+    try:
+        pixels = np.full((1, 1, 2, 2), 51, dtype=np.uint8)  # 0.2 once scaled
+        small = await batcher.submit(images(1.0))
+        large = await asyncio.wait_for(
+            asyncio.gather(*(batcher.submit(x) for x in [pixels] * 4 + [images(0.5)] * 4)), 10
+        )
+    finally:
+        await batcher.stop()
+    assert threads[0] == threading.current_thread().name and threads[-1].startswith("stage")
+    np.testing.assert_array_equal(small, expected(1.0))
+    for result in large[:4]:
+        np.testing.assert_allclose(result, expected(0.2), rtol=1e-6)
+    for result in large[4:]:
+        np.testing.assert_array_equal(result, expected(0.5))
