@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import sys
 import time
@@ -149,31 +150,34 @@ def main() -> int:
         sys.stderr.write(f"this benchmark needs two GPUs; torch sees {torch.cuda.device_count()}\n")
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    engines, facts = build(args)
-    rng = np.random.default_rng(0)
-    inputs = [rng.integers(0, 256, (args.images, 3, 224, 224), dtype=np.uint8) for _ in range(8)]
-
-    async def both_phases() -> dict[str, Any]:
-        phases = {}
-        for name, chosen in (("one_gpu", engines[:1]), ("two_gpus", engines)):  # cuda:0's engine serves both
-            phases[name] = await saturate(chosen, args, inputs)
-            print(f"{name}: {phases[name]}", file=sys.stderr, flush=True)
-        return phases
-
-    phases = asyncio.run(both_phases())
-    ratio = phases["two_gpus"]["images_per_s"] / phases["one_gpu"]["images_per_s"]
-    record = {
+    record: dict[str, Any] = {
         "command": " ".join(sys.argv),
         "torch": torch.__version__,
         "python": platform.python_version(),
+        "cpu_cores": os.cpu_count(),
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
         "model": "resnet50",
-        "settings": facts,
         "load": {"images_per_request": args.images, "submitters": args.submitters, "warmup_s": args.warmup_s},
-        **phases,
-        "ratio_two_over_one": round(ratio, 3),
     }
-    (args.out / "multi_gpu.json").write_text(json.dumps(record, indent=2) + "\n")
+
+    def save() -> None:  # after every step: a run cut short by its timeout still leaves what it measured
+        (args.out / "multi_gpu.json").write_text(json.dumps(record, indent=2) + "\n")
+
+    engines, record["settings"] = build(args)
+    save()
+    rng = np.random.default_rng(0)
+    inputs = [rng.integers(0, 256, (args.images, 3, 224, 224), dtype=np.uint8) for _ in range(8)]
+
+    async def both_phases() -> None:
+        for name, chosen in (("one_gpu", engines[:1]), ("two_gpus", engines)):  # cuda:0's engine serves both
+            record[name] = await saturate(chosen, args, inputs)
+            print(f"{name}: {record[name]}", file=sys.stderr, flush=True)
+            save()
+
+    asyncio.run(both_phases())
+    ratio = record["two_gpus"]["images_per_s"] / record["one_gpu"]["images_per_s"]
+    record["ratio_two_over_one"] = round(ratio, 3)
+    save()
     print(f"two GPUs / one GPU: {ratio:.2f}x", flush=True)
     for engine in engines:
         engine.close()
