@@ -5,8 +5,9 @@ batch in flight there: waiting could only add latency, so a lone request goes st
 otherwise when the oldest queued request has waited `max_delay_s` (Triton's dynamic-batcher
 rule) or a running batch completes and leaves its device idle. Under load the devices are busy,
 so batches fill while they work; at low load nothing waits for company that is not coming. A
-batch is padded to the smallest bucket ≥ its rows; requests are packed row by row, so a request larger than the
-largest bucket (or one that straddles a full batch) is split and reassembled (app/batch_shares.py).
+batch is padded to the smallest bucket ≥ its rows; requests are packed row by row, so a request
+larger than the largest bucket (or one that straddles a full batch) is split and reassembled
+(app/batch_shares.py).
 
 Pipelining and devices: one task collects and launches while a free Slot exists; each engine
 (one per device, all of the same model and buckets) has one Slot per batch in flight (its
@@ -94,14 +95,8 @@ class Batcher:
         self._queue_wait = metrics.QUEUE_WAIT.labels(model=model)
         self._batch_rows = metrics.BATCH_ROWS.labels(model=model)
         self._in_flight = metrics.IN_FLIGHT.labels(model=model)
-        self._device_metrics = [  # per device, by SlotPool index: (batches, rows, in flight)
-            (
-                metrics.DEVICE_BATCHES.labels(model=model, device=e.device),
-                metrics.DEVICE_ROWS.labels(model=model, device=e.device),
-                metrics.DEVICE_IN_FLIGHT.labels(model=model, device=e.device),
-            )
-            for e in self.engines
-        ]
+        # Per device, by SlotPool index: (batches, rows, in flight).
+        self._device_metrics = [metrics.device_children(model, engine.device) for engine in self.engines]
 
     @property
     def queued_rows(self) -> int:

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 
 from app.config import Settings
-from app.engines.base import Engine
+from app.engines.base import INPUT_DTYPES, Engine
 from app.model_config import ModelConfigError
 from app.model_spec import ModelSpec
 from app.repository import LoadedModel
@@ -142,12 +142,12 @@ def replica_of(model: LoadedModel) -> LoadedModel:
 
 
 def allow_replica_recompiles(options: EngineOptions) -> None:
-    """Inductor compiles each bucket once per device (its kernels bake in the device index) and dynamo
-    counts every compile of the model's forward against one limit: raise it for all of them."""
+    """Inductor compiles each (bucket, input dtype) once per device (its kernels bake in the device
+    index) and dynamo counts every compile of one forward against one limit: raise it for all of them."""
     if len(options.devices) > 1 and (options.engine == "compile" or options.compile != "none"):
         from app.engines.inductor import allow_recompiles
 
-        allow_recompiles(len(options.buckets) * len(options.devices))
+        allow_recompiles(len(options.buckets) * len(INPUT_DTYPES) * len(options.devices))
 
 
 def use_compile_cache(settings: Settings) -> None:

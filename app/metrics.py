@@ -157,6 +157,15 @@ def _request_children(model: str, protocol: str, form: str, code: str) -> tuple[
     )
 
 
+def device_children(model: str, device: str) -> tuple[Counter, Counter, Gauge]:
+    """One device's (batches, rows, in flight) children, looked up once per batcher, not per batch."""
+    return (
+        DEVICE_BATCHES.labels(model=model, device=device),
+        DEVICE_ROWS.labels(model=model, device=device),
+        DEVICE_IN_FLIGHT.labels(model=model, device=device),
+    )
+
+
 def observe_request(model: str, protocol: str, form: str, code: str, seconds: float) -> None:
     """One answered inference request, from any ingress."""
     counter, latency = _request_children(model, protocol, form, code)

@@ -70,6 +70,24 @@ async def test_both_devices_share_a_steady_load_and_every_request_gets_its_own_r
     assert min(launched) >= sum(launched) // 3, f"one device took most batches: {launched}"
 
 
+async def test_a_lone_request_goes_at_once_to_the_idle_device_while_the_other_is_busy() -> None:
+    busy, idle = FakeEngine(device="cuda:0"), FakeEngine(device="cuda:1")
+    busy.gate.clear()
+    batcher = two_device_batcher(busy, idle)  # max_delay FOREVER: only an idle device launches a partial batch
+    batcher.start()
+    try:
+        first = asyncio.create_task(batcher.submit(images(1.0)))
+        await busy.launched.wait()
+        lone = await asyncio.wait_for(batcher.submit(images(2.0)), timeout=10)
+        np.testing.assert_array_equal(lone, expected(2.0))
+        assert [len(e.launches) for e in (busy, idle)] == [1, 1]
+        busy.gate.set()
+        await asyncio.wait_for(first, timeout=10)
+    finally:
+        busy.gate.set()
+        await batcher.stop()
+
+
 async def test_a_sticky_fault_on_one_device_declares_the_whole_service_dead() -> None:
     healthy, faulty = FakeEngine(device="cuda:0"), FakeEngine(device="cuda:1", poison=9.0, sticky=True)
     healthy.gate.clear()  # cuda:0 holds the first batch, so the poisoned one goes to cuda:1
