@@ -3,6 +3,7 @@
 # under $OUT. Started after the wheel install line of bench/results/README.md, from the repo root.
 #   STEPS="gpu-tests engine e2e stalls" bash bench/run_h200.sh
 #   GPU_TESTS="tests/gpu/test_device_faults.py …" narrows the GPU tests (default: all of tests/gpu)
+#   STEPS=multi-gpu on the two-GPU machine (nvidia-h200-x2): tests/gpu/test_multi_gpu.py, bench/multi_gpu_bench.py
 set -u
 export CGSERVE_COMPILE_CACHE_DIR=/tmp/inductor-cache  # shared: what the tests compile, the benchmarks reuse
 STEPS=${STEPS:-"gpu-tests torchvision engine e2e stalls protocols"}
@@ -44,4 +45,12 @@ if step protocols; then
   timeout "${BENCH_S:-200}" python3 bench/protocol_bench.py --concurrencies "${CONCURRENCIES:-1,16,64}" \
     --out "$OUT/protocols.json" > "$OUT/protocols.log" 2>&1
   echo "protocol bench: rc=$? at $((SECONDS - started)) s"
+fi
+if step multi-gpu; then  # two GPUs: one model on both, in one service (not among the default steps)
+  timeout "${MULTI_GPU_TESTS_S:-240}" python3 -m pytest -m gpu -v -p no:cacheprovider --durations=10 \
+    tests/gpu/test_multi_gpu.py > "$OUT/pytest-multi-gpu.log" 2>&1
+  echo "pytest multi-gpu: rc=$? at $((SECONDS - started)) s"; tail -3 "$OUT/pytest-multi-gpu.log"
+  timeout "${MULTI_GPU_BENCH_S:-300}" python3 bench/multi_gpu_bench.py --compile-cache-dir "$CGSERVE_COMPILE_CACHE_DIR" \
+    --seconds "${MULTI_GPU_SECONDS:-15}" --out "$OUT/multi-gpu" > "$OUT/multi-gpu.log" 2>&1
+  echo "multi-gpu bench: rc=$? at $((SECONDS - started)) s"; tail -6 "$OUT/multi-gpu.log" | cut -c1-400
 fi
