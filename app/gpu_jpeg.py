@@ -17,7 +17,8 @@ the copies are ordered after the decode. The event loop awaits `done` through an
 (a thread sleeping in that one event's synchronize, never the device's), then copies each row
 out of its pinned buffer into the request's (1, C, h, w) array. The batcher sees what Pillow
 would have given it. A batch nvJPEG refuses as a whole (one CMYK or corrupt image fails the
-call) answers each of its requests GpuDecodeError, and app/image_upload.py hands them to Pillow.
+call) is decoded again image by image: those nvJPEG refuses alone answer GpuDecodeError, and
+app/image_upload.py hands them to Pillow.
 """
 
 from __future__ import annotations
@@ -117,20 +118,29 @@ class GpuJpegDecoder:
         errors: list[str] = []
         with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
             for color, indices in _by_color(jobs).items():
-                # bytearray: torch.frombuffer wants a writable buffer; the copy is small beside the decode.
-                encoded = [torch.frombuffer(bytearray(jobs[i].data), dtype=torch.uint8) for i in indices]
-                try:
-                    decoded = torchvision.io.decode_jpeg(encoded, mode=READ_MODES[color], device=self.device)
-                except RuntimeError as error:  # nvJPEG refused one of them: the whole call fails
-                    errors.append(str(error))
-                    continue
-                for i, image in zip(indices, decoded, strict=True):  # image: (C, H_i, W_i) uint8 on the GPU
+                for i, image in self._decode(jobs, indices, color, errors):  # (C, H_i, W_i) uint8 on the GPU
                     pixels = preprocess_tensor(image, jobs[i].spec)  # (C, h, w) uint8 on the GPU
                     host = torch.empty(pixels.shape, dtype=torch.uint8, pin_memory=True)
                     hosts[i] = host.copy_(pixels, non_blocking=True)
             done = torch.cuda.Event(blocking=True)  # its waiter thread sleeps instead of spinning a core
             done.record(self._stream)
         return _Launched(jobs, hosts, done, errors)
+
+    def _decode(
+        self, jobs: list[_Job], indices: list[int], color: str, errors: list[str]
+    ) -> list[tuple[int, torch.Tensor]]:
+        """(job index, (C, H, W) uint8 on the GPU) for each image nvJPEG decodes; its refusals in `errors`."""
+        # bytearray: torch.frombuffer wants a writable buffer; the copy is small beside the decode.
+        encoded = [torch.frombuffer(bytearray(jobs[i].data), dtype=torch.uint8) for i in indices]
+        try:
+            decoded = torchvision.io.decode_jpeg(encoded, mode=READ_MODES[color], device=self.device)
+            return list(zip(indices, decoded, strict=True))
+        except RuntimeError as error:  # nvJPEG refused one of them, and so the whole call
+            if len(indices) == 1:
+                errors.append(str(error))
+                return []
+        # One at a time, so that one bad upload sends only itself to Pillow, not its batch-mates.
+        return [pair for i in indices for pair in self._decode(jobs, [i], color, errors)]
 
     async def _hand_back(self, launched: _Launched) -> None:
         try:

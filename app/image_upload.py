@@ -3,7 +3,7 @@
 Chosen once at start-up (CGSERVE_JPEG_DECODER), then per upload from its header alone, read on
 the event loop (Pillow's open() parses markers, no pixels: tens of µs): a baseline or
 progressive JPEG in YCbCr or grey goes to the GPU; PNG, CMYK/YCCK JPEGs, anything Pillow cannot
-identify, and every JPEG the GPU decoder gives back (nvJPEG refused it) go to Pillow, which
+identify, JPEGs cut short, and every JPEG the GPU decoder gives back (nvJPEG refused it) go to Pillow, which
 answers them exactly as before: pixels, or the same 413/422. The pixel limit is checked from
 the header before either decoder sees a pixel.
 """
@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 # What nvJPEG decodes to RGB or grey the way Pillow does; CMYK and YCCK (Adobe) JPEGs it does not.
 GPU_JPEG_MODES = ("RGB", "L")
+JPEG_END = b"\xff\xd9"  # EOI; byte stuffing keeps it out of the entropy-coded data
 
 
 class GpuDecodeError(Exception):
@@ -81,7 +82,9 @@ def gpu_decodable(data: bytes, *, max_pixels: int, spec: ModelSpec) -> bool:
     try:
         with Image.open(io.BytesIO(data), formats=("PNG", "JPEG")) as image:
             check_image_size(image.size, max_pixels=max_pixels, spec=spec)
-            return image.format == "JPEG" and image.mode in GPU_JPEG_MODES
+            # A JPEG cut short (no end-of-image marker) goes to Pillow, which refuses it as before:
+            # nvJPEG's hardware decoder would fill in the missing rows without a word.
+            return image.format == "JPEG" and image.mode in GPU_JPEG_MODES and data.rfind(JPEG_END) > 0
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError):
         return False  # Pillow's decode_image says what is wrong with it
 

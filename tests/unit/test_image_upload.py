@@ -95,6 +95,7 @@ def test_the_header_sends_baseline_progressive_and_grey_jpegs_to_the_gpu_and_the
     assert not gpu_decodable(encode(cmyk), max_pixels=LIMIT, spec=RESNET50)
     assert not gpu_decodable(encode(PHOTO, "PNG"), max_pixels=LIMIT, spec=RESNET50)
     assert not gpu_decodable(b"not an image", max_pixels=LIMIT, spec=RESNET50)
+    assert not gpu_decodable(JPEG[: len(JPEG) // 3], max_pixels=LIMIT, spec=RESNET50)  # cut short: no EOI
 
 
 def test_cmyk_jpegs_and_pngs_never_reach_the_gpu_and_decode_as_before() -> None:
@@ -119,13 +120,25 @@ def test_a_jpeg_nvjpeg_refuses_is_decoded_by_pillow_instead() -> None:
 
 
 def test_a_corrupt_jpeg_gets_the_same_answer_with_or_without_the_gpu() -> None:
-    truncated = JPEG[: len(JPEG) // 3]  # a valid header, a third of the scan
+    # Scan data overwritten, the markers intact: the header sends it to the GPU; a refusal there
+    # sends it on to Pillow, whose answer is the one given without a GPU.
+    corrupt = JPEG[:1000] + bytes(len(JPEG) - 1002) + JPEG[-2:]
+    corrupt = corrupt[:1000] + b"\xff\xd0\xff\xc4" + corrupt[1004:]  # a stray RST and a DHT inside the scan
+    gpu = FakeGpu(refuse=True)
     with pytest.raises(InputError) as without_gpu:
-        upload(truncated, None)
+        upload(corrupt, None)
     with pytest.raises(InputError) as with_gpu:
-        upload(truncated, FakeGpu(refuse=True))
+        upload(corrupt, gpu)
     assert (with_gpu.value.status, str(with_gpu.value)) == (without_gpu.value.status, str(without_gpu.value))
     assert with_gpu.value.status == 422 and "could not be decoded as PNG or JPEG" in str(with_gpu.value)
+    assert gpu.seen == [corrupt]
+
+
+def test_a_truncated_jpeg_is_left_to_pillow_which_refuses_it() -> None:
+    gpu = FakeGpu()
+    with pytest.raises(InputError, match="could not be decoded as PNG or JPEG") as refused:
+        upload(JPEG[: len(JPEG) // 3], gpu)
+    assert refused.value.status == 422 and gpu.seen == []
 
 
 def test_an_oversized_jpeg_is_refused_from_its_header_before_any_decoder() -> None:
