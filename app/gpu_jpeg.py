@@ -77,7 +77,7 @@ class GpuJpegDecoder:
 
     async def decode(self, data: bytes, spec: ModelSpec) -> np.ndarray:
         """A JPEG → (1, C, h, w) uint8 per the spec's [preprocess]; GpuDecodeError if nvJPEG refused it."""
-        if self._collector is None:  # on the first upload: the loop the server runs
+        if self._collector is None or self._collector.done():  # first upload (or a collector that died)
             self._collector = asyncio.create_task(self._collect(), name="gpu-jpeg-collector")
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
         self._pending.append(_Job(data, spec, future))
