@@ -7,9 +7,10 @@ Two parts, one run, one JSON record:
             alone, multipart JPEG uploads from loadtest's closed-loop generator.
 
 Photos: loadtest/photos.py's synthetic ones at 500×375 and 1920×1080, quality 90; preprocess:
-resnet50's model.toml (shorter side 256, centre crop 224). On the H200 (16 cores), ~3 minutes:
+resnet50's model.toml (shorter side 256, centre crop 224). On the H200 (16 cores), 2–4 minutes
+(--compile none, or a warm CGSERVE_COMPILE_CACHE_DIR, keeps it near 2):
 
-    python3 bench/jpeg_decode_bench.py --out "$OUT/jpeg"
+    python3 bench/jpeg_decode_bench.py --out "$OUT/jpeg"     # or: STEPS=jpeg bash bench/run_h200.sh
 
 Without CUDA only Pillow is measured (`--model fashion-cnn --repository models/repository` runs it
 on a laptop).
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import platform
@@ -48,6 +50,7 @@ PHOTOS_PER_SIZE = 16
 PIXEL_LIMIT = 4096 * 4096
 
 
+@functools.cache
 def jpegs(width: int, height: int) -> list[bytes]:
     return [encode(synthetic_photo(width, height, seed=i), quality=90) for i in range(PHOTOS_PER_SIZE)]
 

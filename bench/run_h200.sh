@@ -5,7 +5,7 @@
 #   GPU_TESTS="tests/gpu/test_device_faults.py …" narrows the GPU tests (default: all of tests/gpu)
 set -u
 export CGSERVE_COMPILE_CACHE_DIR=/tmp/inductor-cache  # shared: what the tests compile, the benchmarks reuse
-STEPS=${STEPS:-"gpu-tests torchvision engine e2e stalls protocols"}
+STEPS=${STEPS:-"gpu-tests torchvision engine e2e stalls protocols jpeg"}
 {
   nvidia-smi -L
   python3 -c "import torch, torchvision, triton, grpc, google.protobuf as pb; print('torch', torch.__version__, 'torchvision', torchvision.__version__, 'triton', triton.__version__, 'grpcio', grpc.__version__, 'protobuf', pb.__version__)"
@@ -44,4 +44,9 @@ if step protocols; then
   timeout "${BENCH_S:-200}" python3 bench/protocol_bench.py --concurrencies "${CONCURRENCIES:-1,16,64}" \
     --out "$OUT/protocols.json" > "$OUT/protocols.log" 2>&1
   echo "protocol bench: rc=$? at $((SECONDS - started)) s"
+fi
+if step jpeg; then  # Pillow vs the batched nvJPEG decoder, decode-only and over HTTP (resnet50)
+  timeout "${JPEG_S:-280}" python3 bench/jpeg_decode_bench.py --compile "${JPEG_COMPILE:-inductor}" --out "$OUT/jpeg" \
+    > "$OUT/jpeg.log" 2>&1
+  echo "jpeg bench: rc=$? at $((SECONDS - started)) s"; grep -E '^(decode|http)' "$OUT/jpeg.log" | cut -c1-400
 fi
