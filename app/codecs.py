@@ -111,18 +111,10 @@ def decode_image(data: bytes, *, max_pixels: int, spec: ModelSpec) -> np.ndarray
         raise InputError("the uploaded file is empty", expected=IMAGE_EXPECTED)
     c, h, w = spec.input_shape
     color, resize, crop = spec.config.color, spec.preprocess.resize, spec.preprocess.crop
-    too_large = f"an image of at most {max_pixels} pixels; this model takes {w}×{h}"
     try:
         # open() reads the header only: the size check runs before any pixel is decoded.
         with Image.open(io.BytesIO(data), formats=("PNG", "JPEG")) as image:
-            width, height = image.size
-            if width * height > max_pixels:
-                raise InputError(
-                    f"the image is {width}×{height} = {width * height} pixels, over the limit of {max_pixels}",
-                    expected=too_large,
-                    status=413,
-                    code="image_too_large",
-                )
+            check_image_size(image.size, max_pixels=max_pixels, spec=spec)
             # JPEG decodes at a reduced scale, no smaller than what follows needs; a no-op for PNG.
             image.draft(color, (resize, resize) if resize else (w, h))
             picture = image.convert(color)
@@ -136,7 +128,9 @@ def decode_image(data: bytes, *, max_pixels: int, spec: ModelSpec) -> np.ndarray
             if picture.size != (w, h):
                 picture = picture.resize((w, h), Image.Resampling.LANCZOS, reducing_gap=REDUCING_GAP)
     except Image.DecompressionBombError as error:  # Pillow's own guard, hit by absurd headers
-        raise InputError(str(error), expected=too_large, status=413, code="image_too_large") from None
+        raise InputError(
+            str(error), expected=_too_large(max_pixels, spec), status=413, code="image_too_large"
+        ) from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
         raise InputError(
             f"the upload could not be decoded as PNG or JPEG ({type(error).__name__}: {error})",
@@ -144,6 +138,23 @@ def decode_image(data: bytes, *, max_pixels: int, spec: ModelSpec) -> np.ndarray
         ) from None
     pixels = np.asarray(picture, dtype=np.uint8).reshape(h, w, c)  # (H, W, C) as Pillow holds it
     return np.ascontiguousarray(pixels.transpose(2, 0, 1))[None]  # (1, C, H, W)
+
+
+def check_image_size(size: tuple[int, int], *, max_pixels: int, spec: ModelSpec) -> None:
+    """413 for an image whose header says (width, height) is over the pixel limit."""
+    width, height = size
+    if width * height > max_pixels:
+        raise InputError(
+            f"the image is {width}×{height} = {width * height} pixels, over the limit of {max_pixels}",
+            expected=_too_large(max_pixels, spec),
+            status=413,
+            code="image_too_large",
+        )
+
+
+def _too_large(max_pixels: int, spec: ModelSpec) -> str:
+    _, h, w = spec.input_shape
+    return f"an image of at most {max_pixels} pixels; this model takes {w}×{h}"
 
 
 def encode_predictions(probabilities: np.ndarray, *, model: str, engine: str, spec: ModelSpec) -> bytes:

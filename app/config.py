@@ -160,6 +160,12 @@ class Settings(BaseSettings):
         le=64,
         description="Server processes on one port, each with its own engines and graphs; /metrics merges them.",
     )
+    jpeg_decoder: Literal["auto", "cpu", "gpu"] = Field(
+        "auto",
+        description="Who decodes JPEG uploads: gpu batches concurrent ones through nvJPEG (torchvision) on the "
+        "models' CUDA device, cpu decodes each with Pillow on the decode pool. auto: gpu where the device is CUDA "
+        "and torchvision imports, else cpu. PNG, CMYK JPEGs and what nvJPEG rejects always take Pillow.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log verbosity.")
     auth_tokens: Tokens = Field(
         None,
@@ -225,6 +231,8 @@ class Settings(BaseSettings):
             raise ValueError("engine cuda-graph needs a CUDA device; use device auto or cuda, or engine eager")
         if self.device == "cpu" and self.dtype != "fp32":
             raise ValueError(f"dtype {self.dtype} needs a CUDA device; on the CPU the models run in fp32")
+        if self.device == "cpu" and self.jpeg_decoder == "gpu":
+            raise ValueError("jpeg_decoder gpu needs a CUDA device; use device auto or cuda, or jpeg_decoder cpu")
         if self.queue_limit < self.max_instances:
             raise ValueError(
                 f"queue_limit ({self.queue_limit}) must be at least max_instances ({self.max_instances}), "

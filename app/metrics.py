@@ -57,6 +57,16 @@ PADDING_ROWS = Counter(
     "Rows of padding added to reach a captured bucket size, by bucket.",
     ["model", "bucket"],
 )
+IMAGE_DECODES = Counter(
+    "cgserve_image_decodes",
+    "Image uploads by decoder: gpu (nvJPEG, batched), cpu (Pillow), cpu_fallback (a JPEG nvJPEG refused).",
+    ["decoder"],
+)
+GPU_JPEG_BATCH_IMAGES = Histogram(
+    "cgserve_gpu_jpeg_batch_images",
+    "JPEG uploads decoded together in one nvJPEG batch.",
+    buckets=ROW_BUCKETS,
+)
 # multiprocess_mode says how /metrics merges a gauge across workers (ignored with one process).
 QUEUE_DEPTH = Gauge(
     "cgserve_queue_depth_rows", "Rows waiting in the batcher's queue.", ["model"], multiprocess_mode="livesum"

@@ -38,6 +38,7 @@ from app.engine_factory import (
 from app.engines.base import Engine
 from app.errors import NotReadyError, UnknownModelError
 from app.heap import freeze_startup_heap
+from app.image_upload import JpegBatchDecoder, start_jpeg_decoder
 from app.model_spec import ModelSpec
 from app.repository import LoadedModel, ModelConfigError, load_model, read_repository
 
@@ -133,6 +134,7 @@ class Service:
         self.failure: str | None = None  # why start-up failed or the device died
         self.draining = False
         self.device_dead = False
+        self.jpeg_decoder: JpegBatchDecoder | None = None  # None: Pillow decodes every upload
         self._prepared = prepared
         self._on_fatal = on_fatal
         self._on_ready = on_ready
@@ -175,6 +177,9 @@ class Service:
             use_compile_cache(self.settings)
             for model, _ in prepared:
                 await self._start_model(self.models[model.spec.name], model)
+            devices = [served.options.device for served in self.models.values()]
+            device = next((d for d in devices if d.startswith("cuda")), "cpu")
+            self.jpeg_decoder = await asyncio.to_thread(start_jpeg_decoder, self.settings.jpeg_decoder, device)
         except Exception as error:
             self.failure = f"{type(error).__name__}: {error}"
             log.critical("start-up failed, the server will exit: %s", self.failure)
@@ -243,6 +248,8 @@ class Service:
             for engine in served.engines:
                 if not self.device_dead:  # a dead engine's close could wait forever
                     engine.close()
+        if self.jpeg_decoder is not None and not self.device_dead:
+            self.jpeg_decoder.close()
 
     def readiness(self) -> tuple[bool, str]:
         if self.failure is not None:

@@ -6,7 +6,7 @@
 #   STEPS=multi-gpu on the two-GPU machine (nvidia-h200-x2): tests/gpu/test_multi_gpu.py, bench/multi_gpu_bench.py
 set -u
 export CGSERVE_COMPILE_CACHE_DIR=/tmp/inductor-cache  # shared: what the tests compile, the benchmarks reuse
-STEPS=${STEPS:-"gpu-tests torchvision engine e2e stalls protocols"}
+STEPS=${STEPS:-"gpu-tests torchvision engine e2e stalls protocols jpeg"}
 {
   nvidia-smi -L
   python3 -c "import torch, torchvision, triton, grpc, google.protobuf as pb; print('torch', torch.__version__, 'torchvision', torchvision.__version__, 'triton', triton.__version__, 'grpcio', grpc.__version__, 'protobuf', pb.__version__)"
@@ -53,4 +53,9 @@ if step multi-gpu; then  # two GPUs: one model on both, in one service (not amon
   timeout "${MULTI_GPU_BENCH_S:-300}" python3 bench/multi_gpu_bench.py --compile-cache-dir "$CGSERVE_COMPILE_CACHE_DIR" \
     --seconds "${MULTI_GPU_SECONDS:-15}" --out "$OUT/multi-gpu" > "$OUT/multi-gpu.log" 2>&1
   echo "multi-gpu bench: rc=$? at $((SECONDS - started)) s"; tail -6 "$OUT/multi-gpu.log" | cut -c1-400
+fi
+if step jpeg; then  # Pillow vs the batched nvJPEG decoder, decode-only and over HTTP (resnet50)
+  timeout "${JPEG_S:-280}" python3 bench/jpeg_decode_bench.py --compile "${JPEG_COMPILE:-inductor}" --out "$OUT/jpeg" \
+    > "$OUT/jpeg.log" 2>&1
+  echo "jpeg bench: rc=$? at $((SECONDS - started)) s"; grep -E '^(decode|http)' "$OUT/jpeg.log" | cut -c1-400
 fi

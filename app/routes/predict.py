@@ -18,8 +18,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app import metrics
-from app.codecs import IMAGE_EXPECTED, decode_image, decode_json, decode_raw, encode_predictions
+from app.codecs import IMAGE_EXPECTED, decode_json, decode_raw, encode_predictions
 from app.errors import InputError, error_response, within
+from app.image_upload import JpegBatchDecoder, decode_upload
 from app.model_spec import ModelSpec
 from app.off_loop import LARGE_JSON_BYTES, off_loop
 from app.request_guard import DEADLINE_KEY
@@ -48,7 +49,7 @@ async def predict(request: Request) -> Response:
         pixels = served.spec.max_image_pixels(settings.max_image_pixels)
         limits = {"max_instances": settings.max_instances, "max_image_pixels": pixels}
         async with within(deadline):
-            images = await decode_body(request, media, served.spec, **limits)
+            images = await decode_body(request, media, served.spec, **limits, jpeg=service.jpeg_decoder)
             probabilities = await batcher.submit(images, deadline)
         body = encode_predictions(probabilities, model=name, engine=batcher.engines[0].name, spec=served.spec)
         response = Response(body, media_type="application/json")
@@ -59,12 +60,18 @@ async def predict(request: Request) -> Response:
 
 
 async def decode_body(
-    request: Request, media: str, spec: ModelSpec, *, max_instances: int, max_image_pixels: int
+    request: Request,
+    media: str,
+    spec: ModelSpec,
+    *,
+    max_instances: int,
+    max_image_pixels: int,
+    jpeg: JpegBatchDecoder | None = None,
 ) -> np.ndarray:
     """The body as (k, C, H, W) uint8 pixels or float32 intensities, by its content type.
 
-    The benchmark's no-op ceiling (loadtest/servers/) calls this too, so it decodes exactly as
-    the service does."""
+    `jpeg`: the service's batched GPU JPEG decoder, None for Pillow alone. The benchmark's no-op
+    ceiling (loadtest/servers/) calls this too, so it decodes exactly as the service does."""
     if media == "application/json":
         body = await request.body()
         if len(body) < LARGE_JSON_BYTES:
@@ -80,7 +87,7 @@ async def decode_body(
             spec=spec,
         )
     if media == "multipart/form-data":
-        return await off_loop(decode_image, await read_upload(request), max_pixels=max_image_pixels, spec=spec)
+        return await decode_upload(await read_upload(request), max_pixels=max_image_pixels, spec=spec, gpu=jpeg)
     raise InputError(
         f"content type {media or '(none)'!r} is not accepted",
         expected=ACCEPTED,

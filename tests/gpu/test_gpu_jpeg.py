@@ -1,0 +1,170 @@
+"""The batched GPU JPEG decoder (app/gpu_jpeg.py) on the device: its pixels against Pillow's, resnet50's
+answers on them, its batching, bad uploads, and the HTTP path with CGSERVE_JPEG_DECODER=gpu.
+
+How close is close enough: the resize and crop alone agree with Pillow within one level
+(tests/unit/test_image_preprocess.py); Pillow decodes a large JPEG at reduced scale (0.4–0.6
+levels on average at 1920×1080, measured there); nvJPEG's IDCT and chroma upsampling differ from
+libjpeg-turbo's by about a level at colour edges. A mean of 3 levels leaves room for those and
+still fails a crop off by 4 pixels (7 levels on these photos) or a channel swap (8–46).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+pytest.importorskip("torchvision")  # the optional extra; without it the GPU decoder is never chosen
+
+from app.codecs import decode_image
+from app.gpu_jpeg import GpuJpegDecoder
+from app.model_spec import ModelSpec
+from app.repository import load_model, read_repository
+from loadtest.photos import encode, fashion_photo, synthetic_photo
+from models.fashion_mnist import load_test_sample
+from tests.integration.server_process import ROOT, running_server
+
+EXAMPLES = ROOT / "models" / "examples" / "repository"
+SPECS = {spec.name: spec for spec in read_repository(EXAMPLES)}
+RESNET50, SEED_CNN = SPECS["resnet50"], SPECS["fashion-cnn"]
+LIMIT = 16 * 2**20
+MEAN_LEVELS = 3.0  # the module docstring says why
+GARMENTS = load_test_sample()[0][:6]  # (6, 28, 28) uint8: real Fashion-MNIST test images
+
+
+def grey_jpeg(garment: np.ndarray, quality: int = 90) -> bytes:
+    """A (28, 28) garment upscaled to a 280×280 grey JPEG, for the seed CNN."""
+    return encode(np.asarray(Image.fromarray(garment).resize((280, 280))), quality=quality)
+
+
+def decode_all(items: list[tuple[bytes, ModelSpec]], *, max_batch: int = 32) -> tuple[list[object], list[int]]:
+    """Decode concurrently on one decoder: each result (array or exception) and the batch sizes it launched."""
+
+    async def run() -> tuple[list[object], list[int]]:
+        decoder = GpuJpegDecoder("cuda:0", max_batch=max_batch)
+        try:
+            tasks = [decoder.decode(data, spec) for data, spec in items]
+            return list(await asyncio.gather(*tasks, return_exceptions=True)), decoder.batch_sizes
+        finally:
+            decoder.close()
+
+    return asyncio.run(run())
+
+
+def pillow(data: bytes, spec: ModelSpec) -> np.ndarray:
+    return decode_image(data, max_pixels=LIMIT, spec=spec)
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "spec"),
+    [
+        ("500x375", encode(synthetic_photo(500, 375), quality=90), RESNET50),
+        ("1920x1080", encode(synthetic_photo(1920, 1080), quality=90), RESNET50),
+        ("portrait", encode(synthetic_photo(375, 500, seed=1), quality=75), RESNET50),
+        ("progressive", encode(synthetic_photo(640, 480, seed=2), quality=90, progressive=True), RESNET50),
+        ("garment", encode(fashion_photo(GARMENTS[0], 500, 375), quality=90), RESNET50),
+        ("grey for the seed CNN", grey_jpeg(GARMENTS[1]), SEED_CNN),
+    ],
+)  # fmt: skip
+def test_gpu_pixels_agree_with_pillows(name: str, data: bytes, spec: ModelSpec) -> None:
+    (got,), _ = decode_all([(data, spec)])
+    assert isinstance(got, np.ndarray), got
+    want = pillow(data, spec)
+    assert got.shape == want.shape == (1, *spec.input_shape) and got.dtype == np.uint8
+    difference = np.abs(got.astype(np.int16) - want.astype(np.int16))
+    p99 = np.percentile(difference, 99)
+    print(f"{name}: mean {difference.mean():.3f} levels, p99 {p99:.0f}, max {difference.max()}")
+    assert difference.mean() < MEAN_LEVELS
+
+
+def test_resnet50_gives_the_same_top1_on_gpu_and_pillow_pixels() -> None:
+    photos = [fashion_photo(g, 500, 375, seed=i) for i, g in enumerate(GARMENTS)]
+    photos += [synthetic_photo(1920, 1080, seed=3), synthetic_photo(500, 375, seed=4)]
+    jpegs = [encode(photo, quality=90) for photo in photos]
+    results, _ = decode_all([(data, RESNET50) for data in jpegs])
+    gpu = np.concatenate(results)  # type: ignore[arg-type]  # (8, 3, 224, 224) uint8
+    cpu = np.concatenate([pillow(data, RESNET50) for data in jpegs])
+    module = load_model(RESNET50).module.cuda().eval()  # seeded random weights, fp32
+    mean = torch.tensor(RESNET50.preprocess.mean, device="cuda").view(1, 3, 1, 1)
+    std = torch.tensor(RESNET50.preprocess.std, device="cuda").view(1, 3, 1, 1)
+    with torch.inference_mode():
+        logits = [module((torch.from_numpy(p).cuda().float() / 255 - mean) / std).cpu().numpy() for p in (cpu, gpu)]
+    top2 = np.sort(logits[0], axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] >= 0.05  # as loadtest's min_margin: a near tie may flip on any float path
+    assert clear.sum() >= 4, f"too few images with a clear top-1 to compare: margins {top2[:, 1] - top2[:, 0]}"
+    np.testing.assert_array_equal(logits[1].argmax(1)[clear], logits[0].argmax(1)[clear])
+
+
+def test_concurrent_uploads_are_decoded_together_and_each_as_if_alone() -> None:
+    jpegs = [encode(synthetic_photo(500, 375, seed=i), quality=90) for i in range(32)]
+    together, sizes = decode_all([(data, RESNET50) for data in jpegs])
+    assert sizes == [32]
+    split, sizes = decode_all([(data, RESNET50) for data in jpegs], max_batch=8)
+    assert sizes == [8, 8, 8, 8]
+    alone = [decode_all([(data, RESNET50)])[0][0] for data in jpegs[:4]]
+    for i in range(4):
+        np.testing.assert_array_equal(together[i], alone[i])  # type: ignore[arg-type]
+        np.testing.assert_array_equal(split[i], alone[i])  # type: ignore[arg-type]
+
+
+def test_one_bad_jpeg_does_not_cost_its_batch_mates() -> None:
+    good = [encode(synthetic_photo(500, 375, seed=i), quality=90) for i in range(3)]
+    bad = good[0][:1000] + bytes(len(good[0]) - 1002) + good[0][-2:]  # scan zeroed, markers intact
+    bad = bad[:1000] + b"\xff\xd0\xff\xc4" + bad[1004:]  # a stray RST and DHT in the scan: Pillow refuses it
+    results, sizes = decode_all([(good[0], RESNET50), (bad, RESNET50), (good[1], RESNET50), (good[2], RESNET50)])
+    assert sizes == [4]
+    for i, data in zip((0, 2, 3), good, strict=True):
+        assert isinstance(results[i], np.ndarray), results[i]
+        assert np.abs(results[i].astype(np.int16) - pillow(data, RESNET50)).mean() < MEAN_LEVELS  # type: ignore[union-attr]
+    # Refused (then Pillow answers it 422, as tests/unit/test_image_upload.py shows) or decoded anyway.
+    print(f"nvJPEG on the corrupt scan: {type(results[1]).__name__}")
+
+
+def test_the_http_path_with_the_gpu_decoder(tmp_path: Path) -> None:
+    command = (sys.executable, "-m", "app.cli", "serve")
+    settings = {"model_repository": str(EXAMPLES), "device": "cuda", "buckets": "1,8", "compile": "none"}
+    photos = [fashion_photo(g, 500, 375, seed=i) for i, g in enumerate(GARMENTS)]
+    jpegs = [encode(photo, quality=90) for photo in photos]
+    truncated = jpegs[0][: len(jpegs[0]) // 3]
+    cmyk = encode(Image.fromarray(photos[0]).convert("CMYK"))
+    with running_server(tmp_path / "server.log", command=command, jpeg_decoder="gpu", **settings) as url:
+        resnet = f"{url}/v1/models/resnet50/predict"
+
+        def upload(data: bytes) -> httpx.Response:
+            return httpx.post(resnet, files={"file": ("a.jpg", data, "image/jpeg")}, timeout=60)
+
+        with ThreadPoolExecutor(len(jpegs)) as pool:  # concurrent: they may share an nvJPEG batch
+            answers = list(pool.map(upload, jpegs))
+        assert [a.status_code for a in answers] == [200] * len(jpegs), answers[0].text
+        # The same server's answer to Pillow's pixels sent raw: top-1 equal where it is not a near tie.
+        raw = np.concatenate([pillow(data, RESNET50) for data in jpegs]).tobytes()
+        reference = httpx.post(resnet, content=raw, headers={"content-type": "application/octet-stream"}, timeout=60)
+        for answer, want in zip(answers, reference.json()["predictions"], strict=True):
+            top2 = sorted(want["scores"])[-2:]
+            if top2[1] - top2[0] > 0.01:
+                assert answer.json()["predictions"][0]["label"] == want["label"]
+        assert upload(cmyk).status_code == 200  # Pillow's path
+        refused = upload(truncated)
+        assert refused.status_code == 422 and "could not be decoded as PNG or JPEG" in refused.text
+        junk = upload(b"\xff\xd8\xff" + b"junk" * 100)
+        assert junk.status_code == 422
+        grey = grey_jpeg(GARMENTS[0], quality=95)
+        seed = httpx.post(f"{url}/v1/models/fashion-cnn/predict", files={"file": ("g.jpg", grey, "image/jpeg")})
+        assert seed.status_code == 200 and seed.json()["predictions"][0]["label"] == 9  # an ankle boot
+        exposition = httpx.get(f"{url}/metrics").text
+    gpu_count = _sample(exposition, 'cgserve_image_decodes_total{decoder="gpu"}')
+    assert gpu_count == len(jpegs) + 1 and _sample(exposition, 'cgserve_image_decodes_total{decoder="cpu"}') >= 2
+    assert _sample(exposition, "cgserve_gpu_jpeg_batch_images_count") >= 1
+
+
+def _sample(exposition: str, name: str) -> float:
+    lines = [line for line in exposition.splitlines() if line.startswith(name + " ")]
+    assert lines, f"{name} is not in /metrics"
+    return float(lines[0].split()[-1])

@@ -1,0 +1,143 @@
+"""app/gpu_jpeg.py's batching and refusals, on the CPU: nvJPEG and CUDA's streams and events stood in for.
+
+What is tested is the decoder's own logic — who waits, what is launched together, what one bad
+upload costs, what a cancelled upload costs — not nvJPEG: its `decode_jpeg(list, ...)` is
+played by Pillow (full-size decode, as nvJPEG's), the stream and device contexts do nothing and
+events are complete when recorded (as they are on the CPU, where everything is synchronous).
+tests/gpu/test_gpu_jpeg.py runs the same decoder on the device.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import io
+import sys
+import types
+from collections.abc import Iterator
+from enum import Enum
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from app.codecs import decode_image
+from app.image_upload import GpuDecodeError
+from loadtest.photos import encode, synthetic_photo
+from tests.unit.test_image_upload import RESNET50
+
+JPEGS = [encode(synthetic_photo(320, 240, seed=i), quality=90) for i in range(12)]
+BAD = JPEGS[0][:600] + b"\xff\xd0\xff\xc4" + bytes(len(JPEGS[0]) - 606) + JPEGS[0][-2:]  # Pillow refuses it
+
+
+class ReadMode(Enum):
+    RGB = "RGB"
+    GRAY = "L"
+
+
+class NoEvent:
+    def __init__(self, blocking: bool = False) -> None:
+        pass
+
+    def record(self, stream: object) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """Images per decode_jpeg call, as app.gpu_jpeg (imported afresh against the stand-ins) makes them."""
+    made: list[int] = []
+
+    def decode_jpeg(encoded: list[torch.Tensor], *, mode: ReadMode, device: Any) -> list[torch.Tensor]:
+        made.append(len(encoded))
+        images = []
+        for tensor in encoded:
+            try:
+                pixels = np.array(Image.open(io.BytesIO(tensor.numpy().tobytes())).convert(mode.value))
+            except OSError as error:  # torchvision wraps nvJPEG's status in a RuntimeError, one for the call
+                raise RuntimeError(f"Error while decoding JPEG images: {error}") from None
+            images.append(torch.from_numpy(pixels).permute(2, 0, 1).contiguous())  # (3, H, W)
+        return images
+
+    torchvision = types.ModuleType("torchvision")
+    torchvision.io = types.SimpleNamespace(decode_jpeg=decode_jpeg, ImageReadMode=ReadMode)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torchvision", torchvision)
+    monkeypatch.setitem(sys.modules, "torchvision.io", torchvision.io)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "Event", NoEvent)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *shape, pin_memory=False, **options: empty(*shape, **options))
+    real = sys.modules.pop("app.gpu_jpeg", None)
+    try:
+        yield made
+    finally:
+        sys.modules.pop("app.gpu_jpeg", None)
+        if real is not None:
+            sys.modules["app.gpu_jpeg"] = real
+
+
+def decode_together(uploads: list[bytes], *, max_batch: int = 32, cancel: int | None = None) -> tuple[list[Any], Any]:
+    from app.gpu_jpeg import GpuJpegDecoder
+
+    async def run() -> tuple[list[Any], Any]:
+        decoder = GpuJpegDecoder("cpu", max_batch=max_batch)
+        try:
+            tasks = [asyncio.ensure_future(decoder.decode(data, RESNET50)) for data in uploads]
+            if cancel is not None:
+                tasks[cancel].cancel()  # before the collector runs: its deadline passed while queued
+            return list(await asyncio.gather(*tasks, return_exceptions=True)), decoder
+        finally:
+            decoder.close()
+
+    return asyncio.run(run())
+
+
+def test_concurrent_uploads_share_one_decode_call_up_to_max_batch(calls: list[int]) -> None:
+    results, decoder = decode_together(JPEGS)
+    assert decoder.batch_sizes == [12] and calls == [12]
+    results_split, decoder = decode_together(JPEGS, max_batch=5)
+    assert decoder.batch_sizes == [5, 5, 2]
+    for got, split, data in zip(results, results_split, JPEGS, strict=True):
+        assert got.shape == (1, 3, 224, 224) and got.dtype == np.uint8
+        np.testing.assert_array_equal(got, split)
+        # Within a level of Pillow's own path (a small JPEG: no reduced-scale decode to differ by).
+        assert np.abs(got.astype(np.int16) - decode_image(data, max_pixels=2**24, spec=RESNET50)).max() <= 1
+
+
+def test_one_refused_upload_is_retried_alone_and_only_it_falls_back(calls: list[int]) -> None:
+    results, decoder = decode_together([JPEGS[1], BAD, JPEGS[2]])
+    assert decoder.batch_sizes == [3] and calls == [3, 1, 1, 1]  # the batch, then one image at a time
+    assert isinstance(results[1], GpuDecodeError) and "Error while decoding JPEG images" in str(results[1])
+    assert isinstance(results[0], np.ndarray) and isinstance(results[2], np.ndarray)
+
+
+def test_a_cancelled_upload_is_not_decoded(calls: list[int]) -> None:
+    results, decoder = decode_together(JPEGS[:4], cancel=1)
+    assert isinstance(results[1], asyncio.CancelledError)
+    assert decoder.batch_sizes == [3] and calls == [3]
+
+
+def test_a_fault_outside_nvjpeg_fails_its_batch_and_later_uploads_still_decode(calls: list[int]) -> None:
+    from app.gpu_jpeg import GpuJpegDecoder
+
+    async def run() -> tuple[list[Any], Any]:
+        decoder = GpuJpegDecoder("cpu")
+        # A spec whose input has 1 channel but whose colour is RGB: preprocess_tensor refuses the image.
+        broken = dataclasses.replace(RESNET50, config=RESNET50.config.model_copy(update={"input_shape": (1, 224, 224)}))
+        try:
+            first = await asyncio.gather(decoder.decode(JPEGS[0], broken), return_exceptions=True)
+            return [*first, await decoder.decode(JPEGS[1], RESNET50)], decoder
+        finally:
+            decoder.close()
+
+    (fault, later), _ = asyncio.run(run())
+    assert isinstance(fault, ValueError) and "expected a (1, H, W) uint8 image" in str(fault)  # a 500, logged
+    assert later.shape == (1, 3, 224, 224)

@@ -1,0 +1,154 @@
+"""Which decoder an upload takes, and the fall-back to Pillow: no GPU or torchvision needed.
+
+A fake batch decoder stands in for app/gpu_jpeg.py (tests/gpu/test_gpu_jpeg.py runs the real one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from pydantic import ValidationError
+
+from app import metrics
+from app.codecs import decode_image
+from app.config import Settings
+from app.errors import InputError
+from app.image_upload import GpuDecodeError, choose_jpeg_decoder, decode_upload, gpu_decodable, start_jpeg_decoder
+from app.model_spec import ModelSpec
+from app.repository import read_repository
+from loadtest.photos import encode, synthetic_photo
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "models" / "examples" / "repository"
+RESNET50 = next(spec for spec in read_repository(EXAMPLES) if spec.name == "resnet50")
+LIMIT = 1024 * 1024
+PHOTO = synthetic_photo(500, 375)
+JPEG = encode(PHOTO, quality=90)
+
+
+class FakeGpu:
+    """Records what reached it; answers zeros, or refuses everything as nvJPEG refuses a bad JPEG."""
+
+    def __init__(self, *, refuse: bool = False) -> None:
+        self.refuse = refuse
+        self.seen: list[bytes] = []
+
+    async def decode(self, data: bytes, spec: ModelSpec) -> np.ndarray:
+        self.seen.append(data)
+        if self.refuse:
+            raise GpuDecodeError("Error while decoding JPEG images: nvjpeg status 2")
+        return np.zeros((1, *spec.input_shape), dtype=np.uint8)
+
+    def close(self) -> None:
+        pass
+
+
+def upload(data: bytes, gpu: FakeGpu | None) -> np.ndarray:
+    return asyncio.run(decode_upload(data, max_pixels=LIMIT, spec=RESNET50, gpu=gpu))
+
+
+def decodes(decoder: str) -> float:
+    return metrics.IMAGE_DECODES.labels(decoder=decoder)._value.get()
+
+
+@pytest.mark.parametrize(
+    ("setting", "device", "torchvision", "chosen"),
+    [
+        ("auto", "cuda:0", True, "gpu"),
+        ("auto", "cuda:1", False, "cpu"),
+        ("auto", "cpu", True, "cpu"),
+        ("cpu", "cuda:0", True, "cpu"),
+        ("gpu", "cuda:0", True, "gpu"),
+    ],
+)
+def test_auto_takes_the_gpu_only_with_cuda_and_torchvision(
+    setting: str, device: str, torchvision: bool, chosen: str
+) -> None:
+    assert choose_jpeg_decoder(setting, device, torchvision_imports=torchvision) == chosen
+
+
+def test_gpu_without_what_it_needs_says_what_to_change() -> None:
+    with pytest.raises(ValueError, match="needs the models on a CUDA device; they run on cpu"):
+        choose_jpeg_decoder("gpu", "cpu", torchvision_imports=True)
+    with pytest.raises(ValueError, match=r"needs torchvision \(pip install 'cudagraph-serve\[torchvision\]'\)"):
+        choose_jpeg_decoder("gpu", "cuda:0", torchvision_imports=False)
+    with pytest.raises(ValueError, match="jpeg_decoder gpu needs a CUDA device"):
+        Settings(device="cpu", jpeg_decoder="gpu")
+    with pytest.raises(ValidationError, match="jpeg_decoder"):
+        Settings(jpeg_decoder="nvjpeg")  # type: ignore[arg-type]
+
+
+def test_on_the_cpu_no_gpu_decoder_starts() -> None:
+    assert start_jpeg_decoder("auto", "cpu") is None
+    assert start_jpeg_decoder("cpu", "cpu") is None
+
+
+def test_the_header_sends_baseline_progressive_and_grey_jpegs_to_the_gpu_and_the_rest_to_pillow() -> None:
+    grey = synthetic_photo(64, 48)[..., 0]
+    cmyk = Image.fromarray(synthetic_photo(64, 48)).convert("CMYK")
+    assert gpu_decodable(JPEG, max_pixels=LIMIT, spec=RESNET50)
+    assert gpu_decodable(encode(PHOTO, quality=90, progressive=True), max_pixels=LIMIT, spec=RESNET50)
+    assert gpu_decodable(encode(grey, quality=90), max_pixels=LIMIT, spec=RESNET50)
+    assert not gpu_decodable(encode(cmyk), max_pixels=LIMIT, spec=RESNET50)
+    assert not gpu_decodable(encode(PHOTO, "PNG"), max_pixels=LIMIT, spec=RESNET50)
+    assert not gpu_decodable(b"not an image", max_pixels=LIMIT, spec=RESNET50)
+    assert not gpu_decodable(JPEG[: len(JPEG) // 3], max_pixels=LIMIT, spec=RESNET50)  # cut short: no EOI
+
+
+def test_cmyk_jpegs_and_pngs_never_reach_the_gpu_and_decode_as_before() -> None:
+    gpu = FakeGpu()
+    png = encode(PHOTO, "PNG")
+    cmyk_jpeg = encode(Image.fromarray(PHOTO).convert("CMYK"))
+    for data in (png, cmyk_jpeg):
+        np.testing.assert_array_equal(upload(data, gpu), decode_image(data, max_pixels=LIMIT, spec=RESNET50))
+    assert gpu.seen == []
+
+
+def test_a_jpeg_goes_to_the_gpu_decoder_and_is_counted() -> None:
+    gpu, before = FakeGpu(), decodes("gpu")
+    assert upload(JPEG, gpu).shape == (1, 3, 224, 224)
+    assert gpu.seen == [JPEG] and decodes("gpu") == before + 1
+
+
+def test_a_jpeg_nvjpeg_refuses_is_decoded_by_pillow_instead() -> None:
+    gpu, before = FakeGpu(refuse=True), decodes("cpu_fallback")
+    np.testing.assert_array_equal(upload(JPEG, gpu), decode_image(JPEG, max_pixels=LIMIT, spec=RESNET50))
+    assert gpu.seen == [JPEG] and decodes("cpu_fallback") == before + 1
+
+
+def test_a_corrupt_jpeg_gets_the_same_answer_with_or_without_the_gpu() -> None:
+    # Scan data overwritten, the markers intact: the header sends it to the GPU; a refusal there
+    # sends it on to Pillow, whose answer is the one given without a GPU.
+    corrupt = JPEG[:1000] + bytes(len(JPEG) - 1002) + JPEG[-2:]
+    corrupt = corrupt[:1000] + b"\xff\xd0\xff\xc4" + corrupt[1004:]  # a stray RST and a DHT inside the scan
+    gpu = FakeGpu(refuse=True)
+    with pytest.raises(InputError) as without_gpu:
+        upload(corrupt, None)
+    with pytest.raises(InputError) as with_gpu:
+        upload(corrupt, gpu)
+    assert (with_gpu.value.status, str(with_gpu.value)) == (without_gpu.value.status, str(without_gpu.value))
+    assert with_gpu.value.status == 422 and "could not be decoded as PNG or JPEG" in str(with_gpu.value)
+    assert gpu.seen == [corrupt]
+
+
+def test_a_truncated_jpeg_is_left_to_pillow_which_refuses_it() -> None:
+    gpu = FakeGpu()
+    with pytest.raises(InputError, match="could not be decoded as PNG or JPEG") as refused:
+        upload(JPEG[: len(JPEG) // 3], gpu)
+    assert refused.value.status == 422 and gpu.seen == []
+
+
+def test_an_oversized_jpeg_is_refused_from_its_header_before_any_decoder() -> None:
+    gpu = FakeGpu()
+    with pytest.raises(InputError) as refused:
+        asyncio.run(decode_upload(JPEG, max_pixels=500 * 375 - 1, spec=RESNET50, gpu=gpu))
+    assert refused.value.status == 413 and "500×375 = 187500 pixels, over the limit of 187499" in str(refused.value)
+    assert gpu.seen == []
+
+
+def test_an_empty_upload_is_refused_as_before() -> None:
+    with pytest.raises(InputError, match="the uploaded file is empty"):
+        upload(b"", FakeGpu())
