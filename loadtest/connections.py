@@ -24,7 +24,10 @@ class TransportFailure(Exception):
 
 
 class Driver(Protocol):
-    connection_waits: int  # requests that found every connection busy
+    @property
+    def connection_waits(self) -> int:
+        """Requests that found every connection busy."""
+        ...
 
     async def send(self, j: int) -> tuple[int, bytes]:
         """Body j of the payloads, POSTed; (status, body) of the answer, or TransportFailure."""

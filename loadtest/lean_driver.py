@@ -132,7 +132,8 @@ class LeanConnection(asyncio.Protocol):
     async def exchange(self, request: bytes, timeout_s: float) -> tuple[int, bytes]:
         assert self.transport is not None
         loop = asyncio.get_running_loop()
-        self.waiter = waiter = loop.create_future()
+        waiter: asyncio.Future[tuple[int, bytes]] = loop.create_future()
+        self.waiter = waiter
         self.transport.write(request)
         timer = loop.call_later(timeout_s, self._time_out, timeout_s)  # one TimerHandle: cheaper than asyncio.timeout
         try:

@@ -92,10 +92,10 @@ def check_answer(
 
 def open_driver(spec: WorkerSpec) -> Driver:
     """The driver `spec.client` names, for this process's connections."""
-    drivers = {"lean": LeanDriver, "httpx": HttpxDriver}
-    if spec.client not in drivers:
+    if spec.client not in CLIENTS:
         raise ValueError(f"client must be one of {CLIENTS}, got {spec.client!r}")
-    return drivers[spec.client](spec.base_url, spec.payloads, connections=spec.connections, timeout_s=spec.timeout_s)
+    driver = LeanDriver if spec.client == "lean" else HttpxDriver
+    return driver(spec.base_url, spec.payloads, connections=spec.connections, timeout_s=spec.timeout_s)
 
 
 class _Run:
