@@ -39,31 +39,43 @@ def request_bytes(method: str, host: str, port: int, path: str, content_type: st
 def parse_head(head: bytes) -> tuple[int, int, bool]:
     """(status, body length, keep-alive) of an answer's head (up to, not including, the blank line).
 
-    Raises ResponseHeadError for what this client does not handle."""
-    status_line, *header_lines = head.split(b"\r\n")
-    version, _, rest = status_line.partition(b" ")
-    if version not in (b"HTTP/1.1", b"HTTP/1.0") or not rest[:3].isdigit():
+    A few C-level searches of the lower-cased head rather than a loop over its lines: this runs
+    once per request. Raises ResponseHeadError for what this client does not handle."""
+    if not (head.startswith((b"HTTP/1.1 ", b"HTTP/1.0 ")) and head[9:12].isdigit()):
+        status_line = head.split(b"\r\n", 1)[0]
         raise ResponseHeadError(f"not an HTTP/1.x status line: {status_line[:80]!r}")
-    status = int(rest[:3])
+    status = int(head[9:12])
     if status < 200:
         raise ResponseHeadError(f"an interim {status} answer (the lean client sends no Expect)")
-    length, keep_alive = None, version == b"HTTP/1.1"
-    for line in header_lines:
-        name, _, value = line.partition(b":")
-        name = name.strip().lower()
-        if name == b"content-length":
-            if not value.strip().isdigit():
-                raise ResponseHeadError(f"Content-Length {value.strip()[:40]!r} is not a number")
-            length = int(value)
-        elif name == b"transfer-encoding":
-            raise ResponseHeadError(f"Transfer-Encoding {value.strip()[:40]!r} (chunked) is not supported")
-        elif name == b"connection":
-            keep_alive = value.strip().lower() == b"keep-alive" or (keep_alive and value.strip().lower() != b"close")
-    if length is None:
+    lower = head.lower()
+    if b"\r\ntransfer-encoding:" in lower:
+        raise ResponseHeadError(
+            f"Transfer-Encoding {_header(lower, b'transfer-encoding')[:40]!r} (chunked) is not supported"
+        )
+    length_text = _header(lower, b"content-length")
+    if length_text is None:
         if status not in NO_BODY_STATUSES:
             raise ResponseHeadError(f"a {status} answer without Content-Length")
         length = 0
+    elif length_text.isdigit():
+        length = int(length_text)
+    else:
+        raise ResponseHeadError(f"Content-Length {length_text[:40]!r} is not a number")
+    keep_alive = head[5:8] == b"1.1"  # HTTP/1.1 keeps the connection unless told otherwise, 1.0 closes it
+    connection = _header(lower, b"connection")
+    if connection is not None:
+        keep_alive = connection == b"keep-alive" or (keep_alive and connection != b"close")
     return status, length, keep_alive
+
+
+def _header(lower_head: bytes, name: bytes) -> bytes | None:
+    """The stripped value of the first header `name` (lower case) in a lower-cased head, or None."""
+    start = lower_head.find(b"\r\n" + name + b":")
+    if start < 0:
+        return None
+    start += len(name) + 3
+    end = lower_head.find(b"\r\n", start)
+    return lower_head[start : end if end >= 0 else len(lower_head)].strip()
 
 
 class LeanConnection(asyncio.Protocol):
