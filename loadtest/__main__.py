@@ -48,7 +48,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--client",
         choices=CLIENTS,
         default="lean",
-        help="lean: a bare HTTP/1.1 client, ~3x less CPU a request; httpx: the full client, to check it "
+        help="lean: a bare HTTP/1.1 client, 4-8x less CPU a request; httpx: the full client, to check it "
         "(default %(default)s)",
     )
     add("--seed", type=int, default=0, help="seed of the Poisson schedule (default 0)")

@@ -1,5 +1,6 @@
 """The checking driver: httpx (HTTP/1.1), `--client httpx`. A full, independent HTTP client to
-hold the lean driver's figures against (loadtest/lean_driver.py); ~3× its CPU per request.
+hold the lean driver's figures against (loadtest/lean_driver.py); 4–8× its CPU per request
+(bench/results/2026-11-30-cpu-loadgen-drivers.md).
 
 Connections: `connections` httpx transports of one connection each (Limits(max_connections=1)),
 lent by a LifoPool, and requests sent with the transport's `handle_async_request`. One shared
