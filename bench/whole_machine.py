@@ -4,16 +4,18 @@ same run, same generator, JSON and raw bodies (issue 12, deliverable 2).
     PYTHONPATH=. python3 bench/whole_machine.py --out $OUT/whole-machine --hey .gpu/bin/hey
 
 On a 16-core machine the servers get cores 0-7 and the load generator (one lean-driver process per
-core) 8-15. For each N of --workers, in turn:
+core) 8-15. For each N of --workers (8, 1, 4), in turn:
   noop-N  loadtest/servers/noop.py --workers N (--lean: the plain route the service runs): the ceiling
-  ours-N  app.cli serve --workers N --engine cuda-graph --device cuda (--compile none by default:
-          capture starts in seconds; the seed CNN is too small for inductor to matter at the HTTP rate)
-each loaded by a closed-loop ladder of concurrency = N × --per-worker (saturation: the best
-error-free step) per body form; ours ÷ no-op from those. At N = 1, open-loop Poisson at half of
-each server's saturation gives its p99. At the largest N, hey runs against the no-op at its
+  ours-N  app.cli serve --workers N --engine cuda-graph --device cuda --compile none (capture in
+          seconds, where inductor compiles per worker; the service's default is --compile inductor,
+          the record says which ran)
+each loaded by a closed-loop ladder of concurrency = N × --per-worker per body form (saturation: the
+best error-free step); ours ÷ no-op from those. At the fewest workers (1), open-loop Poisson at half
+of each server's saturation gives its p99. At the most (8), hey runs against the no-op at its
 saturation concurrency, beside this generator's figure. Every step records the generator's CPU
 share (`loadgen_cpu_busy`). Steps are short (1 s warm-up, 3 s measured) so that the whole run,
-start-ups included, fits in --budget-s (steps past it are skipped, with a note).
+start-ups included, fits in 7 minutes: no server or ladder starts after --budget-s (what is
+skipped is noted).
 Writes <out>/whole-machine.json (every record and command) and <out>/whole-machine.md.
 """
 
@@ -43,7 +45,7 @@ SCHEMA = "cgserve-bench-whole-machine/1"
 NOOP = "{python} -m loadtest.servers.noop --host {host} --port {port} --workers {workers}"
 OURS = (
     "{python} -m app.cli serve --host {host} --port {port} --grpc-port 0 --log-level warning "
-    "--workers {workers} --engine {engine} --device {device} --compile {compile}"
+    "--workers {workers} --engine {engine} --device {device} --compile {compile} --drain-seconds 0"
 )
 
 
@@ -55,7 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = p.add_argument
     add("--out", type=Path, required=True, help="folder for whole-machine.json, .md and logs/")
-    add("--workers", type=_ints, default=[1, 4, 8], help="server worker counts (default 1,4,8)")
+    add(
+        "--workers",
+        type=_ints,
+        default=[8, 1, 4],
+        help="server worker counts, run in this order (default 8,1,4: the pair that checks the generator "
+        "first, where a budget cut hurts least); p99 at half load for the fewest, hey at the most",
+    )
     add("--per-worker", type=_ints, default=[8, 16, 32], help="closed-loop ladder, in flight per worker")
     add("--forms", default="json,raw", help="body forms (default %(default)s)")
     add("--device", default="cuda", help="our service's --device (default cuda; cpu to test the plumbing)")
@@ -71,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--timeout", type=float, default=5.0, help="per-request timeout, s (default 5)")
     add("--startup-timeout", type=float, default=180.0, help="seconds to wait for /readyz (default 180)")
     add("--hey", default=".gpu/bin/hey", help="hey binary; the cross-check is skipped if absent")
-    add("--budget-s", type=float, default=400.0, help="start no step after this many seconds (default 400)")
+    add("--budget-s", type=float, default=380.0, help="start no ladder after this many seconds (default 380)")
     return p
 
 
@@ -114,7 +122,9 @@ class WholeMachine:
             print(f"  {name} failed: {out['error']}", flush=True)
         finally:
             out["exit_code_before_stop"] = server.proc.poll()  # None: it was still serving
+            t_stop = time.monotonic()
             server.stop()
+            out["stop_s"] = round(time.monotonic() - t_stop, 2)
         return out
 
     def form(
@@ -179,12 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     noop = NOOP + (" --lean" if lean else "")
     servers: dict[str, dict[str, Any]] = {}
     for n in args.workers:
-        first, last = n == args.workers[0], n == max(args.workers)
+        fewest, most = n == min(args.workers), n == max(args.workers)
         for role, template, labels in (("noop", noop, False), ("ours", OURS, True)):
             if run.over_budget(f"{role}-{n}"):
                 continue
             servers[f"{role}-{n}"] = run.server(
-                f"{role}-{n}", template, n, labels=labels, p99=first, hey=last and role == "noop"
+                f"{role}-{n}", template, n, labels=labels, p99=fewest, hey=most and role == "noop"
             )
     report: dict[str, Any] = {
         "schema": SCHEMA,

@@ -38,7 +38,7 @@ def checks(report: dict[str, Any]) -> list[dict[str, Any]]:
                 f"≥ {RATIO_TARGET}",
                 None if ratio is None else ratio >= RATIO_TARGET,
             )
-    one = s["workers"][0]
+    one = min(s["workers"])
     for form in s["forms"]:
         f = _form(report, f"ours-{one}", form)
         p99 = f["half_saturation"]["latency_ms"]["p99"] if f and "half_saturation" in f else None
@@ -99,7 +99,7 @@ def markdown(report: dict[str, Any]) -> str:
         sat = f["saturation"]
         return f"{_num(sat['throughput_rps'])} (c{sat['concurrency']}, {_busy(sat['loadgen_cpu_busy'])})"
 
-    for n in s["workers"]:
+    for n in sorted(s["workers"]):
         for form in s["forms"]:
             ours, noop = _sat(report, f"ours-{n}", form), _sat(report, f"noop-{n}", form)
             ratio = _num(ours / noop, ".2f") if ours and noop else "–"
