@@ -23,7 +23,7 @@ import orjson
 
 from loadtest.payloads import DEFAULT_MIN_MARGIN, FORMS, RAW_DTYPES, PayloadOptions
 from loadtest.runner import run_load
-from loadtest.spec import LoadSpec
+from loadtest.spec import CLIENTS, LoadSpec
 from loadtest.sweep import plot_sweep, run_sweep, sweep_summary
 
 
@@ -44,6 +44,13 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="measured seconds after the warm-up (default %(default)s)",
     )
     add("--timeout", type=float, default=10.0, help="per-request timeout, s (default %(default)s)")
+    add(
+        "--client",
+        choices=CLIENTS,
+        default="lean",
+        help="lean: a bare HTTP/1.1 client, 4-8x less CPU a request; httpx: the full client, to check it "
+        "(default %(default)s)",
+    )
     add("--seed", type=int, default=0, help="seed of the Poisson schedule (default 0)")
     add("--weights", help="weights for the reference labels (default models/repository/fashion-cnn/fashion_cnn.pt)")
     add("--no-check-labels", action="store_true", help="check status and shape only (e.g. a no-op server)")
@@ -88,6 +95,7 @@ def _spec(args: argparse.Namespace, *, rate: float | None, concurrency: int | No
         duration_s=args.duration,
         timeout_s=args.timeout,
         seed=args.seed,
+        client=args.client,
     )
 
 

@@ -37,6 +37,7 @@ def build_record(
         "target_rate_rps": spec.rate,
         "concurrency": spec.concurrency,
         "processes": processes,
+        "client": spec.client,
         "connections": spec.connections,
         "warmup_s": spec.warmup_s,
         "duration_s": d,
@@ -59,6 +60,8 @@ def build_record(
         # Mean share of one core each generator process was busy: near 1, the figures may be
         # the generator's limit rather than the server's.
         "loadgen_cpu_busy": round(merged.cpu_s / merged.wall_s, 3) if merged.wall_s else None,
+        # The generator's CPU per request (warm-up included, all processes): the driver's cost.
+        "loadgen_cpu_us_per_request": round(merged.cpu_s / merged.requests * 1e6, 1) if merged.requests else None,
         "counts": {
             "measured": measured,
             "ok": merged.ok,

@@ -47,6 +47,7 @@ def worker_specs(spec: LoadSpec, payloads: Payloads) -> list[WorkerSpec]:
             duration_s=spec.duration_s,
             timeout_s=spec.timeout_s,
             seed=spec.seed,
+            client=spec.client,
         )
         for i in range(processes)
     ]

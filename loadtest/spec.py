@@ -11,6 +11,7 @@ ALLOWED_HOSTS = ("127.0.0.1", "localhost", "::1")
 MAX_DURATION_S = 3600.0  # a run always ends by itself
 MAX_RATE = 200_000.0
 MAX_CONCURRENCY = 4096
+CLIENTS = ("lean", "httpx")  # --client: the bare load driver, and the full client that checks it
 
 
 def validate_url(url: str) -> str:
@@ -34,6 +35,7 @@ class LoadSpec:
     duration_s: float = 10.0
     timeout_s: float = 10.0
     seed: int = 0
+    client: str = "lean"  # one of CLIENTS
 
     @property
     def mode(self) -> str:
@@ -53,6 +55,8 @@ class LoadSpec:
             raise ValueError(f"--timeout must be within (0, 300] s, got {self.timeout_s}")
         if self.processes < 1 or self.processes > 256:
             raise ValueError(f"--processes must be within [1, 256], got {self.processes}")
+        if self.client not in CLIENTS:
+            raise ValueError(f"--client must be one of {', '.join(CLIENTS)}, got {self.client!r}")
         if self.connections is not None and self.connections < self.processes:
             raise ValueError(f"--connections ({self.connections}) must be ≥ --processes ({self.processes})")
 
@@ -64,4 +68,4 @@ class LoadSpec:
         if self.connections is not None:
             args += ["--connections", str(self.connections)]
         args += ["--warmup", f"{self.warmup_s:g}", "--duration", f"{self.duration_s:g}"]
-        return [*args, "--timeout", f"{self.timeout_s:g}", "--seed", str(self.seed)]
+        return [*args, "--timeout", f"{self.timeout_s:g}", "--seed", str(self.seed), "--client", self.client]

@@ -80,6 +80,7 @@ class WorkerResult:
     latencies_by_outcome: dict[str, list[float]] = field(default_factory=dict)
     cpu_s: float = 0.0  # the generator's own CPU time over the run (summed over processes)
     wall_s: float = 0.0  # the run's wall time (summed over processes): cpu_s / wall_s = busy share
+    requests: int = 0  # every request of the run, warm-up included: cpu_s / requests = CPU per request
 
     @property
     def measured(self) -> int:
@@ -94,7 +95,7 @@ def window_result(rows: list[tuple[float, float, float, str | None]], w0: float,
     throughput by its completion. Latency runs from min(scheduled, sent): timers may fire a
     little early, never to the server's credit.
     """
-    res = WorkerResult()
+    res = WorkerResult(requests=len(rows))
     latencies, lags = [], []
     for t_sched, t_send, t_done, kind in rows:
         if w0 <= t_send < w1:
@@ -135,6 +136,7 @@ def merge_results(results: list[WorkerResult]) -> WorkerResult:
         merged.warmup_requests += r.warmup_requests
         merged.connection_waits += r.connection_waits
         merged.cpu_s += r.cpu_s
+        merged.requests += r.requests
         merged.wall_s += r.wall_s
         merged.errors.update(r.errors)
         merged.warmup_errors.update(r.warmup_errors)

@@ -1,11 +1,9 @@
-"""One load-generator process: httpx (HTTP/1.1, explicit connection limits) driving either
-open-loop Poisson arrivals or a closed loop of fixed concurrency.
+"""One load-generator process: a driver (lean by default, httpx to check it) sending either
+open-loop Poisson arrivals or a closed loop of fixed concurrency, and every request's timestamps.
 
-Connections: `connections` httpx transports of one connection each (Limits(max_connections=1)),
-lent out last-in first-out so that few stay hot, and requests sent with the transport's
-`handle_async_request`. One shared httpx pool of N connections scans all of them on every
-request: at 64 connections that tripled the client's CPU per request and made the generator,
-not the server, the bottleneck. Requests are built once, before the run.
+Drivers: loadtest/lean_driver.py (a bare HTTP/1.1 asyncio Protocol client, `--client lean`) and
+loadtest/httpx_driver.py (`--client httpx`); both lend `connections` keep-alive connections last
+in, first out, and report the same failure kinds.
 
 Open loop: every send time is drawn before the run; a request's latency runs from its
 scheduled send time, so a slow server (or a busy generator, or a full connection pool) cannot
@@ -20,32 +18,26 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import importlib.util
 import itertools
-import sys
 import time
 import traceback
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import numpy as np
 import orjson
 
+from loadtest.connections import Driver, TransportFailure
+from loadtest.httpx_driver import HttpxDriver
+from loadtest.lean_driver import LeanDriver
 from loadtest.payloads import Payloads
+from loadtest.spec import CLIENTS
 from loadtest.stats import WorkerResult, poisson_schedule, window_result
 
 try:
     import uvloop
 except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
     uvloop = None
-
-# httpcore runs `import sniffio` on every request to learn the async library. Where sniffio is
-# not installed (recent anyio no longer needs it), each failed import walks sys.path: ~0.3 ms of
-# CPU a request, a third of the client's cost. A None entry makes the failure immediate, and
-# httpcore then assumes asyncio, which is what runs here.
-if importlib.util.find_spec("sniffio") is None:
-    sys.modules["sniffio"] = None  # type: ignore[assignment]
 
 # uvloop rounds timers to the nearest ms, asyncio's epoll loop rounds up: wake this early.
 EARLY_S = 0.0005 if uvloop is not None else 0.001
@@ -61,11 +53,12 @@ class WorkerSpec:
     mode: str  # "open" or "closed"
     rate: float  # this process's Poisson rate, req/s (open loop)
     concurrency: int  # this process's requests in flight (closed loop)
-    connections: int  # httpx connection-pool limit of this process
+    connections: int  # connection limit of this process
     warmup_s: float
     duration_s: float
     timeout_s: float
     seed: int
+    client: str = "lean"  # one of CLIENTS
 
 
 def check_answer(
@@ -97,18 +90,12 @@ def check_answer(
     return None, "", answer
 
 
-def _transport_kind(exc: httpx.HTTPError) -> str:
-    if isinstance(exc, httpx.PoolTimeout):
-        return "pool_timeout"  # no free connection within the timeout: raise --connections
-    if isinstance(exc, httpx.TimeoutException):
-        return "timeout"
-    if isinstance(exc, httpx.ConnectError):
-        return "connect"
-    if isinstance(exc, httpx.RemoteProtocolError):
-        return "protocol"
-    if isinstance(exc, httpx.NetworkError):
-        return "network"
-    return f"transport:{type(exc).__name__}"
+def open_driver(spec: WorkerSpec) -> Driver:
+    """The driver `spec.client` names, for this process's connections."""
+    if spec.client not in CLIENTS:
+        raise ValueError(f"client must be one of {CLIENTS}, got {spec.client!r}")
+    driver = LeanDriver if spec.client == "lean" else HttpxDriver
+    return driver(spec.base_url, spec.payloads, connections=spec.connections, timeout_s=spec.timeout_s)
 
 
 class _Run:
@@ -118,39 +105,13 @@ class _Run:
         self.spec, self.t0, self.progress = spec, t0, progress
         self.slot = spec.index * PROGRESS_SLOTS
         p = spec.payloads
-        # Built once and sent again and again: httpx streams bytes bodies anew on each send.
-        url = httpx.URL(spec.base_url + p.path)
-        headers = {"content-type": p.content_type, "accept": "application/json"}
-        timeout = {"timeout": httpx.Timeout(spec.timeout_s).as_dict()}  # connect, read, write, pool
-        self.requests = [httpx.Request("POST", url, content=b, headers=headers, extensions=timeout) for b in p.bodies]
+        self.driver = open_driver(spec)  # each request's bytes built once, before the run
         # Processes start at different images, so together they cycle through all of them.
         self.cursor = itertools.count(spec.index * 7919 % len(p.bodies))
         # One row per request: scheduled, sent, done (perf_counter s), error kind (None = ok).
         self.rows: list[tuple[float, float, float, str | None]] = []
         self.examples: dict[str, str] = {}
         self.server: dict[str, str] = {}
-        self.idle: asyncio.LifoQueue[httpx.AsyncHTTPTransport] = asyncio.LifoQueue()
-        self.transports: list[httpx.AsyncHTTPTransport] = []
-        self.connection_waits = 0  # requests that found every connection busy
-
-    async def _take_connection(self) -> httpx.AsyncHTTPTransport:
-        """The most recently used idle connection, a new one under the limit, or the next freed
-        (waiting at most the timeout: TimeoutError)."""
-        if not self.idle.empty():
-            return self.idle.get_nowait()
-        if len(self.transports) < self.spec.connections:
-            transport = httpx.AsyncHTTPTransport(
-                limits=httpx.Limits(max_connections=1, max_keepalive_connections=1, keepalive_expiry=None),
-                http1=True,
-                http2=False,
-                verify=False,  # plain http to this machine: skip loading CA certificates
-                retries=0,
-            )
-            self.transports.append(transport)
-            return transport
-        self.connection_waits += 1
-        async with asyncio.timeout(self.spec.timeout_s):
-            return await self.idle.get()
 
     async def request(self, t_sched: float) -> None:
         p = self.spec.payloads
@@ -158,27 +119,18 @@ class _Run:
         expected = p.expected[j] if p.expected is not None else None
         self.progress[self.slot] += 1
         t_send = clock()
-        kind, message, transport = None, "", None
+        kind, message = None, ""
         try:
-            transport = await self._take_connection()
-            resp = await transport.handle_async_request(self.requests[j])
-            try:
-                body = await resp.aread()
-            finally:
-                await resp.aclose()
-            kind, message, answer = check_answer(resp.status_code, body, expected, p.images_per_request)
+            status, body = await self.driver.send(j)
+            kind, message, answer = check_answer(status, body, expected, p.images_per_request)
             if answer is not None and not self.server:
                 self.server = {k: str(answer.get(k)) for k in ("model", "engine")}
-        except httpx.HTTPError as exc:
-            kind, message = _transport_kind(exc), f"{type(exc).__name__}: {exc}"
-        except TimeoutError:
-            kind, message = "pool_timeout", f"no free connection within {self.spec.timeout_s:g} s (--connections)"
+        except TransportFailure as failure:
+            kind, message = failure.kind, failure.message
         except asyncio.CancelledError:
             kind, message = "unfinished", "still waiting when the run ended"
             raise
         finally:
-            if transport is not None:
-                self.idle.put_nowait(transport)
             self.rows.append((t_sched, t_send, clock(), kind))
             self.progress[self.slot + 1] += 1
             if kind is not None:
@@ -213,16 +165,19 @@ class _Run:
         """Wait for the last answers (bounded: httpx's timeout, plus slack), cancel the rest."""
         if not tasks:
             return
-        _, pending = await asyncio.wait(set(tasks), timeout=self.spec.timeout_s * 2 + 1)
+        done, pending = await asyncio.wait(set(tasks), timeout=self.spec.timeout_s * 2 + 1)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+        for task in done:  # a bug in a driver must fail the run, not quietly lose a client
+            if not task.cancelled() and (error := task.exception()) is not None:
+                raise error
 
     def result(self) -> WorkerResult:
         w0 = self.t0 + self.spec.warmup_s
         res = window_result(self.rows, w0, w0 + self.spec.duration_s)
         res.error_examples, res.server = self.examples, self.server
-        res.connection_waits = self.connection_waits
+        res.connection_waits = self.driver.connection_waits
         return res
 
 
@@ -239,7 +194,7 @@ async def run_worker(spec: WorkerSpec, t0: float, progress: Any) -> WorkerResult
             await run.closed_loop()
         cpu_s, wall_s = time.process_time() - cpu0, clock() - wall0
     finally:
-        await asyncio.gather(*(t.aclose() for t in run.transports), return_exceptions=True)
+        await run.driver.aclose()
     result = run.result()
     result.cpu_s, result.wall_s = cpu_s, wall_s
     return result

@@ -47,6 +47,7 @@ def test_open_loop_json(server_url: str, tmp_path: Path) -> None:
     assert record["labels_checked"] is True and record["payloads"]["images_used"] > 900
     assert record["server"]["engine"] == "eager"
     assert record["command"].startswith("python -m loadtest --url") and "--rate 50" in record["command"]
+    assert record["client"] == "lean"  # the default driver
     assert 20 < record["offered_rate_rps"] < 90  # Poisson(150) over 3 s
     assert record["summary"] and {"p50", "p90", "p99", "p99_9", "max"} <= set(record["latency_ms"])
 
@@ -96,3 +97,19 @@ def test_noop_server_answers_same_shape(noop_url: str, tmp_path: Path) -> None:
         )  # fmt: skip
         assert_all_correct(record)
         assert record["server"] == {"model": "noop", "engine": "noop"} and record["labels_checked"] is False
+
+
+def test_both_clients_count_the_same_closed_loop_alike(server_url: str, tmp_path: Path) -> None:
+    """The lean driver and httpx, same labelled load: every answer checked by each, the same
+    bookkeeping (closed loop: every measured request was sent in the window), CPU per request."""
+    records = {}
+    for client in ("lean", "httpx"):
+        records[client] = loadtest(
+            "--url", server_url, "--concurrency", "2", "--duration", "1.5", "--warmup", "0.3", "--form", "json",
+            "--client", client, out=tmp_path / f"{client}.json",
+        )  # fmt: skip
+    for client, record in records.items():
+        assert_all_correct(record)
+        assert record["client"] == client and f"--client {client}" in record["command"]
+        assert record["server"]["engine"] == "eager" and record["loadgen_cpu_us_per_request"] > 0
+        assert record["counts"]["waited_for_connection"] == 0  # one connection per client in flight

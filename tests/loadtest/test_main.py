@@ -10,7 +10,9 @@ from loadtest.spec import LoadSpec
 
 
 def test_recorded_command_parses_back_to_the_same_run() -> None:
-    spec = LoadSpec(url="http://127.0.0.1:9", rate=250.0, processes=4, connections=128, warmup_s=1.5, seed=7)
+    spec = LoadSpec(
+        url="http://127.0.0.1:9", rate=250.0, processes=4, connections=128, warmup_s=1.5, seed=7, client="httpx"
+    )
     options = PayloadOptions(form="raw", batch=4, raw_dtype="float32", min_margin=1.0, images=100)
     args = build_parser().parse_args([*spec.to_args(), *options.to_args()])
     assert _spec(args, rate=args.rate, concurrency=args.concurrency) == spec

@@ -1,0 +1,58 @@
+"""bench/whole_machine.py's plumbing on the CPU: one worker, raw bodies, a one-step ladder of
+half-second steps, the eager engine standing in for the GPU's (the H200 runs the real thing)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def whole_machine(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "bench/whole_machine.py", "--out", str(out), "--device", "cpu", "--engine", "eager", *args]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
+
+
+def test_one_worker_no_op_and_ours_with_ratio_p99_and_hey(tmp_path: Path, hey: str | None) -> None:
+    done = whole_machine(
+        tmp_path, "--workers", "1", "--forms", "raw", "--per-worker", "2", "--step-duration", "0.5",
+        "--warmup", "0.2", "--processes", "1", "--hey", hey or "",
+    )  # fmt: skip
+    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    report = json.loads((tmp_path / "whole-machine.json").read_text())
+    assert report["schema"] == "cgserve-bench-whole-machine/1" and set(report["servers"]) == {"noop-1", "ours-1"}
+    noop, ours = report["servers"]["noop-1"]["forms"]["raw"], report["servers"]["ours-1"]["forms"]["raw"]
+    for form in (noop, ours):
+        (step,) = form["closed_loop"]
+        assert step["concurrency"] == 2 and step["client"] == "lean" and step["counts"]["errors"] == 0
+        assert form["saturation"]["throughput_rps"] == step["throughput_rps"] > 0
+        half = form["half_saturation"]  # one worker: open loop at half of its own saturation
+        assert half["mode"] == "open" and half["target_rate_rps"] == pytest.approx(step["throughput_rps"] / 2, abs=0.1)
+    assert ours["closed_loop"][0]["labels_checked"] and ours["closed_loop"][0]["server"]["engine"] == "eager"
+    assert "--compile none" in report["servers"]["ours-1"]["command"]
+    checks = {c["what"]: c for c in report["checks"]}
+    ratio = checks["1 worker(s), raw: ours ÷ no-op"]["value"]
+    assert ratio == round(ours["saturation"]["throughput_rps"] / noop["saturation"]["throughput_rps"], 3)
+    assert checks["ours-1 raw: p99 at half saturation (ms)"]["value"] == ours["half_saturation"]["latency_ms"]["p99"]
+    if hey is not None:  # the largest worker count's no-op, at its saturation concurrency
+        assert noop["hey"]["concurrency"] == 2 and noop["hey"]["requests_per_s"] > 0
+        assert checks["noop-1 raw: this generator ÷ hey"]["value"] == noop["hey"]["loadtest_over_hey"]
+    assert "| 1 | raw |" in (tmp_path / "whole-machine.md").read_text()
+
+
+def test_steps_past_the_budget_are_skipped_and_said_so(tmp_path: Path) -> None:
+    done = whole_machine(tmp_path, "--workers", "1", "--budget-s", "0", "--hey", "")
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "whole-machine.json").read_text())
+    assert report["servers"] == {}
+    assert "skipped noop-1: past the 0 s budget" in report["notes"]
+    assert all(c["met"] is None for c in report["checks"])
