@@ -6,19 +6,19 @@ In turn it starts, loads and stops, each on the same copy of the model's reposit
   cuda-graph       ours, engine cuda-graph, compile inductor (CUDA only)
   eager            ours, engine eager
   reduce-overhead  ours, engine compile: torch.compile mode reduce-overhead (CUDA only)
-  onnxruntime      ours, engine onnxruntime on an ONNX export of the model made now (torch.onnx.export),
-                   with the providers its model.toml names: CPUExecutionProvider
   naive            loadtest/servers/naive.py: one eager forward per request, waited for
   litserve         loadtest/servers/litserve_server.py: LitServe 0.2.19, batching on (max_batch_size = our
                    largest bucket, batch_timeout = our max_delay_ms)
+  onnxruntime      ours, engine onnxruntime on an ONNX export of the model made now (torch.onnx.export),
+                   with the providers its model.toml names: CPUExecutionProvider
 Every server decodes the same bodies with app.codecs and answers the same JSON. Closed-loop steps
 at --concurrencies find each server's saturation; one open-loop Poisson step at the fixed --rate
 gives p50/p99 at a moderate load, the same for all. Servers on one half of the cores (taskset),
 the load generator on the other (loadtest/bench/pinning.py). resnet50 gets raw uint8 bodies of
 one random 3×224×224 image (labels not checked: random weights); the seed CNN real test images,
 raw or JSON (--form), each answer's labels checked against the eager model's.
-Writes DIR/side-by-side-<model>.json (every figure and command) and .md (the README's table),
-and each server's log under DIR/logs/.
+Writes DIR/side-by-side-<model>.json (every figure and command) and .md (the README's table)
+after each server, and each server's log under DIR/logs/.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import argparse
 import os
 import shlex
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -53,13 +54,14 @@ _SERVE = "{python} -m app.cli serve --host {host} --port {port} --grpc-port 0 --
 _REFERENCE = "{python} -m loadtest.servers.%s --host {host} --port {port}"
 # name → (what it is, command template, needs CUDA); loadtest.bench.servers.server_argv fills in
 # {python} {host} {port}; the model's repository and the device are appended.
+# In the order they run: ONNX Runtime (on the CPU, its export first) last, where a time limit cuts.
 SERVERS: dict[str, tuple[str, str, bool]] = {
     "cuda-graph": ("ours: CUDA graphs of inductor's kernels", f"{_SERVE} --engine cuda-graph --compile inductor", True),
     "eager": ("ours: eager engine", f"{_SERVE} --engine eager", False),
     "reduce-overhead": ("ours: torch.compile reduce-overhead", f"{_SERVE} --engine compile", True),
-    "onnxruntime": ("ours: ONNX Runtime", _SERVE, False),
     "naive": ("one request, one forward", _REFERENCE % "naive", False),
     "litserve": ("LitServe 0.2.19, batching on", _REFERENCE % "litserve_server", False),
+    "onnxruntime": ("ours: ONNX Runtime", _SERVE, False),
 }
 
 
@@ -101,6 +103,11 @@ def onnx_repository(repository: Path, model: str) -> tuple[Path, tuple[str, ...]
     (spec,) = [s for s in read_repository(repository) if s.name == model]
     twin = onnx_twin(spec)
     return twin.folder.parent, twin.config.providers
+
+
+def write(report: dict[str, Any], stem: Path) -> None:
+    stem.with_suffix(".json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+    stem.with_suffix(".md").write_text(markdown(report))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -150,29 +157,12 @@ def main(argv: list[str] | None = None) -> int:
         options = PayloadOptions(form=args.form)
     payloads = options.build()
     bench = SideBySide(args, payloads, options, pin, hey_targets=set())
-    notes = list(pin["notes"])
     servers: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory(prefix="side-by-side-") as work:
-        repository = model_repository(args.model, Path(work))
-        for name in names:
-            what, template, needs_cuda = SERVERS[name]
-            if needs_cuda and not info["cuda_available"]:
-                servers[name] = {"role": what, "skipped": "no CUDA device"}
-                continue
-            folder, device = repository, args.device
-            if name == "onnxruntime":
-                exported = time.monotonic()
-                folder, providers = onnx_repository(repository, args.model)
-                notes.append(f"onnxruntime: ONNX export {time.monotonic() - exported:.0f} s (not in its ready_s)")
-                what += f" ({', '.join(providers)})"
-            sdef = ServerDef(what, f"{template} --model-repository {folder} --device {device}", check_labels=True)
-            servers[name] = bench.server(name, sdef, sdef.template, started.strftime("%H%M%S"))
-            if folder != repository:
-                shutil.rmtree(folder, ignore_errors=True)  # the repository onnx_twin made in a temporary folder
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "started_at": started.isoformat(timespec="seconds"),
-        "wall_s": round(time.monotonic() - t0, 1),
+        "wall_s": None,
+        "complete": False,
         "command": command,
         "model": args.model,
         "machine": info,
@@ -189,11 +179,33 @@ def main(argv: list[str] | None = None) -> int:
             "labels_checked": payloads.expected is not None,
         },
         "servers": servers,
-        "notes": notes,
+        "notes": list(pin["notes"]),
     }
     stem = args.out / f"side-by-side-{args.model}"
-    stem.with_suffix(".json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
-    stem.with_suffix(".md").write_text(markdown(report))
+    # A run stopped by its time limit (SIGTERM) stops the server it was loading (Bench.server's
+    # `finally`) and leaves the servers it had finished: the record is written after each.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with tempfile.TemporaryDirectory(prefix="side-by-side-") as work:
+        repository = model_repository(args.model, Path(work))
+        for name in names:
+            what, template, needs_cuda = SERVERS[name]
+            if needs_cuda and not info["cuda_available"]:
+                servers[name] = {"role": what, "skipped": "no CUDA device"}
+                continue
+            folder = repository
+            if name == "onnxruntime":
+                exported = time.monotonic()
+                folder, providers = onnx_repository(repository, args.model)
+                report["notes"].append(f"onnxruntime: ONNX export took {time.monotonic() - exported:.0f} s")
+                what += f" ({', '.join(providers)})"
+            sdef = ServerDef(what, f"{template} --model-repository {folder} --device {args.device}")
+            servers[name] = bench.server(name, sdef, sdef.template, started.strftime("%H%M%S"))
+            if folder != repository:
+                shutil.rmtree(folder, ignore_errors=True)  # the repository onnx_twin made in a temporary folder
+            report["wall_s"] = round(time.monotonic() - t0, 1)
+            write(report, stem)
+    report["complete"] = True
+    write(report, stem)
     print(markdown(report))
     print(f"wrote {stem}.json and {stem}.md in {report['wall_s']:.0f} s")
     return 1 if any("error" in r for r in servers.values()) else 0

@@ -28,7 +28,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"servers on cores {server_cores}, load generator on {loadgen_cores} ({s['processes']} processes) · "
         f"{s['form']} bodies of {s['body_bytes']:,} bytes, one image each"
         f"{', labels checked' if s['labels_checked'] else ''} · each step {s['duration_s']:g} s after "
-        f"{s['warmup_s']:g} s warm-up · one run, servers one after another.",
+        f"{s['warmup_s']:g} s warm-up · one run, servers one after another"
+        + ("." if report["complete"] else " (stopped early: the servers below are those it finished)."),
         "",
         "Saturation: the highest error-free closed-loop throughput over "
         + "/".join(str(c) for c in concurrencies)
