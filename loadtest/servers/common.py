@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request, Response
 
 from app.config import DEFAULT_REPOSITORY, Settings
 from app.errors import InputError
+from app.model_spec import ModelSpec
 from app.repository import read_repository
 from app.routes.predict import decode_body
 from app.server_options import UVICORN_OPTIONS
@@ -25,24 +26,28 @@ MAX_INSTANCES: int = Settings.model_fields["max_instances"].default
 MAX_IMAGE_PIXELS: int = SEED.max_image_pixels(Settings.model_fields["max_image_pixels"].default)
 
 
-async def decode_request(request: Request) -> np.ndarray:
-    """The request's body decoded by the service's own route code: (k, 1, 28, 28) uint8 pixels
+async def decode_request(request: Request, spec: ModelSpec = SEED) -> np.ndarray:
+    """The request's body decoded by the service's own route code: (k, C, H, W) uint8 pixels
     (raw bytes, uploads) or float32 intensities (JSON, raw float32); raises InputError."""
     media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-    return await decode_body(request, media, SEED, max_instances=MAX_INSTANCES, max_image_pixels=MAX_IMAGE_PIXELS)
+    pixels = spec.max_image_pixels(Settings.model_fields["max_image_pixels"].default)
+    return await decode_body(request, media, spec, max_instances=MAX_INSTANCES, max_image_pixels=pixels)
 
 
 def error_response(error: InputError) -> Response:
     return Response(orjson.dumps(error.body()), status_code=error.status, media_type="application/json")
 
 
-def predict_endpoint(answer: Callable[[np.ndarray], bytes]) -> Callable[[Request], Awaitable[Response]]:
-    """POST /predict: the body decoded as the service decodes it, then `answer(images)` —
-    (k, 1, 28, 28) → the JSON answer — or the decoder's InputError."""
+def predict_endpoint(
+    answer: Callable[[np.ndarray], bytes], spec: Callable[[], ModelSpec] = lambda: SEED
+) -> Callable[[Request], Awaitable[Response]]:
+    """POST /predict: the body decoded as the service decodes it for the model `spec()` names
+    (the seed CNN unless told), then `answer(images)` — (k, C, H, W) → the JSON answer — or the
+    decoder's InputError."""
 
     async def predict(request: Request) -> Response:
         try:
-            images = await decode_request(request)
+            images = await decode_request(request, spec())
         except InputError as error:
             return error_response(error)
         return Response(answer(images), media_type="application/json")

@@ -23,7 +23,7 @@ def test_naive_answers_the_eager_labels_and_refuses_bad_bodies() -> None:
         assert client.get("/readyz").status_code == 200
         answer = client.post("/predict", content=payloads.bodies[0], headers=headers).json()
         bad = client.post("/predict", content=orjson.dumps({"instances": [[2.0] * 784]}), headers=headers)
-    assert answer["engine"] == "naive-eager-cpu"
+    assert answer["engine"] == "naive-eager-cpu-fp32"
     assert tuple(p["label"] for p in answer["predictions"]) == payloads.expected[0]
     assert np.allclose([sum(p["scores"]) for p in answer["predictions"]], 1.0, atol=1e-5)
     assert bad.status_code == 422 and "outside [0, 1]" in bad.json()["error"]["message"]
