@@ -176,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     for name, extra in variants.items():
         port = free_port()
-        argv = [*server_prefix, sys.executable, "-m", "app.cli", "serve", "--host", HOST, "--port", str(port)]
-        server = ServerProcess(argv, args.out / "logs" / f"{name}.log", port=port, name=name, env={**env, **extra})
+        serve = [*server_prefix, sys.executable, "-m", "app.cli", "serve", "--host", HOST, "--port", str(port)]
+        server = ServerProcess(serve, args.out / "logs" / f"{name}.log", port=port, name=name, env={**env, **extra})
         try:
             ready_s = server.wait_ready(args.startup_timeout)
             print(f"{name}: {extra or 'the default settings'}, ready in {ready_s:.1f} s", flush=True)

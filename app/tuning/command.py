@@ -10,37 +10,54 @@
 from __future__ import annotations
 
 import argparse
-import logging
+import shlex
 import sys
 from datetime import UTC, datetime
 from typing import Any
 
 from app.config import Settings
 from app.engine_factory import EngineOptions, use_compile_cache
+from app.repository import LoadedModel
 from app.tuning.choose import Choice, InfeasibleSloError, Timing, capacity, choose
 from app.tuning.measure import build_candidate_engine, candidate_buckets, measure_replays
 from app.tuning.overhead import measure_overhead, server_settings
 from app.tuning.settings_file import choice_json, timing_ms, toml_lines, write_env_file, write_report
 
-log = logging.getLogger("app.tuning")
 
-
-def tune(args: argparse.Namespace, settings: Settings, overrides: dict[str, Any], prepared: list[Any]) -> int:
+def tune(
+    args: argparse.Namespace,
+    settings: Settings,
+    overrides: dict[str, Any],
+    prepared: list[tuple[LoadedModel, EngineOptions]],
+) -> int:
+    """The subcommand; its exit status (2: a bad flag, 1: the engine or the server failed, 3: SLO out of reach)."""
     models = {model.spec.name: (model, options) for model, options in prepared}
     name = args.model or settings.default_model or (next(iter(models)) if len(models) == 1 else None)
     if name is None or name not in models:
         sys.stderr.write(f"name the model to tune with --model; the repository has {sorted(models)}\n")
         return 2
-    if args.slo_p99_ms <= 0:
-        sys.stderr.write(f"--slo-p99-ms must be positive; got {args.slo_p99_ms:g}\n")
+    problems = [f"--{flag} must be {rule}; got {value:g}" for flag, value, rule, ok in (
+        ("slo-p99-ms", args.slo_p99_ms, "positive", args.slo_p99_ms > 0),
+        ("max-bucket", args.max_bucket, "at least 1", args.max_bucket >= 1),
+        ("runs", args.runs, "at least 1", args.runs >= 1),
+        ("overhead-requests", args.overhead_requests, "at least 1", args.overhead_requests >= 1),
+        ("overhead-ms", args.overhead_ms or 0, "0 or more", (args.overhead_ms or 0) >= 0),
+    ) if not ok]  # fmt: skip
+    if problems:
+        sys.stderr.write("".join(f"{problem}\n" for problem in problems))
         return 2
     model, options = models[name]
     use_compile_cache(settings)
     buckets = candidate_buckets(args.max_bucket)
     say(f"{name}: {options.engine} on {options.device} ({options.dtype}), timing buckets {list(buckets)}")
-    engine = build_candidate_engine(
-        model, options, buckets, in_flight=settings.in_flight, event_wait=settings.event_wait
-    )
+    try:
+        engine = build_candidate_engine(
+            model, options, buckets, in_flight=settings.in_flight, event_wait=settings.event_wait
+        )
+    except Exception as error:  # out of memory at the largest bucket, most likely: one line, what to change
+        sys.stderr.write(f"cannot build {name}'s engine with buckets up to {buckets[-1]} ({type(error).__name__}: ")
+        sys.stderr.write(f"{' '.join(str(error).split())[:300]}); a lower --max-bucket needs less memory\n")
+        return 1
     try:
         replay = measure_replays(engine, dtype=args.input_dtype, runs=args.runs)
     finally:
@@ -54,15 +71,19 @@ def tune(args: argparse.Namespace, settings: Settings, overrides: dict[str, Any]
     else:
         say(f"overhead: {args.overhead_requests} lone requests to the real server (bucket {smallest}, max delay 0)")
         passed = {k: v for k, v in overrides.items() if k not in ("buckets", "max_delay_ms", "host", "port")}
-        overhead = measure_overhead(
-            model=name,
-            input_shape=model.spec.input_shape,
-            bucket=smallest,
-            replay_median_s=replay[smallest].median_s,
-            settings_env=server_settings(passed),
-            requests=args.overhead_requests,
-            startup_timeout_s=args.startup_timeout,
-        )
+        try:
+            overhead = measure_overhead(
+                model=name,
+                input_shape=model.spec.input_shape,
+                bucket=smallest,
+                replay_median_s=replay[smallest].median_s,
+                settings_env=server_settings(passed),
+                requests=args.overhead_requests,
+                startup_timeout_s=args.startup_timeout,
+            )
+        except (RuntimeError, TimeoutError) as error:  # the server's log tail is in the message
+            sys.stderr.write(f"the overhead server failed (give --overhead-ms to skip it): {error}\n")
+            return 1
         source = "measured: the real server at low load, latency less the median replay of its bucket"
     say(f"overhead: median {overhead.median_s * 1e3:.3f} ms  p99 {overhead.p99_s * 1e3:.3f} ms ({source})")
     try:
@@ -105,7 +126,7 @@ def report(
     return {
         "schema": "cgserve-tune/1",
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": " ".join(sys.argv),
+        "command": shlex.join(["cudagraph-serve", *sys.argv[1:]]),
         "model": name,
         "engine": {"engine": options.engine, "device": options.device, "dtype": options.dtype},
         "slo_p99_ms": args.slo_p99_ms,

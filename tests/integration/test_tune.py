@@ -61,3 +61,11 @@ def test_tune_refuses_an_unknown_model_listing_the_repository(tmp_path: Path) ->
     result = tune(tmp_path, "--slo-p99-ms", "50", "--model", "nope", "--device", "cpu")
     assert result.returncode == 2
     assert "fashion-cnn" in result.stderr
+
+
+def test_bad_tuner_flags_are_refused_one_line_each(tmp_path: Path) -> None:
+    result = tune(tmp_path, "--slo-p99-ms", "-1", "--runs", "0", "--device", "cpu")
+    assert result.returncode == 2
+    assert "--slo-p99-ms must be positive; got -1" in result.stderr
+    assert "--runs must be at least 1; got 0" in result.stderr
+    assert "Traceback" not in result.stderr
