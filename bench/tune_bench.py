@@ -8,7 +8,8 @@
    pinned to the lower half of the cores, the load generator on the upper half (as
    loadtest/bench_server.py pins them); the highest open-loop Poisson rate whose p99 ≤ SLO with no
    error: from a first guess (the tuner's prediction) ×1.5 up or ÷2 down to a pass and a fail,
-   then bisected (geometric midpoints). Raw uint8 bodies of one image to /v1/models/NAME/predict.
+   then bisected (geometric midpoints); the first guess is capped at 80 % of the server's closed-loop
+   saturation (64 in flight), measured first. Raw uint8 bodies of one image to /v1/models/NAME/predict.
 3. DIR/tune-bench.json: both capacities, their ratio, every step, and the tuner's predictions
    beside the measurements.
 """
@@ -38,6 +39,7 @@ from loadtest.spec import LoadSpec
 from loadtest.sweep import step_verdict
 
 SCHEMA = "cgserve-tune-bench/1"
+PROBE_CONCURRENCY = 64  # the closed-loop step that finds a server's saturation (as loadtest/bench_server.py's top)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,26 +85,31 @@ class Capacity:
     def __init__(self, args: argparse.Namespace, payloads: Payloads, processes: int, prefix: list[str]) -> None:
         self.args, self.payloads, self.processes, self.prefix = args, payloads, processes, prefix
 
-    def step(self, url: str, rate: float, name: str) -> dict[str, Any]:
+    def step(self, url: str, name: str, **load: float) -> dict[str, Any]:
+        """One load run, `rate=` (open loop, Poisson) or `concurrency=` (closed loop); its summary."""
         a = self.args
         # A request 10× past the SLO has failed the step anyway: a short timeout keeps overload steps short.
         timeout_s = max(1.0, a.slo_p99_ms / 100)
         spec = LoadSpec(
             url=url,
-            rate=rate,
             processes=self.processes,
             warmup_s=a.warmup,
             duration_s=a.step_duration,
             timeout_s=timeout_s,
+            **load,  # type: ignore[arg-type]
         )
         command = shlex.join([*self.prefix, "python", "-m", "loadtest", *spec.to_args()])
         record = run_load(spec, self.payloads, command=command, progress=False, label=name)
         passed, verdict = step_verdict(record, a.slo_p99_ms)
+        if spec.rate is None:  # the closed-loop probe: only its throughput is used
+            passed, verdict = False, f"saturation probe ({verdict})"
         lat = record["latency_ms"]
-        print(f"  {name:<8} {rate:>9,.0f}/s: {record['throughput_rps']:>9,.1f} req/s  p50 {lat['p50'] or 0:7.2f} ms  "
+        what = f"c{spec.concurrency}" if spec.rate is None else f"{spec.rate:,.0f}/s"
+        print(f"  {name:<8} {what:>11}: {record['throughput_rps']:>9,.1f} req/s  p50 {lat['p50'] or 0:7.2f} ms  "
               f"p99 {lat['p99'] or 0:7.2f} ms  errors {record['counts']['errors']}  {verdict}", flush=True)  # fmt: skip
         return {
-            "target_rate_rps": rate,
+            "target_rate_rps": spec.rate,
+            "concurrency": spec.concurrency,
             "throughput_rps": record["throughput_rps"],
             "latency_ms": lat,
             "errors": record["counts"]["errors"],
@@ -113,11 +120,14 @@ class Capacity:
         }
 
     def search(self, url: str, guess: float, name: str) -> dict[str, Any]:
-        steps: list[dict[str, Any]] = []
+        # Where the host, not the device, saturates first the prediction is far too high: a closed-loop
+        # step finds the server's saturation, and the search starts at 80 % of it if that is lower.
+        probe = self.step(url, name, concurrency=PROBE_CONCURRENCY)
+        steps: list[dict[str, Any]] = [probe]
         passed, failed = None, None  # the highest passing and lowest failing rates so far
-        rate = max(guess, 1.0)
+        rate = max(1.0, min(guess, 0.8 * probe["throughput_rps"]))
         for _ in range(8):  # ramp: ×1.5 up while passing, ÷2 down while failing
-            step = self.step(url, round(rate, 1), name)
+            step = self.step(url, name, rate=round(rate, 1))
             steps.append(step)
             if step["passed"]:
                 passed, rate = step, rate * 1.5
@@ -128,7 +138,7 @@ class Capacity:
         for _ in range(self.args.bisect_steps if passed and failed else 0):
             assert passed is not None and failed is not None
             rate = math.sqrt(passed["target_rate_rps"] * failed["target_rate_rps"])
-            step = self.step(url, round(rate, 1), name)
+            step = self.step(url, name, rate=round(rate, 1))
             steps.append(step)
             passed, failed = (step, failed) if step["passed"] else (passed, step)
         return {
@@ -136,6 +146,7 @@ class Capacity:
             "p99_at_capacity_ms": passed["latency_ms"]["p99"] if passed else None,
             "throughput_at_capacity_rps": passed["throughput_rps"] if passed else None,
             "first_failing_rate_rps": failed["target_rate_rps"] if failed else None,
+            "closed_loop_saturation_rps": probe["throughput_rps"],
             "steps": steps,
         }
 
