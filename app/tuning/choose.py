@@ -66,7 +66,7 @@ class InfeasibleSloError(ValueError):
     def __init__(self, slo_ms: float, fastest_ms: float) -> None:
         super().__init__(
             f"no buckets and max delay meet p99 ≤ {slo_ms:g} ms: the fastest achievable p99 is {fastest_ms:.2f} ms "
-            "(the smallest bucket, max delay 0: a slot's wait, one replay and the service's overhead); raise the SLO"
+            "(a lone request at max delay 0: a slot's wait, one replay and the service's overhead); raise the SLO"
         )
         self.slo_ms, self.fastest_ms = slo_ms, fastest_ms
 
@@ -128,7 +128,7 @@ def choose(
             found = capacity(replay, buckets, delay_ms / 1e3, overhead, slo_ms / 1e3)
             if found is not None and (best is None or found.capacity_rps > best.capacity_rps * (1 + 1e-9)):
                 best = found
-    if best is None:
-        smallest = replay[min(replay)]
-        raise InfeasibleSloError(slo_ms, (2 * smallest.p99_s + overhead.p99_s) * 1e3)
+    if best is None:  # the lightest load, max delay 0: a lone row pads to a candidate's smallest bucket
+        fastest = min(replay[kept_buckets(replay, largest)[0]].p99_s for largest in replay)
+        raise InfeasibleSloError(slo_ms, (2 * fastest + overhead.p99_s) * 1e3)
     return best

@@ -98,7 +98,8 @@ def tune(
     write_env_file(args.out, chosen, model=name, slo_ms=args.slo_p99_ms)
     say(
         f"chose buckets {list(chosen.buckets)}, max delay {chosen.max_delay_ms:g} ms: predicted "
-        f"{chosen.capacity_rps:,.0f} req/s with p99 ≤ {chosen.worst_p99_ms:.2f} ms (SLO {args.slo_p99_ms:g} ms)"
+        f"{chosen.capacity_rps:,.0f} req/s with p99 ≤ {chosen.worst_p99_ms:.2f} ms (SLO {args.slo_p99_ms:g} ms); "
+        "the device's limit: where the host's HTTP path saturates first, less"
     )
     if default is not None:
         say(

@@ -68,6 +68,14 @@ def test_an_infeasible_slo_names_the_fastest_achievable_p99() -> None:
     choose(table, OVERHEAD, 3.7)  # just above it, a choice exists
 
 
+def test_the_fastest_p99_comes_from_the_fastest_bucket_a_lone_request_can_use() -> None:
+    noisy = {1: Timing(2e-3, 5e-3), 2: Timing(1.5e-3, 2e-3)}  # bucket 1 slower than 2: left out beside it
+    with pytest.raises(InfeasibleSloError) as caught:
+        choose(noisy, OVERHEAD, 5.0)
+    assert caught.value.fastest_ms == pytest.approx(2 * 2.0 + 1.5)
+    assert choose(noisy, OVERHEAD, 6.0).buckets == (2,)
+
+
 def test_one_bucket_without_delay_is_limited_by_its_own_replay() -> None:
     table = {1: Timing(1e-3, 1e-3)}
     found = capacity(table, (1,), 0.0, Timing(0.0, 0.0), slo_s=1.0)
