@@ -151,6 +151,27 @@ class Capacity:
         }
 
 
+def measure_server(
+    args: argparse.Namespace,
+    name: str,
+    env: dict[str, str],
+    capacity: Capacity,
+    prefix: list[str],
+    predicted: dict[str, Any],
+) -> dict[str, Any]:
+    """Start the real server with `env`, find its capacity under the SLO, stop it."""
+    port = free_port()
+    serve = [*prefix, sys.executable, "-m", "app.cli", "serve", "--host", HOST, "--port", str(port)]
+    server = ServerProcess(serve, args.out / "logs" / f"{name}.log", port=port, name=name, env=env)
+    try:
+        ready_s = server.wait_ready(args.startup_timeout)
+        print(f"{name}: ready in {ready_s:.1f} s", flush=True)
+        guess = (predicted[name] or predicted["tuned"])["capacity_rps"]
+        return {"ready_s": round(ready_s, 1), "command": shlex.join(serve)} | capacity.search(server.url, guess, name)
+    finally:
+        server.stop()
+
+
 def run_tuner(args: argparse.Namespace, env: dict[str, str], prefix: list[str]) -> tuple[dict[str, Any], float]:
     argv = [*prefix, sys.executable, "-m", "app.cli", "tune", "--slo-p99-ms", f"{args.slo_p99_ms:g}"]
     argv += ["--model", args.model, "--out", str(args.out / "tuned.env"), "--json", str(args.out / "tune.json")]
@@ -185,45 +206,45 @@ def main(argv: list[str] | None = None) -> int:
     variants = {"default": {}, "tuned": read_env_file(args.out / "tuned.env")}
     predicted = {"default": tuned["current_settings_predicted"], "tuned": tuned["chosen"]}
     results: dict[str, Any] = {}
-    for name, extra in variants.items():
-        port = free_port()
-        serve = [*server_prefix, sys.executable, "-m", "app.cli", "serve", "--host", HOST, "--port", str(port)]
-        server = ServerProcess(serve, args.out / "logs" / f"{name}.log", port=port, name=name, env={**env, **extra})
-        try:
-            ready_s = server.wait_ready(args.startup_timeout)
-            print(f"{name}: {extra or 'the default settings'}, ready in {ready_s:.1f} s", flush=True)
-            guess = (predicted[name] or predicted["tuned"])["capacity_rps"]
-            found = capacity.search(server.url, guess, name)
-        finally:
-            server.stop()
-        results[name] = {"settings": extra, "ready_s": round(ready_s, 1), "predicted": predicted[name], **found}
-
-    default_rps, tuned_rps = results["default"]["capacity_rps"], results["tuned"]["capacity_rps"]
-    report = {
+    report: dict[str, Any] = {
         "schema": SCHEMA,
         "started_at": started_at,
         "command": shlex.join(["python", "bench/tune_bench.py", *(sys.argv[1:] if argv is None else argv)]),
         "slo_p99_ms": args.slo_p99_ms,
         "model": args.model,
         "rule": "highest Poisson rate whose p99 (from the scheduled send) ≤ SLO with 0 errors",
-        "tuned_over_default": round(tuned_rps / default_rps, 3) if default_rps and tuned_rps else None,
+        "tuned_over_default": None,
         "results": results,
         "tuner": tuned | {"wall_s": round(tuner_s, 1)},
         "payloads": payloads.info | {"path": path},
         "load": {"processes": processes, "warmup_s": args.warmup, "duration_s": args.step_duration},
         "machine": info,
         "pinning": pin,
-        "wall_s": round(time.monotonic() - t0, 1),
     }
-    (args.out / "tune-bench.json").write_text(json.dumps(report, indent=2) + "\n")
+    for name, extra in variants.items():
+        settings = extra or {"defaults": tuned["current_settings"]}
+        results[name] = {"settings": settings, "predicted": predicted[name]}
+        try:
+            results[name] |= measure_server(args, name, {**env, **extra}, capacity, server_prefix, predicted)
+        except Exception as error:  # one server failing must not lose the other's figures
+            results[name]["error"] = f"{type(error).__name__}: {error}"
+            print(f"{name} failed: {results[name]['error']}", flush=True)
+        default_rps, tuned_rps = (results.get(n, {}).get("capacity_rps") for n in ("default", "tuned"))
+        report["tuned_over_default"] = round(tuned_rps / default_rps, 3) if default_rps and tuned_rps else None
+        report["wall_s"] = round(time.monotonic() - t0, 1)
+        (args.out / "tune-bench.json").write_text(json.dumps(report, indent=2) + "\n")  # after each server
     for name, r in results.items():
-        model = r["predicted"] or {}
-        measured = f"measured {r['capacity_rps'] or 0:>9,.0f} req/s (p99 {r['p99_at_capacity_ms'] or 0:.2f} ms)"
-        print(f"{name:<8} {measured}  predicted {model.get('capacity_rps', 0):>9,.0f} req/s "
-              f"(p99 ≤ {model.get('worst_p99_ms', 0):.2f} ms)")  # fmt: skip
+        model = r["predicted"]
+        measured = f"measured {r.get('capacity_rps') or 0:>9,.0f} req/s (p99 {r.get('p99_at_capacity_ms') or 0:.2f} ms)"
+        prediction = (
+            f"predicted {model['capacity_rps']:>9,.0f} req/s (p99 ≤ {model['worst_p99_ms']:.2f} ms)"
+            if model
+            else "no prediction (its buckets were not all timed: --max-bucket)"
+        )
+        print(f"{name:<8} {measured}  {prediction}")
     print(f"tuned ÷ default: {report['tuned_over_default']}; wrote {args.out / 'tune-bench.json'} "
           f"in {report['wall_s']:.0f} s")  # fmt: skip
-    return 0
+    return 0 if all("error" not in r for r in results.values()) else 1
 
 
 if __name__ == "__main__":
