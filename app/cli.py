@@ -2,6 +2,7 @@
 
     cudagraph-serve serve [--port 8000 --model-repository DIR …]   run the HTTP server
     cudagraph-serve debug-dump --bucket 8 --out graph.dot          one bucket's CUDA graph, as dot
+    cudagraph-serve tune --slo-p99-ms 20 [--model NAME --out F]    buckets and max delay for a p99 SLO
 
 Start-up problems (an invalid setting, a bad model.toml or weights file, no CUDA where it was
 asked for, a port in use) print one line each and exit non-zero before the server listens.
@@ -25,6 +26,7 @@ from pydantic.fields import FieldInfo
 
 from app import __version__
 from app.config import Settings, describe_errors
+from app.tuning.flags import add_tune_flags
 
 log = logging.getLogger("app.cli")
 
@@ -71,6 +73,15 @@ def build_parser() -> argparse.ArgumentParser:
     dump.add_argument("--out", default="cuda_graph.dot", help="file to write (default cuda_graph.dot)")
     for name in ("model_repository", "device", "dtype"):
         dump.add_argument(f"--{name.replace('_', '-')}", default=None, help=Settings.model_fields[name].description)
+    tune = commands.add_parser(
+        "tune",
+        help="choose buckets and max delay for the highest throughput under a p99 SLO",
+        description="Time each bucket's batch and the service's overhead on this machine, choose the buckets and "
+        "max delay that sustain the highest rate with p99 within the SLO, and write them as an env file. "
+        "The model behind the choice is described in app/tuning/choose.py.",
+    )
+    add_tune_flags(tune)
+    add_settings_flags(tune)
     return parser
 
 
@@ -186,6 +197,17 @@ def debug_dump(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_tune(args: argparse.Namespace) -> int:
+    """Settings as `serve` reads them (flags over env over .env), the models checked, then the tuner."""
+    from app.tuning.command import tune
+
+    overrides = {name: getattr(args, name) for name in Settings.model_fields}
+    settings = load_settings(overrides)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per overhead request
+    return tune(args, settings, overrides, prepare_or_exit(settings))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
@@ -193,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         return serve(load_settings(overrides), overrides)
     if args.command == "debug-dump":
         return debug_dump(args)
+    if args.command == "tune":
+        return run_tune(args)
     return 2
 
 
