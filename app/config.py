@@ -154,6 +154,11 @@ class Settings(BaseSettings):
         description="How a finished batch is noticed: the event loop polls its event, or a thread "
         "waits on it spinning or sleeping (bench/results has the measured difference).",
     )
+    host_io: Literal["auto", "copy", "mapped"] = Field(
+        "auto",
+        description="How a graph reaches the pinned slots: copy (memcpy nodes), mapped (kernels read and write "
+        "them in place), auto (probabilities written in place; pixels read in place up to 1 MiB a batch).",
+    )
     workers: int = Field(
         1,
         ge=1,

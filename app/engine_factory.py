@@ -92,7 +92,13 @@ def engine_options(settings: Settings, spec: ModelSpec, devices: tuple[str, ...]
 
 
 def build_engine(
-    model: LoadedModel, options: EngineOptions, *, device: str | None = None, in_flight: int, event_wait: str
+    model: LoadedModel,
+    options: EngineOptions,
+    *,
+    device: str | None = None,
+    in_flight: int,
+    event_wait: str,
+    host_io: str = "auto",
 ) -> Engine:
     """Build the engine `options` name for `model` (loaded on the CPU) on `device` (default: the first of
     options.devices); slow: run it off the event loop. A CUDA engine moves `model.module` to its device:
@@ -132,6 +138,7 @@ def build_engine(
         torch_compile_mode=torch_mode,
         in_flight=in_flight,
         event_wait=event_wait,
+        host_io=host_io,
         name=options.engine,
     )
 

@@ -177,7 +177,7 @@ class Service:
             use_compile_cache(self.settings)
             for model, _ in prepared:
                 await self._start_model(self.models[model.spec.name], model)
-            devices = [served.options.device for served in self.models.values()]
+            devices = [device for served in self.models.values() for device in served.options.devices]
             device = next((d for d in devices if d.startswith("cuda")), "cpu")
             self.jpeg_decoder = await asyncio.to_thread(start_jpeg_decoder, self.settings.jpeg_decoder, device)
         except Exception as error:
@@ -209,6 +209,7 @@ class Service:
                     device=device,
                     in_flight=settings.in_flight,
                     event_wait=settings.event_wait,
+                    host_io=settings.host_io,
                 )
                 served.engines.append(engine)
                 metrics.DEVICE_READY.labels(model=name, device=device).set(1)

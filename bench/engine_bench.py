@@ -42,13 +42,13 @@ from models.cnn import load_model
 from tests.seed_model import seed_spec
 
 DEVICE = torch.device("cuda:0")
-INDUCTOR = {"torch_compile_mode": "default"}
+INDUCTOR = {"torch_compile_mode": "default", "host_io": "copy"}
 VARIANTS: dict[str, tuple[dict[str, object], str]] = {  # name → (CudaEngine options, input dtype)
-    "engine_graph_poll": ({"event_wait": "poll"}, "float32"),
-    "engine_graph_spin": ({"event_wait": "spin"}, "float32"),
-    "engine_graph_block": ({"event_wait": "block"}, "float32"),
-    "engine_eager_poll": ({"use_graphs": False, "event_wait": "poll"}, "float32"),
-    "engine_graph_uint8": ({"event_wait": "poll"}, "uint8"),
+    "engine_graph_poll": ({"event_wait": "poll", "host_io": "copy"}, "float32"),
+    "engine_graph_spin": ({"event_wait": "spin", "host_io": "copy"}, "float32"),
+    "engine_graph_block": ({"event_wait": "block", "host_io": "copy"}, "float32"),
+    "engine_eager_poll": ({"use_graphs": False, "event_wait": "poll", "host_io": "copy"}, "float32"),
+    "engine_graph_uint8": ({"event_wait": "poll", "host_io": "copy"}, "uint8"),
     "engine_graph_mapped": ({"event_wait": "poll", "host_io": "mapped"}, "float32"),
     "ind_unfused": ({**INDUCTOR, "fuse_input": False}, "float32"),
     "ind_unfused_uint8": ({**INDUCTOR, "fuse_input": False}, "uint8"),

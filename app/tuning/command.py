@@ -49,7 +49,7 @@ def tune(
     model, options = models[name]
     use_compile_cache(settings)
     buckets = candidate_buckets(args.max_bucket)
-    say(f"{name}: {options.engine} on {options.device} ({options.dtype}), timing buckets {list(buckets)}")
+    say(f"{name}: {options.engine} on {options.devices[0]} ({options.dtype}), timing buckets {list(buckets)}")
     try:
         engine = build_candidate_engine(
             model, options, buckets, in_flight=settings.in_flight, event_wait=settings.event_wait
@@ -129,7 +129,7 @@ def report(
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": shlex.join(["cudagraph-serve", *sys.argv[1:]]),
         "model": name,
-        "engine": {"engine": options.engine, "device": options.device, "dtype": options.dtype},
+        "engine": {"engine": options.engine, "device": options.devices[0], "dtype": options.dtype},
         "slo_p99_ms": args.slo_p99_ms,
         "input_dtype": args.input_dtype,
         "runs_per_bucket": args.runs,

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from app.config import Settings
-from app.engine_factory import engine_options, resolve_device
+from app.engine_factory import engine_options, resolve_devices
 from app.engines.model_input import ModelInput
 from app.model_config import ModelConfigError
 from app.model_spec import ModelSpec
@@ -52,10 +52,10 @@ class ReferenceModel:
     def load(cls, repository: Path, name: str | None, device: str) -> ReferenceModel:
         """Build the model on `device` (auto | cpu | cuda | cuda:N); ModelConfigError names what to fix."""
         spec = find_spec(repository, name)
-        resolved = resolve_device(device)
+        resolved = resolve_devices(device)[0]  # one device: the reference servers run one forward at a time
         if spec.config.format == "onnx":
             raise ModelConfigError([f"{spec.folder}: an ONNX model; the reference servers run torch modules"])
-        options = engine_options(Settings(device=resolved), spec, resolved)
+        options = engine_options(Settings(device=resolved), spec, (resolved,))
         module = load_model(spec).module
         assert isinstance(module, nn.Module)
         module = module.to(resolved)
