@@ -52,9 +52,9 @@ VARIANTS: dict[str, tuple[dict[str, object], str]] = {  # name → (CudaEngine o
     "engine_graph_mapped": ({"event_wait": "poll", "host_io": "mapped"}, "float32"),
     "ind_unfused": ({**INDUCTOR, "fuse_input": False}, "float32"),
     "ind_unfused_uint8": ({**INDUCTOR, "fuse_input": False}, "uint8"),
-    "ind_fused": (INDUCTOR, "float32"),
-    "ind_fused_uint8": (INDUCTOR, "uint8"),
-    "ind_fused_mapped_uint8": ({**INDUCTOR, "host_io": "mapped"}, "uint8"),
+    "ind_fused": ({**INDUCTOR, "fuse_input": True}, "float32"),
+    "ind_fused_uint8": ({**INDUCTOR, "fuse_input": True}, "uint8"),
+    "ind_fused_mapped_uint8": ({**INDUCTOR, "fuse_input": True, "host_io": "mapped"}, "uint8"),
 }
 SAME_ENGINE = {
     "engine_graph_uint8": "engine_graph_poll",
