@@ -189,6 +189,7 @@ def debug_dump(args: argparse.Namespace) -> int:
         dtype=options.dtype,
         channels_last=options.channels_last,
         in_flight=1,
+        host_io=settings.host_io,
         keep_graphs=True,
     )
     engine.debug_dump(args.bucket, args.out)

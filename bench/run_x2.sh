@@ -4,8 +4,8 @@
 # the benchmarks split their lane's cores in halves, servers low, load generator high).
 #   CALL=a  lane 0: GPU tests (engine, faults, compiled graphs), then the stall A/B
 #           lane 1: GPU tests (formats, JPEG, tuner), then the side-by-side (resnet50)
-#   CALL=b  both GPUs: the two-GPU tests and bench/multi_gpu_bench.py; then
-#           lane 0: bench/whole_machine.py   lane 1: bench/resnet50_e2e.py
+#   CALL=b  both GPUs: the two-GPU tests (and lane 1: call a's two failures, fixed); then
+#           bench/multi_gpu_bench.py; then lane 0: bench/whole_machine.py   lane 1: bench/resnet50_e2e.py
 # Started after the wheel install line of bench/results/README.md, from the repo root; outputs in $OUT.
 set -u
 export CGSERVE_COMPILE_CACHE_DIR=/tmp/inductor-cache
@@ -32,16 +32,19 @@ if [ "${CALL:-a}" = a ]; then
       --concurrencies 16,64
   } &
   wait
-  tail -3 "$OUT"/pytest-gpu-lane*.log; cat "$OUT/stalls.log" | cut -c1-300; cat "$OUT/sbs/"*.md 2>/dev/null
+  tail -n 3 "$OUT"/pytest-gpu-lane*.log; cat "$OUT/stalls.log" | cut -c1-300; cat "$OUT/sbs/"*.md 2>/dev/null
 else
-  lane 0,1 0-31 pytest-multi-gpu 150 "${PYTEST[@]}" tests/gpu/test_multi_gpu.py
-  lane 0,1 0-31 multi-gpu 160 python3 bench/multi_gpu_bench.py --compile none --seconds 8 --warmup-s 2 \
+  lane 0,1 0-15 pytest-multi-gpu 150 "${PYTEST[@]}" tests/gpu/test_multi_gpu.py &
+  lane 1 16-31 pytest-gpu-rerun 150 "${PYTEST[@]}" tests/gpu/test_cuda_engine.py::test_debug_dump_writes_the_graph_with_its_kernels \
+    tests/gpu/test_tune_gpu.py &
+  wait
+  lane 0,1 0-31 multi-gpu 120 python3 bench/multi_gpu_bench.py --compile none --seconds 6 --warmup-s 2 \
     --out "$OUT/multi-gpu"
-  tail -3 "$OUT/pytest-multi-gpu.log"; tail -4 "$OUT/multi-gpu.log" | cut -c1-400
-  lane 0 0-15 whole-machine $((540 - (SECONDS - started))) python3 bench/whole_machine.py --out "$OUT/whole-machine" \
-    --hey .gpu/bin/hey --budget-s 150 --step-duration 2 &
-  lane 1 16-31 resnet50-e2e $((540 - (SECONDS - started))) python3 bench/resnet50_e2e.py --seconds 3 --workers 2,4 \
+  lane 0 0-15 whole-machine 200 python3 bench/whole_machine.py --out "$OUT/whole-machine" \
+    --hey .gpu/bin/hey --budget-s 110 --step-duration 2 &
+  lane 1 16-31 resnet50-e2e 200 python3 bench/resnet50_e2e.py --seconds 3 --workers 2,4 \
     --server-cores 16-23 --loadgen-cores 24-31 --out "$OUT/resnet50-e2e.json" &
   wait
+  tail -n 3 "$OUT"/pytest-multi-gpu.log "$OUT"/pytest-gpu-rerun.log; tail -4 "$OUT/multi-gpu.log" | cut -c1-400
   tail -30 "$OUT/whole-machine.log" | cut -c1-300; tail -3 "$OUT/resnet50-e2e.log" | cut -c1-500
 fi

@@ -34,7 +34,11 @@ def test_tune_on_the_gpu_writes_settings_the_service_reads(tmp_path: Path) -> No
     argv = [sys.executable, "-m", "app.cli", "tune", "--slo-p99-ms", "20", "--device", "cuda", "--compile", "none"]
     argv += ["--max-bucket", "32", "--runs", "30", "--overhead-requests", "50"]
     argv += ["--out", str(env_file), "--json", str(report_file)]
-    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # ROOT first, then whatever the caller's PYTHONPATH holds (the GPU machine's wheels live there).
+    environment = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
     result = subprocess.run(argv, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     print(result.stdout)
