@@ -9,6 +9,7 @@ CGSERVE_DEVICE=cuda:0,cuda:1.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -111,7 +112,8 @@ def test_served_over_http_on_two_gpus(tmp_path: Path) -> None:
     rng = np.random.default_rng(11)
     inputs = [rng.random((int(rng.integers(1, 5)), 784), dtype=np.float32) for _ in range(400)]
     bodies = [orjson.dumps({"instances": x}, option=orjson.OPT_SERIALIZE_NUMPY) for x in inputs]
-    with running_server(tmp_path / "server.log", device="cuda:0,cuda:1", buckets="1,8,32") as url:
+    command = (sys.executable, "-m", "app.cli", "serve")  # this interpreter: the GPU machine's torch, not make's venv
+    with running_server(tmp_path / "server.log", command=command, device="cuda:0,cuda:1", buckets="1,8,32") as url:
 
         async def send_all() -> list[httpx.Response]:
             limits = httpx.Limits(max_connections=64)
