@@ -63,7 +63,7 @@ def create_app(
         service.start()
         gc_pauses = GcPauses()
         gc_pauses.install()
-        lag_sampler = asyncio.create_task(sample_loop_lag(), name="loop-lag")
+        lag_sampler = asyncio.create_task(sample_loop_lag(gc_pauses), name="loop-lag")
         grpc_server = None
         if settings.grpc_port:
             from app.v2.grpc_server import GrpcServer  # grpcio loads only where gRPC is on

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 import time
 
 from app import metrics
@@ -36,7 +37,7 @@ def test_a_blocked_loop_shows_as_lag() -> None:
     assert _sum(metrics.EVENT_LOOP_LAG) - total >= 0.15  # the 0.2 s hold, less the half interval already asleep
 
 
-def test_each_collection_is_timed_by_generation() -> None:
+def test_each_collection_is_timed_by_generation_and_published_outside_the_callback() -> None:
     pauses = GcPauses()
     full = metrics.GC_PAUSE.labels(generation="2")
     before = _count(full)
@@ -44,11 +45,36 @@ def test_each_collection_is_timed_by_generation() -> None:
     pauses.install()  # once only
     try:
         gc.collect()
+        assert _count(full) == before  # the callback touches no metric (its lock may be held)
+        pauses.publish()
     finally:
         pauses.remove()
     assert _count(full) - before == 1
     gc.collect()
-    assert _count(full) - before == 1  # removed: no longer observed
+    pauses.publish()
+    assert _count(full) - before == 1  # removed: no longer noted
+
+
+def test_a_collection_inside_a_metric_update_cannot_deadlock_it() -> None:
+    """A collection that starts while prometheus_client holds a value's lock (an observe in
+    progress) must not wait for that lock: the hang of multi-worker start-ups, where one lock
+    guards every metric. Here the histogram's own lock is held, as its observe would hold it."""
+    pauses = GcPauses()
+    value_lock = metrics.GC_PAUSE.labels(generation="2")._sum._lock  # type: ignore[attr-defined]
+
+    def collect_while_the_metric_is_locked() -> None:
+        with value_lock:
+            gc.collect()
+
+    pauses.install()
+    try:
+        worker = threading.Thread(target=collect_while_the_metric_is_locked, daemon=True)
+        worker.start()
+        worker.join(timeout=10)
+        assert not worker.is_alive(), "the gc callback waited for a metric's lock"
+    finally:
+        pauses.remove()
+    pauses.publish()
 
 
 def test_the_frozen_start_up_heap_is_skipped_by_full_collections() -> None:
