@@ -4,6 +4,8 @@
 #   STEPS="gpu-tests engine e2e stalls" bash bench/run_h200.sh
 #   GPU_TESTS="tests/gpu/test_device_faults.py …" narrows the GPU tests (default: all of tests/gpu)
 #   STEPS=multi-gpu on the two-GPU machine (nvidia-h200-x2): tests/gpu/test_multi_gpu.py, bench/multi_gpu_bench.py
+#   What issue 12 still lacks (each step about 3-8 minutes; a call holds 10): STEPS=whole-machine;
+#   STEPS="e2e jpeg"; STEPS=side-by-side SBS_SERVERS=naive,litserve,onnxruntime; STEPS=tune
 set -u
 export CGSERVE_COMPILE_CACHE_DIR=/tmp/inductor-cache  # shared: what the tests compile, the benchmarks reuse
 STEPS=${STEPS:-"gpu-tests torchvision engine e2e stalls protocols jpeg"}
@@ -58,4 +60,20 @@ if step jpeg; then  # Pillow vs the batched nvJPEG decoder, decode-only and over
   timeout "${JPEG_S:-280}" python3 bench/jpeg_decode_bench.py --compile "${JPEG_COMPILE:-inductor}" --out "$OUT/jpeg" \
     > "$OUT/jpeg.log" 2>&1
   echo "jpeg bench: rc=$? at $((SECONDS - started)) s"; grep -E '^(decode|http)' "$OUT/jpeg.log" | cut -c1-400
+fi
+if step whole-machine; then  # issue 12 (1, 2): N workers against the N-worker no-op; hey beside the generator
+  timeout "${WHOLE_MACHINE_S:-420}" python3 bench/whole_machine.py --out "$OUT/whole-machine" --hey .gpu/bin/hey \
+    > "$OUT/whole-machine.log" 2>&1
+  echo "whole machine: rc=$? at $((SECONDS - started)) s"; tail -20 "$OUT/whole-machine.log" | cut -c1-300
+fi
+if step side-by-side; then  # issue 12 (4): every server, resnet50 (SBS_SERVERS narrows it)
+  timeout -s TERM "${SBS_S:-480}" python3 bench/side_by_side.py --out "$OUT/sbs" --model resnet50 \
+    --compile-cache-dir "$CGSERVE_COMPILE_CACHE_DIR" ${SBS_SERVERS:+--servers "$SBS_SERVERS"} > "$OUT/sbs.log" 2>&1
+  echo "side by side: rc=$? at $((SECONDS - started)) s"; cat "$OUT/sbs/"*.md 2>/dev/null | head -30
+fi
+if step tune; then  # issue 12 (7): the tuner's settings against the defaults at the same p99 bound
+  timeout "${TUNE_S:-420}" python3 bench/tune_bench.py --out "$OUT/tune" --slo-p99-ms "${TUNE_SLO_MS:-25}" \
+    --model resnet50 --model-repository models/examples/repository --compile none --runs 50 --bisect-steps 2 \
+    > "$OUT/tune-bench.log" 2>&1
+  echo "tune bench: rc=$? at $((SECONDS - started)) s"; tail -8 "$OUT/tune-bench.log" | cut -c1-300
 fi
