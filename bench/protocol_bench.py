@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from loadtest.cli_run import load_summary
 from loadtest.server_process import free_port, running
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,19 +50,7 @@ def perf_analyzer(binary: str, protocol: str, address: str, concurrency: int, wo
 
 
 def generator(url: str, work: Path, name: str, *args: str) -> dict[str, Any]:
-    out = work / f"{name}.json"
-    argv = [sys.executable, "-m", "loadtest", "--url", url, "--quiet", "--out", str(out), "--warmup", "1", *args]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=180)
-    if done.returncode != 0:
-        return {"error": done.stderr[-1500:]}
-    record = json.loads(out.read_text())
-    return {
-        "throughput_rps": record["throughput_rps"],
-        "images_per_s": record["images_per_s"],
-        "latency_ms": {q: record["latency_ms"][q] for q in ("p50", "p90", "p99")},
-        "errors": record["errors"],
-        "loadgen_cpu_busy": record["loadgen_cpu_busy"],
-    }
+    return load_summary(url, work / f"{name}.json", "--warmup", "1", *args, timeout_s=180)
 
 
 def main() -> None:

@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from loadtest.cli_run import load_summary
 from loadtest.server_process import free_port, running
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,24 +82,17 @@ def engine_peak(repository: Path, buckets: str, seconds: float) -> dict[str, Any
 
 
 def generate(url: str, work: Path, name: str, cores: str | None, *args: str) -> dict[str, Any]:
-    out = work / f"{name}.json"
-    argv = [sys.executable, "-m", "loadtest", "--url", url, "--quiet", "--out", str(out), "--warmup", "1",
-            "--path", "/v1/models/resnet50/predict", "--form", "raw", "--no-check-labels",
-            "--image-shape", "3,224,224", *args]  # fmt: skip
-    if cores and shutil.which("taskset"):
-        argv = ["taskset", "-c", cores, *argv]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=240)
-    if done.returncode != 0:
-        return {"error": done.stderr[-1500:]}
-    record = json.loads(out.read_text())
-    return {
-        "throughput_rps": record["throughput_rps"],
-        "images_per_s": record["images_per_s"],
-        "latency_ms": {q: record["latency_ms"][q] for q in ("p50", "p90", "p99")},
-        "errors": record["errors"],
-        "loadgen_cpu_busy": record["loadgen_cpu_busy"],
-        "args": list(args),
-    }
+    """One load run against resnet50's route with raw uint8 bodies (its random weights: no label check)."""
+    resnet50 = [
+        "--path",
+        "/v1/models/resnet50/predict",
+        "--form",
+        "raw",
+        "--no-check-labels",
+        "--image-shape",
+        "3,224,224",
+    ]
+    return load_summary(url, work / f"{name}.json", "--warmup", "1", *resnet50, *args, cores=cores)
 
 
 def main() -> None:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from loadtest.cli_run import run_loadtest
 from loadtest.server_process import free_port, running
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,13 +34,6 @@ def rss_mib(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 total_kib += int(line.split()[1])
     return round(total_kib / 1024, 1)
-
-
-def loadtest(url: str, out: Path, *args: str) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "loadtest", "--url", url, "--form", "raw", "--quiet", "--out", str(out), *args]
-    subprocess.run(argv, check=True, capture_output=True, timeout=600)
-    record: dict[str, Any] = json.loads(out.read_text())
-    return record
 
 
 def main() -> None:
@@ -62,7 +55,9 @@ def main() -> None:
     command = [sys.executable, "-m", "app.cli", "serve"]
     record: dict[str, Any] = {"command": " ".join(["python3", *sys.argv]), "device": args.device, "windows": []}
     with running(command, args.work_dir / "server.log", port=port, env=env, cwd=ROOT) as server:
-        saturation = loadtest(server.url, args.work_dir / "saturation.json", "--concurrency", "32", "--duration", "10")
+        saturation = run_loadtest(
+            server.url, args.work_dir / "saturation.json", "--form", "raw", "--concurrency", "32", "--duration", "10"
+        )
         rate = round(args.load * saturation["throughput_rps"], 1)
         record |= {
             "saturation_rps": saturation["throughput_rps"],
@@ -71,9 +66,11 @@ def main() -> None:
         }
         started = time.monotonic()
         for minute in range(args.minutes):
-            window = loadtest(
+            window = run_loadtest(
                 server.url,
                 args.work_dir / f"window-{minute}.json",
+                "--form",
+                "raw",
                 "--rate",
                 str(rate),
                 "--duration",

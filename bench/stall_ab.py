@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from loadtest.cli_run import run_loadtest
 from loadtest.server_process import free_port, running
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,15 +59,6 @@ def tcp_counters() -> dict[str, int]:
     return {f[0]: int(f[1]) for f in (line.split() for line in text.splitlines()) if f and f[0] in wanted}
 
 
-def loadtest(url: str, out: Path, cores: str | None, *args: str) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "loadtest", "--url", url, "--form", "raw", "--quiet", "--out", str(out), *args]
-    if cores:
-        argv = ["taskset", "-c", cores, *argv]
-    subprocess.run(argv, check=True, capture_output=True, timeout=900)
-    record: dict[str, Any] = json.loads(out.read_text())
-    return record
-
-
 def run_variant(label: str, freeze: bool, args: argparse.Namespace, rate: float | None) -> dict[str, Any]:
     port = free_port()
     env = {
@@ -84,25 +76,29 @@ def run_variant(label: str, freeze: bool, args: argparse.Namespace, rate: float 
     with running(command, work / "server.log", port=port, env=env, cwd=ROOT) as server:
         result: dict[str, Any] = {"label": label, "freeze": freeze}
         if rate is None:
-            saturation = loadtest(
+            saturation = run_loadtest(
                 server.url,
                 work / "saturation.json",
-                args.loadgen_cores,
+                "--form",
+                "raw",
                 "--concurrency",
                 str(args.concurrency),
                 "--duration",
                 "10",
                 "--processes",
                 str(args.processes),
+                cores=args.loadgen_cores,
+                timeout_s=900,
             )
             result["saturation_rps"] = saturation["throughput_rps"]
             rate = round(args.load * saturation["throughput_rps"], 1)
         before_metrics = httpx.get(f"{server.url}/metrics").text
         tcp_before = tcp_counters()
-        window = loadtest(
+        window = run_loadtest(
             server.url,
             work / "window.json",
-            args.loadgen_cores,
+            "--form",
+            "raw",
             "--rate",
             str(rate),
             "--duration",
@@ -111,6 +107,8 @@ def run_variant(label: str, freeze: bool, args: argparse.Namespace, rate: float 
             "2",
             "--processes",
             str(args.processes),
+            cores=args.loadgen_cores,
+            timeout_s=900,
         )
         tcp_after = tcp_counters()
         after_metrics = httpx.get(f"{server.url}/metrics").text
