@@ -29,13 +29,27 @@ def ratios(servers: dict[str, dict[str, Any]]) -> dict[str, float | None]:
     return out
 
 
+def num(v: float | None, fmt: str = ",.0f") -> str:
+    """A figure for a markdown cell: "–" where there is none."""
+    return "–" if v is None else format(v, fmt)
+
+
+def closed_loop_table(servers: dict[str, dict[str, Any]], concurrencies: list[int]) -> list[str]:
+    """Markdown lines: each server's closed-loop req/s by requests in flight."""
+    lines = ["", "Closed-loop throughput (req/s) by requests in flight:", ""]
+    lines += ["| server | " + " | ".join(f"c{c}" for c in concurrencies) + " |", "|---|" + "---:|" * len(concurrencies)]
+    for name, r in servers.items():
+        if "closed_loop" in r:
+            by_c = {x["concurrency"]: x for x in r["closed_loop"]}
+            cells = [num(by_c[c]["throughput_rps"]) if c in by_c else "–" for c in concurrencies]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(report: dict[str, Any]) -> str:
     m, pin, s = report["machine"], report["pinning"], report["settings"]
     servers, rat = report["servers"], report["ratios"]
     conc = s["concurrencies"]
-
-    def num(v: float | None, fmt: str = ",.0f") -> str:
-        return "–" if v is None else format(v, fmt)
 
     lines = [
         f"# Server benchmark — {report['started_at'][:10]}",
@@ -72,13 +86,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {name} ({r['role']}) | {num(sat['throughput_rps'])} | c{sat['concurrency']} | {naive} | {ceiling} "
             f"| {at(0.5)} | {at(0.9)} | {errors} |"
         )
-    lines += ["", "Closed-loop throughput (req/s) by requests in flight:", ""]
-    lines += ["| server | " + " | ".join(f"c{c}" for c in conc) + " |", "|---|" + "---:|" * len(conc)]
-    for name, r in servers.items():
-        if "closed_loop" in r:
-            by_c = {x["concurrency"]: x for x in r["closed_loop"]}
-            cells = [num(by_c[c]["throughput_rps"]) if c in by_c else "–" for c in conc]
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += closed_loop_table(servers, conc)
     heys = [r["hey"] | {"server": n} for n, r in servers.items() if "hey" in r]
     if heys:
         lines += ["", "Cross-check with hey (Go; one body, no answer checks), closed loop:", ""]

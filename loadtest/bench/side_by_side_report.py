@@ -5,10 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from loadtest.bench.pinning import core_list
-
-
-def _num(value: float | None, fmt: str = ",.0f") -> str:
-    return "–" if value is None else format(value, fmt)
+from loadtest.bench.report import closed_loop_table, num
 
 
 def _saturation(record: dict[str, Any]) -> float | None:
@@ -49,17 +46,11 @@ def markdown(report: dict[str, Any]) -> str:
         errors = sum(x["counts"]["errors"] for x in r["closed_loop"] + r["open_loop"])
         over_naive = f"{sat['throughput_rps'] / naive:.2f}×" if naive else "–"
         lines.append(
-            f"| {name} | {r['role']} | {_num(sat['throughput_rps'])} | c{sat['concurrency']} | {over_naive} "
-            f"| {_num(fixed['latency_ms']['p50'], '.1f')} | {_num(fixed['latency_ms']['p99'], '.1f')} "
-            f"| {'yes' if fixed['kept_up'] else 'no'} | {errors} | {_num(r.get('ready_s'), '.0f')} |"
+            f"| {name} | {r['role']} | {num(sat['throughput_rps'])} | c{sat['concurrency']} | {over_naive} "
+            f"| {num(fixed['latency_ms']['p50'], '.1f')} | {num(fixed['latency_ms']['p99'], '.1f')} "
+            f"| {'yes' if fixed['kept_up'] else 'no'} | {errors} | {num(r.get('ready_s'), '.0f')} |"
         )
-    lines += ["", "Closed-loop throughput (req/s) by requests in flight:", ""]
-    lines += ["| server | " + " | ".join(f"c{c}" for c in concurrencies) + " |", "|---|" + "---:|" * len(concurrencies)]
-    for name, r in servers.items():
-        if "closed_loop" in r:
-            by_c = {x["concurrency"]: x for x in r["closed_loop"]}
-            cells = [_num(by_c[c]["throughput_rps"]) if c in by_c else "–" for c in concurrencies]
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += closed_loop_table(servers, concurrencies)
     lines += ["", "Commands:", ""]
     for name, r in servers.items():
         if "command" in r:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from loadtest.bench.report import num
+
 RATIO_TARGET = 0.8  # ours ≥ 0.8 × the no-op ceiling of the same worker count
 P99_TARGET_MS = 5.0  # one worker's p99 at half of its saturation
 BUSY_TARGET = 0.7  # the generator's CPU share at the no-op's saturation
@@ -65,10 +67,6 @@ def checks(report: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _num(v: float | None, fmt: str = ",.0f") -> str:
-    return "–" if v is None else format(v, fmt)
-
-
 def _busy(v: float | None) -> str:
     return "–" if v is None else f"{v:.0%}"
 
@@ -97,12 +95,12 @@ def markdown(report: dict[str, Any]) -> str:
         if f is None:
             return str(servers.get(server, {}).get("error", "–"))
         sat = f["saturation"]
-        return f"{_num(sat['throughput_rps'])} (c{sat['concurrency']}, {_busy(sat['loadgen_cpu_busy'])})"
+        return f"{num(sat['throughput_rps'])} (c{sat['concurrency']}, {_busy(sat['loadgen_cpu_busy'])})"
 
     for n in sorted(s["workers"]):
         for form in s["forms"]:
             ours, noop = _sat(report, f"ours-{n}", form), _sat(report, f"noop-{n}", form)
-            ratio = _num(ours / noop, ".2f") if ours and noop else "–"
+            ratio = num(ours / noop, ".2f") if ours and noop else "–"
             lines.append(f"| {n} | {form} | {cell(f'noop-{n}', form)} | {cell(f'ours-{n}', form)} | {ratio} |")
     lines += ["", "Open loop (Poisson) at half of each server's own saturation, latency from the scheduled send:", ""]
     lines += ["| server | form | rate req/s | p50 ms | p99 ms | busy |", "|---|---|---:|---:|---:|---:|"]
@@ -113,8 +111,8 @@ def markdown(report: dict[str, Any]) -> str:
                 h = f["half_saturation"]
                 lat = h["latency_ms"]
                 lines.append(
-                    f"| {name} | {form} | {_num(h['target_rate_rps'])} | {_num(lat['p50'], '.2f')} | "
-                    f"{_num(lat['p99'], '.2f')} | {_busy(h['loadgen_cpu_busy'])} |"
+                    f"| {name} | {form} | {num(h['target_rate_rps'])} | {num(lat['p50'], '.2f')} | "
+                    f"{num(lat['p99'], '.2f')} | {_busy(h['loadgen_cpu_busy'])} |"
                 )
     heys = [
         (name, form, f["hey"])
@@ -127,14 +125,14 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["| server | form | c | hey req/s | ours req/s | ours ÷ hey |", "|---|---|---:|---:|---:|---:|"]
         for name, form, h in heys:
             lines.append(
-                f"| {name} | {form} | {h['concurrency']} | {_num(h['requests_per_s'])} | "
-                f"{_num(h['loadtest_requests_per_s'])} | {_num(h.get('loadtest_over_hey'), '.3f')} |"
+                f"| {name} | {form} | {h['concurrency']} | {num(h['requests_per_s'])} | "
+                f"{num(h['loadtest_requests_per_s'])} | {num(h.get('loadtest_over_hey'), '.3f')} |"
             )
     lines += ["", "Closed-loop ladder, req/s (generator busy):", ""]
     for name, r in servers.items():
         for form, f in r.get("forms", {}).items():
             steps = ", ".join(
-                f"c{x['concurrency']} {_num(x['throughput_rps'])} ({_busy(x['loadgen_cpu_busy'])})"
+                f"c{x['concurrency']} {num(x['throughput_rps'])} ({_busy(x['loadgen_cpu_busy'])})"
                 for x in f["closed_loop"]
             )
             errors = sum(x["counts"]["errors"] for x in f["closed_loop"])
@@ -142,7 +140,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["", "Targets (issue 12):", ""]
     for c in report["checks"]:
         verdict = {True: "met", False: "NOT met", None: "not measured"}[c["met"]]
-        lines.append(f"- {c['what']}: {_num(c['value'], '.3g')} (target {c['target']}): {verdict}")
+        lines.append(f"- {c['what']}: {num(c['value'], '.3g')} (target {c['target']}): {verdict}")
     lines += ["", "Commands:", ""]
     lines += [f"- {name}: `{r['command']}`" for name, r in servers.items()]
     first = next((f["closed_loop"][0] for r in servers.values() for f in r.get("forms", {}).values()), None)
