@@ -2,9 +2,10 @@
 
 CPython's full (generation 2) collection walks every tracked object. Once the models are loaded
 that is some 200k objects — torch, FastAPI, pydantic, the model and its engine — none of which
-will ever be garbage. Requests keep promoting short-lived objects into generation 2, so a full
-collection comes every few seconds under load, and each stopped the event loop for 0.2–0.7 s on
-one core: the periodic p99 stalls at 70 % load (issue 11; bench/results/2026-11-30-cpu-stalls.md).
+will ever be garbage. Requests keep promoting short-lived objects into generation 2, so under
+load a full collection came more than once a second (23 in 14 s), each stopping the event loop
+for 0.1–0.5 s: the periodic p99 stalls at 70 % load (issue 11; bench/stall_ab.py,
+bench/results/2026-11-30-run12a-x2-stalls.json).
 
 gc.freeze() moves every object alive now into a permanent generation that collections skip;
 objects created later are collected as before. Instagram's Django servers do the same. Called

@@ -134,7 +134,7 @@ ENGINE_INFO = Gauge(
     multiprocess_mode="max",
 )
 
-# 100 µs … 2.5 s: a healthy loop wakes within a ms of asking; a full gc of an unfrozen heap took 0.2–0.7 s.
+# 100 µs … 2.5 s: a healthy loop wakes within a ms of asking; an unfrozen heap's full gc took 0.1–0.5 s.
 PAUSE_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 EVENT_LOOP_LAG = Histogram(
     "cgserve_event_loop_lag_seconds",
