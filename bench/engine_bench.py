@@ -55,11 +55,16 @@ VARIANTS: dict[str, tuple[dict[str, object], str]] = {  # name → (CudaEngine o
     "ind_fused": ({**INDUCTOR, "fuse_input": True}, "float32"),
     "ind_fused_uint8": ({**INDUCTOR, "fuse_input": True}, "uint8"),
     "ind_fused_mapped_uint8": ({**INDUCTOR, "fuse_input": True, "host_io": "mapped"}, "uint8"),
+    # The service's defaults as a whole (compile inductor, fuse_input off, host_io auto, which for
+    # the seed CNN's small batches maps both ends): JSON bodies give float32, raw bodies uint8.
+    "ind_default": ({**INDUCTOR, "fuse_input": False, "host_io": "auto"}, "float32"),
+    "ind_default_uint8": ({**INDUCTOR, "fuse_input": False, "host_io": "auto"}, "uint8"),
 }
 SAME_ENGINE = {
     "engine_graph_uint8": "engine_graph_poll",
     "ind_unfused_uint8": "ind_unfused",
     "ind_fused_uint8": "ind_fused",
+    "ind_default_uint8": "ind_default",
 }
 
 

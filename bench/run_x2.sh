@@ -1,50 +1,66 @@
 #!/usr/bin/env bash
-# Run 12 on the two-GPU machine (nvidia-h200-x2, 32 cores), in two calls of the device tool. Each
-# call runs two lanes side by side, each lane one GPU (CUDA_VISIBLE_DEVICES) and 16 cores (taskset;
-# the benchmarks split their lane's cores in halves, servers low, load generator high).
-#   CALL=a  lane 0: GPU tests (engine, faults, compiled graphs), then the stall A/B
-#           lane 1: GPU tests (formats, JPEG, tuner), then the side-by-side (resnet50)
-#   CALL=b  both GPUs: the two-GPU tests (and lane 1: call a's two failures, fixed); then
-#           bench/multi_gpu_bench.py; then lane 0: bench/whole_machine.py   lane 1: bench/resnet50_e2e.py
-# Started after the wheel install line of bench/results/README.md, from the repo root; outputs in $OUT.
+# One call of the device tool on the two-GPU machine (nvidia-h200-x2, 32 cores): two lanes side by
+# side, each one GPU (CUDA_VISIBLE_DEVICES) and 16 cores (taskset; the benchmarks split a lane's
+# cores in halves, servers low, load generator high). Started after the wheel install line of
+# bench/results/README.md, from the repo root. Run 13's two calls (runs 12a/b ran this file as it
+# was at their commits):
+#   CALL=c  lane 0: GPU tests (engine, faults, compiled graphs, tuner), then bench/whole_machine.py
+#           lane 1: GPU tests (formats, JPEG), then bench/side_by_side.py, all six servers (resnet50)
+#   CALL=d  both GPUs: the two-GPU tests; then
+#           lane 0: bench/resnet50_e2e.py (1, 2, 4 workers), then bench/engine_bench.py
+#           lane 1: bench/jpeg_decode_bench.py, then bench/tune_bench.py
+# Everything is written under $WORK and packed into $OUT/run13<call>.tgz at the end (the device
+# tool brings back 8 files at most); $OUT/summary.txt holds each step's exit status and tail.
 set -u
+CALL=${CALL:-c}
+WORK=${WORK:-/tmp/run13$CALL}
+mkdir -p "$WORK"
 export CGSERVE_COMPILE_CACHE_DIR=/tmp/inductor-cache
 started=$SECONDS
-lane() {  # lane GPU CORES NAME LIMIT_S COMMAND…: run COMMAND on one GPU and 16 cores, log to $OUT/NAME.log
+lane() {  # lane GPU CORES NAME LIMIT_S COMMAND…: run COMMAND on one GPU and 16 cores, log to $WORK/NAME.log
   local gpu=$1 cores=$2 name=$3 limit=$4; shift 4
-  CUDA_VISIBLE_DEVICES=$gpu timeout -s TERM "$limit" taskset -c "$cores" "$@" > "$OUT/$name.log" 2>&1
-  echo "$name: rc=$? at $((SECONDS - started)) s"
+  CUDA_VISIBLE_DEVICES=$gpu timeout -s TERM -k 10 "$limit" taskset -c "$cores" "$@" > "$WORK/$name.log" 2>&1
+  echo "$name: rc=$? at $((SECONDS - started)) s (limit $limit s)" >> "$WORK/steps.txt"
 }
+until_s() { local left=$(($1 - (SECONDS - started))); echo $((left > 30 ? left : 30)); }  # seconds left until $1 s into the call (≥ 30)
 PYTEST=(python3 -m pytest -m gpu -v -p no:cacheprovider --durations=15)
-{ nvidia-smi -L; git log -1 --format='commit %H %s' 2>/dev/null; echo "CALL=${CALL:-a}"; } > "$OUT/env.txt" 2>&1
-if [ "${CALL:-a}" = a ]; then
+{
+  nvidia-smi -L
+  python3 -c "import torch, torchvision, httpx, httpcore; print('torch', torch.__version__, 'torchvision', torchvision.__version__, 'httpx', httpx.__version__, 'httpcore', httpcore.__version__)"
+  git log -1 --format='commit %H %s' 2>/dev/null
+  echo "CALL=$CALL"
+} > "$WORK/env.txt" 2>&1
+if [ "$CALL" = c ]; then
   {
-    lane 0 0-15 pytest-gpu-lane0 300 "${PYTEST[@]}" tests/gpu/test_cuda_engine.py tests/gpu/test_device_faults.py \
-      tests/gpu/test_compiled_graphs.py
-    lane 0 0-15 stalls 170 python3 bench/stall_ab.py --device cuda --seconds 12 --concurrency 64 --processes 4 \
-      --server-cores 0-3 --loadgen-cores 8-15 --out "$OUT/stalls.json"
+    lane 0 0-15 pytest-gpu-lane0 200 "${PYTEST[@]}" tests/gpu/test_cuda_engine.py tests/gpu/test_device_faults.py \
+      tests/gpu/test_compiled_graphs.py tests/gpu/test_tune_gpu.py
+    lane 0 0-15 whole-machine "$(until_s 555)" python3 bench/whole_machine.py --out "$WORK/whole-machine" \
+      --hey .gpu/bin/hey --budget-s $(($(until_s 555) - 80))
   } &
   {
-    lane 1 16-31 pytest-gpu-lane1 240 "${PYTEST[@]}" tests/gpu/test_model_formats_gpu.py tests/gpu/test_gpu_jpeg.py \
-      tests/gpu/test_tune_gpu.py
-    lane 1 16-31 side-by-side $((500 - (SECONDS - started))) python3 bench/side_by_side.py --out "$OUT/sbs" \
-      --model resnet50 --compile-cache-dir "$CGSERVE_COMPILE_CACHE_DIR" --step-duration 3 --warmup 1 \
-      --concurrencies 16,64
+    lane 1 16-31 pytest-gpu-lane1 150 "${PYTEST[@]}" tests/gpu/test_model_formats_gpu.py tests/gpu/test_gpu_jpeg.py
+    lane 1 16-31 side-by-side "$(until_s 560)" python3 bench/side_by_side.py --out "$WORK/sbs" --model resnet50 \
+      --compile-cache-dir "$CGSERVE_COMPILE_CACHE_DIR" --step-duration 3 --warmup 1 --concurrencies 16,64
   } &
   wait
-  tail -n 3 "$OUT"/pytest-gpu-lane*.log; cat "$OUT/stalls.log" | cut -c1-300; cat "$OUT/sbs/"*.md 2>/dev/null
 else
-  lane 0,1 0-15 pytest-multi-gpu 150 "${PYTEST[@]}" tests/gpu/test_multi_gpu.py &
-  lane 1 16-31 pytest-gpu-rerun 150 "${PYTEST[@]}" tests/gpu/test_cuda_engine.py::test_debug_dump_writes_the_graph_with_its_kernels \
-    tests/gpu/test_tune_gpu.py &
+  lane 0,1 0-31 pytest-multi-gpu 110 "${PYTEST[@]}" tests/gpu/test_multi_gpu.py
+  {
+    lane 0 0-15 resnet50-e2e 330 python3 bench/resnet50_e2e.py --seconds 3 --workers 1,2,4 \
+      --server-cores 0-7 --loadgen-cores 8-15 --out "$WORK/resnet50-e2e.json"
+    lane 0 0-15 engine "$(until_s 560)" python3 bench/engine_bench.py --iterations 500 --out "$WORK/engine.json"
+  } &
+  {
+    lane 1 16-31 jpeg 250 python3 bench/jpeg_decode_bench.py --compile none --out "$WORK/jpeg"
+    lane 1 16-31 tune-bench "$(until_s 560)" python3 bench/tune_bench.py --out "$WORK/tune" --slo-p99-ms 25 \
+      --model resnet50 --model-repository models/examples/repository --compile none --runs 50 --bisect-steps 2
+  } &
   wait
-  lane 0,1 0-31 multi-gpu 120 python3 bench/multi_gpu_bench.py --compile none --seconds 6 --warmup-s 2 \
-    --out "$OUT/multi-gpu"
-  lane 0 0-15 whole-machine 200 python3 bench/whole_machine.py --out "$OUT/whole-machine" \
-    --hey .gpu/bin/hey --budget-s 110 --step-duration 2 &
-  lane 1 16-31 resnet50-e2e 200 python3 bench/resnet50_e2e.py --seconds 3 --workers 2,4 \
-    --server-cores 16-23 --loadgen-cores 24-31 --out "$OUT/resnet50-e2e.json" &
-  wait
-  tail -n 3 "$OUT"/pytest-multi-gpu.log "$OUT"/pytest-gpu-rerun.log; tail -4 "$OUT/multi-gpu.log" | cut -c1-400
-  tail -30 "$OUT/whole-machine.log" | cut -c1-300; tail -3 "$OUT/resnet50-e2e.log" | cut -c1-500
 fi
+{
+  cat "$WORK/steps.txt"
+  for log in "$WORK"/*.log; do echo "== $log"; tail -n 6 "$log" | cut -c1-400; done
+  cat "$WORK"/sbs/*.md "$WORK"/whole-machine/*.md 2>/dev/null
+} > "$OUT/summary.txt"
+tar czf "$OUT/run13$CALL.tgz" -C "$(dirname "$WORK")" "$(basename "$WORK")"
+cat "$OUT/summary.txt"
