@@ -6,9 +6,8 @@
 # was at their commits):
 #   CALL=c  lane 0: GPU tests (engine, faults, compiled graphs, tuner), then bench/whole_machine.py
 #           lane 1: GPU tests (formats, JPEG), then bench/side_by_side.py, all six servers (resnet50)
-#   CALL=d  both GPUs: the two-GPU tests; then
-#           lane 0: bench/resnet50_e2e.py (1, 2, 4 workers), then bench/engine_bench.py
-#           lane 1: bench/jpeg_decode_bench.py, then bench/tune_bench.py
+#   CALL=d  lane 0: bench/resnet50_e2e.py (1, 2, 4 workers), then bench/engine_bench.py
+#           lane 1: bench/lone_requests.py, bench/jpeg_decode_bench.py, then bench/tune_bench.py
 # Everything is written under $WORK and packed into $OUT/run13<call>.tgz at the end (the device
 # tool brings back 8 files at most); $OUT/summary.txt holds each step's exit status and tail.
 set -u
@@ -44,15 +43,15 @@ if [ "$CALL" = c ]; then
   } &
   wait
 else
-  lane 0,1 0-31 pytest-multi-gpu 110 "${PYTEST[@]}" tests/gpu/test_multi_gpu.py
   {
     lane 0 0-15 resnet50-e2e 330 python3 bench/resnet50_e2e.py --seconds 3 --workers 1,2,4 \
       --server-cores 0-7 --loadgen-cores 8-15 --out "$WORK/resnet50-e2e.json"
-    lane 0 0-15 engine "$(until_s 560)" python3 bench/engine_bench.py --iterations 500 --out "$WORK/engine.json"
+    lane 0 0-15 engine "$(until_s 570)" python3 bench/engine_bench.py --iterations 500 --out "$WORK/engine.json"
   } &
   {
+    lane 1 16-31 lone-requests 100 python3 bench/lone_requests.py --out "$WORK/lone"
     lane 1 16-31 jpeg 250 python3 bench/jpeg_decode_bench.py --compile none --out "$WORK/jpeg"
-    lane 1 16-31 tune-bench "$(until_s 560)" python3 bench/tune_bench.py --out "$WORK/tune" --slo-p99-ms 25 \
+    lane 1 16-31 tune-bench "$(until_s 570)" python3 bench/tune_bench.py --out "$WORK/tune" --slo-p99-ms 25 \
       --model resnet50 --model-repository models/examples/repository --compile none --runs 50 --bisect-steps 2
   } &
   wait

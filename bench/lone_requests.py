@@ -1,0 +1,107 @@
+"""Lone requests, one at a time: where the tail of an idle server's latency comes from.
+
+    PYTHONPATH=. python3 bench/lone_requests.py --out DIR [--requests 500] [--device cuda]
+
+The tuner's overhead (app/tuning/overhead.py) is the p99 of lone requests, and on the H200 machine
+it found ~1 ms medians with ~48 ms maxima (run 13c). This separates the suspects, one run:
+  servers  the plain-route no-op (loadtest/servers/noop.py --lean: the HTTP stack alone), and
+           the service on the seed CNN (bucket 1, max delay 0, one worker) with each of its
+           CGSERVE_EVENT_WAIT modes (poll, spin, block) on --device
+  clients  `lean`: the request in one write (the load generator's connection, TCP_NODELAY);
+           `split`: head and body in two writes, as httpx's sync client sends them
+Each pair: --requests raw uint8 requests of one image to /predict after 20 warm-ups; median,
+p99, max and how many took over 10 ms. Writes DIR/lone-requests.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT)]
+
+from loadtest.lean_driver import LeanConnection, request_bytes  # noqa: E402
+from loadtest.server_process import HOST, free_port, running  # noqa: E402
+
+WARMUP = 20
+SLOW_S = 0.010
+
+
+async def lone_latencies(port: int, request: bytes, count: int, split_at: int | None) -> list[float]:
+    """Seconds per request, one after another on one keep-alive connection."""
+    _, conn = await asyncio.get_running_loop().create_connection(LeanConnection, HOST, port)
+    assert conn.transport is not None
+    out = []
+    try:
+        for _ in range(WARMUP + count):
+            started = time.perf_counter()
+            if split_at is None:
+                status, body = await conn.exchange(request, 30.0)
+            else:  # the head now, the body on the next loop turn: two segments on the wire
+                conn.transport.write(request[:split_at])
+                await asyncio.sleep(0)
+                status, body = await conn.exchange(request[split_at:], 30.0)
+            out.append(time.perf_counter() - started)
+            if status != 200:
+                raise RuntimeError(f"answered {status}: {body[:200]!r}")
+    finally:
+        conn.transport.close()
+    return out[WARMUP:]
+
+
+def summary(latencies: list[float]) -> dict[str, Any]:
+    ordered = sorted(latencies)
+    return {
+        "requests": len(ordered),
+        "median_ms": round(statistics.median(ordered) * 1e3, 3),
+        "p99_ms": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e3, 3),
+        "max_ms": round(ordered[-1] * 1e3, 3),
+        "over_10ms": sum(1 for v in ordered if v > SLOW_S),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--requests", type=int, default=500)
+    parser.add_argument("--device", default="cuda")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    body = np.random.default_rng(0).integers(0, 256, (1, 1, 28, 28), dtype=np.uint8).tobytes()
+    noop = [sys.executable, "-m", "loadtest.servers.noop", "--lean", "--host", HOST]
+    serve = [sys.executable, "-m", "app.cli", "serve"]
+    servers: list[tuple[str, list[str], dict[str, str]]] = [("noop-lean", noop, {})]
+    for wait in ("poll", "spin", "block"):
+        env = {"CGSERVE_DEVICE": args.device, "CGSERVE_BUCKETS": "1", "CGSERVE_MAX_DELAY_MS": "0",
+               "CGSERVE_WORKERS": "1", "CGSERVE_EVENT_WAIT": wait, "CGSERVE_GRPC_PORT": "0",
+               "CGSERVE_COMPILE": "none", "CGSERVE_LOG_LEVEL": "warning", "CGSERVE_HOST": HOST}  # fmt: skip
+        servers.append((f"ours-{wait}", serve, env))
+    record: dict[str, Any] = {"command": " ".join(["python3", *sys.argv]), "results": {}}
+    with tempfile.TemporaryDirectory(prefix="lone-requests-") as folder:
+        for name, argv, env in servers:
+            port = free_port()
+            argv = [*argv, "--port", str(port)] if name == "noop-lean" else argv
+            env = {**env, "CGSERVE_PORT": str(port)} if env else {}
+            log = Path(folder) / f"{name}.log"
+            with running(argv, log, port=port, env=env or None, cwd=ROOT, name=name, ready_timeout_s=180):
+                request = request_bytes("POST", HOST, port, "/predict", "application/octet-stream", body)
+                split_at = len(request) - len(body)
+                for client, split in (("lean", None), ("split", split_at)):
+                    result = summary(asyncio.run(lone_latencies(port, request, args.requests, split)))
+                    record["results"][f"{name} {client}"] = result
+                    print(f"{name:12s} {client:6s} {result}", flush=True)
+    (args.out / "lone-requests.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
