@@ -67,6 +67,8 @@ def summary(latencies: list[float]) -> dict[str, Any]:
         "p99_ms": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e3, 3),
         "max_ms": round(ordered[-1] * 1e3, 3),
         "over_10ms": sum(1 for v in ordered if v > SLOW_S),
+        # which requests (after the warm-ups) were slow, and how slow: a pattern in time names a cause
+        "slow": [[i, round(v * 1e3, 1)] for i, v in enumerate(latencies) if v > SLOW_S][:20],
     }
 
 
