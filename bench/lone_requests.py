@@ -9,8 +9,12 @@ it found ~1 ms medians with ~48 ms maxima (run 13c). This separates the suspects
            CGSERVE_EVENT_WAIT modes (poll, spin, block) on --device
   clients  `lean`: the request in one write (the load generator's connection, TCP_NODELAY);
            `split`: head and body in two writes, as httpx's sync client sends them
-Each pair: --requests raw uint8 requests of one image to /predict after 20 warm-ups; median,
-p99, max and how many took over 10 ms. Writes DIR/lone-requests.json and prints a table.
+Each server: four phases one after another, lean, split, lean, split (run 13d ran lean then split
+and found every first phase slow: order, not client?), each --requests raw uint8 requests of one
+image to /predict after 20 warm-ups: median, p99, max, how many took over 10 ms and which; the
+GPU's SM clock (nvidia-smi) and the seconds since the server was ready at each phase's start.
+With --host-io-copy, the service once more with CGSERVE_HOST_IO=copy (no mapped pinned memory).
+Writes DIR/lone-requests.json and prints a line per phase.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -72,22 +78,34 @@ def summary(latencies: list[float]) -> dict[str, Any]:
     }
 
 
+def sm_clock_mhz() -> str | None:
+    """The first GPU's SM clock now, as nvidia-smi reads it (None without nvidia-smi)."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    query = ["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits", "-i", "0"]
+    return subprocess.run(query, capture_output=True, text=True, timeout=10).stdout.strip()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--waits", default="poll,spin,block", help="the service's CGSERVE_EVENT_WAIT modes")
+    parser.add_argument("--host-io-copy", action="store_true", help="also the service with CGSERVE_HOST_IO=copy")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     body = np.random.default_rng(0).integers(0, 256, (1, 1, 28, 28), dtype=np.uint8).tobytes()
     noop = [sys.executable, "-m", "loadtest.servers.noop", "--lean", "--host", HOST]
     serve = [sys.executable, "-m", "app.cli", "serve"]
     servers: list[tuple[str, list[str], dict[str, str]]] = [("noop-lean", noop, {})]
-    for wait in ("poll", "spin", "block"):
-        env = {"CGSERVE_DEVICE": args.device, "CGSERVE_BUCKETS": "1", "CGSERVE_MAX_DELAY_MS": "0",
-               "CGSERVE_WORKERS": "1", "CGSERVE_EVENT_WAIT": wait, "CGSERVE_GRPC_PORT": "0",
-               "CGSERVE_COMPILE": "none", "CGSERVE_LOG_LEVEL": "warning", "CGSERVE_HOST": HOST}  # fmt: skip
-        servers.append((f"ours-{wait}", serve, env))
+    base = {"CGSERVE_DEVICE": args.device, "CGSERVE_BUCKETS": "1", "CGSERVE_MAX_DELAY_MS": "0",
+            "CGSERVE_WORKERS": "1", "CGSERVE_GRPC_PORT": "0", "CGSERVE_COMPILE": "none",
+            "CGSERVE_LOG_LEVEL": "warning", "CGSERVE_HOST": HOST}  # fmt: skip
+    for wait in args.waits.split(","):
+        servers.append((f"ours-{wait}", serve, {**base, "CGSERVE_EVENT_WAIT": wait}))
+    if args.host_io_copy:
+        servers.append(("ours-poll-copy", serve, {**base, "CGSERVE_EVENT_WAIT": "poll", "CGSERVE_HOST_IO": "copy"}))
     record: dict[str, Any] = {"command": " ".join(["python3", *sys.argv]), "results": {}}
     with tempfile.TemporaryDirectory(prefix="lone-requests-") as folder:
         for name, argv, env in servers:
@@ -96,12 +114,14 @@ def main() -> None:
             env = {**env, "CGSERVE_PORT": str(port)} if env else {}
             log = Path(folder) / f"{name}.log"
             with running(argv, log, port=port, env=env or None, cwd=ROOT, name=name, ready_timeout_s=180):
+                ready = time.monotonic()
                 request = request_bytes("POST", HOST, port, "/predict", "application/octet-stream", body)
                 split_at = len(request) - len(body)
-                for client, split in (("lean", None), ("split", split_at)):
-                    result = summary(asyncio.run(lone_latencies(port, request, args.requests, split)))
-                    record["results"][f"{name} {client}"] = result
-                    print(f"{name:12s} {client:6s} {result}", flush=True)
+                for phase, (client, split) in enumerate([("lean", None), ("split", split_at)] * 2, 1):
+                    start = {"since_ready_s": round(time.monotonic() - ready, 2), "sm_clock_mhz": sm_clock_mhz()}
+                    result = start | summary(asyncio.run(lone_latencies(port, request, args.requests, split)))
+                    record["results"][f"{name} {phase}-{client}"] = result
+                    print(f"{name:14s} {phase}-{client:6s} {result}", flush=True)
     (args.out / "lone-requests.json").write_text(json.dumps(record, indent=2) + "\n")
 
 

@@ -8,6 +8,9 @@
 #           lane 1: GPU tests (formats, JPEG), then bench/side_by_side.py, all six servers (resnet50)
 #   CALL=d  lane 0: bench/resnet50_e2e.py (1, 2, 4 workers), then bench/engine_bench.py
 #           lane 1: bench/lone_requests.py, bench/jpeg_decode_bench.py, then bench/tune_bench.py
+#   CALL=e  both GPUs: the two-GPU tests; then
+#           lane 0: the tuner's GPU tests, bench/whole_machine.py at 4 workers, bench/lone_requests.py
+#           lane 1: bench/resnet50_e2e.py at 4 workers (cut from call d by its time limit)
 # Everything is written under $WORK and packed into $OUT/run13<call>.tgz at the end (the device
 # tool brings back 8 files at most); $OUT/summary.txt holds each step's exit status and tail.
 set -u
@@ -41,6 +44,18 @@ if [ "$CALL" = c ]; then
     lane 1 16-31 side-by-side "$(until_s 560)" python3 bench/side_by_side.py --out "$WORK/sbs" --model resnet50 \
       --compile-cache-dir "$CGSERVE_COMPILE_CACHE_DIR" --step-duration 3 --warmup 1 --concurrencies 16,64
   } &
+  wait
+elif [ "$CALL" = e ]; then
+  lane 0,1 0-31 pytest-multi-gpu 90 "${PYTEST[@]}" tests/gpu/test_multi_gpu.py
+  {
+    lane 0 0-15 pytest-tune-gpu 80 "${PYTEST[@]}" tests/gpu/test_tune_gpu.py
+    lane 0 0-15 whole-machine 150 python3 bench/whole_machine.py --out "$WORK/whole-machine" \
+      --hey .gpu/bin/hey --workers 4 --budget-s 110
+    lane 0 0-15 lone-requests "$(until_s 385)" python3 bench/lone_requests.py --out "$WORK/lone" --requests 300 \
+      --waits poll --host-io-copy
+  } &
+  lane 1 16-31 resnet50-e2e "$(until_s 385)" python3 bench/resnet50_e2e.py --seconds 3 --workers 4 \
+    --server-cores 16-23 --loadgen-cores 24-31 --out "$WORK/resnet50-e2e.json" &
   wait
 else
   {

@@ -12,11 +12,10 @@ that bucket at once; requests are sent one at a time (no queueing, no batching),
 median and p99 over the requests after a warm-up. A model.toml that sets its own buckets keeps
 them on that server: the overhead then also holds its padding.
 
-The client is the load generator's lean connection: each request is one write on a socket with
-TCP_NODELAY, as a production client sends it. A client that writes the head and the body apart
-without TCP_NODELAY (httpx's sync client, where its httpcore predates the NODELAY default, perhaps the
-H200 machine's) meets Nagle's algorithm against the server's delayed ACK, 40 ms a request:
-run 12c measured a 12.5 ms median and 51 ms p99 that way, where one write gives ~2 ms.
+The client is the load generator's lean connection: each request in one write, TCP_NODELAY,
+the client the benchmarks measure with. (Run 12c's 12.5 ms median through httpx's sync client
+was not that client's doing: its httpcore sets TCP_NODELAY there too. Run 13d found the likelier
+cause, a slow first few seconds of a fresh server, which WARMUP_S now waits out.)
 """
 
 from __future__ import annotations
@@ -35,7 +34,12 @@ from app.tuning.measure import timing_of
 from loadtest.lean_driver import LeanConnection, request_bytes
 from loadtest.server_process import HOST, free_port, running
 
+# Lone requests before the measured ones: at least this many, for at least this long. On the H200
+# a freshly started server answered the seed CNN's lone requests in ~5 ms medians with 10-250 ms
+# outliers for its first ~2.5 s of them, then in 0.5-0.6 ms (run 13d, bench/lone_requests.py);
+# the tuner plans for the steady state.
 WARMUP_REQUESTS = 20
+WARMUP_S = 3.0
 REQUEST_TIMEOUT_S = 30.0
 
 
@@ -79,21 +83,27 @@ def measure_overhead(
         with running(argv, log_path, port=port, ready_timeout_s=startup_timeout_s, env=env, name="overhead server"):
             path = f"/v1/models/{model}/predict"
             request = request_bytes("POST", HOST, port, path, "application/octet-stream", body)
-            latencies = asyncio.run(_lone_requests(HOST, port, request, WARMUP_REQUESTS + requests))
-    return timing_of([max(0.0, latency - replay_median_s) for latency in latencies[WARMUP_REQUESTS:]])
+            latencies = asyncio.run(_lone_requests(HOST, port, request, requests))
+    return timing_of([max(0.0, latency - replay_median_s) for latency in latencies])
 
 
 async def _lone_requests(host: str, port: int, request: bytes, count: int) -> list[float]:
-    """Seconds from write to whole answer of `count` requests sent one after another on one connection."""
+    """Seconds from write to whole answer of `count` requests sent one after another on one
+    connection, after the warm-up (WARMUP_REQUESTS and WARMUP_S) on the same connection."""
     _, connection = await asyncio.get_running_loop().create_connection(LeanConnection, host, port)
-    latencies = []
+    latencies: list[float] = []
+    warm_until, warmups = time.perf_counter() + WARMUP_S, 0
     try:
-        for _ in range(count):
+        while len(latencies) < count:
             started = time.perf_counter()
             status, answer = await connection.exchange(request, REQUEST_TIMEOUT_S)
-            latencies.append(time.perf_counter() - started)
+            finished = time.perf_counter()
             if status != 200:
                 raise RuntimeError(f"the overhead server answered {status}: {answer[:300].decode(errors='replace')}")
+            if warmups < WARMUP_REQUESTS or finished < warm_until:
+                warmups += 1
+            else:
+                latencies.append(finished - started)
     finally:
         if connection.transport is not None:
             connection.transport.close()
