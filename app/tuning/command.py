@@ -79,6 +79,7 @@ def tune(
                 replay_median_s=replay[smallest].median_s,
                 settings_env=server_settings(passed),
                 requests=args.overhead_requests,
+                warmup_s=args.overhead_warmup_s,
                 startup_timeout_s=args.startup_timeout,
             )
         except (RuntimeError, TimeoutError) as error:  # the server's log tail is in the message

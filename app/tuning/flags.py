@@ -18,4 +18,6 @@ def add_tune_flags(parser: argparse.ArgumentParser) -> None:
     add("--input-dtype", choices=("uint8", "float32"), default="uint8", help="staging dtype timed (default uint8)")
     add("--overhead-ms", type=float, default=None, help="per-request overhead to assume instead of measuring it")
     add("--overhead-requests", type=int, default=200, help="lone requests the overhead is measured on (default 200)")
+    warmup = "seconds of lone requests before those measured: a fresh server's first seconds are slow (default 10)"
+    add("--overhead-warmup-s", type=float, default=10.0, help=warmup)
     add("--startup-timeout", type=float, default=600.0, help="seconds the overhead server may take to get ready")

@@ -15,7 +15,7 @@ them on that server: the overhead then also holds its padding.
 The client is the load generator's lean connection: each request in one write, TCP_NODELAY,
 the client the benchmarks measure with. (Run 12c's 12.5 ms median through httpx's sync client
 was not that client's doing: its httpcore sets TCP_NODELAY there too. Run 13d found the likelier
-cause, a slow first few seconds of a fresh server, which WARMUP_S now waits out.)
+cause, a slow first few seconds of a fresh server, which the warm-up now waits out.)
 """
 
 from __future__ import annotations
@@ -34,12 +34,13 @@ from app.tuning.measure import timing_of
 from loadtest.lean_driver import LeanConnection, request_bytes
 from loadtest.server_process import HOST, free_port, running
 
-# Lone requests before the measured ones: at least this many, for at least this long. On the H200
-# a freshly started server answered the seed CNN's lone requests in ~5 ms medians with 10-250 ms
-# outliers for its first ~2.5 s of them, then in 0.5-0.6 ms (run 13d, bench/lone_requests.py);
-# the tuner plans for the steady state.
+# Lone requests before the measured ones: at least this many, for at least --overhead-warmup-s. On the H200
+# a fresh server answered the seed CNN's lone requests with ~5-6 ms medians and 10-250 ms outliers
+# for its first 3-4 s, then with 0.3-0.7 ms medians and sub-ms p99s, whatever the client, the
+# event-wait mode or CGSERVE_HOST_IO (runs 13d and 13e, bench/lone_requests.py; cause not found);
+# a 3 s warm-up was not enough for the tuner's own server (run 13e). The tuner plans for the
+# steady state, so it waits the transient out with room to spare.
 WARMUP_REQUESTS = 20
-WARMUP_S = 3.0
 REQUEST_TIMEOUT_S = 30.0
 
 
@@ -67,6 +68,7 @@ def measure_overhead(
     replay_median_s: float,
     settings_env: Mapping[str, str],
     requests: int,
+    warmup_s: float,
     startup_timeout_s: float,
 ) -> Timing:
     """Timing of (request latency − replay) over `requests` lone one-image raw uint8 requests."""
@@ -83,16 +85,16 @@ def measure_overhead(
         with running(argv, log_path, port=port, ready_timeout_s=startup_timeout_s, env=env, name="overhead server"):
             path = f"/v1/models/{model}/predict"
             request = request_bytes("POST", HOST, port, path, "application/octet-stream", body)
-            latencies = asyncio.run(_lone_requests(HOST, port, request, requests))
+            latencies = asyncio.run(_lone_requests(HOST, port, request, requests, warmup_s))
     return timing_of([max(0.0, latency - replay_median_s) for latency in latencies])
 
 
-async def _lone_requests(host: str, port: int, request: bytes, count: int) -> list[float]:
+async def _lone_requests(host: str, port: int, request: bytes, count: int, warmup_s: float) -> list[float]:
     """Seconds from write to whole answer of `count` requests sent one after another on one
-    connection, after the warm-up (WARMUP_REQUESTS and WARMUP_S) on the same connection."""
+    connection, after the warm-up (WARMUP_REQUESTS, and `warmup_s`) on the same connection."""
     _, connection = await asyncio.get_running_loop().create_connection(LeanConnection, host, port)
     latencies: list[float] = []
-    warm_until, warmups = time.perf_counter() + WARMUP_S, 0
+    warm_until, warmups = time.perf_counter() + warmup_s, 0
     try:
         while len(latencies) < count:
             started = time.perf_counter()

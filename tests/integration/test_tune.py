@@ -12,7 +12,7 @@ from pathlib import Path
 from app.config import Settings
 from tests.integration.server_process import ROOT
 
-QUICK = ("--max-bucket", "8", "--runs", "5", "--device", "cpu")
+QUICK = ("--max-bucket", "8", "--runs", "5", "--device", "cpu", "--overhead-warmup-s", "1")
 
 
 def tune(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
