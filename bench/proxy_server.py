@@ -50,8 +50,8 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--batch-us", type=float, default=80.0)
     args = parser.parse_args()
-    settings = Settings(port=args.port)
-    service_module.build_engine = lambda model, options, *, in_flight, event_wait, device=None: TimerEngine(  # type: ignore[assignment]
+    settings = Settings(port=args.port, grpc_port=0)  # type: ignore[call-arg]
+    service_module.build_engine = lambda model, options, *, in_flight, **_: TimerEngine(  # type: ignore[assignment]
         args.batch_us / 1e6, options.buckets, in_flight
     )
     uvicorn.run(create_app(settings), host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
