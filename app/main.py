@@ -96,9 +96,11 @@ def create_app(
     app.include_router(probes.router)
     app.include_router(models.router)
     app.include_router(v2_rest.router)
-    for path in ("/predict", "/v1/models/{name}/predict"):
-        app.router.routes.append(Route(path, predict, methods=["POST"], include_in_schema=False))
-    app.router.routes.extend(v2_rest.INFER_ROUTES)
+    # The inference routes first: the router tries routes in order, and every request of the hot
+    # path would otherwise be matched against each docs, probe, model and v2 route before its own.
+    inference = [Route(path, predict, methods=["POST"], include_in_schema=False)
+                 for path in ("/predict", "/v1/models/{name}/predict")]  # fmt: skip
+    app.router.routes[:0] = [*inference, *v2_rest.INFER_ROUTES]
     limits = {"max_instances": settings.max_instances, "max_body_bytes": settings.max_body_bytes}
     app.openapi = lambda: build_openapi(app, **limits)  # type: ignore[method-assign]
     app.add_exception_handler(HTTPException, route_error)
