@@ -4,9 +4,14 @@
 #   STEPS="gpu-tests engine e2e stalls" bash bench/run_h200.sh
 #   GPU_TESTS="tests/gpu/test_device_faults.py …" narrows the GPU tests (default: all of tests/gpu)
 #   STEPS=multi-gpu on the two-GPU machine (nvidia-h200-x2): tests/gpu/test_multi_gpu.py, bench/multi_gpu_bench.py
-#   What issue 12 still lacks (each step about 3-8 minutes; a call holds 10): STEPS=whole-machine;
-#   STEPS="e2e jpeg"; STEPS=side-by-side SBS_SERVERS=naive,litserve,onnxruntime; STEPS=tune
+#   What issue 12 still lacks after run 13 (one call, ~8 minutes):
+#     STEPS="gpu-tests whole-machine" GPU_TESTS=tests/gpu/test_tune_gpu.py WHOLE_MACHINE_WORKERS=4 bash bench/run_h200.sh
+# Everything is written under $WORK and packed into $OUT/run.tgz at the end (the device tool brings
+# back 8 files at most); $OUT/env.txt is copied beside it.
 set -u
+RESULTS=$OUT
+OUT=${WORK:-/tmp/run}  # the steps below write here
+mkdir -p "$OUT"
 export CGSERVE_COMPILE_CACHE_DIR=/tmp/inductor-cache  # shared: what the tests compile, the benchmarks reuse
 STEPS=${STEPS:-"gpu-tests torchvision engine e2e stalls protocols jpeg"}
 {
@@ -63,7 +68,7 @@ if step jpeg; then  # Pillow vs the batched nvJPEG decoder, decode-only and over
 fi
 if step whole-machine; then  # issue 12 (1, 2): N workers against the N-worker no-op; hey beside the generator
   timeout "${WHOLE_MACHINE_S:-420}" python3 bench/whole_machine.py --out "$OUT/whole-machine" --hey .gpu/bin/hey \
-    > "$OUT/whole-machine.log" 2>&1
+    ${WHOLE_MACHINE_WORKERS:+--workers "$WHOLE_MACHINE_WORKERS"} > "$OUT/whole-machine.log" 2>&1
   echo "whole machine: rc=$? at $((SECONDS - started)) s"; tail -20 "$OUT/whole-machine.log" | cut -c1-300
 fi
 if step side-by-side; then  # issue 12 (4): every server, resnet50 (SBS_SERVERS narrows it)
@@ -77,3 +82,5 @@ if step tune; then  # issue 12 (7): the tuner's settings against the defaults at
     > "$OUT/tune-bench.log" 2>&1
   echo "tune bench: rc=$? at $((SECONDS - started)) s"; tail -8 "$OUT/tune-bench.log" | cut -c1-300
 fi
+cp "$OUT/env.txt" "$RESULTS/env.txt"
+tar czf "$RESULTS/run.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
