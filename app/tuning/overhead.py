@@ -34,12 +34,13 @@ from app.tuning.measure import timing_of
 from loadtest.lean_driver import LeanConnection, request_bytes
 from loadtest.server_process import HOST, free_port, running
 
-# Lone requests before the measured ones: at least this many, for at least --overhead-warmup-s. On the H200
-# a fresh server answered the seed CNN's lone requests with ~5-6 ms medians and 10-250 ms outliers
-# for its first 3-4 s, then with 0.3-0.7 ms medians and sub-ms p99s, whatever the client, the
-# event-wait mode or CGSERVE_HOST_IO (runs 13d and 13e, bench/lone_requests.py; cause not found);
-# a 3 s warm-up was not enough for the tuner's own server (run 13e). The tuner plans for the
-# steady state, so it waits the transient out with room to spare.
+# Lone requests before the measured ones: at least this many, for at least --overhead-warmup-s.
+# On the H200 a fresh server answered the seed CNN's lone requests with ~5-6 ms medians and
+# 10-250 ms outliers for its first 3-5 s, then with 0.3-0.7 ms medians and sub-ms p99s, whatever
+# the client, the event-wait mode or CGSERVE_HOST_IO (runs 13d and 13e, bench/lone_requests.py);
+# on the development machine even the plain-route no-op ramps up for seconds. A 3 s warm-up was
+# not enough for the tuner's own server (run 13e). The tuner plans for the steady state, so it
+# waits the transient out with room to spare.
 WARMUP_REQUESTS = 20
 REQUEST_TIMEOUT_S = 30.0
 
