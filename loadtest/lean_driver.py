@@ -50,7 +50,7 @@ def parse_head(head: bytes) -> tuple[int, int, bool]:
     lower = head.lower()
     if b"\r\ntransfer-encoding:" in lower:
         raise ResponseHeadError(
-            f"Transfer-Encoding {_header(lower, b'transfer-encoding')[:40]!r} (chunked) is not supported"
+            f"Transfer-Encoding {(_header(lower, b'transfer-encoding') or b'')[:40]!r} (chunked) is not supported"
         )
     length_text = _header(lower, b"content-length")
     if length_text is None:

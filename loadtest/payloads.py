@@ -111,13 +111,15 @@ def reference_logits(images: np.ndarray, weights: Path | str | None = None) -> n
     model = load_model(weights or WEIGHTS_PATH, device="cpu")
     x = torch.from_numpy(to_unit_float(images)).unsqueeze(1)  # (N, 1, 28, 28)
     with torch.inference_mode():
-        return model(x).numpy()
+        logits: np.ndarray = model(x).numpy()
+    return logits
 
 
 def top2_margin(logits: np.ndarray) -> np.ndarray:
     """float (N,) gap between the best and second-best logit of (N, C) logits."""
     top2 = np.sort(logits, axis=1)[:, -2:]
-    return top2[:, 1] - top2[:, 0]
+    margin: np.ndarray = top2[:, 1] - top2[:, 0]
+    return margin
 
 
 def build_payloads(
