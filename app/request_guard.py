@@ -88,8 +88,9 @@ class RequestGuard:
 
         async def guarded_receive() -> Message:
             nonlocal received
-            try:
-                message = await asyncio.wait_for(receive(), self.body_timeout_s)
+            try:  # asyncio.timeout, not wait_for: on Python 3.11 wait_for wraps each receive in a Task
+                async with asyncio.timeout(self.body_timeout_s):
+                    message = await receive()
             except TimeoutError:
                 raise RequestTimeoutError(self.body_timeout_s) from None
             if counted and message["type"] == "http.request":
