@@ -27,12 +27,12 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import orjson  # noqa: E402
 import uvloop  # noqa: E402
+from proxy_server import TimerEngine  # noqa: E402
 
 from app import service as service_module  # noqa: E402
 from app.config import Settings  # noqa: E402
 from app.main import create_app  # noqa: E402
 from loadtest.servers.noop import lean_app  # noqa: E402
-from proxy_server import TimerEngine  # noqa: E402
 
 BODY = orjson.dumps({"instances": [[[[0.5] * 28] * 28]]})
 SCOPE = {
@@ -108,8 +108,8 @@ async def main(args: argparse.Namespace) -> None:
     ours = create_app(Settings(grpc_port=0, log_level="warning"))  # type: ignore[call-arg]
     apps = {name: app for name, app in (("ours", ours), ("no-op", lean_app)) if name in args.apps.split(",")}
     lifespans = [await started(app) for app in apps.values()]
-    while "ours" in apps and not ours.state.service.readiness()[0]:
-        await asyncio.sleep(0.05)
+    if "ours" in apps:
+        await ours.state.service.wait_started()
     for app in apps.values():  # warm: past the first seconds' slowness
         await requests_per_s(app, args.seconds, args.concurrency)
     rates: dict[str, list[float]] = {name: [] for name in apps}
