@@ -10,7 +10,8 @@ it found ~1 ms medians with ~48 ms maxima (run 13c). This separates the suspects
   clients  `lean`: the request in one write (the load generator's connection, TCP_NODELAY);
            `split`: head and body in two writes, as httpx's sync client sends them
 Each server: four phases one after another, lean, split, lean, split (run 13d ran lean then split
-and found every first phase slow: order, not client?), each --requests raw uint8 requests of one
+and found every first phase slow; run 13e's four phases showed it is the time since the server
+became ready, not the client: the first 3-5 s are slow), each --requests raw uint8 requests of one
 image to /predict after 20 warm-ups: median, p99, max, how many took over 10 ms and which; the
 GPU's SM clock (nvidia-smi) and the seconds since the server was ready at each phase's start.
 With --host-io-copy, the service once more with CGSERVE_HOST_IO=copy (no mapped pinned memory).
