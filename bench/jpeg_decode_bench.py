@@ -40,7 +40,7 @@ from app.repository import read_repository
 from loadtest.payloads import MULTIPART_CONTENT_TYPE, Payloads, multipart_body
 from loadtest.photos import encode, synthetic_photo
 from loadtest.runner import run_load
-from loadtest.server_process import free_port, running
+from loadtest.server_process import free_port, running, service_env
 from loadtest.spec import LoadSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,13 +120,10 @@ def http_part(args: argparse.Namespace, decoders: list[str], work: Path) -> dict
     part: dict[str, Any] = {"clients": args.clients, "seconds": args.http_seconds, "compile": args.compile}
     for decoder in decoders:
         port = free_port()
-        env = {
-            "CGSERVE_HOST": "127.0.0.1", "CGSERVE_PORT": str(port), "CGSERVE_GRPC_PORT": "0",
-            "CGSERVE_DEVICE": args.device, "CGSERVE_MODEL_REPOSITORY": str(repository),
-            "CGSERVE_JPEG_DECODER": decoder, "CGSERVE_COMPILE": args.compile, "CGSERVE_BUCKETS": "1,8,32",
-            "CGSERVE_MAX_IMAGE_PIXELS": str(PIXEL_LIMIT),
-            "CGSERVE_COMPILE_CACHE_DIR": str(args.compile_cache_dir), "CGSERVE_LOG_LEVEL": "warning",
-        }  # fmt: skip
+        env = service_env(
+            port, device=args.device, model_repository=repository, jpeg_decoder=decoder, compile=args.compile,
+            buckets="1,8,32", max_image_pixels=PIXEL_LIMIT, compile_cache_dir=args.compile_cache_dir,
+        )  # fmt: skip
         serve = [sys.executable, "-m", "app.cli", "serve"]
         log = work / f"server-{decoder}.log"
         with running(serve, log, port=port, env=env, cwd=ROOT, ready_timeout_s=args.start_timeout) as server:

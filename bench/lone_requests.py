@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
 from loadtest.lean_driver import LeanConnection, request_bytes  # noqa: E402
-from loadtest.server_process import HOST, free_port, running  # noqa: E402
+from loadtest.server_process import HOST, free_port, running, service_env  # noqa: E402
 
 WARMUP = 20
 SLOW_S = 0.010
@@ -99,22 +99,20 @@ def main() -> None:
     body = np.random.default_rng(0).integers(0, 256, (1, 1, 28, 28), dtype=np.uint8).tobytes()
     noop = [sys.executable, "-m", "loadtest.servers.noop", "--lean", "--host", HOST]
     serve = [sys.executable, "-m", "app.cli", "serve"]
-    servers: list[tuple[str, list[str], dict[str, str]]] = [("noop-lean", noop, {})]
-    base = {"CGSERVE_DEVICE": args.device, "CGSERVE_BUCKETS": "1", "CGSERVE_MAX_DELAY_MS": "0",
-            "CGSERVE_WORKERS": "1", "CGSERVE_GRPC_PORT": "0", "CGSERVE_COMPILE": "none",
-            "CGSERVE_LOG_LEVEL": "warning", "CGSERVE_HOST": HOST}  # fmt: skip
+    servers: list[tuple[str, list[str], dict[str, object] | None]] = [("noop-lean", noop, None)]  # name, argv, settings
+    base: dict[str, object] = {"device": args.device, "buckets": 1, "max_delay_ms": 0, "workers": 1, "compile": "none"}
     for wait in args.waits.split(","):
-        servers.append((f"ours-{wait}", serve, {**base, "CGSERVE_EVENT_WAIT": wait}))
+        servers.append((f"ours-{wait}", serve, {**base, "event_wait": wait}))
     if args.host_io_copy:
-        servers.append(("ours-poll-copy", serve, {**base, "CGSERVE_EVENT_WAIT": "poll", "CGSERVE_HOST_IO": "copy"}))
+        servers.append(("ours-poll-copy", serve, {**base, "event_wait": "poll", "host_io": "copy"}))
     record: dict[str, Any] = {"command": " ".join(["python3", *sys.argv]), "results": {}}
     with tempfile.TemporaryDirectory(prefix="lone-requests-") as folder:
-        for name, argv, env in servers:
+        for name, argv, settings in servers:
             port = free_port()
-            argv = [*argv, "--port", str(port)] if name == "noop-lean" else argv
-            env = {**env, "CGSERVE_PORT": str(port)} if env else {}
+            env = None if settings is None else service_env(port, **settings)
+            argv = [*argv, "--port", str(port)] if settings is None else argv
             log = Path(folder) / f"{name}.log"
-            with running(argv, log, port=port, env=env or None, cwd=ROOT, name=name, ready_timeout_s=180):
+            with running(argv, log, port=port, env=env, cwd=ROOT, name=name, ready_timeout_s=180):
                 ready = time.monotonic()
                 request = request_bytes("POST", HOST, port, "/predict", "application/octet-stream", body)
                 split_at = len(request) - len(body)

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from loadtest.cli_run import load_summary
-from loadtest.server_process import free_port, running
+from loadtest.server_process import free_port, running, service_env
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "models/examples/repository/resnet50"
@@ -116,10 +116,8 @@ def main() -> None:
     record["http"] = {}
     for workers in (int(w) for w in args.workers.split(",")):
         port = free_port()
-        env = {"CGSERVE_HOST": "127.0.0.1", "CGSERVE_PORT": str(port), "CGSERVE_GRPC_PORT": "0",
-               "CGSERVE_DEVICE": "cuda", "CGSERVE_MODEL_REPOSITORY": str(repository),
-               "CGSERVE_BUCKETS": args.buckets, "CGSERVE_WORKERS": str(workers), "CGSERVE_LOG_LEVEL": "warning",
-               "CGSERVE_MAX_BODY_BYTES": str(64 * 2**20), "CGSERVE_MAX_INFLIGHT_BYTES": str(1024 * 2**20)}  # fmt: skip
+        env = service_env(port, device="cuda", model_repository=repository, buckets=args.buckets, workers=workers,
+                          max_body_bytes=64 * 2**20, max_inflight_bytes=1024 * 2**20)  # fmt: skip
         serve = [sys.executable, "-m", "app.cli", "serve"]
         if args.server_cores and shutil.which("taskset"):
             serve = ["taskset", "-c", args.server_cores, *serve]

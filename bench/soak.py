@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.cli_run import run_loadtest
-from loadtest.server_process import free_port, running
+from loadtest.server_process import free_port, running, service_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,12 +46,7 @@ def main() -> None:
     args = parser.parse_args()
     args.work_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    env = {
-        "CGSERVE_HOST": "127.0.0.1",
-        "CGSERVE_PORT": str(port),
-        "CGSERVE_GRPC_PORT": "0",
-        "CGSERVE_DEVICE": args.device,
-    }
+    env = service_env(port, device=args.device, log_level="info")
     command = [sys.executable, "-m", "app.cli", "serve"]
     record: dict[str, Any] = {"command": " ".join(["python3", *sys.argv]), "device": args.device, "windows": []}
     with running(command, args.work_dir / "server.log", port=port, env=env, cwd=ROOT) as server:

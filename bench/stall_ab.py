@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from loadtest.cli_run import run_loadtest
-from loadtest.server_process import free_port, running
+from loadtest.server_process import free_port, running, service_env
 
 ROOT = Path(__file__).resolve().parents[1]
 # The "before" server: identical but for gc.freeze doing nothing.
@@ -61,13 +61,7 @@ def tcp_counters() -> dict[str, int]:
 
 def run_variant(label: str, freeze: bool, args: argparse.Namespace, rate: float | None) -> dict[str, Any]:
     port = free_port()
-    env = {
-        "CGSERVE_HOST": "127.0.0.1",
-        "CGSERVE_PORT": str(port),
-        "CGSERVE_GRPC_PORT": "0",
-        "CGSERVE_DEVICE": args.device,
-        "CGSERVE_LOG_LEVEL": "warning",
-    }
+    env = service_env(port, device=args.device)
     command = [sys.executable, "-m", "app.cli", "serve"] if freeze else [sys.executable, "-c", NO_FREEZE, "serve"]
     if args.server_cores:
         command = ["taskset", "-c", args.server_cores, *command]

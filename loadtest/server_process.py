@@ -25,6 +25,13 @@ POLL_S = 0.2
 LOG_TAIL_CHARS = 6000  # enough for a traceback and what a `make` wrapper says after it
 
 
+def service_env(port: int, **settings: object) -> dict[str, str]:
+    """The environment of a service (app.cli serve) on HOST:`port`, gRPC off, logging warnings only,
+    and `settings` as CGSERVE_<NAME> (device="cuda" → CGSERVE_DEVICE=cuda), for benchmarks and tools."""
+    env = {"CGSERVE_HOST": HOST, "CGSERVE_PORT": str(port), "CGSERVE_GRPC_PORT": "0", "CGSERVE_LOG_LEVEL": "warning"}
+    return env | {f"CGSERVE_{name.upper()}": str(value) for name, value in settings.items()}
+
+
 def free_port() -> int:
     """A TCP port no one listens on now (the kernel's pick); the server binds it moments later."""
     with socket.socket() as probe:

@@ -32,7 +32,7 @@ import numpy as np
 from app.tuning.choose import Timing
 from app.tuning.measure import timing_of
 from loadtest.lean_driver import LeanConnection, request_bytes
-from loadtest.server_process import HOST, free_port, running
+from loadtest.server_process import HOST, free_port, running, service_env
 
 # Lone requests before the measured ones: at least this many, for at least --overhead-warmup-s.
 # On the H200 a fresh server answered the seed CNN's lone requests with ~5-6 ms medians and
@@ -76,9 +76,7 @@ def measure_overhead(
     if requests < 1:
         raise ValueError(f"overhead requests must be ≥ 1; got {requests}")
     port = free_port()
-    env = {**settings_env, "CGSERVE_HOST": HOST, "CGSERVE_PORT": str(port), "CGSERVE_GRPC_PORT": "0"}
-    env |= {"CGSERVE_BUCKETS": str(bucket), "CGSERVE_MAX_DELAY_MS": "0", "CGSERVE_WORKERS": "1"}
-    env |= {"CGSERVE_LOG_LEVEL": "warning"}
+    env = {**settings_env, **service_env(port, buckets=bucket, max_delay_ms=0, workers=1)}
     body = np.random.default_rng(0).integers(0, 256, (1, *input_shape), dtype=np.uint8).tobytes()
     argv = [sys.executable, "-m", "app.cli", "serve"]
     with tempfile.TemporaryDirectory(prefix="cgserve-tune-") as folder:
