@@ -89,6 +89,10 @@ class ServedModel:
 
     def ready_batcher(self) -> Batcher:
         """The batcher, or NotReadyError (503) while starting, after a failure, or on a broken device."""
+        batcher = self.batcher
+        healthy = self.failure is None and all(engine.healthy() for engine in self.engines)
+        if batcher is not None and batcher.dead is None and healthy:
+            return batcher  # every request's case: ready, without building readiness()'s states and text
         ready, detail = self.readiness()
         if not ready or self.batcher is None:
             raise NotReadyError(detail)
