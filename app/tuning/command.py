@@ -52,8 +52,9 @@ def tune(
     say(f"{name}: {options.engine} on {options.devices[0]} ({options.dtype}), timing buckets {list(buckets)}")
     try:
         engine = build_candidate_engine(
-            model, options, buckets, in_flight=settings.in_flight, event_wait=settings.event_wait
-        )
+            model, options, buckets, in_flight=settings.in_flight, event_wait=settings.event_wait,
+            host_io=settings.host_io,
+        )  # fmt: skip
     except Exception as error:  # out of memory at the largest bucket, most likely: one line, what to change
         sys.stderr.write(f"cannot build {name}'s engine with buckets up to {buckets[-1]} ({type(error).__name__}: ")
         sys.stderr.write(f"{' '.join(str(error).split())[:300]}); a lower --max-bucket needs less memory\n")

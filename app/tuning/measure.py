@@ -39,12 +39,18 @@ def timing_of(samples_s: list[float]) -> Timing:
 
 
 def build_candidate_engine(
-    model: LoadedModel, options: EngineOptions, buckets: tuple[int, ...], *, in_flight: int, event_wait: str
+    model: LoadedModel,
+    options: EngineOptions,
+    buckets: tuple[int, ...],
+    *,
+    in_flight: int,
+    event_wait: str,
+    host_io: str,
 ) -> Engine:
-    """The engine the service would build for `model`, with `buckets` in place of its own."""
-    return build_engine(
-        model, dataclasses.replace(options, buckets=buckets), in_flight=in_flight, event_wait=event_wait
-    )
+    """The engine the service would build for `model` (its settings' in_flight, event_wait and
+    host_io, as app/service.py passes them), with `buckets` in place of its own."""
+    options = dataclasses.replace(options, buckets=buckets)
+    return build_engine(model, options, in_flight=in_flight, event_wait=event_wait, host_io=host_io)
 
 
 async def replay_table(engine: Engine, *, dtype: InputDtype, runs: int, warmup: int = 5) -> dict[int, Timing]:
