@@ -157,7 +157,8 @@ class Settings(BaseSettings):
     host_io: Literal["auto", "copy", "mapped"] = Field(
         "auto",
         description="How a graph reaches the pinned slots: copy (memcpy nodes), mapped (kernels read and write "
-        "them in place), auto (probabilities written in place; pixels read in place up to 1 MiB a batch).",
+        "them in place), auto (probabilities written in place; pixels read in place where the largest "
+        "bucket's float32 staging is at most 1 MiB).",
     )
     workers: int = Field(
         1,

@@ -11,7 +11,8 @@ A batch is, on the engine's own non-default stream, never waiting on the host:
 With host_io "mapped" the two copies go: the forward reads the slot's pinned pixels and the
 softmax writes its probabilities straight into the slot, through device views of the pinned
 memory (app/engines/host_mapped.py), a graph of kernels alone; "auto" maps the probabilities
-always and the pixels where a batch's staging is small (MAPPED_INPUT_LIMIT_BYTES).
+always, and the pixels where the largest bucket's float32 staging is small (MAPPED_INPUT_LIMIT_BYTES),
+decided once per engine: ResNet-50's pixels are copied at every bucket.
 
 The copies are captured into the graph with the forward, so a batch costs the host a single
 replay() call; their host addresses are baked in, hence one graph per (slot, bucket, input
@@ -62,8 +63,9 @@ TOLERANCE = {"fp32": 1e-5, "fp16": 1e-2, "bf16": 1e-2}
 # Fresh random inputs per (slot, bucket, input dtype) at start-up: enough draws that a dtype
 # whose error straddles the tolerance is caught on every start, not one start in a few.
 VALIDATION_DRAWS = 4
-# host_io "auto": pixels are read in place (no H2D node) while a batch's staging is this small; above
-# it, a DMA copy beats kernels reading over PCIe (measured for the seed CNN's 784-byte rows only).
+# host_io "auto": pixels are read in place (no H2D node) where the largest bucket's float32 staging is
+# this small (decided once per engine); above it a DMA copy is kept (kernels reading over PCIe were
+# measured for the seed CNN's 784-byte rows only).
 MAPPED_INPUT_LIMIT_BYTES = 2**20
 # Longer than any batch of a small CNN; past it, polling would only burn the event loop's core.
 POLL_LIMIT_S = 0.002
