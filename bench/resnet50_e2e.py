@@ -127,7 +127,8 @@ def main() -> None:
                 load = ["--batch", str(args.images), "--concurrency", str(concurrency), "--duration", str(args.seconds),
                         "--processes", str(min(args.processes, concurrency))]  # fmt: skip
                 result = generate(s.url, work, f"w{workers}-c{concurrency}", args.loadgen_cores, *load)
-                result["ratio_to_engine_peak"] = round(result.get("images_per_s", 0) / peak["images_per_s"], 3)
+                ratio = None if "error" in result else round(result["images_per_s"] / peak["images_per_s"], 3)
+                result["ratio_to_engine_peak"] = ratio  # None: no figure, rather than a ratio of 0
                 point[f"c{concurrency}"] = result
                 print(f"{workers} worker(s), {args.images} images x {concurrency}: {result}", flush=True)
             if workers == 1:
