@@ -21,6 +21,7 @@ import gc
 import itertools
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,6 +113,8 @@ class _Run:
         self.rows: list[tuple[float, float, float, str | None]] = []
         self.examples: dict[str, str] = {}
         self.server: dict[str, str] = {}
+        # The first exception a request task raised that is not a counted failure (a driver bug).
+        self.crash: BaseException | None = None
 
     async def request(self, t_sched: float) -> None:
         p = self.spec.payloads
@@ -148,8 +151,18 @@ class _Run:
                 await asyncio.sleep(delay)
             task = asyncio.create_task(self.request(t_sched))
             tasks.add(task)
-            task.add_done_callback(tasks.discard)
+            task.add_done_callback(self._finished(tasks))
         await self._drain(tasks)
+
+    def _finished(self, tasks: set[asyncio.Task[None]]) -> Callable[[asyncio.Task[None]], None]:
+        """A done callback: forget the task, but keep the first crash for _drain to raise."""
+
+        def finished(task: asyncio.Task[None]) -> None:
+            tasks.discard(task)
+            if self.crash is None and not task.cancelled():
+                self.crash = task.exception()
+
+        return finished
 
     async def closed_loop(self) -> None:
         t_end = self.t0 + self.spec.warmup_s + self.spec.duration_s
@@ -163,15 +176,16 @@ class _Run:
 
     async def _drain(self, tasks: set[asyncio.Task[None]]) -> None:
         """Wait for the last answers (bounded: httpx's timeout, plus slack), cancel the rest."""
-        if not tasks:
-            return
-        done, pending = await asyncio.wait(set(tasks), timeout=self.spec.timeout_s * 2 + 1)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        for task in done:  # a bug in a driver must fail the run, not quietly lose a client
-            if not task.cancelled() and (error := task.exception()) is not None:
-                raise error
+        if tasks:
+            done, pending = await asyncio.wait(set(tasks), timeout=self.spec.timeout_s * 2 + 1)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            for task in done:  # a bug in a driver must fail the run, not quietly lose a client
+                if self.crash is None and not task.cancelled():
+                    self.crash = task.exception()
+        if self.crash is not None:  # also one from a task that ended (and left `tasks`) earlier
+            raise self.crash
 
     def result(self) -> WorkerResult:
         w0 = self.t0 + self.spec.warmup_s
