@@ -131,7 +131,7 @@ def serve(settings: Settings, overrides: dict[str, Any]) -> int:
     sock = bind_or_exit(settings, settings.port)
     if settings.grpc_port:  # checked, then freed for the gRPC server to bind
         bind_or_exit(settings, settings.grpc_port).close()
-    if settings.workers > 1:
+    if settings.workers > 1 or settings.engine_process:
         from app.workers import serve_workers
 
         sock.close()  # uvicorn's manager binds the port itself, for its workers to share

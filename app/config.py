@@ -166,6 +166,12 @@ class Settings(BaseSettings):
         le=64,
         description="Server processes on one port, each with its own engines and graphs; /metrics merges them.",
     )
+    engine_process: bool = Field(
+        False,
+        description="One engine process holds every engine and one batcher per model (one CUDA context per "
+        "GPU, batches across all workers' requests); the server processes hand it their requests' pixels "
+        "through shared memory. Off: each server process builds its own engines.",
+    )
     jpeg_decoder: Literal["auto", "cpu", "gpu"] = Field(
         "auto",
         description="Who decodes JPEG uploads: gpu batches concurrent ones through nvJPEG (torchvision) on the "

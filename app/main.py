@@ -48,17 +48,22 @@ def create_app(
     on_ready: Callable[[], None] = lambda: None,
     peers_ready: Callable[[], tuple[bool, str]] | None = None,
     exit_on_dead_device: bool = False,
+    engine_process: tuple[str, str] | None = None,
 ) -> FastAPI:
     """The app; `prepared` models (loaded and checked by the CLI) save loading them twice.
 
     With several workers (app/workers.py), `on_ready` tells the others this one is ready and
     `peers_ready` says whether all of them are. `exit_on_dead_device`: a server process ends itself at
-    once after its shutdown when a device died (in-process test clients keep their process)."""
+    once after its shutdown when a device died (in-process test clients keep their process).
+    `engine_process`: (socket, segment folder) of the engine process that runs the engines."""
     settings = settings or get_settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        service = Service(settings, prepared=prepared, on_fatal=on_fatal, on_ready=on_ready, peers_ready=peers_ready)
+        service = Service(
+            settings, prepared=prepared, on_fatal=on_fatal, on_ready=on_ready, peers_ready=peers_ready,
+            engine_process=engine_process,
+        )  # fmt: skip
         app.state.service = service
         service.start()
         gc_pauses = GcPauses()

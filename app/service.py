@@ -35,6 +35,7 @@ from app.engine_factory import (
     resolve_devices,
     use_compile_cache,
 )
+from app.engine_process.client import EngineLink, RemoteBatcher
 from app.engines.base import Engine
 from app.errors import NotReadyError, UnknownModelError
 from app.heap import freeze_startup_heap
@@ -52,11 +53,13 @@ class ServedModel:
     spec: ModelSpec
     options: EngineOptions
     engines: list[Engine] = field(default_factory=list)  # one per options.devices, in order, as they are built
-    batcher: Batcher | None = None
+    batcher: Batcher | RemoteBatcher | None = None  # RemoteBatcher: the engine process holds the engines
     failure: str | None = None
 
     def device_states(self) -> dict[str, str]:
         """Device → its engine's state: starting, ready, dead, failed (its start-up) or not started."""
+        if isinstance(self.batcher, RemoteBatcher):  # the engine process's; dead if it is gone
+            return {device: "dead" if self.batcher.dead else "ready" for device in self.options.devices}
         states = {}
         for index, device in enumerate(self.options.devices):
             if index < len(self.engines):
@@ -87,7 +90,7 @@ class ServedModel:
             return False, f"{name}: the {device} device is dead; the service is restarting{on}"
         return True, "ready"
 
-    def ready_batcher(self) -> Batcher:
+    def ready_batcher(self) -> Batcher | RemoteBatcher:
         """The batcher, or NotReadyError (503) while starting, after a failure, or on a broken device."""
         batcher = self.batcher
         healthy = self.failure is None and all(engine.healthy() for engine in self.engines)
@@ -132,8 +135,15 @@ class Service:
         on_fatal: Callable[[], None] = lambda: None,
         on_ready: Callable[[], None] = lambda: None,
         peers_ready: Callable[[], tuple[bool, str]] | None = None,
+        engine_process: tuple[str, str] | None = None,
     ) -> None:
+        """`engine_process`: (socket, segment folder) of the engine process that builds and runs the
+        engines (app/engine_process/); this process then only serves HTTP."""
         self.settings = settings
+        self.engine_link: EngineLink | None = None
+        if engine_process is not None:
+            socket, segments = engine_process
+            self.engine_link = EngineLink(socket, segments, on_dead=lambda why: self._device_died("engines", why))
         self.models: dict[str, ServedModel] = {}
         self.failure: str | None = None  # why start-up failed or the device died
         self.draining = False
@@ -172,6 +182,9 @@ class Service:
             await asyncio.shield(self._startup)
 
     async def _start(self) -> None:
+        if self.engine_link is not None:
+            await self._start_remote(self.engine_link)
+            return
         try:
             prepared = self._prepared
             if prepared is None:
@@ -195,6 +208,24 @@ class Service:
         metrics.READY.set(1)
         self._on_ready()
         log.info("ready: serving %s (%d start-up objects frozen out of gc)", ", ".join(self.models), frozen)
+
+    async def _start_remote(self, link: EngineLink) -> None:
+        """An HTTP worker of the engine process: the models' specs here, their engines there."""
+        try:
+            devices = resolve_devices(self.settings.device)
+            specs = await asyncio.to_thread(read_repository, self.settings.model_repository)
+            self.models = {spec.name: ServedModel(spec, engine_options(self.settings, spec, devices)) for spec in specs}
+            await link.connect()
+            for name, served in self.models.items():
+                served.batcher = link.batcher(name)
+        except Exception as error:
+            self.failure = f"{type(error).__name__}: {error}"
+            log.critical("start-up failed, the server will exit: %s", self.failure)
+            self._on_fatal()
+            return
+        metrics.READY.set(1)
+        self._on_ready()
+        log.info("ready: serving %s through the engine process", ", ".join(self.models))
 
     async def _start_model(self, served: ServedModel, model: LoadedModel) -> None:
         name, options, settings = served.spec.name, served.options, self.settings
@@ -255,6 +286,8 @@ class Service:
                     engine.close()
         if self.jpeg_decoder is not None and not self.device_dead:
             self.jpeg_decoder.close()
+        if self.engine_link is not None:
+            await self.engine_link.close()
 
     def readiness(self) -> tuple[bool, str]:
         if self.failure is not None:

@@ -7,11 +7,16 @@ PROMETHEUS_MULTIPROC_DIR is set, so app.main is imported only by the workers. A 
 start-up fails leaves a marker and stops the manager, so the whole server exits 1, as a single
 process does. /readyz in any worker answers 200 only once every worker is ready: each writes a
 marker when it is, and readiness counts the markers of live workers.
+
+With CGSERVE_ENGINE_PROCESS the manager first starts one engine process (app/engine_process/),
+which builds every engine; the workers build none and send it their requests. It counts as one
+more process to be ready, and it is stopped after the last worker has drained.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import signal
 import tempfile
@@ -21,6 +26,7 @@ from typing import Any
 import uvicorn
 
 from app.config import Settings
+from app.engine_process import SEGMENTS_ENV, SOCKET_ENV
 from app.server import uvicorn_options
 
 _FAILED_MARKER_ENV = "CGSERVE_START_UP_FAILED_MARKER"
@@ -33,15 +39,47 @@ def serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
     with tempfile.TemporaryDirectory(prefix="cgserve-metrics-") as metrics_dir:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
         os.environ[_FAILED_MARKER_ENV] = os.path.join(metrics_dir, "start-up-failed")
-        uvicorn.run(
-            "app.workers:worker_app",
-            factory=True,
-            host=settings.host,
-            port=settings.port,
-            workers=settings.workers,
-            **uvicorn_options(settings),
-        )
+        engines = start_engine_process(metrics_dir) if settings.engine_process else None
+        try:
+            uvicorn.run(
+                "app.workers:worker_app",
+                factory=True,
+                host=settings.host,
+                port=settings.port,
+                workers=settings.workers,
+                **uvicorn_options(settings),
+            )
+        finally:
+            if engines is not None:
+                stop_engine_process(engines, timeout_s=settings.drain_seconds + 30)
         return 1 if os.path.exists(os.environ[_FAILED_MARKER_ENV]) else 0
+
+
+def start_engine_process(folder: str) -> multiprocessing.process.BaseProcess:
+    """Spawn the engine process (a fresh interpreter: CUDA cannot cross a fork), listening in `folder`."""
+    from app.engine_process.host import engine_process_main
+
+    os.environ[SOCKET_ENV] = os.path.join(folder, "engine.sock")
+    segments = "/dev/shm" if os.path.isdir("/dev/shm") else folder
+    os.environ[SEGMENTS_ENV] = tempfile.mkdtemp(prefix="cgserve-segments-", dir=segments)
+    process = multiprocessing.get_context("spawn").Process(
+        target=engine_process_main, args=(mark_ready, stop_every_worker), name="cgserve-engines"
+    )
+    process.start()
+    return process
+
+
+def stop_engine_process(process: multiprocessing.process.BaseProcess, timeout_s: float) -> None:
+    """After the workers: SIGTERM (it stops its batchers and engines), then SIGKILL; segments removed."""
+    import shutil
+
+    if process.is_alive():
+        process.terminate()
+        process.join(timeout_s)
+    if process.is_alive():
+        process.kill()
+        process.join()
+    shutil.rmtree(os.environ.pop(SEGMENTS_ENV, ""), ignore_errors=True)
 
 
 def worker_app() -> Any:
@@ -54,14 +92,20 @@ def worker_app() -> Any:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     http_guard.configure(settings)  # this process's protocol limits
 
-    def stop_every_worker() -> None:
-        with open(os.environ[_FAILED_MARKER_ENV], "w"):
-            pass
-        os.kill(os.getppid(), signal.SIGTERM)  # the manager stops all workers and returns
-
     return create_app(
-        on_fatal=stop_every_worker, on_ready=mark_ready, peers_ready=every_worker_ready, exit_on_dead_device=True
+        on_fatal=stop_every_worker,
+        on_ready=mark_ready,
+        peers_ready=every_worker_ready,
+        exit_on_dead_device=True,
+        engine_process=(os.environ[SOCKET_ENV], os.environ[SEGMENTS_ENV]) if SOCKET_ENV in os.environ else None,
     )
+
+
+def stop_every_worker() -> None:
+    """A fatal failure in any process (a worker, the engine process): the whole server exits 1."""
+    with open(os.environ[_FAILED_MARKER_ENV], "w"):
+        pass
+    os.kill(os.getppid(), signal.SIGTERM)  # the manager stops all workers and returns
 
 
 def mark_ready() -> None:
@@ -71,7 +115,7 @@ def mark_ready() -> None:
 
 def every_worker_ready() -> tuple[bool, str]:
     """Ready once as many live workers have marked themselves ready as were asked for."""
-    expected = int(os.environ.get("CGSERVE_WORKERS", "1"))
+    expected = int(os.environ.get("CGSERVE_WORKERS", "1")) + (SOCKET_ENV in os.environ)  # + the engine process
     ready = sum(
         _alive(int(marker.name.removeprefix("ready-")))
         for marker in Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]).glob("ready-*")

@@ -5,7 +5,8 @@
    largest bucket: img/s of `await engine.run(...)` alone, no HTTP.
 2. Through HTTP: the real server with 1, 2 and 4 worker processes (each with its own engine on
    the one GPU), raw uint8 bodies of 32 images (3×224×224 each), closed loop: img/s, and its
-   ratio to (1) — the target is ≥ 0.85.
+   ratio to (1) — the target is ≥ 0.85. --designs per-process,engine-process serves each worker
+   count both ways, in turn: engines in every worker, or one engine process fed by the workers.
 3. One image per request at concurrency 1, one worker: p50 end to end (target ≤ 1.5 ms).
 
 The server runs on --server-cores, the generator processes on --loadgen-cores (taskset), and
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import shutil
@@ -100,6 +102,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--buckets", default="1,8,32,128")
     parser.add_argument("--workers", default="1,2,4")
+    parser.add_argument(
+        "--designs",
+        default="per-process",
+        help="per-process (each worker its own engines) and/or engine-process (CGSERVE_ENGINE_PROCESS)",
+    )
     parser.add_argument("--images", type=int, default=32, help="images per request at saturation")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--processes", type=int, default=4, help="load-generator processes")
@@ -114,15 +121,18 @@ def main() -> None:
     print(f"engine peak: {peak}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     record["http"] = {}
-    for workers in (int(w) for w in args.workers.split(",")):
+    designs = args.designs.split(",")
+    for workers, design in itertools.product((int(w) for w in args.workers.split(",")), designs):
         port = free_port()
         env = service_env(port, device="cuda", model_repository=repository, buckets=args.buckets, workers=workers,
-                          max_body_bytes=64 * 2**20, max_inflight_bytes=1024 * 2**20)  # fmt: skip
+                          max_body_bytes=64 * 2**20, max_inflight_bytes=1024 * 2**20,
+                          engine_process=str(design == "engine-process").lower())  # fmt: skip
+        key = f"{workers}_workers" + ("_engine_process" if design == "engine-process" else "")
         serve = [sys.executable, "-m", "app.cli", "serve"]
         if args.server_cores and shutil.which("taskset"):
             serve = ["taskset", "-c", args.server_cores, *serve]
         point: dict[str, Any] = {}
-        with running(serve, work / f"server-{workers}w.log", port=port, env=env, cwd=ROOT, ready_timeout_s=400) as s:
+        with running(serve, work / f"server-{key}.log", port=port, env=env, cwd=ROOT, ready_timeout_s=400) as s:
             for concurrency in sorted({2 * workers, 4 * workers, 8}):
                 load = ["--batch", str(args.images), "--concurrency", str(concurrency), "--duration", str(args.seconds),
                         "--processes", str(min(args.processes, concurrency))]  # fmt: skip
@@ -130,12 +140,12 @@ def main() -> None:
                 ratio = None if "error" in result else round(result["images_per_s"] / peak["images_per_s"], 3)
                 result["ratio_to_engine_peak"] = ratio  # None: no figure, rather than a ratio of 0
                 point[f"c{concurrency}"] = result
-                print(f"{workers} worker(s), {args.images} images x {concurrency}: {result}", flush=True)
-            if workers == 1:
+                print(f"{key}, {args.images} images x {concurrency}: {result}", flush=True)
+            if workers == 1 and design == designs[0]:
                 one = ["--batch", "1", "--concurrency", "1", "--duration", str(args.seconds)]
                 record["one_image_c1"] = generate(s.url, work, "one-image", args.loadgen_cores, *one)
                 print(f"one image, concurrency 1: {record['one_image_c1']}", flush=True)
-        record["http"][f"{workers}_workers"] = point
+        record["http"][key] = point
         args.out.write_text(json.dumps(record, indent=2) + "\n")
     best = max((p for w in record["http"].values() for p in w.values()), key=lambda p: p.get("images_per_s", 0))
     record["best_http"] = best

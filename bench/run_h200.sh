@@ -6,6 +6,9 @@
 #   STEPS=multi-gpu on the two-GPU machine (nvidia-h200-x2): tests/gpu/test_multi_gpu.py, bench/multi_gpu_bench.py
 #   What issue 12 still lacks after run 13 (one call, ~8 minutes):
 #     STEPS="gpu-tests whole-machine" GPU_TESTS=tests/gpu/test_tune_gpu.py WHOLE_MACHINE_WORKERS=4 bash bench/run_h200.sh
+#   The two designs side by side (run 14b): E2E_ARGS and WHOLE_MACHINE_ARGS pass flags through, e.g.
+#     STEPS="e2e whole-machine" E2E_ARGS="--workers 4 --designs per-process,engine-process" \
+#     WHOLE_MACHINE_WORKERS=4 WHOLE_MACHINE_ARGS="--designs per-process,engine-process" bash bench/run_h200.sh
 # Everything is written under $WORK and packed into $OUT/run.tgz at the end (the device tool brings
 # back 8 files at most); $OUT/env.txt is copied beside it.
 set -u
@@ -39,7 +42,7 @@ if step engine; then
   echo "engine bench: rc=$? at $((SECONDS - started)) s"; tail -12 "$OUT/engine.log" | cut -c1-400
 fi
 if step e2e; then
-  timeout 240 python3 bench/resnet50_e2e.py --seconds "${E2E_SECONDS:-4}" --out "$OUT/resnet50-e2e.json" \
+  timeout "${E2E_S:-240}" python3 bench/resnet50_e2e.py --seconds "${E2E_SECONDS:-4}" --out "$OUT/resnet50-e2e.json" ${E2E_ARGS:-} \
     > "$OUT/resnet50-e2e.log" 2>&1
   echo "resnet50 e2e: rc=$? at $((SECONDS - started)) s"; tail -2 "$OUT/resnet50-e2e.log" | cut -c1-600
 fi
@@ -68,7 +71,7 @@ if step jpeg; then  # Pillow vs the batched nvJPEG decoder, decode-only and over
 fi
 if step whole-machine; then  # issue 12 (1, 2): N workers against the N-worker no-op; hey beside the generator
   timeout "${WHOLE_MACHINE_S:-420}" python3 bench/whole_machine.py --out "$OUT/whole-machine" --hey .gpu/bin/hey \
-    ${WHOLE_MACHINE_WORKERS:+--workers "$WHOLE_MACHINE_WORKERS"} > "$OUT/whole-machine.log" 2>&1
+    ${WHOLE_MACHINE_WORKERS:+--workers "$WHOLE_MACHINE_WORKERS"} ${WHOLE_MACHINE_ARGS:-} > "$OUT/whole-machine.log" 2>&1
   echo "whole machine: rc=$? at $((SECONDS - started)) s"; tail -20 "$OUT/whole-machine.log" | cut -c1-300
 fi
 if step side-by-side; then  # issue 12 (4): every server, resnet50 (SBS_SERVERS narrows it)

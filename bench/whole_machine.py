@@ -36,7 +36,7 @@ import orjson
 from loadtest.bench.machine import machine_info
 from loadtest.bench.measure import Bench
 from loadtest.bench.pinning import plan_pinning
-from loadtest.bench.whole_machine_report import checks, markdown
+from loadtest.bench.whole_machine_report import DESIGNS, checks, markdown
 from loadtest.hey import hey_command, run_hey
 from loadtest.payloads import PayloadOptions, Payloads
 from loadtest.server_process import ServerProcess, free_port
@@ -47,6 +47,8 @@ OURS = (
     "{python} -m app.cli serve --host {host} --port {port} --grpc-port 0 --log-level warning "
     "--workers {workers} --engine {engine} --device {device} --compile {compile} --drain-seconds 0"
 )
+
+DESIGN_FLAGS = {"per-process": "", "engine-process": " --engine-process"}
 
 
 def _ints(text: str) -> list[int]:
@@ -69,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--device", default="cuda", help="our service's --device (default cuda; cpu to test the plumbing)")
     add("--engine", default="cuda-graph", help="our service's --engine (default cuda-graph)")
     add("--compile", default="none", choices=("none", "inductor", "max-autotune"), help="default none")
+    add(
+        "--designs",
+        default="per-process",
+        help="ours as per-process (each worker its own engines) and/or engine-process (the workers feed one "
+        "engine process: CGSERVE_ENGINE_PROCESS), comma-separated (default %(default)s)",
+    )
     add("--ceiling", choices=("lean", "fastapi"), default="lean", help="no-op behind the plain route (default)")
     add("--server-cores", default="auto", help="taskset list for the servers (default: lower half)")
     add("--loadgen-cores", default="auto", help="cores for the load generator (default: upper half)")
@@ -188,9 +196,13 @@ def main(argv: list[str] | None = None) -> int:
     lean = args.ceiling == "lean"
     noop = NOOP + (" --lean" if lean else "")
     servers: dict[str, dict[str, Any]] = {}
+    designs = [d.strip() for d in args.designs.split(",") if d.strip()]
+    if unknown := set(designs) - set(DESIGNS):
+        raise SystemExit(f"--designs: {sorted(unknown)} not among {list(DESIGNS)}")
     for n in args.workers:
         fewest, most = n == min(args.workers), n == max(args.workers)
-        for role, template, labels in (("noop", noop, False), ("ours", OURS, True)):
+        roles = [("noop", noop, False)] + [(DESIGNS[d], OURS + DESIGN_FLAGS[d], True) for d in designs]
+        for role, template, labels in roles:
             if run.over_budget(f"{role}-{n}"):
                 continue
             servers[f"{role}-{n}"] = run.server(
@@ -209,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             "forms": run.forms,
             "ceiling": "loadtest/servers/noop.py" + (" --lean: the plain route the service runs" if lean else ""),
             "ours": {"engine": args.engine, "device": args.device, "compile": args.compile},
+            "designs": designs,
             "warmup_s": args.warmup,
             "duration_s": args.step_duration,
             "timeout_s": args.timeout,

@@ -7,6 +7,7 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Response
 
+from app.batcher import Batcher
 from app.codecs import IMAGE_EXPECTED, json_expected, raw_expected
 from app.errors import NotReadyError, ServiceError, error_response
 from app.routes.probes import ServiceDep
@@ -103,7 +104,7 @@ def devices(served: ServedModel) -> dict[str, dict[str, Any]]:
     for engine in served.engines:
         if "gpu" in engine.report.facts:
             described[engine.device]["gpu"] = engine.report.facts["gpu"]
-    if served.batcher is not None:
+    if isinstance(served.batcher, Batcher):  # not a RemoteBatcher: the engine process's figures are its own
         pool = served.batcher.pool
         for device, launched in pool.by_device(pool.launched).items():
             described[device]["batches_launched"] = launched

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from loadtest.bench.report import num
@@ -23,6 +24,14 @@ def _sat(report: dict[str, Any], server: str, form: str) -> float | None:
     return f["saturation"]["throughput_rps"] if f else None
 
 
+DESIGNS = {"per-process": "ours", "engine-process": "ours-ep"}  # design → its servers' name prefix
+
+
+def _designs(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """(design, server prefix) of each of our designs the run served (per-process engines before this flag)."""
+    return [(d, DESIGNS[d]) for d in report["settings"].get("designs", ["per-process"])]
+
+
 def checks(report: dict[str, Any]) -> list[dict[str, Any]]:
     """Every target of the issue that this run measured: what, the value, the target, met or not."""
     s, out = report["settings"], []
@@ -31,11 +40,11 @@ def checks(report: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"what": what, "value": value, "target": target, "met": met})
 
     for n in s["workers"]:
-        for form in s["forms"]:
-            ours, noop = _sat(report, f"ours-{n}", form), _sat(report, f"noop-{n}", form)
+        for form, (design, prefix) in itertools.product(s["forms"], _designs(report)):
+            ours, noop = _sat(report, f"{prefix}-{n}", form), _sat(report, f"noop-{n}", form)
             ratio = round(ours / noop, 3) if ours and noop else None
             check(
-                f"{n} worker(s), {form}: ours ÷ no-op",
+                f"{n} worker(s), {form}: ours ÷ no-op" + (f" ({design})" if prefix != "ours" else ""),
                 ratio,
                 f"≥ {RATIO_TARGET}",
                 None if ratio is None else ratio >= RATIO_TARGET,
@@ -98,10 +107,13 @@ def markdown(report: dict[str, Any]) -> str:
         return f"{num(sat['throughput_rps'])} (c{sat['concurrency']}, {_busy(sat['loadgen_cpu_busy'])})"
 
     for n in sorted(s["workers"]):
-        for form in s["forms"]:
-            ours, noop = _sat(report, f"ours-{n}", form), _sat(report, f"noop-{n}", form)
+        for form, (design, prefix) in itertools.product(s["forms"], _designs(report)):
+            ours, noop = _sat(report, f"{prefix}-{n}", form), _sat(report, f"noop-{n}", form)
             ratio = num(ours / noop, ".2f") if ours and noop else "–"
-            lines.append(f"| {n} | {form} | {cell(f'noop-{n}', form)} | {cell(f'ours-{n}', form)} | {ratio} |")
+            workers = f"{n} ({design})" if prefix != "ours" else str(n)
+            lines.append(
+                f"| {workers} | {form} | {cell(f'noop-{n}', form)} | {cell(f'{prefix}-{n}', form)} | {ratio} |"
+            )
     lines += ["", "Open loop (Poisson) at half of each server's own saturation, latency from the scheduled send:", ""]
     lines += ["| server | form | rate req/s | p50 ms | p99 ms | busy |", "|---|---|---:|---:|---:|---:|"]
     for name in servers:

@@ -56,3 +56,23 @@ def test_steps_past_the_budget_are_skipped_and_said_so(tmp_path: Path) -> None:
     assert report["servers"] == {}
     assert "skipped noop-1: past the 0 s budget" in report["notes"]
     assert all(c["met"] is None for c in report["checks"])
+
+
+def test_both_designs_side_by_side(tmp_path: Path) -> None:
+    """--designs adds the engine-process server beside the per-process one, with its own ratio."""
+    done = whole_machine(
+        tmp_path, "--workers", "2", "--forms", "raw", "--per-worker", "2", "--step-duration", "0.5",
+        "--warmup", "0.2", "--processes", "1", "--hey", "", "--designs", "per-process,engine-process",
+    )  # fmt: skip
+    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    report = json.loads((tmp_path / "whole-machine.json").read_text())
+    assert set(report["servers"]) == {"noop-2", "ours-2", "ours-ep-2"}
+    assert "--engine-process" in report["servers"]["ours-ep-2"]["command"]
+    assert "--engine-process" not in report["servers"]["ours-2"]["command"]
+    ep = report["servers"]["ours-ep-2"]["forms"]["raw"]
+    assert ep["closed_loop"][0]["counts"]["errors"] == 0 and ep["closed_loop"][0]["labels_checked"]
+    noop = report["servers"]["noop-2"]["forms"]["raw"]["saturation"]["throughput_rps"]
+    checks = {c["what"]: c["value"] for c in report["checks"]}
+    expected = round(ep["saturation"]["throughput_rps"] / noop, 3)
+    assert checks["2 worker(s), raw: ours ÷ no-op (engine-process)"] == expected
+    assert "| 2 (engine-process) | raw |" in (tmp_path / "whole-machine.md").read_text()

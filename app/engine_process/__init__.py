@@ -1,0 +1,18 @@
+"""One engine process for the whole service (CGSERVE_ENGINE_PROCESS=true, with CGSERVE_WORKERS).
+
+Per-process engines give each HTTP worker its own CUDA context, graphs and batcher: with N
+workers the GPU time-slices N contexts and each batcher sees only 1/N of the requests, so its
+batches stay small. Here the workers keep the HTTP path (parsing, decoding, encoding) and one
+engine process holds every engine and one batcher per model:
+
+    HTTP worker ──(images into a /dev/shm segment; a 40-byte frame on a Unix socket)──▶ engine process
+                ◀──(probabilities, or the error, in a frame)───────────────────────────
+
+- frames.py: the wire format of the socket.
+- segments.py: the shared-memory segments a worker writes its requests' pixels into.
+- host.py: the engine process: the service's engines and batchers behind the socket.
+- client.py: what a worker's routes call instead of a local batcher.
+"""
+
+SOCKET_ENV = "CGSERVE_ENGINE_SOCKET"  # set for the workers by app/workers.py: where the engine process listens
+SEGMENTS_ENV = "CGSERVE_ENGINE_SEGMENTS"  # the folder of the workers' shared-memory segments

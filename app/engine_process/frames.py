@@ -1,0 +1,56 @@
+"""The engine process's socket: length-prefixed frames, one kind byte each.
+
+worker → engine: HELLO (nothing), SEGMENT (JSON: index, path, size), INFER (a fixed header)
+engine → worker: MODELS (JSON: per model its engine's name and device, or the start-up failure),
+                 RESULT (a fixed header, then float32 probabilities or a JSON error)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from typing import Any
+
+import numpy as np
+import orjson
+
+from app.errors import ServiceError
+
+HELLO, MODELS, SEGMENT, INFER, RESULT = range(5)
+PREFIX = struct.Struct("<BI")  # kind, payload length
+# id, deadline (time.monotonic(), system-wide on Linux), dtype, model index, (k, C, H, W), segment
+INFER_HEADER = struct.Struct("<QdBxHIIIII")
+# id, ok, rows, classes, the engine's queued rows and rows/s for the model (the workers' admission)
+RESULT_HEADER = struct.Struct("<QBxxxIIId")
+DTYPES = (np.dtype(np.uint8), np.dtype(np.float32))
+
+
+def frame(kind: int, payload: bytes = b"") -> bytes:
+    return PREFIX.pack(kind, len(payload)) + payload
+
+
+def json_frame(kind: int, value: Any) -> bytes:
+    return frame(kind, orjson.dumps(value))
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """(kind, payload); asyncio.IncompleteReadError at the end of the stream."""
+    kind, length = PREFIX.unpack(await reader.readexactly(PREFIX.size))
+    return kind, await reader.readexactly(length) if length else b""
+
+
+def error_payload(error: ServiceError) -> bytes:
+    return orjson.dumps(
+        {"cls": type(error).__name__, "status": error.status, "code": error.code, "reason": error.reason,
+         "message": error.message, "expected": error.expected, "headers": error.headers}
+    )  # fmt: skip
+
+
+class EngineProcessError(ServiceError):
+    """An error the engine process answered, as it answered it (status, code, reason, headers)."""
+
+    def __init__(self, payload: bytes) -> None:
+        fields = orjson.loads(payload)
+        super().__init__(fields["message"], expected=fields["expected"], headers=fields["headers"])
+        self.status, self.code, self.reason = fields["status"], fields["code"], fields["reason"]
+        self.cls = fields["cls"]

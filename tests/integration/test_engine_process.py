@@ -1,0 +1,92 @@
+"""CGSERVE_ENGINE_PROCESS: two HTTP workers feeding one engine process, as a real server.
+
+Every answer is checked against the eager model (the load generator's label check, with several
+images per request and both body forms), the workers' and the engine process's metrics merge in
+/metrics, and the service fails fast when the engine process dies."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.integration.server_process import running_server
+
+pytestmark = pytest.mark.integration
+
+
+def loadtest(url: str, out: Path, *args: str) -> dict:
+    argv = [sys.executable, "-m", "loadtest", "--url", url, "--out", str(out), "--quiet", *args]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(out.read_text())
+
+
+def metric_sum(exposition: str, name: str) -> float:
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+        if sample.name == name
+    )
+
+
+def engine_process_pid(port: str) -> int:
+    """The engine process: the spawned child whose environment names this server's port."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"spawn_main" in cmdline and f"CGSERVE_PORT={port}".encode() in environ:
+            return int(entry.name)
+    raise AssertionError(f"no engine process for port {port}")
+
+
+def test_workers_feed_one_engine_process_every_answer_right(tmp_path: Path) -> None:
+    with running_server(tmp_path / "server.log", workers="2", engine_process="true") as url:
+        assert httpx.get(f"{url}/readyz").json()["status"] == "ready"
+        for form in ("raw", "json"):
+            record = loadtest(
+                url, tmp_path / f"{form}.json", "--form", form, "--batch", "3", "--concurrency", "8",
+                "--processes", "2", "--duration", "2", "--warmup", "0.5",
+            )  # fmt: skip
+            assert record["counts"]["ok"] == record["counts"]["measured"] > 0, record["error_examples"]
+            assert record["labels_checked"] is True
+        exposition = httpx.get(f"{url}/metrics").text
+        before = set(Path("/dev/shm").glob("cgserve-segments-*"))
+        assert before, "the workers' shared-memory segments are not under /dev/shm"
+    # The engine process launched the batches (the workers have no batcher); the workers counted requests.
+    assert metric_sum(exposition, "cgserve_batch_rows_sum") >= metric_sum(exposition, "cgserve_requests_total")
+    assert metric_sum(exposition, "cgserve_batches_total") > 0
+    assert not before & set(Path("/dev/shm").glob("cgserve-segments-*")), "the segments outlived the server"
+
+
+def test_a_dead_engine_process_fails_the_service_fast(tmp_path: Path) -> None:
+    with running_server(tmp_path / "server.log", workers="2", engine_process="true") as url:
+        port = url.rsplit(":", 1)[1]
+        assert httpx.post(f"{url}/predict", json={"instances": [[0.0] * 784]}).status_code == 200
+        os.kill(engine_process_pid(port), signal.SIGKILL)
+        deadline, answered = time.monotonic() + 20, []
+        while time.monotonic() < deadline:  # 503 while the workers go down, then nothing listens
+            try:
+                answered.append(httpx.post(f"{url}/predict", json={"instances": [[0.0] * 784]}).status_code)
+            except httpx.TransportError:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"the server still answers 20 s after its engine process died: {answered[-5:]}")
+        assert set(answered) <= {503}, answered
+        log = (tmp_path / "server.log").read_text()
+        assert "the engine process is gone" in log
