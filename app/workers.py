@@ -70,11 +70,13 @@ def start_engine_process(folder: str) -> multiprocessing.process.BaseProcess:
 
 
 def stop_engine_process(process: multiprocessing.process.BaseProcess, timeout_s: float) -> None:
-    """After the workers: SIGTERM (it stops its batchers and engines), then SIGKILL; segments removed."""
+    """After the workers: its STOP_SIGNAL (it stops its batchers and engines), then SIGKILL; segments removed."""
     import shutil
 
-    if process.is_alive():
-        process.terminate()
+    from app.engine_process.host import STOP_SIGNAL
+
+    if process.is_alive() and process.pid is not None:
+        os.kill(process.pid, STOP_SIGNAL)
         process.join(timeout_s)
     if process.is_alive():
         process.kill()

@@ -25,6 +25,7 @@ from app.errors import ServiceError
 from app.service import ServedModel, Service
 
 log = logging.getLogger(__name__)
+STOP_SIGNAL = signal.SIGUSR1
 
 
 class WorkerConnection:
@@ -96,7 +97,7 @@ class WorkerConnection:
 
 async def serve_engines(settings: Settings, socket_path: str, on_ready: Callable[[], None],
                         on_fatal: Callable[[], None]) -> None:  # fmt: skip
-    """Build the engines and answer the workers until SIGTERM (or the parent process is gone)."""
+    """Build the engines and answer the workers until STOP_SIGNAL (or the parent process is gone)."""
     service = Service(settings, on_fatal=on_fatal, on_ready=on_ready)
     service.start()
 
@@ -106,7 +107,7 @@ async def serve_engines(settings: Settings, socket_path: str, on_ready: Callable
     server = await asyncio.start_unix_server(connected, path=socket_path)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(STOP_SIGNAL, stop.set)
     parent = os.getppid()
     try:
         while not stop.is_set() and os.getppid() == parent:  # an orphan (its server killed) stops too
@@ -126,5 +127,8 @@ def engine_process_main(on_ready: Callable[[], None], on_fatal: Callable[[], Non
 
     settings = get_settings()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us last
+    # Ctrl-C and a SIGTERM to the process group reach it with the workers, which still drain through
+    # it: only the parent's STOP_SIGNAL, sent after the last worker has exited, stops it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     asyncio.run(serve_engines(settings, os.environ[SOCKET_ENV], on_ready, on_fatal))

@@ -215,7 +215,11 @@ def test_failing_replay_answers_500_and_readiness_reports_a_broken_device(monkey
         assert ready.status_code == 503 and "device is dead" in ready.json()["detail"]
 
 
-def test_2000_concurrent_http_requests_each_equal_eager_for_their_own_input(tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine_process", [False, True], ids=["per-process", "engine-process"])
+def test_2000_concurrent_http_requests_each_equal_eager_for_their_own_input(
+    tmp_path: Path, engine_process: bool
+) -> None:
+    """engine-process: two HTTP workers hand every request to one engine process's graphs."""
     clients, per_client = 8, 250  # each client one connection per request: no waiting in httpx's pool
     # 2,000 sockets on each side; the server, a child, inherits the raised limit.
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -224,7 +228,8 @@ def test_2000_concurrent_http_requests_each_equal_eager_for_their_own_input(tmp_
     inputs = [rng.random((int(rng.integers(1, 4)), 784), dtype=np.float32) for _ in range(clients * per_client)]
     bodies = [orjson.dumps({"instances": x}, option=orjson.OPT_SERIALIZE_NUMPY) for x in inputs]
     command = (sys.executable, "-m", "app.cli", "serve")
-    with running_server(tmp_path / "server.log", command=command, device="cuda") as url:
+    design = {"workers": "2", "engine_process": "true"} if engine_process else {}
+    with running_server(tmp_path / "server.log", command=command, device="cuda", **design) as url:
 
         async def one_client(share: list[bytes]) -> list[httpx.Response]:
             limits = httpx.Limits(max_connections=len(share))

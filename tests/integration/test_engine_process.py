@@ -71,6 +71,9 @@ def test_workers_feed_one_engine_process_every_answer_right(tmp_path: Path) -> N
     assert metric_sum(exposition, "cgserve_batch_rows_sum") >= metric_sum(exposition, "cgserve_requests_total")
     assert metric_sum(exposition, "cgserve_batches_total") > 0
     assert not before & set(Path("/dev/shm").glob("cgserve-segments-*")), "the segments outlived the server"
+    # The harness stops the server with SIGTERM to its whole process group: the engine process
+    # must outlive the workers' drain, not leave them to find it gone.
+    assert "the engine process is gone" not in (tmp_path / "server.log").read_text()
 
 
 def test_a_dead_engine_process_fails_the_service_fast(tmp_path: Path) -> None:
