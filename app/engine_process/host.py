@@ -9,6 +9,7 @@ connection; every INFER frame becomes one batcher.submit on a view of the worker
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import mmap
 import os
@@ -58,7 +59,8 @@ class WorkerConnection:
             await asyncio.gather(*self.tasks, return_exceptions=True)
             self.writer.close()
             for memory in self.segments.values():
-                memory.close()
+                with contextlib.suppress(BufferError):  # a view still queued: the mapping goes with it
+                    memory.close()
 
     async def hello(self) -> None:
         """Answer once start-up is over: the models, or why start-up failed."""

@@ -9,6 +9,7 @@ are reused by size, so a steady load creates no files after its first second.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 from collections import defaultdict
@@ -60,7 +61,8 @@ class SegmentPool:
 
     def close(self) -> None:
         for segment in self.segments:
-            segment.memory.close()
+            with contextlib.suppress(BufferError):  # a view still alive: the mapping goes with it
+                segment.memory.close()
             Path(segment.path).unlink(missing_ok=True)
         self.segments.clear()
         self._free.clear()

@@ -1,0 +1,37 @@
+"""The engine process's parts that need no process: segments reused by size, errors kept whole."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.engine_process import frames
+from app.engine_process.segments import MIN_SEGMENT_BYTES, SegmentPool, map_file
+from app.errors import QueueFullError
+
+
+def test_segments_are_sized_by_power_of_two_reused_and_unlinked(tmp_path: Path) -> None:
+    pool = SegmentPool(tmp_path)
+    small, new = pool.take(10)
+    assert new and small.size == MIN_SEGMENT_BYTES
+    big, new = pool.take(150_528 * 32)  # 32 ResNet-50 images of uint8
+    assert new and big.size == 1 << 23
+    small.memory[:3] = b"abc"
+    seen = map_file(small.path, small.size, create=False)  # what the engine process maps
+    assert seen[:3] == b"abc"
+    seen.close()
+    pool.give_back(big)
+    again, new = pool.take(150_528 * 30)  # same size class: the same segment, nothing to announce
+    assert again is big and not new
+    other, new = pool.take(150_528 * 30)  # the first is lent: a second one
+    assert new and other.index == 2
+    pool.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_engine_error_reaches_the_worker_with_its_status_code_and_headers() -> None:
+    error = QueueFullError(900, 512, retry_after_s=0.25)
+    again = frames.EngineProcessError(frames.error_payload(error))
+    assert (again.status, again.code, again.reason) == (503, "overloaded", "queue_full")
+    assert again.message == error.message and again.expected == error.expected
+    assert again.headers == {"Retry-After": "1", "Retry-After-Ms": "250"}
+    assert again.body() == error.body()
