@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 
 # 32 × a 1024² RGB JPEG (the default pixel limit) is 100 MB of decoded pixels on the device.
 MAX_BATCH = 32
+RECENT_BATCHES = 1024
 READ_MODES = {"RGB": torchvision.io.ImageReadMode.RGB, "L": torchvision.io.ImageReadMode.GRAY}
 
 
@@ -66,7 +68,10 @@ class GpuJpegDecoder:
             raise ValueError(f"max_batch must be at least 1; got {max_batch}")
         self.device = torch.device(device)
         self.max_batch = max_batch
-        self.batch_sizes: list[int] = []  # every launched batch's size, for tests and the benchmark
+        # The latest launched batches' sizes, for tests (bounded: a server launches batches for ever);
+        # the running totals, for the benchmark's mean batch.
+        self.batch_sizes: deque[int] = deque(maxlen=RECENT_BATCHES)
+        self.batches_launched = self.images_launched = 0
         self._stream = torch.cuda.Stream(self.device)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpu-jpeg")
         self._waiter = EventWaiter("gpu-jpeg-event-waiter")
@@ -107,6 +112,8 @@ class GpuJpegDecoder:
                     _fail(jobs, error)
                     continue
                 self.batch_sizes.append(len(jobs))
+                self.batches_launched += 1
+                self.images_launched += len(jobs)
                 metrics.GPU_JPEG_BATCH_IMAGES.observe(len(jobs))
                 task = asyncio.create_task(self._hand_back(launched))
                 self._handing_back.add(task)

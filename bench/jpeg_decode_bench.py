@@ -93,14 +93,15 @@ async def decode_part(spec: ModelSpec, device: str, clients: int, seconds: float
                 if decoder == "gpu" and gpu is None:
                     continue
                 await decode_rate(photos, spec, chosen, clients=clients, seconds=0.5)  # warm-up (nvJPEG init)
-                batches_before = len(getattr(chosen, "batch_sizes", []))
+                before = (getattr(chosen, "batches_launched", 0), getattr(chosen, "images_launched", 0))
                 point[decoder] = {
                     f"clients_{c}": await decode_rate(photos, spec, chosen, clients=c, seconds=seconds)
                     for c in (clients, 1)
                 }
                 if gpu is not None and decoder == "gpu":
-                    sizes = gpu.batch_sizes[batches_before:]  # type: ignore[attr-defined]
-                    point[decoder]["mean_batch_images"] = round(sum(sizes) / max(len(sizes), 1), 2)
+                    batches = gpu.batches_launched - before[0]  # type: ignore[attr-defined]
+                    images = gpu.images_launched - before[1]  # type: ignore[attr-defined]
+                    point[decoder]["mean_batch_images"] = round(images / max(batches, 1), 2)
             if "gpu" in point:
                 many = f"clients_{clients}"
                 point["gpu_over_pillow"] = round(

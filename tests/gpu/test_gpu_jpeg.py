@@ -51,7 +51,7 @@ def decode_all(items: list[tuple[bytes, ModelSpec]], *, max_batch: int = 32) -> 
         decoder = GpuJpegDecoder("cuda:0", max_batch=max_batch)
         try:
             tasks = [decoder.decode(data, spec) for data, spec in items]
-            return list(await asyncio.gather(*tasks, return_exceptions=True)), decoder.batch_sizes
+            return list(await asyncio.gather(*tasks, return_exceptions=True)), list(decoder.batch_sizes)
         finally:
             decoder.close()
 

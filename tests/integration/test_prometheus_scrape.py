@@ -138,7 +138,7 @@ def test_prometheus_scrapes_the_service_and_evaluates_the_rules(service: str, pr
     assert query(prometheus, 'cgserve_ready{job="cgserve"}') == [1.0]
     # KEDA's Prometheus scaler needs exactly one sample: the rows waiting, summed over the pods.
     (rows,) = query(prometheus, autoscaling_query())
-    assert rows >= 0
+    assert math.isfinite(rows) and rows >= 0  # a number KEDA can divide, not NaN or a negative
 
     # Every rule, alerts included, was evaluated without error.
     groups = httpx.get(f"{prometheus}/api/v1/rules", timeout=5).json()["data"]["groups"]

@@ -102,9 +102,10 @@ def decode_together(uploads: list[bytes], *, max_batch: int = 32, cancel: int | 
 
 def test_concurrent_uploads_share_one_decode_call_up_to_max_batch(calls: list[int]) -> None:
     results, decoder = decode_together(JPEGS)
-    assert decoder.batch_sizes == [12] and calls == [12]
+    assert list(decoder.batch_sizes) == [12] and calls == [12]
     results_split, decoder = decode_together(JPEGS, max_batch=5)
-    assert decoder.batch_sizes == [5, 5, 2]
+    assert list(decoder.batch_sizes) == [5, 5, 2]
+    assert (decoder.batches_launched, decoder.images_launched) == (3, 12)  # the benchmark's mean batch
     for got, split, data in zip(results, results_split, JPEGS, strict=True):
         assert got.shape == (1, 3, 224, 224) and got.dtype == np.uint8
         np.testing.assert_array_equal(got, split)
@@ -114,7 +115,7 @@ def test_concurrent_uploads_share_one_decode_call_up_to_max_batch(calls: list[in
 
 def test_one_refused_upload_is_retried_alone_and_only_it_falls_back(calls: list[int]) -> None:
     results, decoder = decode_together([JPEGS[1], BAD, JPEGS[2]])
-    assert decoder.batch_sizes == [3] and calls == [3, 1, 1, 1]  # the batch, then one image at a time
+    assert list(decoder.batch_sizes) == [3] and calls == [3, 1, 1, 1]  # the batch, then one image at a time
     assert isinstance(results[1], GpuDecodeError) and "Error while decoding JPEG images" in str(results[1])
     assert isinstance(results[0], np.ndarray) and isinstance(results[2], np.ndarray)
 
@@ -122,7 +123,7 @@ def test_one_refused_upload_is_retried_alone_and_only_it_falls_back(calls: list[
 def test_a_cancelled_upload_is_not_decoded(calls: list[int]) -> None:
     results, decoder = decode_together(JPEGS[:4], cancel=1)
     assert isinstance(results[1], asyncio.CancelledError)
-    assert decoder.batch_sizes == [3] and calls == [3]
+    assert list(decoder.batch_sizes) == [3] and calls == [3]
 
 
 def test_a_fault_outside_nvjpeg_fails_its_batch_and_later_uploads_still_decode(calls: list[int]) -> None:
