@@ -30,6 +30,7 @@ from app.engine_process import SEGMENTS_ENV, SOCKET_ENV
 from app.server import uvicorn_options
 
 _FAILED_MARKER_ENV = "CGSERVE_START_UP_FAILED_MARKER"
+SHM_MIN_FREE_BYTES = 1 << 30  # below this, the engine process's segments go to the metrics folder
 
 
 def serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
@@ -60,13 +61,24 @@ def start_engine_process(folder: str) -> multiprocessing.process.BaseProcess:
     from app.engine_process.host import engine_process_main
 
     os.environ[SOCKET_ENV] = os.path.join(folder, "engine.sock")
-    segments = "/dev/shm" if os.path.isdir("/dev/shm") else folder
-    os.environ[SEGMENTS_ENV] = tempfile.mkdtemp(prefix="cgserve-segments-", dir=segments)
+    os.environ[SEGMENTS_ENV] = tempfile.mkdtemp(prefix="cgserve-segments-", dir=segment_root(folder))
     process = multiprocessing.get_context("spawn").Process(
         target=engine_process_main, args=(mark_ready, stop_every_worker), name="cgserve-engines"
     )
     process.start()
     return process
+
+
+def segment_root(fallback: str) -> str:
+    """/dev/shm where it has room; else `fallback` (a file in the page cache serves as well).
+
+    A container's /dev/shm is 64 MB unless raised, and a mapped page that finds the tmpfs full
+    kills the process with SIGBUS: a small one is not used."""
+    try:
+        stat = os.statvfs("/dev/shm")
+    except OSError:
+        return fallback
+    return "/dev/shm" if stat.f_bavail * stat.f_frsize >= SHM_MIN_FREE_BYTES else fallback
 
 
 def stop_engine_process(process: multiprocessing.process.BaseProcess, timeout_s: float) -> None:

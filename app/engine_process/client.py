@@ -113,6 +113,9 @@ class EngineLink:
                     future.set_exception(frames.EngineProcessError(body))
         except (asyncio.IncompleteReadError, ConnectionError) as error:
             self._lost(f"its connection closed ({type(error).__name__})")
+        except Exception as error:  # a frame this worker cannot read: nothing after it can be trusted
+            log.exception("unreadable answer from the engine process")
+            self._lost(f"an unreadable answer ({type(error).__name__}: {error})")
 
     def _lost(self, why: str) -> None:
         self.dead = why

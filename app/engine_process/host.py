@@ -79,22 +79,23 @@ class WorkerConnection:
     async def infer(self, payload: bytes) -> None:
         request_id, deadline, dtype, model, k, c, h, w, segment = frames.INFER_HEADER.unpack(payload)
         served = self.models[model]
-        queued, rate = 0, 0.0
         try:
             batcher = served.ready_batcher()
             batcher.admit(deadline)  # the worker admitted on figures one answer old: check again
             images = np.ndarray((k, c, h, w), frames.DTYPES[dtype], buffer=self.segments[segment])
             probabilities = await batcher.submit(images, deadline)
-            queued, rate = batcher.queued_rows, batcher.rows_per_s
-            header = frames.RESULT_HEADER.pack(request_id, 1, *probabilities.shape, queued, rate)
-            self.writer.write(frames.frame(frames.RESULT, header + probabilities.tobytes()))
+            (rows, classes), ok, body = probabilities.shape, 1, probabilities.tobytes()
         except Exception as error:
             if not isinstance(error, ServiceError):
                 log.error("unexpected error in the engine process", exc_info=error)
                 error = ServiceError("unexpected server error; it is logged with its traceback")
-            header = frames.RESULT_HEADER.pack(request_id, 0, 0, 0, queued, rate)
-            self.writer.write(frames.frame(frames.RESULT, header + frames.error_payload(error)))
-        await self.writer.drain()
+            ok, rows, classes, body = 0, 0, 0, frames.error_payload(error)
+        # The queue's figures ride on every answer, a refusal's too: the workers admit with them.
+        queued, rate = (served.batcher.queued_rows, served.batcher.rows_per_s) if served.batcher else (0, 0.0)
+        header = frames.RESULT_HEADER.pack(request_id, ok, rows, classes, queued, rate)
+        self.writer.write(frames.frame(frames.RESULT, header + body))
+        with contextlib.suppress(ConnectionError):  # the worker is gone: run() ends this connection
+            await self.writer.drain()
 
 
 async def serve_engines(settings: Settings, socket_path: str, on_ready: Callable[[], None],
