@@ -198,10 +198,7 @@ class Service:
             device = next((d for d in devices if d.startswith("cuda")), "cpu")
             self.jpeg_decoder = await asyncio.to_thread(start_jpeg_decoder, self.settings.jpeg_decoder, device)
         except Exception as error:
-            self.failure = f"{type(error).__name__}: {error}"
-            log.critical("start-up failed, the server will exit: %s", self.failure)
-            log.debug("start-up failure", exc_info=True)
-            self._on_fatal()
+            self._start_failed(error)
             return
         # Start-up is over: what it built lives as long as the process; full collections skip it.
         frozen = freeze_startup_heap()
@@ -219,13 +216,17 @@ class Service:
             for name, served in self.models.items():
                 served.batcher = link.batcher(name)
         except Exception as error:
-            self.failure = f"{type(error).__name__}: {error}"
-            log.critical("start-up failed, the server will exit: %s", self.failure)
-            self._on_fatal()
+            self._start_failed(error)
             return
         metrics.READY.set(1)
         self._on_ready()
         log.info("ready: serving %s through the engine process", ", ".join(self.models))
+
+    def _start_failed(self, error: Exception) -> None:
+        self.failure = f"{type(error).__name__}: {error}"
+        log.critical("start-up failed, the server will exit: %s", self.failure)
+        log.debug("start-up failure", exc_info=True)
+        self._on_fatal()
 
     async def _start_model(self, served: ServedModel, model: LoadedModel) -> None:
         name, options, settings = served.spec.name, served.options, self.settings

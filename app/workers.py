@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import tempfile
 from pathlib import Path
@@ -83,8 +84,6 @@ def segment_root(fallback: str) -> str:
 
 def stop_engine_process(process: multiprocessing.process.BaseProcess, timeout_s: float) -> None:
     """After the workers: its STOP_SIGNAL (it stops its batchers and engines), then SIGKILL; segments removed."""
-    import shutil
-
     from app.engine_process.host import STOP_SIGNAL
 
     if process.is_alive() and process.pid is not None:

@@ -122,6 +122,8 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     record["http"] = {}
     designs = args.designs.split(",")
+    if unknown := set(designs) - {"per-process", "engine-process"}:
+        parser.error(f"--designs: {sorted(unknown)} is not per-process or engine-process")
     for workers, design in itertools.product((int(w) for w in args.workers.split(",")), designs):
         port = free_port()
         env = service_env(port, device="cuda", model_repository=repository, buckets=args.buckets, workers=workers,

@@ -1,7 +1,7 @@
 """A worker's side of the engine process: one connection, and a batcher stand-in per model.
 
 The routes call `admit` and `submit` as they would a local Batcher. `submit` copies the request's
-(k, C, H, W) pixels into a shared-memory segment, sends a 40-byte INFER frame and awaits the
+(k, C, H, W) pixels into a shared-memory segment, sends an INFER frame (a 40-byte header) and awaits the
 RESULT frame that the reader task hands back by request id. Admission uses the engine's queue
 figures from the latest answer (one answer old); the engine process checks again on arrival.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,13 +31,10 @@ LISTEN_TIMEOUT_S = 120.0  # the engine process listens before it builds engines:
 
 @dataclass(frozen=True)
 class RemoteEngine:
-    """What a route needs of an engine it does not hold: its name, device, health."""
+    """What a route needs of an engine it does not hold: its name (the answer's `engine`) and device."""
 
     name: str
     device: str
-
-    def healthy(self) -> bool:
-        return True  # the engine process's own readiness says otherwise, through `RemoteBatcher.dead`
 
 
 class EngineLink:
@@ -82,8 +80,8 @@ class EngineLink:
     async def infer(self, model: int, images: np.ndarray, deadline: float) -> np.ndarray:
         if self.dead is not None or self._writer is None:
             raise NotReadyError(f"the engine process is gone ({self.dead}); the service is restarting")
-        images = np.ascontiguousarray(images)
         segment, new = self.pool.take(images.nbytes)
+        # One copy, whatever the strides (an nhwc body arrives as a transposed view).
         np.copyto(np.ndarray(images.shape, images.dtype, buffer=segment.memory), images)
         if new:
             where = {"index": segment.index, "path": segment.path, "size": segment.size}
@@ -106,11 +104,11 @@ class EngineLink:
                 self.queue_figures[model] = (queued, rate)
                 if future.done():
                     continue
-                body = payload[frames.RESULT_HEADER.size :]
-                if ok:
-                    future.set_result(np.frombuffer(body, np.float32).reshape(rows, classes))
+                if ok:  # a read-only view of the frame, no copy: the routes only read probabilities
+                    probabilities = np.frombuffer(payload, np.float32, rows * classes, frames.RESULT_HEADER.size)
+                    future.set_result(probabilities.reshape(rows, classes))
                 else:
-                    future.set_exception(frames.EngineProcessError(body))
+                    future.set_exception(frames.EngineProcessError(payload[frames.RESULT_HEADER.size :]))
         except (asyncio.IncompleteReadError, ConnectionError) as error:
             self._lost(f"its connection closed ({type(error).__name__})")
         except Exception as error:  # a frame this worker cannot read: nothing after it can be trusted
@@ -160,10 +158,8 @@ class RemoteBatcher:
             raise QueueFullError(queued, self.queue_limit, retry_after_s=wait, deadline_first=True)
 
     async def submit(self, images: np.ndarray, deadline: float | None = None) -> np.ndarray:
-        return await self.link.infer(self.index, images, deadline if deadline is not None else time.monotonic() + 60)
-
-    def start(self) -> None:
-        pass  # the engine process's batcher runs there
+        # No deadline: the engine's batcher caps it at its request timeout, as a local one does.
+        return await self.link.infer(self.index, images, deadline if deadline is not None else math.inf)
 
     async def stop(self) -> None:
         pass  # the link closes with the service

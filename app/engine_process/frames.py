@@ -41,8 +41,8 @@ async def read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
 
 def error_payload(error: ServiceError) -> bytes:
     return orjson.dumps(
-        {"cls": type(error).__name__, "status": error.status, "code": error.code, "reason": error.reason,
-         "message": error.message, "expected": error.expected, "headers": error.headers}
+        {"status": error.status, "code": error.code, "reason": error.reason, "message": error.message,
+         "expected": error.expected, "headers": error.headers}
     )  # fmt: skip
 
 
@@ -53,4 +53,3 @@ class EngineProcessError(ServiceError):
         fields = orjson.loads(payload)
         super().__init__(fields["message"], expected=fields["expected"], headers=fields["headers"])
         self.status, self.code, self.reason = fields["status"], fields["code"], fields["reason"]
-        self.cls = fields["cls"]

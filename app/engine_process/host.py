@@ -79,12 +79,13 @@ class WorkerConnection:
     async def infer(self, payload: bytes) -> None:
         request_id, deadline, dtype, model, k, c, h, w, segment = frames.INFER_HEADER.unpack(payload)
         served = self.models[model]
+        body: bytes | memoryview
         try:
             batcher = served.ready_batcher()
             batcher.admit(deadline)  # the worker admitted on figures one answer old: check again
             images = np.ndarray((k, c, h, w), frames.DTYPES[dtype], buffer=self.segments[segment])
             probabilities = await batcher.submit(images, deadline)
-            (rows, classes), ok, body = probabilities.shape, 1, probabilities.tobytes()
+            (rows, classes), ok, body = probabilities.shape, 1, memoryview(probabilities).cast("B")
         except Exception as error:
             if not isinstance(error, ServiceError):
                 log.error("unexpected error in the engine process", exc_info=error)
@@ -93,7 +94,8 @@ class WorkerConnection:
         # The queue's figures ride on every answer, a refusal's too: the workers admit with them.
         queued, rate = (served.batcher.queued_rows, served.batcher.rows_per_s) if served.batcher else (0, 0.0)
         header = frames.RESULT_HEADER.pack(request_id, ok, rows, classes, queued, rate)
-        self.writer.write(frames.frame(frames.RESULT, header + body))
+        self.writer.write(frames.PREFIX.pack(frames.RESULT, len(header) + len(body)) + header)
+        self.writer.write(body)  # the probabilities as they are: no concatenated copy
         with contextlib.suppress(ConnectionError):  # the worker is gone: run() ends this connection
             await self.writer.drain()
 
