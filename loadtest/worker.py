@@ -21,7 +21,6 @@ import gc
 import itertools
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,18 +150,13 @@ class _Run:
                 await asyncio.sleep(delay)
             task = asyncio.create_task(self.request(t_sched))
             tasks.add(task)
-            task.add_done_callback(self._finished(tasks))
+            task.add_done_callback(tasks.discard)
+            task.add_done_callback(self._keep_crash)  # it leaves `tasks` when done: _drain won't see it
         await self._drain(tasks)
 
-    def _finished(self, tasks: set[asyncio.Task[None]]) -> Callable[[asyncio.Task[None]], None]:
-        """A done callback: forget the task, but keep the first crash for _drain to raise."""
-
-        def finished(task: asyncio.Task[None]) -> None:
-            tasks.discard(task)
-            if self.crash is None and not task.cancelled():
-                self.crash = task.exception()
-
-        return finished
+    def _keep_crash(self, task: asyncio.Task[None]) -> None:
+        if self.crash is None and not task.cancelled():
+            self.crash = task.exception()
 
     async def closed_loop(self) -> None:
         t_end = self.t0 + self.spec.warmup_s + self.spec.duration_s
@@ -182,8 +176,7 @@ class _Run:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
             for task in done:  # a bug in a driver must fail the run, not quietly lose a client
-                if self.crash is None and not task.cancelled():
-                    self.crash = task.exception()
+                self._keep_crash(task)
         if self.crash is not None:  # also one from a task that ended (and left `tasks`) earlier
             raise self.crash
 
