@@ -3,6 +3,7 @@
 # under $OUT. Started after the wheel install line of bench/results/README.md, from the repo root.
 #   STEPS="gpu-tests engine e2e stalls" bash bench/run_h200.sh
 #   GPU_TESTS="tests/gpu/test_device_faults.py …" narrows the GPU tests (default: all of tests/gpu)
+#   STEPS=profile PROFILES="noop-json=--target noop;ours-json=--compile none": py-spy per server (bench/profile_server.py)
 #   STEPS=multi-gpu on the two-GPU machine (nvidia-h200-x2): tests/gpu/test_multi_gpu.py, bench/multi_gpu_bench.py
 #   What issue 12 still lacks after run 13 (one call, ~8 minutes):
 #     STEPS="gpu-tests whole-machine" GPU_TESTS=tests/gpu/test_tune_gpu.py WHOLE_MACHINE_WORKERS=4 bash bench/run_h200.sh
@@ -84,6 +85,16 @@ if step tune; then  # issue 12 (7): the tuner's settings against the defaults at
     --model resnet50 --model-repository models/examples/repository --compile none --runs 50 --bisect-steps 2 \
     > "$OUT/tune-bench.log" 2>&1
   echo "tune bench: rc=$? at $((SECONDS - started)) s"; tail -8 "$OUT/tune-bench.log" | cut -c1-300
+fi
+if step profile; then  # where a request's CPU goes: py-spy on one server under hey, one profile per entry
+  # PROFILES: "tag=flags;tag=flags", flags for bench/profile_server.py (server flags pass through)
+  IFS=';' read -ra entries <<< "${PROFILES:-noop-json=--target noop;ours-json=--compile none}"
+  for entry in "${entries[@]}"; do
+    timeout 120 python3 bench/profile_server.py "$OUT/profile" --py-spy /tmp/site/bin/py-spy --tag "${entry%%=*}" \
+      ${entry#*=} >> "$OUT/profile.log" 2>&1
+    echo "profile ${entry%%=*}: rc=$? at $((SECONDS - started)) s"
+  done
+  cat "$OUT/profile.log" | cut -c1-300
 fi
 cp "$OUT/env.txt" "$RESULTS/env.txt"
 tar czf "$RESULTS/run.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
