@@ -7,7 +7,8 @@ The server (ours: `app.cli serve` with the server flags; noop: loadtest/servers/
 --server-cores, hey (one body of one image, 12 s) on --loadgen-cores, and py-spy sampling the
 server for 6 s from 3 s into the load (the steady state, not hey's first connections), --gil: the
 samples are where the thread holding the GIL was, so the event loop's CPU and not its idle
-waits. Writes, under OUT_DIR with the prefix TAG: -raw.txt (py-spy raw: one line per stack),
+waits; --nonblocking: py-spy pausing the server for each sample halved the no-op's rate (run
+15a). Writes, under OUT_DIR with the prefix TAG: -raw.txt (py-spy raw: one line per stack),
 -summary.txt (the functions by own and by inclusive share of samples), -hey.csv, -server.log,
 -metrics.txt (ours: /metrics after the load, for the batches' rows), and prints hey's figures.
 """
@@ -96,7 +97,16 @@ def main() -> int:
             load = subprocess.Popen(["taskset", "-c", args.loadgen_cores, *load_argv], stdout=csv_out)
             time.sleep(PROFILE_FROM_S)
             raw_path = prefix.with_name(f"{args.tag}-raw.txt")
-            spy = [args.py_spy, "record", "--gil", "--pid", str(server.proc.pid), "--duration", str(PROFILE_S)]
+            spy = [
+                args.py_spy,
+                "record",
+                "--gil",
+                "--nonblocking",
+                "--pid",
+                str(server.proc.pid),
+                "--duration",
+                str(PROFILE_S),
+            ]
             spy += ["--rate", "500", "--format", "raw", "--output", str(raw_path)]
             profiled = subprocess.run(spy, capture_output=True, text=True)
             load.wait(timeout=HEY_S + 60)

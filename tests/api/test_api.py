@@ -256,6 +256,24 @@ def test_not_ready_until_the_engine_is_built_then_ready(monkeypatch: pytest.Monk
         assert client.get("/readyz").status_code == 200
 
 
+def test_no_model_serves_while_the_jpeg_decoder_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decoder's torchvision import holds the GIL for seconds: it runs before any model can
+    take requests, not while they already do (run 15a: a tenth of the rate for ~10 s)."""
+    models_ready: list[bool] = []
+    app = create_app(Settings())
+
+    def starting_decoder(setting: str, device: str) -> None:
+        service = app.state.service
+        models_ready.extend(served.batcher is not None for served in service.models.values())
+        models_ready.append(service.readiness()[0])
+
+    monkeypatch.setattr(service_module, "start_jpeg_decoder", starting_decoder)
+    with TestClient(app) as client:
+        client.portal.call(client.app.state.service.wait_started)  # type: ignore[attr-defined]
+        assert client.get("/readyz").status_code == 200
+    assert models_ready == [False, False]  # the one model's batcher, then the service's readiness
+
+
 def test_start_up_failure_is_reported_and_stops_the_server(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken_build(*args: object, **kwargs: object) -> object:
         raise RuntimeError("bucket 8 differs from eager")
