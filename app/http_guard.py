@@ -20,6 +20,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from app import coarse_timeouts
 from app.config import Settings
 from app.errors import ServiceError, error_body, retry_after
 from app.request_guard import FIRST_BYTE_KEY
@@ -56,7 +57,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._in_headers = True  # between requests or inside a request's head
         self._header_bytes = 0
         self._first_byte: float | None = None
-        self._header_timer: asyncio.TimerHandle | None = None
+        self._header_timer: coarse_timeouts.Armed | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -99,7 +100,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def _arm_header_timer(self) -> None:
         self._disarm_header_timer()
-        self._header_timer = self.loop.call_later(self.header_timeout_s, self._header_timeout)
+        # The coarse timer: one per request on the hot path, and it almost never fires.
+        self._header_timer = coarse_timeouts.call_at(time.monotonic() + self.header_timeout_s, self._header_timeout)
 
     def _disarm_header_timer(self) -> None:
         if self._header_timer is not None:

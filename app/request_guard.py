@@ -14,12 +14,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import metrics
+from app.coarse_timeouts import timeout_at
 from app.errors import (
     BodyTooLargeError,
     BudgetExhaustedError,
@@ -88,8 +88,8 @@ class RequestGuard:
 
         async def guarded_receive() -> Message:
             nonlocal received
-            try:  # asyncio.timeout, not wait_for: on Python 3.11 wait_for wraps each receive in a Task
-                async with asyncio.timeout(self.body_timeout_s):
+            try:  # the coarse timer: asyncio.timeout costs twice as much, and wait_for adds a Task
+                async with timeout_at(time.monotonic() + self.body_timeout_s):
                     message = await receive()
             except TimeoutError:
                 raise RequestTimeoutError(self.body_timeout_s) from None
