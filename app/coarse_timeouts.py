@@ -30,13 +30,16 @@ class Armed:
     __slots__ = ("_callback", "_slot", "_wheel", "done")
 
     def __init__(self, wheel: Wheel, slot: int, callback: Callable[[], object]) -> None:
-        self._wheel, self._slot, self._callback = wheel, slot, callback
+        self._wheel, self._slot = wheel, slot
+        # Dropped once fired or cancelled: the callback's owner usually holds this Armed, and a
+        # cycle per request would leave the garbage collector to free them.
+        self._callback: Callable[[], object] | None = callback
         self.done = False  # fired or cancelled
 
     def cancel(self) -> None:
         if self.done:
             return
-        self.done = True
+        self.done, self._callback = True, None
         slots = self._wheel.slots
         entries = slots.get(self._slot)
         if entries is not None:
@@ -46,9 +49,10 @@ class Armed:
 
     def fire(self) -> None:
         # Scheduled by the sweep; a cancel() in between (the request finished first) wins.
-        if not self.done:
+        callback, self._callback = self._callback, None
+        if not self.done and callback is not None:
             self.done = True
-            self._callback()
+            callback()
 
 
 class Wheel:

@@ -4,6 +4,7 @@ never after a cancel, and behaves as asyncio.timeout_at towards the task it boun
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 
 import pytest
@@ -100,3 +101,26 @@ def test_each_event_loop_has_its_own_wheel() -> None:
 
     first, second = asyncio.run(mine()), asyncio.run(mine())
     assert first is not second and first.loop.is_closed()
+
+
+def test_timeouts_leave_no_reference_cycles_for_the_garbage_collector() -> None:
+    """Each request arms three: a cycle each (the callback's owner holds its Armed) would be
+    garbage only a collection frees, on every request."""
+
+    async def main() -> None:
+        for _ in range(50):
+            async with timeout_at(time.monotonic() + 5):
+                await asyncio.sleep(0)
+            call_at(time.monotonic() + 5, lambda: None).cancel()
+        with pytest.raises(TimeoutError):
+            async with timeout_at(time.monotonic() + 0.01):
+                await asyncio.sleep(5)
+
+    gc.collect()
+    gc.disable()
+    try:
+        asyncio.run(main())
+        found = gc.collect()
+    finally:
+        gc.enable()
+    assert found < 50, f"{found} objects in reference cycles"  # 50 rounds × 6 cyclic objects before the fix
