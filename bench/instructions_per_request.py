@@ -1,0 +1,140 @@
+"""Instructions per request of the service's ASGI app, counted by valgrind: a figure that holds still.
+
+    PYTHONPATH=. python3 bench/instructions_per_request.py [--apps ours,no-op] [--forms json,raw]
+        [--requests 1000] [--concurrency 50]
+
+The development machine's wall-clock and CPU-time rates swing by ±30 % between rounds (steal
+time on a 2-core VM), more than most changes to the request path are worth. Instructions do not:
+two runs of one tree agree within 0.3 %. Each (app, form) runs in a process of its own under
+callgrind with instrumentation off; after start-up and a one-second warm-up the process tells
+this driver, which switches instrumentation on (callgrind_control) for exactly --requests
+requests at --concurrency, and off again. The apps and the request are bench/asgi_path_bench.py's:
+ours (the real app, routes, guards, batcher and metrics, with bench/proxy_server.py's stand-in
+engine) and the plain-route no-op. Instructions are not time (a suspended request costs the event
+loop system calls and cache misses this does not count), so compare trees with it, and servers
+over HTTP on the GPU machine. About a minute per (app, form); needs valgrind (Debian: valgrind).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def measure(app: str, form: str, requests: int, concurrency: int) -> int:
+    """Instructions for `requests` requests, run under callgrind with the window toggled from here."""
+    with tempfile.TemporaryDirectory(prefix="ir-") as folder:
+        marks = Path(folder)
+        argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={marks}/cg.out", "-q"]
+        argv += [sys.executable, __file__, "--serve", app, form, str(requests), str(concurrency), folder]
+        log = (marks / "log").open("wb")
+        env = os.environ | {"PYTHONPATH": str(ROOT)}
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+        def wait_for(name: str) -> None:
+            while not (marks / name).exists():
+                if process.poll() is not None:
+                    tail = (marks / "log").read_text()[-2000:]
+                    raise RuntimeError(f"{app} {form} exited {process.returncode}: {tail}")
+                time.sleep(0.1)
+
+        wait_for("ready")
+        subprocess.run(["callgrind_control", "-i", "on", str(process.pid)], check=True, capture_output=True)
+        (marks / "go").touch()
+        wait_for("done")
+        subprocess.run(["callgrind_control", "-i", "off", str(process.pid)], check=True, capture_output=True)
+        (marks / "stop").touch()
+        process.wait(timeout=120)
+        totals = [line.split()[1] for out in marks.glob("cg.out*") for line in out.read_text().splitlines()
+                  if line.startswith("totals:")]  # fmt: skip
+        return sum(int(total) for total in totals)
+
+
+def wait_for_file(path: Path) -> None:
+    """The driver's cue (it runs callgrind_control between the marks), polled off the event loop."""
+    while not path.exists():
+        time.sleep(0.05)
+
+
+def serve(app_name: str, form: str, requests: int, concurrency: int, folder: str) -> None:
+    """In the process under valgrind: start the app, warm up, then the counted requests on cue."""
+    sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+    import asgi_path_bench as harness
+    import numpy as np
+    import uvloop
+    from proxy_server import TimerEngine
+
+    from app import service as service_module
+    from app.config import Settings
+    from app.main import create_app
+    from loadtest.servers.noop import lean_app
+
+    if form == "raw":
+        harness.BODY = np.full((1, 1, 28, 28), 7, np.uint8).tobytes()
+        harness.SCOPE["headers"] = [
+            (b"host", b"bench"), (b"content-type", b"application/octet-stream"),
+            (b"content-length", b"%d" % len(harness.BODY)),
+        ]  # fmt: skip
+    marks = Path(folder)
+
+    async def main() -> None:
+        service_module.build_engine = lambda model, options, *, in_flight, **_: TimerEngine(  # type: ignore[assignment]
+            80e-6, options.buckets, in_flight
+        )
+        app: Any = create_app(Settings(grpc_port=0, log_level="warning")) if app_name == "ours" else lean_app  # type: ignore[call-arg]
+        lifespan = await harness.started(app)
+        if app_name == "ours":
+            await app.state.service.wait_started()
+        await harness.requests_per_s(app, 1.0, concurrency)  # warm: first-use caches and imports
+        (marks / "ready").touch()
+        await asyncio.to_thread(wait_for_file, marks / "go")
+
+        async def loop() -> None:
+            for _ in range(requests // concurrency):
+                if await harness.one_request(app) != 200:
+                    raise RuntimeError("a request failed")
+
+        await asyncio.gather(*(loop() for _ in range(concurrency)))
+        (marks / "done").touch()
+        await asyncio.to_thread(wait_for_file, marks / "stop")
+        lifespan.cancel()
+
+    uvloop.run(main())
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--serve":
+        app, form, requests, concurrency, folder = sys.argv[2:7]
+        serve(app, form, int(requests), int(concurrency), folder)
+        return 0
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--apps", default="ours,no-op")
+    p.add_argument("--forms", default="json,raw")
+    p.add_argument("--requests", type=int, default=1000)
+    p.add_argument("--concurrency", type=int, default=50)
+    args = p.parse_args()
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        p.error("valgrind is not installed (Debian: apt-get install valgrind)")
+    counted = args.requests // args.concurrency * args.concurrency
+    for form in args.forms.split(","):
+        figures = {app: measure(app, form, counted, args.concurrency) / counted for app in args.apps.split(",")}
+        for app, per_request in figures.items():
+            print(f"{app:6s} {form:4s} {per_request:10,.0f} instructions a request ({counted} requests)", flush=True)
+        if {"ours", "no-op"} <= figures.keys():
+            extra = figures["ours"] - figures["no-op"]
+            print(f"{form}: ours ÷ no-op {figures['no-op'] / figures['ours']:.3f}; the service's extra {extra:,.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
