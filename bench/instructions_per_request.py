@@ -1,7 +1,7 @@
 """Instructions per request of the service's ASGI app, counted by valgrind: a figure that holds still.
 
     PYTHONPATH=. python3 bench/instructions_per_request.py [--apps ours,no-op] [--forms json,raw]
-        [--requests 1000] [--concurrency 50]
+        [--requests 1000] [--concurrency 50] [--without metrics,deadline,guard]
 
 The development machine's wall-clock and CPU-time rates swing by ±30 % between rounds (steal
 time on a 2-core VM), more than most changes to the request path are worth. Instructions do not:
@@ -13,6 +13,11 @@ ours (the real app, routes, guards, batcher and metrics, with bench/proxy_server
 engine) and the plain-route no-op. Instructions are not time (a suspended request costs the event
 loop system calls and cache misses this does not count), so compare trees with it, and servers
 over HTTP on the GPU machine. About a minute per (app, form); needs valgrind (Debian: valgrind).
+
+--without runs ours again with one part of the request path taken out, for what each costs:
+metrics (the per-request counter and latency histogram), deadline (the handler's end-to-end
+deadline, errors.within) or guard (the RequestGuard middleware). Measurement only: the service
+never runs without them.
 """
 
 from __future__ import annotations
@@ -26,17 +31,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def measure(app: str, form: str, requests: int, concurrency: int) -> int:
+def measure(app: str, form: str, requests: int, concurrency: int, without: str = "") -> int:
     """Instructions for `requests` requests, run under callgrind with the window toggled from here."""
     with tempfile.TemporaryDirectory(prefix="ir-") as folder:
         marks = Path(folder)
         argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={marks}/cg.out", "-q"]
-        argv += [sys.executable, __file__, "--serve", app, form, str(requests), str(concurrency), folder]
+        argv += [sys.executable, __file__, "--serve", app, form, str(requests), str(concurrency), folder, without]
         log = (marks / "log").open("wb")
         env = os.environ | {"PYTHONPATH": str(ROOT)}
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -66,7 +72,23 @@ def wait_for_file(path: Path) -> None:
         time.sleep(0.05)
 
 
-def serve(app_name: str, form: str, requests: int, concurrency: int, folder: str) -> None:
+def take_out(app: Any, part: str) -> None:
+    """Remove one part of ours' request path (see --without)."""
+    import contextlib
+
+    import app.routes.predict as predict_route
+
+    if part == "metrics":
+        predict_route.metrics = SimpleNamespace(observe_request=lambda *args: None)  # type: ignore[assignment]
+    elif part == "deadline":
+        predict_route.within = lambda deadline: contextlib.nullcontext()  # type: ignore[assignment,misc]
+    elif part == "guard":
+        app.user_middleware = [m for m in app.user_middleware if m.cls.__name__ != "RequestGuard"]
+    else:
+        raise ValueError(f"--without takes metrics, deadline or guard; got {part!r}")
+
+
+def serve(app_name: str, form: str, requests: int, concurrency: int, folder: str, without: str) -> None:
     """In the process under valgrind: start the app, warm up, then the counted requests on cue."""
     sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
     import asgi_path_bench as harness
@@ -92,6 +114,8 @@ def serve(app_name: str, form: str, requests: int, concurrency: int, folder: str
             80e-6, options.buckets, in_flight
         )
         app: Any = create_app(Settings(grpc_port=0, log_level="warning")) if app_name == "ours" else lean_app  # type: ignore[call-arg]
+        if without:
+            take_out(app, without)
         lifespan = await harness.started(app)
         if app_name == "ours":
             await app.state.service.wait_started()
@@ -114,14 +138,15 @@ def serve(app_name: str, form: str, requests: int, concurrency: int, folder: str
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--serve":
-        app, form, requests, concurrency, folder = sys.argv[2:7]
-        serve(app, form, int(requests), int(concurrency), folder)
+        app, form, requests, concurrency, folder, without = sys.argv[2:8]
+        serve(app, form, int(requests), int(concurrency), folder, without)
         return 0
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--apps", default="ours,no-op")
     p.add_argument("--forms", default="json,raw")
     p.add_argument("--requests", type=int, default=1000)
     p.add_argument("--concurrency", type=int, default=50)
+    p.add_argument("--without", default="", help="also ours without each of: metrics, deadline, guard")
     args = p.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         p.error("valgrind is not installed (Debian: apt-get install valgrind)")
@@ -133,6 +158,11 @@ def main() -> int:
         if {"ours", "no-op"} <= figures.keys():
             extra = figures["ours"] - figures["no-op"]
             print(f"{form}: ours ÷ no-op {figures['no-op'] / figures['ours']:.3f}; the service's extra {extra:,.0f}")
+        for part in filter(None, args.without.split(",")):
+            without = measure("ours", form, counted, args.concurrency, part) / counted
+            saved = figures["ours"] - without if "ours" in figures else float("nan")
+            line = f"ours   {form:4s} {without:10,.0f} instructions a request without {part} ({saved:,.0f} less)"
+            print(line, flush=True)
     return 0
 
 
