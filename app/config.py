@@ -24,6 +24,13 @@ DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 # One device (auto, cpu, cuda, cuda:N), every visible GPU (all), or a list of GPUs (cuda:0,cuda:1).
 _DEVICE = re.compile(r"^(auto|cpu|all|cuda(:\d+)?(,cuda(:\d+)?)*)$")
 
+
+def named_gpus(device: str) -> list[str]:
+    """The GPUs a device setting names by itself, each as cuda:N (cuda means cuda:0); none for
+    auto, cpu and all, which depend on what torch sees (app/engine_factory.resolve_devices)."""
+    return [f"cuda:{part.partition(':')[2] or 0}" for part in device.split(",") if part.startswith("cuda")]
+
+
 Engine = Literal["auto", "eager", "cuda-graph", "compile", "onnxruntime"]
 Dtype = Literal["fp32", "fp16", "bf16"]
 Compile = Literal["none", "inductor", "max-autotune"]
@@ -224,7 +231,7 @@ class Settings(BaseSettings):
                 f"device must be auto, cpu, all, cuda, cuda:N or a comma-separated list such as cuda:0,cuda:1; "
                 f"got {value!r}"
             ) from None
-        gpus = [f"cuda:{part.partition(':')[2] or 0}" for part in value.split(",") if part.startswith("cuda")]
+        gpus = named_gpus(value)
         repeated = sorted({gpu for gpu in gpus if gpus.count(gpu) > 1})
         if repeated:
             raise ValueError(f"device lists {', '.join(repeated)} more than once (cuda means cuda:0); got {value!r}")

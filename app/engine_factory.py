@@ -12,7 +12,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from app.config import Settings
+from app.config import Settings, named_gpus
 from app.engines.base import INPUT_DTYPES, Engine
 from app.model_config import ModelConfigError
 from app.model_spec import ModelSpec
@@ -47,7 +47,7 @@ def resolve_devices(setting: str) -> tuple[str, ...]:
         return tuple(f"cuda:{index}" for index in range(count)) or ("cpu",)
     if setting == "cpu":
         return ("cpu",)
-    devices = tuple(f"cuda:{part.partition(':')[2] or 0}" for part in setting.split(","))
+    devices = tuple(named_gpus(setting))
     if not count:
         raise ModelConfigError([f"device {setting} was asked for, but torch sees no CUDA device; use device auto"])
     missing = [device for device in devices if int(device.partition(":")[2]) >= count]
