@@ -103,7 +103,9 @@ class WorkerConnection:
 async def serve_engines(settings: Settings, socket_path: str, on_ready: Callable[[], None],
                         on_fatal: Callable[[], None]) -> None:  # fmt: skip
     """Build the engines and answer the workers until STOP_SIGNAL (or the parent process is gone)."""
-    service = Service(settings, on_fatal=on_fatal, on_ready=on_ready)
+    # Uploads are decoded by the workers (Pillow): a GPU JPEG decoder here would cost its
+    # torchvision import, device memory and a thread, and never be used.
+    service = Service(settings.model_copy(update={"jpeg_decoder": "cpu"}), on_fatal=on_fatal, on_ready=on_ready)
     service.start()
 
     async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
-from app.engine_process import frames
+import pytest
+
+from app.config import Settings
+from app.engine_process import frames, host
 from app.engine_process.segments import MIN_SEGMENT_BYTES, SegmentPool, map_file
 from app.errors import QueueFullError
 
@@ -35,3 +39,20 @@ def test_an_engine_error_reaches_the_worker_with_its_status_code_and_headers() -
     assert again.message == error.message and again.expected == error.expected
     assert again.headers == {"Retry-After": "1", "Retry-After-Ms": "250"}
     assert again.body() == error.body()
+
+
+def test_the_engine_process_builds_no_jpeg_decoder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workers decode uploads; a GPU decoder in the engine process would only cost."""
+    decoders: list[str] = []
+
+    class Recorder:
+        def __init__(self, settings: Settings, **_: object) -> None:
+            decoders.append(settings.jpeg_decoder)
+
+        def start(self) -> None:
+            raise RuntimeError("recorded")
+
+    monkeypatch.setattr(host, "Service", Recorder)
+    with pytest.raises(RuntimeError, match="recorded"):
+        asyncio.run(host.serve_engines(Settings(jpeg_decoder="auto"), "unused.sock", lambda: None, lambda: None))
+    assert decoders == ["cpu"]
