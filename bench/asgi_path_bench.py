@@ -25,63 +25,22 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-import orjson  # noqa: E402
 import uvloop  # noqa: E402
 from proxy_server import TimerEngine  # noqa: E402
 
 from app import service as service_module  # noqa: E402
 from app.config import Settings  # noqa: E402
 from app.main import create_app  # noqa: E402
+from loadtest.in_process import JSON_BODY, MEDIA, post, post_scope, started  # noqa: E402
 from loadtest.servers.noop import lean_app  # noqa: E402
 
-BODY = orjson.dumps({"instances": [[[[0.5] * 28] * 28]]})
-SCOPE = {
-    "type": "http",
-    "asgi": {"version": "3.0", "spec_version": "2.3"},
-    "http_version": "1.1",
-    "method": "POST",
-    "scheme": "http",
-    "path": "/predict",
-    "raw_path": b"/predict",
-    "query_string": b"",
-    "root_path": "",
-    "headers": [(b"host", b"bench"), (b"content-type", b"application/json"), (b"content-length", b"%d" % len(BODY))],
-    "client": ("127.0.0.1", 40000),
-    "server": ("127.0.0.1", 8000),
-}
+BODY = JSON_BODY
+SCOPE = post_scope(BODY, MEDIA["json"])
 
 
 async def one_request(app: Any) -> int:
-    """One POST /predict through the ASGI app; its status."""
-    status = 0
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": BODY, "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        nonlocal status
-        if message["type"] == "http.response.start":
-            status = message["status"]
-
-    await app({**SCOPE, "state": {}}, receive, send)
-    return status
-
-
-async def started(app: Any) -> asyncio.Task[None]:
-    """Run the app's lifespan start-up (the service builds its engines there); the task holds it open."""
-    events: asyncio.Queue[dict[str, str]] = asyncio.Queue()
-    await events.put({"type": "lifespan.startup"})
-    up = asyncio.Event()
-
-    async def send(message: dict[str, Any]) -> None:
-        if message["type"] == "lifespan.startup.complete":
-            up.set()
-        elif message["type"] == "lifespan.startup.failed":
-            raise RuntimeError(message.get("message", "lifespan start-up failed"))
-
-    task = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, events.get, send))
-    await up.wait()
-    return task
+    """One POST /predict of BODY (SCOPE's headers) through the ASGI app; its status."""
+    return await post(app, SCOPE, BODY)
 
 
 async def requests_per_s(app: Any, seconds: float, concurrency: int) -> float:

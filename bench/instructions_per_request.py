@@ -92,21 +92,18 @@ def serve(app_name: str, form: str, requests: int, concurrency: int, folder: str
     """In the process under valgrind: start the app, warm up, then the counted requests on cue."""
     sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
     import asgi_path_bench as harness
-    import numpy as np
     import uvloop
     from proxy_server import TimerEngine
 
     from app import service as service_module
     from app.config import Settings
     from app.main import create_app
+    from loadtest.in_process import MEDIA, RAW_BODY, post_scope, started
     from loadtest.servers.noop import lean_app
 
     if form == "raw":
-        harness.BODY = np.full((1, 1, 28, 28), 7, np.uint8).tobytes()
-        harness.SCOPE["headers"] = [
-            (b"host", b"bench"), (b"content-type", b"application/octet-stream"),
-            (b"content-length", b"%d" % len(harness.BODY)),
-        ]  # fmt: skip
+        harness.BODY = RAW_BODY
+        harness.SCOPE = post_scope(RAW_BODY, MEDIA["raw"])
     marks = Path(folder)
 
     async def main() -> None:
@@ -116,7 +113,7 @@ def serve(app_name: str, form: str, requests: int, concurrency: int, folder: str
         app: Any = create_app(Settings(grpc_port=0, log_level="warning")) if app_name == "ours" else lean_app  # type: ignore[call-arg]
         if without:
             take_out(app, without)
-        lifespan = await harness.started(app)
+        lifespan = await started(app)
         if app_name == "ours":
             await app.state.service.wait_started()
         await harness.requests_per_s(app, 1.0, concurrency)  # warm: first-use caches and imports
