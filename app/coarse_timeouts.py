@@ -2,12 +2,13 @@
 
 Every request of the hot path carried three: the header timeout (app/http_guard.py), the body's
 pause timeout and the end-to-end deadline (app/request_guard.py, app/errors.py). Each armed a
-loop timer and cancelled it again, and asyncio.timeout wraps that in more Python: 11.5 µs per
-`async with asyncio.timeout()` on the development machine, a tenth of the no-op server's whole
-request. They all guard against the rare client or device that stalls, so they need not be
-exact: here they share a hashed timing wheel, slots of TICK_S, swept by one loop timer that runs
-only while something is armed. Arming and disarming are a set insert and a set discard; a timeout
-fires between 0 and TICK_S after its deadline.
+loop timer and cancelled it again, two of them through asyncio.timeout, which wraps that in more
+Python: together 33,000-37,000 instructions a request more than this module
+(bench/results/2026-12-01-cpu-instructions-per-request.md). They all guard against the rare
+client or device that stalls, so they need not be exact: here they share a hashed timing wheel,
+slots of TICK_S, swept by one loop timer that runs only while something is armed. Arming and
+disarming are a set insert and a set discard; a timeout fires between 0 and TICK_S after its
+deadline.
 
     call_at(deadline, callback) -> Armed        deadline in time.monotonic(); .cancel() disarms
     async with timeout_at(deadline): ...        TimeoutError past it, as asyncio.timeout_at
@@ -27,19 +28,23 @@ TICK_S = 0.01  # a timeout fires at most this late; the sweep runs at this perio
 class Armed:
     """One armed timeout; cancel() disarms it, up to the moment its callback runs."""
 
-    __slots__ = ("_callback", "_slot", "_wheel", "done")
+    __slots__ = ("_callback", "_slot", "_wheel")
 
     def __init__(self, wheel: Wheel, slot: int, callback: Callable[[], object]) -> None:
         self._wheel, self._slot = wheel, slot
         # Dropped once fired or cancelled: the callback's owner usually holds this Armed, and a
         # cycle per request would leave the garbage collector to free them.
         self._callback: Callable[[], object] | None = callback
-        self.done = False  # fired or cancelled
+
+    @property
+    def done(self) -> bool:
+        """Fired or cancelled."""
+        return self._callback is None
 
     def cancel(self) -> None:
-        if self.done:
+        if self._callback is None:
             return
-        self.done, self._callback = True, None
+        self._callback = None
         slots = self._wheel.slots
         entries = slots.get(self._slot)
         if entries is not None:
@@ -50,8 +55,7 @@ class Armed:
     def fire(self) -> None:
         # Scheduled by the sweep; a cancel() in between (the request finished first) wins.
         callback, self._callback = self._callback, None
-        if not self.done and callback is not None:
-            self.done = True
+        if callback is not None:
             callback()
 
 

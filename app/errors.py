@@ -173,8 +173,8 @@ class RequestTimeoutError(ServiceError):
 class within(timeout_at):
     """Bound a request's reading, decoding and queueing by its deadline (time.monotonic()): 504 past it.
 
-    On the coarse timer (app/coarse_timeouts.py): up to its tick late, and a fraction of
-    asyncio.timeout_at's cost on every request."""
+    On the coarse timer (app/coarse_timeouts.py): up to its tick late, and cheaper than
+    asyncio.timeout_at on every request."""
 
     __slots__ = ()
 

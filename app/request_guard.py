@@ -88,7 +88,7 @@ class RequestGuard:
 
         async def guarded_receive() -> Message:
             nonlocal received
-            try:  # the coarse timer: asyncio.timeout costs twice as much, and wait_for adds a Task
+            try:  # on every request: the coarse timer (app/coarse_timeouts.py), not asyncio.timeout or wait_for
                 async with timeout_at(time.monotonic() + self.body_timeout_s):
                     message = await receive()
             except TimeoutError:

@@ -6,13 +6,14 @@
 The development machine's wall-clock and CPU-time rates swing by ±30 % between rounds (steal
 time on a 2-core VM), more than most changes to the request path are worth. Instructions do not:
 two runs of one tree agree within 0.3 %. Each (app, form) runs in a process of its own under
-callgrind with instrumentation off; after start-up and a one-second warm-up the process tells
-this driver, which switches instrumentation on (callgrind_control) for exactly --requests
-requests at --concurrency, and off again. The apps and the request are bench/asgi_path_bench.py's:
-ours (the real app, routes, guards, batcher and metrics, with bench/proxy_server.py's stand-in
-engine) and the plain-route no-op. Instructions are not time (a suspended request costs the event
-loop system calls and cache misses this does not count), so compare trees with it, and servers
-over HTTP on the GPU machine. About a minute per (app, form); needs valgrind (Debian: valgrind).
+callgrind with instrumentation off; after start-up and a warm-up of as many requests, the
+process tells this driver, which switches instrumentation on (callgrind_control) for exactly
+--requests requests at --concurrency, and off again. The apps: ours (the real app, routes,
+guards, batcher and metrics, with bench/proxy_server.py's stand-in engine) and the plain-route
+no-op; the request: loadtest/in_process.py's one image, JSON or raw. Instructions are not time
+(a suspended request costs the event loop system calls and cache misses this does not count), so
+compare trees with it, and servers over HTTP on the GPU machine. About a minute per (app, form);
+needs valgrind (Debian: valgrind).
 
 --without runs ours again with one part of the request path taken out, for what each costs:
 metrics (the per-request counter and latency histogram), deadline (the handler's end-to-end
@@ -91,20 +92,28 @@ def take_out(app: Any, part: str) -> None:
 def serve(app_name: str, form: str, requests: int, concurrency: int, folder: str, without: str) -> None:
     """In the process under valgrind: start the app, warm up, then the counted requests on cue."""
     sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
-    import asgi_path_bench as harness
     import uvloop
     from proxy_server import TimerEngine
 
     from app import service as service_module
     from app.config import Settings
     from app.main import create_app
-    from loadtest.in_process import MEDIA, RAW_BODY, post_scope, started
+    from loadtest.in_process import JSON_BODY, MEDIA, RAW_BODY, post, post_scope, started
     from loadtest.servers.noop import lean_app
 
-    if form == "raw":
-        harness.BODY = RAW_BODY
-        harness.SCOPE = post_scope(RAW_BODY, MEDIA["raw"])
+    body = RAW_BODY if form == "raw" else JSON_BODY
+    scope = post_scope(body, MEDIA[form])
     marks = Path(folder)
+
+    async def drive(app: Any) -> None:
+        """`requests` requests, `concurrency` at a time."""
+
+        async def loop() -> None:
+            for _ in range(requests // concurrency):
+                if await post(app, scope, body) != 200:
+                    raise RuntimeError("a request failed")
+
+        await asyncio.gather(*(loop() for _ in range(concurrency)))
 
     async def main() -> None:
         service_module.build_engine = lambda model, options, *, in_flight, **_: TimerEngine(  # type: ignore[assignment]
@@ -116,16 +125,10 @@ def serve(app_name: str, form: str, requests: int, concurrency: int, folder: str
         lifespan = await started(app)
         if app_name == "ours":
             await app.state.service.wait_started()
-        await harness.requests_per_s(app, 1.0, concurrency)  # warm: first-use caches and imports
+        await drive(app)  # warm: first-use caches and imports
         (marks / "ready").touch()
         await asyncio.to_thread(wait_for_file, marks / "go")
-
-        async def loop() -> None:
-            for _ in range(requests // concurrency):
-                if await harness.one_request(app) != 200:
-                    raise RuntimeError("a request failed")
-
-        await asyncio.gather(*(loop() for _ in range(concurrency)))
+        await drive(app)
         (marks / "done").touch()
         await asyncio.to_thread(wait_for_file, marks / "stop")
         lifespan.cancel()

@@ -34,9 +34,12 @@ TOP = 45
 
 
 def summarise(raw: str) -> str:
-    """py-spy's raw stacks ("frame;frame;… count" per line) → the top frames by own and by inclusive share."""
+    """py-spy's raw stacks ("frame;frame;… count" per line, a frame "function (file:line)") → the top
+    frames by own and by inclusive share of the samples, and the top functions by inclusive share
+    (every line of a function together: what a call of it costs)."""
     own: collections.Counter[str] = collections.Counter()
     inclusive: collections.Counter[str] = collections.Counter()
+    functions: collections.Counter[str] = collections.Counter()
     total = 0
     for line in raw.splitlines():
         stack, _, count = line.rpartition(" ")
@@ -47,10 +50,14 @@ def summarise(raw: str) -> str:
         own[frames[-1]] += n
         for frame in set(frames):
             inclusive[frame] += n
+        for function in {frame.rpartition(":")[0] for frame in frames}:  # "name (file" without the line
+            functions[function] += n
     lines = [f"{total} samples", "--- own"]
     lines += [f"{100 * n / total:5.1f}% {frame}" for frame, n in own.most_common(TOP)]
     lines += ["--- inclusive"]
     lines += [f"{100 * n / total:5.1f}% {frame}" for frame, n in inclusive.most_common(TOP * 2)]
+    lines += ["--- inclusive, by function"]
+    lines += [f"{100 * n / total:5.1f}% {function})" for function, n in functions.most_common(TOP * 4)]
     return "\n".join(lines) + "\n"
 
 
@@ -97,17 +104,8 @@ def main() -> int:
             load = subprocess.Popen(["taskset", "-c", args.loadgen_cores, *load_argv], stdout=csv_out)
             time.sleep(PROFILE_FROM_S)
             raw_path = prefix.with_name(f"{args.tag}-raw.txt")
-            spy = [
-                args.py_spy,
-                "record",
-                "--gil",
-                "--nonblocking",
-                "--pid",
-                str(server.proc.pid),
-                "--duration",
-                str(PROFILE_S),
-            ]
-            spy += ["--rate", "500", "--format", "raw", "--output", str(raw_path)]
+            spy = [args.py_spy, "record", "--gil", "--nonblocking", "--pid", str(server.proc.pid)]
+            spy += ["--duration", str(PROFILE_S), "--rate", "500", "--format", "raw", "--output", str(raw_path)]
             profiled = subprocess.run(spy, capture_output=True, text=True)
             load.wait(timeout=HEY_S + 60)
         if args.target == "ours":
