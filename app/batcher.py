@@ -164,8 +164,7 @@ class Batcher:
         )
         was_empty = not self._queue
         self._queue.append(request)
-        self._queued_rows += rows
-        self._queue_depth.set(self._queued_rows)
+        self._queued_rows += rows  # the depth gauge is set per batch and per reap, not per request
         # Wake the collector only when its decision can change: the delay clock starts, or a
         # full batch is ready. Anything else it notices when its timer fires.
         if was_empty or self._queued_rows >= self.max_bucket:
@@ -213,6 +212,7 @@ class Batcher:
             self.reap(time.monotonic())
 
     def reap(self, now: float) -> None:
+        self._queue_depth.set(self._queued_rows)  # a queue that no batch drains (no free slot) shows too
         for request in self._queue:  # the collector drops them, done, when it next runs
             if now >= request.deadline and not request.future.done():
                 request.future.set_exception(DeadlineExceededError(request.deadline - request.enqueued))

@@ -1,7 +1,8 @@
 """Timeouts that almost never fire, on one timer per event loop instead of one per request.
 
-Every request of the hot path carried three: the header timeout (app/http_guard.py), the body's
-pause timeout and the end-to-end deadline (app/request_guard.py, app/errors.py). Each armed a
+Every request of the hot path carried three: the header timeout, the body's pause timeout (both
+app/http_guard.py now; the second armed only while part of a body is still to come) and the
+end-to-end deadline (app/errors.py). Each armed a
 loop timer and cancelled it again, two of them through asyncio.timeout, which wraps that in more
 Python: together 33,000-37,000 instructions a request more than this module
 (bench/results/2026-12-01-cpu-instructions-per-request.md). They all guard against the rare

@@ -6,6 +6,10 @@
   is closed (httptools itself would buffer any size); headers not complete within
   CGSERVE_HEADER_TIMEOUT_S of the request's first byte, or of the connection's opening, get 408
   (slowloris: one byte every few seconds holds nothing for long).
+- Bodies: a body that pauses longer than CGSERVE_BODY_TIMEOUT_S between two chunks is marked in
+  its scope (extensions["cgserve.body_timed_out"]) and the app's waiting receive() is woken;
+  app/request_guard.py then answers 408. The timer is armed only while part of a body is still
+  to come, so a request that arrives whole (nearly all of them) arms none.
 - The deadline's start: the time of each request's first byte goes into the ASGI scope
   (extensions["cgserve.first_byte"]), so the end-to-end deadline counts the reading too.
 Keep-alive idle timeouts are uvicorn's own (timeout_keep_alive).
@@ -23,7 +27,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from app import coarse_timeouts
 from app.config import Settings
 from app.errors import ServiceError, error_body, retry_after
-from app.request_guard import FIRST_BYTE_KEY
+from app.request_guard import BODY_TIMED_OUT_KEY, FIRST_BYTE_KEY
 
 
 class _ConnectionRefused(ServiceError):
@@ -51,6 +55,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     max_connections = 1024
     max_header_bytes = 65536
     header_timeout_s = 10.0
+    body_timeout_s = 10.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -58,6 +63,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._header_bytes = 0
         self._first_byte: float | None = None
         self._header_timer: coarse_timeouts.Armed | None = None
+        self._body_timer: coarse_timeouts.Armed | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -68,6 +74,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()
+        self._disarm_body_timer()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -84,6 +91,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                         f"at most {self.max_header_bytes} bytes of headers (CGSERVE_MAX_HEADER_BYTES)",
                     )
                 )  # fmt: skip
+        elif not self._in_headers and not self.transport.is_closing():  # part of a body is still to come
+            self._arm_body_timer()  # or re-arm: the timeout bounds each pause, not the whole body
 
     def on_headers_complete(self) -> None:
         self._disarm_header_timer()
@@ -95,6 +104,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
+        self._disarm_body_timer()
         super().on_message_complete()
         self._in_headers = True  # what comes next on this connection is another request's head
 
@@ -121,6 +131,30 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 )
             )  # fmt: skip
 
+    def _arm_body_timer(self) -> None:
+        self._disarm_body_timer()
+        self._body_timer = coarse_timeouts.call_at(time.monotonic() + self.body_timeout_s, self._body_timeout)
+
+    def _disarm_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_timeout(self) -> None:
+        self._body_timer = None
+        cycle = self.cycle
+        if self._in_headers or cycle is None or self.transport.is_closing():
+            return
+        if cycle.response_complete:  # answered before its body came (a refusal): nothing more is owed
+            self.transport.close()
+            return
+        if self.flow.read_paused:  # the pause is ours (the app has yet to take what came), not the client's
+            self._arm_body_timer()
+            return
+        extensions: dict[str, Any] = cycle.scope["extensions"]  # set in on_headers_complete
+        extensions[BODY_TIMED_OUT_KEY] = True
+        cycle.message_event.set()  # the app's receive() returns; app/request_guard.py raises the 408
+
     def _answer_and_close(self, error: ServiceError) -> None:
         self._disarm_header_timer()
         body = error_body(error)
@@ -136,6 +170,7 @@ def configure(settings: Settings) -> None:
     GuardedHttpProtocol.max_connections = settings.max_connections or open_file_budget()
     GuardedHttpProtocol.max_header_bytes = settings.max_header_bytes
     GuardedHttpProtocol.header_timeout_s = settings.header_timeout_s
+    GuardedHttpProtocol.body_timeout_s = settings.body_timeout_s
 
 
 def open_file_budget() -> int:

@@ -69,7 +69,10 @@ GPU_JPEG_BATCH_IMAGES = Histogram(
 )
 # multiprocess_mode says how /metrics merges a gauge across workers (ignored with one process).
 QUEUE_DEPTH = Gauge(
-    "cgserve_queue_depth_rows", "Rows waiting in the batcher's queue.", ["model"], multiprocess_mode="livesum"
+    "cgserve_queue_depth_rows",
+    "Rows waiting in the batcher's queue, as each batch is taken and every 0.5 s.",
+    ["model"],
+    multiprocess_mode="livesum",
 )
 IN_FLIGHT = Gauge(
     "cgserve_in_flight_batches",

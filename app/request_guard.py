@@ -8,8 +8,9 @@
 - Memory: bodies being read and decoded at once are bounded by CGSERVE_MAX_INFLIGHT_BYTES (by
   declared length; a chunked body counts as the largest allowed): one over it gets 503 with
   Retry-After before a byte of its body is read.
-- Slow bodies: a body that pauses longer than CGSERVE_BODY_TIMEOUT_S raises RequestTimeoutError
-  (408) in the handler that reads it.
+- Slow bodies: a body that paused longer than CGSERVE_BODY_TIMEOUT_S raises RequestTimeoutError
+  (408) in the handler that reads it. app/http_guard.py's protocol times the pauses, where the
+  bytes arrive, and marks the scope; here each receive() checks the mark (no timer per request).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import metrics
-from app.coarse_timeouts import timeout_at
 from app.errors import (
     BodyTooLargeError,
     BudgetExhaustedError,
@@ -31,6 +31,7 @@ from app.errors import (
 
 DEADLINE_KEY = "cgserve.deadline"
 FIRST_BYTE_KEY = "cgserve.first_byte"  # set by app/http_guard.py where the guarded protocol runs
+BODY_TIMED_OUT_KEY = "cgserve.body_timed_out"  # set by app/http_guard.py when a body pauses too long
 TIMEOUT_HEADER = b"x-request-timeout-ms"
 
 
@@ -55,7 +56,8 @@ class RequestGuard:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send)
             return
-        started = scope.get("extensions", {}).get(FIRST_BYTE_KEY) or time.monotonic()
+        extensions = scope.get("extensions") or {}
+        started = extensions.get(FIRST_BYTE_KEY) or time.monotonic()
         declared: int | None = None
         timeout_s = self.request_timeout_s
         for name, value in scope["headers"]:
@@ -79,20 +81,18 @@ class RequestGuard:
         scope[DEADLINE_KEY] = started + timeout_s
         self.inflight_bytes += reserved
         try:
-            await self.app(scope, self._guarded(receive, counted=declared is None), send)
+            await self.app(scope, self._guarded(receive, extensions, counted=declared is None), send)
         finally:
             self.inflight_bytes -= reserved
 
-    def _guarded(self, receive: Receive, *, counted: bool) -> Receive:
+    def _guarded(self, receive: Receive, extensions: dict[str, object], *, counted: bool) -> Receive:
         received = 0
 
         async def guarded_receive() -> Message:
             nonlocal received
-            try:  # on every request: the coarse timer (app/coarse_timeouts.py), not asyncio.timeout or wait_for
-                async with timeout_at(time.monotonic() + self.body_timeout_s):
-                    message = await receive()
-            except TimeoutError:
-                raise RequestTimeoutError(self.body_timeout_s) from None
+            message = await receive()
+            if BODY_TIMED_OUT_KEY in extensions:
+                raise RequestTimeoutError(self.body_timeout_s)
             if counted and message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_body_bytes:

@@ -25,7 +25,7 @@ def whole_machine(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_one_worker_no_op_and_ours_with_ratio_p99_and_hey(tmp_path: Path, hey: str | None) -> None:
     done = whole_machine(
         tmp_path, "--workers", "1", "--forms", "raw", "--per-worker", "2", "--step-duration", "0.5",
-        "--warmup", "0.2", "--processes", "1", "--hey", hey or "",
+        "--warmup", "0.2", "--processes", "1", "--hey", hey or "", "--p99-repeats", "2",
     )  # fmt: skip
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
     report = json.loads((tmp_path / "whole-machine.json").read_text())
@@ -43,6 +43,15 @@ def test_one_worker_no_op_and_ours_with_ratio_p99_and_hey(tmp_path: Path, hey: s
     ratio = checks["1 worker(s), raw: ours ÷ no-op"]["value"]
     assert ratio == round(ours["saturation"]["throughput_rps"] / noop["saturation"]["throughput_rps"], 3)
     assert checks["ours-1 raw: p99 at half saturation (ms)"]["value"] == ours["half_saturation"]["latency_ms"]["p99"]
+    assert sorted(ours["half_saturation_p99s_ms"]) == ours["half_saturation_p99s_ms"]
+    assert ours["half_saturation"]["latency_ms"]["p99"] == ours["half_saturation_p99s_ms"][1]  # median of two: upper
+    # ours' own histograms during its step: every request it answered went through the handler
+    inside = ours["half_saturation"]["server_side"]
+    assert inside["handler_ms"]["count"] >= ours["half_saturation"]["counts"]["ok"] > 0
+    assert 0 < inside["handler_ms"]["p50"] <= inside["handler_ms"]["p99"]
+    assert inside["batch_rows"]["mean"] >= 1
+    assert "server_side" not in noop["half_saturation"]  # the no-op has no /metrics
+    assert "The same median step seen by the server's own histograms" in (tmp_path / "whole-machine.md").read_text()
     if hey is not None:  # the largest worker count's no-op, at its saturation concurrency
         assert noop["hey"]["concurrency"] == 2 and noop["hey"]["requests_per_s"] > 0
         assert checks["noop-1 raw: this generator ÷ hey"]["value"] == noop["hey"]["loadtest_over_hey"]

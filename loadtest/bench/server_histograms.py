@@ -1,0 +1,87 @@
+"""What the service's own histograms saw during one load step: /metrics scraped before and after,
+the difference read as quantiles. For where a client's latency goes: inside the handler
+(cgserve_request_duration_seconds: from the handler's start to the answer encoded) or outside it
+(reading, the event loop's queue, writing, the generator), and whether the loop stalled or the
+garbage collector ran meanwhile.
+
+A quantile here is the upper bound of the histogram bucket that holds it (app/metrics.py's
+buckets: 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10 ms, …), so read it as "at most".
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+# The families read, each summed over its labels: (name in /metrics, key in the view).
+FAMILIES = {
+    "cgserve_request_duration_seconds": "handler_ms",
+    "cgserve_queue_wait_seconds": "queue_wait_ms",
+    "cgserve_event_loop_lag_seconds": "loop_lag_ms",
+    "cgserve_gc_pause_seconds": "gc_pause_ms",
+    "cgserve_batch_rows": "batch_rows",
+}
+
+Snapshot = dict[str, dict[str, Any]]  # family → {"buckets": {le: cumulative count}, "sum": s, "count": n}
+
+
+def scrape(url: str, timeout_s: float = 5.0) -> Snapshot | None:
+    """The histograms of FAMILIES from `url`/metrics (every worker's, merged); None where there is none."""
+    try:
+        response = httpx.get(f"{url}/metrics", timeout=timeout_s)
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    out: Snapshot = {}
+    for family in text_string_to_metric_families(response.text):
+        if family.name not in FAMILIES:
+            continue
+        buckets: dict[float, float] = defaultdict(float)
+        total = count = 0.0
+        for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                buckets[float(sample.labels["le"])] += sample.value
+            elif sample.name.endswith("_sum"):
+                total += sample.value
+            elif sample.name.endswith("_count"):
+                count += sample.value
+        out[family.name] = {"buckets": dict(buckets), "sum": total, "count": count}
+    return out
+
+
+def quantile(buckets: dict[float, float], q: float) -> float | None:
+    """The upper bound of the bucket holding the q-quantile of cumulative `buckets` (le → count)."""
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]] if bounds else 0.0
+    if total <= 0:
+        return None
+    rank = q * total
+    return next(bound for bound in bounds if buckets[bound] >= rank)
+
+
+def step_view(before: Snapshot, after: Snapshot) -> dict[str, Any]:
+    """What happened between two snapshots: per family its count, mean, p50, p99 (ms for seconds)."""
+    view: dict[str, Any] = {}
+    for name, key in FAMILIES.items():
+        if name not in after:
+            continue
+        old = before.get(name, {"buckets": {}, "sum": 0.0, "count": 0.0})
+        delta = {le: n - old["buckets"].get(le, 0.0) for le, n in after[name]["buckets"].items()}
+        count = after[name]["count"] - old["count"]
+        scale = 1.0 if key == "batch_rows" else 1000.0
+
+        def scaled(value: float | None, scale: float = scale) -> float | None:
+            return None if value is None or math.isinf(value) else round(value * scale, 3)
+
+        view[key] = {
+            "count": int(count),
+            "mean": scaled((after[name]["sum"] - old["sum"]) / count) if count else None,
+            "p50": scaled(quantile(delta, 0.5)),
+            "p99": scaled(quantile(delta, 0.99)),
+        }
+    return view
