@@ -17,7 +17,8 @@ needs valgrind (Debian: valgrind).
 
 --without runs ours again with one part of the request path taken out, for what each costs:
 metrics (the per-request counter and latency histogram), deadline (the handler's end-to-end
-deadline, errors.within) or guard (the RequestGuard middleware). Measurement only: the service
+deadline, errors.within), guard (the RequestGuard middleware) or batcher (submit answers at once:
+no queue, future, wait, batch, staging or launch). Measurement only: the service
 never runs without them.
 """
 
@@ -85,8 +86,17 @@ def take_out(app: Any, part: str) -> None:
         predict_route.within = lambda deadline: contextlib.nullcontext()  # type: ignore[assignment,misc]
     elif part == "guard":
         app.user_middleware = [m for m in app.user_middleware if m.cls.__name__ != "RequestGuard"]
+    elif part == "batcher":  # the answer at once: no queue, future, wait, batch, staging or launch
+        import numpy as np
+
+        from app.batcher import Batcher
+
+        async def answer_now(self: Batcher, images: Any, deadline: float | None = None) -> Any:
+            return np.full((len(images), self._num_classes), 0.1, np.float32)
+
+        Batcher.submit = answer_now  # type: ignore[method-assign]
     else:
-        raise ValueError(f"--without takes metrics, deadline or guard; got {part!r}")
+        raise ValueError(f"--without takes metrics, deadline, guard or batcher; got {part!r}")
 
 
 def serve(app_name: str, form: str, requests: int, concurrency: int, folder: str, without: str) -> None:
@@ -146,7 +156,7 @@ def main() -> int:
     p.add_argument("--forms", default="json,raw")
     p.add_argument("--requests", type=int, default=1000)
     p.add_argument("--concurrency", type=int, default=50)
-    p.add_argument("--without", default="", help="also ours without each of: metrics, deadline, guard")
+    p.add_argument("--without", default="", help="also ours without each of: metrics, deadline, guard, batcher")
     args = p.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         p.error("valgrind is not installed (Debian: apt-get install valgrind)")
