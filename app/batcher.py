@@ -39,6 +39,7 @@ from app import metrics
 from app.batch_shares import PendingRequest, Share, answer, fail, stage_rows
 from app.engines.base import Engine
 from app.errors import DeadlineExceededError, EngineError, NotReadyError, QueueFullError
+from app.metric_buffers import BufferedHistogram, BufferedSum, BufferedValue
 from app.slot_pool import Lease, SlotPool
 
 log = logging.getLogger(__name__)
@@ -82,19 +83,20 @@ class Batcher:
         self._batches: dict[asyncio.Task[None], tuple[float, Lease, list[Share]]] = {}  # task → (launched, …)
         self._loop_task: asyncio.Task[None] | None = None
         self._reaper_task: asyncio.Task[None] | None = None
-        # The labelled metric children, looked up once rather than per batch.
+        # The labelled metric children, looked up once rather than per batch, and buffered: plain
+        # numbers until the next flush (app/metric_buffers.py), not a lock and three calls each.
         self._bucket_metrics = {
             b: (
-                metrics.BATCHES.labels(model=model, bucket=str(b)),
-                metrics.PADDING_ROWS.labels(model=model, bucket=str(b)),
-                metrics.BATCH_COMPUTE.labels(model=model, bucket=str(b)),
+                BufferedSum(metrics.BATCHES.labels(model=model, bucket=str(b))),
+                BufferedSum(metrics.PADDING_ROWS.labels(model=model, bucket=str(b))),
+                BufferedHistogram(metrics.BATCH_COMPUTE.labels(model=model, bucket=str(b))),
             )
             for b in engine.buckets
         }
-        self._queue_depth = metrics.QUEUE_DEPTH.labels(model=model)
-        self._queue_wait = metrics.QUEUE_WAIT.labels(model=model)
-        self._batch_rows = metrics.BATCH_ROWS.labels(model=model)
-        self._in_flight = metrics.IN_FLIGHT.labels(model=model)
+        self._queue_depth = BufferedValue(metrics.QUEUE_DEPTH.labels(model=model))
+        self._queue_wait = BufferedHistogram(metrics.QUEUE_WAIT.labels(model=model))
+        self._batch_rows = BufferedHistogram(metrics.BATCH_ROWS.labels(model=model))
+        self._in_flight = BufferedSum(metrics.IN_FLIGHT.labels(model=model))
         # Per device, by SlotPool index: (batches, rows, in flight).
         self._device_metrics = [metrics.device_children(model, engine.device) for engine in self.engines]
 

@@ -12,6 +12,9 @@ import os
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
+from app import metric_buffers
+from app.metric_buffers import BufferedHistogram, BufferedSum
+
 # 50 µs … 10 s: a replay of the seed CNN is ~30 µs, an overloaded queue is seconds.
 LATENCY_BUCKETS = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005,
@@ -154,6 +157,7 @@ GC_PAUSE = Histogram(
 
 def exposition() -> bytes:
     """The text format for GET /metrics: this process's metrics, or every worker's when several run."""
+    metric_buffers.flush()  # this process's hot-path figures, up to now
     if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
@@ -162,20 +166,20 @@ def exposition() -> bytes:
 
 
 @functools.cache
-def _request_children(model: str, protocol: str, form: str, code: str) -> tuple[Counter, Histogram]:
-    """The labelled children, looked up once per label set instead of per request."""
+def _request_children(model: str, protocol: str, form: str, code: str) -> tuple[BufferedSum, BufferedHistogram]:
+    """The labelled children, looked up once per label set and buffered (app/metric_buffers.py)."""
     return (
-        REQUESTS.labels(model=model, protocol=protocol, format=form, code=code),
-        REQUEST_LATENCY.labels(model=model, protocol=protocol, format=form),
+        BufferedSum(REQUESTS.labels(model=model, protocol=protocol, format=form, code=code)),
+        BufferedHistogram(REQUEST_LATENCY.labels(model=model, protocol=protocol, format=form)),
     )
 
 
-def device_children(model: str, device: str) -> tuple[Counter, Counter, Gauge]:
-    """One device's (batches, rows, in flight) children, looked up once per batcher, not per batch."""
+def device_children(model: str, device: str) -> tuple[BufferedSum, BufferedSum, BufferedSum]:
+    """One device's (batches, rows, in flight), looked up once per batcher and buffered."""
     return (
-        DEVICE_BATCHES.labels(model=model, device=device),
-        DEVICE_ROWS.labels(model=model, device=device),
-        DEVICE_IN_FLIGHT.labels(model=model, device=device),
+        BufferedSum(DEVICE_BATCHES.labels(model=model, device=device)),
+        BufferedSum(DEVICE_ROWS.labels(model=model, device=device)),
+        BufferedSum(DEVICE_IN_FLIGHT.labels(model=model, device=device)),
     )
 
 

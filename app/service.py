@@ -23,7 +23,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from app import metrics
+from app import metric_buffers, metrics
 from app.batcher import Batcher
 from app.config import Settings
 from app.engine_factory import (
@@ -154,10 +154,14 @@ class Service:
         self._on_ready = on_ready
         self._peers_ready = peers_ready  # other worker processes, where there are several
         self._startup: asyncio.Task[None] | None = None
+        self._flusher: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         metrics.READY.set(0)
         self._startup = asyncio.create_task(self._start(), name="engine-startup")
+        # The hot path's buffered metrics into Prometheus (app/metric_buffers.py), here because the
+        # engine process runs a Service without HTTP, and its batchers' metrics count too.
+        self._flusher = asyncio.create_task(metric_buffers.flush_every(), name="metric-flush")
 
     def begin_drain(self) -> None:
         """SIGTERM: readiness 503 from now on, so load balancers stop sending; requests are still served."""
@@ -292,6 +296,9 @@ class Service:
             self.jpeg_decoder.close()
         if self.engine_link is not None:
             await self.engine_link.close()
+        if self._flusher is not None:
+            self._flusher.cancel()  # it flushes once more as it ends
+            await asyncio.gather(self._flusher, return_exceptions=True)
 
     def readiness(self) -> tuple[bool, str]:
         if self.failure is not None:

@@ -1,7 +1,7 @@
 """Instructions per request of the service's ASGI app, counted by valgrind: a figure that holds still.
 
     PYTHONPATH=. python3 bench/instructions_per_request.py [--apps ours,no-op] [--forms json,raw]
-        [--requests 1000] [--concurrency 50] [--without metrics,deadline,guard]
+        [--requests 1000] [--concurrency 50] [--without metrics,deadline,guard,batch-metrics,batcher]
 
 The development machine's wall-clock and CPU-time rates swing by ±30 % between rounds (steal
 time on a 2-core VM), more than most changes to the request path are worth. Instructions do not:
@@ -17,8 +17,10 @@ needs valgrind (Debian: valgrind).
 
 --without runs ours again with one part of the request path taken out, for what each costs:
 metrics (the per-request counter and latency histogram), deadline (the handler's end-to-end
-deadline, errors.within), guard (the RequestGuard middleware) or batcher (submit answers at once:
-no queue, future, wait, batch, staging or launch). Measurement only: the service
+deadline, errors.within), guard (the RequestGuard middleware), batch-metrics (every metric the
+batcher keeps, per request and per batch) or batcher (submit answers at once: no queue, future,
+wait, batch, staging or launch). --concurrency 1 makes every request a batch of its own: the
+per-batch costs in full. Measurement only: the service
 never runs without them.
 """
 
@@ -86,6 +88,18 @@ def take_out(app: Any, part: str) -> None:
         predict_route.within = lambda deadline: contextlib.nullcontext()  # type: ignore[assignment,misc]
     elif part == "guard":
         app.user_middleware = [m for m in app.user_middleware if m.cls.__name__ != "RequestGuard"]
+    elif part == "batch-metrics":  # every metric the batcher keeps, per request and per batch
+        from app import batcher
+
+        def nothing(*args: Any) -> None:
+            pass
+
+        null = SimpleNamespace(inc=nothing, dec=nothing, set=nothing, observe=nothing)
+        family = SimpleNamespace(labels=lambda **labels: null)
+        batcher.metrics = SimpleNamespace(  # type: ignore[assignment]
+            BATCHES=family, PADDING_ROWS=family, BATCH_COMPUTE=family, QUEUE_DEPTH=family, QUEUE_WAIT=family,
+            BATCH_ROWS=family, IN_FLIGHT=family, device_children=lambda model, device: (null, null, null),
+        )  # fmt: skip
     elif part == "batcher":  # the answer at once: no queue, future, wait, batch, staging or launch
         import numpy as np
 
@@ -96,7 +110,7 @@ def take_out(app: Any, part: str) -> None:
 
         Batcher.submit = answer_now  # type: ignore[method-assign]
     else:
-        raise ValueError(f"--without takes metrics, deadline, guard or batcher; got {part!r}")
+        raise ValueError(f"--without takes metrics, deadline, guard, batch-metrics or batcher; got {part!r}")
 
 
 def serve(app_name: str, form: str, requests: int, concurrency: int, folder: str, without: str) -> None:
@@ -156,7 +170,7 @@ def main() -> int:
     p.add_argument("--forms", default="json,raw")
     p.add_argument("--requests", type=int, default=1000)
     p.add_argument("--concurrency", type=int, default=50)
-    p.add_argument("--without", default="", help="also ours without each of: metrics, deadline, guard, batcher")
+    p.add_argument("--without", default="", help="also ours without each part named (see above)")
     args = p.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         p.error("valgrind is not installed (Debian: apt-get install valgrind)")

@@ -3,10 +3,14 @@ shared harness (loadtest/server_process.py). tests/gpu uses it too."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
+
+from app.metric_buffers import FLUSH_S
 from loadtest.server_process import HOST, free_port, running
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,3 +27,10 @@ def running_server(log_path: Path, command: tuple[str, ...] = README_COMMAND, **
     env |= {f"CGSERVE_{name.upper()}": value for name, value in settings.items()}
     with running(command, log_path, port=port, ready_timeout_s=START_TIMEOUT_S, env=env, cwd=ROOT) as server:
         yield server.url
+
+
+def settled_metrics(url: str) -> str:
+    """/metrics once every process of a server has flushed its buffered figures (app/metric_buffers.py):
+    the worker that answers flushes its own at once, the others and an engine process each FLUSH_S."""
+    time.sleep(3 * FLUSH_S)
+    return httpx.get(f"{url}/metrics").text

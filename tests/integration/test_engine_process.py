@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.workers import segment_root
-from tests.integration.server_process import running_server
+from tests.integration.server_process import running_server, settled_metrics
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +65,7 @@ def test_workers_feed_one_engine_process_every_answer_right(tmp_path: Path) -> N
             )  # fmt: skip
             assert record["counts"]["ok"] == record["counts"]["measured"] > 0, record["error_examples"]
             assert record["labels_checked"] is True
-        exposition = httpx.get(f"{url}/metrics").text
+        exposition = settled_metrics(url)  # several processes: each flushes its own
         shm = segment_root(fallback="")  # "" where /dev/shm is too small: the metrics folder, removed anyway
         before = set(Path(shm).glob("cgserve-segments-*")) if shm else set()
         assert before or not shm, "the workers' shared-memory segments are not under /dev/shm"

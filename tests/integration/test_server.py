@@ -15,7 +15,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from models.cnn import load_model
-from tests.integration.server_process import running_server
+from tests.integration.server_process import running_server, settled_metrics
 
 CONCURRENT = 200
 
@@ -103,7 +103,7 @@ def test_several_workers_share_the_port_and_merge_their_metrics(tmp_path: Path) 
     with running_server(tmp_path / "workers.log", workers="2") as url:
         for _ in range(40):  # new connections, so both workers take some
             assert httpx.post(f"{url}/predict", json={"instances": [[0.0] * 784]}).status_code == 200
-        exposition = httpx.get(f"{url}/metrics").text
+        exposition = settled_metrics(url)  # several processes: each flushes its own
     served = sum(
         sample.value
         for family in text_string_to_metric_families(exposition)
