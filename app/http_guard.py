@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import resource
 import time
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -62,25 +63,25 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._in_headers = True  # between requests or inside a request's head
         self._header_bytes = 0
         self._first_byte: float | None = None
-        self._header_timer: coarse_timeouts.Armed | None = None
-        self._body_timer: coarse_timeouts.Armed | None = None
+        # One timer a connection: the header timeout while a head is read, the body's pause
+        # timeout while part of a body is still to come (never both at once).
+        self._timer: coarse_timeouts.Armed | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if len(self.connections) > self.max_connections:
             self._answer_and_close(_ConnectionRefused(self.max_connections))
             return
-        self._arm_header_timer()  # a connection that never sends a byte is closed too
+        self._arm(self.header_timeout_s, self._header_timeout)  # a connection that never sends a byte is closed too
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm_header_timer()
-        self._disarm_body_timer()
+        self._disarm()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         if self._in_headers and self._first_byte is None:
             self._first_byte = time.monotonic()
-            self._arm_header_timer()
+            self._arm(self.header_timeout_s, self._header_timeout)
         super().data_received(data)
         if self._in_headers and self._first_byte is not None:  # all of `data` belonged to the head
             self._header_bytes += len(data)
@@ -92,10 +93,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                     )
                 )  # fmt: skip
         elif not self._in_headers and not self.transport.is_closing():  # part of a body is still to come
-            self._arm_body_timer()  # or re-arm: the timeout bounds each pause, not the whole body
+            self._arm(self.body_timeout_s, self._body_timeout)  # or re-arm: it bounds each pause, not the body
 
     def on_headers_complete(self) -> None:
-        self._disarm_header_timer()
+        self._disarm()
         self._in_headers = False
         self._header_bytes = 0
         extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
@@ -104,22 +105,22 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
-        self._disarm_body_timer()
+        self._disarm()
         super().on_message_complete()
         self._in_headers = True  # what comes next on this connection is another request's head
 
-    def _arm_header_timer(self) -> None:
-        self._disarm_header_timer()
-        # The coarse timer: one per request on the hot path, and it almost never fires.
-        self._header_timer = coarse_timeouts.call_at(time.monotonic() + self.header_timeout_s, self._header_timeout)
+    def _arm(self, timeout_s: float, on_timeout: Callable[[], None]) -> None:
+        self._disarm()
+        # The coarse timer: one per request on the hot path (the header's), and it almost never fires.
+        self._timer = coarse_timeouts.call_at(time.monotonic() + timeout_s, on_timeout)
 
-    def _disarm_header_timer(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _header_timeout(self) -> None:
-        self._header_timer = None
+        self._timer = None
         if self._in_headers and not self.transport.is_closing():
             if self._first_byte is None:  # nothing sent at all: no answer owed
                 self.transport.close()
@@ -131,17 +132,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 )
             )  # fmt: skip
 
-    def _arm_body_timer(self) -> None:
-        self._disarm_body_timer()
-        self._body_timer = coarse_timeouts.call_at(time.monotonic() + self.body_timeout_s, self._body_timeout)
-
-    def _disarm_body_timer(self) -> None:
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
-
     def _body_timeout(self) -> None:
-        self._body_timer = None
+        self._timer = None
         cycle = self.cycle
         if self._in_headers or cycle is None or self.transport.is_closing():
             return
@@ -149,14 +141,14 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.transport.close()
             return
         if self.flow.read_paused:  # the pause is ours (the app has yet to take what came), not the client's
-            self._arm_body_timer()
+            self._arm(self.body_timeout_s, self._body_timeout)
             return
         extensions: dict[str, Any] = cycle.scope["extensions"]  # set in on_headers_complete
         extensions[BODY_TIMED_OUT_KEY] = True
         cycle.message_event.set()  # the app's receive() returns; app/request_guard.py raises the 408
 
     def _answer_and_close(self, error: ServiceError) -> None:
-        self._disarm_header_timer()
+        self._disarm()
         body = error_body(error)
         head = [b"HTTP/1.1 %d %s" % (error.status, REASONS.get(error.status, b"Error"))]
         head += [b"content-type: application/json", b"content-length: %d" % len(body), b"connection: close"]

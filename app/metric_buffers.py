@@ -1,7 +1,7 @@
 """Hot-path metrics kept as plain numbers on the event loop, handed to Prometheus every FLUSH_S.
 
 A prometheus_client inc or observe is three Python calls and a lock (with several workers, one
-lock for every metric of the process): about 5,000 instructions. A batch made seven of them and
+lock for every metric of the process): about 5,000 instructions. A batch made eleven of them and
 a request three more, 63,000 instructions a batch at one row a batch, an eighth of that request
 (bench/results/2026-12-01-cpu-instructions-per-request.md). Here an inc is a float add and an
 observe a bisect and an int add; flush() moves the totals into the Prometheus children:
