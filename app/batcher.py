@@ -149,6 +149,12 @@ class Batcher:
 
         `deadline` (time.monotonic()) ends the request's life; at most request_timeout_s from now.
         """
+        return await self.enqueue(images, deadline)
+
+    def enqueue(self, images: np.ndarray, deadline: float | None = None) -> asyncio.Future[np.ndarray]:
+        """`submit` without the await: the future of its answer, for a caller that is not a coroutine
+        (app/inline_predict.py answers from the future's callback). Cancelling it drops the rows
+        not yet launched."""
         rows = len(images)
         if self.dead is not None:
             raise NotReadyError(f"the device is dead ({self.dead}); the service is restarting")
@@ -171,7 +177,7 @@ class Batcher:
         # full batch is ready. Anything else it notices when its timer fires.
         if was_empty or self._queued_rows >= self.max_bucket:
             self._wakeup.set()
-        return await request.future
+        return request.future
 
     async def _collect_and_launch(self) -> None:
         while True:

@@ -12,6 +12,9 @@
   to come, so a request that arrives whole (nearly all of them) arms none.
 - The deadline's start: the time of each request's first byte goes into the ASGI scope
   (extensions["cgserve.first_byte"]), so the end-to-end deadline counts the reading too.
+- Small predicts: while the app serves, `inline` (app/inline_predict.py) may take a request at
+  the end of its headers; it is then answered from here, below the ASGI stack, when its body is
+  whole. Only a request that starts as its headers end (not a pipelined one queued behind another).
 Keep-alive idle timeouts are uvicorn's own (timeout_keep_alive).
 """
 
@@ -23,11 +26,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from app import coarse_timeouts
 from app.config import Settings
-from app.errors import ServiceError, error_body, retry_after
+from app.errors import RequestTimeoutError, ServiceError, error_body, retry_after
+from app.inline_predict import InlinePredict, InlineRequest
 from app.request_guard import BODY_TIMED_OUT_KEY, FIRST_BYTE_KEY
 
 
@@ -57,12 +61,17 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     max_header_bytes = 65536
     header_timeout_s = 10.0
     body_timeout_s = 10.0
+    # Set by the app's lifespan while it serves (app/main.py), None otherwise.
+    inline: InlinePredict | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._in_headers = True  # between requests or inside a request's head
         self._header_bytes = 0
         self._first_byte: float | None = None
+        self._request_first_byte = 0.0  # the current request's, for the inline deadline
+        self._starting = False  # inside on_headers_complete: the request may be taken inline
+        self._inline_request: InlineRequest | None = None  # taken inline and not yet answered
         # One timer a connection: the header timeout while a head is read, the body's pause
         # timeout while part of a body is still to come (never both at once).
         self._timer: coarse_timeouts.Armed | None = None
@@ -76,6 +85,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        request = self._inline_request
+        if request is not None and self.inline is not None:
+            self.inline.abandon(request)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -100,14 +112,30 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._in_headers = False
         self._header_bytes = 0
         extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
-        extensions[FIRST_BYTE_KEY] = self._first_byte or time.monotonic()
+        self._request_first_byte = extensions[FIRST_BYTE_KEY] = self._first_byte or time.monotonic()
         self._first_byte = None
-        super().on_headers_complete()
+        self._starting = True
+        try:
+            super().on_headers_complete()  # the ASGI task starts, or is queued behind a pipelined request
+        finally:
+            self._starting = False
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        inline = self.inline
+        if inline is not None and self._starting and cycle is self.cycle:
+            request = inline.take(cycle, self._request_first_byte)
+            if request is not None:
+                self._inline_request = request  # answered when its body is whole (on_message_complete)
+                return
+        super()._start_asgi_task(cycle, app)
 
     def on_message_complete(self) -> None:
         self._disarm()
         super().on_message_complete()
         self._in_headers = True  # what comes next on this connection is another request's head
+        request = self._inline_request
+        if request is not None and request.cycle is self.cycle and not request.answered and self.inline is not None:
+            self.inline.body_complete(request)
 
     def _arm(self, timeout_s: float, on_timeout: Callable[[], None]) -> None:
         self._disarm()
@@ -139,6 +167,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return
         if cycle.response_complete:  # answered before its body came (a refusal): nothing more is owed
             self.transport.close()
+            return
+        request = self._inline_request
+        if request is not None and request.cycle is cycle and self.inline is not None:
+            self.inline.fail(request, RequestTimeoutError(self.body_timeout_s))  # answered, and closed
             return
         if self.flow.read_paused:  # the pause is ours (the app has yet to take what came), not the client's
             self._arm(self.body_timeout_s, self._body_timeout)

@@ -16,15 +16,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from app.access.middleware import add_access_layers
+from app.access.middleware import add_access_layers, any_access_layer
 from app.config import Settings, get_settings
 from app.drain import drain_on_signals
 from app.engine_factory import EngineOptions
 from app.errors import RouteError, error_response
+from app.http_guard import GuardedHttpProtocol
+from app.inline_predict import InlinePredict
 from app.loop_lag import GcPauses, sample_loop_lag
 from app.openapi import build_openapi
 from app.repository import LoadedModel
-from app.request_guard import RequestGuard
+from app.request_guard import BodyBudget, RequestGuard
 from app.routes import models, probes
 from app.routes.predict import predict
 from app.service import Service
@@ -57,6 +59,7 @@ def create_app(
     once after its shutdown when a device died (in-process test clients keep their process).
     `engine_process`: (socket, segment folder) of the engine process that runs the engines."""
     settings = settings or get_settings()
+    budget = BodyBudget(settings.max_inflight_bytes)  # bodies in flight, by the guard and the protocol alike
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -75,10 +78,13 @@ def create_app(
 
             grpc_server = GrpcServer(service, settings, reuse_port=settings.workers > 1)
             await grpc_server.start()
+        if settings.inline_predict and not any_access_layer(settings):
+            GuardedHttpProtocol.inline = InlinePredict(service, budget)  # the protocol answers small predicts
         try:
             with drain_on_signals(settings.drain_seconds, service.begin_drain):
                 yield
         finally:
+            GuardedHttpProtocol.inline = None
             if grpc_server is not None:
                 await grpc_server.stop()
             await service.stop()
@@ -112,7 +118,7 @@ def create_app(
     app.add_middleware(
         RequestGuard,
         max_body_bytes=settings.max_body_bytes,
-        max_inflight_bytes=settings.max_inflight_bytes,
+        budget=budget,
         request_timeout_s=settings.request_timeout_s,
         body_timeout_s=settings.body_timeout_s,
     )

@@ -35,22 +35,39 @@ BODY_TIMED_OUT_KEY = "cgserve.body_timed_out"  # set by app/http_guard.py when a
 TIMEOUT_HEADER = b"x-request-timeout-ms"
 
 
+class BodyBudget:
+    """This process's bodies being read and decoded, in bytes, and their limit; the event loop's
+    alone. Shared by this guard and the requests answered in the protocol (app/inline_predict.py)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def reserve(self, size: int) -> bool:
+        if self.used + size > self.limit:
+            return False
+        self.used += size
+        return True
+
+    def release(self, size: int) -> None:
+        self.used -= size
+
+
 class RequestGuard:
     def __init__(
         self,
         app: ASGIApp,
         *,
         max_body_bytes: int,
-        max_inflight_bytes: int,
+        budget: BodyBudget,
         request_timeout_s: float,
         body_timeout_s: float,
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
-        self.max_inflight_bytes = max_inflight_bytes
+        self.budget = budget
         self.request_timeout_s = request_timeout_s
         self.body_timeout_s = body_timeout_s
-        self.inflight_bytes = 0  # this process's bodies being read and decoded (the event loop's alone)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
@@ -75,15 +92,14 @@ class RequestGuard:
             await self._refuse(scope, send, BodyTooLargeError(self.max_body_bytes))
             return
         reserved = self.max_body_bytes if declared is None else declared
-        if self.inflight_bytes + reserved > self.max_inflight_bytes:
-            await self._refuse(scope, send, BudgetExhaustedError(self.max_inflight_bytes))
+        if not self.budget.reserve(reserved):
+            await self._refuse(scope, send, BudgetExhaustedError(self.budget.limit))
             return
         scope[DEADLINE_KEY] = started + timeout_s
-        self.inflight_bytes += reserved
         try:
             await self.app(scope, self._guarded(receive, extensions, counted=declared is None), send)
         finally:
-            self.inflight_bytes -= reserved
+            self.budget.release(reserved)
 
     def _guarded(self, receive: Receive, extensions: dict[str, object], *, counted: bool) -> Receive:
         received = 0

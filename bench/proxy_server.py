@@ -2,7 +2,8 @@
 
 Every batch completes `--batch-us` after launch (a timer, as a GPU batch would: the event loop
 is free meanwhile), so what a load generator measures against it is the service's own CPU cost
-per request: HTTP, decode, batcher, hand-back, encode, metrics.
+per request: HTTP, decode, batcher, hand-back, encode, metrics. The service's settings apply
+(CGSERVE_INLINE_PREDICT=false: every request through the ASGI routes).
 
     python bench/proxy_server.py --port 8000 [--batch-us 80]
     hey -z 6s -c 64 -m POST -T application/json -D body.json http://127.0.0.1:8000/predict
@@ -19,6 +20,7 @@ from app import service as service_module
 from app.config import Settings
 from app.engines.base import EngineReport, InputDtype, Slot, host_slot
 from app.main import create_app
+from app.server import uvicorn_options
 
 
 class TimerEngine:
@@ -54,7 +56,8 @@ def main() -> None:
     service_module.build_engine = lambda model, options, *, in_flight, **_: TimerEngine(  # type: ignore[assignment]
         args.batch_us / 1e6, options.buckets, in_flight
     )
-    uvicorn.run(create_app(settings), host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+    options = uvicorn_options(settings) | {"log_level": "warning"}  # the service's protocol and limits
+    uvicorn.run(create_app(settings), host="127.0.0.1", port=args.port, **options)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ OURS = (
     "--workers {workers} --engine {engine} --device {device} --compile {compile} --drain-seconds 0"
 )
 
-DESIGN_FLAGS = {"per-process": "", "engine-process": " --engine-process"}
+DESIGN_FLAGS = {"per-process": "", "engine-process": " --engine-process", "asgi": " --no-inline-predict"}
 
 
 def _ints(text: str) -> list[int]:
@@ -76,8 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--designs",
         default="per-process",
-        help="ours as per-process (each worker its own engines) and/or engine-process (the workers feed one "
-        "engine process: CGSERVE_ENGINE_PROCESS), comma-separated (default %(default)s)",
+        help="ours as per-process (each worker its own engines), engine-process (the workers feed one "
+        "engine process: CGSERVE_ENGINE_PROCESS) and/or asgi (per-process, every request through the ASGI "
+        "routes: CGSERVE_INLINE_PREDICT=false), comma-separated (default %(default)s)",
     )
     add("--ceiling", choices=("lean", "fastapi"), default="lean", help="no-op behind the plain route (default)")
     add("--server-cores", default="auto", help="taskset list for the servers (default: lower half)")
@@ -90,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--p99-repeats",
         type=int,
         default=3,
-        help="open-loop steps at half of saturation, each its own p99; the median is the figure (default 3)",
+        help="open-loop steps at half of saturation, each its own p99; the median is the figure (default 3; 0: none)",
     )
     add("--timeout", type=float, default=5.0, help="per-request timeout, s (default 5)")
     add("--startup-timeout", type=float, default=180.0, help="seconds to wait for /readyz (default 180)")
@@ -160,7 +161,7 @@ class WholeMachine:
                 "rule": "highest closed-loop throughput among error-free steps",
             },
         }
-        if p99 and best["throughput_rps"] > 0 and not self.over_budget(f"{label} p99"):
+        if p99 and self.args.p99_repeats and best["throughput_rps"] > 0 and not self.over_budget(f"{label} p99"):
             rate = round(best["throughput_rps"] / 2, 1)
             repeats = [self.half_load_step(bench, label, url, payloads, rate) for _ in range(self.args.p99_repeats)]
             # One machine's open-loop p99 swings from step to step (a no-op's from 1.7 to 38 ms in

@@ -42,6 +42,12 @@ def add_access_layers(app: FastAPI, settings: Settings) -> None:
     app.build_middleware_stack = build_with_access  # type: ignore[method-assign]
 
 
+def any_access_layer(settings: Settings) -> bool:
+    """Whether any layer is on: each request then needs the ASGI stack (app/inline_predict.py)."""
+    tokens = (settings.auth_tokens, settings.auth_tokens_file, settings.admin_tokens, settings.admin_tokens_file)
+    return bool(settings.request_ids or settings.access_log or settings.cors_origins or any(tokens))
+
+
 def access_layers(settings: Settings) -> list[Callable[[ASGIApp], ASGIApp]]:
     """The layers, outermost first, each a function of the app inside it."""
     layers: list[Callable[[ASGIApp], ASGIApp]] = []

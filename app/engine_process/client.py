@@ -1,6 +1,6 @@
 """A worker's side of the engine process: one connection, and a batcher stand-in per model.
 
-The routes call `admit` and `submit` as they would a local Batcher. `submit` copies the request's
+The routes call `admit` and `submit` (or `enqueue`) as they would a local Batcher. Each copies the request's
 (k, C, H, W) pixels into a shared-memory segment, sends an INFER frame (a 40-byte header) and awaits the
 RESULT frame that the reader task hands back by request id. Admission uses the engine's queue
 figures from the latest answer (one answer old); the engine process checks again on arrival.
@@ -77,7 +77,9 @@ class EngineLink:
         info = self.models[model]
         return RemoteBatcher(self, list(self.models).index(model), info)
 
-    async def infer(self, model: int, images: np.ndarray, deadline: float) -> np.ndarray:
+    def send(self, model: int, images: np.ndarray, deadline: float) -> asyncio.Future[np.ndarray]:
+        """Copy the pixels into a segment and send the INFER frame; the future of the answer. Cancelled
+        (the client left), the segment stays lent until the answer comes."""
         if self.dead is not None or self._writer is None:
             raise NotReadyError(f"the engine process is gone ({self.dead}); the service is restarting")
         segment, new = self.pool.take(images.nbytes)
@@ -92,7 +94,7 @@ class EngineLink:
         dtype = frames.DTYPES.index(images.dtype)
         header = frames.INFER_HEADER.pack(request_id, deadline, dtype, model, *images.shape, segment.index)
         self._writer.write(frames.frame(frames.INFER, header))
-        return await future  # cancelled (the client left): the segment stays lent until the answer
+        return future
 
     async def _read_results(self, reader: asyncio.StreamReader) -> None:
         try:
@@ -158,8 +160,11 @@ class RemoteBatcher:
             raise QueueFullError(queued, self.queue_limit, retry_after_s=wait, deadline_first=True)
 
     async def submit(self, images: np.ndarray, deadline: float | None = None) -> np.ndarray:
+        return await self.enqueue(images, deadline)
+
+    def enqueue(self, images: np.ndarray, deadline: float | None = None) -> asyncio.Future[np.ndarray]:
         # No deadline: the engine's batcher caps it at its request timeout, as a local one does.
-        return await self.link.infer(self.index, images, deadline if deadline is not None else math.inf)
+        return self.link.send(self.index, images, deadline if deadline is not None else math.inf)
 
     async def stop(self) -> None:
         pass  # the link closes with the service

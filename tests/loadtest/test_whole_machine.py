@@ -67,17 +67,19 @@ def test_steps_past_the_budget_are_skipped_and_said_so(tmp_path: Path) -> None:
     assert all(c["met"] is None for c in report["checks"])
 
 
-def test_both_designs_side_by_side(tmp_path: Path) -> None:
-    """--designs adds the engine-process server beside the per-process one, with its own ratio."""
+def test_the_designs_side_by_side(tmp_path: Path) -> None:
+    """--designs adds the engine-process and the all-ASGI servers beside the per-process one, each
+    with its own ratio."""
     done = whole_machine(
         tmp_path, "--workers", "2", "--forms", "raw", "--per-worker", "2", "--step-duration", "0.5",
-        "--warmup", "0.2", "--processes", "1", "--hey", "", "--designs", "per-process,engine-process",
+        "--warmup", "0.2", "--processes", "1", "--hey", "", "--designs", "per-process,engine-process,asgi",
     )  # fmt: skip
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
     report = json.loads((tmp_path / "whole-machine.json").read_text())
-    assert set(report["servers"]) == {"noop-2", "ours-2", "ours-ep-2"}
+    assert set(report["servers"]) == {"noop-2", "ours-2", "ours-ep-2", "ours-asgi-2"}
     assert "--engine-process" in report["servers"]["ours-ep-2"]["command"]
-    assert "--engine-process" not in report["servers"]["ours-2"]["command"]
+    assert "--no-inline-predict" in report["servers"]["ours-asgi-2"]["command"]
+    assert not {"--engine-process", "--no-inline-predict"} & set(report["servers"]["ours-2"]["command"].split())
     ep = report["servers"]["ours-ep-2"]["forms"]["raw"]
     assert ep["closed_loop"][0]["counts"]["errors"] == 0 and ep["closed_loop"][0]["labels_checked"]
     noop = report["servers"]["noop-2"]["forms"]["raw"]["saturation"]["throughput_rps"]
@@ -85,3 +87,4 @@ def test_both_designs_side_by_side(tmp_path: Path) -> None:
     expected = round(ep["saturation"]["throughput_rps"] / noop, 3)
     assert checks["2 worker(s), raw: ours ÷ no-op (engine-process)"] == expected
     assert "| 2 (engine-process) | raw |" in (tmp_path / "whole-machine.md").read_text()
+    assert "2 worker(s), raw: ours ÷ no-op (asgi)" in checks

@@ -1,0 +1,183 @@
+"""POST /predict answered inside the HTTP protocol, below the ASGI stack.
+
+Through ASGI a request is a task running a dozen nested coroutines (uvicorn's cycle, the proxy
+headers, error, exception and exit-stack middleware, the router, the route, the guard, the
+handler) with a Request and a Response object. Waiting for its batch suspends every one of them
+and the answer resumes every one: the no-op ceiling, which never waits, pays for the stack once
+and never for the wait. Here the protocol (app/http_guard.py) hands over a small request; when
+its body is whole it is decoded as the route decodes it, queued with the batcher's `enqueue`,
+and the answer is written from the future's callback, in one write: no task, no coroutine.
+
+Taken here: POST /predict and /v1/models/{name}/predict with a JSON or octet-stream body whose
+Content-Length is at most 64 KiB (uvicorn's read high-water mark, so reading never pauses), no
+Transfer-Encoding or Expect, while CGSERVE_INLINE_PREDICT is on and no access layer (tokens,
+CORS, request ids, access log) is. Everything else takes the ASGI route (app/routes/predict.py)
+and both answer alike: the same decoding, limits (the bytes-in-flight budget, the deadline, the
+body's pause timeout), metrics and error bodies (tests/integration/test_inline_predict.py sends
+the same requests both ways). One difference: the deadline ends a request whose rows were not
+launched in time (the batcher's 504) but not one whose batch is already running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from starlette.datastructures import QueryParams
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
+
+from app import metrics
+from app.codecs import decode_json, decode_raw, encode_predictions
+from app.errors import ClientClosedError, error_response
+from app.request_guard import TIMEOUT_HEADER, BodyBudget
+from app.routes.failures import failure_response
+from app.service import Service
+
+INLINE_BODY_LIMIT = HIGH_WATER_LIMIT  # bytes: uvicorn pauses reading above this, the ASGI receive() resumes it
+FORMS = {b"application/json": "json", b"application/octet-stream": "raw"}
+MODEL_PREFIX, PREDICT_SUFFIX = "/v1/models/", "/predict"
+JSON_TYPE = b"content-type: application/json\r\n"
+
+
+@dataclass(slots=True, eq=False)
+class InlineRequest:
+    cycle: RequestResponseCycle  # uvicorn's: the scope, the body read so far, the transport, keep-alive
+    model: str  # as the path names it; "" for the default model
+    form: str  # "json" or "raw"
+    reserved: int  # bytes held in the budget until the answer is written
+    deadline: float  # time.monotonic()
+    started: float  # time.perf_counter(), for the latency histogram
+    future: asyncio.Future[np.ndarray] | None = None  # the batcher's, once queued
+    answered: bool = False
+
+
+class InlinePredict:
+    def __init__(self, service: Service, budget: BodyBudget) -> None:
+        self.service = service
+        self.budget = budget
+        self.settings = service.settings
+
+    def take(self, cycle: RequestResponseCycle, first_byte: float) -> InlineRequest | None:
+        """At the end of the headers: the request's state if it is answered here, else None."""
+        scope = cycle.scope
+        if scope["method"] != "POST" or cycle.waiting_for_100_continue:
+            return None
+        path = scope["path"]
+        if path == PREDICT_SUFFIX:
+            model = ""
+        elif path.startswith(MODEL_PREFIX) and path.endswith(PREDICT_SUFFIX):
+            model = path[len(MODEL_PREFIX) : -len(PREDICT_SUFFIX)]
+            if not model or "/" in model:
+                return None
+        else:
+            return None
+        length: int | None = None
+        form: str | None = None
+        timeout_s = self.settings.request_timeout_s
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                length = int(value) if value.isdigit() and length is None else -1  # -1: twice, or not a number
+            elif name == b"content-type":
+                form = FORMS.get(value.partition(b";")[0].strip().lower())
+            elif name == TIMEOUT_HEADER:
+                if not value.isdigit() or int(value) == 0:
+                    return None  # the ASGI guard answers 400
+                timeout_s = min(timeout_s, int(value) / 1000)
+            elif name in (b"transfer-encoding", b"expect"):
+                return None
+        if form is None or length is None or not 0 <= length <= min(INLINE_BODY_LIMIT, self.settings.max_body_bytes):
+            return None  # the ASGI route answers it (415, 411-like reads, 413) or serves it
+        if not self.budget.reserve(length):
+            return None  # the guard answers 503 with Retry-After
+        return InlineRequest(cycle, model, form, length, first_byte + timeout_s, time.perf_counter())
+
+    def body_complete(self, request: InlineRequest) -> None:
+        """Decode, admit and queue; the answer follows from the batcher's future."""
+        name = request.model
+        try:
+            served = self.service.model(name or None)
+            name = served.spec.name
+            batcher = served.ready_batcher()
+            batcher.admit(request.deadline)
+            images = self._decode(request, bytes(request.cycle.body), served.spec)
+            request.future = batcher.enqueue(images, request.deadline)
+        except Exception as error:
+            self.fail(request, error, name)
+            return
+        engine = batcher.engines[0].name
+        request.future.add_done_callback(lambda future: self._answered(request, future, name, engine, served.spec))
+
+    def fail(self, request: InlineRequest, error: Exception, model: str = "") -> None:
+        """Answer `error` as the route would (its status, headers and body, counted alike)."""
+        response = failure_response(error, model=model or request.model, path=request.cycle.scope["path"],
+                                    render=error_response)  # fmt: skip
+        self._finish(request, response.status_code, response.raw_headers, bytes(response.body), model)
+
+    def abandon(self, request: InlineRequest) -> None:
+        """The connection is gone: drop its rows if not launched yet, give its bytes back."""
+        if request.answered:
+            return
+        request.answered = True
+        self.budget.release(request.reserved)
+        if request.future is not None:
+            request.future.cancel()
+        metrics.reject(request.model, ClientClosedError.reason)
+
+    def _decode(self, request: InlineRequest, body: bytes, spec: Any) -> np.ndarray:
+        max_instances = self.settings.max_instances
+        if request.form == "json":
+            return decode_json(body, max_instances=max_instances, spec=spec)
+        query = QueryParams(request.cycle.scope["query_string"])
+        dtype, layout = query.get("dtype", "uint8"), query.get("layout", "nchw")
+        return decode_raw(body, dtype=dtype, layout=layout, max_instances=max_instances, spec=spec)
+
+    def _answered(self, request: InlineRequest, future: asyncio.Future[np.ndarray], name: str, engine: str,
+                  spec: Any) -> None:  # fmt: skip
+        if request.answered:  # the client left (the future was cancelled)
+            return
+        try:
+            body = encode_predictions(future.result(), model=name, engine=engine, spec=spec)
+        except Exception as error:
+            self.fail(request, error, name)
+            return
+        self._finish(request, 200, [], body, name)
+
+    def _finish(self, request: InlineRequest, status: int, headers: list[tuple[bytes, bytes]], body: bytes,
+                model: str) -> None:  # fmt: skip
+        if request.answered:
+            return
+        request.answered = True
+        self.budget.release(request.reserved)
+        metrics.observe_request(model or request.model, "rest", request.form, str(status),
+                                time.perf_counter() - request.started)  # fmt: skip
+        write_answer(request.cycle, status, headers, body)
+
+
+def write_answer(cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    """The whole answer in one write, as uvicorn's send() would write it in two; then uvicorn's
+    own bookkeeping (keep-alive timer, the next pipelined request)."""
+    if cycle.disconnected or cycle.transport.is_closing():
+        cycle.response_complete = True
+        return
+    content = [STATUS_LINE[status]]
+    for name, value in cycle.default_headers:
+        content += [name, b": ", value, b"\r\n"]
+    if not headers:  # the common answer: JSON, no extra headers
+        content += [b"content-length: %d\r\n" % len(body), JSON_TYPE]
+    for name, value in headers:  # Starlette's, content-length and -type among them
+        if name == b"connection" and b"close" in value.lower():
+            cycle.keep_alive = False
+            continue
+        content += [name, b": ", value, b"\r\n"]
+    if not cycle.keep_alive:
+        content.append(b"connection: close\r\n")
+    content += [b"\r\n", body]
+    cycle.transport.write(b"".join(content))
+    cycle.response_complete = True
+    if not cycle.keep_alive:
+        cycle.transport.close()
+    cycle.on_response()

@@ -1,0 +1,137 @@
+"""Requests answered inside the HTTP protocol (app/inline_predict.py) get exactly the answers the
+ASGI route gives: the same requests, good and bad, to the real server with CGSERVE_INLINE_PREDICT
+on (the default) and off, compared status, headers and body; and the inline path's own edges
+over a real socket (HTTP/1.0, pipelining, a client that leaves).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+
+from tests.integration.server_process import running_server, settled_metrics
+from tests.reliability.common import SERVE
+
+IMAGE = (np.arange(784) % 256).astype(np.uint8)  # one 28×28 image
+JSON_BODY = orjson.dumps({"instances": [(IMAGE / 255).reshape(28, 28).tolist()] * 2})
+RAW = IMAGE.tobytes()
+JSON, OCTETS = "application/json", "application/octet-stream"
+
+# (path, content type, body, extra headers): answered inline where the default allows, and refused alike.
+CASES = [
+    ("/predict", JSON, JSON_BODY, {}),
+    ("/predict", OCTETS, RAW * 3, {}),
+    ("/predict?dtype=float32", OCTETS, (IMAGE / 255).astype(np.float32).tobytes(), {}),
+    ("/predict?layout=nhwc", OCTETS, RAW, {}),
+    ("/v1/models/fashion-cnn/predict", JSON + "; charset=utf-8", JSON_BODY, {}),
+    ("/v1/models/fashion-cnn/predict", OCTETS, RAW, {"x-request-timeout-ms": "5000"}),
+    ("/predict", JSON, b'{"instances": [[1, 2]]}', {}),  # 422: wrong shape
+    ("/predict", JSON, b"{not json", {}),  # 422: not JSON
+    ("/predict", JSON, b"", {}),  # 422: empty
+    ("/predict", OCTETS, RAW[:-1], {}),  # 422: not a whole number of images
+    ("/predict?dtype=int64", OCTETS, RAW, {}),  # 422: unknown dtype
+    ("/predict", OCTETS, RAW * 2000, {}),  # 422: over CGSERVE_MAX_INSTANCES (the ASGI way: > 64 KiB)
+    ("/v1/models/nope/predict", OCTETS, RAW, {}),  # 404: unknown model
+    ("/predict", "text/plain", RAW, {}),  # 415 (the ASGI way in both)
+    ("/predict", OCTETS, RAW, {"x-request-timeout-ms": "soon"}),  # 400 (the ASGI way in both)
+]
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    logs = tmp_path_factory.mktemp("inline")
+    settings = {"device": "cpu", "max_instances": "1024"}
+    with (
+        running_server(logs / "inline.log", command=SERVE, **settings) as inline,
+        running_server(logs / "asgi.log", command=SERVE, inline_predict="false", **settings) as asgi,
+    ):
+        yield inline, asgi
+
+
+def answer(url: str, path: str, media: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    response = httpx.post(url + path, content=body, headers={"content-type": media, **headers})
+    kept = {name: value for name, value in response.headers.items() if name != "date"}
+    return response.status_code, kept, response.content
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]} {c[1]} {len(c[2])}B" for c in CASES])
+def test_inline_and_asgi_answer_alike(servers: tuple[str, str], case: tuple[str, str, bytes, dict[str, str]]) -> None:
+    inline, asgi = servers
+    got, want = answer(inline, *case), answer(asgi, *case)
+    assert got[0] == want[0] and got[1] == want[1]
+    if got[0] == 200:
+        assert orjson.loads(got[2]) == orjson.loads(want[2])
+    else:
+        assert got[2] == want[2]
+
+
+def test_inline_answers_are_counted_as_the_routes_are(servers: tuple[str, str]) -> None:
+    inline, _ = servers
+    before = settled_metrics(inline)
+    for _ in range(3):
+        assert httpx.post(inline + "/predict", content=RAW, headers={"content-type": OCTETS}).status_code == 200
+    after = settled_metrics(inline)
+    line = 'cgserve_requests_total{code="200",format="raw",model="fashion-cnn",protocol="rest"}'
+    count = {text: float(t.split()[-1]) for text in (before, after) for t in text.splitlines() if t.startswith(line)}
+    assert count[after] - count.get(before, 0.0) == 3
+
+
+def raw_request(path: str, body: bytes, version: str = "1.1") -> bytes:
+    head = f"POST {path} HTTP/{version}\r\nhost: x\r\ncontent-type: {OCTETS}\r\ncontent-length: {len(body)}\r\n\r\n"
+    return head.encode() + body
+
+
+def read_answers(sock: socket.socket, count: int) -> list[tuple[bytes, bytes]]:
+    """`count` answers off the socket: (status line and headers, body)."""
+    data, out = b"", []
+    while len(out) < count:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed after {len(out)} answers"
+        data += chunk
+        while b"\r\n\r\n" in data:
+            head, _, rest = data.partition(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            if len(rest) < length:
+                break
+            out.append((head, rest[:length]))
+            data = rest[length:]
+    return out
+
+
+def connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=20)
+    return sock
+
+
+def test_pipelined_requests_come_back_in_order(servers: tuple[str, str]) -> None:
+    inline, _ = servers
+    bodies = [RAW, RAW * 2, b"bad", RAW * 3]
+    with connect(inline) as sock:
+        sock.sendall(b"".join(raw_request("/predict", body) for body in bodies))
+        got = read_answers(sock, len(bodies))
+    rows = [len(orjson.loads(body)["predictions"]) if b" 200 " in head else 0 for head, body in got]
+    assert rows == [1, 2, 0, 3]
+
+
+def test_http_1_0_gets_its_answer_and_the_connection_closes(servers: tuple[str, str]) -> None:
+    inline, _ = servers
+    with connect(inline) as sock:
+        sock.sendall(raw_request("/predict", RAW, version="1.0"))
+        ((head, _),) = read_answers(sock, 1)
+        assert b" 200 " in head and b"connection: close" in head.lower()
+        assert sock.recv(1) == b""  # closed by the server
+
+
+def test_clients_that_leave_before_their_answer_harm_no_one(servers: tuple[str, str]) -> None:
+    inline, _ = servers
+    for _ in range(50):
+        with connect(inline) as sock:
+            sock.sendall(raw_request("/predict", RAW * 64))
+    response = httpx.post(inline + "/predict", content=RAW, headers={"content-type": OCTETS})
+    assert response.status_code == 200 and len(response.json()["predictions"]) == 1
