@@ -1,0 +1,34 @@
+#!/bin/bash
+# Instructions a request of a real server over real HTTP, counted by valgrind (callgrind), with its
+# protocol, sockets and event loop included (bench/instructions_per_request.py counts the ASGI app
+# alone, in-process). The server runs under callgrind with instrumentation off; once it is ready
+# and has answered a warm-up, instrumentation is switched on for exactly N requests from hey at
+# concurrency C, and off again. Prints the total; divide by N.
+#
+#   bash bench/http_instructions.sh NAME PORT FORM C N SERVER-COMMAND…
+#   PYTHONPATH=. bash bench/http_instructions.sh inline 8102 raw 16 2000 python3 bench/proxy_server.py --port 8102
+#   CGSERVE_INLINE_PREDICT=false PYTHONPATH=. bash bench/http_instructions.sh asgi 8103 raw 16 2000 python3 bench/proxy_server.py --port 8103
+#   PYTHONPATH=. bash bench/http_instructions.sh noop 8101 raw 16 2000 python3 -m loadtest.servers.noop --port 8101 --lean
+# Needs valgrind and hey (HEY=…, default .gpu/bin/hey); bodies: one image (loadtest/payloads.py).
+set -u
+name=$1; port=$2; form=$3; conc=$4; n=$5; shift 5
+hey=${HEY:-.gpu/bin/hey}
+work=$(mktemp -d)
+python3 -c "
+from loadtest.payloads import load_images, encode_json, encode_raw
+images = load_images(1)
+open('$work/body.json', 'wb').write(encode_json(images[:1]))
+open('$work/body.raw', 'wb').write(encode_raw(images[:1], 'uint8'))"
+valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/cg.out" -q "$@" > "$work/server.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 300); do curl -sf "http://127.0.0.1:$port/readyz" > /dev/null && break; sleep 0.5; done
+sleep 20  # whatever the server starts in the background after it is ready (the JPEG decoder's imports)
+type=application/json; [ "$form" = raw ] && type=application/octet-stream
+"$hey" -n 1000 -c "$conc" -m POST -T "$type" -D "$work/body.$form" "http://127.0.0.1:$port/predict" > /dev/null
+callgrind_control -i on "$pid" > /dev/null
+"$hey" -n "$n" -c "$conc" -m POST -T "$type" -D "$work/body.$form" "http://127.0.0.1:$port/predict" | grep -E "\[200\]"
+callgrind_control -i off "$pid" > /dev/null
+callgrind_control -d "$pid" > /dev/null
+kill "$pid"; wait "$pid" 2> /dev/null
+echo "$name $form c$conc n=$n $(grep -h '^totals' "$work"/cg.out.1)"
+rm -rf "$work"
