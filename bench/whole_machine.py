@@ -50,7 +50,13 @@ OURS = (
     "--workers {workers} --engine {engine} --device {device} --compile {compile} --drain-seconds 0"
 )
 
-DESIGN_FLAGS = {"per-process": "", "engine-process": " --engine-process", "asgi": " --no-inline-predict"}
+DESIGN_FLAGS = {
+    "per-process": "",
+    "engine-process": " --engine-process",
+    "asgi": " --no-inline-predict",
+    "spin": " --event-wait spin",  # per-process, completions waited for by a thread spinning in the driver
+    "block": " --event-wait block",  # … by a thread asleep until the driver's interrupt
+}
 
 
 def _ints(text: str) -> list[int]:
@@ -78,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="per-process",
         help="ours as per-process (each worker its own engines), engine-process (the workers feed one "
         "engine process: CGSERVE_ENGINE_PROCESS) and/or asgi (per-process, every request through the ASGI "
-        "routes: CGSERVE_INLINE_PREDICT=false), comma-separated (default %(default)s)",
+        "routes: CGSERVE_INLINE_PREDICT=false), spin or block (per-process, CGSERVE_EVENT_WAIT), comma-separated "
+        "(default %(default)s)",
     )
     add("--ceiling", choices=("lean", "fastapi"), default="lean", help="no-op behind the plain route (default)")
     add("--server-cores", default="auto", help="taskset list for the servers (default: lower half)")

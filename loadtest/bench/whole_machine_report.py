@@ -24,7 +24,14 @@ def _sat(report: dict[str, Any], server: str, form: str) -> float | None:
     return f["saturation"]["throughput_rps"] if f else None
 
 
-DESIGNS = {"per-process": "ours", "engine-process": "ours-ep", "asgi": "ours-asgi"}  # design → its servers' name prefix
+# design → its servers' name prefix
+DESIGNS = {
+    "per-process": "ours",
+    "engine-process": "ours-ep",
+    "asgi": "ours-asgi",
+    "spin": "ours-spin",
+    "block": "ours-block",
+}
 
 
 def _designs(report: dict[str, Any]) -> list[tuple[str, str]]:
