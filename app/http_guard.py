@@ -71,7 +71,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._first_byte: float | None = None
         self._request_first_byte = 0.0  # the current request's, for the inline deadline
         self._starting = False  # inside on_headers_complete: the request may be taken inline
-        self._inline_request: InlineRequest | None = None  # taken inline and not yet answered
+        # The request taken inline last on this connection, and who took it (kept: the class's
+        # `inline` is cleared at shutdown while a request may still be on its way).
+        self._inline: tuple[InlinePredict, InlineRequest] | None = None
         # One timer a connection: the header timeout while a head is read, the body's pause
         # timeout while part of a body is still to come (never both at once).
         self._timer: coarse_timeouts.Armed | None = None
@@ -85,9 +87,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
-        request = self._inline_request
-        if request is not None and self.inline is not None:
-            self.inline.abandon(request)
+        if self._inline is not None:
+            handler, request = self._inline
+            handler.abandon(request)  # nothing, if it was answered
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -125,7 +127,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if inline is not None and self._starting and cycle is self.cycle:
             request = inline.take(cycle, self._request_first_byte)
             if request is not None:
-                self._inline_request = request  # answered when its body is whole (on_message_complete)
+                self._inline = (inline, request)  # answered when its body is whole (on_message_complete)
                 return
         super()._start_asgi_task(cycle, app)
 
@@ -133,9 +135,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._disarm()
         super().on_message_complete()
         self._in_headers = True  # what comes next on this connection is another request's head
-        request = self._inline_request
-        if request is not None and request.cycle is self.cycle and not request.answered and self.inline is not None:
-            self.inline.body_complete(request)
+        if self._inline is not None:
+            handler, request = self._inline
+            if request.cycle is self.cycle and not request.answered:
+                handler.body_complete(request)
 
     def _arm(self, timeout_s: float, on_timeout: Callable[[], None]) -> None:
         self._disarm()
@@ -168,9 +171,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if cycle.response_complete:  # answered before its body came (a refusal): nothing more is owed
             self.transport.close()
             return
-        request = self._inline_request
-        if request is not None and request.cycle is cycle and self.inline is not None:
-            self.inline.fail(request, RequestTimeoutError(self.body_timeout_s))  # answered, and closed
+        if self._inline is not None and self._inline[1].cycle is cycle:
+            handler, request = self._inline
+            handler.fail(request, RequestTimeoutError(self.body_timeout_s))  # answered, and closed
             return
         if self.flow.read_paused:  # the pause is ours (the app has yet to take what came), not the client's
             self._arm(self.body_timeout_s, self._body_timeout)

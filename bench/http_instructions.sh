@@ -6,29 +6,31 @@
 # concurrency C, and off again. Prints the total; divide by N.
 #
 #   bash bench/http_instructions.sh NAME PORT FORM C N SERVER-COMMAND…
-#   PYTHONPATH=. bash bench/http_instructions.sh inline 8102 raw 16 2000 python3 bench/proxy_server.py --port 8102
-#   CGSERVE_INLINE_PREDICT=false PYTHONPATH=. bash bench/http_instructions.sh asgi 8103 raw 16 2000 python3 bench/proxy_server.py --port 8103
-#   PYTHONPATH=. bash bench/http_instructions.sh noop 8101 raw 16 2000 python3 -m loadtest.servers.noop --port 8101 --lean
-# Needs valgrind and hey (HEY=…, default .gpu/bin/hey); bodies: one image (loadtest/payloads.py).
+#   export PYTHONPATH=. PYTHON=.venv/bin/python
+#   bash bench/http_instructions.sh inline 8102 raw 16 2000 $PYTHON bench/proxy_server.py --port 8102
+#   CGSERVE_INLINE_PREDICT=false bash bench/http_instructions.sh asgi 8103 raw 16 2000 $PYTHON bench/proxy_server.py --port 8103
+#   bash bench/http_instructions.sh noop 8101 raw 16 2000 $PYTHON -m loadtest.servers.noop --port 8101 --lean
+# Needs valgrind and hey (HEY=…, default .gpu/bin/hey); bodies: one image (loadtest/payloads.py),
+# written by PYTHON (default python3; the project's venv where python3 lacks its packages).
 set -u
 name=$1; port=$2; form=$3; conc=$4; n=$5; shift 5
 hey=${HEY:-.gpu/bin/hey}
 work=$(mktemp -d)
-python3 -c "
+"${PYTHON:-python3}" -c "
 from loadtest.payloads import load_images, encode_json, encode_raw
 images = load_images(1)
 open('$work/body.json', 'wb').write(encode_json(images[:1]))
-open('$work/body.raw', 'wb').write(encode_raw(images[:1], 'uint8'))"
+open('$work/body.raw', 'wb').write(encode_raw(images[:1], 'uint8'))" || exit 1
 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/cg.out" -q "$@" > "$work/server.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 300); do curl -sf "http://127.0.0.1:$port/readyz" > /dev/null && break; sleep 0.5; done
 sleep 20  # whatever the server starts in the background after it is ready (the JPEG decoder's imports)
 type=application/json; [ "$form" = raw ] && type=application/octet-stream
 "$hey" -n 1000 -c "$conc" -m POST -T "$type" -D "$work/body.$form" "http://127.0.0.1:$port/predict" > /dev/null
-callgrind_control -i on "$pid" > /dev/null
+callgrind_control -i on "$pid" > /dev/null 2>&1
 "$hey" -n "$n" -c "$conc" -m POST -T "$type" -D "$work/body.$form" "http://127.0.0.1:$port/predict" | grep -E "\[200\]"
-callgrind_control -i off "$pid" > /dev/null
-callgrind_control -d "$pid" > /dev/null
+callgrind_control -i off "$pid" > /dev/null 2>&1
+callgrind_control -d "$pid" > /dev/null 2>&1
 kill "$pid"; wait "$pid" 2> /dev/null
 echo "$name $form c$conc n=$n $(grep -h '^totals' "$work"/cg.out.1)"
 rm -rf "$work"
