@@ -124,7 +124,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         inline = self.inline
-        if inline is not None and self._starting and cycle is self.cycle:
+        # Not while the client leaves our answers unread (uvicorn's own send() waits for the drain).
+        if inline is not None and self._starting and cycle is self.cycle and not self.flow.write_paused:
             request = inline.take(cycle, self._request_first_byte)
             if request is not None:
                 self._inline = (inline, request)  # answered when its body is whole (on_message_complete)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from starlette.datastructures import QueryParams
@@ -31,8 +30,11 @@ from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
 
 from app import metrics
+from app.batcher import Batcher
 from app.codecs import decode_json, decode_raw, encode_predictions
+from app.engine_process.client import RemoteBatcher
 from app.errors import ClientClosedError, error_response
+from app.model_spec import ModelSpec
 from app.request_guard import TIMEOUT_HEADER, BodyBudget
 from app.routes.failures import failure_response
 from app.service import Service
@@ -46,12 +48,15 @@ JSON_TYPE = b"content-type: application/json\r\n"
 @dataclass(slots=True, eq=False)
 class InlineRequest:
     cycle: RequestResponseCycle  # uvicorn's: the scope, the body read so far, the transport, keep-alive
-    model: str  # as the path names it; "" for the default model
+    model: str  # as the path names it ("" for the default model), then the served model's name
     form: str  # "json" or "raw"
     reserved: int  # bytes held in the budget until the answer is written
     deadline: float  # time.monotonic()
     started: float  # time.perf_counter(), for the latency histogram
+    batcher: Batcher | RemoteBatcher | None = None  # the model's, once admitted
+    spec: ModelSpec | None = None
     future: asyncio.Future[np.ndarray] | None = None  # the batcher's, once queued
+    refused: bool = False  # an error answer is on its way
     answered: bool = False
 
 
@@ -76,49 +81,58 @@ class InlinePredict:
         else:
             return None
         length: int | None = None
-        form: str | None = None
+        media: bytes | None = None
         timeout_s = self.settings.request_timeout_s
         for name, value in scope["headers"]:
             if name == b"content-length":
                 length = int(value) if value.isdigit() and length is None else -1  # -1: twice, or not a number
-            elif name == b"content-type":
-                form = FORMS.get(value.partition(b";")[0].strip().lower())
+            elif name == b"content-type" and media is None:  # the first, as Starlette's headers.get reads it
+                media = value.partition(b";")[0].strip().lower()
             elif name == TIMEOUT_HEADER:
                 if not value.isdigit() or int(value) == 0:
                     return None  # the ASGI guard answers 400
                 timeout_s = min(timeout_s, int(value) / 1000)
             elif name in (b"transfer-encoding", b"expect"):
                 return None
+        form = FORMS.get(media or b"")
         if form is None or length is None or not 0 <= length <= min(INLINE_BODY_LIMIT, self.settings.max_body_bytes):
             return None  # the ASGI route answers it (415, 411-like reads, 413) or serves it
         if not self.budget.reserve(length):
             return None  # the guard answers 503 with Retry-After
-        return InlineRequest(cycle, model, form, length, first_byte + timeout_s, time.perf_counter())
+        request = InlineRequest(cycle, model, form, length, first_byte + timeout_s, time.perf_counter())
+        try:  # as the route does, before a byte of the body is read: the model, its readiness, admission
+            served = self.service.model(model or None)
+            request.model, request.spec = served.spec.name, served.spec
+            request.batcher = served.ready_batcher()
+            request.batcher.admit(request.deadline)
+        except Exception as error:
+            self._refuse(request, error)
+        return request
 
     def body_complete(self, request: InlineRequest) -> None:
-        """Decode, admit and queue; the answer follows from the batcher's future."""
-        name = request.model
-        try:
-            served = self.service.model(name or None)
-            name = served.spec.name
-            batcher = served.ready_batcher()
-            batcher.admit(request.deadline)
-            images = self._decode(request, bytes(request.cycle.body), served.spec)
-            request.future = batcher.enqueue(images, request.deadline)
-        except Exception as error:
-            self.fail(request, error, name)
+        """Decode and queue; the answer follows from the batcher's future."""
+        if request.refused or request.answered or request.batcher is None or request.spec is None:
             return
-        engine = batcher.engines[0].name
-        request.future.add_done_callback(lambda future: self._answered(request, future, name, engine, served.spec))
+        body, request.cycle.body = bytes(request.cycle.body), bytearray()  # not kept by an idle connection
+        try:
+            images = self._decode(request, body, request.spec)
+            request.future = request.batcher.enqueue(images, request.deadline)
+        except Exception as error:
+            self._refuse(request, error)
+            return
+        engine, spec = request.batcher.engines[0].name, request.spec
+        request.future.add_done_callback(lambda future: self._answered(request, future, engine, spec))
 
-    def fail(self, request: InlineRequest, error: Exception, model: str = "") -> None:
+    def fail(self, request: InlineRequest, error: Exception) -> None:
         """Answer `error` as the route would (its status, headers and body, counted alike)."""
-        response = failure_response(error, model=model or request.model, path=request.cycle.scope["path"],
-                                    render=error_response)  # fmt: skip
-        self._finish(request, response.status_code, response.raw_headers, bytes(response.body), model)
+        if request.answered:
+            return
+        response = failure_response(error, model=request.model, path=request.cycle.scope["path"], render=error_response)
+        self._finish(request, response.status_code, response.raw_headers, bytes(response.body))
 
     def abandon(self, request: InlineRequest) -> None:
-        """The connection is gone: drop its rows if not launched yet, give its bytes back."""
+        """The connection is gone: drop its rows if not launched yet, give its bytes back; counted as
+        the route counts a client that left (499, client_closed)."""
         if request.answered:
             return
         request.answered = True
@@ -126,8 +140,17 @@ class InlinePredict:
         if request.future is not None:
             request.future.cancel()
         metrics.reject(request.model, ClientClosedError.reason)
+        elapsed = time.perf_counter() - request.started
+        metrics.observe_request(request.model, "rest", request.form, str(ClientClosedError.status), elapsed)
 
-    def _decode(self, request: InlineRequest, body: bytes, spec: Any) -> np.ndarray:
+    def _refuse(self, request: InlineRequest, error: Exception) -> None:
+        """Answer `error` on the loop's next turn, not from inside the HTTP parser: a request
+        pipelined behind this one is then queued behind its answer as uvicorn queues it (answered
+        mid-parse, uvicorn would arm the keep-alive timer while that request runs)."""
+        request.refused = True
+        asyncio.get_running_loop().call_soon(self.fail, request, error)
+
+    def _decode(self, request: InlineRequest, body: bytes, spec: ModelSpec) -> np.ndarray:
         max_instances = self.settings.max_instances
         if request.form == "json":
             return decode_json(body, max_instances=max_instances, spec=spec)
@@ -135,25 +158,24 @@ class InlinePredict:
         dtype, layout = query.get("dtype", "uint8"), query.get("layout", "nchw")
         return decode_raw(body, dtype=dtype, layout=layout, max_instances=max_instances, spec=spec)
 
-    def _answered(self, request: InlineRequest, future: asyncio.Future[np.ndarray], name: str, engine: str,
-                  spec: Any) -> None:  # fmt: skip
+    def _answered(self, request: InlineRequest, future: asyncio.Future[np.ndarray], engine: str,
+                  spec: ModelSpec) -> None:  # fmt: skip
         if request.answered:  # the client left (the future was cancelled)
             return
         try:
-            body = encode_predictions(future.result(), model=name, engine=engine, spec=spec)
+            body = encode_predictions(future.result(), model=request.model, engine=engine, spec=spec)
         except Exception as error:
-            self.fail(request, error, name)
+            self.fail(request, error)
             return
-        self._finish(request, 200, [], body, name)
+        self._finish(request, 200, [], body)
 
-    def _finish(self, request: InlineRequest, status: int, headers: list[tuple[bytes, bytes]], body: bytes,
-                model: str) -> None:  # fmt: skip
+    def _finish(self, request: InlineRequest, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         if request.answered:
             return
         request.answered = True
         self.budget.release(request.reserved)
-        metrics.observe_request(model or request.model, "rest", request.form, str(status),
-                                time.perf_counter() - request.started)  # fmt: skip
+        elapsed = time.perf_counter() - request.started
+        metrics.observe_request(request.model, "rest", request.form, str(status), elapsed)
         write_answer(request.cycle, status, headers, body)
 
 

@@ -81,6 +81,30 @@ def test_inline_answers_are_counted_as_the_routes_are(servers: tuple[str, str]) 
     assert count[after] - count.get(before, 0.0) == 3
 
 
+def test_the_first_content_type_counts_as_in_the_route(servers: tuple[str, str]) -> None:
+    inline, asgi = servers
+    headers = [("content-type", "text/plain"), ("content-type", OCTETS)]
+    got, want = (httpx.post(url + "/predict", content=RAW, headers=headers) for url in (inline, asgi))
+    assert got.status_code == want.status_code == 415 and got.content == want.content
+
+
+@pytest.fixture(scope="module")
+def brief_keepalive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    log = tmp_path_factory.mktemp("keepalive") / "server.log"
+    with running_server(log, command=SERVE, device="cpu", keepalive_timeout_s="0.001") as url:
+        yield url
+
+
+def test_a_refusal_pipelined_ahead_of_a_slow_request_does_not_cut_the_connection(brief_keepalive: str) -> None:
+    """The refusal (404) is answered after the parse, so the keep-alive timer (1 ms here) is not
+    armed while the request behind it (64 images, in the same packet, longer than 1 ms) runs."""
+    with connect(brief_keepalive) as sock:
+        sock.sendall(raw_request("/v1/models/nope/predict", RAW) + raw_request("/predict", RAW * 64))
+        (refused, _), (served, body) = read_answers(sock, 2)
+    assert b" 404 " in refused and b" 200 " in served
+    assert len(orjson.loads(body)["predictions"]) == 64
+
+
 def raw_request(path: str, body: bytes, version: str = "1.1") -> bytes:
     head = f"POST {path} HTTP/{version}\r\nhost: x\r\ncontent-type: {OCTETS}\r\ncontent-length: {len(body)}\r\n\r\n"
     return head.encode() + body
