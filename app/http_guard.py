@@ -69,7 +69,6 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._in_headers = True  # between requests or inside a request's head
         self._header_bytes = 0
         self._first_byte: float | None = None
-        self._request_first_byte = 0.0  # the current request's, for the inline deadline
         self._starting = False  # inside on_headers_complete: the request may be taken inline
         # The request taken inline last on this connection, and who took it (kept: the class's
         # `inline` is cleared at shutdown while a request may still be on its way).
@@ -114,7 +113,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._in_headers = False
         self._header_bytes = 0
         extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
-        self._request_first_byte = extensions[FIRST_BYTE_KEY] = self._first_byte or time.monotonic()
+        extensions[FIRST_BYTE_KEY] = self._first_byte or time.monotonic()
         self._first_byte = None
         self._starting = True
         try:
@@ -125,8 +124,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         inline = self.inline
         # Not while the client leaves our answers unread (uvicorn's own send() waits for the drain).
-        if inline is not None and self._starting and cycle is self.cycle and not self.flow.write_paused:
-            request = inline.take(cycle, self._request_first_byte)
+        if inline is not None and self._starting and not self.flow.write_paused:
+            request = inline.take(cycle)
             if request is not None:
                 self._inline = (inline, request)  # answered when its body is whole (on_message_complete)
                 return

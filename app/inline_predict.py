@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from starlette.datastructures import QueryParams
@@ -31,16 +32,18 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCy
 
 from app import metrics
 from app.batcher import Batcher
-from app.codecs import decode_json, decode_raw, encode_predictions
+from app.codecs import decode_json, encode_predictions
 from app.engine_process.client import RemoteBatcher
 from app.errors import ClientClosedError, error_response
 from app.model_spec import ModelSpec
-from app.request_guard import TIMEOUT_HEADER, BodyBudget
+from app.request_guard import FIRST_BYTE_KEY, TIMEOUT_HEADER, BodyBudget
 from app.routes.failures import failure_response
+from app.routes.predict import FORMAT_OF, decode_octets
 from app.service import Service
 
 INLINE_BODY_LIMIT = HIGH_WATER_LIMIT  # bytes: uvicorn pauses reading above this, the ASGI receive() resumes it
-FORMS = {b"application/json": "json", b"application/octet-stream": "raw"}
+# The route's media types whose whole body is decoded at once (not multipart uploads), as bytes.
+FORMS = {media.encode(): form for media, form in FORMAT_OF.items() if form in ("json", "raw")}
 MODEL_PREFIX, PREDICT_SUFFIX = "/v1/models/", "/predict"
 JSON_TYPE = b"content-type: application/json\r\n"
 
@@ -66,7 +69,7 @@ class InlinePredict:
         self.budget = budget
         self.settings = service.settings
 
-    def take(self, cycle: RequestResponseCycle, first_byte: float) -> InlineRequest | None:
+    def take(self, cycle: RequestResponseCycle) -> InlineRequest | None:
         """At the end of the headers: the request's state if it is answered here, else None."""
         scope = cycle.scope
         if scope["method"] != "POST" or cycle.waiting_for_100_continue:
@@ -99,7 +102,9 @@ class InlinePredict:
             return None  # the ASGI route answers it (415, 411-like reads, 413) or serves it
         if not self.budget.reserve(length):
             return None  # the guard answers 503 with Retry-After
-        request = InlineRequest(cycle, model, form, length, first_byte + timeout_s, time.perf_counter())
+        extensions: dict[str, Any] = scope["extensions"]  # the first byte's time, stamped by the guarded protocol
+        deadline = extensions[FIRST_BYTE_KEY] + timeout_s
+        request = InlineRequest(cycle, model, form, length, deadline, time.perf_counter())
         try:  # as the route does, before a byte of the body is read: the model, its readiness, admission
             served = self.service.model(model or None)
             request.model, request.spec = served.spec.name, served.spec
@@ -155,8 +160,7 @@ class InlinePredict:
         if request.form == "json":
             return decode_json(body, max_instances=max_instances, spec=spec)
         query = QueryParams(request.cycle.scope["query_string"])
-        dtype, layout = query.get("dtype", "uint8"), query.get("layout", "nchw")
-        return decode_raw(body, dtype=dtype, layout=layout, max_instances=max_instances, spec=spec)
+        return decode_octets(body, query, max_instances=max_instances, spec=spec)
 
     def _answered(self, request: InlineRequest, future: asyncio.Future[np.ndarray], engine: str,
                   spec: ModelSpec) -> None:  # fmt: skip

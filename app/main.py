@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from app.access.middleware import add_access_layers, any_access_layer
+from app.access.middleware import add_access_layers
 from app.config import Settings, get_settings
 from app.drain import drain_on_signals
 from app.engine_factory import EngineOptions
@@ -78,7 +78,7 @@ def create_app(
 
             grpc_server = GrpcServer(service, settings, reuse_port=settings.workers > 1)
             await grpc_server.start()
-        if settings.inline_predict and not any_access_layer(settings):
+        if settings.inline_predict and not access_layers_on:
             GuardedHttpProtocol.inline = InlinePredict(service, budget)  # the protocol answers small predicts
         try:
             with drain_on_signals(settings.drain_seconds, service.begin_drain):
@@ -122,7 +122,7 @@ def create_app(
         request_timeout_s=settings.request_timeout_s,
         body_timeout_s=settings.body_timeout_s,
     )
-    add_access_layers(app, settings)  # tokens, CORS, request ids, access log: none unless set
+    access_layers_on = add_access_layers(app, settings)  # tokens, CORS, request ids, access log: none unless set
     return app
 
 

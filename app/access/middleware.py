@@ -25,10 +25,12 @@ CORS_REQUEST_HEADERS = ("authorization", "content-type", "x-request-id", "infere
 CORS_EXPOSED_HEADERS = ("x-request-id", "inference-header-content-length", "retry-after", "www-authenticate")
 
 
-def add_access_layers(app: FastAPI, settings: Settings) -> None:
+def add_access_layers(app: FastAPI, settings: Settings) -> bool:
+    """Wrap the app in the layers the settings turn on; whether there are any (each request then
+    needs the ASGI stack: app/inline_predict.py is off)."""
     layers = access_layers(settings)
     if not layers:
-        return  # all off: not one call more per request than without this package
+        return False  # all off: not one call more per request than without this package
     build = app.build_middleware_stack
 
     def build_with_access() -> ASGIApp:
@@ -40,12 +42,7 @@ def add_access_layers(app: FastAPI, settings: Settings) -> None:
     # Outside ServerErrorMiddleware (add_middleware would put them inside it): a 500 it answers
     # still gets its request id, CORS headers and access-log line.
     app.build_middleware_stack = build_with_access  # type: ignore[method-assign]
-
-
-def any_access_layer(settings: Settings) -> bool:
-    """Whether any layer is on: each request then needs the ASGI stack (app/inline_predict.py)."""
-    tokens = (settings.auth_tokens, settings.auth_tokens_file, settings.admin_tokens, settings.admin_tokens_file)
-    return bool(settings.request_ids or settings.access_log or settings.cors_origins or any(tokens))
+    return True
 
 
 def access_layers(settings: Settings) -> list[Callable[[ASGIApp], ASGIApp]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 
 import numpy as np
 from starlette.datastructures import UploadFile
@@ -78,14 +79,7 @@ async def decode_body(
             return decode_json(body, max_instances=max_instances, spec=spec)
         return await off_loop(decode_json, body, max_instances=max_instances, spec=spec)
     if media == "application/octet-stream":
-        query = request.query_params
-        return decode_raw(
-            await request.body(),
-            dtype=query.get("dtype", "uint8"),
-            layout=query.get("layout", "nchw"),
-            max_instances=max_instances,
-            spec=spec,
-        )
+        return decode_octets(await request.body(), request.query_params, max_instances=max_instances, spec=spec)
     if media == "multipart/form-data":
         return await decode_upload(await read_upload(request), max_pixels=max_image_pixels, spec=spec, gpu=jpeg)
     raise InputError(
@@ -94,6 +88,12 @@ async def decode_body(
         status=415,
         code="unsupported_media_type",
     )
+
+
+def decode_octets(body: bytes, query: Mapping[str, str], *, max_instances: int, spec: ModelSpec) -> np.ndarray:
+    """Packed images, in the dtype and layout the query names (uint8 NCHW unless told)."""
+    dtype, layout = query.get("dtype", "uint8"), query.get("layout", "nchw")
+    return decode_raw(body, dtype=dtype, layout=layout, max_instances=max_instances, spec=spec)
 
 
 async def read_upload(request: Request) -> bytes:

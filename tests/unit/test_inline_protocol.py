@@ -17,6 +17,7 @@ from uvicorn.server import ServerState
 
 from app.http_guard import GuardedHttpProtocol
 from app.inline_predict import InlineRequest, write_answer
+from app.request_guard import FIRST_BYTE_KEY
 
 
 class Transport:
@@ -51,10 +52,10 @@ class StubInline:
         self.abandoned: list[InlineRequest] = []
         self.failed: list[Exception] = []
 
-    def take(self, cycle: Any, first_byte: float) -> InlineRequest | None:
+    def take(self, cycle: Any) -> InlineRequest | None:
         if cycle.scope["method"] != "POST" or cycle.scope["path"] != "/predict":
             return None
-        return InlineRequest(cycle, "", "raw", 0, first_byte + 10, 0.0)
+        return InlineRequest(cycle, "", "raw", 0, cycle.scope["extensions"][FIRST_BYTE_KEY] + 10, 0.0)
 
     def body_complete(self, request: InlineRequest) -> None:
         self.pending.append(request)
