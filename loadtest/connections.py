@@ -29,6 +29,11 @@ class Driver(Protocol):
         """Requests that found every connection busy."""
         ...
 
+    @property
+    def stale_retries(self) -> int:
+        """Requests sent again because the server had closed their idle connection (lean only)."""
+        ...
+
     async def send(self, j: int) -> tuple[int, bytes]:
         """Body j of the payloads, POSTed; (status, body) of the answer, or TransportFailure."""
         ...

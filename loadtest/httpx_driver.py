@@ -57,6 +57,10 @@ class HttpxDriver:
     def connection_waits(self) -> int:
         return self.pool.waits
 
+    @property
+    def stale_retries(self) -> int:
+        return 0  # httpx checks an idle connection before reusing it, and retries nothing (retries=0)
+
     async def _open(self) -> httpx.AsyncHTTPTransport:
         # The transport connects on its first request (and reconnects by itself when the server
         # closed an idle connection): nothing to await here.

@@ -7,6 +7,12 @@ Content-Length bytes are in. One request at a time per connection (no pipelining
 load generator needs is parsed: the status line, Content-Length, Transfer-Encoding and
 Connection. An answer it cannot frame (chunked, no Content-Length, 1xx, a malformed head) is a
 `protocol` failure that says so and names `--client httpx`, the full client, as the way out.
+
+A server closes a keep-alive connection that idled past its timeout (uvicorn: 5 s). A request
+written just as it does meets the close in flight: the connection ends (reset, or closed) before
+a byte of the answer, and the server never read the request. As Go's net/http does, such a
+request on a reused connection is sent again on a fresh one, counted (`stale_retries`, in the
+record's counts) and timed from its first send; on a fresh connection every failure counts.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from loadtest.connections import LifoPool, TransportFailure
 from loadtest.payloads import Payloads
 
 MAX_HEAD_BYTES = 64 * 1024  # status line and headers; an answer's head larger than this is refused
+STALE = "stale"  # the failure kind sent again on a fresh connection, never recorded as such
 NO_BODY_STATUSES = frozenset({204, 304})
 
 
@@ -88,6 +95,7 @@ class LeanConnection(asyncio.Protocol):
         self.closed = False
         self.keep_alive = True
         self.head: tuple[int, int, int] | None = None  # (status, body start, body length) once parsed
+        self.answers = 0  # whole answers read: above 0, the connection is a reused one
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's TCPTransport is no subclass of asyncio's classes, only of their interface.
@@ -119,12 +127,16 @@ class LeanConnection(asyncio.Protocol):
         body = bytes(self.buffer[start:])
         self.buffer.clear()
         self.head = None
+        self.answers += 1
         self.waiter.set_result((status, body))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if self.waiter is not None and not self.waiter.done():
-            if exc is None:
+            if self.answers and not self.buffer:  # a reused connection the server had closed as idle
+                how = "closed" if exc is None else f"{type(exc).__name__}: {exc}"
+                failure = TransportFailure(STALE, f"a reused connection ended before any answer ({how})")
+            elif exc is None:
                 failure = TransportFailure("protocol", "the server closed the connection without a whole answer")
             else:
                 failure = TransportFailure("network", f"{type(exc).__name__}: {exc}")
@@ -168,6 +180,7 @@ class LeanDriver:
         ctype = payloads.content_type
         self.requests = [request_bytes("POST", self.host, self.port, payloads.path, ctype, b) for b in payloads.bodies]
         self.pool: LifoPool[LeanConnection] = LifoPool(connections, self._open, timeout_s)
+        self.stale_retries = 0
 
     @property
     def connection_waits(self) -> int:
@@ -186,9 +199,18 @@ class LeanDriver:
         return conn
 
     async def send(self, j: int) -> tuple[int, bytes]:
+        while True:  # each stale connection is dropped, so this ends: at the latest on a fresh one
+            try:
+                return await self._send_once(j)
+            except TransportFailure as failure:
+                if failure.kind != STALE:
+                    raise
+                self.stale_retries += 1
+
+    async def _send_once(self, j: int) -> tuple[int, bytes]:
         conn = await self.pool.take()
         if conn.closed:  # the server closed it while idle (its keep-alive timeout): open another
-            self.pool.give_back(None)
+            self.pool.give_back(None)  # on top of the LIFO queue: the next take opens a fresh one
             conn = await self.pool.take()
         reusable = False
         try:

@@ -70,6 +70,7 @@ def build_record(
             "sent_in_window": merged.sent_in_window,
             "ok_in_window": merged.ok_in_window,
             "waited_for_connection": merged.connection_waits,
+            "retried_stale_connection": merged.stale_retries,
         },
         "errors": dict(sorted(merged.errors.items())),
         "warmup_errors": dict(sorted(merged.warmup_errors.items())),
@@ -134,5 +135,7 @@ def summary(record: dict[str, Any]) -> str:
         f"  {c['measured']} measured, {c['ok']} ok, errors: {errors}"
         + ("" if record["labels_checked"] else " (labels not checked)"),
     ]
+    if c.get("retried_stale_connection"):
+        lines[-1] += f"; {c['retried_stale_connection']} sent again: the server had closed their idle connection"
     lines += [f"  warning: {w}" for w in record["warnings"]]
     return "\n".join(lines)

@@ -76,6 +76,7 @@ class WorkerResult:
     error_examples: dict[str, str] = field(default_factory=dict)  # first message per kind
     server: dict[str, str] = field(default_factory=dict)  # "model"/"engine" of the first answer
     connection_waits: int = 0  # requests that waited for a free connection (the pool limit)
+    stale_retries: int = 0  # requests sent again: the server had closed their idle connection
     # Measured latencies (s) by outcome: "ok" or the error kind, e.g. how fast 503s come back.
     latencies_by_outcome: dict[str, list[float]] = field(default_factory=dict)
     cpu_s: float = 0.0  # the generator's own CPU time over the run (summed over processes)
@@ -135,6 +136,7 @@ def merge_results(results: list[WorkerResult]) -> WorkerResult:
         merged.ok += r.ok
         merged.warmup_requests += r.warmup_requests
         merged.connection_waits += r.connection_waits
+        merged.stale_retries += r.stale_retries
         merged.cpu_s += r.cpu_s
         merged.requests += r.requests
         merged.wall_s += r.wall_s

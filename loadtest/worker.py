@@ -185,6 +185,7 @@ class _Run:
         res = window_result(self.rows, w0, w0 + self.spec.duration_s)
         res.error_examples, res.server = self.examples, self.server
         res.connection_waits = self.driver.connection_waits
+        res.stale_retries = self.driver.stale_retries
         return res
 
 

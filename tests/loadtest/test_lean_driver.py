@@ -6,6 +6,8 @@ no-op server are driven by it in test_loadtest.py (every answer checked) and bel
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -143,3 +145,42 @@ def test_a_server_that_hangs_up_mid_answer_is_a_protocol_failure() -> None:
 
     out = asyncio.run(_with_server(hang_up, 2))
     assert [f.kind for f in out] == ["protocol", "protocol"]  # and the second got a fresh connection
+
+
+@pytest.mark.parametrize("how", ["close", "reset"])
+def test_a_reused_connection_the_server_ended_is_sent_again_on_a_fresh_one(how: str) -> None:
+    """The keep-alive race: the server closes an idle connection as a request is written to it.
+    Here each connection answers once and then ends (FIN, or RST) on the next request unread."""
+    accepted = []
+
+    async def answer_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(1)
+        await _read_request(reader)
+        writer.write(OK_HEAD + b"{}")
+        await reader.readuntil(b"\r\n\r\n")  # the next request's head arrived: end the connection unanswered
+        if how == "reset":
+            writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+
+    async def three_requests() -> tuple[list, int]:
+        server = await asyncio.start_server(answer_once, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        driver = LeanDriver(f"http://127.0.0.1:{port}", PAYLOADS, connections=1, timeout_s=5.0)
+        try:
+            return [await driver.send(i % 2) for i in range(3)], driver.stale_retries
+        finally:
+            await driver.aclose()
+            server.close()
+
+    out, retries = asyncio.run(three_requests())
+    assert out == [(200, b"{}")] * 3
+    assert retries == 2 and len(accepted) == 3  # requests 2 and 3 each met a stale connection once
+
+
+def test_a_fresh_connection_ended_before_any_answer_is_a_failure_not_a_retry() -> None:
+    async def hang_up_at_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.close()
+
+    out = asyncio.run(_with_server(hang_up_at_once, 2))
+    assert [f.kind for f in out] == ["protocol", "protocol"]

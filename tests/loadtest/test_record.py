@@ -54,6 +54,7 @@ def test_open_loop_record_figures(payloads: Payloads) -> None:
         "sent_in_window": 200,
         "ok_in_window": 196,
         "waited_for_connection": 0,
+        "retried_stale_connection": 0,
     }
     assert r["errors"] == {"timeout": 2} and r["loadgen_cpu_busy"] == 0.2
     assert r["warnings"] == ["200 measured requests: p99.9 is not meaningful below 1000"]

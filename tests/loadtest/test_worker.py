@@ -33,6 +33,7 @@ class CrashOnFirstSend:
     """A driver whose first send raises what no driver may (a bug), then answers at once."""
 
     connection_waits = 0
+    stale_retries = 0
 
     def __init__(self) -> None:
         self.sent = 0

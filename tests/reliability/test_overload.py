@@ -29,7 +29,8 @@ def test_twice_saturation_is_answered_200_503_or_504_and_refusals_are_fast(tmp_p
         )  # fmt: skip
     errors = overload["errors"]
     refused = {kind for kind in errors if kind.startswith(("http_503", "http_504"))}
-    assert set(errors) == refused, f"answers other than 200/503/504: {errors}\n{overload['summary']}"
+    examples = overload["error_examples"]
+    assert set(errors) == refused, f"answers other than 200/503/504: {errors}\n{overload['summary']}\n{examples}"
     # The generator really offered about twice the capacity (its own limits are in its warnings).
     assert overload["achieved_rate_rps"] >= 1.6 * capacity, overload["summary"]
     assert overload["counts"]["ok"] > 0
