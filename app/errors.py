@@ -176,15 +176,19 @@ class within(timeout_at):
     On the coarse timer (app/coarse_timeouts.py): up to its tick late, and cheaper than
     asyncio.timeout_at on every request."""
 
-    __slots__ = ()
+    __slots__ = ("_entered",)
+
+    async def __aenter__(self) -> None:
+        self._entered = time.monotonic()
+        await super().__aenter__()
 
     async def __aexit__(
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
     ) -> None:
         try:
             await super().__aexit__(kind, error, traceback)
-        except TimeoutError:
-            raise DeadlineExceededError(max(0.0, self._deadline - time.monotonic())) from None
+        except TimeoutError:  # the time it had left when the block began, as the batcher reports it
+            raise DeadlineExceededError(max(0.0, self._deadline - self._entered)) from None
 
 
 class UnauthorizedError(ServiceError):

@@ -14,8 +14,9 @@ Transfer-Encoding or Expect, while CGSERVE_INLINE_PREDICT is on and no access la
 CORS, request ids, access log) is. Everything else takes the ASGI route (app/routes/predict.py)
 and both answer alike: the same decoding, limits (the bytes-in-flight budget, the deadline, the
 body's pause timeout), metrics and error bodies (tests/integration/test_inline_predict.py sends
-the same requests both ways). One difference: the deadline ends a request whose rows were not
-launched in time (the batcher's 504) but not one whose batch is already running.
+the same requests both ways). The deadline is the route's too: a coarse timer armed at the end of
+the headers answers 504 once it passes, whether the body is still coming, the rows are queued or
+their batch runs (the rows are dropped if not yet launched).
 """
 
 from __future__ import annotations
@@ -30,11 +31,11 @@ from starlette.datastructures import QueryParams
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
 
-from app import metrics
+from app import coarse_timeouts, metrics
 from app.batcher import Batcher
 from app.codecs import decode_json, encode_predictions
 from app.engine_process.client import RemoteBatcher
-from app.errors import ClientClosedError, error_response
+from app.errors import ClientClosedError, DeadlineExceededError, error_response
 from app.model_spec import ModelSpec
 from app.request_guard import FIRST_BYTE_KEY, TIMEOUT_HEADER, BodyBudget
 from app.routes.failures import failure_response
@@ -59,6 +60,7 @@ class InlineRequest:
     batcher: Batcher | RemoteBatcher | None = None  # the model's, once admitted
     spec: ModelSpec | None = None
     future: asyncio.Future[np.ndarray] | None = None  # the batcher's, once queued
+    timer: coarse_timeouts.Armed | None = None  # the deadline's, while the answer is owed
     refused: bool = False  # an error answer is on its way
     answered: bool = False
 
@@ -112,6 +114,8 @@ class InlinePredict:
             request.batcher.admit(request.deadline)
         except Exception as error:
             self._refuse(request, error)
+            return request
+        request.timer = coarse_timeouts.call_at(deadline, lambda: self._expire(request, timeout_s))
         return request
 
     def body_complete(self, request: InlineRequest) -> None:
@@ -138,15 +142,11 @@ class InlinePredict:
     def abandon(self, request: InlineRequest) -> None:
         """The connection is gone: drop its rows if not launched yet, give its bytes back; counted as
         the route counts a client that left (499, client_closed)."""
-        if request.answered:
+        if not self._settle(request, ClientClosedError.status):
             return
-        request.answered = True
-        self.budget.release(request.reserved)
         if request.future is not None:
             request.future.cancel()
         metrics.reject(request.model, ClientClosedError.reason)
-        elapsed = time.perf_counter() - request.started
-        metrics.observe_request(request.model, "rest", request.form, str(ClientClosedError.status), elapsed)
 
     def _refuse(self, request: InlineRequest, error: Exception) -> None:
         """Answer `error` on the loop's next turn, not from inside the HTTP parser: a request
@@ -154,6 +154,16 @@ class InlinePredict:
         mid-parse, uvicorn would arm the keep-alive timer while that request runs)."""
         request.refused = True
         asyncio.get_running_loop().call_soon(self.fail, request, error)
+
+    def _expire(self, request: InlineRequest, timeout_s: float) -> None:
+        """The deadline passed unanswered: 504, as the route's `within` answers it; rows not yet
+        launched are dropped (the batcher skips a cancelled future)."""
+        request.timer = None
+        if request.future is not None:
+            if request.future.done():  # the answer is in, its callback queued: it wins
+                return
+            request.future.cancel()  # its callback sees `answered` and returns
+        self.fail(request, DeadlineExceededError(timeout_s))
 
     def _decode(self, request: InlineRequest, body: bytes, spec: ModelSpec) -> np.ndarray:
         max_instances = self.settings.max_instances
@@ -174,13 +184,19 @@ class InlinePredict:
         self._finish(request, 200, [], body)
 
     def _finish(self, request: InlineRequest, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        if self._settle(request, status):
+            write_answer(request.cycle, status, headers, body)
+
+    def _settle(self, request: InlineRequest, status: int) -> bool:
+        """The request's end, once: its bytes back, its deadline disarmed, counted. False if it had ended."""
         if request.answered:
-            return
+            return False
         request.answered = True
         self.budget.release(request.reserved)
-        elapsed = time.perf_counter() - request.started
-        metrics.observe_request(request.model, "rest", request.form, str(status), elapsed)
-        write_answer(request.cycle, status, headers, body)
+        if request.timer is not None:
+            request.timer.cancel()
+        metrics.observe_request(request.model, "rest", request.form, str(status), time.perf_counter() - request.started)
+        return True
 
 
 def write_answer(cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:

@@ -6,7 +6,9 @@ over a real socket (HTTP/1.0, pipelining, a client that leaves).
 
 from __future__ import annotations
 
+import re
 import socket
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -15,7 +17,7 @@ import orjson
 import pytest
 
 from tests.integration.server_process import running_server, settled_metrics
-from tests.reliability.common import SERVE
+from tests.reliability.common import SERVE, seed_with_forward
 
 IMAGE = (np.arange(784) % 256).astype(np.uint8)  # one 28×28 image
 JSON_BODY = orjson.dumps({"instances": [(IMAGE / 255).reshape(28, 28).tolist()] * 2})
@@ -159,3 +161,31 @@ def test_clients_that_leave_before_their_answer_harm_no_one(servers: tuple[str, 
             sock.sendall(raw_request("/predict", RAW * 64))
     response = httpx.post(inline + "/predict", content=RAW, headers={"content-type": OCTETS})
     assert response.status_code == 200 and len(response.json()["predictions"]) == 1
+
+
+@pytest.fixture(scope="module")
+def slow_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    logs = tmp_path_factory.mktemp("slow")
+    repository = seed_with_forward(logs / "repo", "slow", "time.sleep(1.0)  # every batch runs a second")
+    settings = {"device": "cpu", "model_repository": str(repository), "batch_timeout_s": "30"}
+    with (
+        running_server(logs / "inline.log", command=SERVE, **settings) as inline,
+        running_server(logs / "asgi.log", command=SERVE, inline_predict="false", **settings) as asgi,
+    ):
+        yield inline, asgi
+
+
+def test_a_deadline_that_passes_while_the_batch_runs_is_answered_504_at_once(slow_servers: tuple[str, str]) -> None:
+    """A 1 s batch, a 300 ms deadline: both paths answer 504 when it passes, not when the batch is back."""
+    for url in slow_servers:
+        headers = {"content-type": OCTETS, "x-request-timeout-ms": "300"}
+        started = time.monotonic()
+        response = httpx.post(url + "/predict", content=RAW, headers=headers, timeout=10)
+        waited = time.monotonic() - started
+        assert response.status_code == 504 and response.json()["error"]["code"] == "deadline_exceeded", response.text
+        assert waited < 0.9, f"{url}: answered after {waited:.2f} s, the batch's time, not the deadline's"
+        said = re.search(r"within its ([0-9.]+) s deadline", response.json()["error"]["message"])
+        assert said is not None and float(said[1]) > 0.25, response.text  # the time it had, not what was left
+        # The server is still whole: a request with time to spare is answered.
+        spared = httpx.post(url + "/predict", content=RAW, headers={"content-type": OCTETS}, timeout=10)
+        assert spared.status_code == 200, spared.text

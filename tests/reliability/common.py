@@ -7,8 +7,11 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
+
+from models.cnn import WEIGHTS_PATH
 
 SERVE = (sys.executable, "-m", "app.cli", "serve")
 
@@ -16,6 +19,26 @@ SERVE = (sys.executable, "-m", "app.cli", "serve")
 _SPLIT = shutil.which("taskset") is not None and len(os.sched_getaffinity(0)) >= 2
 SERVER_CORE, CLIENT_CORE = sorted(os.sched_getaffinity(0))[:2] if _SPLIT else (None, None)
 PINNED_SERVE = ("taskset", "-c", str(SERVER_CORE), *SERVE) if _SPLIT else SERVE
+
+
+def seed_with_forward(repository: Path, name: str, before_forward: str) -> Path:
+    """A model repository holding one Python-format model, `name`: the seed CNN with
+    `before_forward` (statements over `x`, the (N, 1, 28, 28) float batch; `time` is imported) run
+    first in its forward, to make it slow or stuck on purpose. Returns the repository folder."""
+    folder = repository / name
+    folder.mkdir(parents=True)
+    (folder / "model.py").write_text(
+        "import time\nimport torch\nfrom models.cnn import load_model\n\n\n"
+        "class Wrapped(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        f"        self.inner = load_model({str(WEIGHTS_PATH)!r})\n\n    def forward(self, x):\n"
+        f"{textwrap.indent(before_forward, ' ' * 8)}\n        return self.inner(x)\n\n\n"
+        "def build():\n    return Wrapped().eval()\n"
+    )
+    (folder / "model.toml").write_text(
+        'format = "python"\nfactory = "model:build"\ninput_shape = [1, 28, 28]\n'
+        'labels = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"]\n'
+    )
+    return repository
 
 
 def on_client_core() -> None:

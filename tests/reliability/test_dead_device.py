@@ -10,42 +10,19 @@ import httpx
 import numpy as np
 
 from loadtest.server_process import free_port, running
-from models.cnn import WEIGHTS_PATH
-from tests.reliability.common import SERVE
+from tests.reliability.common import SERVE, seed_with_forward
 
-MODEL_PY = f"""import time
-import torch
-from models.cnn import load_model
-
-
-class Stuck(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.inner = load_model({str(WEIGHTS_PATH)!r})
-
-    def forward(self, x):
-        if bool((x[:, 0, 0, :4] == 1.0).all(dim=1).any()):  # the first four pixels 255: hang
-            time.sleep(600)
-        return self.inner(x)
-
-
-def build():
-    return Stuck().eval()
-"""
+HANG_ON_MARKED = """\
+if bool((x[:, 0, 0, :4] == 1.0).all(dim=1).any()):  # the first four pixels 255: hang
+    time.sleep(600)"""
 
 
 def test_a_hung_batch_answers_503_and_the_process_exits_non_zero(tmp_path: Path) -> None:
-    folder = tmp_path / "repo" / "stuck"
-    folder.mkdir(parents=True)
-    (folder / "model.py").write_text(MODEL_PY)
-    (folder / "model.toml").write_text(
-        'format = "python"\nfactory = "model:build"\ninput_shape = [1, 28, 28]\n'
-        'labels = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"]\n'
-    )
+    repository = seed_with_forward(tmp_path / "repo", "stuck", HANG_ON_MARKED)
     port = free_port()
     env = {
         "CGSERVE_HOST": "127.0.0.1", "CGSERVE_PORT": str(port), "CGSERVE_GRPC_PORT": "0", "CGSERVE_DEVICE": "cpu",
-        "CGSERVE_MODEL_REPOSITORY": str(folder.parent), "CGSERVE_BATCH_TIMEOUT_S": "2",
+        "CGSERVE_MODEL_REPOSITORY": str(repository), "CGSERVE_BATCH_TIMEOUT_S": "2",
         "CGSERVE_SHUTDOWN_TIMEOUT_S": "3", "CGSERVE_DRAIN_SECONDS": "0",
     }  # fmt: skip
     marked = np.zeros((1, 1, 28, 28), dtype=np.uint8)
