@@ -139,9 +139,9 @@ class Settings(BaseSettings):
     body_timeout_s: float = Field(10.0, gt=0.0, description="Longest a body may pause between two chunks: 408.")
     inline_predict: bool = Field(
         True,
-        description="Answer small POST /predict bodies (JSON or raw, up to 64 KiB) inside the HTTP protocol, below "
-        "the ASGI stack; off whenever an access layer (tokens, CORS, request ids, access log) is on. false: every "
-        "request through the ASGI routes.",
+        description="Answer small inference bodies (POST /predict JSON or raw, Open Inference Protocol infer JSON or "
+        "binary; up to 64 KiB) inside the HTTP protocol, below the ASGI stack; off whenever an access layer (tokens, "
+        "CORS, request ids, access log) is on. false: every request through the ASGI routes.",
     )
     keepalive_timeout_s: float = Field(5.0, gt=0.0, description="An idle keep-alive connection is closed after this.")
     drain_seconds: float = Field(

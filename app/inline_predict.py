@@ -1,4 +1,4 @@
-"""POST /predict answered inside the HTTP protocol, below the ASGI stack.
+"""Inference requests answered inside the HTTP protocol, below the ASGI stack.
 
 Through ASGI a request is a task running a dozen nested coroutines (uvicorn's cycle, the proxy
 headers, error, exception and exit-stack middleware, the router, the route, the guard, the
@@ -8,15 +8,16 @@ and never for the wait. Here the protocol (app/http_guard.py) hands over a small
 its body is whole it is decoded as the route decodes it, queued with the batcher's `enqueue`,
 and the answer is written from the future's callback, in one write: no task, no coroutine.
 
-Taken here: POST /predict and /v1/models/{name}/predict with a JSON or octet-stream body whose
-Content-Length is at most 64 KiB (uvicorn's read high-water mark, so reading never pauses), no
-Transfer-Encoding or Expect, while CGSERVE_INLINE_PREDICT is on and no access layer (tokens,
-CORS, request ids, access log) is. Everything else takes the ASGI route (app/routes/predict.py)
-and both answer alike: the same decoding, limits (the bytes-in-flight budget, the deadline, the
-body's pause timeout), metrics and error bodies (tests/integration/test_inline_predict.py sends
-the same requests both ways). The deadline is the route's too: a coarse timer armed at the end of
-the headers answers 504 once it passes, whether the body is still coming, the rows are queued or
-their batch runs (the rows are dropped if not yet launched).
+Taken here: the routes of app/inline_routes.py (POST /predict with a JSON or octet-stream body,
+the Open Inference Protocol's infer with JSON or binary tensors) with a Content-Length of at most
+64 KiB (uvicorn's read high-water mark, so reading never pauses), no Transfer-Encoding or
+Expect, while CGSERVE_INLINE_PREDICT is on and no access layer (tokens, CORS, request ids,
+access log) is. Everything else takes the ASGI routes and both doors answer alike: the same
+decoding, limits (the bytes-in-flight budget, the deadline, the body's pause timeout), metrics
+and error bodies (tests/integration/test_inline_predict.py sends the same requests both ways).
+The deadline is the route's too: a coarse timer armed at the end of the headers answers 504 once
+it passes, whether the body is still coming, the rows are queued or their batch runs (the rows
+are dropped if not yet launched).
 """
 
 from __future__ import annotations
@@ -27,39 +28,38 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from starlette.datastructures import QueryParams
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
 
 from app import coarse_timeouts, metrics
 from app.batcher import Batcher
-from app.codecs import decode_json, encode_predictions
 from app.engine_process.client import RemoteBatcher
-from app.errors import ClientClosedError, DeadlineExceededError, error_response
+from app.errors import ClientClosedError, DeadlineExceededError
+from app.inline_routes import InlineRoute, route_of
 from app.model_spec import ModelSpec
 from app.request_guard import FIRST_BYTE_KEY, TIMEOUT_HEADER, BodyBudget
 from app.routes.failures import failure_response
-from app.routes.predict import FORMAT_OF, decode_octets
 from app.service import Service
 
 INLINE_BODY_LIMIT = HIGH_WATER_LIMIT  # bytes: uvicorn pauses reading above this, the ASGI receive() resumes it
-# The route's media types whose whole body is decoded at once (not multipart uploads), as bytes.
-FORMS = {media.encode(): form for media, form in FORMAT_OF.items() if form in ("json", "raw")}
-MODEL_PREFIX, PREDICT_SUFFIX = "/v1/models/", "/predict"
+HEADER_LENGTH = b"inference-header-content-length"  # the v2 binary extension's
 JSON_TYPE = b"content-type: application/json\r\n"
 
 
 @dataclass(slots=True, eq=False)
 class InlineRequest:
     cycle: RequestResponseCycle  # uvicorn's: the scope, the body read so far, the transport, keep-alive
+    route: InlineRoute
     model: str  # as the path names it ("" for the default model), then the served model's name
-    form: str  # "json" or "raw"
+    form: str  # "json" or "raw" (/predict), "json" or "binary" (v2 infer)
+    header_length: bytes | None  # the v2 binary extension's Inference-Header-Content-Length
     reserved: int  # bytes held in the budget until the answer is written
     deadline: float  # time.monotonic()
     started: float  # time.perf_counter(), for the latency histogram
     batcher: Batcher | RemoteBatcher | None = None  # the model's, once admitted
     spec: ModelSpec | None = None
     future: asyncio.Future[np.ndarray] | None = None  # the batcher's, once queued
+    asked: Any = None  # what the answer needs of the request (v2: its inference header)
     timer: coarse_timeouts.Armed | None = None  # the deadline's, while the answer is owed
     refused: bool = False  # an error answer is on its way
     answered: bool = False
@@ -76,39 +76,36 @@ class InlinePredict:
         scope = cycle.scope
         if scope["method"] != "POST" or cycle.waiting_for_100_continue:
             return None
-        path = scope["path"]
-        if path == PREDICT_SUFFIX:
-            model = ""
-        elif path.startswith(MODEL_PREFIX) and path.endswith(PREDICT_SUFFIX):
-            model = path[len(MODEL_PREFIX) : -len(PREDICT_SUFFIX)]
-            if not model or "/" in model:
-                return None
-        else:
+        target = route_of(scope["path"])
+        if target is None:
             return None
+        route, model, version = target
         length: int | None = None
-        media: bytes | None = None
+        media = header_length = None
         timeout_s = self.settings.request_timeout_s
         for name, value in scope["headers"]:
             if name == b"content-length":
                 length = int(value) if value.isdigit() and length is None else -1  # -1: twice, or not a number
             elif name == b"content-type" and media is None:  # the first, as Starlette's headers.get reads it
                 media = value.partition(b";")[0].strip().lower()
+            elif name == HEADER_LENGTH and header_length is None:
+                header_length = value
             elif name == TIMEOUT_HEADER:
                 if not value.isdigit() or int(value) == 0:
                     return None  # the ASGI guard answers 400
                 timeout_s = min(timeout_s, int(value) / 1000)
             elif name in (b"transfer-encoding", b"expect"):
                 return None
-        form = FORMS.get(media or b"")
+        form = route.form(media, header_length)
         if form is None or length is None or not 0 <= length <= min(INLINE_BODY_LIMIT, self.settings.max_body_bytes):
             return None  # the ASGI route answers it (415, 411-like reads, 413) or serves it
         if not self.budget.reserve(length):
             return None  # the guard answers 503 with Retry-After
         extensions: dict[str, Any] = scope["extensions"]  # the first byte's time, stamped by the guarded protocol
         deadline = extensions[FIRST_BYTE_KEY] + timeout_s
-        request = InlineRequest(cycle, model, form, length, deadline, time.perf_counter())
+        request = InlineRequest(cycle, route, model, form, header_length, length, deadline, time.perf_counter())
         try:  # as the route does, before a byte of the body is read: the model, its readiness, admission
-            served = self.service.model(model or None)
+            served = route.served(self.service, model, version)
             request.model, request.spec = served.spec.name, served.spec
             request.batcher = served.ready_batcher()
             request.batcher.admit(request.deadline)
@@ -124,7 +121,10 @@ class InlinePredict:
             return
         body, request.cycle.body = bytes(request.cycle.body), bytearray()  # not kept by an idle connection
         try:
-            images = self._decode(request, body, request.spec)
+            query, max_instances = request.cycle.scope["query_string"], self.settings.max_instances
+            images, request.asked = request.route.decode(
+                body, request.form, query, request.header_length, request.spec, max_instances
+            )
             request.future = request.batcher.enqueue(images, request.deadline)
         except Exception as error:
             self._refuse(request, error)
@@ -136,7 +136,8 @@ class InlinePredict:
         """Answer `error` as the route would (its status, headers and body, counted alike)."""
         if request.answered:
             return
-        response = failure_response(error, model=request.model, path=request.cycle.scope["path"], render=error_response)
+        path = request.cycle.scope["path"]
+        response = failure_response(error, model=request.model, path=path, render=request.route.render)
         self._finish(request, response.status_code, response.raw_headers, bytes(response.body))
 
     def abandon(self, request: InlineRequest) -> None:
@@ -165,23 +166,16 @@ class InlinePredict:
             request.future.cancel()  # its callback sees `answered` and returns
         self.fail(request, DeadlineExceededError(timeout_s))
 
-    def _decode(self, request: InlineRequest, body: bytes, spec: ModelSpec) -> np.ndarray:
-        max_instances = self.settings.max_instances
-        if request.form == "json":
-            return decode_json(body, max_instances=max_instances, spec=spec)
-        query = QueryParams(request.cycle.scope["query_string"])
-        return decode_octets(body, query, max_instances=max_instances, spec=spec)
-
     def _answered(self, request: InlineRequest, future: asyncio.Future[np.ndarray], engine: str,
                   spec: ModelSpec) -> None:  # fmt: skip
         if request.answered:  # the client left (the future was cancelled)
             return
         try:
-            body = encode_predictions(future.result(), model=request.model, engine=engine, spec=spec)
+            headers, body = request.route.answer(future.result(), request.asked, request.model, engine, spec)
         except Exception as error:
             self.fail(request, error)
             return
-        self._finish(request, 200, [], body)
+        self._finish(request, 200, headers, body)
 
     def _finish(self, request: InlineRequest, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         if self._settle(request, status):
@@ -195,7 +189,8 @@ class InlinePredict:
         self.budget.release(request.reserved)
         if request.timer is not None:
             request.timer.cancel()
-        metrics.observe_request(request.model, "rest", request.form, str(status), time.perf_counter() - request.started)
+        elapsed = time.perf_counter() - request.started
+        metrics.observe_request(request.model, request.route.protocol, request.form, str(status), elapsed)
         return True
 
 

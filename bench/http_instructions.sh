@@ -10,6 +10,8 @@
 #   bash bench/http_instructions.sh inline 8102 raw 16 2000 $PYTHON bench/proxy_server.py --port 8102
 #   CGSERVE_INLINE_PREDICT=false bash bench/http_instructions.sh asgi 8103 raw 16 2000 $PYTHON bench/proxy_server.py --port 8103
 #   bash bench/http_instructions.sh noop 8101 raw 16 2000 $PYTHON -m loadtest.servers.noop --port 8101 --lean
+# FORM: json or raw (POST /predict), v2-json or v2-binary (the Open Inference Protocol's infer of
+# fashion-cnn: UINT8 data as a JSON list, or the binary tensor extension).
 # Needs valgrind and hey (HEY=…, default .gpu/bin/hey); bodies: one image (loadtest/payloads.py),
 # written by PYTHON (default python3; the project's venv where python3 lacks its packages).
 set -u
@@ -17,18 +19,32 @@ name=$1; port=$2; form=$3; conc=$4; n=$5; shift 5
 hey=${HEY:-.gpu/bin/hey}
 work=$(mktemp -d)
 "${PYTHON:-python3}" -c "
+import orjson
 from loadtest.payloads import load_images, encode_json, encode_raw
 images = load_images(1)
+raw = encode_raw(images[:1], 'uint8')
 open('$work/body.json', 'wb').write(encode_json(images[:1]))
-open('$work/body.raw', 'wb').write(encode_raw(images[:1], 'uint8'))" || exit 1
+open('$work/body.raw', 'wb').write(raw)
+tensor = {'name': 'input', 'datatype': 'UINT8', 'shape': [1, 1, 28, 28]}
+open('$work/body.v2-json', 'wb').write(orjson.dumps({'inputs': [{**tensor, 'data': list(raw)}]}))
+header = orjson.dumps({'inputs': [{**tensor, 'parameters': {'binary_data_size': len(raw)}}]})
+open('$work/body.v2-binary', 'wb').write(header + raw)
+open('$work/header-length', 'w').write(str(len(header)))" || exit 1
 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/cg.out" -q "$@" > "$work/server.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 300); do curl -sf "http://127.0.0.1:$port/readyz" > /dev/null && break; sleep 0.5; done
 sleep 20  # whatever the server starts in the background after it is ready (the JPEG decoder's imports)
-type=application/json; [ "$form" = raw ] && type=application/octet-stream
-"$hey" -n 1000 -c "$conc" -m POST -T "$type" -D "$work/body.$form" "http://127.0.0.1:$port/predict" > /dev/null
+type=application/json; path=/predict; extra=()
+case $form in
+  raw) type=application/octet-stream ;;
+  v2-json) path=/v2/models/fashion-cnn/infer ;;
+  v2-binary) path=/v2/models/fashion-cnn/infer; type=application/octet-stream
+    extra=(-H "Inference-Header-Content-Length: $(cat "$work/header-length")") ;;
+esac
+send() { "$hey" -n "$1" -c "$conc" -m POST -T "$type" "${extra[@]}" -D "$work/body.$form" "http://127.0.0.1:$port$path"; }
+send 1000 > /dev/null
 callgrind_control -i on "$pid" > /dev/null 2>&1
-"$hey" -n "$n" -c "$conc" -m POST -T "$type" -D "$work/body.$form" "http://127.0.0.1:$port/predict" | grep -E "\[200\]"
+send "$n" | grep -E "\[200\]"
 callgrind_control -i off "$pid" > /dev/null 2>&1
 callgrind_control -d "$pid" > /dev/null 2>&1
 kill "$pid"; wait "$pid" 2> /dev/null

@@ -23,6 +23,7 @@ from starlette.routing import Route
 
 from app import metrics
 from app.errors import InputError, ServiceError, error_body, within
+from app.model_spec import ModelSpec
 from app.off_loop import LARGE_JSON_BYTES, off_loop
 from app.request_guard import DEADLINE_KEY
 from app.routes.failures import failure_response
@@ -43,7 +44,7 @@ def v2_error(error: ServiceError) -> Response:
     return Response(error_body(error, v2=True), status_code=status, headers=error.headers, media_type=JSON)
 
 
-def _model(service: Service, name: str, version: str | None) -> ServedModel:
+def served_model(service: Service, name: str, version: str | None) -> ServedModel:
     served = service.model(name)
     if version not in (None, "", tensors.VERSION):
         raise InputError(f"model {name} has no version {version!r}", expected=f"version {tensors.VERSION}", status=404)
@@ -78,7 +79,7 @@ async def ready(service: ServiceDep) -> Response:
 @router.get("/models/{name}/versions/{version}", summary="Model metadata of one version", responses=V2_NOT_FOUND)
 async def model_metadata(name: str, service: ServiceDep, version: str | None = None) -> Response:
     try:
-        served = _model(service, name, version)
+        served = served_model(service, name, version)
     except ServiceError as error:
         return v2_error(error)
     return Response(orjson.dumps(tensors.model_metadata(served.spec, platform(served))), media_type=JSON)
@@ -94,7 +95,7 @@ READY_RESPONSES: dict[int | str, dict[str, Any]] = {
 @router.get("/models/{name}/versions/{version}/ready", summary="Readiness of one version", responses=READY_RESPONSES)
 async def model_ready(name: str, service: ServiceDep, version: str | None = None) -> Response:
     try:
-        served = _model(service, name, version)
+        served = served_model(service, name, version)
     except ServiceError as error:
         return v2_error(error)
     is_ready = served.readiness()[0]
@@ -111,7 +112,7 @@ async def model_ready(name: str, service: ServiceDep, version: str | None = None
 )
 async def model_config(name: str, service: ServiceDep, version: str | None = None) -> Response:
     try:
-        served = _model(service, name, version)
+        served = served_model(service, name, version)
     except ServiceError as error:
         return v2_error(error)
     options = served.options
@@ -126,18 +127,19 @@ async def infer(request: Request) -> Response:
     name: str = request.path_params["name"]
     form = "binary" if HEADER_LENGTH in request.headers else "json"
     try:
-        served = _model(service, name, request.path_params.get("version"))
+        served = served_model(service, name, request.path_params.get("version"))
         batcher = served.ready_batcher()
         deadline = request.scope.get(DEADLINE_KEY) or time.monotonic() + service.settings.request_timeout_s
         batcher.admit(deadline)  # refused here, before a byte of the body is read
         async with within(deadline):
             body = await request.body()
             parse = partial(
-                _parse, body, request.headers.get(HEADER_LENGTH), served.spec, service.settings.max_instances
+                parse_infer, body, request.headers.get(HEADER_LENGTH), served.spec, service.settings.max_instances
             )
             document, images = await off_loop(parse) if len(body) >= LARGE_JSON_BYTES else parse()
             probabilities = await batcher.submit(images, deadline)
-        response = _answer(document, served, probabilities)
+        content, header_length = infer_answer(document, served.spec, probabilities)
+        response = infer_response(content, header_length)
     except Exception as error:
         response = failure_response(error, model=name, path=request.url.path, render=v2_error)
     metrics.observe_request(name, "v2", form, str(response.status_code), time.perf_counter() - started)
@@ -150,7 +152,9 @@ INFER_ROUTES = [
 ]
 
 
-def _parse(body: bytes, header_length: str | None, spec: Any, max_instances: int) -> tuple[dict[str, Any], np.ndarray]:
+def parse_infer(
+    body: bytes, header_length: str | None, spec: ModelSpec, max_instances: int
+) -> tuple[dict[str, Any], np.ndarray]:
     """The inference header and the input as (k, C, H, W): what a request asks, decoded."""
     document, binary = _split_body(body, header_length)
     return document, _input(document, binary, spec, max_instances)
@@ -178,7 +182,7 @@ def _split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any],
     return document, binary
 
 
-def _input(document: dict[str, Any], binary: bytes, spec: Any, max_instances: int) -> np.ndarray:
+def _input(document: dict[str, Any], binary: bytes, spec: ModelSpec, max_instances: int) -> np.ndarray:
     inputs = document.get("inputs")
     if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
         raise InputError('"inputs" must be a list of one tensor', expected=tensors.expected(spec))
@@ -205,9 +209,9 @@ def _input(document: dict[str, Any], binary: bytes, spec: Any, max_instances: in
     )
 
 
-def _answer(document: dict[str, Any], served: ServedModel, probabilities: np.ndarray) -> Response:
-    """The response: probabilities, or top-k strings (classification), JSON or binary as asked."""
-    spec = served.spec
+def infer_answer(document: dict[str, Any], spec: ModelSpec, probabilities: np.ndarray) -> tuple[bytes, int | None]:
+    """The answer's body: probabilities, or top-k strings (classification), JSON or binary as
+    asked; and the length of its JSON header where binary tensors follow it (None: all JSON)."""
     wants_binary = bool((document.get("parameters") or {}).get("binary_data_output", False))
     requested = document.get("outputs") or [{"name": tensors.OUTPUT}]
     header: dict[str, Any] = {"model_name": spec.name, "model_version": tensors.VERSION, "outputs": []}
@@ -234,9 +238,15 @@ def _answer(document: dict[str, Any], served: ServedModel, probabilities: np.nda
         header["outputs"].append(described)
     body = orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
     if not chunks:
-        return Response(body, media_type=JSON)
-    headers = {"Inference-Header-Content-Length": str(len(body))}
-    return Response(body + b"".join(chunks), headers=headers, media_type="application/octet-stream")
+        return body, None
+    return body + b"".join(chunks), len(body)
+
+
+def infer_response(content: bytes, header_length: int | None) -> Response:
+    if header_length is None:
+        return Response(content, media_type=JSON)
+    headers = {"Inference-Header-Content-Length": str(header_length)}
+    return Response(content, headers=headers, media_type="application/octet-stream")
 
 
 def _bytes_tensor(values: np.ndarray) -> bytes:

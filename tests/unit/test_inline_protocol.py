@@ -17,6 +17,7 @@ from uvicorn.server import ServerState
 
 from app.http_guard import GuardedHttpProtocol
 from app.inline_predict import InlineRequest, write_answer
+from app.inline_routes import PREDICT
 from app.request_guard import FIRST_BYTE_KEY
 
 
@@ -55,7 +56,7 @@ class StubInline:
     def take(self, cycle: Any) -> InlineRequest | None:
         if cycle.scope["method"] != "POST" or cycle.scope["path"] != "/predict":
             return None
-        return InlineRequest(cycle, "", "raw", 0, cycle.scope["extensions"][FIRST_BYTE_KEY] + 10, 0.0)
+        return InlineRequest(cycle, PREDICT, "", "raw", None, 0, cycle.scope["extensions"][FIRST_BYTE_KEY] + 10, 0.0)
 
     def body_complete(self, request: InlineRequest) -> None:
         self.pending.append(request)
