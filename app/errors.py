@@ -87,7 +87,7 @@ class DeadlineExceededError(ServiceError):
 
     def __init__(self, timeout_s: float) -> None:
         super().__init__(
-            f"the request was not answered within its {timeout_s:.3g} s deadline and was not run",
+            f"the request was not answered within its deadline ({timeout_s:.3g} s left when it was taken in)",
             expected="a retry when the service is less loaded, or a longer X-Request-Timeout-Ms",
         )
 

@@ -12,10 +12,14 @@
   to come, so a request that arrives whole (nearly all of them) arms none.
 - The deadline's start: the time of each request's first byte goes into the ASGI scope
   (extensions["cgserve.first_byte"]), so the end-to-end deadline counts the reading too.
-- Small predicts: while the app serves, `inline` (app/inline_predict.py) may take a request at
-  the end of its headers; it is then answered from here, below the ASGI stack, when its body is
-  whole. Only a request that starts as its headers end (not a pipelined one queued behind another).
-Keep-alive idle timeouts are uvicorn's own (timeout_keep_alive).
+- Small inference requests (POST /predict, the v2 infer; app/inline_routes.py): while the app
+  serves, `inline` (app/inline_predict.py) may take a request at the end of its headers; it is
+  then answered from here, below the ASGI stack, when its body is whole. Only a request that
+  starts as its headers end (not a pipelined one queued behind another).
+Keep-alive idle timeouts are uvicorn's own (timeout_keep_alive), with one gap closed: uvicorn
+arms the timer when an answer is written and cancels it on every byte that arrives, so a request
+answered before its body was whole (a refusal, a 504) left the connection with no timer once the
+rest of its body came. It is armed again then.
 """
 
 from __future__ import annotations
@@ -107,6 +111,16 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 )  # fmt: skip
         elif not self._in_headers and not self.transport.is_closing():  # part of a body is still to come
             self._arm(self.body_timeout_s, self._body_timeout)  # or re-arm: it bounds each pause, not the body
+        elif self._in_headers and self._first_byte is None and self.cycle is not None and self.cycle.response_complete:
+            self._keep_idle_timer()  # between requests, nothing of the next yet, and nothing owed
+
+    def _keep_idle_timer(self) -> None:
+        """After the last of a body whose answer was written before it came: uvicorn's keep-alive
+        timer, which every arriving byte cancelled (an answer still owed arms it when written)."""
+        if self.timeout_keep_alive_task is None and not self.pipeline and not self.transport.is_closing():
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
 
     def on_headers_complete(self) -> None:
         self._disarm()

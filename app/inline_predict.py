@@ -16,8 +16,8 @@ access log) is. Everything else takes the ASGI routes and both doors answer alik
 decoding, limits (the bytes-in-flight budget, the deadline, the body's pause timeout), metrics
 and error bodies (tests/integration/test_inline_predict.py sends the same requests both ways).
 The deadline is the route's too: a coarse timer armed at the end of the headers answers 504 once
-it passes, whether the body is still coming, the rows are queued or their batch runs (the rows
-are dropped if not yet launched).
+it passes, whether the body is still coming, the rows are queued or their batch runs (rows not
+yet launched are dropped).
 """
 
 from __future__ import annotations
@@ -35,14 +35,13 @@ from app import coarse_timeouts, metrics
 from app.batcher import Batcher
 from app.engine_process.client import RemoteBatcher
 from app.errors import ClientClosedError, DeadlineExceededError
-from app.inline_routes import InlineRoute, route_of
+from app.inline_routes import V2_HEADER_LENGTH, InlineRoute, route_of
 from app.model_spec import ModelSpec
 from app.request_guard import FIRST_BYTE_KEY, TIMEOUT_HEADER, BodyBudget
 from app.routes.failures import failure_response
 from app.service import Service
 
 INLINE_BODY_LIMIT = HIGH_WATER_LIMIT  # bytes: uvicorn pauses reading above this, the ASGI receive() resumes it
-HEADER_LENGTH = b"inference-header-content-length"  # the v2 binary extension's
 JSON_TYPE = b"content-type: application/json\r\n"
 
 
@@ -88,7 +87,7 @@ class InlinePredict:
                 length = int(value) if value.isdigit() and length is None else -1  # -1: twice, or not a number
             elif name == b"content-type" and media is None:  # the first, as Starlette's headers.get reads it
                 media = value.partition(b";")[0].strip().lower()
-            elif name == HEADER_LENGTH and header_length is None:
+            elif name == V2_HEADER_LENGTH and header_length is None:
                 header_length = value
             elif name == TIMEOUT_HEADER:
                 if not value.isdigit() or int(value) == 0:
@@ -112,7 +111,8 @@ class InlinePredict:
         except Exception as error:
             self._refuse(request, error)
             return request
-        request.timer = coarse_timeouts.call_at(deadline, lambda: self._expire(request, timeout_s))
+        left_s = deadline - time.monotonic()  # reported as within() and the batcher report it
+        request.timer = coarse_timeouts.call_at(deadline, lambda: self._expire(request, left_s))
         return request
 
     def body_complete(self, request: InlineRequest) -> None:
@@ -156,19 +156,20 @@ class InlinePredict:
         request.refused = True
         asyncio.get_running_loop().call_soon(self.fail, request, error)
 
-    def _expire(self, request: InlineRequest, timeout_s: float) -> None:
-        """The deadline passed unanswered: 504, as the route's `within` answers it; rows not yet
-        launched are dropped (the batcher skips a cancelled future)."""
+    def _expire(self, request: InlineRequest, left_s: float) -> None:
+        """The deadline passed unanswered: 504, as the route's `within` answers it. Rows not yet
+        launched are dropped: the local batcher skips a cancelled future; an engine process drops
+        them at the same deadline, which travels with them."""
         request.timer = None
         if request.future is not None:
             if request.future.done():  # the answer is in, its callback queued: it wins
                 return
             request.future.cancel()  # its callback sees `answered` and returns
-        self.fail(request, DeadlineExceededError(timeout_s))
+        self.fail(request, DeadlineExceededError(left_s))
 
     def _answered(self, request: InlineRequest, future: asyncio.Future[np.ndarray], engine: str,
                   spec: ModelSpec) -> None:  # fmt: skip
-        if request.answered:  # the client left (the future was cancelled)
+        if request.answered:  # the client left, or the deadline was answered (either cancelled the future)
             return
         try:
             headers, body = request.route.answer(future.result(), request.asked, request.model, engine, spec)

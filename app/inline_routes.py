@@ -25,6 +25,7 @@ from app.service import ServedModel, Service
 from app.v2 import rest as v2_rest
 
 Headers = list[tuple[bytes, bytes]]  # extra answer headers; [] for the common JSON answer
+V2_HEADER_LENGTH = v2_rest.HEADER_LENGTH.encode()  # the binary extension's Inference-Header-Content-Length
 # /predict's media types whose whole body is decoded at once (not multipart uploads), as bytes.
 PREDICT_FORMS = {media.encode(): form for media, form in FORMAT_OF.items() if form in ("json", "raw")}
 
@@ -102,10 +103,10 @@ class V2InferRoute:
         content, header_length = v2_rest.infer_answer(asked, spec, probabilities)
         if header_length is None:
             return [], content
-        return [
+        return [  # as the ASGI route's Response writes them, in its order
+            (V2_HEADER_LENGTH, b"%d" % header_length),
             (b"content-length", b"%d" % len(content)),
             (b"content-type", b"application/octet-stream"),
-            (b"inference-header-content-length", b"%d" % header_length),
         ], content
 
 

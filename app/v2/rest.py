@@ -164,7 +164,7 @@ def _split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any],
     """The JSON inference header and the binary section after it (empty without the extension)."""
     header, binary = body, b""
     if header_length is not None:
-        if not header_length.isdigit() or int(header_length) > len(body):
+        if not (header_length.isascii() and header_length.isdigit()) or int(header_length) > len(body):
             raise InputError(
                 f"Inference-Header-Content-Length is {header_length!r} for a body of {len(body)} bytes",
                 expected="the byte length of the JSON header that starts the body",
@@ -245,7 +245,7 @@ def infer_answer(document: dict[str, Any], spec: ModelSpec, probabilities: np.nd
 def infer_response(content: bytes, header_length: int | None) -> Response:
     if header_length is None:
         return Response(content, media_type=JSON)
-    headers = {"Inference-Header-Content-Length": str(header_length)}
+    headers = {HEADER_LENGTH: str(header_length)}
     return Response(content, headers=headers, media_type="application/octet-stream")
 
 

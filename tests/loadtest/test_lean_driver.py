@@ -150,7 +150,8 @@ def test_a_server_that_hangs_up_mid_answer_is_a_protocol_failure() -> None:
 @pytest.mark.parametrize("how", ["close", "reset"])
 def test_a_reused_connection_the_server_ended_is_sent_again_on_a_fresh_one(how: str) -> None:
     """The keep-alive race: the server closes an idle connection as a request is written to it.
-    Here each connection answers once and then ends (FIN, or RST) on the next request unread."""
+    Here each connection answers once and then ends (FIN, or RST) on the next request unread; the
+    driver counts any idle time as long enough (stale_idle_s=0)."""
     accepted = []
 
     async def answer_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -162,19 +163,42 @@ def test_a_reused_connection_the_server_ended_is_sent_again_on_a_fresh_one(how: 
             writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         writer.transport.abort()
 
-    async def three_requests() -> tuple[list, int]:
-        server = await asyncio.start_server(answer_once, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        driver = LeanDriver(f"http://127.0.0.1:{port}", PAYLOADS, connections=1, timeout_s=5.0)
-        try:
-            return [await driver.send(i % 2) for i in range(3)], driver.stale_retries
-        finally:
-            await driver.aclose()
-            server.close()
-
-    out, retries = asyncio.run(three_requests())
+    out, retries = asyncio.run(three_requests(answer_once, stale_idle_s=0.0))
     assert out == [(200, b"{}")] * 3
     assert retries == 2 and len(accepted) == 3  # requests 2 and 3 each met a stale connection once
+
+
+async def three_requests(handler: Handler, *, stale_idle_s: float) -> tuple[list, int]:
+    """Three requests one after another on one connection at a time: (answers or failures, retries)."""
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    driver = LeanDriver(f"http://127.0.0.1:{port}", PAYLOADS, connections=1, timeout_s=5.0, stale_idle_s=stale_idle_s)
+    out: list = []
+    try:
+        for i in range(3):
+            try:
+                out.append(await driver.send(i % 2))
+            except TransportFailure as failure:
+                out.append(failure)
+        return out, driver.stale_retries
+    finally:
+        await driver.aclose()
+        server.close()
+
+
+def test_a_busy_connection_ended_before_its_answer_is_a_failure_not_a_retry() -> None:
+    """Written at once after the last answer (no idle time): no keep-alive timeout can explain the
+    end, so it is the server's failure and counts, as on a fresh connection."""
+
+    async def answer_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(OK_HEAD + b"{}")
+        await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+
+    out, retries = asyncio.run(three_requests(answer_once, stale_idle_s=1.0))
+    assert out[0] == (200, b"{}") and isinstance(out[1], TransportFailure) and out[2] == (200, b"{}")
+    assert retries == 0
 
 
 def test_a_fresh_connection_ended_before_any_answer_is_a_failure_not_a_retry() -> None:

@@ -1,9 +1,9 @@
 """Overload: at twice what the server can answer, for 20 s, every request gets 200, 503 or 504.
 
 No connection resets and no client timeouts: what cannot be served in time is refused, and a
-refusal is fast (the only resets allowed are HTTP keep-alive's race on idle connections, which the
-client sends again, counted, as real clients do). The server's request timeout is 2 s here, so a
-queued request either runs within 2 s or is answered 504.
+refusal is fast (the one reset allowed is HTTP keep-alive's race on a connection idle for a
+second or more, which the client sends again, counted). The server's request timeout is 2 s
+here, so a queued request either runs within 2 s or is answered 504.
 """
 
 from __future__ import annotations
@@ -32,10 +32,12 @@ def test_twice_saturation_is_answered_200_503_or_504_and_refusals_are_fast(tmp_p
     refused = {kind for kind in errors if kind.startswith(("http_503", "http_504"))}
     examples = overload["error_examples"]
     assert set(errors) == refused, f"answers other than 200/503/504: {errors}\n{overload['summary']}\n{examples}"
-    # A request that met the server's keep-alive close of an idle connection is sent again on a
-    # fresh one (loadtest/lean_driver.py); more than a few would be the server cutting connections.
+    # A request written on a connection idle ≥ 1 s that the server ended before answering is sent
+    # again on a fresh one (loadtest/lean_driver.py: keep-alive's race); counted over the whole
+    # run, so against every request of it. More than a few would be the server cutting connections.
     counts = overload["counts"]
-    assert counts["retried_stale_connection"] <= 0.01 * counts["measured"], overload["summary"]
+    every_request = counts["measured"] + counts["warmup_excluded"]
+    assert counts["retried_stale_connection"] <= 0.01 * every_request, overload["summary"]
     # The generator really offered about twice the capacity (its own limits are in its warnings).
     assert overload["achieved_rate_rps"] >= 1.6 * capacity, overload["summary"]
     assert overload["counts"]["ok"] > 0

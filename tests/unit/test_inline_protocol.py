@@ -196,3 +196,23 @@ async def test_a_paused_body_is_failed_inline(inline: StubInline) -> None:
     protocol._body_timeout()  # what the armed timer calls after CGSERVE_BODY_TIMEOUT_S
     assert len(inline.failed) == 1 and transport.written.startswith(b"HTTP/1.1 408 ") and transport.closed
     assert not asgi_calls
+
+
+@pytest.mark.anyio
+async def test_a_connection_answered_before_its_body_came_keeps_an_idle_timer(inline: StubInline) -> None:
+    """uvicorn arms its keep-alive timer when an answer is written and cancels it on each byte
+    that arrives: answered early (a refusal, a 504), the rest of the body left no timer at all."""
+    protocol, transport = await connected()
+    whole = request("/predict", b"0123456789")
+    protocol.data_received(whole[:-4])
+    assert protocol._inline is not None
+    taken = protocol._inline[1]
+    taken.answered = True
+    write_answer(taken.cycle, 504, [], b"late")  # as the deadline's answer is written
+    protocol.data_received(whole[-4:])  # the rest of the body: read, dropped
+    assert protocol.timeout_keep_alive_task is not None and not transport.closed
+    assert answers(transport.written) == [b"late"] and not inline.pending
+    protocol.data_received(request("/predict", b"ab"))  # the connection serves the next request
+    assert protocol.timeout_keep_alive_task is None  # cancelled by its bytes, as uvicorn does
+    inline.answer_all()
+    assert answers(transport.written) == [b"late", b"ba"]
