@@ -111,8 +111,8 @@ class InlinePredict:
         except Exception as error:
             self._refuse(request, error)
             return request
-        left_s = deadline - time.monotonic()  # reported as within() and the batcher report it
-        request.timer = coarse_timeouts.call_at(deadline, lambda: self._expire(request, left_s))
+        # Its whole timeout is what it had left when taken in: its deadline runs from its first byte.
+        request.timer = coarse_timeouts.call_at(deadline, lambda: self._expire(request, timeout_s))
         return request
 
     def body_complete(self, request: InlineRequest) -> None:

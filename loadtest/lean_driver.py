@@ -96,13 +96,13 @@ class LeanConnection(asyncio.Protocol):
     def __init__(self, stale_idle_s: float = STALE_IDLE_S) -> None:
         self.stale_idle_s = stale_idle_s
         self.transport: asyncio.WriteTransport | None = None
+        self.loop: asyncio.AbstractEventLoop  # set with the transport, in connection_made
         self.buffer = bytearray()
         self.waiter: asyncio.Future[tuple[int, bytes]] | None = None
         self.closed = False
         self.keep_alive = True
         self.head: tuple[int, int, int] | None = None  # (status, body start, body length) once parsed
-        self.answers = 0  # whole answers read: above 0, the connection is a reused one
-        self.answered_at = 0.0  # loop time of the last whole answer
+        self.answered_at: float | None = None  # loop time of the last whole answer; None: never reused
         self.idle_s = 0.0  # how long the connection had idled when the request now waiting was written
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -136,14 +136,13 @@ class LeanConnection(asyncio.Protocol):
         body = bytes(self.buffer[start:])
         self.buffer.clear()
         self.head = None
-        self.answers += 1
         self.answered_at = self.loop.time()
         self.waiter.set_result((status, body))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if self.waiter is not None and not self.waiter.done():
-            if self.answers and self.idle_s >= self.stale_idle_s and not self.buffer:  # closed as idle
+            if self.answered_at is not None and self.idle_s >= self.stale_idle_s and not self.buffer:  # idle
                 how = "closed" if exc is None else f"{type(exc).__name__}: {exc}"
                 failure = TransportFailure(STALE, f"a reused connection ended before any answer ({how})")
             elif exc is None:
@@ -165,10 +164,10 @@ class LeanConnection(asyncio.Protocol):
 
     async def exchange(self, request: bytes, timeout_s: float) -> tuple[int, bytes]:
         assert self.transport is not None
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         waiter: asyncio.Future[tuple[int, bytes]] = loop.create_future()
         self.waiter = waiter
-        self.idle_s = loop.time() - self.answered_at if self.answers else 0.0
+        self.idle_s = 0.0 if self.answered_at is None else loop.time() - self.answered_at
         self.transport.write(request)
         timer = loop.call_later(timeout_s, self._time_out, timeout_s)  # one TimerHandle: cheaper than asyncio.timeout
         try:
