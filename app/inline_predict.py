@@ -49,7 +49,7 @@ JSON_TYPE = b"content-type: application/json\r\n"
 class InlineRequest:
     cycle: RequestResponseCycle  # uvicorn's: the scope, the body read so far, the transport, keep-alive
     route: InlineRoute
-    model: str  # as the path names it ("" for the default model), then the served model's name
+    model: str  # the served model's name once looked up; "" before (the metrics' label: never a client's name)
     form: str  # "json" or "raw" (/predict), "json" or "binary" (v2 infer)
     header_length: bytes | None  # the v2 binary extension's Inference-Header-Content-Length
     reserved: int  # bytes held in the budget until the answer is written
@@ -102,7 +102,7 @@ class InlinePredict:
             return None  # the guard answers 503 with Retry-After
         extensions: dict[str, Any] = scope["extensions"]  # the first byte's time, stamped by the guarded protocol
         deadline = extensions[FIRST_BYTE_KEY] + timeout_s
-        request = InlineRequest(cycle, route, model, form, header_length, length, deadline, time.perf_counter())
+        request = InlineRequest(cycle, route, "", form, header_length, length, deadline, time.perf_counter())
         try:  # as the route does, before a byte of the body is read: the model, its readiness, admission
             served = route.served(self.service, model, version)
             request.model, request.spec = served.spec.name, served.spec

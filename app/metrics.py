@@ -32,7 +32,8 @@ REQUEST_LATENCY = Histogram(
 REQUESTS = Counter(
     "cgserve_requests",
     "Inference answers by model, protocol (rest: /predict; v2: the Open Inference Protocol over HTTP; "
-    "grpc: over gRPC), input format and status (HTTP code, or the gRPC status name).",
+    "grpc: over gRPC), input format and status (HTTP code, or the gRPC status name). model is empty for a "
+    "request that named no served model: a client's name never becomes a label.",
     ["model", "protocol", "format", "code"],
 )
 QUEUE_WAIT = Histogram(
@@ -107,7 +108,7 @@ REJECTIONS = Counter(
     "cgserve_rejections",
     "Requests answered with an error (or not at all), by reason: invalid_input, body_too_large, queue_full, "
     "bytes_in_flight, deadline_exceeded, request_timeout, engine_error, not_ready, unknown_model, invalid_route, "
-    "unauthorized, client_closed (model is empty where no model was named).",
+    "unauthorized, client_closed (model is empty where no served model was named).",
     ["model", "reason"],
 )
 CAPTURE_SECONDS = Gauge(
@@ -121,6 +122,13 @@ GRAPH_POOL_BYTES = Gauge(
     "Device memory held by the shared CUDA-graph memory pool after capture.",
     ["model"],
     multiprocess_mode="livesum",
+)
+COMPILE_FALLBACK = Gauge(
+    "cgserve_compile_fallback",
+    "1 where a model's torch.compile failed and its engine serves graphs of the eager module instead "
+    "(GET /v1/models/{name} says why), 0 where every bucket runs the compiled kernels.",
+    ["model", "device"],
+    multiprocess_mode="max",
 )
 READY = Gauge(
     "cgserve_ready",

@@ -39,9 +39,9 @@ async def predict(request: Request) -> Response:
     service: Service = request.app.state.service
     media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
     form = FORMAT_OF.get(media, "unsupported")
-    name: str = request.path_params.get("name", "")
+    name = ""  # the metrics' model label: a served model's name, never what the client wrote
     try:
-        served = service.model(name or None)
+        served = service.model(request.path_params.get("name") or None)
         name = served.spec.name
         batcher = served.ready_batcher()
         deadline = request.scope.get(DEADLINE_KEY) or time.monotonic() + service.settings.request_timeout_s

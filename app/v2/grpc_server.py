@@ -73,11 +73,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
         started = time.perf_counter()
-        name = request.model_name
+        name = ""  # the metrics' model label: a served model's name, never what the client wrote
         form = "raw" if request.raw_input_contents else "typed"
         code = grpc.StatusCode.OK
         try:
-            served = self._lookup(name, request.model_version)
+            served = self._lookup(request.model_name, request.model_version)
+            name = served.spec.name
             batcher = served.ready_batcher()
             # The end to end: the service's timeout, or less if the client's gRPC deadline is nearer.
             timeout_s = self.service.settings.request_timeout_s

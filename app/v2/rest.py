@@ -124,10 +124,11 @@ async def infer(request: Request) -> Response:
     """POST /v2/models/{name}[/versions/{version}]/infer: a plain route, as POST /predict is."""
     started = time.perf_counter()
     service: Service = request.app.state.service
-    name: str = request.path_params["name"]
+    name = ""  # the metrics' model label: a served model's name, never what the client wrote
     form = "binary" if HEADER_LENGTH in request.headers else "json"
     try:
-        served = served_model(service, name, request.path_params.get("version"))
+        served = served_model(service, request.path_params["name"], request.path_params.get("version"))
+        name = served.spec.name
         batcher = served.ready_batcher()
         deadline = request.scope.get(DEADLINE_KEY) or time.monotonic() + service.settings.request_timeout_s
         batcher.admit(deadline)  # refused here, before a byte of the body is read
