@@ -27,6 +27,7 @@ class EngineOptions:
     channels_last: bool
     compile: str  # cuda-graph: none | inductor | max-autotune
     compile_mode: str  # engine compile: torch.compile's mode
+    compile_strict: bool  # a failed compile stops the start-up instead of serving the eager module
     buckets: tuple[int, ...]
     max_delay_ms: float
     providers: tuple[str, ...]
@@ -85,6 +86,7 @@ def engine_options(settings: Settings, spec: ModelSpec, devices: tuple[str, ...]
         channels_last=settings.channels_last if config.channels_last is None else config.channels_last,
         compile=config.compile or settings.compile,
         compile_mode=config.compile_mode,
+        compile_strict=settings.compile_strict if config.compile_strict is None else config.compile_strict,
         buckets=config.buckets or settings.buckets,
         max_delay_ms=settings.max_delay_ms if config.max_delay_ms is None else config.max_delay_ms,
         providers=config.providers,
@@ -120,7 +122,7 @@ def build_engine(
         if options.engine == "compile":
             from app.engines.inductor import compile_module
 
-            compiled = compile_module(module, options.compile_mode, len(options.buckets))
+            compiled = compile_module(module, options.compile_mode, len(options.buckets) * len(INPUT_DTYPES))
             return CpuEagerEngine(compiled, spec, options.buckets, in_flight=in_flight, name="compile")  # type: ignore[arg-type]
         return CpuEagerEngine(module, spec, options.buckets, in_flight=in_flight)
     from app.engines.cuda import CudaEngine
@@ -139,6 +141,7 @@ def build_engine(
         in_flight=in_flight,
         event_wait=event_wait,
         host_io=host_io,
+        compile_strict=options.compile_strict,
         name=options.engine,
     )
 
@@ -146,15 +149,6 @@ def build_engine(
 def replica_of(model: LoadedModel) -> LoadedModel:
     """A copy of `model` with its own module: an engine moves (and may compile) the module it is given."""
     return dataclasses.replace(model, module=copy.deepcopy(model.module))
-
-
-def allow_replica_recompiles(options: EngineOptions) -> None:
-    """Inductor compiles each (bucket, input dtype) once per device (its kernels bake in the device
-    index) and dynamo counts every compile of one forward against one limit: raise it for all of them."""
-    if len(options.devices) > 1 and (options.engine == "compile" or options.compile != "none"):
-        from app.engines.inductor import allow_recompiles
-
-        allow_recompiles(len(options.buckets) * len(INPUT_DTYPES) * len(options.devices))
 
 
 def use_compile_cache(settings: Settings) -> None:

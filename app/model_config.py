@@ -6,6 +6,7 @@
     factory = "model:build"                # python: module found first in the model's folder
     input_shape = [3, 224, 224]            # (C, H, W) of one image
     labels = ["cat", "dog"] | "labels.txt" # one per output class
+    postprocess = "softmax"                # | "sigmoid" (multi-label) | "none" (the model's own scores)
     [preprocess]                           # image uploads; mean/std run inside the graph
     color = "RGB"; resize = 256; crop = 224; mean = [...]; std = [...]
 
@@ -25,6 +26,7 @@ from app.config import Compile, Dtype, check_buckets, split_buckets
 
 Format = Literal["torchscript", "exported", "onnx", "torchvision", "python"]
 ModelEngine = Literal["eager", "cuda-graph", "compile", "onnxruntime"]
+Postprocess = Literal["softmax", "sigmoid", "none"]  # app/engines/postprocess.py applies it
 FILE_FORMATS = ("torchscript", "exported", "onnx")
 
 
@@ -69,11 +71,16 @@ class ModelConfig(BaseModel):
     allow_random_weights: bool = False
     factory: str | None = None
     preprocess: Preprocess = Preprocess()
+    # What the logits become, in the graph: a model that ends in its own softmax says "none".
+    postprocess: Postprocess = "softmax"
     # Per-model engine options; unset means the service's setting of the same name.
     engine: ModelEngine | None = None
     dtype: Dtype | None = None
     channels_last: bool | None = None
     compile: Compile | None = None
+    # A model whose compile fails (no C toolchain, a recompile limit) is served from a graph of the
+    # eager module, with a warning; true refuses to start instead.
+    compile_strict: bool | None = None
     compile_mode: Literal["reduce-overhead", "max-autotune", "default"] = "reduce-overhead"  # engine = "compile"
     buckets: tuple[int, ...] | None = None
     max_delay_ms: Annotated[float, Field(ge=0.0, le=1000.0)] | None = None

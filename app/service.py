@@ -28,7 +28,6 @@ from app.batcher import Batcher
 from app.config import Settings
 from app.engine_factory import (
     EngineOptions,
-    allow_replica_recompiles,
     build_engine,
     engine_options,
     replica_of,
@@ -202,6 +201,11 @@ class Service:
             device = next((d for d in devices if d.startswith("cuda")), "cpu")
             self.jpeg_decoder = await asyncio.to_thread(start_jpeg_decoder, self.settings.jpeg_decoder, device)
             use_compile_cache(self.settings)
+            gpu_dtypes = [options.dtype for _, options in prepared if options.devices[0].startswith("cuda")]
+            if gpu_dtypes:  # TF32 is the process's: decided from every model, before any engine is built
+                from app.engines import precision
+
+                precision.decide(gpu_dtypes)
             for model, _ in prepared:
                 await self._start_model(self.models[model.spec.name], model)
         except Exception as error:
@@ -240,7 +244,6 @@ class Service:
         metrics.MODEL_READY.labels(model=name).set(0)
         for device in options.devices:
             metrics.DEVICE_READY.labels(model=name, device=device).set(0)
-        allow_replica_recompiles(options)
         try:
             for index, device in enumerate(options.devices):
                 # Each device's engine moves its module there: all but the last get a copy.
@@ -278,6 +281,9 @@ class Service:
         for engine in served.engines:
             dtype = str(engine.report.facts.get("dtype", "fp32"))
             metrics.ENGINE_INFO.labels(engine=engine.name, device=engine.device, dtype=dtype, model=name).set(1)
+            if engine.report.facts.get("torch_compile_mode") is not None:
+                fell_back = engine.report.compile_fallback is not None
+                metrics.COMPILE_FALLBACK.labels(model=name, device=engine.device).set(int(fell_back))
         metrics.MODEL_READY.labels(model=name).set(1)
         devices = ",".join(engine.device for engine in served.engines)
         log.info("%s ready: engine=%s device=%s buckets=%s", name, options.engine, devices, list(options.buckets))

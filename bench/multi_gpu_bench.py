@@ -35,7 +35,6 @@ def build(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
     """One engine per GPU, as app/service.py builds them; returns the engines and their start-up figures."""
     from app.config import Settings
     from app.engine_factory import (
-        allow_replica_recompiles,
         build_engine,
         engine_options,
         replica_of,
@@ -55,7 +54,6 @@ def build(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
     (spec,) = [spec for spec in read_repository(EXAMPLES) if spec.name == "resnet50"]
     model = load_model(spec)
     options = engine_options(settings, spec, ("cuda:0", "cuda:1"))
-    allow_replica_recompiles(options)
     engines, startup = [], {}
     for index, device in enumerate(options.devices):
         started = time.perf_counter()

@@ -41,6 +41,7 @@ class EngineReport:
     capture_seconds: dict[int, float] = field(default_factory=dict)  # bucket → warm-up + capture (all slots)
     pool_bytes: int = 0  # device memory held by the graphs' shared pool
     validation_error: dict[int, float] = field(default_factory=dict)  # bucket → max relative error vs fp32 eager
+    compile_fallback: str | None = None  # why torch.compile failed, where the engine serves the eager module instead
     facts: dict[str, Any] = field(default_factory=dict)  # dtype, device name, providers … for /v1/models
 
 

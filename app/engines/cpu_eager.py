@@ -16,6 +16,7 @@ from torch import nn
 
 from app.engines.base import EngineReport, InputDtype, Slot, host_slot
 from app.engines.model_input import ModelInput
+from app.engines.postprocess import scores_into
 from app.model_spec import ModelSpec
 
 
@@ -33,7 +34,9 @@ class CpuEagerEngine:
         self.buckets = buckets
         self.slots = tuple(host_slot(i, buckets[-1], spec.input_shape, spec.num_classes) for i in range(in_flight))
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cpu-eager")
-        self.report = EngineReport(facts={"dtype": "fp32", "threads": torch.get_num_threads()})
+        self.report = EngineReport(
+            facts={"dtype": "fp32", "threads": torch.get_num_threads(), "postprocess": spec.config.postprocess}
+        )
         self.report.startup_seconds = time.perf_counter() - started
 
     async def run(self, slot: Slot, bucket: int, dtype: InputDtype) -> float:
@@ -46,7 +49,7 @@ class CpuEagerEngine:
         with torch.inference_mode():
             # from_numpy shares memory: (bucket, C, H, W) in, (bucket, classes) written in place.
             logits = self.module(self.model_input(torch.from_numpy(inputs)))
-            torch.softmax(logits.float(), dim=1, out=torch.from_numpy(outputs[:bucket]))
+            scores_into(logits.float(), self.spec.config.postprocess, torch.from_numpy(outputs[:bucket]))
         return time.perf_counter() - start
 
     def healthy(self) -> bool:

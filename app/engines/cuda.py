@@ -5,7 +5,7 @@ A batch is, on the engine's own non-default stream, never waiting on the host:
     start.record()
     static_in[:b] ← slot.host_in[:b]                     H2D from pinned memory (uint8 or fp32)
     logits = DeviceForward(static_in[:b])               (x / 255 − mean) / std, the model, fp32 logits
-    slot.host_out[:b] ← softmax(logits)                 D2H into pinned memory
+    slot.host_out[:b] ← postprocess(logits)             softmax | sigmoid | none, D2H into pinned memory
     done.record()
 
 With host_io "mapped" the two copies go: the forward reads the slot's pinned pixels and the
@@ -40,19 +40,22 @@ import copy
 import gc
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
 import torch
 from torch import nn
 
+from app.engines import precision
 from app.engines.base import INPUT_DTYPES, EngineReport, InputDtype, Slot
 from app.engines.device_forward import DeviceForward
 from app.engines.event_waiter import EventWaiter
 from app.engines.graph_capture import capture_graphs
 from app.engines.host_mapped import device_view
-from app.engines.inductor import compile_module
+from app.engines.inductor import compile_errors, compile_module, compiled_graphs
 from app.engines.model_input import ModelInput
+from app.engines.postprocess import scores, scores_into
 from app.model_spec import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -102,6 +105,7 @@ class CudaEngine:
         host_io: str = "auto",
         fuse_input: bool = False,
         keep_graphs: bool = False,
+        compile_strict: bool = False,
         name: str | None = None,
     ) -> None:
         started = time.perf_counter()
@@ -116,28 +120,15 @@ class CudaEngine:
         self._device = device
         self._broken: str | None = None
         torch.cuda.set_device(device)
-        # Chosen before any warm-up: cuDNN benchmarks each fixed shape once and the graph bakes
-        # in the winner. fp32 means fp32: no TF32 in convolutions or matmuls.
-        torch.backends.cudnn.benchmark = True
-        torch.backends.cudnn.allow_tf32 = dtype != "fp32"
-        torch.backends.cuda.matmul.allow_tf32 = dtype != "fp32"
-        # fp16/bf16 run under autocast: matmuls and convolutions in the low dtype, normalisation
-        # and reductions in fp32; full fp32 accumulation in matmuls keeps logits within 1e-2.
-        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
-        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
-
+        precision.require(dtype)  # TF32 and cuDNN flags are the process's, decided once for every model
         self._input = ModelInput(spec.preprocess.mean, spec.preprocess.std).to(device)
         # Both in eval mode already (app/repository/loaders.py). The reference runs fp32 eager.
         self._reference = copy.deepcopy(module).to(device)
         self._module = module.to(device)
         if channels_last:
             self._module = self._module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-        if fuse_input:  # inductor sees the normalisation too: one static shape per (bucket, input dtype)
-            forward = DeviceForward(self._input, self._module, dtype=dtype, channels_last=channels_last)
-            self._forward = compile_module(forward, torch_compile_mode, len(buckets) * len(INPUT_DTYPES))
-        else:
-            compiled = compile_module(self._module, torch_compile_mode, len(buckets))
-            self._forward = DeviceForward(self._input, compiled, dtype=dtype, channels_last=channels_last)  # type: ignore[arg-type]
+        self._fuse_input = fuse_input
+        self._forward = self._device_forward(torch_compile_mode)
         # The static inputs, one per input dtype: bucket b's graphs read static_in[dtype][:b].
         self._static_in = {
             d: torch.zeros((buckets[-1], *spec.input_shape), dtype=TORCH_INPUT[d], device=device) for d in INPUT_DTYPES
@@ -154,20 +145,66 @@ class CudaEngine:
                 "dtype": dtype,
                 "channels_last": channels_last,
                 "torch_compile_mode": torch_compile_mode,
+                "postprocess": spec.config.postprocess,
                 "event_wait": event_wait,
                 "host_io": self.host_io,
                 "gpu": torch.cuda.get_device_name(device),
             }
         )
-        if use_graphs:
-            self._capture(keep_graphs)
-        self.report.validation_error = self._validate()
+        self._prepare(use_graphs, keep_graphs, torch_compile_mode, compile_strict)
         self.report.startup_seconds = time.perf_counter() - started
         log.info(
             "%s engine for %s on %s ready in %.2f s", self.name, spec.name, self.device, self.report.startup_seconds
         )
 
     # --- start-up ------------------------------------------------------------------------------
+
+    def _device_forward(self, torch_compile_mode: str | None) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The batch's device work as one callable, compiled by inductor where a mode is given.
+
+        One static shape per (bucket, input dtype) either way: fused, inductor sees the pixels'
+        dtype; unfused, the model's fp32 input still differs in its guards between the two paths.
+        """
+        shapes = len(self.buckets) * len(INPUT_DTYPES)
+        if self._fuse_input:  # inductor sees the normalisation too
+            forward = DeviceForward(self._input, self._module, dtype=self.dtype, channels_last=self.channels_last)
+            return compile_module(forward, torch_compile_mode, shapes)
+        compiled = compile_module(self._module, torch_compile_mode, shapes)
+        return DeviceForward(self._input, compiled, dtype=self.dtype, channels_last=self.channels_last)  # type: ignore[arg-type]
+
+    def _prepare(self, use_graphs: bool, keep_graphs: bool, torch_compile_mode: str | None, strict: bool) -> None:
+        """Capture (with graphs) and validate; where inductor fails, do both again with the eager module.
+
+        Every (bucket, input dtype) runs inductor's kernels or the engine says it does not: facts'
+        `compile` is the mode, or "eager (compile failed: …)", and `compiled_graphs` counts what
+        dynamo compiled for this engine. A compile that fails under compile_strict stops the start-up.
+        """
+        compiled_before = compiled_graphs() if torch_compile_mode is not None else 0
+        try:
+            if use_graphs:
+                self._capture(keep_graphs)
+            self.report.validation_error = self._validate()
+        except compile_errors() as error:
+            if torch_compile_mode is None or strict:
+                raise
+            why = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+            log.warning(
+                "%s: torch.compile (%s) failed, serving graphs of the eager module instead (compile_strict = true "
+                "refuses to start): %s",
+                self.spec.name,
+                torch_compile_mode,
+                why,
+            )
+            self.report.compile_fallback = why
+            self.report.capture_seconds.clear()
+            for state in self._slots:
+                state.graphs.clear()
+                state.logits.clear()
+            self._forward = self._device_forward(None)
+            self._prepare(use_graphs, keep_graphs, None, strict)
+            return
+        if torch_compile_mode is not None:
+            self.report.facts["compiled_graphs"] = compiled_graphs() - compiled_before
 
     def _new_slot_state(self) -> _SlotState:
         rows, classes = self.buckets[-1], self.spec.num_classes
@@ -201,7 +238,7 @@ class CudaEngine:
         )
 
     def _copy_forward_copy(self, state: _SlotState, dtype: InputDtype, bucket: int) -> torch.Tensor:
-        """Queue H2D, model input, forward, softmax and D2H for `bucket` rows; returns the logits.
+        """Queue H2D, model input, forward, postprocess and D2H for `bucket` rows; returns the logits.
 
         What each graph captures, and what the eager engine runs per batch.
         """
@@ -211,10 +248,11 @@ class CudaEngine:
             x = self._static_in[dtype][:bucket]
             x.copy_(state.host_in[dtype][:bucket], non_blocking=True)
         logits = self._forward(x)  # (b, classes) fp32
-        if state.mapped_out is not None:  # the softmax writes the slot's pinned memory in place
-            torch.ops.aten._softmax.out(logits, 1, False, out=state.mapped_out[:bucket])
+        postprocess = self.spec.config.postprocess
+        if state.mapped_out is not None:  # the scores are written into the slot's pinned memory in place
+            scores_into(logits, postprocess, state.mapped_out[:bucket])
         else:
-            state.host_out[:bucket].copy_(torch.softmax(logits, dim=1), non_blocking=True)
+            state.host_out[:bucket].copy_(scores(logits, postprocess), non_blocking=True)
         return logits
 
     def _capture(self, keep_graphs: bool) -> None:

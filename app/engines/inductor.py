@@ -2,9 +2,16 @@
 
 torch.compile's own "reduce-overhead" mode wraps its kernels in cudagraph trees, whose per-call
 bookkeeping costs host time on every batch. Here inductor compiles without CUDA graphs of its
-own, one static shape per bucket (dynamic=False), and the engine captures those kernels in its
-plain CUDA graphs like any other module: a batch is still one replay (bench/results has the
-comparison). Compilation happens at the warm-up that precedes each bucket's capture.
+own, one static shape per (bucket, input dtype) (dynamic=False), and the engine captures those
+kernels in its plain CUDA graphs like any other module: a batch is still one replay.
+Compilation happens at the warm-up that precedes each bucket's capture.
+
+Dynamo runs a function eagerly, with a warning, once it has compiled it `recompile_limit` times,
+and the limit is per code object: two models of one class share it. A bucket silently served by
+the eager module is what this module exists to prevent, so every compile raises the limits by the
+shapes it will need (cumulatively, over every engine of the process) and a limit that is hit
+anyway raises (`fail_on_recompile_limit_hit`): the engine then serves a graph of the eager module
+and says so (app/engines/cuda.py), or refuses to start under compile_strict.
 
 Compiled code is cached on disk (CGSERVE_COMPILE_CACHE_DIR → TORCHINDUCTOR_CACHE_DIR), so a
 restart with the same model, buckets and GPU loads the kernels instead of compiling them.
@@ -28,6 +35,8 @@ CAPTURE_MODES: dict[str, str | None] = {
     "max-autotune": "max-autotune-no-cudagraphs",
 }
 
+_shapes_asked = 0  # static shapes every compile_module of this process asked for, all modules together
+
 
 def compile_module(module: nn.Module, torch_mode: str | None, shapes: int) -> Callable[[torch.Tensor], torch.Tensor]:
     """`module` itself, or torch.compile'd in `torch_mode` for `shapes` static input shapes."""
@@ -40,11 +49,37 @@ def compile_module(module: nn.Module, torch_mode: str | None, shapes: int) -> Ca
 
 
 def allow_recompiles(shapes: int) -> None:
-    """One compiled graph per bucket: dynamo's recompile limit (8) must not send the rest to eager."""
+    """Raise dynamo's limits by `shapes` more compiled graphs, and make hitting them an error, not eager."""
     import torch._dynamo.config as dynamo_config
 
-    limit = max(8, shapes + 4)
-    for name in ("recompile_limit", "cache_size_limit"):  # the name changed across torch releases
-        if hasattr(dynamo_config, name):
+    global _shapes_asked
+    _shapes_asked += shapes
+    # Headroom for guards that split one shape in two (a mapped host view against a device tensor).
+    limit = 2 * _shapes_asked + 8
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(dynamo_config, name):  # the names changed across torch releases
             setattr(dynamo_config, name, max(getattr(dynamo_config, name), limit))
+    for name in ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"):
+        if hasattr(dynamo_config, name):
+            setattr(dynamo_config, name, True)
+            break
     dynamo_config.automatic_dynamic_shapes = False  # a new bucket size is a new static shape, never dynamic
+
+
+def compile_errors() -> tuple[type[Exception], ...]:
+    """What a failed compile raises at a warm-up: dynamo's and inductor's errors (a missing C toolchain or
+    Python.h arrives as BackendCompilerFailed), and a recompile limit hit."""
+    from torch._dynamo import exc
+
+    errors: list[type[Exception]] = [exc.TorchDynamoException]
+    limit_hit = getattr(exc, "FailOnRecompileLimitHit", None) or getattr(exc, "FailOnCacheLimitHit", None)
+    if limit_hit is not None:
+        errors.append(limit_hit)
+    return tuple(errors)
+
+
+def compiled_graphs() -> int:
+    """Graphs dynamo has compiled in this process so far (its own counter), to count an engine's."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])

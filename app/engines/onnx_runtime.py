@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from app.engines.base import EngineReport, InputDtype, Slot, host_slot
+from app.engines.postprocess import scores_numpy
 from app.model_config import ModelConfigError
 from app.model_spec import ModelSpec
 
@@ -73,7 +74,13 @@ class OnnxRuntimeEngine:
         self._std = None if preprocess.std is None else np.array(preprocess.std, np.float32).reshape(channel)
         self.slots = tuple(host_slot(i, buckets[-1], spec.input_shape, spec.num_classes) for i in range(in_flight))
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onnxruntime")
-        self.report = EngineReport(facts={"dtype": "fp32", "providers": list(self._session.get_providers())})
+        self.report = EngineReport(
+            facts={
+                "dtype": "fp32",
+                "providers": list(self._session.get_providers()),
+                "postprocess": spec.config.postprocess,
+            }
+        )
         self.report.startup_seconds = time.perf_counter() - started
 
     async def run(self, slot: Slot, bucket: int, dtype: InputDtype) -> float:
@@ -88,8 +95,7 @@ class OnnxRuntimeEngine:
         if self._std is not None:
             x = x / self._std
         (logits, *_) = self._session.run(None, {self._input_name: np.ascontiguousarray(x, dtype=np.float32)})
-        shifted = np.exp(logits - logits.max(axis=1, keepdims=True))  # softmax, (b, classes)
-        outputs[: len(inputs)] = shifted / shifted.sum(axis=1, keepdims=True)
+        outputs[: len(inputs)] = scores_numpy(logits, self.spec.config.postprocess)  # (b, classes)
         return time.perf_counter() - start
 
     def healthy(self) -> bool:

@@ -94,6 +94,8 @@ def card(served: ServedModel, service: Service) -> dict[str, Any]:
         if report.validation_error:  # engines on a GPU, checked against fp32 eager
             described["validation_relative_error"] = {str(b): e for b, e in sorted(report.validation_error.items())}
         described.update(report.facts)
+        if report.compile_fallback is not None:  # inductor failed: the graphs run the eager module
+            described["compile"] = f"none (compile {options.compile} failed: {report.compile_fallback})"
     return described
 
 

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.batcher import Batcher
 from app.config import Settings
-from app.engine_factory import allow_replica_recompiles, build_engine, engine_options, replica_of
+from app.engine_factory import build_engine, engine_options, replica_of
 from app.engines.base import Engine
 from app.engines.cuda import TOLERANCE, CudaEngine
 from app.repository import load_model
@@ -50,7 +50,6 @@ def engines() -> Iterator[list[Engine]]:
     spec = seed_spec()
     model = load_model(spec)
     options = engine_options(settings, spec, DEVICES)
-    allow_replica_recompiles(options)
     built = [
         build_engine(
             model if i == len(DEVICES) - 1 else replica_of(model), options, device=d, in_flight=2, event_wait="poll"
