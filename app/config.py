@@ -98,6 +98,12 @@ class Settings(BaseSettings):
         1.0,
         ge=0.0,
         le=1000.0,
+    compile_strict: bool = Field(
+        False,
+        description="A model whose torch.compile fails (no C toolchain or Python.h, a recompile limit) is served "
+        "from graphs of its eager module, with a warning, its description and cgserve_compile_fallback saying so; "
+        "true refuses to start instead (a model.toml may choose its own).",
+    )
         description=(
             "Longest the oldest queued request waits for a fuller batch while a batch is running "
             "(an idle device takes it at once)."
