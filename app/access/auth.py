@@ -7,6 +7,10 @@
 Each kind has its own tokens (CGSERVE_AUTH_TOKENS, CGSERVE_ADMIN_TOKENS and their files); a kind
 whose set is empty stays open, as everything is by default. A refused request gets 401 with
 `WWW-Authenticate: Bearer` before its body is read, in the envelope of the route's protocol.
+
+A path decides access only as a whole (fullmatch; no `.` that stops at a newline, no `$` that
+passes one), and a path with a control character in it (percent-decoded, e.g. %0A) gets 400
+before it is matched at all: no route serves one, and the guarded protocol refuses it too.
 """
 
 from __future__ import annotations
@@ -19,13 +23,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app import metrics
 from app.access.tokens import TokenSet, bearer_token
-from app.errors import UnauthorizedError, error_response
+from app.errors import InputError, UnauthorizedError, error_response
 from app.v2.rest import v2_error
 
 log = logging.getLogger(__name__)
 Kind = Literal["inference", "admin", "open"]
-_INFERENCE = re.compile(r"^/(predict|v1/models/[^/]+/predict|v2(?!/health/)(/.*)?)$")
-_ADMIN = re.compile(r"^/(metrics|v1/models)(/.*)?$")
+_INFERENCE = re.compile(r"/(predict|v1/models/[^/]+/predict|v2(?!/health/)(/[\s\S]*)?)")
+_ADMIN = re.compile(r"/(metrics|v1/models)(/[\s\S]*)?")
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # in a decoded path: what no route of ours has
 SETTING = {
     "inference": "CGSERVE_AUTH_TOKENS or CGSERVE_AUTH_TOKENS_FILE",
     "admin": "CGSERVE_ADMIN_TOKENS or CGSERVE_ADMIN_TOKENS_FILE",
@@ -33,9 +38,10 @@ SETTING = {
 
 
 def route_kind(path: str) -> Kind:
-    if _INFERENCE.match(path):
+    """The kind of a path without control characters (the middleware refuses those first)."""
+    if _INFERENCE.fullmatch(path):
         return "inference"
-    if _ADMIN.match(path):
+    if _ADMIN.fullmatch(path):
         return "admin"
     return "open"
 
@@ -47,15 +53,30 @@ class AuthMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
+            if CONTROL.search(scope["path"]):
+                message = f"{scope['method']} {scope['path']!r}: the path holds a control character"
+                expected = "a path without control characters (%00-%1F, %7F), encoded or not"
+                await self._bad_request(scope, receive, send, message, expected)
+                return
             kind = route_kind(scope["path"])
             tokens = self.tokens.get(kind)
             if tokens:
-                header = next((value for name, value in scope["headers"] if name == b"authorization"), None)
-                token = bearer_token(header)
+                sent = [value for name, value in scope["headers"] if name == b"authorization"]
+                if len(sent) > 1:  # which one counts? Neither (the guarded protocol refuses them too)
+                    await self._bad_request(scope, receive, send, f"{len(sent)} Authorization headers",
+                                            "at most one Authorization header")  # fmt: skip
+                    return
+                token = bearer_token(sent[0] if sent else None)
                 if token is None or not tokens.accepts(token):
                     await self._refuse(scope, receive, send, kind, invalid=token is not None)
                     return
         await self.app(scope, receive, send)
+
+    async def _bad_request(self, scope: Scope, receive: Receive, send: Send, message: str, expected: str) -> None:
+        error = InputError(message, expected=expected, status=400, code="bad_request")
+        metrics.reject("", error.reason)
+        response = v2_error(error) if scope["path"].startswith("/v2") else error_response(error)
+        await response(scope, receive, send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, kind: Kind, *, invalid: bool) -> None:
         what = "is not an accepted token" if invalid else "is missing"

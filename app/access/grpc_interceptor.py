@@ -23,11 +23,15 @@ from app.config import Settings
 
 log = logging.getLogger(__name__)
 _INFERENCE_SERVICE = "/inference.GRPCInferenceService/"
-OPEN = (
-    _INFERENCE_SERVICE + "ServerLive",
-    _INFERENCE_SERVICE + "ServerReady",
-    "/grpc.health.v1.Health/",
-    "/grpc.reflection.",
+# Whole method names, compared whole: a prefix would open any method a client names under it.
+OPEN = frozenset(
+    (
+        _INFERENCE_SERVICE + "ServerLive",
+        _INFERENCE_SERVICE + "ServerReady",
+        "/grpc.health.v1.Health/Check",
+        "/grpc.health.v1.Health/Watch",
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+    )
 )
 
 
@@ -53,14 +57,18 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         method: str = details.method
-        metadata = dict(details.invocation_metadata or ())
+        pairs = details.invocation_metadata or ()
+        metadata = dict(pairs)
         request_id = choose(metadata.get(HEADER)) if self.tracing else None
         if request_id is not None:
             REQUEST_ID.set(request_id)  # this call's own context, the handler's too
-        if self.tokens and not method.startswith(OPEN):
-            token = bearer_token(metadata.get("authorization"))
+        if self.tokens and method not in OPEN:
+            # Two of them: refused, not the first or the last (HTTP refuses them too, with 400).
+            twice = sum(1 for key, _ in pairs if key == "authorization") > 1
+            token = None if twice else bearer_token(metadata.get("authorization"))
             if token is None or not self.tokens.accepts(token):
                 what = "is not an accepted token" if token is not None else "is missing"
+                what = "is sent twice (`authorization` metadata more than once)" if twice else what
                 message = (
                     f"{method}: the bearer token {what}; expected `authorization: Bearer <token>` metadata "
                     "with one of the inference tokens (CGSERVE_AUTH_TOKENS or CGSERVE_AUTH_TOKENS_FILE)"

@@ -15,7 +15,7 @@ import re
 from contextvars import ContextVar
 
 HEADER = "x-request-id"
-_SANE = re.compile(rb"^[A-Za-z0-9._-]{1,128}$")
+_SANE = re.compile(rb"[A-Za-z0-9._-]{1,128}")  # whole: fullmatch (`$` passes a final newline)
 # A uuid4's version and variant bits, over random ones: uuid.uuid4() costs 7 µs, this 0.5.
 _UUID4_MASK = ~(0xF000 << 64 | 0xC000 << 48) & (2**128 - 1)
 _UUID4_BITS = 0x4000 << 64 | 0x8000 << 48
@@ -28,7 +28,7 @@ def choose(incoming: bytes | str | None) -> str:
     not from os.urandom: an id must be unique, not unguessable)."""
     if incoming:
         raw = incoming.encode() if isinstance(incoming, str) else incoming
-        if _SANE.match(raw):
+        if _SANE.fullmatch(raw):
             return raw.decode()
     return f"{random.getrandbits(128) & _UUID4_MASK | _UUID4_BITS:032x}"
 

@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BeforeValidator, SecretStr
 from pydantic_settings import NoDecode
 
 # RFC 6750's b64token: what may follow "Bearer " in an Authorization header.
-_TOKEN = re.compile(r"^[A-Za-z0-9\-._~+/]+=*$")
+_TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")  # whole: fullmatch
 MIN_LENGTH = 16
 HINT = "e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'"
 
@@ -36,7 +36,7 @@ def check_tokens(tokens: Iterable[str]) -> list[str]:
     """The tokens, or ValueError naming the problem (never the token itself: it is a secret)."""
     checked = list(tokens)
     for number, token in enumerate(checked, 1):
-        if not _TOKEN.match(token):
+        if not _TOKEN.fullmatch(token):
             raise ValueError(f"token {number} has characters a Bearer token cannot carry (A-Z a-z 0-9 - . _ ~ + / =)")
         if len(token) < MIN_LENGTH:
             raise ValueError(f"token {number} is shorter than {MIN_LENGTH} characters; use a long random one, {HINT}")

@@ -206,6 +206,40 @@ def route_paths(routes: list[Any]) -> list[str]:
     return paths
 
 
+# Issue 24.1: `$` passes a trailing newline and `.` stops at one, so a percent-encoded newline
+# made a protected path look like none of the patterns and go through as "open".
+NEWLINE_PATHS = [
+    ("POST", "/v2/models/x%0Ay/infer", V2_BODY),
+    ("POST", "/v2/models/x%0Dy/infer", V2_BODY),
+    ("GET", "/v1/models/x%0Ay/ready", b""),
+    ("GET", "/v1/models/x%0Ay", b""),
+    ("GET", "/metrics%0A", b""),
+    ("POST", "/v1/models/x%0A/predict", PIXELS),
+    ("POST", "/predict%00", PIXELS),
+    ("GET", "/v2/models/x%7Fy/ready", b""),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body"), NEWLINE_PATHS, ids=[f"{m} {p}" for m, p, _ in NEWLINE_PATHS])
+def test_a_control_character_in_the_path_gets_400_before_any_handler(
+    secured: TestClient, method: str, path: str, body: bytes
+) -> None:
+    for headers in ({}, bearer(INFERENCE), bearer(ADMIN)):
+        answer = secured.request(method, path, content=body, headers=headers)
+        assert answer.status_code == 400, (path, headers, answer.text)
+        assert MODEL not in answer.text  # no handler ran: no 404 that lists the served models
+
+
+def test_access_is_decided_on_the_whole_path() -> None:
+    from app.access.auth import route_kind
+
+    assert route_kind("/v2/models/x\ny/infer") == "inference"
+    assert route_kind("/v1/models/x\ny/ready") == "admin"
+    assert route_kind("/v2/health/live") == "open"
+    # Starlette's own route patterns end in `$`, so "/metrics\n" reaches /metrics: such paths get
+    # 400 before their kind is asked (test_a_control_character_in_the_path_gets_400_…).
+
+
 def test_a_refused_request_counts_as_a_rejection_without_the_model_the_client_named(secured: TestClient) -> None:
     secured.post("/v1/models/made-up-name/predict", content=PIXELS, headers=RAW)
     metrics = secured.get("/metrics", headers=bearer(ADMIN)).text
@@ -412,3 +446,21 @@ def test_with_nothing_set_nothing_is_added(plain: TestClient, access_lines: Acce
     answer = plain.options("/predict", headers=preflight)
     assert answer.status_code == 405 and "access-control-allow-origin" not in answer.headers
     assert access_lines.written() == []
+
+
+def test_two_authorization_headers_get_400_whichever_is_right(secured: TestClient) -> None:
+    for first, last in ((INFERENCE, "wrong-token-0123456789abcdef"), ("wrong-token-0123456789abcdef", INFERENCE)):
+        headers = [("content-type", RAW["content-type"]), ("authorization", f"Bearer {first}"),
+                   ("authorization", f"Bearer {last}")]  # fmt: skip
+        answer = secured.post("/predict", content=PIXELS, headers=headers)
+        assert answer.status_code == 400, answer.text
+        assert "Authorization" in answer.text
+
+
+def test_a_token_or_request_id_with_a_trailing_newline_is_not_taken() -> None:
+    from app.access.request_id import choose
+    from app.access.tokens import check_tokens
+
+    assert choose(b"abc\n") != "abc\n" and choose(b"abc") == "abc"
+    with pytest.raises(ValueError, match="characters"):
+        check_tokens([INFERENCE + "\n"])
