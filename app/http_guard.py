@@ -3,9 +3,15 @@
 - Connections: over CGSERVE_MAX_CONNECTIONS per process, a new connection gets 503 (with
   Retry-After) and is closed before anything of it is parsed.
 - Headers: a request line and headers over CGSERVE_MAX_HEADER_BYTES get 431 and the connection
-  is closed (httptools itself would buffer any size); headers not complete within
+  is closed (httptools itself would buffer any size), however the bytes arrive: counted as they
+  come while a head is incomplete, and as the parser hands over its parts when a whole head
+  comes in one write. Headers not complete within
   CGSERVE_HEADER_TIMEOUT_S of the request's first byte, or of the connection's opening, get 408
   (slowloris: one byte every few seconds holds nothing for long).
+- Heads that would be read two ways get 400 and the connection is closed, as nginx answers them:
+  HTTP/1.1 without Host or with two (HTTP/1.0 with two), two Authorization headers (which one
+  would the tokens check?), a path with a control character once percent-decoded (%0A: no route
+  has one, and a newline has fooled path patterns before, issue 24.1).
 - Bodies: a body that pauses longer than CGSERVE_BODY_TIMEOUT_S between two chunks is marked in
   its scope (extensions["cgserve.body_timed_out"]) and the app's waiting receive() is woken;
   app/request_guard.py then answers 408. The timer is armed only while part of a body is still
@@ -25,10 +31,12 @@ rest of its body came. It is armed again then.
 from __future__ import annotations
 
 import asyncio
+import re
 import resource
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
+from urllib.parse import unquote_to_bytes
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
@@ -56,7 +64,19 @@ class _HeaderProblem(ServiceError):
         self.status, self.code = status, code
 
 
-REASONS = {503: b"Service Unavailable", 431: b"Request Header Fields Too Large", 408: b"Request Timeout"}
+class _Refused(Exception):
+    """Raised in a parser callback: httptools stops parsing at once and uvicorn calls
+    send_400_response, which answers the protocol's `_refused` instead of its own text."""
+
+
+REASONS = {
+    400: b"Bad Request",
+    503: b"Service Unavailable",
+    431: b"Request Header Fields Too Large",
+    408: b"Request Timeout",
+}
+CONTROL = re.compile(rb"[\x00-\x1f\x7f]")  # in a percent-decoded path (httptools refuses them raw)
+REQUEST_LINE_BYTES = 16  # the method, the version, spaces and CRLF of a request line, about
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
@@ -71,7 +91,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._in_headers = True  # between requests or inside a request's head
-        self._header_bytes = 0
+        self._header_bytes = 0  # raw bytes of a head that came in pieces
+        self._head_bytes = 0  # the head as the parser hands it over (URL, names, values)
+        self._hosts = self._authorizations = 0
+        self._refused: ServiceError | None = None
         self._first_byte: float | None = None
         self._starting = False  # inside on_headers_complete: the request may be taken inline
         # The request taken inline last on this connection, and who took it (kept: the class's
@@ -103,12 +126,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self._in_headers and self._first_byte is not None:  # all of `data` belonged to the head
             self._header_bytes += len(data)
             if self._header_bytes > self.max_header_bytes and not self.transport.is_closing():
-                self._answer_and_close(
-                    _HeaderProblem(
-                        431, "headers_too_large", f"the request line and headers exceed {self.max_header_bytes} bytes",
-                        f"at most {self.max_header_bytes} bytes of headers (CGSERVE_MAX_HEADER_BYTES)",
-                    )
-                )  # fmt: skip
+                self._answer_and_close(self._too_large())
         elif not self._in_headers and not self.transport.is_closing():  # part of a body is still to come
             self._arm(self.body_timeout_s, self._body_timeout)  # or re-arm: it bounds each pause, not the body
         elif self._in_headers and self._first_byte is None and self.cycle is not None and self.cycle.response_complete:
@@ -122,7 +140,73 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 self.timeout_keep_alive, self.timeout_keep_alive_handler
             )
 
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_bytes = REQUEST_LINE_BYTES
+        self._hosts = self._authorizations = 0
+
+    def on_url(self, url: bytes) -> None:
+        super().on_url(url)
+        self._head_bytes += len(url)
+        if self._head_bytes > self.max_header_bytes:
+            self._refuse(self._too_large())
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        super().on_header(name, value)
+        self._head_bytes += len(name) + len(value) + 4  # ": " and CRLF
+        if self._head_bytes > self.max_header_bytes:
+            self._refuse(self._too_large())
+        name = name.lower()
+        if name == b"host":
+            self._hosts += 1
+        elif name == b"authorization":
+            self._authorizations += 1
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request httptools could not parse, or one a callback refused."""
+        if self._refused is None:
+            super().send_400_response(msg)
+        elif not self.transport.is_closing():
+            self._answer_and_close(self._refused)
+
+    def _check_head(self) -> None:
+        """Refuse a head that servers and proxies could read two ways."""
+        version = self.parser.get_http_version()
+        if self._hosts > 1 or (self._hosts == 0 and version == "1.1"):
+            self._refuse(
+                _HeaderProblem(
+                    400, "bad_request", f"HTTP/{version} request with {self._hosts} Host headers",
+                    "exactly one Host header (HTTP/1.1), at most one (HTTP/1.0)",
+                )
+            )  # fmt: skip
+        if self._authorizations > 1:
+            self._refuse(
+                _HeaderProblem(
+                    400, "bad_request", f"{self._authorizations} Authorization headers",
+                    "at most one Authorization header",
+                )
+            )  # fmt: skip
+        path = self.url.partition(b"?")[0]
+        if b"%" in path and CONTROL.search(unquote_to_bytes(path)):
+            self._refuse(
+                _HeaderProblem(
+                    400, "bad_request", f"the path {path[:200]!r} holds an encoded control character",
+                    "a path without control characters (%00-%1F, %7F)",
+                )
+            )  # fmt: skip
+
+    def _refuse(self, error: ServiceError) -> NoReturn:
+        self._refused = error
+        raise _Refused(error)
+
+    def _too_large(self) -> ServiceError:
+        return _HeaderProblem(
+            431, "headers_too_large", f"the request line and headers exceed {self.max_header_bytes} bytes",
+            f"at most {self.max_header_bytes} bytes of headers (CGSERVE_MAX_HEADER_BYTES)",
+        )  # fmt: skip
+
     def on_headers_complete(self) -> None:
+        self._check_head()
         self._disarm()
         self._in_headers = False
         self._header_bytes = 0
