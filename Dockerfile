@@ -70,13 +70,18 @@ ENV PIP_BREAK_SYSTEM_PACKAGES=1 \
 
 WORKDIR /opt/cgserve
 
-# A C compiler for Triton: the graph engine compiles the model with inductor by default
-# (CGSERVE_COMPILE=inductor, measured in bench/results/README.md) and Triton builds its small
-# launcher stub with gcc the first time it runs. Versions follow the base image's Ubuntu release.
+# A C compiler and Python's headers for Triton: the graph engine compiles the model with inductor
+# by default (CGSERVE_COMPILE=inductor) and Triton builds its small launcher stub, which includes
+# Python.h, with gcc the first time it runs. Versions follow the base image's Ubuntu release.
+# The second RUN compiles against Python.h at build time: an image without the toolchain fails to
+# build, rather than start every model on the eager module's graphs (CGSERVE_COMPILE_STRICT).
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && apt-get install -y --no-install-recommends gcc libc6-dev python3-dev \
     && rm -rf /var/lib/apt/lists/*
+RUN printf '#include <Python.h>\nint main(void) { return Py_IsInitialized(); }\n' > /tmp/toolchain.c \
+    && gcc -fsyntax-only -I"$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" /tmp/toolchain.c \
+    && rm /tmp/toolchain.c
 
 # Dependencies first, read from pyproject.toml alone, so that editing app/ or models/ reuses
 # this layer. torch>=2.4 is already met by the base image, so pip keeps its CUDA build; the

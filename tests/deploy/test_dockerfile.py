@@ -8,7 +8,9 @@ DL3002 and DL3007, which it checks stage by stage).
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -53,3 +55,28 @@ def test_hadolint_fails_a_broken_copy(hadolint: str, tmp_path: Path, rule: str, 
     assert copy.read_text() != DOCKERFILE.read_text()
     with pytest.raises(pytest.fail.Exception, match=rule):
         hadolint_check(hadolint, copy)
+
+
+def toolchain_check() -> str:
+    """The GPU stage's build-time check that gcc compiles against Python.h, as one shell command."""
+    text = DOCKERFILE.read_text()[: stage_end(DOCKERFILE.read_text(), "gpu")]
+    (run_line,) = [
+        m.group(1) for m in re.finditer(r"^RUN (.*?)(?<!\\)\n", text, flags=re.M | re.S) if "Python.h" in m.group(1)
+    ]
+    return run_line.replace("\\\n", " ")
+
+
+def test_the_gpu_images_toolchain_check_passes_where_gcc_and_python_h_are_present() -> None:
+    done = subprocess.run(["sh", "-c", toolchain_check()], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_toolchain_check_fails_the_build_without_python_h(tmp_path: Path) -> None:
+    """The control: a python3 whose include folder holds no Python.h (the runtime image without python3-dev)."""
+    shim = tmp_path / "python3"
+    shim.write_text(f"#!/bin/sh\necho {tmp_path / 'include'}\n")
+    shim.chmod(0o755)
+    (tmp_path / "include").mkdir()
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    done = subprocess.run(["sh", "-c", toolchain_check()], capture_output=True, text=True, env=env)
+    assert done.returncode != 0 and "Python.h" in done.stderr
