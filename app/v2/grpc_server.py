@@ -3,7 +3,9 @@
 It runs on the same event loop as the HTTP server and submits to the same batchers, so both
 protocols share engines, graphs, limits and metrics (protocol "grpc"). Beside it: the standard
 gRPC health service (SERVING once every model is ready) and server reflection. A client's
-deadline bounds the wait for its answer; message sizes are bounded by CGSERVE_MAX_BODY_BYTES.
+deadline bounds the wait for its answer; a call the client cancels, or whose deadline passes, is
+counted as CANCELLED or DEADLINE_EXCEEDED. Messages may be as large as CGSERVE_MAX_BODY_BYTES or
+a served model's largest bucket of FP32 images, whichever is larger (`message_limit`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ from grpc_reflection.v1alpha import reflection
 from app import metrics
 from app.access.grpc_interceptor import server_interceptors
 from app.config import Settings
-from app.errors import InputError, ServiceError, within
+from app.errors import ClientClosedError, DeadlineExceededError, InputError, ServiceError, within
+from app.model_spec import ModelSpec
+from app.off_loop import LARGE_JSON_BYTES, off_loop
+from app.repository import ModelConfigError, read_repository
 from app.service import ServedModel, Service
 from app.v2 import tensors
 from app.v2.proto import grpc_predict_v2_pb2 as pb
@@ -42,6 +47,9 @@ STATUS_CODES = {
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 HEALTH_POLL_S = 1.0
+# Room for a ModelInferRequest's framing around its tensor bytes (perf_analyzer's 32 ResNet-50
+# images: 19,267,584 bytes of FP32 in a message of 19,267,681).
+FRAMING_BYTES = 2**20
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -86,9 +94,20 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             deadline = time.monotonic() + (timeout_s if remaining is None else min(timeout_s, remaining))
             batcher.admit(deadline)
             async with within(deadline):
-                images = _input(request, served, self.service.settings.max_instances)
+                max_instances = self.service.settings.max_instances
+                if _payload_bytes(request) < LARGE_JSON_BYTES:  # as the REST path: large decodes off the loop
+                    images = _input(request, served, max_instances)
+                else:
+                    images = await off_loop(_input, request, served, max_instances)
                 probabilities = await batcher.submit(images, deadline)
             return _answer(request, served, probabilities)
+        except asyncio.CancelledError:
+            # grpc.aio cancels the handler when the client cancels the call or its deadline passes:
+            # nobody is left to answer, and it is not an OK.
+            code = _ended_by_client(context)
+            reason = DeadlineExceededError.reason if code is grpc.StatusCode.DEADLINE_EXCEEDED else None
+            metrics.reject(name, reason or ClientClosedError.reason)
+            raise
         except ServiceError as error:
             metrics.reject(name, error.reason)
             code = STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL)
@@ -120,6 +139,28 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
 def _platform(served: ServedModel) -> str:
     return f"cudagraph-serve_{served.options.engine}"
+
+
+def _ended_by_client(context: Any) -> grpc.StatusCode:
+    """Why a call's handler was cancelled: its deadline passed, or the client cancelled it."""
+    remaining = context.time_remaining()
+    return (
+        grpc.StatusCode.DEADLINE_EXCEEDED if remaining is not None and remaining < 0.01 else grpc.StatusCode.CANCELLED
+    )
+
+
+def _payload_bytes(request: Any) -> int:
+    """The input's bytes, as decoded: raw contents, or 4 bytes an element of typed contents."""
+    if request.raw_input_contents:
+        return sum(len(raw) for raw in request.raw_input_contents)
+    return sum(4 * (len(t.contents.fp32_contents) + len(t.contents.uint_contents)) for t in request.inputs)
+
+
+def message_limit(max_body_bytes: int, default_buckets: tuple[int, ...], specs: list[ModelSpec]) -> int:
+    """The largest message taken in: CGSERVE_MAX_BODY_BYTES, or a served model's largest bucket of
+    FP32 images and their framing where that is larger (Triton's clients send FP32 at max_batch_size)."""
+    largest = max((max(spec.config.buckets or default_buckets) * spec.pixels * 4 for spec in specs), default=0)
+    return max(max_body_bytes, largest + FRAMING_BYTES)
 
 
 def _input(request: Any, served: ServedModel, max_instances: int) -> np.ndarray:
@@ -185,7 +226,11 @@ class GrpcServer:
     """The gRPC server and its health service, started and stopped with the HTTP app."""
 
     def __init__(self, service: Service, settings: Settings, *, reuse_port: bool) -> None:
-        limit = settings.max_body_bytes
+        try:
+            specs = read_repository(settings.model_repository)
+        except (ModelConfigError, OSError):  # the service's start-up names every problem
+            specs = []
+        limit = self.message_limit = message_limit(settings.max_body_bytes, settings.buckets, specs)
         options = [
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", max(limit, 64 * 2**20)),

@@ -1,0 +1,160 @@
+"""gRPC calls as Triton's client makes them (issue 23.5): a call the client cancels or whose deadline
+passes is counted as CANCELLED or DEADLINE_EXCEEDED, not OK; and a message as large as a served
+model's largest bucket of FP32 images (perf_analyzer's 32 ResNet-50 images: 19,267,681 bytes)
+is taken in though CGSERVE_MAX_BODY_BYTES is 16 MiB.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as triton_grpc
+from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from loadtest.server_process import free_port
+from tests.integration.server_process import running_server, settled_metrics
+from tests.reliability.common import SERVE, seed_with_forward
+
+WIDE_MODEL = """import torch
+
+
+class Pooled(torch.nn.Module):  # any [3, 224, 224] CNN input in, 10 classes out
+    def forward(self, x):
+        return torch.nn.functional.adaptive_avg_pool2d(x, 1).flatten(1).repeat(1, 4)[:, :10]
+
+
+def build():
+    return Pooled().eval()
+"""
+WIDE_TOML = """format = "python"
+factory = "model:build"
+input_shape = [3, 224, 224]
+buckets = [1, 8, 32]
+labels = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"]
+"""
+WAIT_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def gates(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(started, release): the gated model's forward touches `started`, then waits for `release`."""
+    folder = tmp_path_factory.mktemp("gates")
+    started, release = folder / "started", folder / "release"
+    release.touch()  # open while the engine warms up
+    return started, release
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, gates: tuple[Path, Path]) -> Iterator[dict[str, str]]:
+    started, release = gates
+    forward = (
+        f"import os\nopen({str(started)!r}, 'w').close()\n"
+        f"while not os.path.exists({str(release)!r}):\n    time.sleep(0.002)"
+    )
+    repository = seed_with_forward(tmp_path_factory.mktemp("repo"), "gated", forward)
+    (repository / "wide").mkdir()
+    (repository / "wide" / "model.py").write_text(WIDE_MODEL)
+    (repository / "wide" / "model.toml").write_text(WIDE_TOML)
+    grpc_port = free_port()
+    log = tmp_path_factory.mktemp("grpc") / "server.log"
+    with running_server(
+        log, command=SERVE, device="cpu", grpc_port=str(grpc_port), model_repository=str(repository)
+    ) as url:
+        yield {"url": url, "grpc": f"127.0.0.1:{grpc_port}"}
+
+
+def counts(url: str, model: str) -> dict[str, float]:
+    """gRPC answers of `model` by status name."""
+    return {
+        sample.labels["code"]: sample.value
+        for family in text_string_to_metric_families(settled_metrics(url))
+        for sample in family.samples
+        if sample.name == "cgserve_requests_total"
+        and sample.labels["protocol"] == "grpc"
+        and sample.labels["model"] == model
+    }
+
+
+def wait_for_count(url: str, model: str, code: str, want: float) -> dict[str, float]:
+    """The counts once `code` reached `want` (the server counts a call as its handler ends), or WAIT_S."""
+    give_up = time.monotonic() + WAIT_S
+    while (seen := counts(url, model)).get(code, 0) < want and time.monotonic() < give_up:
+        pass  # counts() waits for the server's metrics to flush
+    return seen
+
+
+def one_image() -> triton_grpc.InferInput:
+    tensor = triton_grpc.InferInput("input", [1, 1, 28, 28], "UINT8")
+    tensor.set_data_from_numpy(np.zeros((1, 1, 28, 28), np.uint8))
+    return tensor
+
+
+def test_a_call_past_its_deadline_is_counted_deadline_exceeded(
+    server: dict[str, str], gates: tuple[Path, Path]
+) -> None:
+    release = gates[1]
+    release.unlink()
+    try:
+        with pytest.raises(InferenceServerException) as raised:
+            triton_grpc.InferenceServerClient(server["grpc"]).infer("gated", [one_image()], client_timeout=0.5)
+        assert raised.value.status() == "StatusCode.DEADLINE_EXCEEDED", raised.value
+    finally:
+        release.touch()
+    seen = wait_for_count(server["url"], "gated", "DEADLINE_EXCEEDED", 1)
+    assert seen.get("DEADLINE_EXCEEDED") == 1 and "OK" not in seen, seen
+
+
+def test_a_call_the_client_cancels_is_counted_cancelled(server: dict[str, str], gates: tuple[Path, Path]) -> None:
+    started, release = gates
+    started.unlink(missing_ok=True)
+    release.unlink()
+    ended = threading.Event()
+    errors: list[object] = []
+
+    def finished(result: object, error: object) -> None:
+        errors.append(error)
+        ended.set()
+
+    try:
+        call = triton_grpc.InferenceServerClient(server["grpc"]).async_infer("gated", [one_image()], callback=finished)
+        give_up = time.monotonic() + WAIT_S
+        while not started.exists() and time.monotonic() < give_up:  # a file offers nothing to await: poll
+            time.sleep(0.005)
+        assert started.exists()
+        call.cancel()
+        assert ended.wait(WAIT_S)
+    finally:
+        release.touch()
+    assert "CANCELLED" in str(errors[0]), errors
+    seen = wait_for_count(server["url"], "gated", "CANCELLED", 1)
+    assert seen.get("CANCELLED") == 1 and "OK" not in seen, seen
+
+
+def test_perf_analyzers_32_fp32_resnet_images_fit_one_message(server: dict[str, str]) -> None:
+    images = np.random.default_rng(0).random((32, 3, 224, 224), dtype=np.float32)  # 19,267,584 bytes
+    tensor = triton_grpc.InferInput("input", list(images.shape), "FP32")
+    tensor.set_data_from_numpy(images)
+    result = triton_grpc.InferenceServerClient(server["grpc"]).infer("wide", [tensor])
+    assert result.as_numpy("probabilities").shape == (32, 10)
+
+
+def test_a_large_typed_fp32_input_is_decoded(server: dict[str, str]) -> None:
+    """Typed contents (not raw_input_contents) past the size decoded off the event loop."""
+    images = np.random.default_rng(1).random((8, 3, 224, 224), dtype=np.float32)
+    request = service_pb2.ModelInferRequest(model_name="wide")
+    tensor = request.inputs.add(name="input", datatype="FP32", shape=list(images.shape))
+    tensor.contents.fp32_contents.extend(images.reshape(-1).tolist())
+
+    options = [("grpc.max_send_message_length", 64 * 2**20)]
+    with grpc.insecure_channel(server["grpc"], options=options) as channel:
+        answer = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=WAIT_S)
+    probabilities = np.frombuffer(answer.raw_output_contents[0], dtype="<f4").reshape(8, 10)
+    assert np.allclose(probabilities.sum(axis=1), 1, atol=1e-5)
