@@ -15,7 +15,14 @@
 - Bodies: a body that pauses longer than CGSERVE_BODY_TIMEOUT_S between two chunks is marked in
   its scope (extensions["cgserve.body_timed_out"]) and the app's waiting receive() is woken;
   app/request_guard.py then answers 408. The timer is armed only while part of a body is still
-  to come, so a request that arrives whole (nearly all of them) arms none.
+  to come, so a request that arrives whole (nearly all of them) arms none. A body must also keep
+  up CGSERVE_BODY_MIN_RATE_BYTES_S over each CGSERVE_BODY_RATE_WINDOW_S (a byte every few seconds
+  never pauses long, and held a connection and its share of the bytes-in-flight budget for hours):
+  one slower gets 408 the same way. A window in which the app had yet to take what came (our
+  pause, not the client's) is not judged.
+- An answer written before its body was whole (413, 408, 504, 401, a refusal): the rest of the
+  body is read and dropped for at most LINGER_S and LINGER_BYTES, then the connection is closed;
+  a rest that comes whole within them leaves the connection open for the next request.
 - The deadline's start: the time of each request's first byte goes into the ASGI scope
   (extensions["cgserve.first_byte"]), so the end-to-end deadline counts the reading too.
 - Small inference requests (POST /predict, the v2 infer; app/inline_routes.py): while the app
@@ -44,7 +51,7 @@ from app import coarse_timeouts
 from app.config import Settings
 from app.errors import RequestTimeoutError, ServiceError, error_body, retry_after
 from app.inline_predict import InlinePredict, InlineRequest
-from app.request_guard import BODY_TIMED_OUT_KEY, FIRST_BYTE_KEY
+from app.request_guard import BODY_TIMED_OUT_KEY, FIRST_BYTE_KEY, BodyTooSlowError
 
 
 class _ConnectionRefused(ServiceError):
@@ -76,6 +83,8 @@ REASONS = {
     408: b"Request Timeout",
 }
 CONTROL = re.compile(rb"[\x00-\x1f\x7f]")  # in a percent-decoded path (httptools refuses them raw)
+LINGER_S = 1.0  # after an answer written before its body was whole: how long the rest may take
+LINGER_BYTES = 65536  # ... and how much of it is read and dropped before the connection is closed
 REQUEST_LINE_BYTES = 16  # the method, the version, spaces and CRLF of a request line, about
 
 
@@ -85,6 +94,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     max_header_bytes = 65536
     header_timeout_s = 10.0
     body_timeout_s = 10.0
+    body_min_rate_bytes_s = 16384
+    body_rate_window_s = 5.0
     # Set by the app's lifespan while it serves (app/main.py), None otherwise.
     inline: InlinePredict | None = None
 
@@ -103,6 +114,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         # One timer a connection: the header timeout while a head is read, the body's pause
         # timeout while part of a body is still to come (never both at once).
         self._timer: coarse_timeouts.Armed | None = None
+        # While a body comes in pieces: its bytes in the current rate window, and that window's timer.
+        self._window_bytes = 0
+        self._rate_timer: coarse_timeouts.Armed | None = None
+        self._lingering: int | None = None  # bytes dropped since an answer written before its body was whole
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -113,6 +128,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._stop_rate()
         if self._inline is not None:
             handler, request = self._inline
             handler.abandon(request)  # nothing, if it was answered
@@ -128,7 +144,15 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             if self._header_bytes > self.max_header_bytes and not self.transport.is_closing():
                 self._answer_and_close(self._too_large())
         elif not self._in_headers and not self.transport.is_closing():  # part of a body is still to come
+            if self._lingering is not None:  # answered already: the rest is dropped, up to a point
+                self._lingering += len(data)
+                if self._lingering > LINGER_BYTES:
+                    self.transport.close()
+                return
             self._arm(self.body_timeout_s, self._body_timeout)  # or re-arm: it bounds each pause, not the body
+            self._window_bytes += len(data)
+            if self._rate_timer is None:
+                self._rate_timer = coarse_timeouts.call_at(time.monotonic() + self.body_rate_window_s, self._rate_check)
         elif self._in_headers and self._first_byte is None and self.cycle is not None and self.cycle.response_complete:
             self._keep_idle_timer()  # between requests, nothing of the next yet, and nothing owed
 
@@ -231,12 +255,46 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._disarm()
+        self._stop_rate()
+        self._lingering = None  # the rest came whole: the connection goes on (keep-alive, as uvicorn's)
         super().on_message_complete()
         self._in_headers = True  # what comes next on this connection is another request's head
         if self._inline is not None:
             handler, request = self._inline
             if request.cycle is self.cycle and not request.answered:
                 handler.body_complete(request)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self._in_headers and not self.transport.is_closing():  # answered before its body was whole
+            self._stop_rate()
+            self._lingering = 0
+            self._arm(LINGER_S, self._linger_over)
+
+    def _linger_over(self) -> None:
+        self._timer = None
+        if self._lingering is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def _stop_rate(self) -> None:
+        self._window_bytes = 0
+        if self._rate_timer is not None:
+            self._rate_timer.cancel()
+            self._rate_timer = None
+
+    def _rate_check(self) -> None:
+        """A rate window has passed while a body came in pieces: 408 where it came too slowly."""
+        self._rate_timer = None
+        cycle = self.cycle
+        if self._in_headers or cycle is None or self.transport.is_closing() or cycle.response_complete:
+            return
+        inline = self._inline is not None and self._inline[1].cycle is cycle
+        ours = not inline and (self.flow.read_paused or bool(cycle.body))  # the app has yet to take what came
+        if ours or self._window_bytes >= self.body_min_rate_bytes_s * self.body_rate_window_s:
+            self._window_bytes = 0
+            self._rate_timer = coarse_timeouts.call_at(time.monotonic() + self.body_rate_window_s, self._rate_check)
+            return
+        self._body_failed(BodyTooSlowError(self.body_min_rate_bytes_s, self.body_rate_window_s))
 
     def _arm(self, timeout_s: float, on_timeout: Callable[[], None]) -> None:
         self._disarm()
@@ -269,15 +327,24 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if cycle.response_complete:  # answered before its body came (a refusal): nothing more is owed
             self.transport.close()
             return
-        if self._inline is not None and self._inline[1].cycle is cycle:
-            handler, request = self._inline
-            handler.fail(request, RequestTimeoutError(self.body_timeout_s))  # answered, and closed
-            return
-        if self.flow.read_paused:  # the pause is ours (the app has yet to take what came), not the client's
+        inline = self._inline is not None and self._inline[1].cycle is cycle
+        if self.flow.read_paused and not inline:  # the pause is ours (the app has yet to take what came)
             self._arm(self.body_timeout_s, self._body_timeout)
             return
+        self._body_failed(RequestTimeoutError(self.body_timeout_s))
+
+    def _body_failed(self, error: RequestTimeoutError) -> None:
+        """408 for the body still coming: answered here (inline) or by the app's next receive()."""
+        cycle = self.cycle
+        assert cycle is not None
+        self._disarm()
+        self._stop_rate()
+        if self._inline is not None and self._inline[1].cycle is cycle:
+            handler, request = self._inline
+            handler.fail(request, error)  # answered, and closed
+            return
         extensions: dict[str, Any] = cycle.scope["extensions"]  # set in on_headers_complete
-        extensions[BODY_TIMED_OUT_KEY] = True
+        extensions[BODY_TIMED_OUT_KEY] = error
         cycle.message_event.set()  # the app's receive() returns; app/request_guard.py raises the 408
 
     def _answer_and_close(self, error: ServiceError) -> None:
@@ -296,6 +363,9 @@ def configure(settings: Settings) -> None:
     GuardedHttpProtocol.max_header_bytes = settings.max_header_bytes
     GuardedHttpProtocol.header_timeout_s = settings.header_timeout_s
     GuardedHttpProtocol.body_timeout_s = settings.body_timeout_s
+    # Read with defaults where app/config.py has no such setting yet.
+    GuardedHttpProtocol.body_min_rate_bytes_s = getattr(settings, "body_min_rate_bytes_s", 16384)
+    GuardedHttpProtocol.body_rate_window_s = getattr(settings, "body_rate_window_s", 5.0)
 
 
 def open_file_budget() -> int:

@@ -5,12 +5,16 @@
   (`X-Request-Timeout-Ms`); handlers read it from scope["cgserve.deadline"] (time.monotonic()).
 - Size: a declared Content-Length over CGSERVE_MAX_BODY_BYTES is answered 413 at once; a chunked
   body is counted as it arrives, and the read that crosses the limit raises BodyTooLargeError.
-- Memory: bodies being read and decoded at once are bounded by CGSERVE_MAX_INFLIGHT_BYTES (by
-  declared length; a chunked body counts as the largest allowed): one over it gets 503 with
-  Retry-After before a byte of its body is read.
-- Slow bodies: a body that paused longer than CGSERVE_BODY_TIMEOUT_S raises RequestTimeoutError
-  (408) in the handler that reads it. app/http_guard.py's protocol times the pauses, where the
-  bytes arrive, and marks the scope; here each receive() checks the mark (no timer per request).
+- Memory: bodies being read and decoded at once are bounded by CGSERVE_MAX_INFLIGHT_BYTES. A
+  request is charged what has arrived of its body, chunk by chunk, until it is answered: one
+  whose declared length does not fit beside what is held gets 503 with Retry-After before a byte
+  of its body is read, and a chunk that does not fit raises BudgetExhaustedError (503). Charged
+  by declaration, sixteen uploads declaring 16 MiB that then trickled held all 256 MiB and every
+  other request got 503 (issue 24.2).
+- Slow bodies: a body that paused longer than CGSERVE_BODY_TIMEOUT_S, or came slower than
+  CGSERVE_BODY_MIN_RATE_BYTES_S, raises RequestTimeoutError (408) in the handler that reads it.
+  app/http_guard.py's protocol times the body where the bytes arrive and marks the scope with the
+  error; here each receive() checks the mark (no timer per request).
 """
 
 from __future__ import annotations
@@ -35,6 +39,18 @@ BODY_TIMED_OUT_KEY = "cgserve.body_timed_out"  # set by app/http_guard.py when a
 TIMEOUT_HEADER = b"x-request-timeout-ms"
 
 
+class BodyTooSlowError(RequestTimeoutError):
+    """The body came slower than the minimum rate (it never paused long enough for the timeout)."""
+
+    def __init__(self, min_rate_bytes_s: int, window_s: float) -> None:
+        ServiceError.__init__(
+            self,
+            f"the request body came slower than {min_rate_bytes_s} bytes/s over {window_s:g} s",
+            expected=f"a body sent at {min_rate_bytes_s} bytes/s or faster (CGSERVE_BODY_MIN_RATE_BYTES_S)",
+            headers={"Connection": "close"},
+        )
+
+
 class BodyBudget:
     """This process's bodies being read and decoded, in bytes, and their limit; the event loop's
     alone. Shared by this guard and the requests answered in the protocol (app/inline_predict.py)."""
@@ -51,6 +67,15 @@ class BodyBudget:
 
     def release(self, size: int) -> None:
         self.used -= size
+
+
+class _Held:
+    """The bytes of one request's body charged to the budget so far."""
+
+    __slots__ = ("bytes",)
+
+    def __init__(self) -> None:
+        self.bytes = 0
 
 
 class RequestGuard:
@@ -91,28 +116,34 @@ class RequestGuard:
         if declared is not None and declared > self.max_body_bytes:
             await self._refuse(scope, send, BodyTooLargeError(self.max_body_bytes))
             return
-        reserved = self.max_body_bytes if declared is None else declared
-        if not self.budget.reserve(reserved):
+        # Admission, before a byte is read: room for what it declares (a chunked body: one byte).
+        if self.budget.used + (1 if declared is None else declared) > self.budget.limit:
             await self._refuse(scope, send, BudgetExhaustedError(self.budget.limit))
             return
         scope[DEADLINE_KEY] = started + timeout_s
+        held = _Held()
         try:
-            await self.app(scope, self._guarded(receive, extensions, counted=declared is None), send)
+            await self.app(scope, self._guarded(receive, extensions, held), send)
         finally:
-            self.budget.release(reserved)
+            self.budget.release(held.bytes)
 
-    def _guarded(self, receive: Receive, extensions: dict[str, object], *, counted: bool) -> Receive:
-        received = 0
-
+    def _guarded(self, receive: Receive, extensions: dict[str, object], held: _Held) -> Receive:
         async def guarded_receive() -> Message:
-            nonlocal received
             message = await receive()
-            if BODY_TIMED_OUT_KEY in extensions:
-                raise RequestTimeoutError(self.body_timeout_s)
-            if counted and message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_body_bytes:
+            timed_out = extensions.get(BODY_TIMED_OUT_KEY)
+            if timed_out is not None:
+                raise (
+                    timed_out
+                    if isinstance(timed_out, RequestTimeoutError)
+                    else RequestTimeoutError(self.body_timeout_s)
+                )
+            if message["type"] == "http.request":
+                size = len(message.get("body", b""))
+                if held.bytes + size > self.max_body_bytes:  # a chunked body (a declared one was checked)
                     raise BodyTooLargeError(self.max_body_bytes)
+                if not self.budget.reserve(size):
+                    raise BudgetExhaustedError(self.budget.limit)
+                held.bytes += size
             return message
 
         return guarded_receive

@@ -103,8 +103,8 @@ def inline(monkeypatch: pytest.MonkeyPatch) -> StubInline:
     return stub
 
 
-async def connected() -> tuple[GuardedHttpProtocol, Transport]:
-    config = Config(app=asgi_app, http=GuardedHttpProtocol, log_level="warning")
+async def connected(app: Any = asgi_app) -> tuple[GuardedHttpProtocol, Transport]:
+    config = Config(app=app, http=GuardedHttpProtocol, log_level="warning")
     config.load()
     protocol = GuardedHttpProtocol(config=config, server_state=ServerState(), app_state={})
     transport = Transport()

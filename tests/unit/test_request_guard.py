@@ -1,0 +1,138 @@
+"""The bytes-in-flight budget of app/request_guard.py: a request holds what has arrived of its
+body, not what it declares (issue 24.2: sixteen uploads declaring 16 MiB that then trickled held
+all 256 MiB, and every other request got 503).
+
+The guard wraps a small app that reads the whole body and answers its length; each trickling
+upload's receive() hands over one chunk and then waits on an event the test sets at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from app.config import Settings
+from app.errors import ServiceError
+from app.request_guard import BodyBudget, RequestGuard
+
+DEFAULTS = Settings()
+MIB = 2**20
+
+
+async def reading_app(scope: Any, receive: Any, send: Any) -> None:
+    """Reads the body; answers 200 with its length, or the error a receive() raised."""
+    size = 0
+    try:
+        while True:
+            message = await receive()
+            size += len(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        status, body = 200, b"%d" % size
+    except ServiceError as error:
+        status, body = error.status, error.message.encode()
+    await send({"type": "http.response.start", "status": status, "headers": []})
+    await send({"type": "http.response.body", "body": body})
+
+
+def scope(length: int | None) -> dict[str, Any]:
+    headers = [(b"content-length", b"%d" % length)] if length is not None else [(b"transfer-encoding", b"chunked")]
+    return {"type": "http", "method": "POST", "path": "/predict", "headers": headers, "extensions": {}}
+
+
+class Answer:
+    def __init__(self) -> None:
+        self.status: int | None = None
+        self.body = b""
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        else:
+            self.body += message.get("body", b"")
+
+
+class Stalled:
+    """Counts the uploads waiting for more of their body; `all_in` is set once `expected` are."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected, self.count, self.all_in = expected, 0, asyncio.Event()
+
+    def one_more(self) -> None:
+        self.count += 1
+        if self.count == self.expected:
+            self.all_in.set()
+
+
+def trickling(first: bytes, release: asyncio.Event, stalled: Stalled) -> Any:
+    """A receive() that hands over `first`, then waits for `release`, then ends the body."""
+    chunks = iter([first])
+
+    async def receive() -> dict[str, Any]:
+        chunk = next(chunks, None)
+        if chunk is not None:
+            return {"type": "http.request", "body": chunk, "more_body": True}
+        stalled.one_more()  # its first chunk is charged: the guard passed it on before asking again
+        await release.wait()
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    return receive
+
+
+def whole(body: bytes) -> Any:
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
+def guard(budget: BodyBudget) -> RequestGuard:
+    return RequestGuard(
+        reading_app, max_body_bytes=DEFAULTS.max_body_bytes, budget=budget,
+        request_timeout_s=DEFAULTS.request_timeout_s, body_timeout_s=DEFAULTS.body_timeout_s,
+    )  # fmt: skip
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("declared", [DEFAULTS.max_body_bytes, None], ids=["declared 16 MiB", "chunked"])
+async def test_sixteen_trickling_uploads_leave_room_for_a_predict(declared: int | None) -> None:
+    budget = BodyBudget(DEFAULTS.max_inflight_bytes)
+    assert DEFAULTS.max_inflight_bytes // DEFAULTS.max_body_bytes == 16  # the defaults the issue names
+    app, release, stalled = guard(budget), asyncio.Event(), Stalled(16)
+    uploads = [Answer() for _ in range(16)]
+    receives = [trickling(b"x" * 1000, release, stalled) for _ in uploads]
+    tasks = [asyncio.create_task(app(scope(declared), r, u.send)) for r, u in zip(receives, uploads, strict=True)]
+    await stalled.all_in.wait()
+    assert budget.used == 16 * 1000  # what arrived, not what was declared
+
+    predict = Answer()
+    await app(scope(784), whole(b"p" * 784), predict.send)
+    assert (predict.status, predict.body) == (200, b"784")
+
+    release.set()
+    await asyncio.gather(*tasks)
+    assert all(u.status == 200 for u in uploads) and budget.used == 0
+
+
+@pytest.mark.anyio
+async def test_a_body_that_does_not_fit_as_it_arrives_gets_503_and_gives_its_bytes_back() -> None:
+    budget = BodyBudget(10 * MIB)
+    budget.used = 9 * MIB  # held by others
+    answer = Answer()
+    await guard(budget)(scope(None), whole(b"x" * (2 * MIB)), answer.send)
+    assert answer.status == 503 and budget.used == 9 * MIB
+
+
+@pytest.mark.anyio
+async def test_a_declared_length_that_does_not_fit_is_refused_before_its_body_is_read() -> None:
+    budget = BodyBudget(10 * MIB)
+    budget.used = 9 * MIB
+
+    async def unread() -> dict[str, Any]:
+        raise AssertionError("the body was read")
+
+    answer = Answer()
+    await guard(budget)(scope(2 * MIB), unread, answer.send)
+    assert answer.status == 503 and budget.used == 9 * MIB
