@@ -29,6 +29,11 @@
   serves, `inline` (app/inline_predict.py) may take a request at the end of its headers; it is
   then answered from here, below the ASGI stack, when its body is whole. Only a request that
   starts as its headers end (not a pipelined one queued behind another).
+This class overrides parts of uvicorn's HttpToolsProtocol that are not public API (its parser
+callbacks, _start_asgi_task, send_400_response, on_response_complete): pyproject.toml pins the
+uvicorn releases it was verified on, and configure() refuses to start, in one line, where the
+installed uvicorn lacks one of them (an override of a method that is gone is never called: under
+uvicorn 0.35 every request silently took the slow path, issue 23.7).
 Keep-alive idle timeouts are uvicorn's own (timeout_keep_alive), with one gap closed: uvicorn
 arms the timer when an answer is written and cancels it on every byte that arrives, so a request
 answered before its body was whole (a refusal, a 504) left the connection with no timer once the
@@ -45,6 +50,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 from urllib.parse import unquote_to_bytes
 
+import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from app import coarse_timeouts
@@ -357,8 +363,34 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
+# What GuardedHttpProtocol overrides or calls of uvicorn's protocol: each must be there to be called.
+SERVER_NEEDS = (
+    "_start_asgi_task",
+    "send_400_response",
+    "on_response_complete",
+    "on_message_begin",
+    "on_url",
+    "on_header",
+    "on_headers_complete",
+    "on_message_complete",
+    "timeout_keep_alive_handler",
+)  # data_received, connection_made and _lost: asyncio.Protocol's own, public
+
+
+def check_server(base: type = HttpToolsProtocol) -> None:
+    """SystemExit (one line, status 1) where the installed uvicorn's protocol lacks what this
+    module overrides or calls."""
+    missing = [name for name in SERVER_NEEDS if not callable(getattr(base, name, None))]
+    if missing:
+        raise SystemExit(
+            f"cannot start: uvicorn {uvicorn.__version__}'s {base.__name__} has no {', '.join(missing)}, which "
+            f"app/http_guard.py's protocol needs; install the uvicorn pyproject.toml names (pip install -e .)"
+        )
+
+
 def configure(settings: Settings) -> None:
     """Set the limits before the server accepts connections (in each worker process, too)."""
+    check_server()
     GuardedHttpProtocol.max_connections = settings.max_connections or open_file_budget()
     GuardedHttpProtocol.max_header_bytes = settings.max_header_bytes
     GuardedHttpProtocol.header_timeout_s = settings.header_timeout_s

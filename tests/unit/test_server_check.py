@@ -1,0 +1,46 @@
+"""The start-up check of app/http_guard.py: the installed uvicorn's protocol has what the guarded
+protocol overrides, or the server refuses to start with one line (issue 23.7)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from app.config import Settings
+from app.http_guard import SERVER_NEEDS, check_server, configure
+
+
+def test_the_installed_uvicorn_has_what_the_protocol_needs() -> None:
+    check_server()
+    configure(Settings())
+
+
+def test_a_protocol_without_start_asgi_task_is_refused_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(HttpToolsProtocol, "_start_asgi_task")
+    with pytest.raises(SystemExit) as refused:
+        configure(Settings())
+    message = str(refused.value.code)
+    assert "\n" not in message and message.startswith("cannot start:")
+    assert "_start_asgi_task" in message and "app/http_guard.py" in message
+
+
+@pytest.mark.parametrize("name", SERVER_NEEDS)
+def test_each_needed_method_is_checked(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    monkeypatch.delattr(HttpToolsProtocol, name)
+    with pytest.raises(SystemExit, match=name):
+        check_server()
+
+
+def test_the_refusal_is_one_line_and_a_non_zero_exit() -> None:
+    code = (
+        "from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol\n"
+        "del HttpToolsProtocol._start_asgi_task\n"
+        "from app.config import Settings\nfrom app.server import uvicorn_options\n"
+        "uvicorn_options(Settings())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip().count("\n") == 0 and "_start_asgi_task" in done.stderr
