@@ -105,7 +105,7 @@ def prepare_or_exit(settings: Settings) -> list[Any]:
         sys.stderr.write("cannot start, the model repository has problems:\n")
         sys.stderr.write("".join(f"  {problem}\n" for problem in error.problems))
         raise SystemExit(2) from None
-    except Exception as error:  # a bug or an environment problem: one line, the traceback at debug level
+    except (Exception, SystemExit) as error:  # a bug, an environment problem, or a model's code calling exit()
         log.debug("preparing the models failed", exc_info=True)
         sys.stderr.write(f"cannot start: {type(error).__name__}: {' '.join(str(error).split())[:500]}\n")
         raise SystemExit(1) from None

@@ -20,6 +20,9 @@ from app.access.tokens import Origins, TokenFile, Tokens
 
 # The shipped repository: the seed CNN alone. `models` is a plain package (its __init__ is empty).
 DEFAULT_REPOSITORY = Path(str(files("models"))) / "repository"
+# Where KServe's storage initializer puts an InferenceService's storageUri: served when it exists
+# and CGSERVE_MODEL_REPOSITORY is unset, so that a forgotten setting does not serve the seed model.
+KSERVE_MODELS = Path("/mnt/models")
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 # One device (auto, cpu, cuda, cuda:N), every visible GPU (all), or a list of GPUs (cuda:0,cuda:1).
 _DEVICE = re.compile(r"^(auto|cpu|all|cuda(:\d+)?(,cuda(:\d+)?)*)$")
@@ -34,6 +37,11 @@ def named_gpus(device: str) -> list[str]:
 Engine = Literal["auto", "eager", "cuda-graph", "compile", "onnxruntime"]
 Dtype = Literal["fp32", "fp16", "bf16"]
 Compile = Literal["none", "inductor", "max-autotune"]
+
+
+def default_repository() -> Path:
+    """/mnt/models where KServe mounted a storageUri, else the shipped repository."""
+    return KSERVE_MODELS if KSERVE_MODELS.is_dir() else DEFAULT_REPOSITORY
 
 
 def split_buckets(value: object) -> object:
@@ -66,8 +74,10 @@ class Settings(BaseSettings):
         8001, ge=0, le=65535, description="gRPC port of the Open Inference Protocol (GRPCInferenceService); 0: off."
     )
     model_repository: Path = Field(
-        DEFAULT_REPOSITORY,
-        description="Folder of models, one sub-folder with a model.toml each; the default holds the seed CNN.",
+        default_factory=default_repository,
+        description="Folder of models, one sub-folder with a model.toml each, or one model's folder (its "
+        "model.toml at the top, named from INFERENCE_SERVICE_NAME, else the folder's name). Default: /mnt/models "
+        "where it exists (KServe's storageUri), else the shipped repository of the seed CNN.",
     )
     default_model: str | None = Field(
         None, description="Model that POST /predict serves; may be left out when the repository holds one model."
@@ -88,6 +98,12 @@ class Settings(BaseSettings):
         description="Default for cuda-graph models: capture inductor's compiled kernels (max-autotune: autotuned; "
         "none: the eager module). inductor won at every bucket on the H200 (bench/results/README.md).",
     )
+    compile_strict: bool = Field(
+        False,
+        description="A model whose torch.compile fails (no C toolchain or Python.h, a recompile limit) is served "
+        "from graphs of its eager module, with a warning, its description and cgserve_compile_fallback saying so; "
+        "true refuses to start instead (a model.toml may choose its own).",
+    )
     compile_cache_dir: Path | None = Field(
         None, description="Inductor's on-disk cache, so that a restart does not recompile (a volume in containers)."
     )
@@ -98,12 +114,6 @@ class Settings(BaseSettings):
         1.0,
         ge=0.0,
         le=1000.0,
-    compile_strict: bool = Field(
-        False,
-        description="A model whose torch.compile fails (no C toolchain or Python.h, a recompile limit) is served "
-        "from graphs of its eager module, with a warning, its description and cgserve_compile_fallback saying so; "
-        "true refuses to start instead (a model.toml may choose its own).",
-    )
         description=(
             "Longest the oldest queued request waits for a fuller batch while a batch is running "
             "(an idle device takes it at once)."

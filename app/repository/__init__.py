@@ -1,12 +1,18 @@
-"""The model repository: DIR/<name>/model.toml per model, as Triton keeps one folder per model.
+"""The model repository: DIR/<name>/model.toml per model, as Triton keeps one folder per model,
+or DIR/model.toml alone, one model (KServe's storageUri layout, named from INFERENCE_SERVICE_NAME).
 
 `read_repository` parses every model.toml (cheap, no torch); `load_model` builds one model on
 the CPU and checks that it maps (B, C, H, W) to (B, len(labels)). Both report every problem,
 one line each, naming the file and the key.
+
+The repository is trusted code: a python factory runs with the server's rights. What a model.toml
+names (file, weights, labels) must still lie inside its model's folder, symlinks resolved, so
+that a mistake or a copied model.toml cannot serve another file of the host.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,32 +22,72 @@ from app.model_spec import ModelSpec
 
 __all__ = ["LoadedModel", "ModelConfigError", "load_model", "read_repository"]
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # safe in a URL path and a metric label
+# Safe in a URL path and a metric label; matched whole (fullmatch: `$` would let a final newline in).
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+# Set by KServe in the predictor's container: the InferenceService's name, which it routes by.
+SERVICE_NAME_VARIABLE = "INFERENCE_SERVICE_NAME"
 PROBE_BATCH = 2
 
 
 def read_repository(folder: Path) -> list[ModelSpec]:
+    if (folder / "model.toml").is_file():  # one model in the folder itself (KServe's storageUri)
+        name = os.environ.get(SERVICE_NAME_VARIABLE) or folder.resolve().name
+        where = f"{folder}: {SERVICE_NAME_VARIABLE}" if os.environ.get(SERVICE_NAME_VARIABLE) else str(folder)
+        return _read_models([(name, folder, where)])
+    models = [
+        (sub.name, sub, str(sub)) for sub in sorted(folder.iterdir()) if sub.is_dir() and sub.name[:1] not in "._"
+    ]
+    if not models:
+        raise ModelConfigError(
+            [f"{folder}: holds no model (expected {folder}/<name>/model.toml or {folder}/model.toml)"]
+        )
+    return _read_models(models)
+
+
+def _read_models(models: list[tuple[str, Path, str]]) -> list[ModelSpec]:
+    """(name, folder, where to name in a problem) → their specs, or every problem at once."""
     problems: list[str] = []
     specs: list[ModelSpec] = []
-    for sub in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
-        toml = sub / "model.toml"
-        if not toml.is_file():
-            problems.append(f"{sub}: no model.toml in this model folder")
+    for name, folder, where in models:
+        toml = folder / "model.toml"
+        if not _NAME.fullmatch(name):
+            problems.append(
+                f"{_printable(where)}: a model's name {name!r} is its URL name: a letter or digit, then letters, "
+                "digits, '.', '_' and '-' only"
+            )
             continue
-        if not _NAME.match(sub.name):
-            problems.append(f"{sub}: a model's folder name is its URL name: letters, digits, '.', '_' and '-' only")
+        if not toml.is_file():
+            problems.append(f"{folder}: no model.toml in this model folder")
             continue
         try:
             config = read_model_config(toml)
         except ModelConfigError as error:
             problems += error.problems
             continue
-        specs.append(ModelSpec(name=sub.name, folder=sub, config=config, class_names=read_labels(config, sub)))
-    if not specs and not problems:
-        problems.append(f"{folder}: holds no model (expected {folder}/<name>/model.toml)")
+        if isinstance(config.labels, str) and (outside := _outside(folder, config.labels)):
+            problems.append(f"{toml}: labels: {outside}")
+            continue
+        specs.append(ModelSpec(name=name, folder=folder, config=config, class_names=read_labels(config, folder)))
     if problems:
         raise ModelConfigError(problems)
     return specs
+
+
+def _outside(folder: Path, relative: str) -> str | None:
+    """Why `relative` (a model.toml's file, weights or labels) is not a file inside `folder`, or None."""
+    resolved, home = (folder / relative).resolve(), folder.resolve()
+    if resolved.is_relative_to(home):
+        return None
+    how = "an absolute path" if Path(relative).is_absolute() else "a path (through '..' or a symlink)"
+    return (
+        f"{relative!r} is {how} that leads out of the model's folder, to {resolved}; "
+        "keep the model's files inside its folder"
+    )
+
+
+def _printable(text: str) -> str:
+    """A path for a one-line problem: control characters (a newline) as escapes."""
+    return text if text.isprintable() else repr(text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +98,10 @@ class LoadedModel:
 
 def load_model(spec: ModelSpec) -> LoadedModel:
     """Build the model on the CPU and probe it with a (2, C, H, W) batch. Imports torch."""
+    toml = spec.folder / "model.toml"
+    outside = [f"{toml}: {key}: {why}" for key in ("file", "weights") if (why := _named_file_outside(spec, key))]
+    if outside:
+        raise ModelConfigError(outside)
     if spec.config.format == "onnx":
         from app.engines.onnx_runtime import probe_onnx
 
@@ -67,7 +117,9 @@ def load_model(spec: ModelSpec) -> LoadedModel:
             with torch.inference_mode():
                 output = module(torch.rand((PROBE_BATCH, *spec.input_shape)))
             shape = tuple(output.shape) if isinstance(output, torch.Tensor) else (type(output).__name__,)
-        except Exception as error:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as error:  # SystemExit too: a model's code must not end the start-up with 0
             raise ModelConfigError(
                 [f"{spec.folder / 'model.toml'}: input_shape: the model fails on a ({PROBE_BATCH}, "
                  f"{', '.join(map(str, spec.input_shape))}) batch: {type(error).__name__}: "
@@ -75,6 +127,11 @@ def load_model(spec: ModelSpec) -> LoadedModel:
             ) from None  # fmt: skip
     check_output_shape(spec, shape)
     return LoadedModel(spec=spec, module=module)
+
+
+def _named_file_outside(spec: ModelSpec, key: str) -> str | None:
+    value: str | None = getattr(spec.config, key)
+    return None if value is None else _outside(spec.folder, value)
 
 
 def check_output_shape(spec: ModelSpec, shape: tuple[object, ...]) -> None:

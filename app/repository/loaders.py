@@ -39,9 +39,9 @@ def load_module(spec: ModelSpec) -> nn.Module:
     }[config.format]
     try:
         module = loader(spec)
-    except ModelConfigError:
+    except (ModelConfigError, KeyboardInterrupt):
         raise
-    except Exception as error:
+    except BaseException as error:  # SystemExit too (a factory of builtins:exit): a failed start-up, not exit 0
         key = {"torchvision": "architecture", "python": "factory"}.get(config.format, "file")
         raise ModelConfigError([f"{spec.folder / 'model.toml'}: {key}: {_one_line(error)}"]) from error
     if config.format != "exported":  # an exported program is traced in eval mode and refuses .eval()
@@ -114,7 +114,9 @@ def _load_weights(module: nn.Module, spec: ModelSpec) -> None:
     try:
         state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         module.load_state_dict(state)
-    except Exception as error:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as error:
         raise ModelConfigError([f"{spec.folder / 'model.toml'}: weights: {path.name}: {_one_line(error)}"]) from None
 
 

@@ -7,6 +7,7 @@ the worker whose engine cannot be built, which must take the whole multi-worker 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from tests.integration.server_process import ROOT, free_port, running_server
 SEED_TOML = f"""
 format = "python"
 factory = "model:build"
-weights = "{WEIGHTS_PATH}"
+weights = "{WEIGHTS_PATH.name}"
 input_shape = [1, 28, 28]
 labels = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"]
 """
@@ -46,6 +47,7 @@ def repository(tmp_path: Path, model_py: str) -> Path:
     folder.mkdir(parents=True)
     (folder / "model.toml").write_text(SEED_TOML)
     (folder / "model.py").write_text(model_py)
+    shutil.copy(WEIGHTS_PATH, folder / WEIGHTS_PATH.name)  # a model's files lie inside its folder
     return folder.parent
 
 
@@ -53,9 +55,38 @@ def test_corrupt_weights_stop_start_up_naming_the_file_and_key(tmp_path: Path) -
     root = repository(tmp_path, "from models.cnn import FashionCNN\n\ndef build():\n    return FashionCNN()\n")
     (root / "seed" / "bad.pt").write_bytes(b"not a state dict")
     toml = root / "seed" / "model.toml"
-    toml.write_text(SEED_TOML.replace(str(WEIGHTS_PATH), "bad.pt"))
+    toml.write_text(SEED_TOML.replace(WEIGHTS_PATH.name, "bad.pt"))
     result = cli("serve", "--model-repository", str(root))
     assert_one_clear_failure(result, 2, f"{toml}: weights: bad.pt")
+
+
+SEED_PY = "from models.cnn import FashionCNN\n\ndef build():\n    return FashionCNN()\n"
+
+
+@pytest.mark.parametrize("exit_call", ["builtins:exit", "model:leave"])
+def test_a_model_whose_code_exits_stops_start_up_with_a_non_zero_status(tmp_path: Path, exit_call: str) -> None:
+    # exit() or sys.exit(0) in a model's code is a SystemExit: it must not end the server with status 0.
+    root = repository(tmp_path, SEED_PY + "\ndef leave():\n    raise SystemExit(0)\n")
+    toml = root / "seed" / "model.toml"
+    toml.write_text(SEED_TOML.replace("model:build", exit_call))
+    assert_one_clear_failure(cli("serve", "--model-repository", str(root)), 2, f"{toml}: factory: SystemExit")
+
+
+def test_a_labels_file_outside_the_model_folder_stops_start_up(tmp_path: Path) -> None:
+    root = repository(tmp_path, SEED_PY)
+    (tmp_path / "secret.txt").write_text("\n".join(f"secret {i}" for i in range(10)))
+    toml = root / "seed" / "model.toml"
+    labels = 'labels = "../../secret.txt"'
+    toml.write_text(SEED_TOML.replace('labels = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"]', labels))
+    result = cli("serve", "--model-repository", str(root))
+    assert_one_clear_failure(result, 2, f"{toml}: labels: '../../secret.txt'", "out of the model's folder")
+    assert "secret 1" not in result.stderr
+
+
+def test_a_model_folder_name_ending_in_a_newline_stops_start_up(tmp_path: Path) -> None:
+    root = repository(tmp_path, SEED_PY)
+    (root / "seed").rename(root / "evil\n")
+    assert_one_clear_failure(cli("serve", "--model-repository", str(root)), 2, "a model's name 'evil\\n'")
 
 
 def test_a_port_in_use_fails_before_any_model_is_served() -> None:

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
+from app import config
 from app.config import DEFAULT_REPOSITORY, Settings
 from app.repository import ModelConfigError, load_model, read_repository
 from app.service import prepare_models
 from models.cnn import WEIGHTS_PATH
 from tests.model_exports import LABELS
 
-GOOD = f'format = "python"\nfactory = "models.cnn:FashionCNN"\nweights = "{WEIGHTS_PATH}"\ninput_shape = [1, 28, 28]\n'
+# The seed's weights, copied into each test model's folder (a model's files lie inside its folder).
+WEIGHTS = WEIGHTS_PATH.name
+GOOD = f'format = "python"\nfactory = "models.cnn:FashionCNN"\nweights = "{WEIGHTS}"\ninput_shape = [1, 28, 28]\n'
 TEN_LABELS = LABELS + "\n"
 
 BAD_MODELS = [
@@ -35,10 +39,10 @@ BAD_MODELS = [
     ("not a module", GOOD.replace("models.cnn:FashionCNN", "model:build") + TEN_LABELS,
      {"model.py": "def build():\n    return 42\n"}, "factory", "not a torch.nn.Module"),
     ("output not (B, classes)", GOOD.replace("models.cnn:FashionCNN", "model:build").replace(
-        f'weights = "{WEIGHTS_PATH}"\n', "") + TEN_LABELS,
+        f'weights = "{WEIGHTS}"\n', "") + TEN_LABELS,
      {"model.py": "import torch\n\ndef build():\n    return torch.nn.Identity()\n"}, "format", "[2, 1, 28, 28]"),
     ("labels count", GOOD + 'labels = ["a", "b", "c"]\n', {}, "labels", "3 labels for a model with 10 outputs"),
-    ("corrupt weights", GOOD.replace(str(WEIGHTS_PATH), "bad.pt") + TEN_LABELS, {"bad.pt": "not torch"},
+    ("corrupt weights", GOOD.replace(WEIGHTS, "bad.pt") + TEN_LABELS, {"bad.pt": "not torch"},
      "weights", "bad.pt"),
 ]  # fmt: skip
 
@@ -50,6 +54,7 @@ def test_each_bad_model_toml_is_reported_with_file_and_key(
     folder = tmp_path / "mymodel"
     folder.mkdir()
     (folder / "model.toml").write_text(toml)
+    shutil.copy(WEIGHTS_PATH, folder / WEIGHTS)
     for name, text in files.items():
         (folder / name).write_text(text)
     with pytest.raises(ModelConfigError) as raised:
@@ -96,3 +101,128 @@ def test_labels_from_a_file_and_preprocess_for_rgb(tmp_path: Path) -> None:
     (spec,) = read_repository(tmp_path)
     assert spec.class_names == ("cat", "dog") and spec.config.color == "RGB"
     assert load_model(spec).spec is spec
+
+
+def seed_folder(folder: Path, toml: str = GOOD + TEN_LABELS) -> Path:
+    """The seed CNN in `folder`: its model.toml and its weights beside it."""
+    folder.mkdir(parents=True)
+    (folder / "model.toml").write_text(toml)
+    shutil.copy(WEIGHTS_PATH, folder / WEIGHTS)
+    return folder
+
+
+# --- one model in the folder itself: KServe's storageUri layout ----------------------------------
+
+
+def test_a_folder_holding_model_toml_is_one_model_named_after_the_inference_service(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = seed_folder(tmp_path / "models")
+    (folder / "code").mkdir()  # what else a storageUri holds is not a model of its own
+    monkeypatch.setenv("INFERENCE_SERVICE_NAME", "my-classifier")
+    (spec,) = read_repository(folder)
+    assert (spec.name, spec.folder, spec.class_names[9]) == ("my-classifier", folder, "Ankle boot")
+    assert load_model(spec).spec is spec
+
+
+def test_a_single_model_folder_without_the_service_name_is_named_after_the_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("INFERENCE_SERVICE_NAME", raising=False)
+    (spec,) = read_repository(seed_folder(tmp_path / "fashion"))
+    assert spec.name == "fashion"
+
+
+def test_an_inference_service_name_that_is_no_url_name_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("INFERENCE_SERVICE_NAME", "my classifier")
+    with pytest.raises(ModelConfigError, match="INFERENCE_SERVICE_NAME: a model's name 'my classifier'"):
+        read_repository(seed_folder(tmp_path / "models"))
+
+
+def test_the_repository_defaults_to_kserves_mount_where_it_exists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CGSERVE_MODEL_REPOSITORY", raising=False)
+    mount = tmp_path / "mnt" / "models"
+    monkeypatch.setattr(config, "KSERVE_MODELS", mount)
+    assert Settings(_env_file=None).model_repository == DEFAULT_REPOSITORY  # type: ignore[call-arg]
+    seed_folder(mount)
+    assert Settings(_env_file=None).model_repository == mount  # type: ignore[call-arg]
+    # Set, the setting wins over the mount.
+    assert Settings(_env_file=None, model_repository=DEFAULT_REPOSITORY).model_repository == DEFAULT_REPOSITORY  # type: ignore[call-arg]
+
+
+# --- the repository stays inside its folders ----------------------------------------------------
+
+
+def test_a_labels_file_outside_the_model_folder_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "secret.txt").write_text("password\n")
+    folder = seed_folder(tmp_path / "repository" / "seed", GOOD + 'labels = "../../secret.txt"\n')
+    with pytest.raises(ModelConfigError) as raised:
+        read_repository(folder.parent)
+    (problem,) = raised.value.problems
+    assert problem.startswith(f"{folder / 'model.toml'}: labels: '../../secret.txt'"), problem
+    assert "out of the model's folder" in problem and "password" not in problem
+
+
+def weights_outside(tmp_path: Path, how: str) -> str:
+    """A weights value that reaches the seed's weights out of the model folder `how`."""
+    outside = tmp_path / "elsewhere" / WEIGHTS
+    outside.parent.mkdir()
+    shutil.copy(WEIGHTS_PATH, outside)
+    if how == "absolute":
+        return str(outside)
+    if how == "dot-dot":
+        return f"../../elsewhere/{WEIGHTS}"
+    (tmp_path / "repository" / "seed").mkdir(parents=True)
+    (tmp_path / "repository" / "seed" / "link.pt").symlink_to(outside)
+    return "link.pt"
+
+
+@pytest.mark.parametrize("how", ["absolute", "dot-dot", "symlink"])
+def test_weights_outside_the_model_folder_are_refused(tmp_path: Path, how: str) -> None:
+    value = weights_outside(tmp_path, how)
+    folder = tmp_path / "repository" / "seed"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.toml").write_text(GOOD.replace(WEIGHTS, value) + TEN_LABELS)
+    (spec,) = read_repository(folder.parent)
+    with pytest.raises(ModelConfigError) as raised:
+        load_model(spec)
+    (problem,) = raised.value.problems
+    assert problem.startswith(f"{folder / 'model.toml'}: weights: {value!r}"), problem
+    assert "out of the model's folder" in problem, problem
+
+
+def test_a_file_outside_the_model_folder_is_refused(tmp_path: Path) -> None:
+    folder = seed_folder(tmp_path / "repository" / "seed", 'format = "torchscript"\nfile = "../../model.pt"\n'
+                         "input_shape = [1, 28, 28]\n" + TEN_LABELS)  # fmt: skip
+    (tmp_path / "model.pt").write_bytes(b"whatever it holds is not opened")
+    (spec,) = read_repository(folder.parent)
+    with pytest.raises(ModelConfigError, match=r"model\.toml: file: '\.\./\.\./model\.pt' is a path"):
+        load_model(spec)
+
+
+def test_a_symlink_that_stays_inside_the_model_folder_is_served(tmp_path: Path) -> None:
+    folder = seed_folder(tmp_path / "repository" / "seed", GOOD.replace(WEIGHTS, "current.pt") + TEN_LABELS)
+    (folder / "current.pt").symlink_to(folder / WEIGHTS)
+    (spec,) = read_repository(folder.parent)
+    assert load_model(spec).spec is spec
+
+
+@pytest.mark.parametrize("name", ["evil\n", "evil\r", "ev\til", "-dash"])
+def test_a_model_folder_name_with_control_characters_is_refused(tmp_path: Path, name: str) -> None:
+    seed_folder(tmp_path / name)
+    with pytest.raises(ModelConfigError) as raised:
+        read_repository(tmp_path)
+    (problem,) = raised.value.problems
+    assert "is its URL name" in problem and "\n" not in problem, problem
+
+
+@pytest.mark.parametrize("factory", ["builtins:exit", "sys:exit"])
+def test_a_factory_that_exits_is_a_model_problem_not_an_exit(tmp_path: Path, factory: str) -> None:
+    seed_folder(tmp_path / "seed", GOOD.replace("models.cnn:FashionCNN", factory) + TEN_LABELS)
+    (spec,) = read_repository(tmp_path)
+    with pytest.raises(ModelConfigError, match=r"seed/model\.toml: factory: SystemExit"):
+        load_model(spec)
