@@ -129,6 +129,19 @@ BREAKAGES = {
         "scaleMetric: gpu",
         "'gpu'",
     ),
+    # KServe's webhook validates any mode but Standard as Knative's, whose metrics are concurrency and rps.
+    "inferenceservice-raw-deployment-on-cpu": (
+        "kserve/inferenceservice.yaml",
+        "deploymentMode: Standard",
+        "deploymentMode: RawDeployment",
+        "'cpu' is not one of ['concurrency', 'rps']",
+    ),
+    "inferenceservice-hpa-on-requests": (
+        "kserve/inferenceservice.yaml",
+        "scaleMetric: cpu",
+        "scaleMetric: rps",
+        "'rps' is not one of ['cpu', 'memory']",
+    ),
     "inferenceservice-without-model-format": (
         "kserve/inferenceservice.yaml",
         "      modelFormat:\n        name: pytorch\n",
@@ -419,7 +432,14 @@ def test_the_inference_service_serves_the_shipped_model_through_the_runtime(buil
     env = {var["name"]: float(var["value"]) for var in runtime["spec"]["containers"][0]["env"] if "_S" in var["name"]}
     assert predictor["terminationGracePeriodSeconds"] > env["CGSERVE_DRAIN_SECONDS"] + env["CGSERVE_SHUTDOWN_TIMEOUT_S"]
     assert predictor["enableServiceLinks"] is False
-    assert service["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "RawDeployment"
+    # Deployment, Service and HPA (no Knative, no scale to zero), scaled on CPU by Kubernetes' HPA.
+    annotations = service["metadata"]["annotations"]
+    assert annotations["serving.kserve.io/deploymentMode"] == "Standard"
+    assert (annotations["serving.kserve.io/autoscalerClass"], predictor["scaleMetric"]) == ("hpa", "cpu")
+    # A storageUri takes the place of the seed: the service serves /mnt/models when it exists and
+    # no repository is set, so the runtime must not set one.
+    container = runtime["spec"]["containers"][0]
+    assert "CGSERVE_MODEL_REPOSITORY" not in {var["name"] for var in container["env"]}
 
 
 # --- the model repository on a claim ----------------------------------------------------------
