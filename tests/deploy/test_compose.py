@@ -106,14 +106,39 @@ def test_cpu_override_drops_the_gpu_and_changes_nothing_else(
     # The Dockerfile's cpu stage under its own tag (not over the gpu image), with no compile cache.
     assert cpu_api["build"] == {**gpu_api["build"], "target": "cpu"}
     assert cpu_api["image"] == "cudagraph-serve:cpu"
-    assert "volumes" not in cpu_api
-    unchanged = ("deploy", "environment", "build", "image", "volumes")
+    unchanged = ("deploy", "environment", "build", "image")
     assert {k: v for k, v in cpu_api.items() if k not in unchanged} == {
         k: v for k, v in gpu_api.items() if k not in unchanged
     }
     for name in ("prometheus", "grafana"):
         assert cpu_stack["services"][name] == gpu_stack["services"][name]
-    assert cpu_stack["volumes"] == {k: v for k, v in gpu_stack["volumes"].items() if k != "compile-cache"}
+    assert cpu_stack["volumes"] == gpu_stack["volumes"]
+
+
+# The models mount as docker-compose.yml's comment shows it, uncommented.
+MODELS_MOUNT = "      # - ./models/examples/repository:/models:ro\n"
+
+
+@pytest.mark.parametrize("stack", ["gpu", "cpu"])
+def test_a_models_volume_added_as_documented_is_mounted_on_both_stacks(
+    compose: str, tmp_path: Path, stack: str
+) -> None:
+    text = BASE.read_text()
+    assert MODELS_MOUNT in text, "docker-compose.yml no longer shows the models mount: update this test"
+    edited = tmp_path / "docker-compose.yml"
+    edited.write_text(text.replace(MODELS_MOUNT, MODELS_MOUNT.replace("# ", "", 1)))
+    shutil.copy(CPU, tmp_path / CPU.name)
+    files = (edited,) if stack == "gpu" else (edited, tmp_path / CPU.name)
+    dotenv = "CGSERVE_MODEL_REPOSITORY=/models\n"  # the documented line of .env
+    api = config(compose, *files, project=tmp_path, dotenv=dotenv)["services"]["api"]
+    mounts = {volume["target"]: volume for volume in api.get("volumes", [])}
+    assert api["environment"]["CGSERVE_MODEL_REPOSITORY"] in mounts, f"{stack}: the repository is not mounted"
+    models = mounts[api["environment"]["CGSERVE_MODEL_REPOSITORY"]]
+    assert (models["type"], models["source"], models["read_only"]) == (
+        "bind",
+        str(tmp_path / "models/examples/repository"),
+        True,
+    )
 
 
 @pytest.mark.parametrize("stack", ["gpu", "cpu"])
