@@ -4,15 +4,18 @@
 2. time each bucket's batch (measure.py), then close the engine
 3. time the service's per-request overhead on the real server (overhead.py), or take --overhead-ms
 4. choose buckets and max delay for the highest capacity under the SLO (choose.py)
-5. write the env file (--out), print the model.toml lines, and the JSON report (--json) if asked
+5. write the chosen settings into the env file (--out, default .env, other lines kept), print the
+   model.toml lines, and the JSON report (--json) if asked
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from app.config import Settings
@@ -21,7 +24,7 @@ from app.repository import LoadedModel
 from app.tuning.choose import Choice, InfeasibleSloError, Timing, capacity, choose
 from app.tuning.measure import build_candidate_engine, candidate_buckets, measure_replays
 from app.tuning.overhead import measure_overhead, server_settings
-from app.tuning.settings_file import choice_json, timing_ms, toml_lines, write_env_file, write_report
+from app.tuning.settings_file import TUNED, choice_json, timing_ms, toml_lines, write_env_file, write_report
 
 
 def tune(
@@ -109,6 +112,11 @@ def tune(
             f"predicted {default.capacity_rps:,.0f} req/s with p99 ≤ {default.worst_p99_ms:.2f} ms"
         )
     say(f"wrote {args.out}; in {name}'s model.toml instead: " + "; ".join(toml_lines(chosen)))
+    if args.out.resolve() != Path(".env").resolve():
+        say(f"note: the service reads .env, not {args.out}: copy its lines there (or give --out .env)")
+    shadowing = [variable for variable in TUNED if variable in os.environ]
+    if shadowing:
+        say(f"note: {', '.join(shadowing)} set in the environment win over {args.out}: unset them to serve these")
     if options.buckets != settings.buckets or options.max_delay_ms != settings.max_delay_ms:
         say(f"note: {name}'s model.toml sets its own buckets or max delay, which win over the env file")
     if args.json:

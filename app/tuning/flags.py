@@ -11,7 +11,8 @@ def add_tune_flags(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--slo-p99-ms", type=float, required=True, help="the p99 latency bound, end to end, in milliseconds")
     add("--model", default=None, help="model of the repository to tune (default: the default or only model)")
-    add("--out", type=Path, default=Path("tuned.env"), help="env file to write (default tuned.env)")
+    out = "env file to write the chosen settings into, other lines kept (default .env: the file serve and compose read)"
+    add("--out", type=Path, default=Path(".env"), help=out)
     add("--json", type=Path, default=None, help="also write every measurement and prediction to this JSON file")
     add("--max-bucket", type=int, default=256, help="largest candidate bucket (default 256; lower it to save memory)")
     add("--runs", type=int, default=100, help="timed batches per bucket (default 100)")

@@ -1,6 +1,7 @@
-"""The tuner's result as settings: an env file (CGSERVE_BUCKETS, CGSERVE_MAX_DELAY_MS) that the
-service reads as its `.env` and compose as `env_file`, the model.toml lines that set the same for
-one model only, and a JSON report of everything measured and predicted."""
+"""The tuner's result as settings: its lines (CGSERVE_BUCKETS, CGSERVE_MAX_DELAY_MS) written into
+the `.env` file that the service reads at start-up and compose hands the api (`env_file`), every
+other line of it kept; the model.toml lines that set the same for one model only; and a JSON
+report of everything measured and predicted."""
 
 from __future__ import annotations
 
@@ -19,16 +20,28 @@ def toml_lines(choice: Choice) -> list[str]:
     return [f"buckets = [{', '.join(map(str, choice.buckets))}]", f"max_delay_ms = {choice.max_delay_ms:g}"]
 
 
+TUNED = ("CGSERVE_BUCKETS", "CGSERVE_MAX_DELAY_MS")  # the settings the tuner chooses
+_HEADER = ("# cudagraph-serve tune ", "# predicted: ", "# in a model.toml, the same for that model alone: ")
+
+
 def write_env_file(path: Path, choice: Choice, *, model: str, slo_ms: float) -> None:
-    """The env file, its comments saying where the numbers came from."""
+    """The tuned lines, with comments saying where the numbers came from, in place of any earlier
+    ones in `path` (a previous run's, or the same settings set by hand); every other line kept."""
     header = [
-        f"# cudagraph-serve tune --slo-p99-ms {slo_ms:g}: model {model}",
-        f"# predicted: {choice.capacity_rps:,.0f} req/s sustainable with p99 ≤ {choice.worst_p99_ms:.2f} ms "
+        f"{_HEADER[0]}--slo-p99-ms {slo_ms:g}: model {model}",
+        f"{_HEADER[1]}{choice.capacity_rps:,.0f} req/s sustainable with p99 ≤ {choice.worst_p99_ms:.2f} ms "
         "at every rate up to it (app/tuning/choose.py's model)",
-        "# in a model.toml, the same for that model alone: " + "; ".join(toml_lines(choice)),
+        _HEADER[2] + "; ".join(toml_lines(choice)),
     ]
+    kept = [line for line in (path.read_text().splitlines() if path.is_file() else []) if not _tuned(line)]
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join([*header, *env_lines(choice)]) + "\n")
+    path.write_text("\n".join([*kept, *header, *env_lines(choice)]) + "\n")
+
+
+def _tuned(line: str) -> bool:
+    """A line the tuner writes: its comments, or an assignment of a setting it chooses."""
+    name = line.strip().removeprefix("export ").partition("=")[0].strip()
+    return line.startswith(_HEADER) or name in TUNED
 
 
 def timing_ms(timing: Timing) -> dict[str, float]:
