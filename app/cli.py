@@ -131,6 +131,8 @@ def serve(settings: Settings, overrides: dict[str, Any]) -> int:
     sock = bind_or_exit(settings, settings.port)
     if settings.grpc_port:  # checked, then freed for the gRPC server to bind
         bind_or_exit(settings, settings.grpc_port).close()
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    log.info("HTTP on http://%s:%d (/predict, /v2 of the Open Inference Protocol, /docs)", host, settings.port)
     if settings.workers > 1 or settings.engine_process:
         from app.workers import serve_workers
 
