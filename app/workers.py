@@ -11,24 +11,41 @@ marker when it is, and readiness counts the markers of live workers.
 With CGSERVE_ENGINE_PROCESS the manager first starts one engine process (app/engine_process/),
 which builds every engine; the workers build none and send it their requests. It counts as one
 more process to be ready, and it is stopped after the last worker has drained.
+
+SIGTERM (or SIGINT) to the manager drains every worker (app/drain.py): each answers readiness 503
+and serves on for CGSERVE_DRAIN_SECONDS. Then the manager stops the kernel queueing connections on
+the listening socket that every process shares (a connection queued but accepted by no one would
+be reset when the last process closes it), and tells each worker to stop: it accepts what is
+queued still, closes its copy of the socket, answers what it has with `Connection: close` and
+exits. A second signal to the manager stops at once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import multiprocessing
 import os
 import shutil
 import signal
+import socket
+import struct
+import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
 import uvicorn
+from uvicorn.supervisors import Multiprocess
 
 from app.config import Settings
+from app.drain import MANAGED_ENV, STOP_SIGNAL, DrainingHttpProtocol
 from app.engine_process import SEGMENTS_ENV, SOCKET_ENV
 from app.server import uvicorn_options
+
+log = logging.getLogger("uvicorn.error")
 
 _FAILED_MARKER_ENV = "CGSERVE_START_UP_FAILED_MARKER"
 SHM_MIN_FREE_BYTES = 1 << 30  # below this, the engine process's segments go to the metrics folder
@@ -41,20 +58,94 @@ def serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
     with tempfile.TemporaryDirectory(prefix="cgserve-metrics-") as metrics_dir:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
         os.environ[_FAILED_MARKER_ENV] = os.path.join(metrics_dir, "start-up-failed")
+        os.environ[MANAGED_ENV] = "1"  # the workers stop when told (app/drain.py)
         engines = start_engine_process(metrics_dir) if settings.engine_process else None
         try:
-            uvicorn.run(
-                "app.workers:worker_app",
-                factory=True,
-                host=settings.host,
-                port=settings.port,
-                workers=settings.workers,
-                **uvicorn_options(settings),
-            )
+            options = {**uvicorn_options(settings), "http": DrainingHttpProtocol}
+            config = uvicorn.Config(
+                "app.workers:worker_app", factory=True, host=settings.host, port=settings.port,
+                workers=settings.workers, **options,
+            )  # fmt: skip
+            DrainingManager(config, [config.bind_socket()], drain_seconds=settings.drain_seconds).run()
         finally:
             if engines is not None:
                 stop_engine_process(engines, timeout_s=settings.drain_seconds + 30)
         return 1 if os.path.exists(os.environ[_FAILED_MARKER_ENV]) else 0
+
+
+class DrainingManager(Multiprocess):
+    """uvicorn's worker manager (its restarts, health checks, SIGHUP), with the drain of N workers.
+
+    uvicorn's own answers SIGTERM by passing it on to each worker and keeps its copy of the
+    listening socket until the last worker has exited: the kernel goes on queueing connections
+    for seconds that no one accepts, and resets them at the end."""
+
+    def __init__(self, config: uvicorn.Config, sockets: list[socket.socket], *, drain_seconds: float) -> None:
+        super().__init__(config, sockets)
+        self.drain_seconds = drain_seconds
+        self.stopping: threading.Timer | None = None
+
+    def handle_term(self) -> None:
+        self._drain("SIGTERM")
+
+    def handle_int(self) -> None:
+        self._drain("SIGINT")
+
+    def _drain(self, name: str) -> None:
+        if self.stopping is not None:  # a second signal: stop now
+            self.stopping.cancel()
+            self.stop_accepting()
+            return
+        log.info("%s: the workers drain for %g s, then stop accepting", name, self.drain_seconds)
+        for process in self.processes:
+            _signal(process.pid, signal.SIGTERM)
+        self.stopping = threading.Timer(self.drain_seconds, self.stop_accepting)
+        self.stopping.daemon = True
+        self.stopping.start()
+
+    def stop_accepting(self) -> None:
+        """No connection is queued from now on; the run loop then tells the workers (terminate_all)."""
+        for sock in self.sockets:
+            stop_queueing(sock)
+            sock.close()
+        self.should_exit.set()
+
+    def keep_subprocess_alive(self) -> None:
+        if self.stopping is None:  # not while draining: no worker is restarted then
+            super().keep_subprocess_alive()
+
+    def terminate_all(self) -> None:
+        if self.stopping is None:  # a worker failed to start: uvicorn's own way
+            super().terminate_all()
+            return
+        for process in self.processes:
+            _signal(process.pid, STOP_SIGNAL)
+
+
+def stop_queueing(sock: socket.socket) -> None:
+    """The kernel drops new connections' packets from now on, for every process that holds `sock`.
+
+    A socket filter that drops everything: a connecting client's SYN goes unanswered (it retries,
+    and is refused once the socket is closed), while what is queued already stays to be accepted.
+    Closing the socket instead resets what is queued; shutting it down as well. Linux only; elsewhere
+    the workers' closes alone end the listening."""
+    if sys.platform != "linux":
+        return
+    drop = ctypes.create_string_buffer(struct.pack("HBBI", 0x06, 0, 0, 0))  # BPF_RET | BPF_K, 0: keep 0 bytes
+    program = struct.pack("HP", 1, ctypes.addressof(drop))  # struct sock_fprog {len, filter}
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, program)
+    except OSError as error:
+        log.warning("cannot stop the listening socket queueing connections: %s", error)
+
+
+_SO_ATTACH_FILTER = 26  # <asm-generic/socket.h>; Python's socket module does not name it
+
+
+def _signal(pid: int | None, sig: int) -> None:
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):  # it has exited already
+            os.kill(pid, sig)
 
 
 def start_engine_process(folder: str) -> multiprocessing.process.BaseProcess:
