@@ -43,6 +43,7 @@ from app.service import Service
 
 INLINE_BODY_LIMIT = HIGH_WATER_LIMIT  # bytes: uvicorn pauses reading above this, the ASGI receive() resumes it
 JSON_TYPE = b"content-type: application/json\r\n"
+MAX_TIMEOUT_DIGITS = 12  # X-Request-Timeout-Ms: 31 years; 312 digits overflowed a float (a 500)
 
 
 @dataclass(slots=True, eq=False)
@@ -90,7 +91,7 @@ class InlinePredict:
             elif name == V2_HEADER_LENGTH and header_length is None:
                 header_length = value
             elif name == TIMEOUT_HEADER:
-                if not value.isdigit() or int(value) == 0:
+                if not value.isdigit() or len(value) > MAX_TIMEOUT_DIGITS or int(value) == 0:
                     return None  # the ASGI guard answers 400
                 timeout_s = min(timeout_s, int(value) / 1000)
             elif name in (b"transfer-encoding", b"expect"):

@@ -95,8 +95,8 @@ class V2InferRoute:
     def decode(self, body: bytes, form: str, query: bytes, header_length: bytes | None, spec: ModelSpec,
                max_instances: int) -> tuple[np.ndarray, Any]:  # fmt: skip
         length = None if header_length is None else header_length.decode("latin-1")
-        document, images = v2_rest.parse_infer(body, length, spec, max_instances)
-        return images, document  # the document says which outputs, and how, the answer holds
+        asked, images = v2_rest.parse_infer(body, length, spec, max_instances)
+        return images, asked  # which outputs, and how, the answer holds
 
     def answer(self, probabilities: np.ndarray, asked: Any, model: str, engine: str,
                spec: ModelSpec) -> tuple[Headers, bytes]:  # fmt: skip

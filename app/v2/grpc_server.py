@@ -93,6 +93,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             remaining = context.time_remaining()
             deadline = time.monotonic() + (timeout_s if remaining is None else min(timeout_s, remaining))
             batcher.admit(deadline)
+            classes = _asked_classes(request)  # the whole request checked before its batch runs
             async with within(deadline):
                 max_instances = self.service.settings.max_instances
                 if _payload_bytes(request) < LARGE_JSON_BYTES:  # as the REST path: large decodes off the loop
@@ -100,7 +101,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 else:
                     images = await off_loop(_input, request, served, max_instances)
                 probabilities = await batcher.submit(images, deadline)
-            return _answer(request, served, probabilities)
+            return _answer(request, served, probabilities, classes)
         except asyncio.CancelledError:
             # grpc.aio cancels the handler when the client cancels the call or its deadline passes:
             # nobody is left to answer, and it is not an OK.
@@ -187,22 +188,41 @@ def _input(request: Any, served: ServedModel, max_instances: int) -> np.ndarray:
     )
 
 
-def _answer(request: Any, served: ServedModel, probabilities: np.ndarray) -> pb.ModelInferResponse:
+def _asked_classes(request: Any) -> int:
+    """The top-k the one output asks for (0: the probabilities); InputError for an unknown output,
+    a repeated one (200,000 repeats made an answer of as many copies) or a malformed count."""
+    for index, output in enumerate(request.outputs):
+        if output.name != tensors.OUTPUT:
+            raise InputError(f"no output named {output.name[:60]!r}", expected=f'the output "{tensors.OUTPUT}"')
+        if index:
+            raise InputError(
+                f'the output "{tensors.OUTPUT}" is asked for {len(request.outputs)} times', expected="each output once"
+            )
+    if not request.outputs or "classification" not in request.outputs[0].parameters:
+        return 0
+    parameter = request.outputs[0].parameters["classification"]
+    kind = parameter.WhichOneof("parameter_choice")
+    count = getattr(parameter, kind) if kind in ("int64_param", "uint64_param") else -1
+    if count < 0:
+        value = getattr(parameter, kind) if kind else None
+        raise InputError(
+            f"the parameter classification is {str(value)[:60]!r} ({kind})",
+            expected="int64_param: a whole number of classes to answer, most probable first (0: the probabilities)",
+        )
+    return int(count)
+
+
+def _answer(request: Any, served: ServedModel, probabilities: np.ndarray, classes: int) -> pb.ModelInferResponse:
     spec = served.spec
     response = pb.ModelInferResponse(model_name=spec.name, model_version=tensors.VERSION, id=request.id)
-    requested = list(request.outputs) or [pb.ModelInferRequest.InferRequestedOutputTensor(name=tensors.OUTPUT)]
-    for output in requested:
-        if output.name != tensors.OUTPUT:
-            raise InputError(f"no output named {output.name!r}", expected=f'the output "{tensors.OUTPUT}"')
-        count = output.parameters["classification"].int64_param if "classification" in output.parameters else 0
-        if count:
-            values = tensors.classification(probabilities, count, spec.class_names)
-            raw = b"".join(len(v).to_bytes(4, "little") + v for v in values.reshape(-1))
-            response.outputs.add(name=tensors.OUTPUT, datatype="BYTES", shape=list(values.shape))
-        else:
-            raw = np.ascontiguousarray(probabilities, dtype="<f4").tobytes()
-            response.outputs.add(name=tensors.OUTPUT, datatype="FP32", shape=list(probabilities.shape))
-        response.raw_output_contents.append(raw)
+    if classes:
+        values = tensors.classification(probabilities, classes, spec.class_names)
+        raw = b"".join(len(v).to_bytes(4, "little") + v for v in values.reshape(-1))
+        response.outputs.add(name=tensors.OUTPUT, datatype="BYTES", shape=list(values.shape))
+    else:
+        raw = np.ascontiguousarray(probabilities, dtype="<f4").tobytes()
+        response.outputs.add(name=tensors.OUTPUT, datatype="FP32", shape=list(probabilities.shape))
+    response.raw_output_contents.append(raw)
     return response
 
 

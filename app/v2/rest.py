@@ -4,13 +4,15 @@ Health, server and model metadata, Triton's model configuration extension (what 
 reads), and inference with JSON tensors or the binary tensor data extension
 (`Inference-Header-Content-Length`: a JSON header, then each binary tensor's bytes in order).
 Inference shares the batchers, limits, deadlines and metrics of POST /predict (protocol "v2").
-Every error is the protocol's {"error": "…"} with its HTTP status.
+Every error is the protocol's {"error": "…"} with its HTTP status. The whole request (its input
+and what its answer should hold) is checked before its batch runs: a malformed one is a 400.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -36,6 +38,16 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v2", tags=["Open Inference Protocol (KServe v2)"])
 HEADER_LENGTH = "inference-header-content-length"
 JSON = "application/json"
+MAX_LENGTH_DIGITS = 12  # Inference-Header-Content-Length: a terabyte; int() of 5,000 digits raises
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """What the answer holds, as the request asked it: checked before its batch runs."""
+
+    id: str | None
+    classes: int  # top-k strings (the classification extension); 0: the probabilities
+    binary: bool  # the output as binary tensor data after the JSON header
 
 
 def v2_error(error: ServiceError) -> Response:
@@ -137,9 +149,9 @@ async def infer(request: Request) -> Response:
             parse = partial(
                 parse_infer, body, request.headers.get(HEADER_LENGTH), served.spec, service.settings.max_instances
             )
-            document, images = await off_loop(parse) if len(body) >= LARGE_JSON_BYTES else parse()
+            asked, images = await off_loop(parse) if len(body) >= LARGE_JSON_BYTES else parse()
             probabilities = await batcher.submit(images, deadline)
-        content, header_length = infer_answer(document, served.spec, probabilities)
+        content, header_length = infer_answer(asked, served.spec, probabilities)
         response = infer_response(content, header_length)
     except Exception as error:
         response = failure_response(error, model=name, path=request.url.path, render=v2_error)
@@ -155,19 +167,74 @@ INFER_ROUTES = [
 
 def parse_infer(
     body: bytes, header_length: str | None, spec: ModelSpec, max_instances: int
-) -> tuple[dict[str, Any], np.ndarray]:
-    """The inference header and the input as (k, C, H, W): what a request asks, decoded."""
+) -> tuple[Asked, np.ndarray]:
+    """What the answer should hold and the input as (k, C, H, W): the whole request, checked."""
     document, binary = _split_body(body, header_length)
-    return document, _input(document, binary, spec, max_instances)
+    images = _input(document, binary, spec, max_instances)
+    return asked_outputs(document), images
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _parameters(value: object, where: str) -> dict[str, Any]:
+    """A "parameters" object (absent or null: none)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InputError(f"{where} parameters are {_short(value)}", expected='a JSON object, e.g. {"name": value}')
+    return value
+
+
+def _flag(parameters: dict[str, Any], key: str, default: bool) -> bool:
+    value = parameters.get(key, default)
+    if not isinstance(value, bool):
+        raise InputError(f"the parameter {key} is {_short(value)}", expected="true or false")
+    return value
+
+
+def asked_outputs(document: dict[str, Any]) -> Asked:
+    """The request's "outputs" and answer parameters, refused here (400) if the answer could not honour them."""
+    wants_binary = _flag(_parameters(document.get("parameters"), "the request's"), "binary_data_output", False)
+    requested = document.get("outputs")
+    if requested is None:
+        requested = []
+    if not isinstance(requested, list):
+        raise InputError(f'"outputs" is {_short(requested)}', expected=f'a list naming the output "{tensors.OUTPUT}"')
+    classes, binary = 0, wants_binary
+    for index, output in enumerate(requested):
+        if not isinstance(output, dict):
+            raise InputError(f"an output is {_short(output)}", expected=f'{{"name": "{tensors.OUTPUT}"}}')
+        if output.get("name") != tensors.OUTPUT:
+            raise InputError(f"no output named {_short(output.get('name'))}", expected=f'the output "{tensors.OUTPUT}"')
+        if index:  # one output, so any second one repeats it (240,000 repeats made a 66 MB answer)
+            raise InputError(
+                f'the output "{tensors.OUTPUT}" is asked for {len(requested)} times', expected="each output once"
+            )
+        parameters = _parameters(output.get("parameters"), f'the output "{tensors.OUTPUT}"\'s')
+        classes = parameters.get("classification", 0)
+        if classes is None:
+            classes = 0
+        if not isinstance(classes, int) or isinstance(classes, bool) or classes < 0:
+            raise InputError(
+                f"the parameter classification is {_short(classes)}",
+                expected="a whole number of classes to answer, most probable first (0: the probabilities)",
+            )
+        binary = _flag(parameters, "binary_data", wants_binary)
+    request_id = document.get("id")
+    return Asked(request_id if isinstance(request_id, str) else None, classes, binary)
 
 
 def _split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes]:
     """The JSON inference header and the binary section after it (empty without the extension)."""
     header, binary = body, b""
     if header_length is not None:
-        if not (header_length.isascii() and header_length.isdigit()) or int(header_length) > len(body):
+        digits = header_length.isascii() and header_length.isdigit() and len(header_length) <= MAX_LENGTH_DIGITS
+        if not digits or int(header_length) > len(body):
             raise InputError(
-                f"Inference-Header-Content-Length is {header_length!r} for a body of {len(body)} bytes",
+                f"Inference-Header-Content-Length is {_short(header_length)} for a body of {len(body)} bytes",
                 expected="the byte length of the JSON header that starts the body",
                 status=400,
             )
@@ -189,13 +256,13 @@ def _input(document: dict[str, Any], binary: bytes, spec: ModelSpec, max_instanc
         raise InputError('"inputs" must be a list of one tensor', expected=tensors.expected(spec))
     tensor = inputs[0]
     datatype, shape = tensor.get("datatype"), tensor.get("shape")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise InputError(f"the input's shape is {shape!r}", expected=tensors.expected(spec))
-    size = (tensor.get("parameters") or {}).get("binary_data_size")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise InputError(f"the input's shape is {_short(shape)}", expected=tensors.expected(spec))
+    size = _parameters(tensor.get("parameters"), "the input's").get("binary_data_size")
     if size is not None:
-        if not isinstance(size, int) or size != len(binary):
+        if not isinstance(size, int) or isinstance(size, bool) or size != len(binary):
             raise InputError(
-                f"binary_data_size is {size!r} and the binary section holds {len(binary)} bytes",
+                f"binary_data_size is {_short(size)} and the binary section holds {len(binary)} bytes",
                 expected="binary_data_size equal to the bytes after the JSON header",
             )
         data = tensors.binary_elements(str(datatype), binary)
@@ -210,37 +277,30 @@ def _input(document: dict[str, Any], binary: bytes, spec: ModelSpec, max_instanc
     )
 
 
-def infer_answer(document: dict[str, Any], spec: ModelSpec, probabilities: np.ndarray) -> tuple[bytes, int | None]:
+def infer_answer(asked: Asked, spec: ModelSpec, probabilities: np.ndarray) -> tuple[bytes, int | None]:
     """The answer's body: probabilities, or top-k strings (classification), JSON or binary as
     asked; and the length of its JSON header where binary tensors follow it (None: all JSON)."""
-    wants_binary = bool((document.get("parameters") or {}).get("binary_data_output", False))
-    requested = document.get("outputs") or [{"name": tensors.OUTPUT}]
     header: dict[str, Any] = {"model_name": spec.name, "model_version": tensors.VERSION, "outputs": []}
-    if isinstance(document.get("id"), str):
-        header["id"] = document["id"]
-    chunks: list[bytes] = []
-    for output in requested:
-        if not isinstance(output, dict) or output.get("name") != tensors.OUTPUT:
-            raise InputError(f"no output named {output!r}", expected=f'the output "{tensors.OUTPUT}"')
-        parameters = output.get("parameters") or {}
-        count = int(parameters.get("classification", 0) or 0)
-        values = tensors.classification(probabilities, count, spec.class_names) if count else probabilities
-        described: dict[str, Any] = {
-            "name": tensors.OUTPUT,
-            "datatype": "BYTES" if count else "FP32",
-            "shape": list(values.shape),
-        }
-        if parameters.get("binary_data", wants_binary):
-            raw = _bytes_tensor(values) if count else np.ascontiguousarray(values, dtype="<f4").tobytes()
-            described["parameters"] = {"binary_data_size": len(raw)}
-            chunks.append(raw)
-        else:
-            described["data"] = [v.decode() for v in values.reshape(-1)] if count else values.reshape(-1)
-        header["outputs"].append(described)
+    if asked.id is not None:
+        header["id"] = asked.id
+    count = asked.classes
+    values = tensors.classification(probabilities, count, spec.class_names) if count else probabilities
+    described: dict[str, Any] = {
+        "name": tensors.OUTPUT,
+        "datatype": "BYTES" if count else "FP32",
+        "shape": list(values.shape),
+    }
+    raw = b""
+    if asked.binary:
+        raw = _bytes_tensor(values) if count else np.ascontiguousarray(values, dtype="<f4").tobytes()
+        described["parameters"] = {"binary_data_size": len(raw)}
+    else:
+        described["data"] = [v.decode() for v in values.reshape(-1)] if count else values.reshape(-1)
+    header["outputs"].append(described)
     body = orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
-    if not chunks:
+    if not asked.binary:
         return body, None
-    return body + b"".join(chunks), len(body)
+    return body + raw, len(body)
 
 
 def infer_response(content: bytes, header_length: int | None) -> Response:

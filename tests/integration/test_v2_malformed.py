@@ -1,0 +1,168 @@
+"""Malformed Open Inference Protocol requests (issue 24.5): each is a 400 (REST) or INVALID_ARGUMENT
+(gRPC) that says what was wrong, refused before its batch runs, alike through the inline path
+(app/inline_predict.py) and the ASGI route; never a 500, never an answer larger than asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+import httpx
+import numpy as np
+import orjson
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from loadtest.server_process import free_port
+from tests.integration.server_process import running_server, settled_metrics
+from tests.reliability.common import SERVE
+
+MODEL = "fashion-cnn"
+V2 = f"/v2/models/{MODEL}/infer"
+IMAGE = [0] * 784
+CLASSIFY = {"name": "probabilities", "parameters": {"classification": 3}}
+
+
+def v2(tensor: dict[str, object] | None = None, **document: object) -> bytes:
+    """A JSON request for one image, with `tensor`'s fields and the document's replaced."""
+    base = {"name": "input", "datatype": "UINT8", "shape": [1, 1, 28, 28], "data": IMAGE}
+    return orjson.dumps({"inputs": [base | (tensor or {})], **document})
+
+
+BINARY_HEADER = orjson.dumps(
+    {
+        "inputs": [
+            {"name": "input", "datatype": "UINT8", "shape": [1, 1, 28, 28], "parameters": {"binary_data_size": 784}}
+        ]
+    }
+)
+# (case, body, extra headers, words the error must hold). 1,000 repeats stay under the inline path's
+# 64 KiB (the issue's 240,000 went through the ASGI route, the same function).
+MALFORMED = [
+    ("request parameters a list", v2(parameters=[1]), {}, "parameters"),
+    ("request parameters a string", v2(parameters="binary"), {}, "parameters"),
+    ("tensor parameters a list", v2({"parameters": ["binary_data_size"]}), {}, "parameters"),
+    ("tensor parameters a string", v2({"parameters": "x"}), {}, "parameters"),
+    ("shape entry true", v2({"shape": [True, 1, 28, 28]}), {}, "shape"),
+    ("classification a string", v2(outputs=[{"name": "probabilities", "parameters": {"classification": "3"}}]), {},
+     "classification"),
+    ("classification a list", v2(outputs=[{"name": "probabilities", "parameters": {"classification": [3]}}]), {},
+     "classification"),
+    ("classification negative", v2(outputs=[{"name": "probabilities", "parameters": {"classification": -2}}]), {},
+     "classification"),
+    ("classification true", v2(outputs=[{"name": "probabilities", "parameters": {"classification": True}}]), {},
+     "classification"),
+    ("output parameters a list", v2(outputs=[{"name": "probabilities", "parameters": [3]}]), {}, "parameters"),
+    ("output a string", v2(outputs=["probabilities"]), {}, "output"),
+    ("outputs an object", v2(outputs={"name": "probabilities"}), {}, "outputs"),
+    ("unknown output", v2(outputs=[{"name": "logits"}]), {}, "logits"),
+    ("repeated outputs", v2(outputs=[CLASSIFY] * 1000), {}, "1000 times"),
+    ("binary_data_output a string", v2(parameters={"binary_data_output": "yes"}), {}, "binary_data_output"),
+    ("binary_data a number", v2(outputs=[{"name": "probabilities", "parameters": {"binary_data": 1}}]), {},
+     "binary_data"),
+    ("binary_data_size true", v2({"parameters": {"binary_data_size": True}}), {}, "binary_data_size"),
+    ("header length of 5,000 digits", BINARY_HEADER + bytes(784), {"inference-header-content-length": "1" * 5000},
+     "Inference-Header-Content-Length"),
+    ("timeout of 312 digits", v2(), {"x-request-timeout-ms": "9" * 312}, "X-Request-Timeout-Ms"),
+]  # fmt: skip
+# app/request_guard.py (not this change's file) still turns a 312-digit X-Request-Timeout-Ms into a
+# float and answers 500: it needs `len(value) > 12` refused as the inline path now refuses it.
+GUARD_PENDING = {"timeout of 312 digits"}
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    logs = tmp_path_factory.mktemp("malformed")
+    grpc_port = free_port()
+    with (
+        running_server(logs / "inline.log", command=SERVE, device="cpu", grpc_port=str(grpc_port)) as inline,
+        running_server(logs / "asgi.log", command=SERVE, device="cpu", inline_predict="false") as asgi,
+    ):
+        yield {"inline": inline, "asgi": asgi, "grpc": f"127.0.0.1:{grpc_port}"}
+
+
+def batches(url: str) -> float:
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(settled_metrics(url))
+        for sample in family.samples
+        if sample.name == "cgserve_batches_total"
+    )
+
+
+PENDING = pytest.mark.xfail(strict=True, reason="app/request_guard.py answers 500 (see GUARD_PENDING)")
+
+
+@pytest.mark.parametrize("path", ["inline", "asgi"])
+@pytest.mark.parametrize(
+    ("case", "body", "headers", "words"),
+    [pytest.param(*m, id=m[0], marks=[PENDING] if m[0] in GUARD_PENDING else []) for m in MALFORMED],
+)
+def test_malformed_v2_requests_get_400_before_their_batch(
+    servers: dict[str, str], path: str, case: str, body: bytes, headers: dict[str, str], words: str
+) -> None:
+    url = servers[path]
+    launched = batches(url)
+    answer = httpx.post(url + V2, content=body, headers={"content-type": "application/json", **headers})
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert isinstance(error, str) and words in error and "expected" in error, error
+    assert batches(url) == launched  # refused before its batch ran
+    good = httpx.post(url + V2, content=v2(outputs=[CLASSIFY]), headers={"content-type": "application/json"})
+    assert good.status_code == 200 and good.json()["outputs"][0]["shape"] == [1, 3]
+
+
+def test_both_paths_give_the_same_400(servers: dict[str, str]) -> None:
+    for case, body, headers, _ in MALFORMED:
+        if case in GUARD_PENDING:
+            continue
+        inline, asgi = (
+            httpx.post(servers[path] + V2, content=body, headers={"content-type": "application/json", **headers})
+            for path in ("inline", "asgi")
+        )
+        assert (inline.status_code, inline.content) == (asgi.status_code, asgi.content), case
+
+
+def grpc_request() -> service_pb2.ModelInferRequest:
+    request = service_pb2.ModelInferRequest(model_name=MODEL)
+    request.inputs.add(name="input", datatype="UINT8", shape=[1, 1, 28, 28])
+    request.raw_input_contents.append(bytes(784))
+    return request
+
+
+def classified(parameter: service_pb2.InferParameter, repeats: int = 1) -> service_pb2.ModelInferRequest:
+    request = grpc_request()
+    for _ in range(repeats):
+        output = request.outputs.add(name="probabilities")
+        output.parameters["classification"].CopyFrom(parameter)
+    return request
+
+
+UNKNOWN_OUTPUT = grpc_request()
+UNKNOWN_OUTPUT.outputs.add(name="logits")
+GRPC_MALFORMED = [
+    ("unknown output", UNKNOWN_OUTPUT, "logits"),
+    ("classification a string", classified(service_pb2.InferParameter(string_param="3")), "classification"),
+    ("classification a bool", classified(service_pb2.InferParameter(bool_param=True)), "classification"),
+    ("classification negative", classified(service_pb2.InferParameter(int64_param=-1)), "classification"),
+    ("repeated outputs", classified(service_pb2.InferParameter(int64_param=3), repeats=200_000), "200000 times"),
+]
+
+
+@pytest.mark.parametrize(("case", "request_", "words"), GRPC_MALFORMED, ids=[m[0] for m in GRPC_MALFORMED])
+def test_malformed_grpc_requests_get_invalid_argument(
+    servers: dict[str, str], case: str, request_: service_pb2.ModelInferRequest, words: str
+) -> None:
+    with grpc.insecure_channel(servers["grpc"]) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        launched = batches(servers["inline"])
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.ModelInfer(request_, timeout=30)
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT, raised.value
+        assert words in str(raised.value.details()), raised.value.details()
+        assert batches(servers["inline"]) == launched
+        good = stub.ModelInfer(classified(service_pb2.InferParameter(int64_param=3)), timeout=30)
+    assert list(good.outputs[0].shape) == [1, 3]
+    assert np.frombuffer(good.raw_output_contents[0][:4], "<u4")[0] > 0  # a length-prefixed string
