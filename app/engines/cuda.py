@@ -53,7 +53,7 @@ from app.engines.device_forward import DeviceForward
 from app.engines.event_waiter import EventWaiter
 from app.engines.graph_capture import capture_graphs
 from app.engines.host_mapped import device_view
-from app.engines.inductor import compile_errors, compile_module, compiled_graphs
+from app.engines.inductor import CountedInductor, compile_counted, compile_errors
 from app.engines.model_input import ModelInput
 from app.engines.postprocess import scores, scores_into
 from app.model_spec import ModelSpec
@@ -72,6 +72,11 @@ VALIDATION_DRAWS = 4
 MAPPED_INPUT_LIMIT_BYTES = 2**20
 # Longer than any batch of a small CNN; past it, polling would only burn the event loop's core.
 POLL_LIMIT_S = 0.002
+
+
+class _CompileIncomplete(RuntimeError):
+    """Inductor compiled fewer buckets than the engine captured: some graphs hold the eager module."""
+
 
 _Key = tuple[int, InputDtype]  # (bucket, input dtype): one graph each, per slot
 
@@ -128,6 +133,7 @@ class CudaEngine:
         if channels_last:
             self._module = self._module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         self._fuse_input = fuse_input
+        self._inductor: CountedInductor | None = None  # counts what inductor compiled, with a compile mode
         self._forward = self._device_forward(torch_compile_mode)
         # The static inputs, one per input dtype: bucket b's graphs read static_in[dtype][:b].
         self._static_in = {
@@ -165,29 +171,40 @@ class CudaEngine:
         One static shape per (bucket, input dtype) either way: fused, inductor sees the pixels'
         dtype; unfused, the model's fp32 input still differs in its guards between the two paths.
         """
-        shapes = len(self.buckets) * len(INPUT_DTYPES)
+        self._inductor = None
+        forward = DeviceForward(self._input, self._module, dtype=self.dtype, channels_last=self.channels_last)
+        if torch_compile_mode is None:
+            return forward
+        shapes, shape = len(self.buckets) * len(INPUT_DTYPES), self.spec.input_shape
         if self._fuse_input:  # inductor sees the normalisation too
-            forward = DeviceForward(self._input, self._module, dtype=self.dtype, channels_last=self.channels_last)
-            return compile_module(forward, torch_compile_mode, shapes)
-        compiled = compile_module(self._module, torch_compile_mode, shapes)
+            compiled, self._inductor = compile_counted(forward, torch_compile_mode, shapes, shape)
+            return compiled
+        compiled, self._inductor = compile_counted(self._module, torch_compile_mode, shapes, shape)
         return DeviceForward(self._input, compiled, dtype=self.dtype, channels_last=self.channels_last)  # type: ignore[arg-type]
 
     def _prepare(self, use_graphs: bool, keep_graphs: bool, torch_compile_mode: str | None, strict: bool) -> None:
         """Capture (with graphs) and validate; where inductor fails, do both again with the eager module.
 
-        Every (bucket, input dtype) runs inductor's kernels or the engine says it does not: facts'
-        `compile` is the mode, or "eager (compile failed: …)", and `compiled_graphs` counts what
-        dynamo compiled for this engine. A compile that fails under compile_strict stops the start-up.
+        Every (bucket, input dtype) runs inductor's kernels or the engine says it does not: the
+        compiled graphs' batch sizes are counted against the buckets, and a compile that fails or
+        leaves a bucket out makes the engine serve graphs of the eager module, with `compile_fallback`
+        saying why, or stops the start-up under compile_strict.
         """
-        compiled_before = compiled_graphs() if torch_compile_mode is not None else 0
+        failures: tuple[type[Exception], ...] = (*compile_errors(), _CompileIncomplete)
         try:
             if use_graphs:
                 self._capture(keep_graphs)
             self.report.validation_error = self._validate()
-        except compile_errors() as error:
+            if self._inductor is not None:
+                compiled = self._inductor.batch_sizes
+                self.report.facts["compiled_graphs"] = len(compiled)
+                missing = [bucket for bucket in self.buckets if bucket not in compiled]
+                if missing:
+                    raise _CompileIncomplete(f"buckets {missing} ran without compiled kernels")
+        except failures as error:
             if torch_compile_mode is None or strict:
                 raise
-            why = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+            why = " ".join(f"{type(error).__name__}: {error}".split())[:500]
             log.warning(
                 "%s: torch.compile (%s) failed, serving graphs of the eager module instead (compile_strict = true "
                 "refuses to start): %s",
@@ -202,9 +219,6 @@ class CudaEngine:
                 state.logits.clear()
             self._forward = self._device_forward(None)
             self._prepare(use_graphs, keep_graphs, None, strict)
-            return
-        if torch_compile_mode is not None:
-            self.report.facts["compiled_graphs"] = compiled_graphs() - compiled_before
 
     def _new_slot_state(self) -> _SlotState:
         rows, classes = self.buckets[-1], self.spec.num_classes

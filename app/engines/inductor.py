@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -78,8 +79,31 @@ def compile_errors() -> tuple[type[Exception], ...]:
     return tuple(errors)
 
 
-def compiled_graphs() -> int:
-    """Graphs dynamo has compiled in this process so far (its own counter), to count an engine's."""
-    from torch._dynamo.utils import counters
+class CountedInductor:
+    """Inductor as torch.compile(mode=…) runs it, noting the batch size of every graph it compiles.
 
-    return int(counters["stats"]["unique_graphs"])
+    The engine compares them with its buckets once captured: a bucket that dynamo ran without
+    a graph of its own (a limit, a frame it skipped) is missing here, and the engine says so.
+    Dynamo keeps a compiled graph for the backend that compiled it, so one engine's backend sees
+    exactly that engine's graphs, even where several models share a class.
+    """
+
+    def __init__(self, torch_mode: str, input_shape: tuple[int, ...]) -> None:
+        self._inductor = torch._TorchCompileInductorWrapper(torch_mode, None, False)
+        self._input_shape = input_shape  # (C, H, W): how the batch input is told from the weights
+        self.batch_sizes: list[int] = []
+
+    def __call__(self, graph: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
+        images = [x for x in example_inputs if isinstance(x, torch.Tensor) and tuple(x.shape[1:]) == self._input_shape]
+        self.batch_sizes.extend(int(x.shape[0]) for x in images[:1])
+        return self._inductor(graph, example_inputs, **kwargs)
+
+
+def compile_counted(
+    module: nn.Module, torch_mode: str, shapes: int, input_shape: tuple[int, ...]
+) -> tuple[Callable[[torch.Tensor], torch.Tensor], CountedInductor]:
+    """torch.compile'd `module` as compile_module does it, and the backend that counts its graphs."""
+    allow_recompiles(shapes)
+    backend = CountedInductor(torch_mode, input_shape)
+    compiled: Callable[[torch.Tensor], torch.Tensor] = torch.compile(module, backend=backend, dynamic=False)
+    return compiled, backend
