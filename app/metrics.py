@@ -7,8 +7,10 @@ that check them read the names from here.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
@@ -166,11 +168,30 @@ GC_PAUSE = Histogram(
 def exposition() -> bytes:
     """The text format for GET /metrics: this process's metrics, or every worker's when several run."""
     metric_buffers.flush()  # this process's hot-path figures, up to now
+    return _render()
+
+
+def _render() -> bytes:
     if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         return generate_latest(registry)
     return generate_latest()
+
+
+# One thread renders: a render walks every series (and, with several workers, reads every worker's
+# files), tens of ms to seconds that on the event loop kept /healthz and inference waiting.
+_renderer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="metrics")
+_rendering: asyncio.Future[bytes] | None = None
+
+
+async def exposition_off_loop() -> bytes:
+    """exposition() with the render on a thread; scrapes that arrive while one renders share its text."""
+    global _rendering
+    if _rendering is None or _rendering.done():
+        metric_buffers.flush()  # on the loop: the buffers are the loop's alone
+        _rendering = asyncio.get_running_loop().run_in_executor(_renderer, _render)
+    return await asyncio.shield(_rendering)  # a scraper that leaves does not cancel the others' render
 
 
 @functools.cache

@@ -44,4 +44,4 @@ async def readyz(service: ServiceDep) -> Response:
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
 async def prometheus_metrics() -> Response:
-    return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+    return Response(await metrics.exposition_off_loop(), media_type=CONTENT_TYPE_LATEST)
