@@ -153,6 +153,13 @@ class Settings(BaseSettings):
         10.0, gt=0.0, description="Longest to wait for a request's headers (and for a new connection's first one)."
     )
     body_timeout_s: float = Field(10.0, gt=0.0, description="Longest a body may pause between two chunks: 408.")
+    body_min_rate_bytes_s: int = Field(
+        16384,
+        ge=1,
+        description="A body arriving in pieces slower than this over each window is answered 408 and its "
+        "connection closed, so that slow uploads cannot hold the bytes-in-flight budget.",
+    )
+    body_rate_window_s: float = Field(5.0, gt=0.0, description="The window over which the minimum body rate is judged.")
     inline_predict: bool = Field(
         True,
         description="Answer small inference bodies (POST /predict JSON or raw, Open Inference Protocol infer JSON or "

@@ -395,9 +395,8 @@ def configure(settings: Settings) -> None:
     GuardedHttpProtocol.max_header_bytes = settings.max_header_bytes
     GuardedHttpProtocol.header_timeout_s = settings.header_timeout_s
     GuardedHttpProtocol.body_timeout_s = settings.body_timeout_s
-    # Read with defaults where app/config.py has no such setting yet.
-    GuardedHttpProtocol.body_min_rate_bytes_s = getattr(settings, "body_min_rate_bytes_s", 16384)
-    GuardedHttpProtocol.body_rate_window_s = getattr(settings, "body_rate_window_s", 5.0)
+    GuardedHttpProtocol.body_min_rate_bytes_s = settings.body_min_rate_bytes_s
+    GuardedHttpProtocol.body_rate_window_s = settings.body_rate_window_s
 
 
 def open_file_budget() -> int:

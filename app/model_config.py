@@ -118,7 +118,11 @@ class ModelConfig(BaseModel):
         if color is not None and {"L": 1, "RGB": 3}[color] != channels:
             problems.append(("preprocess.color", f'"{color}" does not give the {channels} channels of input_shape'))
         if color is None and channels not in (1, 3):
-            problems.append(("input_shape", f"{channels} channels; image uploads need 1 (L) or 3 (RGB)"))
+            message = f"{channels} channels; image uploads need 1 (L) or 3 (RGB)"
+            c, h, w = self.input_shape
+            if w in (1, 3):  # written as H, W, C, as images are stored
+                message += f"; input_shape is C, H, W: [{w}, {c}, {h}]?"
+            problems.append(("input_shape", message))
         return problems
 
     @property

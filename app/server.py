@@ -8,6 +8,7 @@ import uvicorn
 
 from app import http_guard
 from app.config import Settings
+from app.drain import DrainingHttpProtocol
 from app.server_options import UVICORN_OPTIONS
 
 
@@ -16,7 +17,8 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
     http_guard.configure(settings)
     return {
         **UVICORN_OPTIONS,
-        "http": http_guard.GuardedHttpProtocol,  # httptools, with connection and header limits
+        # httptools, with connection, header and body limits, closing connections cleanly on shutdown
+        "http": DrainingHttpProtocol,
         "log_level": settings.log_level,
         "timeout_keep_alive": settings.keepalive_timeout_s,
         "timeout_graceful_shutdown": settings.shutdown_timeout_s,

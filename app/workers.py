@@ -41,7 +41,7 @@ import uvicorn
 from uvicorn.supervisors import Multiprocess
 
 from app.config import Settings
-from app.drain import MANAGED_ENV, STOP_SIGNAL, DrainingHttpProtocol
+from app.drain import MANAGED_ENV, STOP_SIGNAL
 from app.engine_process import SEGMENTS_ENV, SOCKET_ENV
 from app.server import uvicorn_options
 
@@ -61,10 +61,9 @@ def serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
         os.environ[MANAGED_ENV] = "1"  # the workers stop when told (app/drain.py)
         engines = start_engine_process(metrics_dir) if settings.engine_process else None
         try:
-            options = {**uvicorn_options(settings), "http": DrainingHttpProtocol}
             config = uvicorn.Config(
                 "app.workers:worker_app", factory=True, host=settings.host, port=settings.port,
-                workers=settings.workers, **options,
+                workers=settings.workers, **uvicorn_options(settings),
             )  # fmt: skip
             DrainingManager(config, [config.bind_socket()], drain_seconds=settings.drain_seconds).run()
         finally:

@@ -6,6 +6,7 @@ test can assemble a repository of the formats it needs, at test time, from the s
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import torch
@@ -59,7 +60,8 @@ def onnx(root: Path) -> Path:
 
 def python_factory(root: Path) -> Path:
     """The seed CNN through a model.py in its own folder, as Triton's python backend keeps it."""
-    toml = f'format = "python"\nfactory = "model:build"\nweights = "{WEIGHTS_PATH}"'
+    toml = f'format = "python"\nfactory = "model:build"\nweights = "{WEIGHTS_PATH.name}"'
     folder = model_folder(root, "seed-python", toml)
+    shutil.copy(WEIGHTS_PATH, folder / WEIGHTS_PATH.name)  # a model's files stay inside its folder
     (folder / "model.py").write_text("from models.cnn import FashionCNN\n\n\ndef build():\n    return FashionCNN()\n")
     return folder

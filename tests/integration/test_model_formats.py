@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ import pytest
 import torch
 from PIL import Image
 
-from models.cnn import WEIGHTS_PATH, load_model
+from models.cnn import load_model
 from models.fashion_mnist import load_test_sample
 from tests import model_exports
 from tests.integration.server_process import ROOT, running_server
@@ -41,19 +40,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("repository")
     for _, export in FORMATS.values():
         export(root)
-    inside_its_folder(root / "seed-python")
     log = tmp_path_factory.mktemp("server") / "server.log"
     with running_server(log, command=SERVE, model_repository=str(root), device="cpu") as url:
         yield url
-
-
-def inside_its_folder(folder: Path) -> None:
-    """The seed's weights copied into the model's folder, which is where a model.toml may point
-    (model_exports.python_factory names the shipped file by its absolute path, now refused)."""
-    toml = folder / "model.toml"
-    if str(WEIGHTS_PATH) in toml.read_text():
-        shutil.copy(WEIGHTS_PATH, folder / WEIGHTS_PATH.name)
-        toml.write_text(toml.read_text().replace(str(WEIGHTS_PATH), WEIGHTS_PATH.name))
 
 
 def native_scores(images: np.ndarray) -> np.ndarray:

@@ -91,16 +91,9 @@ async def load_then_sigterm(port: int, pid: int) -> Tally:
     return tally
 
 
-# One process serves with app/server.py's protocol, which still closes idle keep-alive
-# connections at once at shutdown: a few requests are lost in some runs (9 to 76 seen).
-ONE_PROCESS_XFAIL = pytest.mark.xfail(
-    reason="issue 24.4: app/server.py must choose app.drain.DrainingHttpProtocol", strict=False
-)
-
-
 @pytest.mark.parametrize(
     ("workers", "engine_process"),
-    [pytest.param(1, False, marks=ONE_PROCESS_XFAIL), (2, False), (4, False), (2, True)],
+    [(1, False), (2, False), (4, False), (2, True)],
     ids=["1-worker", "2-workers", "4-workers", "2-workers-engine-process"],
 )
 def test_sigterm_under_keep_alive_load_answers_every_written_request(
