@@ -6,6 +6,8 @@ gRPC health service (SERVING once every model is ready) and server reflection. A
 deadline bounds the wait for its answer; a call the client cancels, or whose deadline passes, is
 counted as CANCELLED or DEADLINE_EXCEEDED. Messages may be as large as CGSERVE_MAX_BODY_BYTES or
 a served model's largest bucket of FP32 images, whichever is larger (`message_limit`).
+Connections are bounded as HTTP's are (`connection_options`): their number, their streams, how
+long one may sit idle (CGSERVE_KEEPALIVE_TIMEOUT_S, as an idle HTTP keep-alive) and its age.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from app import metrics
 from app.access.grpc_interceptor import server_interceptors
 from app.config import Settings
 from app.errors import ClientClosedError, DeadlineExceededError, InputError, ServiceError, within
+from app.http_guard import open_file_budget
 from app.model_spec import ModelSpec
 from app.off_loop import LARGE_JSON_BYTES, off_loop
 from app.repository import ModelConfigError, read_repository
@@ -50,6 +53,10 @@ HEALTH_POLL_S = 1.0
 # Room for a ModelInferRequest's framing around its tensor bytes (perf_analyzer's 32 ResNet-50
 # images: 19,267,584 bytes of FP32 in a message of 19,267,681).
 FRAMING_BYTES = 2**20
+# A connection is closed (GOAWAY, then its calls' grace) after this long, so that clients rebalance
+# across replicas and nothing holds a descriptor for ever.
+MAX_CONNECTION_AGE_S = 30 * 60
+MAX_STREAMS = 256  # concurrent calls on one connection; a client queues more until some end
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -164,6 +171,20 @@ def message_limit(max_body_bytes: int, default_buckets: tuple[int, ...], specs: 
     return max(max_body_bytes, largest + FRAMING_BYTES)
 
 
+def connection_options(settings: Settings) -> list[tuple[str, int]]:
+    """gRPC's connection limits, from the HTTP ones: 1,000 idle connections (a preface each) held
+    1,023 of 1,024 descriptors. The cap is CGSERVE_MAX_CONNECTIONS, or a quarter of the open-file
+    budget HTTP takes whole where that is 0 (gRPC's share of the 128 descriptors kept aside, and more)."""
+    grace_s = settings.request_timeout_s + 1  # a call that started before the GOAWAY gets its whole timeout
+    return [
+        ("grpc.max_allowed_incoming_connections", settings.max_connections or max(16, open_file_budget() // 4)),
+        ("grpc.max_concurrent_streams", MAX_STREAMS),
+        ("grpc.max_connection_idle_ms", round(settings.keepalive_timeout_s * 1000)),
+        ("grpc.max_connection_age_ms", MAX_CONNECTION_AGE_S * 1000),
+        ("grpc.max_connection_age_grace_ms", round(grace_s * 1000)),
+    ]
+
+
 def _input(request: Any, served: ServedModel, max_instances: int) -> np.ndarray:
     spec = served.spec
     if len(request.inputs) != 1:
@@ -255,6 +276,7 @@ class GrpcServer:
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", max(limit, 64 * 2**20)),
             ("grpc.so_reuseport", 1 if reuse_port else 0),  # workers share the port; one process owns it
+            *connection_options(settings),
         ]
         self.server = grpc.aio.server(options=options, interceptors=server_interceptors(settings))
         self.health = HealthServicer(service)
