@@ -158,15 +158,15 @@ def _too_large(max_pixels: int, spec: ModelSpec) -> str:
 
 
 def encode_predictions(probabilities: np.ndarray, *, model: str, engine: str, spec: ModelSpec) -> bytes:
-    """(k, num_classes) float32 probabilities → the /predict answer as JSON bytes."""
+    """(k, num_classes) float32 scores → the /predict answer as JSON bytes; `postprocess` says what the
+    scores are (softmax probabilities, sigmoid per class, or the model's own outputs)."""
     labels = probabilities.argmax(axis=1).tolist()
     predictions: list[dict[str, Any]] = [
         {"label": label, "class_name": spec.class_names[label], "scores": probabilities[i]}
         for i, label in enumerate(labels)
     ]
-    return orjson.dumps(
-        {"model": model, "engine": engine, "predictions": predictions}, option=orjson.OPT_SERIALIZE_NUMPY
-    )
+    answer = {"model": model, "engine": engine, "postprocess": spec.config.postprocess, "predictions": predictions}
+    return orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def check_count(count: int, max_instances: int, expected: str) -> None:

@@ -391,12 +391,22 @@ def check_server(base: type = HttpToolsProtocol) -> None:
 def configure(settings: Settings) -> None:
     """Set the limits before the server accepts connections (in each worker process, too)."""
     check_server()
-    GuardedHttpProtocol.max_connections = settings.max_connections or open_file_budget()
+    GuardedHttpProtocol.max_connections = connection_budgets(settings)[0]
     GuardedHttpProtocol.max_header_bytes = settings.max_header_bytes
     GuardedHttpProtocol.header_timeout_s = settings.header_timeout_s
     GuardedHttpProtocol.body_timeout_s = settings.body_timeout_s
     GuardedHttpProtocol.body_min_rate_bytes_s = settings.body_min_rate_bytes_s
     GuardedHttpProtocol.body_rate_window_s = settings.body_rate_window_s
+
+
+def connection_budgets(settings: Settings) -> tuple[int, int]:
+    """(HTTP, gRPC) connections a process may hold: CGSERVE_MAX_CONNECTIONS each, or (0) the open-file
+    budget split three to one where gRPC listens, so that together they never run out of descriptors."""
+    if settings.max_connections:
+        return settings.max_connections, settings.max_connections
+    budget = open_file_budget()
+    grpc = max(16, budget // 4) if settings.grpc_port else 0
+    return budget - grpc, grpc
 
 
 def open_file_budget() -> int:

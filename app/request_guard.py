@@ -106,7 +106,7 @@ class RequestGuard:
             if name == b"content-length" and value.isdigit():
                 declared = int(value)
             elif name == TIMEOUT_HEADER:
-                if not value.isdigit() or int(value) == 0:
+                if not value.isdigit() or len(value) > 12 or int(value) == 0:  # 12 digits: 31 years
                     expected = "X-Request-Timeout-Ms: a positive whole number of milliseconds"
                     await self._refuse(
                         scope, send, InputError(f"X-Request-Timeout-Ms is {value!r}", expected=expected, status=400)

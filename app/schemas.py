@@ -25,12 +25,16 @@ class PredictRequest(BaseModel):
 class Prediction(BaseModel):
     label: int = Field(description="Index of the most probable class.")
     class_name: str = Field(description="That class's label from the model's model.toml.")
-    scores: list[float] = Field(description="Softmax probability of each class, in label order.")
+    scores: list[float] = Field(
+        description="A score per class, in label order: what the answer's `postprocess` says (softmax "
+        "probabilities by default; sigmoid per class; none: the model's own outputs)."
+    )
 
 
 class PredictResponse(BaseModel):
     model: str
     engine: str = Field(description="eager, cuda-graph, compile or onnxruntime")
+    postprocess: str = Field(description="softmax, sigmoid or none: model.toml's postprocess, what `scores` are")
     predictions: list[Prediction] = Field(description="One per input image, in input order.")
 
 

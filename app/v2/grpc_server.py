@@ -27,7 +27,7 @@ from app import metrics
 from app.access.grpc_interceptor import server_interceptors
 from app.config import Settings
 from app.errors import ClientClosedError, DeadlineExceededError, InputError, ServiceError, within
-from app.http_guard import open_file_budget
+from app.http_guard import connection_budgets
 from app.model_spec import ModelSpec
 from app.off_loop import LARGE_JSON_BYTES, off_loop
 from app.repository import ModelConfigError, read_repository
@@ -177,7 +177,7 @@ def connection_options(settings: Settings) -> list[tuple[str, int]]:
     budget HTTP takes whole where that is 0 (gRPC's share of the 128 descriptors kept aside, and more)."""
     grace_s = settings.request_timeout_s + 1  # a call that started before the GOAWAY gets its whole timeout
     return [
-        ("grpc.max_allowed_incoming_connections", settings.max_connections or max(16, open_file_budget() // 4)),
+        ("grpc.max_allowed_incoming_connections", connection_budgets(settings)[1]),
         ("grpc.max_concurrent_streams", MAX_STREAMS),
         ("grpc.max_connection_idle_ms", round(settings.keepalive_timeout_s * 1000)),
         ("grpc.max_connection_age_ms", MAX_CONNECTION_AGE_S * 1000),
@@ -243,6 +243,8 @@ def _answer(request: Any, served: ServedModel, probabilities: np.ndarray, classe
     else:
         raw = np.ascontiguousarray(probabilities, dtype="<f4").tobytes()
         response.outputs.add(name=tensors.OUTPUT, datatype="FP32", shape=list(probabilities.shape))
+    # What the scores are: softmax probabilities, sigmoid per class, or the model's own outputs.
+    response.outputs[0].parameters["postprocess"].string_param = spec.config.postprocess
     response.raw_output_contents.append(raw)
     return response
 

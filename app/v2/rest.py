@@ -291,9 +291,11 @@ def infer_answer(asked: Asked, spec: ModelSpec, probabilities: np.ndarray) -> tu
         "shape": list(values.shape),
     }
     raw = b""
+    # What the scores are: softmax probabilities, sigmoid per class, or the model's own outputs.
+    described["parameters"] = {"postprocess": spec.config.postprocess}
     if asked.binary:
         raw = _bytes_tensor(values) if count else np.ascontiguousarray(values, dtype="<f4").tobytes()
-        described["parameters"] = {"binary_data_size": len(raw)}
+        described["parameters"]["binary_data_size"] = len(raw)
     else:
         described["data"] = [v.decode() for v in values.reshape(-1)] if count else values.reshape(-1)
     header["outputs"].append(described)

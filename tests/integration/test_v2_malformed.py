@@ -67,9 +67,6 @@ MALFORMED = [
      "Inference-Header-Content-Length"),
     ("timeout of 312 digits", v2(), {"x-request-timeout-ms": "9" * 312}, "X-Request-Timeout-Ms"),
 ]  # fmt: skip
-# app/request_guard.py (not this change's file) still turns a 312-digit X-Request-Timeout-Ms into a
-# float and answers 500: it needs `len(value) > 12` refused as the inline path now refuses it.
-GUARD_PENDING = {"timeout of 312 digits"}
 
 
 @pytest.fixture(scope="module")
@@ -92,13 +89,10 @@ def batches(url: str) -> float:
     )
 
 
-PENDING = pytest.mark.xfail(strict=True, reason="app/request_guard.py answers 500 (see GUARD_PENDING)")
-
-
 @pytest.mark.parametrize("path", ["inline", "asgi"])
 @pytest.mark.parametrize(
     ("case", "body", "headers", "words"),
-    [pytest.param(*m, id=m[0], marks=[PENDING] if m[0] in GUARD_PENDING else []) for m in MALFORMED],
+    [pytest.param(*m, id=m[0]) for m in MALFORMED],
 )
 def test_malformed_v2_requests_get_400_before_their_batch(
     servers: dict[str, str], path: str, case: str, body: bytes, headers: dict[str, str], words: str
@@ -116,8 +110,6 @@ def test_malformed_v2_requests_get_400_before_their_batch(
 
 def test_both_paths_give_the_same_400(servers: dict[str, str]) -> None:
     for case, body, headers, _ in MALFORMED:
-        if case in GUARD_PENDING:
-            continue
         inline, asgi = (
             httpx.post(servers[path] + V2, content=body, headers={"content-type": "application/json", **headers})
             for path in ("inline", "asgi")

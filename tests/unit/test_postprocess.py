@@ -113,3 +113,13 @@ def test_the_api_answers_the_models_own_scores(softmax_model_client: TestClient,
     np.testing.assert_allclose(scores, own, rtol=1e-4, atol=1e-6)
     described = softmax_model_client.get("/v1/models/softmaxed").json()
     assert described["postprocess"] == "none"
+
+
+def test_the_answers_say_what_the_scores_are(softmax_model_client: TestClient, images: np.ndarray) -> None:
+    predict = softmax_model_client.post("/predict", json={"instances": images[:1].reshape(-1, 28, 28).tolist()})
+    assert predict.json()["postprocess"] == "none"
+    pixels = (images[:1] * 255).round().astype(np.uint8)
+    v2 = {"inputs": [{"name": "input", "datatype": "UINT8", "shape": [1, 1, 28, 28], "data": pixels.ravel().tolist()}]}
+    answer = softmax_model_client.post("/v2/models/softmaxed/infer", json=v2)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["outputs"][0]["parameters"]["postprocess"] == "none"
