@@ -12,7 +12,7 @@ TORCH ?= torch==2.13.0
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: serve test lint clean
+.PHONY: serve test lint docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,10 @@ lint: $(VENV)/.dev
 
 test: lint
 	$(BIN)/python -m pytest -q
+
+# docs/configuration.md is generated from Settings (tests/unit/test_configuration_doc.py checks it).
+docs: $(VENV)/.runtime
+	$(BIN)/python -m app.config_doc > docs/configuration.md
 
 clean:
 	rm -rf $(VENV)
