@@ -134,14 +134,14 @@ def serve(settings: Settings, overrides: dict[str, Any]) -> int:
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     log.info("HTTP on http://%s:%d (/predict, /v2 of the Open Inference Protocol, /docs)", host, settings.port)
     if settings.workers > 1 or settings.engine_process:
-        from app.workers import serve_workers
+        from app.runtime.workers import serve_workers
 
         sock.close()  # uvicorn's manager binds the port itself, for its workers to share
         return serve_workers(settings, overrides)
     import uvicorn
 
+    from app.http.server import uvicorn_config
     from app.main import create_app
-    from app.server import uvicorn_config
 
     server: uvicorn.Server | None = None
 

@@ -12,7 +12,7 @@ from types import TracebackType
 import orjson
 from starlette.responses import Response
 
-from app.coarse_timeouts import timeout_at
+from app.ops.timers import timeout_at
 
 
 class ServiceError(Exception):
@@ -173,7 +173,7 @@ class RequestTimeoutError(ServiceError):
 class within(timeout_at):
     """Bound a request's reading, decoding and queueing by its deadline (time.monotonic()): 504 past it.
 
-    On the coarse timer (app/coarse_timeouts.py): up to its tick late, and cheaper than
+    On the coarse timer (app/ops/timers.py): up to its tick late, and cheaper than
     asyncio.timeout_at on every request."""
 
     __slots__ = ("_entered",)
@@ -215,3 +215,7 @@ class BudgetExhaustedError(ServiceError):
             expected="a retry after the Retry-After interval (CGSERVE_MAX_INFLIGHT_BYTES)",
             headers=retry_after(0.05),
         )
+
+
+class GpuDecodeError(Exception):
+    """nvJPEG could not decode this upload: Pillow decodes it instead (or answers it 422). Never an answer."""

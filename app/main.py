@@ -18,19 +18,19 @@ from starlette.routing import Route
 
 from app.access.middleware import add_access_layers
 from app.config import Settings, get_settings
-from app.drain import drain_on_signals
-from app.engine_factory import EngineOptions
+from app.engines.factory import EngineOptions
 from app.errors import RouteError, error_response
-from app.http_guard import GuardedHttpProtocol
-from app.inline_predict import InlinePredict
-from app.loop_lag import GcPauses, sample_loop_lag
-from app.openapi import build_openapi
+from app.http.inline import InlinePredict
+from app.http.limits import BodyBudget, RequestGuard
+from app.http.openapi import build_openapi
+from app.http.protocol import GuardedHttpProtocol
+from app.http.routes import models, probes
+from app.http.routes.predict import predict
+from app.ops.loop_lag import GcPauses, sample_loop_lag
+from app.protocols.v2 import rest as v2_rest
 from app.repository import LoadedModel
-from app.request_guard import BodyBudget, RequestGuard
-from app.routes import models, probes
-from app.routes.predict import predict
+from app.runtime.drain import drain_on_signals
 from app.service import Service
-from app.v2 import rest as v2_rest
 
 # No OpenTelemetry (Prometheus is the metrics path): with it off FastAPI skips its per-request
 # provider look-ups, a few % of the request path under load (py-spy). The benchmark's no-op and
@@ -54,7 +54,7 @@ def create_app(
 ) -> FastAPI:
     """The app; `prepared` models (loaded and checked by the CLI) save loading them twice.
 
-    With several workers (app/workers.py), `on_ready` tells the others this one is ready and
+    With several workers (app/runtime/workers.py), `on_ready` tells the others this one is ready and
     `peers_ready` says whether all of them are. `exit_on_dead_device`: a server process ends itself at
     once after its shutdown when a device died (in-process test clients keep their process).
     `engine_process`: (socket, segment folder) of the engine process that runs the engines."""
@@ -74,7 +74,7 @@ def create_app(
         lag_sampler = asyncio.create_task(sample_loop_lag(gc_pauses), name="loop-lag")
         grpc_server = None
         if settings.grpc_port:
-            from app.v2.grpc_server import GrpcServer  # grpcio loads only where gRPC is on
+            from app.protocols.v2.grpc_server import GrpcServer  # grpcio loads only where gRPC is on
 
             grpc_server = GrpcServer(service, settings, reuse_port=settings.workers > 1)
             await grpc_server.start()

@@ -23,10 +23,12 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from app import metric_buffers, metrics
-from app.batcher import Batcher
+from app.batching.batcher import Batcher
+from app.codecs.uploads import JpegBatchDecoder, start_jpeg_decoder
 from app.config import Settings
-from app.engine_factory import (
+from app.engine_process.client import EngineLink, RemoteBatcher
+from app.engines.base import Engine
+from app.engines.factory import (
     EngineOptions,
     build_engine,
     engine_options,
@@ -34,13 +36,11 @@ from app.engine_factory import (
     resolve_devices,
     use_compile_cache,
 )
-from app.engine_process.client import EngineLink, RemoteBatcher
-from app.engines.base import Engine
 from app.errors import NotReadyError, UnknownModelError
-from app.heap import freeze_startup_heap
-from app.image_upload import JpegBatchDecoder, start_jpeg_decoder
-from app.model_spec import ModelSpec
+from app.ops import metric_buffers, metrics
+from app.ops.heap import freeze_startup_heap
 from app.repository import LoadedModel, ModelConfigError, load_model, read_repository
+from app.repository.model_spec import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class Service:
     def start(self) -> None:
         metrics.READY.set(0)
         self._startup = asyncio.create_task(self._start(), name="engine-startup")
-        # The hot path's buffered metrics into Prometheus (app/metric_buffers.py), here because the
+        # The hot path's buffered metrics into Prometheus (app/ops/metric_buffers.py), here because the
         # engine process runs a Service without HTTP, and its batchers' metrics count too.
         self._flusher = asyncio.create_task(metric_buffers.flush_every(), name="metric-flush")
 

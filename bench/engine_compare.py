@@ -58,7 +58,7 @@ def child(model: str, variant: str, buckets: tuple[int, ...], iterations: int) -
     import torch
 
     from app.config import Settings
-    from app.engine_factory import build_engine, engine_options
+    from app.engines.factory import build_engine, engine_options
     from app.repository import load_model, read_repository
 
     specs = {spec.name: spec for spec in read_repository(REPOSITORIES[model])}

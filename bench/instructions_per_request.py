@@ -80,7 +80,7 @@ def take_out(app: Any, part: str) -> None:
     """Remove one part of ours' request path (see --without)."""
     import contextlib
 
-    import app.routes.predict as predict_route
+    import app.http.routes.predict as predict_route
 
     if part == "metrics":
         predict_route.metrics = SimpleNamespace(observe_request=lambda *args: None)  # type: ignore[assignment]
@@ -89,7 +89,7 @@ def take_out(app: Any, part: str) -> None:
     elif part == "guard":
         app.user_middleware = [m for m in app.user_middleware if m.cls.__name__ != "RequestGuard"]
     elif part == "batch-metrics":  # every metric the batcher keeps, per request and per batch
-        from app import batcher
+        from app.batching import batcher
 
         def nothing(*args: Any) -> None:
             pass
@@ -103,7 +103,7 @@ def take_out(app: Any, part: str) -> None:
     elif part == "batcher":  # the answer at once: no queue, future, wait, batch, staging or launch
         import numpy as np
 
-        from app.batcher import Batcher
+        from app.batching.batcher import Batcher
 
         async def answer_now(self: Batcher, images: Any, deadline: float | None = None) -> Any:
             return np.full((len(images), self._num_classes), 0.1, np.float32)

@@ -33,10 +33,10 @@ from typing import Any
 
 import torch
 
-from app.image_upload import JpegBatchDecoder, decode_upload
-from app.model_spec import ModelSpec
-from app.off_loop import _pool as decode_pool
+from app.codecs.uploads import JpegBatchDecoder, decode_upload
+from app.ops.off_loop import _pool as decode_pool
 from app.repository import read_repository
+from app.repository.model_spec import ModelSpec
 from loadtest.payloads import MULTIPART_CONTENT_TYPE, Payloads, multipart_body
 from loadtest.photos import encode, synthetic_photo
 from loadtest.runner import run_load
@@ -81,7 +81,7 @@ async def decode_rate(
 async def decode_part(spec: ModelSpec, device: str, clients: int, seconds: float) -> dict[str, Any]:
     gpu: JpegBatchDecoder | None = None
     if device.startswith("cuda"):
-        from app.gpu_jpeg import GpuJpegDecoder
+        from app.codecs.gpu_jpeg import GpuJpegDecoder
 
         gpu = GpuJpegDecoder(device)
     part: dict[str, Any] = {"pillow_threads": decode_pool._max_workers, "clients": clients, "seconds": seconds}

@@ -34,7 +34,7 @@ EXAMPLES = ROOT / "models/examples/repository"
 def build(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
     """One engine per GPU, as app/service.py builds them; returns the engines and their start-up figures."""
     from app.config import Settings
-    from app.engine_factory import (
+    from app.engines.factory import (
         build_engine,
         engine_options,
         replica_of,
@@ -79,7 +79,7 @@ def build(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
 
 async def saturate(engines: list[Any], args: argparse.Namespace, inputs: list[np.ndarray]) -> dict[str, Any]:
     """Concurrent submitters for warm-up + measured seconds; img/s and per-GPU batches of the window."""
-    from app.batcher import Batcher
+    from app.batching.batcher import Batcher
 
     batcher = Batcher(
         engines,

@@ -19,8 +19,8 @@ import uvicorn
 from app import service as service_module
 from app.config import Settings
 from app.engines.base import EngineReport, InputDtype, Slot, host_slot
+from app.http.server import uvicorn_options
 from app.main import create_app
-from app.server import uvicorn_options
 
 
 class TimerEngine:

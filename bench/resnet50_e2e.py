@@ -43,7 +43,7 @@ EXAMPLE = ROOT / "models/examples/repository/resnet50"
 def engine_peak(repository: Path, buckets: str, seconds: float) -> dict[str, Any]:
     """img/s of the service's own engine at its largest bucket, every slot in flight."""
     from app.config import Settings
-    from app.engine_factory import build_engine, use_compile_cache
+    from app.engines.factory import build_engine, use_compile_cache
     from app.service import prepare_models
 
     settings = Settings(model_repository=repository, device="cuda", buckets=buckets)  # type: ignore[arg-type]

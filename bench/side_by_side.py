@@ -11,7 +11,7 @@ In turn it starts, loads and stops, each on the same copy of the model's reposit
                    largest bucket, batch_timeout = our max_delay_ms)
   onnxruntime      ours, engine onnxruntime on an ONNX export of the model made now (torch.onnx.export),
                    with the providers its model.toml names: CPUExecutionProvider
-Every server decodes the same bodies with app.codecs and answers the same JSON. Closed-loop steps
+Every server decodes the same bodies with app.codecs.bodies and answers the same JSON. Closed-loop steps
 at --concurrencies find each server's saturation; one open-loop Poisson step at the fixed --rate
 gives p50/p99 at a moderate load, the same for all. Servers on one half of the cores (taskset),
 the load generator on the other (loadtest/bench/pinning.py). resnet50 gets raw uint8 bodies of

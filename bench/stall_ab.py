@@ -1,7 +1,7 @@
 """The 70 %-load stalls, A/B: the server with its start-up heap frozen out of gc, and without.
 
 Issue 11 found p99 of 0.2–0.5 s against a p50 of a few ms at 70 % of saturation, in periodic
-stalls. app/heap.py's claim is that they were full garbage collections over the start-up heap.
+stalls. app/ops/heap.py's claim is that they were full garbage collections over the start-up heap.
 This runs the real server in turn without the freeze (gc.freeze patched to do nothing: the
 code before the fix), with it, and without it again (A/B/A, so drift shows), each at the same
 open-loop rate — 70 % of the first server's measured saturation — and records latency, the

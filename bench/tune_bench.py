@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from app.config import DEFAULT_REPOSITORY
-from app.model_config import read_model_config
+from app.repository.model_config import read_model_config
 from loadtest.bench.machine import machine_info
 from loadtest.bench.pinning import core_list, plan_pinning
 from loadtest.payloads import PayloadOptions, Payloads

@@ -3,7 +3,7 @@
     PYTHONPATH=. python3 -m loadtest.bench_server --out-dir bench/results [--hey .gpu/bin/hey]
 
 In turn it starts, loads and stops
-  noop        loadtest/servers/noop.py: decodes with app.codecs, answers without a model (ceiling)
+  noop        loadtest/servers/noop.py: decodes with app.codecs.bodies, answers without a model (ceiling)
   naive       loadtest/servers/naive.py: one eager forward per request, waited for (baseline)
   eager       our service, --engine eager
   cuda-graph  our service, --engine cuda-graph (skipped with a note where there is no CUDA)

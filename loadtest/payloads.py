@@ -44,7 +44,7 @@ class Payloads:
 
 
 def to_unit_float(images: np.ndarray) -> np.ndarray:
-    """uint8 (N, 28, 28) → float32 (N, 28, 28) in [0, 1], bit for bit what app.codecs makes of
+    """uint8 (N, 28, 28) → float32 (N, 28, 28) in [0, 1], bit for bit what app.codecs.bodies makes of
     raw and PNG bodies (a multiply by float32(1/255), which can differ from a divide by one ulp)."""
     return images.astype(np.float32) * np.float32(1 / 255)
 

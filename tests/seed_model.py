@@ -5,8 +5,8 @@ from __future__ import annotations
 from functools import cache
 
 from app.config import DEFAULT_REPOSITORY
-from app.model_spec import ModelSpec
 from app.repository import read_repository
+from app.repository.model_spec import ModelSpec
 
 
 @cache

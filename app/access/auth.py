@@ -21,10 +21,10 @@ from typing import Literal
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app import metrics
 from app.access.tokens import TokenSet, bearer_token
 from app.errors import InputError, UnauthorizedError, error_response
-from app.v2.rest import v2_error
+from app.ops import metrics
+from app.protocols.v2.rest import v2_error
 
 log = logging.getLogger(__name__)
 Kind = Literal["inference", "admin", "open"]

@@ -27,7 +27,7 @@ CORS_EXPOSED_HEADERS = ("x-request-id", "inference-header-content-length", "retr
 
 def add_access_layers(app: FastAPI, settings: Settings) -> bool:
     """Wrap the app in the layers the settings turn on; whether there are any (each request then
-    needs the ASGI stack: app/inline_predict.py is off)."""
+    needs the ASGI stack: app/http/inline.py is off)."""
     layers = access_layers(settings)
     if not layers:
         return False  # all off: not one call more per request than without this package

@@ -14,5 +14,5 @@ engine process holds every engine and one batcher per model:
 - client.py: what a worker's routes call instead of a local batcher.
 """
 
-SOCKET_ENV = "CGSERVE_ENGINE_SOCKET"  # set for the workers by app/workers.py: where the engine process listens
+SOCKET_ENV = "CGSERVE_ENGINE_SOCKET"  # set for the workers by app/runtime/workers.py: where the engine process listens
 SEGMENTS_ENV = "CGSERVE_ENGINE_SEGMENTS"  # the folder of the workers' shared-memory segments

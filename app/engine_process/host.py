@@ -129,7 +129,7 @@ async def serve_engines(settings: Settings, socket_path: str, on_ready: Callable
 
 
 def engine_process_main(on_ready: Callable[[], None], on_fatal: Callable[[], None]) -> None:
-    """The process's entry (spawned by app/workers.py, which exported the settings as CGSERVE_*)."""
+    """The process's entry (spawned by app/runtime/workers.py, which exported the settings as CGSERVE_*)."""
     from app.config import get_settings
 
     settings = get_settings()

@@ -6,7 +6,7 @@ staging arrays, awaits `engine.run(slot, bucket, dtype)`, reads `slot.outputs`, 
 reuses the slot. On a GPU the arrays are views of pinned host memory (the copies to and from
 the device are async), and the engine keeps its own per-slot objects (events, graphs) by
 `slot.index`: a slot belongs to the engine that made it, and with one engine per GPU the
-batcher runs each batch on the engine whose slot it holds (app/slot_pool.py).
+batcher runs each batch on the engine whose slot it holds (app/batching/slot_pool.py).
 
 Two input dtypes, because pixels stay small until the device:
   uint8    8-bit pixels (raw bytes, decoded uploads): a quarter of the host-to-device traffic;

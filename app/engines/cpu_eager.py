@@ -17,7 +17,7 @@ from torch import nn
 from app.engines.base import EngineReport, InputDtype, Slot, host_slot
 from app.engines.model_input import ModelInput
 from app.engines.postprocess import scores_into
-from app.model_spec import ModelSpec
+from app.repository.model_spec import ModelSpec
 
 
 class CpuEagerEngine:

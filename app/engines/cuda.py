@@ -56,7 +56,7 @@ from app.engines.host_mapped import device_view
 from app.engines.inductor import CountedInductor, compile_counted, compile_errors
 from app.engines.model_input import ModelInput
 from app.engines.postprocess import scores, scores_into
-from app.model_spec import ModelSpec
+from app.repository.model_spec import ModelSpec
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from app.model_config import Postprocess
+from app.repository.model_config import Postprocess
 
 
 def scores(logits: torch.Tensor, kind: Postprocess) -> torch.Tensor:

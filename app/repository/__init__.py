@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.model_config import ModelConfigError, read_labels, read_model_config
-from app.model_spec import ModelSpec
+from app.repository.model_config import ModelConfigError, read_labels, read_model_config
+from app.repository.model_spec import ModelSpec
 
 __all__ = ["LoadedModel", "ModelConfigError", "load_model", "read_repository"]
 
@@ -103,7 +103,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     if outside:
         raise ModelConfigError(outside)
     if spec.config.format == "onnx":
-        from app.engines.onnx_runtime import probe_onnx
+        from app.repository.onnx_files import probe_onnx
 
         shape = probe_onnx(spec, PROBE_BATCH)
         module = None

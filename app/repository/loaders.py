@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from app.model_config import ModelConfigError
-from app.model_spec import ModelSpec
+from app.repository.model_config import ModelConfigError
+from app.repository.model_spec import ModelSpec
 
 TORCHVISION_FIX = (
     "install torchvision beside a CUDA build of torch (pip install 'cudagraph-serve[torchvision]'); "

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from app.config import Settings
-from app.engine_factory import EngineOptions, use_compile_cache
+from app.engines.factory import EngineOptions, use_compile_cache
 from app.repository import LoadedModel
 from app.tuning.choose import Choice, InfeasibleSloError, Timing, capacity, choose
 from app.tuning.measure import build_candidate_engine, candidate_buckets, measure_replays

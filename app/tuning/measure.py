@@ -15,8 +15,8 @@ import time
 
 import numpy as np
 
-from app.engine_factory import EngineOptions, build_engine
 from app.engines.base import Engine, InputDtype
+from app.engines.factory import EngineOptions, build_engine
 from app.repository import LoadedModel
 from app.tuning.choose import Timing
 

@@ -4,7 +4,7 @@ the difference read as quantiles. For where a client's latency goes: inside the 
 (reading, the event loop's queue, writing, the generator), and whether the loop stalled or the
 garbage collector ran meanwhile.
 
-A quantile here is the upper bound of the histogram bucket that holds it (app/metrics.py's
+A quantile here is the upper bound of the histogram bucket that holds it (app/ops/metrics.py's
 buckets: 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10 ms, …), so read it as "at most".
 """
 

@@ -15,10 +15,10 @@ from fastapi import FastAPI, Request, Response
 
 from app.config import DEFAULT_REPOSITORY, Settings
 from app.errors import InputError
-from app.model_spec import ModelSpec
+from app.http.routes.predict import decode_body
+from app.http.server_options import UVICORN_OPTIONS
 from app.repository import read_repository
-from app.routes.predict import decode_body
-from app.server_options import UVICORN_OPTIONS
+from app.repository.model_spec import ModelSpec
 
 # The service's default limits, read from its settings: the ceiling refuses what the service refuses.
 MAX_INSTANCES: int = Settings.model_fields["max_instances"].default

@@ -1,6 +1,6 @@
 """LitServe with its batching on, serving a repository model: what a user would pick instead of
 this service. Same model, device and dtype as the naive server and ours
-(loadtest/servers/reference_model.py), same body decoders (app.codecs), same answer
+(loadtest/servers/reference_model.py), same body decoders (app.codecs.bodies), same answer
 (`encode_predictions`), same uvicorn options; LitServe's own machinery in between.
 
     python -m loadtest.servers.litserve_server --host 127.0.0.1 --port 8003 [--device auto]
@@ -28,11 +28,11 @@ import numpy as np
 from fastapi import Depends, HTTPException, Request
 from starlette.responses import Response
 
-from app.codecs import decode_json, decode_raw, encode_predictions
+from app.codecs.bodies import decode_json, decode_raw, encode_predictions
 from app.config import DEFAULT_BUCKETS, DEFAULT_REPOSITORY, Settings
 from app.errors import InputError
-from app.model_spec import ModelSpec
-from app.server_options import UVICORN_OPTIONS
+from app.http.server_options import UVICORN_OPTIONS
+from app.repository.model_spec import ModelSpec
 from loadtest.servers.reference_model import ReferenceModel
 
 MAX_INSTANCES: int = Settings.model_fields["max_instances"].default

@@ -1,6 +1,6 @@
 """The baseline: one eager forward per request, on the GPU where there is one, and the answer
 waited for (`.cpu()`) inside the handler — no batching, no graphs, no overlap. Bodies are
-decoded with app.codecs, as the service does, so only the inference path differs.
+decoded with app.codecs.bodies, as the service does, so only the inference path differs.
 
     python -m loadtest.servers.naive --host 127.0.0.1 --port 8002 [--device auto] [--workers N]
         [--model-repository DIR --model NAME]     # default: the seed CNN, models/repository
@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 from fastapi import FastAPI
 
-from app.codecs import encode_predictions
+from app.codecs.bodies import encode_predictions
 from app.config import DEFAULT_REPOSITORY
 from app.main import NO_TELEMETRY
-from app.model_spec import ModelSpec
+from app.repository.model_spec import ModelSpec
 from loadtest.servers.common import add_probes, parser, predict_endpoint, serve
 from loadtest.servers.reference_model import ReferenceModel
 

@@ -1,4 +1,4 @@
-"""The HTTP stack's ceiling: decodes each body with app.codecs exactly as the service does and
+"""The HTTP stack's ceiling: decodes each body with app.codecs.bodies exactly as the service does and
 answers a same-shaped result (uniform scores, one prediction per image) without any model.
 
     python -m loadtest.servers.noop --host 127.0.0.1 --port 8001 [--workers N] [--lean]
@@ -10,7 +10,7 @@ import numpy as np
 from fastapi import FastAPI
 from starlette.routing import Route
 
-from app.codecs import encode_predictions
+from app.codecs.bodies import encode_predictions
 from app.main import NO_TELEMETRY
 from loadtest.servers.common import SEED, add_probes, parser, predict_endpoint, serve
 

@@ -20,11 +20,11 @@ import torch
 from torch import nn
 
 from app.config import Settings
-from app.engine_factory import engine_options, resolve_devices
+from app.engines.factory import engine_options, resolve_devices
 from app.engines.model_input import ModelInput
-from app.model_config import ModelConfigError
-from app.model_spec import ModelSpec
 from app.repository import load_model, read_repository
+from app.repository.model_config import ModelConfigError
+from app.repository.model_spec import ModelSpec
 
 AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
 

@@ -341,7 +341,7 @@ def test_an_unhandled_exception_still_gets_the_id_and_an_access_log_line(access_
 def test_log_lines_written_while_handling_a_request_carry_its_id(
     secured: TestClient, root_log: io.StringIO, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from app.routes import predict
+    from app.http.routes import predict
 
     async def failing_decode(*args: object, **kwargs: object) -> None:
         raise RuntimeError("decoder bug")
@@ -351,7 +351,7 @@ def test_log_lines_written_while_handling_a_request_carry_its_id(
     assert answer.status_code == 500 and answer.headers["x-request-id"] == "trace-log"
     secured.post("/predict", content=PIXELS, headers=RAW | {"x-request-id": "trace-refused"})
     lines = root_log.getvalue().splitlines()
-    assert "ERROR app.routes.failures: [trace-log] unexpected error in /predict" in lines
+    assert "ERROR app.http.routes.failures: [trace-log] unexpected error in /predict" in lines
     assert "DEBUG app.access.auth: [trace-refused] refused POST /predict: no inference token" in lines
     assert not any("[trace-log]" in line for line in lines if "app.service" in line)  # not outside requests
 

@@ -1,5 +1,5 @@
 """Every PromQL expression in the dashboard and the rules parses, and names only metrics that the
-service exports (read from app.metrics) or that a recording rule records."""
+service exports (read from app.ops.metrics) or that a recording rule records."""
 
 from __future__ import annotations
 
@@ -35,10 +35,10 @@ GRAFANA_INTERVALS = re.compile(r"\$\{?__(?:rate_interval|interval|range)\b\}?")
 
 
 def exported_series() -> set[str]:
-    import app.metrics
+    import app.ops.metrics
 
     names = set()
-    for metric in vars(app.metrics).values():
+    for metric in vars(app.ops.metrics).values():
         if isinstance(metric, MetricWrapperBase):
             for family in metric.describe():
                 names |= {family.name + suffix for suffix in SUFFIXES[family.type]}
@@ -129,7 +129,7 @@ def test_promtool_rejects_a_malformed_expression(promtool: str, tmp_path: Path) 
 
 def test_expressions_name_only_exported_or_recorded_metrics() -> None:
     exported = exported_series()
-    assert "cgserve_request_duration_seconds_bucket" in exported, "app.metrics did not register its histograms"
+    assert "cgserve_request_duration_seconds_bucket" in exported, "app.ops.metrics did not register its histograms"
     known = exported | SCRAPE_SERIES | {r["record"] for r in rules() if "record" in r}
     problems = []
     for where, expr in all_exprs():
@@ -141,9 +141,11 @@ def test_expressions_name_only_exported_or_recorded_metrics() -> None:
 
 
 def test_every_exported_metric_is_on_the_dashboard() -> None:
-    import app.metrics
+    import app.ops.metrics
 
-    families = {f.name for m in vars(app.metrics).values() if isinstance(m, MetricWrapperBase) for f in m.describe()}
+    families = {
+        f.name for m in vars(app.ops.metrics).values() if isinstance(m, MetricWrapperBase) for f in m.describe()
+    }
     shown = set().union(*(metric_names(expr) for _, expr in dashboard_exprs()))
     unshown = sorted(f for f in families if not any(s == f or s.startswith(f + "_") for s in shown))
-    assert not unshown, f"metrics in app/metrics.py with no dashboard panel: {unshown}"
+    assert not unshown, f"metrics in app/ops/metrics.py with no dashboard panel: {unshown}"

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from app.batcher import Batcher
+from app.batching.batcher import Batcher
 from app.engines import graph_capture
 from app.engines.cuda import CudaEngine
 from loadtest.server_process import HOST, free_port, running

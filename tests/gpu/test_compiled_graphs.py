@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from app.batcher import Batcher
+from app.batching.batcher import Batcher
 from app.engines.cuda import TOLERANCE, CudaEngine
 from app.engines.inductor import CAPTURE_MODES
 from models.cnn import load_model

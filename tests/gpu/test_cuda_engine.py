@@ -18,7 +18,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from app.batcher import Batcher
+from app.batching.batcher import Batcher
 from app.config import Settings
 from app.engines.base import InputDtype, Slot
 from app.engines.cuda import TOLERANCE, CudaEngine

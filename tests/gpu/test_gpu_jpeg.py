@@ -1,4 +1,4 @@
-"""The batched GPU JPEG decoder (app/gpu_jpeg.py) on the device: its pixels against Pillow's, resnet50's
+"""The batched GPU JPEG decoder (app/codecs/gpu_jpeg.py) on the device: its pixels against Pillow's, resnet50's
 answers on them, its batching, bad uploads, and the HTTP path with CGSERVE_JPEG_DECODER=gpu.
 
 How close is close enough: the resize and crop alone agree with Pillow within one level
@@ -23,10 +23,10 @@ from PIL import Image
 
 pytest.importorskip("torchvision")  # the optional extra; without it the GPU decoder is never chosen
 
-from app.codecs import decode_image
-from app.gpu_jpeg import GpuJpegDecoder
-from app.model_spec import ModelSpec
+from app.codecs.bodies import decode_image
+from app.codecs.gpu_jpeg import GpuJpegDecoder
 from app.repository import load_model, read_repository
+from app.repository.model_spec import ModelSpec
 from loadtest.photos import encode, fashion_photo, synthetic_photo
 from models.fashion_mnist import load_test_sample
 from tests.integration.server_process import ROOT, running_server

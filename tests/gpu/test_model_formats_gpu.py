@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from app.config import Settings
-from app.engine_factory import build_engine, engine_options
+from app.engines.factory import build_engine, engine_options
 from app.repository import load_model, read_repository
 from models.fashion_mnist import load_test_sample
 from tests import model_exports

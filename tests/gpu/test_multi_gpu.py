@@ -20,11 +20,11 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.batcher import Batcher
+from app.batching.batcher import Batcher
 from app.config import Settings
-from app.engine_factory import build_engine, engine_options, replica_of
 from app.engines.base import Engine
 from app.engines.cuda import TOLERANCE, CudaEngine
+from app.engines.factory import build_engine, engine_options, replica_of
 from app.repository import load_model
 from models.cnn import load_model as load_seed_cnn
 from tests.integration.server_process import running_server

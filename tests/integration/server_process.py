@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from app.metric_buffers import FLUSH_S
+from app.ops.metric_buffers import FLUSH_S
 from loadtest.server_process import HOST, free_port, running
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +30,7 @@ def running_server(log_path: Path, command: tuple[str, ...] = README_COMMAND, **
 
 
 def settled_metrics(url: str) -> str:
-    """/metrics once every process of a server has flushed its buffered figures (app/metric_buffers.py):
+    """/metrics once every process of a server has flushed its buffered figures (app/ops/metric_buffers.py):
     the worker that answers flushes its own at once, the others and an engine process each FLUSH_S."""
     time.sleep(3 * FLUSH_S)
     return httpx.get(f"{url}/metrics").text

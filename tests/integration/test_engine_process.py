@@ -18,7 +18,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.workers import segment_root
+from app.runtime.workers import segment_root
 from tests.integration.server_process import running_server, settled_metrics
 
 pytestmark = pytest.mark.integration

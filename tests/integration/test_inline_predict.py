@@ -1,4 +1,4 @@
-"""Requests answered inside the HTTP protocol (app/inline_predict.py) get exactly the answers the
+"""Requests answered inside the HTTP protocol (app/http/inline.py) get exactly the answers the
 ASGI route gives: the same requests, good and bad, to the real server with CGSERVE_INLINE_PREDICT
 on (the default) and off, compared status, headers and body; and the inline path's own edges
 over a real socket (HTTP/1.0, pipelining, a client that leaves).
@@ -65,7 +65,7 @@ CASES = [
     ("/v1/models/nope/predict", OCTETS, RAW, {}),  # 404: unknown model
     ("/predict", "text/plain", RAW, {}),  # 415 (the ASGI way in both)
     ("/predict", OCTETS, RAW, {"x-request-timeout-ms": "soon"}),  # 400 (the ASGI way in both)
-    # The Open Inference Protocol's infer (app/v2/rest.py): JSON tensors, binary ones, its errors.
+    # The Open Inference Protocol's infer (app/protocols/v2/rest.py): JSON tensors, binary ones, its errors.
     (V2, JSON, v2_json(id="req-1"), {}),
     (
         V2,

@@ -1,6 +1,6 @@
 """Malformed Open Inference Protocol requests (issue 24.5): each is a 400 (REST) or INVALID_ARGUMENT
 (gRPC) that says what was wrong, refused before its batch runs, alike through the inline path
-(app/inline_predict.py) and the ASGI route; never a 500, never an answer larger than asked for.
+(app/http/inline.py) and the ASGI route; never a 500, never an answer larger than asked for.
 """
 
 from __future__ import annotations

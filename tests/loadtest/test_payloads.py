@@ -1,4 +1,4 @@
-"""What the generator sends is what the service decodes: every body form through app.codecs'
+"""What the generator sends is what the service decodes: every body form through app.codecs.bodies'
 own decoders (called as the reference servers call them), bit for bit, with the eager model's
 labels of exactly those pixels."""
 
@@ -14,7 +14,7 @@ from PIL import Image
 from starlette.datastructures import Headers, UploadFile
 from starlette.formparsers import MultiPartParser
 
-from app.codecs import decode_image, decode_json, decode_raw
+from app.codecs.bodies import decode_image, decode_json, decode_raw
 from loadtest.payloads import (
     MULTIPART_CONTENT_TYPE,
     PayloadOptions,

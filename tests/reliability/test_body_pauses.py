@@ -1,5 +1,5 @@
 """The body timeout bounds each pause of a body, not the whole body, and answers 408 in the shape of
-the route that was reading it (app/http_guard.py times the pauses; app/request_guard.py raises).
+the route that was reading it (app/http/protocol.py times the pauses; app/http/limits.py raises).
 
 Against the real server on the CPU, with CGSERVE_BODY_TIMEOUT_S=1.
 """

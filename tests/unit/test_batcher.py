@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.batcher import Batcher
+from app.batching.batcher import Batcher
 from app.errors import DeadlineExceededError, EngineError, NotReadyError, QueueFullError
 from tests.unit.fake_engine import SHAPE, FakeEngine, expected, images
 

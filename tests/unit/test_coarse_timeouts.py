@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from app import coarse_timeouts
-from app.coarse_timeouts import TICK_S, call_at, timeout_at, wheel
+from app.ops import timers
+from app.ops.timers import TICK_S, call_at, timeout_at, wheel
 
 SLACK_S = 0.05  # a loaded test machine wakes its loop late
 
@@ -96,7 +96,7 @@ def test_a_cancelled_timeout_never_calls_back_even_when_already_due() -> None:
 
 
 def test_each_event_loop_has_its_own_wheel() -> None:
-    async def mine() -> coarse_timeouts.Wheel:
+    async def mine() -> timers.Wheel:
         return wheel()
 
     first, second = asyncio.run(mine()), asyncio.run(mine())

@@ -7,7 +7,7 @@ import torch
 from pydantic import ValidationError
 
 from app.config import Settings
-from app.engine_factory import resolve_devices
+from app.engines.factory import resolve_devices
 from app.repository import ModelConfigError
 from app.service import prepare_models
 

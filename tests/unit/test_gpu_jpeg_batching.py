@@ -1,4 +1,4 @@
-"""app/gpu_jpeg.py's batching and refusals, on the CPU: nvJPEG and CUDA's streams and events stood in for.
+"""app/codecs/gpu_jpeg.py's batching and refusals, on the CPU: nvJPEG and CUDA's streams and events stood in for.
 
 What is tested is the decoder's own logic — who waits, what is launched together, what one bad
 upload costs, what a cancelled upload costs — not nvJPEG: its `decode_jpeg(list, ...)` is
@@ -24,8 +24,8 @@ import pytest
 import torch
 from PIL import Image
 
-from app.codecs import decode_image
-from app.image_upload import GpuDecodeError
+from app.codecs.bodies import decode_image
+from app.errors import GpuDecodeError
 from loadtest.photos import encode, synthetic_photo
 from tests.unit.test_image_upload import RESNET50
 
@@ -51,7 +51,7 @@ class NoEvent:
 
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    """Images per decode_jpeg call, as app.gpu_jpeg (imported afresh against the stand-ins) makes them."""
+    """Images per decode_jpeg call, as app.codecs.gpu_jpeg (imported afresh against the stand-ins) makes them."""
     made: list[int] = []
 
     def decode_jpeg(encoded: list[torch.Tensor], *, mode: ReadMode, device: Any) -> list[torch.Tensor]:
@@ -75,17 +75,17 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
     empty = torch.empty
     monkeypatch.setattr(torch, "empty", lambda *shape, pin_memory=False, **options: empty(*shape, **options))
-    real = sys.modules.pop("app.gpu_jpeg", None)
+    real = sys.modules.pop("app.codecs.gpu_jpeg", None)
     try:
         yield made
     finally:
-        sys.modules.pop("app.gpu_jpeg", None)
+        sys.modules.pop("app.codecs.gpu_jpeg", None)
         if real is not None:
-            sys.modules["app.gpu_jpeg"] = real
+            sys.modules["app.codecs.gpu_jpeg"] = real
 
 
 def decode_together(uploads: list[bytes], *, max_batch: int = 32, cancel: int | None = None) -> tuple[list[Any], Any]:
-    from app.gpu_jpeg import GpuJpegDecoder
+    from app.codecs.gpu_jpeg import GpuJpegDecoder
 
     async def run() -> tuple[list[Any], Any]:
         decoder = GpuJpegDecoder("cpu", max_batch=max_batch)
@@ -127,7 +127,7 @@ def test_a_cancelled_upload_is_not_decoded(calls: list[int]) -> None:
 
 
 def test_a_fault_outside_nvjpeg_fails_its_batch_and_later_uploads_still_decode(calls: list[int]) -> None:
-    from app.gpu_jpeg import GpuJpegDecoder
+    from app.codecs.gpu_jpeg import GpuJpegDecoder
 
     async def run() -> tuple[list[Any], Any]:
         decoder = GpuJpegDecoder("cpu")

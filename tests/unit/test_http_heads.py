@@ -1,4 +1,4 @@
-"""Request heads the guarded protocol (app/http_guard.py) refuses before any route, the ASGI one
+"""Request heads the guarded protocol (app/http/protocol.py) refuses before any route, the ASGI one
 or the inline one, sees them: too large however they arrive, ambiguous Host or Authorization
 headers, control characters in the percent-decoded path (issues 24.1, 24.8).
 
@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from app.http_guard import GuardedHttpProtocol
-from app.inline_predict import InlineRequest
+from app.http.inline import InlineRequest
+from app.http.protocol import GuardedHttpProtocol
 from tests.unit.test_inline_protocol import StubInline, answers, asgi_calls, connected, settle
 
 
 class TakesEveryPost(StubInline):
-    """The inline handler as app/inline_predict.py would be for any POST it may answer."""
+    """The inline handler as app/http/inline.py would be for any POST it may answer."""
 
     def __init__(self) -> None:
         super().__init__()

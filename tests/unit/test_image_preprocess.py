@@ -1,4 +1,4 @@
-"""preprocess_tensor (the GPU decoder's resize and crop, here on the CPU) against Pillow's path in app/codecs.py."""
+"""preprocess_tensor (the GPU decoder's resize and crop, here on the CPU) against Pillow's, in app/codecs/bodies.py."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pytest
 import torch
 from PIL import Image
 
-from app.codecs import decode_image
-from app.image_preprocess import preprocess_tensor
-from app.model_config import ModelConfig, Preprocess
-from app.model_spec import ModelSpec
+from app.codecs.bodies import decode_image
+from app.codecs.preprocess import preprocess_tensor
 from app.repository import read_repository
+from app.repository.model_config import ModelConfig, Preprocess
+from app.repository.model_spec import ModelSpec
 from loadtest.photos import encode, synthetic_photo
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "models" / "examples" / "repository"

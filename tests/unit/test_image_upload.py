@@ -1,6 +1,6 @@
 """Which decoder an upload takes, and the fall-back to Pillow: no GPU or torchvision needed.
 
-A fake batch decoder stands in for app/gpu_jpeg.py (tests/gpu/test_gpu_jpeg.py runs the real one).
+A fake batch decoder stands in for app/codecs/gpu_jpeg.py (tests/gpu/test_gpu_jpeg.py runs the real one).
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import pytest
 from PIL import Image
 from pydantic import ValidationError
 
-from app import metrics
-from app.codecs import decode_image
+from app.codecs.bodies import decode_image
+from app.codecs.uploads import choose_jpeg_decoder, decode_upload, gpu_decodable, start_jpeg_decoder
 from app.config import Settings
-from app.errors import InputError
-from app.image_upload import GpuDecodeError, choose_jpeg_decoder, decode_upload, gpu_decodable, start_jpeg_decoder
-from app.model_spec import ModelSpec
+from app.errors import GpuDecodeError, InputError
+from app.ops import metrics
 from app.repository import read_repository
+from app.repository.model_spec import ModelSpec
 from loadtest.photos import encode, synthetic_photo
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "models" / "examples" / "repository"

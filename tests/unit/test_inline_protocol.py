@@ -1,4 +1,4 @@
-"""The guarded HTTP protocol's hooks for requests answered inline (app/http_guard.py): which
+"""The guarded HTTP protocol's hooks for requests answered inline (app/http/protocol.py): which
 requests it hands over, that they never reach the ASGI app, and that keep-alive, pipelining,
 HTTP/1.0, a lost connection and a paused body still behave as uvicorn's own path does.
 
@@ -15,10 +15,10 @@ import pytest
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from app.http_guard import GuardedHttpProtocol
-from app.inline_predict import InlineRequest, write_answer
-from app.inline_routes import PREDICT
-from app.request_guard import FIRST_BYTE_KEY
+from app.http.inline import InlineRequest, write_answer
+from app.http.inline_routes import PREDICT
+from app.http.limits import FIRST_BYTE_KEY
+from app.http.protocol import GuardedHttpProtocol
 
 
 class Transport:

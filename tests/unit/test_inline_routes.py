@@ -1,4 +1,4 @@
-"""Which paths the protocol answers inline (app/inline_routes.py): exactly those the ASGI router
+"""Which paths the protocol answers inline (app/http/inline_routes.py): exactly those the ASGI router
 sends to POST /predict and to the Open Inference Protocol's infer, with the model and version
 its path parameters would hold; every other path is left to the router."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.inline_routes import PREDICT, V2_INFER, route_of
+from app.http.inline_routes import PREDICT, V2_INFER, route_of
 
 
 @pytest.mark.parametrize(

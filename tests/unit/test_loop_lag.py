@@ -7,9 +7,9 @@ import gc
 import threading
 import time
 
-from app import metrics
-from app.heap import freeze_startup_heap
-from app.loop_lag import SAMPLE_INTERVAL_S, GcPauses, sample_loop_lag
+from app.ops import metrics
+from app.ops.heap import freeze_startup_heap
+from app.ops.loop_lag import SAMPLE_INTERVAL_S, GcPauses, sample_loop_lag
 
 
 def _count(histogram_child: object) -> float:

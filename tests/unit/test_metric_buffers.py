@@ -1,4 +1,4 @@
-"""app/metric_buffers.py: buffered figures, once flushed, are exactly what prometheus_client's own
+"""app/ops/metric_buffers.py: buffered figures, once flushed, are exactly what prometheus_client's own
 inc, set and observe would have made of the same updates."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import gc
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from app import metric_buffers
-from app.metric_buffers import BufferedHistogram, BufferedSum, BufferedValue
+from app.ops import metric_buffers
+from app.ops.metric_buffers import BufferedHistogram, BufferedSum, BufferedValue
 
 BUCKETS = (0.001, 0.005, 0.01, 0.1, 1.0)
 # On a bound, between bounds, below the first, past the last, zero and negative.

@@ -10,12 +10,12 @@ import time
 import numpy as np
 import pytest
 
-from app import batch_shares
-from app.batcher import Batcher
+from app.batching import shares as batch_shares
+from app.batching.batcher import Batcher
 from app.config import Settings
 from app.engines.base import InputDtype, Slot
 from app.errors import EngineError, NotReadyError
-from app.routes.models import devices
+from app.http.routes.models import devices
 from app.service import ServedModel, prepare_models
 from tests.unit.fake_engine import FakeEngine, expected, images
 

@@ -20,7 +20,7 @@ from torch import nn
 from app.config import Settings
 from app.engines.cpu_eager import CpuEagerEngine
 from app.main import create_app
-from app.model_spec import ModelSpec
+from app.repository.model_spec import ModelSpec
 from models.cnn import load_model
 from models.fashion_mnist import load_test_sample
 from tests.seed_model import seed_spec
@@ -75,7 +75,7 @@ def test_softmax_and_sigmoid_apply_to_the_logits(images: np.ndarray, postprocess
 
 
 def test_an_unknown_postprocess_is_a_model_toml_error(tmp_path: Path) -> None:
-    from app.model_config import ModelConfigError, read_model_config
+    from app.repository.model_config import ModelConfigError, read_model_config
 
     (tmp_path / "model.toml").write_text(
         'format = "python"\nfactory = "models.cnn:FashionCNN"\ninput_shape = [1, 28, 28]\n'

@@ -1,4 +1,4 @@
-"""The bytes-in-flight budget of app/request_guard.py: a request holds what has arrived of its
+"""The bytes-in-flight budget of app/http/limits.py: a request holds what has arrived of its
 body, not what it declares (issue 24.2: sixteen uploads declaring 16 MiB that then trickled held
 all 256 MiB, and every other request got 503).
 
@@ -15,7 +15,7 @@ import pytest
 
 from app.config import Settings
 from app.errors import ServiceError
-from app.request_guard import BodyBudget, RequestGuard
+from app.http.limits import BodyBudget, RequestGuard
 
 DEFAULTS = Settings()
 MIB = 2**20

@@ -1,4 +1,4 @@
-"""The start-up check of app/http_guard.py: the installed uvicorn's protocol has what the guarded
+"""The start-up check of app/http/protocol.py: the installed uvicorn's protocol has what the guarded
 protocol overrides, or the server refuses to start with one line (issue 23.7)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.config import Settings
-from app.http_guard import SERVER_NEEDS, check_server, configure
+from app.http.protocol import SERVER_NEEDS, check_server, configure
 
 
 def test_the_installed_uvicorn_has_what_the_protocol_needs() -> None:
@@ -24,7 +24,7 @@ def test_a_protocol_without_start_asgi_task_is_refused_with_the_reason(monkeypat
         configure(Settings())
     message = str(refused.value.code)
     assert "\n" not in message and message.startswith("cannot start:")
-    assert "_start_asgi_task" in message and "app/http_guard.py" in message
+    assert "_start_asgi_task" in message and "app/http/protocol.py" in message
 
 
 @pytest.mark.parametrize("name", SERVER_NEEDS)
@@ -38,7 +38,7 @@ def test_the_refusal_is_one_line_and_a_non_zero_exit() -> None:
     code = (
         "from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol\n"
         "del HttpToolsProtocol._start_asgi_task\n"
-        "from app.config import Settings\nfrom app.server import uvicorn_options\n"
+        "from app.config import Settings\nfrom app.http.server import uvicorn_options\n"
         "uvicorn_options(Settings())\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

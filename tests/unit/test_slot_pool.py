@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from app.slot_pool import SlotPool
+from app.batching.slot_pool import SlotPool
 from tests.unit.fake_engine import FakeEngine
 
 pytestmark = pytest.mark.anyio

@@ -1,5 +1,5 @@
 """Bodies that come too slowly, and the rest of a body after an early answer, in the guarded
-protocol (app/http_guard.py) with the request guard (app/request_guard.py) in front of a reading
+protocol (app/http/protocol.py) with the request guard (app/http/limits.py) in front of a reading
 app (issue 24.2).
 
 Raw bytes into the protocol in-process, on the recording transport of test_inline_protocol.py;
@@ -14,8 +14,8 @@ import pytest
 
 from app.config import Settings
 from app.errors import ServiceError, error_body
-from app.http_guard import LINGER_BYTES, GuardedHttpProtocol
-from app.request_guard import BodyBudget, RequestGuard
+from app.http.limits import BodyBudget, RequestGuard
+from app.http.protocol import LINGER_BYTES, GuardedHttpProtocol
 from tests.unit.test_inline_protocol import StubInline, Transport, connected, settle
 
 DEFAULTS = Settings()

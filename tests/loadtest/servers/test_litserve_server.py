@@ -1,5 +1,5 @@
 """The LitServe reference server: the eager model's labels through LitServe's batching, bodies
-decoded by app.codecs, bad bodies refused with the decoder's message. A real process: LitServe
+decoded by app.codecs.bodies, bad bodies refused with the decoder's message. A real process: LitServe
 runs its HTTP server and its inference worker as processes of their own."""
 
 from __future__ import annotations

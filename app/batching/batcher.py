@@ -1,0 +1,312 @@
+"""The dynamic batcher: packs concurrent requests into batches of the engine's bucket sizes.
+
+Policy: launch at once when the largest bucket can be filled or when a device is idle (no
+batch in flight there: waiting could only add latency, so a lone request goes straight through),
+otherwise when the oldest queued request has waited `max_delay_s` (Triton's dynamic-batcher
+rule) or a running batch completes and leaves its device idle. Under load the devices are busy,
+so batches fill while they work; at low load nothing waits for company that is not coming. A
+batch is padded to the smallest bucket ≥ its rows; requests are packed row by row, so a request
+larger than the largest bucket (or one that straddles a full batch) is split and reassembled
+(app/batching/shares.py).
+
+Pipelining and devices: one task collects and launches while a free Slot exists; each engine
+(one per device, all of the same model and buckets) has one Slot per batch in flight (its
+`in_flight`), the SlotPool gives each batch the free slot of the least-loaded device, and a
+Slot returns to the pool only after its batch's results were copied out.
+
+Every request gets exactly one answer: its probabilities, or an error — 503 when the queue is
+over its limit (checked before the body is read, `admit`, and again on submit), 504 when its
+end-to-end deadline passes before its rows are launched (the rows of a split request left
+unlaunched are dropped), 500 when its batch failed, 503 when the device is dead. A batch not
+back within `batch_timeout_s`, or a sticky device error, on any device, declares the service's
+device dead (`on_dead`; fail fast, the supervisor restarts the process rather than the batcher
+limping on the other devices): queued requests are answered 503, and the slot of a batch that
+never came back is never reused (the device may still write its pinned memory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from app.batching.shares import PendingRequest, Share, answer, fail, stage_rows
+from app.batching.slot_pool import Lease, SlotPool
+from app.engines.base import Engine
+from app.errors import DeadlineExceededError, EngineError, NotReadyError, QueueFullError
+from app.ops import metrics
+from app.ops.metric_buffers import BufferedHistogram, BufferedSum, BufferedValue
+
+log = logging.getLogger(__name__)
+
+REAP_INTERVAL_S = 0.5
+
+
+class Batcher:
+    def __init__(
+        self,
+        engines: Engine | Sequence[Engine],  # one engine, or one per device: same model, same buckets
+        *,
+        max_delay_s: float,
+        queue_limit: int,
+        request_timeout_s: float,
+        batch_timeout_s: float = 30.0,
+        model: str = "",
+        on_dead: Callable[[str], None] = lambda reason: None,
+    ) -> None:
+        self.engines: tuple[Engine, ...] = tuple(engines) if isinstance(engines, Sequence) else (engines,)
+        engine = self.engines[0]
+        if any(other.buckets != engine.buckets for other in self.engines):
+            raise ValueError(f"every device's engine needs the same buckets; got {[e.buckets for e in self.engines]}")
+        self.max_delay_s = max_delay_s
+        self.queue_limit = queue_limit
+        self.request_timeout_s = request_timeout_s
+        self.pool = SlotPool(self.engines)  # the slots of every device, and each device's load
+        self.batch_timeout_s = batch_timeout_s
+        self.dead: str | None = None  # why the device is dead, once it is
+        self.dead_device: str | None = None  # which one
+        self._on_dead = on_dead
+        self.rows_per_s = 0.0  # moving average of rows answered per second of device time, for Retry-After
+        self.max_bucket = engine.buckets[-1]
+        # pad_to[rows] = smallest bucket ≥ rows, for 1 ≤ rows ≤ max_bucket (the padding table).
+        buckets = list(engine.buckets)
+        self.pad_to = [0] + [buckets[bisect.bisect_left(buckets, rows)] for rows in range(1, self.max_bucket + 1)]
+        self._queue: deque[PendingRequest] = deque()
+        self._queued_rows = 0
+        self._wakeup = asyncio.Event()
+        self._num_classes = engine.slots[0].outputs.shape[1]
+        self._batches: dict[asyncio.Task[None], tuple[float, Lease, list[Share]]] = {}  # task → (launched, …)
+        self._loop_task: asyncio.Task[None] | None = None
+        self._reaper_task: asyncio.Task[None] | None = None
+        # The labelled metric children, looked up once rather than per batch, and buffered: plain
+        # numbers until the next flush (app/ops/metric_buffers.py), not a lock and three calls each.
+        self._bucket_metrics = {
+            b: (
+                BufferedSum(metrics.BATCHES.labels(model=model, bucket=str(b))),
+                BufferedSum(metrics.PADDING_ROWS.labels(model=model, bucket=str(b))),
+                BufferedHistogram(metrics.BATCH_COMPUTE.labels(model=model, bucket=str(b))),
+            )
+            for b in engine.buckets
+        }
+        self._queue_depth = BufferedValue(metrics.QUEUE_DEPTH.labels(model=model))
+        self._queue_wait = BufferedHistogram(metrics.QUEUE_WAIT.labels(model=model))
+        self._batch_rows = BufferedHistogram(metrics.BATCH_ROWS.labels(model=model))
+        self._in_flight = BufferedSum(metrics.IN_FLIGHT.labels(model=model))
+        # Per device, by SlotPool index: (batches, rows, in flight).
+        self._device_metrics = [metrics.device_children(model, engine.device) for engine in self.engines]
+
+    @property
+    def queued_rows(self) -> int:
+        return self._queued_rows
+
+    def admit(self, deadline: float) -> None:
+        """Refuse, before its body is read, a request that cannot be served in time: the device is
+        dead, the queue is at its limit, or the queue ahead would outlast the request's deadline."""
+        if self.dead is not None:
+            raise NotReadyError(f"the device is dead ({self.dead}); the service is restarting")
+        if self._queued_rows >= self.queue_limit:
+            raise QueueFullError(self._queued_rows, self.queue_limit, retry_after_s=self.drain_estimate_s())
+        wait = self.drain_estimate_s()
+        if wait and time.monotonic() + wait > deadline:
+            raise QueueFullError(self._queued_rows, self.queue_limit, retry_after_s=wait, deadline_first=True)
+
+    def drain_estimate_s(self) -> float:
+        """Seconds the rows queued now would take at the recent device throughput (0 when unknown)."""
+        return self._queued_rows / self.rows_per_s if self.rows_per_s else 0.0
+
+    def start(self) -> None:
+        self._loop_task = asyncio.create_task(self._collect_and_launch(), name="batcher")
+        self._reaper_task = asyncio.create_task(self._reap_forever(), name="batcher-reaper")
+
+    async def stop(self) -> None:
+        """Stop launching, answer queued requests 503, and let in-flight batches finish."""
+        for task in (self._loop_task, self._reaper_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._loop_task = self._reaper_task = None
+        while self._queue:
+            request = self._queue.popleft()
+            if not request.future.done():
+                request.future.set_exception(NotReadyError("the server is shutting down"))
+        self._queued_rows = 0
+        self._queue_depth.set(0)
+        # In-flight batches finish, within the batch timeout: one that never comes back holds no
+        # shutdown hostage (its requests were answered by the reaper or are answered now).
+        batches = list(self._batches)
+        if batches:
+            _, pending = await asyncio.wait(batches, timeout=self.batch_timeout_s)
+            for task in pending:
+                task.cancel()
+
+    async def submit(self, images: np.ndarray, deadline: float | None = None) -> np.ndarray:
+        """(k, C, H, W) uint8 pixels or float32 intensities → (k, num_classes) probabilities, in order.
+
+        `deadline` (time.monotonic()) ends the request's life; at most request_timeout_s from now.
+        """
+        return await self.enqueue(images, deadline)
+
+    def enqueue(self, images: np.ndarray, deadline: float | None = None) -> asyncio.Future[np.ndarray]:
+        """`submit` without the await: the future of its answer, for a caller that is not a coroutine
+        (app/http/inline.py answers from the future's callback). Cancelling it drops the rows
+        not yet launched."""
+        rows = len(images)
+        if self.dead is not None:
+            raise NotReadyError(f"the device is dead ({self.dead}); the service is restarting")
+        if self._queued_rows + rows > self.queue_limit:
+            raise QueueFullError(self._queued_rows, self.queue_limit, retry_after_s=self.drain_estimate_s())
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        latest = now + self.request_timeout_s
+        request = PendingRequest(
+            images=images,
+            probabilities=np.empty((rows, self._num_classes), dtype=np.float32),
+            future=loop.create_future(),
+            enqueued=now,
+            deadline=latest if deadline is None else min(deadline, latest),
+        )
+        was_empty = not self._queue
+        self._queue.append(request)
+        self._queued_rows += rows  # the depth gauge is set per batch and per reap, not per request
+        # Wake the collector only when its decision can change: the delay clock starts, or a
+        # full batch is ready. Anything else it notices when its timer fires.
+        if was_empty or self._queued_rows >= self.max_bucket:
+            self._wakeup.set()
+        return request.future
+
+    async def _collect_and_launch(self) -> None:
+        while True:
+            await self.pool.wait_free()
+            await self._wait_for_batch()
+            shares, rows = self._take_batch()
+            if rows == 0:  # everything queued was cancelled or expired
+                continue
+            # The slot is chosen now, with the batch formed: the least-loaded device at launch.
+            # From here it belongs to the batch's task, which alone gives it back.
+            lease = self.pool.take(self.pad_to[rows])
+            task = asyncio.create_task(self._run_batch(lease, shares, rows))
+            self._batches[task] = (time.monotonic(), lease, shares)
+            task.add_done_callback(self._batches.pop)
+
+    async def _wait_for_batch(self) -> None:
+        while self._queued_rows < self.max_bucket:
+            if self._queue:
+                if self.pool.idle():  # a device has nothing to do: waiting only adds latency
+                    return
+                remaining = self._queue[0].enqueued + self.max_delay_s - time.monotonic()
+                if remaining <= 0:
+                    return
+            self._wakeup.clear()
+            if not self._queue:
+                await self._wakeup.wait()
+                continue
+            try:
+                async with asyncio.timeout(remaining):
+                    await self._wakeup.wait()
+            except TimeoutError:
+                return
+
+    async def _reap_forever(self) -> None:
+        """Every request gets an answer even when the collector cannot run (no free slot) or a
+        launched batch never comes back (a hung device). Off the per-request path: one sweep a
+        REAP_INTERVAL_S rather than a timer per request."""
+        while True:
+            await asyncio.sleep(REAP_INTERVAL_S)
+            self.reap(time.monotonic())
+
+    def reap(self, now: float) -> None:
+        self._queue_depth.set(self._queued_rows)  # a queue that no batch drains (no free slot) shows too
+        for request in self._queue:  # the collector drops them, done, when it next runs
+            if now >= request.deadline and not request.future.done():
+                request.future.set_exception(DeadlineExceededError(request.deadline - request.enqueued))
+        for launched, lease, shares in list(self._batches.values()):
+            if now - launched > self.batch_timeout_s:
+                device = lease.engine.device
+                timeout = f"the batch timeout of {self.batch_timeout_s:g} s"
+                self.declare_dead(f"a batch on {device} did not complete within {timeout}", device)
+                fail(shares, lambda: NotReadyError(f"the device is dead ({self.dead})"))
+
+    def declare_dead(self, reason: str, device: str) -> None:
+        """A device will not recover: answer everything queued 503 and tell the service (once)."""
+        if self.dead is not None:
+            return
+        self.dead, self.dead_device = reason, device
+        log.critical("%s; failing its requests", reason)
+        while self._queue:
+            request = self._queue.popleft()
+            if not request.future.done():
+                request.future.set_exception(NotReadyError(f"the device is dead ({reason})"))
+        self._queued_rows = 0
+        self._queue_depth.set(0)
+        self._on_dead(reason)
+
+    def _take_batch(self) -> tuple[list[Share], int]:
+        """Pop up to max_bucket rows off the queue, oldest first; answer expired requests 504."""
+        shares: list[Share] = []
+        rows = 0
+        now = time.monotonic()
+        while self._queue and rows < self.max_bucket:
+            request = self._queue[0]
+            if request.future.done():  # the client went away or its own timeout fired
+                self._queue.popleft()
+                self._queued_rows -= request.rows - request.next_row
+                continue
+            if now >= request.deadline:  # its unlaunched rows (all, or the rest of a split) are dropped
+                self._queue.popleft()
+                self._queued_rows -= request.rows - request.next_row
+                request.future.set_exception(DeadlineExceededError(request.deadline - request.enqueued))
+                continue
+            if request.next_row == 0:
+                self._queue_wait.observe(now - request.enqueued)
+            take = min(request.rows - request.next_row, self.max_bucket - rows)
+            shares.append((request, request.next_row, request.next_row + take))
+            request.next_row += take
+            rows += take
+            self._queued_rows -= take
+            if request.next_row == request.rows:
+                self._queue.popleft()
+        self._queue_depth.set(self._queued_rows)
+        return shares, rows
+
+    async def _run_batch(self, lease: Lease, shares: list[Share], rows: int) -> None:
+        engine, slot, bucket = lease.engine, lease.slot, lease.rows
+        batches, padding, compute = self._bucket_metrics[bucket]
+        device_batches, device_rows, device_in_flight = self._device_metrics[lease.device]
+        batches.inc()
+        padding.inc(bucket - rows)
+        self._batch_rows.observe(rows)
+        device_batches.inc()
+        device_rows.inc(rows)
+        self._in_flight.inc()
+        device_in_flight.inc()
+        finished = False  # the device (and the staging thread) is done with the slot's memory
+        try:
+            dtype = await stage_rows(shares, slot)
+            seconds = await engine.run(slot, bucket, dtype)
+            finished = True
+        except Exception as error:
+            finished = engine.healthy()  # a sticky device error: the slot may still be in use
+            log.exception(
+                "batch of %d rows (bucket %d) on %s failed; failing its requests", rows, bucket, engine.device
+            )
+            what = f"{type(error).__name__}: {error}"
+            fail(shares, lambda: EngineError(what))
+            if not finished:
+                self.declare_dead(f"the {engine.device} device reported {what}", engine.device)
+        else:
+            compute.observe(seconds)
+            if seconds > 0:  # rows per device second, smoothed over ~20 batches
+                rate = rows / seconds * len(self.engines)  # the devices run side by side
+                self.rows_per_s = rate if not self.rows_per_s else self.rows_per_s + 0.05 * (rate - self.rows_per_s)
+            answer(shares, slot.outputs)
+        finally:
+            self._in_flight.dec()
+            device_in_flight.dec()
+            self.pool.give_back(lease, reusable=finished)  # a slot whose batch never came back is never reused
+            if finished and self._queue:  # its device may be idle now: the collector decides
+                self._wakeup.set()

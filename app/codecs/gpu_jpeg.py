@@ -1,0 +1,179 @@
+"""JPEG uploads decoded together on the GPU: nvJPEG through torchvision, resized there, handed back.
+
+Concurrent uploads queue here; one collector task takes everything waiting (up to `max_batch`)
+as soon as the previous batch has been launched, so the window is the previous launch itself:
+a lone upload goes at once, and under load batches grow with the load (continuous batching).
+
+One batch, on a worker thread (torchvision's batched decode does host work, the Huffman phase
+for progressive JPEGs, and ends in a cudaStreamSynchronize of its own decoder stream: it must
+not run on the event loop):
+
+    decode_jpeg([k encoded (bytes,) uint8 tensors], device) → k (C, H_i, W_i) uint8 on the GPU
+    per image, on our stream: preprocess_tensor → (C, h, w) uint8 → pinned host (C, h, w), non_blocking
+    done.record(stream)
+
+torchvision makes the current stream (ours) wait for its decoder stream, so the resize and
+the copies are ordered after the decode. The event loop awaits `done` through an EventWaiter
+(a thread sleeping in that one event's synchronize, never the device's), then copies each row
+out of its pinned buffer into the request's (1, C, h, w) array. The batcher sees what Pillow
+would have given it. A batch nvJPEG refuses as a whole (one CMYK or corrupt image fails the
+call) is decoded again image by image: those nvJPEG refuses alone answer GpuDecodeError, and
+app/codecs/uploads.py hands them to Pillow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torchvision.io
+
+from app.codecs.preprocess import preprocess_tensor
+from app.engines.event_waiter import EventWaiter
+from app.errors import GpuDecodeError
+from app.ops import metrics
+from app.repository.model_spec import ModelSpec
+
+log = logging.getLogger(__name__)
+
+# 32 × a 1024² RGB JPEG (the default pixel limit) is 100 MB of decoded pixels on the device.
+MAX_BATCH = 32
+RECENT_BATCHES = 1024
+READ_MODES = {"RGB": torchvision.io.ImageReadMode.RGB, "L": torchvision.io.ImageReadMode.GRAY}
+
+
+@dataclass(eq=False)
+class _Job:
+    data: bytes
+    spec: ModelSpec
+    future: asyncio.Future[np.ndarray]
+
+
+@dataclass(eq=False)
+class _Launched:
+    jobs: list[_Job]
+    hosts: list[torch.Tensor | None]  # per job: pinned (C, h, w) uint8, or None where nvJPEG refused it
+    done: torch.cuda.Event
+    errors: list[str] = field(default_factory=list)
+
+
+class GpuJpegDecoder:
+    def __init__(self, device: str, *, max_batch: int = MAX_BATCH) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1; got {max_batch}")
+        self.device = torch.device(device)
+        self.max_batch = max_batch
+        # The latest launched batches' sizes, for tests (bounded: a server launches batches for ever);
+        # the running totals, for the benchmark's mean batch.
+        self.batch_sizes: deque[int] = deque(maxlen=RECENT_BATCHES)
+        self.batches_launched = self.images_launched = 0
+        self._stream = torch.cuda.Stream(self.device)
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpu-jpeg")
+        self._waiter = EventWaiter("gpu-jpeg-event-waiter")
+        self._pending: list[_Job] = []
+        self._arrived = asyncio.Event()
+        self._collector: asyncio.Task[None] | None = None
+        self._handing_back: set[asyncio.Task[None]] = set()
+
+    async def decode(self, data: bytes, spec: ModelSpec) -> np.ndarray:
+        """A JPEG → (1, C, h, w) uint8 per the spec's [preprocess]; GpuDecodeError if nvJPEG refused it."""
+        if self._collector is None or self._collector.done():  # first upload (or a collector that died)
+            self._collector = asyncio.create_task(self._collect(), name="gpu-jpeg-collector")
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Job(data, spec, future))
+        self._arrived.set()
+        return await future
+
+    def close(self) -> None:
+        if self._collector is not None:
+            self._collector.cancel()
+        self._worker.shutdown(wait=True, cancel_futures=True)
+        self._waiter.close()
+
+    async def _collect(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._arrived.wait()
+            self._arrived.clear()
+            while self._pending:
+                jobs = [job for job in self._pending[: self.max_batch] if not job.future.done()]
+                del self._pending[: self.max_batch]
+                if not jobs:  # all cancelled (their deadline passed while queued)
+                    continue
+                try:
+                    launched = await loop.run_in_executor(self._worker, self._launch, jobs)
+                except Exception as error:  # not nvJPEG's refusal (that is per job): a fault, 500
+                    log.exception("GPU JPEG batch of %d failed", len(jobs))
+                    _fail(jobs, error)
+                    continue
+                self.batch_sizes.append(len(jobs))
+                self.batches_launched += 1
+                self.images_launched += len(jobs)
+                metrics.GPU_JPEG_BATCH_IMAGES.observe(len(jobs))
+                task = asyncio.create_task(self._hand_back(launched))
+                self._handing_back.add(task)
+                task.add_done_callback(self._handing_back.discard)
+
+    def _launch(self, jobs: list[_Job]) -> _Launched:
+        """On the worker thread: decode, resize and start the copies out; returns before they finish."""
+        hosts: list[torch.Tensor | None] = [None] * len(jobs)
+        errors: list[str] = []
+        with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
+            for color, indices in _by_color(jobs).items():
+                for i, image in self._decode(jobs, indices, color, errors):  # (C, H_i, W_i) uint8 on the GPU
+                    pixels = preprocess_tensor(image, jobs[i].spec)  # (C, h, w) uint8 on the GPU
+                    host = torch.empty(pixels.shape, dtype=torch.uint8, pin_memory=True)
+                    hosts[i] = host.copy_(pixels, non_blocking=True)
+            done = torch.cuda.Event(blocking=True)  # its waiter thread sleeps instead of spinning a core
+            done.record(self._stream)
+        return _Launched(jobs, hosts, done, errors)
+
+    def _decode(
+        self, jobs: list[_Job], indices: list[int], color: str, errors: list[str]
+    ) -> list[tuple[int, torch.Tensor]]:
+        """(job index, (C, H, W) uint8 on the GPU) for each image nvJPEG decodes; its refusals in `errors`."""
+        # bytearray: torch.frombuffer wants a writable buffer; the copy is small beside the decode.
+        encoded = [torch.frombuffer(bytearray(jobs[i].data), dtype=torch.uint8) for i in indices]
+        try:
+            decoded = torchvision.io.decode_jpeg(encoded, mode=READ_MODES[color], device=self.device)
+            return list(zip(indices, decoded, strict=True))
+        except RuntimeError as error:  # nvJPEG refused one of them, and so the whole call
+            if len(indices) == 1:
+                errors.append(str(error))
+                return []
+        # One at a time, so that one bad upload sends only itself to Pillow, not its batch-mates.
+        return [pair for i in indices for pair in self._decode(jobs, [i], color, errors)]
+
+    async def _hand_back(self, launched: _Launched) -> None:
+        try:
+            await self._waiter.completion(launched.done)
+        except Exception as error:  # a CUDA error: every request of the batch gets it (500)
+            _fail(launched.jobs, error)
+            return
+        refused = "; ".join(launched.errors)
+        for job, host in zip(launched.jobs, launched.hosts, strict=True):
+            if job.future.done():
+                continue
+            if host is None:
+                job.future.set_exception(GpuDecodeError(refused or "nvJPEG did not decode this image"))
+            else:  # a copy, so that the pinned block goes back to torch's host cache now
+                job.future.set_result(np.array(host.numpy())[None])  # (1, C, h, w)
+
+
+def _by_color(jobs: list[_Job]) -> dict[str, list[int]]:
+    """Job indices by the colour their model wants: one decode_jpeg call each (its mode is per call)."""
+    groups: dict[str, list[int]] = {}
+    for i, job in enumerate(jobs):
+        groups.setdefault(job.spec.config.color, []).append(i)
+    return groups
+
+
+def _fail(jobs: list[_Job], error: BaseException) -> None:
+    for job in jobs:
+        if not job.future.done():
+            job.future.set_exception(error)

@@ -1,0 +1,102 @@
+"""Which decoder an image upload takes: the batched GPU JPEG decoder or Pillow on the decode pool.
+
+Chosen once at start-up (CGSERVE_JPEG_DECODER), then per upload from its header alone, read on
+the event loop (Pillow's open() parses markers, no pixels: tens of µs): a baseline or
+progressive JPEG in YCbCr or grey goes to the GPU; PNG, CMYK/YCCK JPEGs, anything Pillow cannot
+identify, JPEGs cut short, and every JPEG the GPU decoder gives back (nvJPEG refused it) go to Pillow, which
+answers them exactly as before: pixels, or the same 413/422. The pixel limit is checked from
+the header before either decoder sees a pixel.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import logging
+from typing import Literal, Protocol
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from app.codecs.bodies import check_image_size, decode_image
+from app.errors import GpuDecodeError
+from app.ops import metrics
+from app.ops.off_loop import off_loop
+from app.repository.model_spec import ModelSpec
+
+log = logging.getLogger(__name__)
+
+# What nvJPEG decodes to RGB or grey the way Pillow does; CMYK and YCCK (Adobe) JPEGs it does not.
+GPU_JPEG_MODES = ("RGB", "L")
+JPEG_END = b"\xff\xd9"  # EOI; byte stuffing keeps it out of the entropy-coded data
+
+
+class JpegBatchDecoder(Protocol):
+    async def decode(self, data: bytes, spec: ModelSpec) -> np.ndarray:
+        """A JPEG → (1, C, H, W) uint8 per the spec's [preprocess]; GpuDecodeError if nvJPEG refused it."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def choose_jpeg_decoder(setting: str, device: str, *, torchvision_imports: bool) -> Literal["cpu", "gpu"]:
+    """auto → gpu where the models' device is CUDA and torchvision imports; gpu without them → ValueError."""
+    if setting not in ("auto", "cpu", "gpu"):
+        raise ValueError(f"jpeg_decoder must be auto, cpu or gpu; got {setting!r}")
+    cuda = device.startswith("cuda")
+    if setting == "gpu" and not cuda:
+        raise ValueError(f"jpeg_decoder gpu needs the models on a CUDA device; they run on {device}")
+    if setting == "gpu" and not torchvision_imports:
+        raise ValueError(
+            "jpeg_decoder gpu needs torchvision (pip install 'cudagraph-serve[torchvision]'), which does not "
+            "import here; or set jpeg_decoder cpu"
+        )
+    return "gpu" if setting == "gpu" or (setting == "auto" and cuda and torchvision_imports) else "cpu"
+
+
+def start_jpeg_decoder(setting: str, device: str) -> JpegBatchDecoder | None:
+    """The GPU decoder the setting and device call for, or None for Pillow alone."""
+    torchvision_imports = device.startswith("cuda") and _imports("torchvision.io")
+    if choose_jpeg_decoder(setting, device, torchvision_imports=torchvision_imports) == "cpu":
+        return None
+    from app.codecs.gpu_jpeg import GpuJpegDecoder  # torchvision and CUDA only from here on
+
+    log.info("JPEG uploads are decoded on %s (nvJPEG, batched)", device)
+    return GpuJpegDecoder(device)
+
+
+def _imports(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except Exception as error:  # not installed, or built for another torch: both mean Pillow
+        log.debug("%s does not import: %s", module, error)
+        return False
+    return True
+
+
+def gpu_decodable(data: bytes, *, max_pixels: int, spec: ModelSpec) -> bool:
+    """Whether the header says nvJPEG can take this upload; raises the 413 of an oversized image."""
+    try:
+        with Image.open(io.BytesIO(data), formats=("PNG", "JPEG")) as image:
+            check_image_size(image.size, max_pixels=max_pixels, spec=spec)
+            # A JPEG cut short (no end-of-image marker) goes to Pillow, which refuses it as before:
+            # nvJPEG's hardware decoder would fill in the missing rows without a word.
+            return image.format == "JPEG" and image.mode in GPU_JPEG_MODES and data.rfind(JPEG_END) > 0
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+        return False  # Pillow's decode_image says what is wrong with it
+
+
+async def decode_upload(data: bytes, *, max_pixels: int, spec: ModelSpec, gpu: JpegBatchDecoder | None) -> np.ndarray:
+    """An uploaded image → (1, C, H, W) uint8, on the GPU where it can be, else with Pillow."""
+    if gpu is not None and data and gpu_decodable(data, max_pixels=max_pixels, spec=spec):
+        try:
+            pixels = await gpu.decode(data, spec)
+        except GpuDecodeError as error:
+            log.debug("nvJPEG refused an upload, Pillow decodes it: %s", error)
+            metrics.IMAGE_DECODES.labels(decoder="cpu_fallback").inc()
+        else:
+            metrics.IMAGE_DECODES.labels(decoder="gpu").inc()
+            return pixels
+    else:
+        metrics.IMAGE_DECODES.labels(decoder="cpu").inc()
+    return await off_loop(decode_image, data, max_pixels=max_pixels, spec=spec)

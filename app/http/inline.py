@@ -1,0 +1,222 @@
+"""Inference requests answered inside the HTTP protocol, below the ASGI stack.
+
+Through ASGI a request is a task running a dozen nested coroutines (uvicorn's cycle, the proxy
+headers, error, exception and exit-stack middleware, the router, the route, the guard, the
+handler) with a Request and a Response object. Waiting for its batch suspends every one of them
+and the answer resumes every one: the no-op ceiling, which never waits, pays for the stack once
+and never for the wait. Here the protocol (app/http/protocol.py) hands over a small request; when
+its body is whole it is decoded as the route decodes it, queued with the batcher's `enqueue`,
+and the answer is written from the future's callback, in one write: no task, no coroutine.
+
+Taken here: the routes of app/http/inline_routes.py (POST /predict with a JSON or octet-stream body,
+the Open Inference Protocol's infer with JSON or binary tensors) with a Content-Length of at most
+64 KiB (uvicorn's read high-water mark, so reading never pauses), no Transfer-Encoding or
+Expect, while CGSERVE_INLINE_PREDICT is on and no access layer (tokens, CORS, request ids,
+access log) is. Everything else takes the ASGI routes and both doors answer alike: the same
+decoding, limits (the bytes-in-flight budget, the deadline, the body's pause timeout), metrics
+and error bodies (tests/integration/test_inline_predict.py sends the same requests both ways).
+The deadline is the route's too: a coarse timer armed at the end of the headers answers 504 once
+it passes, whether the body is still coming, the rows are queued or their batch runs (rows not
+yet launched are dropped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
+
+from app.batching.batcher import Batcher
+from app.engine_process.client import RemoteBatcher
+from app.errors import ClientClosedError, DeadlineExceededError
+from app.http.inline_routes import V2_HEADER_LENGTH, InlineRoute, route_of
+from app.http.limits import FIRST_BYTE_KEY, TIMEOUT_HEADER, BodyBudget
+from app.http.routes.failures import failure_response
+from app.ops import metrics, timers
+from app.repository.model_spec import ModelSpec
+from app.service import Service
+
+INLINE_BODY_LIMIT = HIGH_WATER_LIMIT  # bytes: uvicorn pauses reading above this, the ASGI receive() resumes it
+JSON_TYPE = b"content-type: application/json\r\n"
+MAX_TIMEOUT_DIGITS = 12  # X-Request-Timeout-Ms: 31 years; 312 digits overflowed a float (a 500)
+
+
+@dataclass(slots=True, eq=False)
+class InlineRequest:
+    cycle: RequestResponseCycle  # uvicorn's: the scope, the body read so far, the transport, keep-alive
+    route: InlineRoute
+    model: str  # the served model's name once looked up; "" before (the metrics' label: never a client's name)
+    form: str  # "json" or "raw" (/predict), "json" or "binary" (v2 infer)
+    header_length: bytes | None  # the v2 binary extension's Inference-Header-Content-Length
+    reserved: int  # bytes held in the budget until the answer is written
+    deadline: float  # time.monotonic()
+    started: float  # time.perf_counter(), for the latency histogram
+    batcher: Batcher | RemoteBatcher | None = None  # the model's, once admitted
+    spec: ModelSpec | None = None
+    future: asyncio.Future[np.ndarray] | None = None  # the batcher's, once queued
+    asked: Any = None  # what the answer needs of the request (v2: its inference header)
+    timer: timers.Armed | None = None  # the deadline's, while the answer is owed
+    refused: bool = False  # an error answer is on its way
+    answered: bool = False
+
+
+class InlinePredict:
+    def __init__(self, service: Service, budget: BodyBudget) -> None:
+        self.service = service
+        self.budget = budget
+        self.settings = service.settings
+
+    def take(self, cycle: RequestResponseCycle) -> InlineRequest | None:
+        """At the end of the headers: the request's state if it is answered here, else None."""
+        scope = cycle.scope
+        if scope["method"] != "POST" or cycle.waiting_for_100_continue:
+            return None
+        target = route_of(scope["path"])
+        if target is None:
+            return None
+        route, model, version = target
+        length: int | None = None
+        media = header_length = None
+        timeout_s = self.settings.request_timeout_s
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                length = int(value) if value.isdigit() and length is None else -1  # -1: twice, or not a number
+            elif name == b"content-type" and media is None:  # the first, as Starlette's headers.get reads it
+                media = value.partition(b";")[0].strip().lower()
+            elif name == V2_HEADER_LENGTH and header_length is None:
+                header_length = value
+            elif name == TIMEOUT_HEADER:
+                if not value.isdigit() or len(value) > MAX_TIMEOUT_DIGITS or int(value) == 0:
+                    return None  # the ASGI guard answers 400
+                timeout_s = min(timeout_s, int(value) / 1000)
+            elif name in (b"transfer-encoding", b"expect"):
+                return None
+        form = route.form(media, header_length)
+        if form is None or length is None or not 0 <= length <= min(INLINE_BODY_LIMIT, self.settings.max_body_bytes):
+            return None  # the ASGI route answers it (415, 411-like reads, 413) or serves it
+        if not self.budget.reserve(length):
+            return None  # the guard answers 503 with Retry-After
+        extensions: dict[str, Any] = scope["extensions"]  # the first byte's time, stamped by the guarded protocol
+        deadline = extensions[FIRST_BYTE_KEY] + timeout_s
+        request = InlineRequest(cycle, route, "", form, header_length, length, deadline, time.perf_counter())
+        try:  # as the route does, before a byte of the body is read: the model, its readiness, admission
+            served = route.served(self.service, model, version)
+            request.model, request.spec = served.spec.name, served.spec
+            request.batcher = served.ready_batcher()
+            request.batcher.admit(request.deadline)
+        except Exception as error:
+            self._refuse(request, error)
+            return request
+        # Its whole timeout is what it had left when taken in: its deadline runs from its first byte.
+        request.timer = timers.call_at(deadline, lambda: self._expire(request, timeout_s))
+        return request
+
+    def body_complete(self, request: InlineRequest) -> None:
+        """Decode and queue; the answer follows from the batcher's future."""
+        if request.refused or request.answered or request.batcher is None or request.spec is None:
+            return
+        body, request.cycle.body = bytes(request.cycle.body), bytearray()  # not kept by an idle connection
+        try:
+            query, max_instances = request.cycle.scope["query_string"], self.settings.max_instances
+            images, request.asked = request.route.decode(
+                body, request.form, query, request.header_length, request.spec, max_instances
+            )
+            request.future = request.batcher.enqueue(images, request.deadline)
+        except Exception as error:
+            self._refuse(request, error)
+            return
+        engine, spec = request.batcher.engines[0].name, request.spec
+        request.future.add_done_callback(lambda future: self._answered(request, future, engine, spec))
+
+    def fail(self, request: InlineRequest, error: Exception) -> None:
+        """Answer `error` as the route would (its status, headers and body, counted alike)."""
+        if request.answered:
+            return
+        path = request.cycle.scope["path"]
+        response = failure_response(error, model=request.model, path=path, render=request.route.render)
+        self._finish(request, response.status_code, response.raw_headers, bytes(response.body))
+
+    def abandon(self, request: InlineRequest) -> None:
+        """The connection is gone: drop its rows if not launched yet, give its bytes back; counted as
+        the route counts a client that left (499, client_closed)."""
+        if not self._settle(request, ClientClosedError.status):
+            return
+        if request.future is not None:
+            request.future.cancel()
+        metrics.reject(request.model, ClientClosedError.reason)
+
+    def _refuse(self, request: InlineRequest, error: Exception) -> None:
+        """Answer `error` on the loop's next turn, not from inside the HTTP parser: a request
+        pipelined behind this one is then queued behind its answer as uvicorn queues it (answered
+        mid-parse, uvicorn would arm the keep-alive timer while that request runs)."""
+        request.refused = True
+        asyncio.get_running_loop().call_soon(self.fail, request, error)
+
+    def _expire(self, request: InlineRequest, left_s: float) -> None:
+        """The deadline passed unanswered: 504, as the route's `within` answers it. Rows not yet
+        launched are dropped: the local batcher skips a cancelled future; an engine process drops
+        them at the same deadline, which travels with them."""
+        request.timer = None
+        if request.future is not None:
+            if request.future.done():  # the answer is in, its callback queued: it wins
+                return
+            request.future.cancel()  # its callback sees `answered` and returns
+        self.fail(request, DeadlineExceededError(left_s))
+
+    def _answered(self, request: InlineRequest, future: asyncio.Future[np.ndarray], engine: str,
+                  spec: ModelSpec) -> None:  # fmt: skip
+        if request.answered:  # the client left, or the deadline was answered (either cancelled the future)
+            return
+        try:
+            headers, body = request.route.answer(future.result(), request.asked, request.model, engine, spec)
+        except Exception as error:
+            self.fail(request, error)
+            return
+        self._finish(request, 200, headers, body)
+
+    def _finish(self, request: InlineRequest, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        if self._settle(request, status):
+            write_answer(request.cycle, status, headers, body)
+
+    def _settle(self, request: InlineRequest, status: int) -> bool:
+        """The request's end, once: its bytes back, its deadline disarmed, counted. False if it had ended."""
+        if request.answered:
+            return False
+        request.answered = True
+        self.budget.release(request.reserved)
+        if request.timer is not None:
+            request.timer.cancel()
+        elapsed = time.perf_counter() - request.started
+        metrics.observe_request(request.model, request.route.protocol, request.form, str(status), elapsed)
+        return True
+
+
+def write_answer(cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    """The whole answer in one write, as uvicorn's send() would write it in two; then uvicorn's
+    own bookkeeping (keep-alive timer, the next pipelined request)."""
+    if cycle.disconnected or cycle.transport.is_closing():
+        cycle.response_complete = True
+        return
+    content = [STATUS_LINE[status]]
+    for name, value in cycle.default_headers:
+        content += [name, b": ", value, b"\r\n"]
+    if not headers:  # the common answer: JSON, no extra headers
+        content += [b"content-length: %d\r\n" % len(body), JSON_TYPE]
+    for name, value in headers:  # Starlette's, content-length and -type among them
+        if name == b"connection" and b"close" in value.lower():
+            cycle.keep_alive = False
+            continue
+        content += [name, b": ", value, b"\r\n"]
+    if not cycle.keep_alive:
+        content.append(b"connection: close\r\n")
+    content += [b"\r\n", body]
+    cycle.transport.write(b"".join(content))
+    cycle.response_complete = True
+    if not cycle.keep_alive:
+        cycle.transport.close()
+    cycle.on_response()

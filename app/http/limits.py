@@ -1,0 +1,160 @@
+"""ASGI middleware that bounds every request with a body before the handler reads it.
+
+- Deadline: the request's end to end starts at its first byte (stamped by app/http/protocol.py's
+  protocol, or now) and lasts CGSERVE_REQUEST_TIMEOUT_S, or less if the client asks
+  (`X-Request-Timeout-Ms`); handlers read it from scope["cgserve.deadline"] (time.monotonic()).
+- Size: a declared Content-Length over CGSERVE_MAX_BODY_BYTES is answered 413 at once; a chunked
+  body is counted as it arrives, and the read that crosses the limit raises BodyTooLargeError.
+- Memory: bodies being read and decoded at once are bounded by CGSERVE_MAX_INFLIGHT_BYTES. A
+  request is charged what has arrived of its body, chunk by chunk, until it is answered: one
+  whose declared length does not fit beside what is held gets 503 with Retry-After before a byte
+  of its body is read, and a chunk that does not fit raises BudgetExhaustedError (503). Charged
+  by declaration, sixteen uploads declaring 16 MiB that then trickled held all 256 MiB and every
+  other request got 503 (issue 24.2).
+- Slow bodies: a body that paused longer than CGSERVE_BODY_TIMEOUT_S, or came slower than
+  CGSERVE_BODY_MIN_RATE_BYTES_S, raises RequestTimeoutError (408) in the handler that reads it.
+  app/http/protocol.py's protocol times the body where the bytes arrive and marks the scope with the
+  error; here each receive() checks the mark (no timer per request).
+"""
+
+from __future__ import annotations
+
+import time
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.errors import (
+    BodyTooLargeError,
+    BudgetExhaustedError,
+    InputError,
+    RequestTimeoutError,
+    ServiceError,
+    error_body,
+)
+from app.ops import metrics
+
+DEADLINE_KEY = "cgserve.deadline"
+FIRST_BYTE_KEY = "cgserve.first_byte"  # set by app/http/protocol.py where the guarded protocol runs
+BODY_TIMED_OUT_KEY = "cgserve.body_timed_out"  # set by app/http/protocol.py when a body pauses too long
+TIMEOUT_HEADER = b"x-request-timeout-ms"
+
+
+class BodyTooSlowError(RequestTimeoutError):
+    """The body came slower than the minimum rate (it never paused long enough for the timeout)."""
+
+    def __init__(self, min_rate_bytes_s: int, window_s: float) -> None:
+        ServiceError.__init__(
+            self,
+            f"the request body came slower than {min_rate_bytes_s} bytes/s over {window_s:g} s",
+            expected=f"a body sent at {min_rate_bytes_s} bytes/s or faster (CGSERVE_BODY_MIN_RATE_BYTES_S)",
+            headers={"Connection": "close"},
+        )
+
+
+class BodyBudget:
+    """This process's bodies being read and decoded, in bytes, and their limit; the event loop's
+    alone. Shared by this guard and the requests answered in the protocol (app/http/inline.py)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def reserve(self, size: int) -> bool:
+        if self.used + size > self.limit:
+            return False
+        self.used += size
+        return True
+
+    def release(self, size: int) -> None:
+        self.used -= size
+
+
+class _Held:
+    """The bytes of one request's body charged to the budget so far."""
+
+    __slots__ = ("bytes",)
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+
+class RequestGuard:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_body_bytes: int,
+        budget: BodyBudget,
+        request_timeout_s: float,
+        body_timeout_s: float,
+    ) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.budget = budget
+        self.request_timeout_s = request_timeout_s
+        self.body_timeout_s = body_timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        extensions = scope.get("extensions") or {}
+        started = extensions.get(FIRST_BYTE_KEY) or time.monotonic()
+        declared: int | None = None
+        timeout_s = self.request_timeout_s
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit():
+                declared = int(value)
+            elif name == TIMEOUT_HEADER:
+                if not value.isdigit() or len(value) > 12 or int(value) == 0:  # 12 digits: 31 years
+                    expected = "X-Request-Timeout-Ms: a positive whole number of milliseconds"
+                    await self._refuse(
+                        scope, send, InputError(f"X-Request-Timeout-Ms is {value!r}", expected=expected, status=400)
+                    )
+                    return
+                timeout_s = min(timeout_s, int(value) / 1000)
+        if declared is not None and declared > self.max_body_bytes:
+            await self._refuse(scope, send, BodyTooLargeError(self.max_body_bytes))
+            return
+        # Admission, before a byte is read: room for what it declares (a chunked body: one byte).
+        if self.budget.used + (1 if declared is None else declared) > self.budget.limit:
+            await self._refuse(scope, send, BudgetExhaustedError(self.budget.limit))
+            return
+        scope[DEADLINE_KEY] = started + timeout_s
+        held = _Held()
+        try:
+            await self.app(scope, self._guarded(receive, extensions, held), send)
+        finally:
+            self.budget.release(held.bytes)
+
+    def _guarded(self, receive: Receive, extensions: dict[str, object], held: _Held) -> Receive:
+        async def guarded_receive() -> Message:
+            message = await receive()
+            timed_out = extensions.get(BODY_TIMED_OUT_KEY)
+            if timed_out is not None:
+                raise (
+                    timed_out
+                    if isinstance(timed_out, RequestTimeoutError)
+                    else RequestTimeoutError(self.body_timeout_s)
+                )
+            if message["type"] == "http.request":
+                size = len(message.get("body", b""))
+                if held.bytes + size > self.max_body_bytes:  # a chunked body (a declared one was checked)
+                    raise BodyTooLargeError(self.max_body_bytes)
+                if not self.budget.reserve(size):
+                    raise BudgetExhaustedError(self.budget.limit)
+                held.bytes += size
+            return message
+
+        return guarded_receive
+
+    async def _refuse(self, scope: Scope, send: Send, error: ServiceError) -> None:
+        """Answer without reading the body; the client may still be sending, so close the connection."""
+        metrics.reject("", error.reason)
+        body = error_body(error, v2=scope["path"].startswith("/v2"))
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        headers += [(name.lower().encode(), value.encode()) for name, value in error.headers.items()]
+        headers.append((b"connection", b"close"))
+        status = 400 if error.status == 422 and scope["path"].startswith("/v2") else error.status
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,441 @@
+"""uvicorn's httptools protocol with the limits an exposed server needs and uvicorn lacks.
+
+- Connections: over CGSERVE_MAX_CONNECTIONS per process, a new connection gets 503 (with
+  Retry-After) and is closed before anything of it is parsed.
+- Headers: a request line and headers over CGSERVE_MAX_HEADER_BYTES get 431 and the connection
+  is closed (httptools itself would buffer any size), however the bytes arrive: counted as they
+  come while a head is incomplete, and as the parser hands over its parts when a whole head
+  comes in one write. Headers not complete within
+  CGSERVE_HEADER_TIMEOUT_S of the request's first byte, or of the connection's opening, get 408
+  (slowloris: one byte every few seconds holds nothing for long).
+- Heads that would be read two ways get 400 and the connection is closed, as nginx answers them:
+  HTTP/1.1 without Host or with two (HTTP/1.0 with two), two Authorization headers (which one
+  would the tokens check?), a path with a control character once percent-decoded (%0A: no route
+  has one, and a newline has fooled path patterns before, issue 24.1).
+- Bodies: a body that pauses longer than CGSERVE_BODY_TIMEOUT_S between two chunks is marked in
+  its scope (extensions["cgserve.body_timed_out"]) and the app's waiting receive() is woken;
+  app/http/limits.py then answers 408. The timer is armed only while part of a body is still
+  to come, so a request that arrives whole (nearly all of them) arms none. A body must also keep
+  up CGSERVE_BODY_MIN_RATE_BYTES_S over each CGSERVE_BODY_RATE_WINDOW_S (a byte every few seconds
+  never pauses long, and held a connection and its share of the bytes-in-flight budget for hours):
+  one slower gets 408 the same way. A window in which the app had yet to take what came (our
+  pause, not the client's) is not judged.
+- An answer written before its body was whole (413, 408, 504, 401, a refusal): the rest of the
+  body is read and dropped for at most LINGER_S and LINGER_BYTES, then the connection is closed;
+  a rest that comes whole within them leaves the connection open for the next request.
+- The deadline's start: the time of each request's first byte goes into the ASGI scope
+  (extensions["cgserve.first_byte"]), so the end-to-end deadline counts the reading too.
+- Small inference requests (POST /predict, the v2 infer; app/http/inline_routes.py): while the app
+  serves, `inline` (app/http/inline.py) may take a request at the end of its headers; it is
+  then answered from here, below the ASGI stack, when its body is whole. Only a request that
+  starts as its headers end (not a pipelined one queued behind another).
+This class overrides parts of uvicorn's HttpToolsProtocol that are not public API (its parser
+callbacks, _start_asgi_task, send_400_response, on_response_complete): pyproject.toml pins the
+uvicorn releases it was verified on, and configure() refuses to start, in one line, where the
+installed uvicorn lacks one of them (an override of a method that is gone is never called: under
+uvicorn 0.35 every request silently took the slow path, issue 23.7).
+Keep-alive idle timeouts are uvicorn's own (timeout_keep_alive), with one gap closed: uvicorn
+arms the timer when an answer is written and cancels it on every byte that arrives, so a request
+answered before its body was whole (a refusal, a 504) left the connection with no timer once the
+rest of its body came. It is armed again then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import resource
+import time
+from collections.abc import Callable
+from typing import Any, NoReturn
+from urllib.parse import unquote_to_bytes
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+from app.config import Settings
+from app.errors import RequestTimeoutError, ServiceError, error_body, retry_after
+from app.http.inline import InlinePredict, InlineRequest
+from app.http.limits import BODY_TIMED_OUT_KEY, FIRST_BYTE_KEY, BodyTooSlowError
+from app.ops import timers
+
+
+class _ConnectionRefused(ServiceError):
+    status = 503
+    code = "overloaded"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"the server holds {limit} connections already", expected="a retry after the Retry-After interval",
+            headers=retry_after(0.1),
+        )  # fmt: skip
+
+
+class _HeaderProblem(ServiceError):
+    def __init__(self, status: int, code: str, message: str, expected: str) -> None:
+        super().__init__(message, expected=expected)
+        self.status, self.code = status, code
+
+
+class _Refused(Exception):
+    """Raised in a parser callback: httptools stops parsing at once and uvicorn calls
+    send_400_response, which answers the protocol's `_refused` instead of its own text."""
+
+
+REASONS = {
+    400: b"Bad Request",
+    503: b"Service Unavailable",
+    431: b"Request Header Fields Too Large",
+    408: b"Request Timeout",
+}
+CONTROL = re.compile(rb"[\x00-\x1f\x7f]")  # in a percent-decoded path (httptools refuses them raw)
+LINGER_S = 1.0  # after an answer written before its body was whole: how long the rest may take
+LINGER_BYTES = 65536  # ... and how much of it is read and dropped before the connection is closed
+REQUEST_LINE_BYTES = 16  # the method, the version, spaces and CRLF of a request line, about
+
+
+class GuardedHttpProtocol(HttpToolsProtocol):
+    # Set by configure() from the settings, in each process, before the first connection.
+    max_connections = 1024
+    max_header_bytes = 65536
+    header_timeout_s = 10.0
+    body_timeout_s = 10.0
+    body_min_rate_bytes_s = 16384
+    body_rate_window_s = 5.0
+    # Set by the app's lifespan while it serves (app/main.py), None otherwise.
+    inline: InlinePredict | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._in_headers = True  # between requests or inside a request's head
+        self._header_bytes = 0  # raw bytes of a head that came in pieces
+        self._head_bytes = 0  # the head as the parser hands it over (URL, names, values)
+        self._hosts = self._authorizations = 0
+        self._refused: ServiceError | None = None
+        self._first_byte: float | None = None
+        self._starting = False  # inside on_headers_complete: the request may be taken inline
+        # The request taken inline last on this connection, and who took it (kept: the class's
+        # `inline` is cleared at shutdown while a request may still be on its way).
+        self._inline: tuple[InlinePredict, InlineRequest] | None = None
+        # One timer a connection: the header timeout while a head is read, the body's pause
+        # timeout while part of a body is still to come (never both at once).
+        self._timer: timers.Armed | None = None
+        # While a body comes in pieces: its bytes in the current rate window, and that window's timer.
+        self._window_bytes = 0
+        self._rate_timer: timers.Armed | None = None
+        self._lingering: int | None = None  # bytes dropped since an answer written before its body was whole
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.max_connections:
+            self._answer_and_close(_ConnectionRefused(self.max_connections))
+            return
+        self._arm(self.header_timeout_s, self._header_timeout)  # a connection that never sends a byte is closed too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        self._stop_rate()
+        if self._inline is not None:
+            handler, request = self._inline
+            handler.abandon(request)  # nothing, if it was answered
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_headers and self._first_byte is None:
+            self._first_byte = time.monotonic()
+            self._arm(self.header_timeout_s, self._header_timeout)
+        super().data_received(data)
+        if self._in_headers and self._first_byte is not None:  # all of `data` belonged to the head
+            self._header_bytes += len(data)
+            if self._header_bytes > self.max_header_bytes and not self.transport.is_closing():
+                self._answer_and_close(self._too_large())
+        elif not self._in_headers and not self.transport.is_closing():  # part of a body is still to come
+            if self._lingering is not None:  # answered already: the rest is dropped, up to a point
+                self._lingering += len(data)
+                if self._lingering > LINGER_BYTES:
+                    self.transport.close()
+                return
+            self._arm(self.body_timeout_s, self._body_timeout)  # or re-arm: it bounds each pause, not the body
+            self._window_bytes += len(data)
+            if self._rate_timer is None:
+                self._rate_timer = timers.call_at(time.monotonic() + self.body_rate_window_s, self._rate_check)
+        elif self._in_headers and self._first_byte is None and self.cycle is not None and self.cycle.response_complete:
+            self._keep_idle_timer()  # between requests, nothing of the next yet, and nothing owed
+
+    def _keep_idle_timer(self) -> None:
+        """After the last of a body whose answer was written before it came: uvicorn's keep-alive
+        timer, which every arriving byte cancelled (an answer still owed arms it when written)."""
+        if self.timeout_keep_alive_task is None and not self.pipeline and not self.transport.is_closing():
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_bytes = REQUEST_LINE_BYTES
+        self._hosts = self._authorizations = 0
+
+    def on_url(self, url: bytes) -> None:
+        super().on_url(url)
+        self._head_bytes += len(url)
+        if self._head_bytes > self.max_header_bytes:
+            self._refuse(self._too_large())
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        super().on_header(name, value)
+        self._head_bytes += len(name) + len(value) + 4  # ": " and CRLF
+        if self._head_bytes > self.max_header_bytes:
+            self._refuse(self._too_large())
+        name = name.lower()
+        if name == b"host":
+            self._hosts += 1
+        elif name == b"authorization":
+            self._authorizations += 1
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request httptools could not parse, or one a callback refused."""
+        if self._refused is None:
+            super().send_400_response(msg)
+        elif not self.transport.is_closing():
+            self._answer_and_close(self._refused)
+
+    def _check_head(self) -> None:
+        """Refuse a head that servers and proxies could read two ways."""
+        version = self.parser.get_http_version()
+        if self._hosts > 1 or (self._hosts == 0 and version == "1.1"):
+            self._refuse(
+                _HeaderProblem(
+                    400, "bad_request", f"HTTP/{version} request with {self._hosts} Host headers",
+                    "exactly one Host header (HTTP/1.1), at most one (HTTP/1.0)",
+                )
+            )  # fmt: skip
+        if self._authorizations > 1:
+            self._refuse(
+                _HeaderProblem(
+                    400, "bad_request", f"{self._authorizations} Authorization headers",
+                    "at most one Authorization header",
+                )
+            )  # fmt: skip
+        path = self.url.partition(b"?")[0]
+        if b"%" in path and CONTROL.search(unquote_to_bytes(path)):
+            self._refuse(
+                _HeaderProblem(
+                    400, "bad_request", f"the path {path[:200]!r} holds an encoded control character",
+                    "a path without control characters (%00-%1F, %7F)",
+                )
+            )  # fmt: skip
+
+    def _refuse(self, error: ServiceError) -> NoReturn:
+        self._refused = error
+        raise _Refused(error)
+
+    def _too_large(self) -> ServiceError:
+        return _HeaderProblem(
+            431, "headers_too_large", f"the request line and headers exceed {self.max_header_bytes} bytes",
+            f"at most {self.max_header_bytes} bytes of headers (CGSERVE_MAX_HEADER_BYTES)",
+        )  # fmt: skip
+
+    def on_headers_complete(self) -> None:
+        self._check_head()
+        self._disarm()
+        self._in_headers = False
+        self._header_bytes = 0
+        extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
+        extensions[FIRST_BYTE_KEY] = self._first_byte or time.monotonic()
+        self._first_byte = None
+        self._starting = True
+        try:
+            super().on_headers_complete()  # the ASGI task starts, or is queued behind a pipelined request
+        finally:
+            self._starting = False
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        inline = self.inline
+        # Not while the client leaves our answers unread (uvicorn's own send() waits for the drain).
+        if inline is not None and self._starting and not self.flow.write_paused:
+            request = inline.take(cycle)
+            if request is not None:
+                self._inline = (inline, request)  # answered when its body is whole (on_message_complete)
+                return
+        super()._start_asgi_task(cycle, app)
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        self._stop_rate()
+        self._lingering = None  # the rest came whole: the connection goes on (keep-alive, as uvicorn's)
+        super().on_message_complete()
+        self._in_headers = True  # what comes next on this connection is another request's head
+        if self._inline is not None:
+            handler, request = self._inline
+            if request.cycle is self.cycle and not request.answered:
+                handler.body_complete(request)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self._in_headers and not self.transport.is_closing():  # answered before its body was whole
+            self._stop_rate()
+            self._lingering = 0
+            self._arm(LINGER_S, self._linger_over)
+
+    def _linger_over(self) -> None:
+        self._timer = None
+        if self._lingering is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def _stop_rate(self) -> None:
+        self._window_bytes = 0
+        if self._rate_timer is not None:
+            self._rate_timer.cancel()
+            self._rate_timer = None
+
+    def _rate_check(self) -> None:
+        """A rate window has passed while a body came in pieces: 408 where it came too slowly."""
+        self._rate_timer = None
+        cycle = self.cycle
+        if self._in_headers or cycle is None or self.transport.is_closing() or cycle.response_complete:
+            return
+        inline = self._inline is not None and self._inline[1].cycle is cycle
+        ours = not inline and (self.flow.read_paused or bool(cycle.body))  # the app has yet to take what came
+        if ours or self._window_bytes >= self.body_min_rate_bytes_s * self.body_rate_window_s:
+            self._window_bytes = 0
+            self._rate_timer = timers.call_at(time.monotonic() + self.body_rate_window_s, self._rate_check)
+            return
+        self._body_failed(BodyTooSlowError(self.body_min_rate_bytes_s, self.body_rate_window_s))
+
+    def _arm(self, timeout_s: float, on_timeout: Callable[[], None]) -> None:
+        self._disarm()
+        # The coarse timer: one per request on the hot path (the header's), and it almost never fires.
+        self._timer = timers.call_at(time.monotonic() + timeout_s, on_timeout)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _header_timeout(self) -> None:
+        self._timer = None
+        if self._in_headers and not self.transport.is_closing():
+            if self._first_byte is None:  # nothing sent at all: no answer owed
+                self.transport.close()
+                return
+            self._answer_and_close(
+                _HeaderProblem(
+                    408, "header_timeout", f"the request's headers did not arrive within {self.header_timeout_s:g} s",
+                    "the whole request head sent at once (CGSERVE_HEADER_TIMEOUT_S)",
+                )
+            )  # fmt: skip
+
+    def _body_timeout(self) -> None:
+        self._timer = None
+        cycle = self.cycle
+        if self._in_headers or cycle is None or self.transport.is_closing():
+            return
+        if cycle.response_complete:  # answered before its body came (a refusal): nothing more is owed
+            self.transport.close()
+            return
+        inline = self._inline is not None and self._inline[1].cycle is cycle
+        if self.flow.read_paused and not inline:  # the pause is ours (the app has yet to take what came)
+            self._arm(self.body_timeout_s, self._body_timeout)
+            return
+        self._body_failed(RequestTimeoutError(self.body_timeout_s))
+
+    def _body_failed(self, error: RequestTimeoutError) -> None:
+        """408 for the body still coming: answered here (inline) or by the app's next receive()."""
+        cycle = self.cycle
+        assert cycle is not None
+        self._disarm()
+        self._stop_rate()
+        if self._inline is not None and self._inline[1].cycle is cycle:
+            handler, request = self._inline
+            handler.fail(request, error)  # answered, and closed
+            return
+        extensions: dict[str, Any] = cycle.scope["extensions"]  # set in on_headers_complete
+        extensions[BODY_TIMED_OUT_KEY] = error
+        cycle.message_event.set()  # the app's receive() returns; app/http/limits.py raises the 408
+
+    def _answer_and_close(self, error: ServiceError) -> None:
+        self._disarm()
+        body = error_body(error)
+        head = [b"HTTP/1.1 %d %s" % (error.status, REASONS.get(error.status, b"Error"))]
+        head += [b"content-type: application/json", b"content-length: %d" % len(body), b"connection: close"]
+        head += [f"{name}: {value}".encode() for name, value in error.headers.items()]
+        self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
+        self.transport.close()
+
+
+# What GuardedHttpProtocol overrides or calls of uvicorn's protocol: each must be there to be called.
+SERVER_NEEDS = (
+    "_start_asgi_task",
+    "send_400_response",
+    "on_response_complete",
+    "on_message_begin",
+    "on_url",
+    "on_header",
+    "on_headers_complete",
+    "on_message_complete",
+    "timeout_keep_alive_handler",
+)  # data_received, connection_made and _lost: asyncio.Protocol's own, public
+
+
+def check_server(base: type = HttpToolsProtocol) -> None:
+    """SystemExit (one line, status 1) where the installed uvicorn's protocol lacks what this
+    module overrides or calls."""
+    missing = [name for name in SERVER_NEEDS if not callable(getattr(base, name, None))]
+    if missing:
+        raise SystemExit(
+            f"cannot start: uvicorn {uvicorn.__version__}'s {base.__name__} has no {', '.join(missing)}, which "
+            f"app/http/protocol.py's protocol needs; install the uvicorn pyproject.toml names (pip install -e .)"
+        )
+
+
+def configure(settings: Settings) -> None:
+    """Set the limits before the server accepts connections (in each worker process, too)."""
+    check_server()
+    GuardedHttpProtocol.max_connections = connection_budgets(settings)[0]
+    GuardedHttpProtocol.max_header_bytes = settings.max_header_bytes
+    GuardedHttpProtocol.header_timeout_s = settings.header_timeout_s
+    GuardedHttpProtocol.body_timeout_s = settings.body_timeout_s
+    GuardedHttpProtocol.body_min_rate_bytes_s = settings.body_min_rate_bytes_s
+    GuardedHttpProtocol.body_rate_window_s = settings.body_rate_window_s
+
+
+def connection_budgets(settings: Settings) -> tuple[int, int]:
+    """(HTTP, gRPC) connections a process may hold: CGSERVE_MAX_CONNECTIONS each, or (0) the open-file
+    budget split three to one where gRPC listens, so that together they never run out of descriptors."""
+    if settings.max_connections:
+        return settings.max_connections, settings.max_connections
+    budget = open_file_budget()
+    grpc = max(16, budget // 4) if settings.grpc_port else 0
+    return budget - grpc, grpc
+
+
+def open_file_budget() -> int:
+    """What the process may hold in connections: its open-file limit, less some for everything else."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(64, (soft if soft != resource.RLIM_INFINITY else 65536) - 128)
+
+
+class DrainingHttpProtocol(GuardedHttpProtocol):
+    """uvicorn closes an idle keep-alive connection at shutdown at once. Its client may have written
+    its next request already (in flight, or in our socket's buffer, unread): closed under it, the
+    request is lost, and with unread bytes the kernel resets the connection. Here a connection in
+    shutdown answers what comes with `Connection: close` and closes after that answer; one that
+    sends nothing is closed at its keep-alive timeout, as any idle connection is."""
+
+    _closing = False
+
+    def shutdown(self) -> None:
+        self._closing = True
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.keep_alive = False  # the answer says Connection: close, then closes
+        for cycle, _ in self.pipeline:
+            cycle.keep_alive = False
+        if (self.cycle is None or self.cycle.response_complete) and self.timeout_keep_alive_task is None:
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        if self._closing and self.cycle is not None:
+            self.cycle.keep_alive = False  # before it is answered: inline and ASGI answers come later

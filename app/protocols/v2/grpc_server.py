@@ -1,0 +1,315 @@
+"""The Open Inference Protocol over gRPC (GRPCInferenceService), in the server's own process.
+
+It runs on the same event loop as the HTTP server and submits to the same batchers, so both
+protocols share engines, graphs, limits and metrics (protocol "grpc"). Beside it: the standard
+gRPC health service (SERVING once every model is ready) and server reflection. A client's
+deadline bounds the wait for its answer; a call the client cancels, or whose deadline passes, is
+counted as CANCELLED or DEADLINE_EXCEEDED. Messages may be as large as CGSERVE_MAX_BODY_BYTES or
+a served model's largest bucket of FP32 images, whichever is larger (`message_limit`).
+Connections are bounded as HTTP's are (`connection_options`): their number, their streams, how
+long one may sit idle (CGSERVE_KEEPALIVE_TIMEOUT_S, as an idle HTTP keep-alive) and its age.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from app.access.grpc_interceptor import server_interceptors
+from app.config import Settings
+from app.errors import ClientClosedError, DeadlineExceededError, InputError, ServiceError, within
+from app.http.protocol import connection_budgets
+from app.ops import metrics
+from app.ops.off_loop import LARGE_JSON_BYTES, off_loop
+from app.protocols.v2 import tensors
+from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
+from app.protocols.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from app.repository import ModelConfigError, read_repository
+from app.repository.model_spec import ModelSpec
+from app.service import ServedModel, Service
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+# The service's HTTP statuses as gRPC codes.
+STATUS_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.INVALID_ARGUMENT,
+    415: grpc.StatusCode.INVALID_ARGUMENT,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+HEALTH_POLL_S = 1.0
+# Room for a ModelInferRequest's framing around its tensor bytes (perf_analyzer's 32 ResNet-50
+# images: 19,267,584 bytes of FP32 in a message of 19,267,681).
+FRAMING_BYTES = 2**20
+# A connection is closed (GOAWAY, then its calls' grace) after this long, so that clients rebalance
+# across replicas and nothing holds a descriptor for ever.
+MAX_CONNECTION_AGE_S = 30 * 60
+MAX_STREAMS = 256  # concurrent calls on one connection; a client queues more until some end
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: Any, context: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.service.readiness()[0])
+
+    async def ModelReady(self, request: Any, context: Any) -> pb.ModelReadyResponse:
+        served = await self._model(request.name, request.version, context)
+        return pb.ModelReadyResponse(ready=served.readiness()[0])
+
+    async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(**tensors.server_metadata())
+
+    async def ModelMetadata(self, request: Any, context: Any) -> pb.ModelMetadataResponse:
+        served = await self._model(request.name, request.version, context)
+        return pb.ModelMetadataResponse(**tensors.model_metadata(served.spec, _platform(served)))
+
+    async def ModelConfig(self, request: Any, context: Any) -> pb.ModelConfigResponse:
+        served = await self._model(request.name, request.version, context)
+        options = served.options
+        config = tensors.model_config(served.spec, _platform(served), options.buckets, options.max_delay_ms)
+        return pb.ModelConfigResponse(config=pb.ModelConfig(**config))
+
+    async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
+        started = time.perf_counter()
+        name = ""  # the metrics' model label: a served model's name, never what the client wrote
+        form = "raw" if request.raw_input_contents else "typed"
+        code = grpc.StatusCode.OK
+        try:
+            served = self._lookup(request.model_name, request.model_version)
+            name = served.spec.name
+            batcher = served.ready_batcher()
+            # The end to end: the service's timeout, or less if the client's gRPC deadline is nearer.
+            timeout_s = self.service.settings.request_timeout_s
+            remaining = context.time_remaining()
+            deadline = time.monotonic() + (timeout_s if remaining is None else min(timeout_s, remaining))
+            batcher.admit(deadline)
+            classes = _asked_classes(request)  # the whole request checked before its batch runs
+            async with within(deadline):
+                max_instances = self.service.settings.max_instances
+                if _payload_bytes(request) < LARGE_JSON_BYTES:  # as the REST path: large decodes off the loop
+                    images = _input(request, served, max_instances)
+                else:
+                    images = await off_loop(_input, request, served, max_instances)
+                probabilities = await batcher.submit(images, deadline)
+            return _answer(request, served, probabilities, classes)
+        except asyncio.CancelledError:
+            # grpc.aio cancels the handler when the client cancels the call or its deadline passes:
+            # nobody is left to answer, and it is not an OK.
+            code = _ended_by_client(context)
+            reason = DeadlineExceededError.reason if code is grpc.StatusCode.DEADLINE_EXCEEDED else None
+            metrics.reject(name, reason or ClientClosedError.reason)
+            raise
+        except ServiceError as error:
+            metrics.reject(name, error.reason)
+            code = STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL)
+            text = f"{error.message}; expected {error.expected}" if error.expected else error.message
+            await context.abort(code, text)
+            raise  # abort() raises; this line is for the type checker
+        except Exception:
+            log.exception("unexpected error in ModelInfer")
+            code = grpc.StatusCode.INTERNAL
+            metrics.reject(name, "engine_error")
+            await context.abort(code, "unexpected server error; it is logged with its traceback")
+            raise
+        finally:
+            metrics.observe_request(name, "grpc", form, code.name, time.perf_counter() - started)
+
+    def _lookup(self, name: str, version: str) -> ServedModel:
+        served = self.service.model(name)
+        if version not in ("", tensors.VERSION):
+            raise InputError(f"model {name} has no version {version!r}", expected="version 1", status=404)
+        return served
+
+    async def _model(self, name: str, version: str, context: Any) -> ServedModel:
+        try:
+            return self._lookup(name, version)
+        except ServiceError as error:
+            await context.abort(STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL), error.message)
+            raise
+
+
+def _platform(served: ServedModel) -> str:
+    return f"cudagraph-serve_{served.options.engine}"
+
+
+def _ended_by_client(context: Any) -> grpc.StatusCode:
+    """Why a call's handler was cancelled: its deadline passed, or the client cancelled it."""
+    remaining = context.time_remaining()
+    return (
+        grpc.StatusCode.DEADLINE_EXCEEDED if remaining is not None and remaining < 0.01 else grpc.StatusCode.CANCELLED
+    )
+
+
+def _payload_bytes(request: Any) -> int:
+    """The input's bytes, as decoded: raw contents, or 4 bytes an element of typed contents."""
+    if request.raw_input_contents:
+        return sum(len(raw) for raw in request.raw_input_contents)
+    return sum(4 * (len(t.contents.fp32_contents) + len(t.contents.uint_contents)) for t in request.inputs)
+
+
+def message_limit(max_body_bytes: int, default_buckets: tuple[int, ...], specs: list[ModelSpec]) -> int:
+    """The largest message taken in: CGSERVE_MAX_BODY_BYTES, or a served model's largest bucket of
+    FP32 images and their framing where that is larger (Triton's clients send FP32 at max_batch_size)."""
+    largest = max((max(spec.config.buckets or default_buckets) * spec.pixels * 4 for spec in specs), default=0)
+    return max(max_body_bytes, largest + FRAMING_BYTES)
+
+
+def connection_options(settings: Settings) -> list[tuple[str, int]]:
+    """gRPC's connection limits, from the HTTP ones: 1,000 idle connections (a preface each) held
+    1,023 of 1,024 descriptors. The cap is CGSERVE_MAX_CONNECTIONS, or a quarter of the open-file
+    budget HTTP takes whole where that is 0 (gRPC's share of the 128 descriptors kept aside, and more)."""
+    grace_s = settings.request_timeout_s + 1  # a call that started before the GOAWAY gets its whole timeout
+    return [
+        ("grpc.max_allowed_incoming_connections", connection_budgets(settings)[1]),
+        ("grpc.max_concurrent_streams", MAX_STREAMS),
+        ("grpc.max_connection_idle_ms", round(settings.keepalive_timeout_s * 1000)),
+        ("grpc.max_connection_age_ms", MAX_CONNECTION_AGE_S * 1000),
+        ("grpc.max_connection_age_grace_ms", round(grace_s * 1000)),
+    ]
+
+
+def _input(request: Any, served: ServedModel, max_instances: int) -> np.ndarray:
+    spec = served.spec
+    if len(request.inputs) != 1:
+        raise InputError(f"the request has {len(request.inputs)} inputs", expected=tensors.expected(spec))
+    tensor = request.inputs[0]
+    if request.raw_input_contents:
+        data = tensors.binary_elements(tensor.datatype, request.raw_input_contents[0])
+    elif tensor.datatype == "FP32":
+        data = np.asarray(tensor.contents.fp32_contents, dtype=np.float32)
+    else:
+        contents = np.asarray(tensor.contents.uint_contents, dtype=np.uint32)
+        if contents.size and contents.max() > 255:
+            raise InputError("UINT8 contents above 255", expected=tensors.expected(spec))
+        data = contents.astype(np.uint8)
+    return tensors.decode_input(
+        spec,
+        name=tensor.name,
+        datatype=tensor.datatype,
+        shape=list(tensor.shape),
+        data=data,
+        max_instances=max_instances,
+    )
+
+
+def _asked_classes(request: Any) -> int:
+    """The top-k the one output asks for (0: the probabilities); InputError for an unknown output,
+    a repeated one (200,000 repeats made an answer of as many copies) or a malformed count."""
+    for index, output in enumerate(request.outputs):
+        if output.name != tensors.OUTPUT:
+            raise InputError(f"no output named {output.name[:60]!r}", expected=f'the output "{tensors.OUTPUT}"')
+        if index:
+            raise InputError(
+                f'the output "{tensors.OUTPUT}" is asked for {len(request.outputs)} times', expected="each output once"
+            )
+    if not request.outputs or "classification" not in request.outputs[0].parameters:
+        return 0
+    parameter = request.outputs[0].parameters["classification"]
+    kind = parameter.WhichOneof("parameter_choice")
+    count = getattr(parameter, kind) if kind in ("int64_param", "uint64_param") else -1
+    if count < 0:
+        value = getattr(parameter, kind) if kind else None
+        raise InputError(
+            f"the parameter classification is {str(value)[:60]!r} ({kind})",
+            expected="int64_param: a whole number of classes to answer, most probable first (0: the probabilities)",
+        )
+    return int(count)
+
+
+def _answer(request: Any, served: ServedModel, probabilities: np.ndarray, classes: int) -> pb.ModelInferResponse:
+    spec = served.spec
+    response = pb.ModelInferResponse(model_name=spec.name, model_version=tensors.VERSION, id=request.id)
+    if classes:
+        values = tensors.classification(probabilities, classes, spec.class_names)
+        raw = b"".join(len(v).to_bytes(4, "little") + v for v in values.reshape(-1))
+        response.outputs.add(name=tensors.OUTPUT, datatype="BYTES", shape=list(values.shape))
+    else:
+        raw = np.ascontiguousarray(probabilities, dtype="<f4").tobytes()
+        response.outputs.add(name=tensors.OUTPUT, datatype="FP32", shape=list(probabilities.shape))
+    # What the scores are: softmax probabilities, sigmoid per class, or the model's own outputs.
+    response.outputs[0].parameters["postprocess"].string_param = spec.config.postprocess
+    response.raw_output_contents.append(raw)
+    return response
+
+
+class HealthServicer(health.aio.HealthServicer):  # type: ignore[misc]
+    """grpc.health.v1: Check answers from the service's readiness at that moment; Watch streams
+    what the watcher task last set (see GrpcServer._report_health)."""
+
+    def __init__(self, service: Service) -> None:
+        super().__init__()
+        self._service = service
+
+    async def Check(self, request: Any, context: Any) -> health_pb2.HealthCheckResponse:
+        if request.service not in ("", SERVICE_NAME):
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no service named {request.service!r}")
+        ready = self._service.readiness()[0]
+        serving = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+        return health_pb2.HealthCheckResponse(status=serving)
+
+
+class GrpcServer:
+    """The gRPC server and its health service, started and stopped with the HTTP app."""
+
+    def __init__(self, service: Service, settings: Settings, *, reuse_port: bool) -> None:
+        try:
+            specs = read_repository(settings.model_repository)
+        except (ModelConfigError, OSError):  # the service's start-up names every problem
+            specs = []
+        limit = self.message_limit = message_limit(settings.max_body_bytes, settings.buckets, specs)
+        options = [
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", max(limit, 64 * 2**20)),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),  # workers share the port; one process owns it
+            *connection_options(settings),
+        ]
+        self.server = grpc.aio.server(options=options, interceptors=server_interceptors(settings))
+        self.health = HealthServicer(service)
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(service), self.server)  # type: ignore[no-untyped-call]
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
+        reflection.enable_server_reflection(names, self.server)
+        self.address = f"{settings.host}:{settings.grpc_port}"
+        if self.server.add_insecure_port(self.address) == 0:
+            raise RuntimeError(f"gRPC cannot listen on {self.address}")
+        self._service = service
+        self._watch: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.server.start()
+        self._watch = asyncio.create_task(self._report_health(), name="grpc-health")
+        log.info("gRPC (Open Inference Protocol) on %s", self.address)
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+        await self.server.stop(grace_s)
+
+    async def _report_health(self) -> None:
+        """SERVING exactly while the whole service is ready (a broken device turns it off)."""
+        serving = health_pb2.HealthCheckResponse.SERVING
+        not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+        while True:
+            status = serving if self._service.readiness()[0] else not_serving
+            for name in ("", SERVICE_NAME):
+                await self.health.set(name, status)
+            await asyncio.sleep(HEALTH_POLL_S)

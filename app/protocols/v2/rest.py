@@ -1,0 +1,317 @@
+"""The Open Inference Protocol (KServe v2) over HTTP, beside our own routes, on the same port.
+
+Health, server and model metadata, Triton's model configuration extension (what perf_analyzer
+reads), and inference with JSON tensors or the binary tensor data extension
+(`Inference-Header-Content-Length`: a JSON header, then each binary tensor's bytes in order).
+Inference shares the batchers, limits, deadlines and metrics of POST /predict (protocol "v2").
+Every error is the protocol's {"error": "…"} with its HTTP status. The whole request (its input
+and what its answer should hold) is checked before its batch runs: a malformed one is a 400.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+import orjson
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from app.errors import InputError, ServiceError, error_body, within
+from app.http.limits import DEADLINE_KEY
+from app.http.routes.failures import failure_response
+from app.http.routes.probes import ServiceDep
+from app.http.schemas import V2_NOT_FOUND, ReadyAnswer
+from app.ops import metrics
+from app.ops.off_loop import LARGE_JSON_BYTES, off_loop
+from app.protocols.v2 import tensors
+from app.repository.model_spec import ModelSpec
+from app.service import ServedModel, Service
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/v2", tags=["Open Inference Protocol (KServe v2)"])
+HEADER_LENGTH = "inference-header-content-length"
+JSON = "application/json"
+MAX_LENGTH_DIGITS = 12  # Inference-Header-Content-Length: a terabyte; int() of 5,000 digits raises
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """What the answer holds, as the request asked it: checked before its batch runs."""
+
+    id: str | None
+    classes: int  # top-k strings (the classification extension); 0: the probabilities
+    binary: bool  # the output as binary tensor data after the JSON header
+
+
+def v2_error(error: ServiceError) -> Response:
+    """{"error": "…"} with the status Triton gives: 400 for a request whose content is invalid."""
+    status = 400 if error.status == 422 else error.status
+    return Response(error_body(error, v2=True), status_code=status, headers=error.headers, media_type=JSON)
+
+
+def served_model(service: Service, name: str, version: str | None) -> ServedModel:
+    served = service.model(name)
+    if version not in (None, "", tensors.VERSION):
+        raise InputError(f"model {name} has no version {version!r}", expected=f"version {tensors.VERSION}", status=404)
+    return served
+
+
+def platform(served: ServedModel) -> str:
+    return f"cudagraph-serve_{served.options.engine}"
+
+
+@router.get("", summary="Server metadata and the protocol extensions supported")
+async def server_metadata() -> dict[str, Any]:
+    return tensors.server_metadata()
+
+
+@router.get("/health/live", summary="200 while the process answers")
+async def live() -> dict[str, bool]:
+    return {"live": True}
+
+
+@router.get(
+    "/health/ready",
+    summary="200 once every model is ready, else 503",
+    responses={503: {"description": "Starting, draining or a dead device", "model": ReadyAnswer}},
+)
+async def ready(service: ServiceDep) -> Response:
+    is_ready = service.readiness()[0]
+    return Response(orjson.dumps({"ready": is_ready}), status_code=200 if is_ready else 503, media_type=JSON)
+
+
+@router.get("/models/{name}", summary="Model metadata: input and output tensors", responses=V2_NOT_FOUND)
+@router.get("/models/{name}/versions/{version}", summary="Model metadata of one version", responses=V2_NOT_FOUND)
+async def model_metadata(name: str, service: ServiceDep, version: str | None = None) -> Response:
+    try:
+        served = served_model(service, name, version)
+    except ServiceError as error:
+        return v2_error(error)
+    return Response(orjson.dumps(tensors.model_metadata(served.spec, platform(served))), media_type=JSON)
+
+
+READY_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **V2_NOT_FOUND,
+    503: {"description": "The model is starting, draining or its device is dead", "model": ReadyAnswer},
+}
+
+
+@router.get("/models/{name}/ready", summary="200 once the model is ready, else 503", responses=READY_RESPONSES)
+@router.get("/models/{name}/versions/{version}/ready", summary="Readiness of one version", responses=READY_RESPONSES)
+async def model_ready(name: str, service: ServiceDep, version: str | None = None) -> Response:
+    try:
+        served = served_model(service, name, version)
+    except ServiceError as error:
+        return v2_error(error)
+    is_ready = served.readiness()[0]
+    return Response(orjson.dumps({"ready": is_ready}), status_code=200 if is_ready else 503, media_type=JSON)
+
+
+@router.get(
+    "/models/{name}/config",
+    summary="Triton's model configuration extension (batch size, tensors)",
+    responses=V2_NOT_FOUND,
+)
+@router.get(
+    "/models/{name}/versions/{version}/config", summary="Model configuration of one version", responses=V2_NOT_FOUND
+)
+async def model_config(name: str, service: ServiceDep, version: str | None = None) -> Response:
+    try:
+        served = served_model(service, name, version)
+    except ServiceError as error:
+        return v2_error(error)
+    options = served.options
+    config = tensors.model_config(served.spec, platform(served), options.buckets, options.max_delay_ms)
+    return Response(orjson.dumps(config), media_type=JSON)
+
+
+async def infer(request: Request) -> Response:
+    """POST /v2/models/{name}[/versions/{version}]/infer: a plain route, as POST /predict is."""
+    started = time.perf_counter()
+    service: Service = request.app.state.service
+    name = ""  # the metrics' model label: a served model's name, never what the client wrote
+    form = "binary" if HEADER_LENGTH in request.headers else "json"
+    try:
+        served = served_model(service, request.path_params["name"], request.path_params.get("version"))
+        name = served.spec.name
+        batcher = served.ready_batcher()
+        deadline = request.scope.get(DEADLINE_KEY) or time.monotonic() + service.settings.request_timeout_s
+        batcher.admit(deadline)  # refused here, before a byte of the body is read
+        async with within(deadline):
+            body = await request.body()
+            parse = partial(
+                parse_infer, body, request.headers.get(HEADER_LENGTH), served.spec, service.settings.max_instances
+            )
+            asked, images = await off_loop(parse) if len(body) >= LARGE_JSON_BYTES else parse()
+            probabilities = await batcher.submit(images, deadline)
+        content, header_length = infer_answer(asked, served.spec, probabilities)
+        response = infer_response(content, header_length)
+    except Exception as error:
+        response = failure_response(error, model=name, path=request.url.path, render=v2_error)
+    metrics.observe_request(name, "v2", form, str(response.status_code), time.perf_counter() - started)
+    return response
+
+
+INFER_ROUTES = [
+    Route("/v2/models/{name}/infer", infer, methods=["POST"], include_in_schema=False),
+    Route("/v2/models/{name}/versions/{version}/infer", infer, methods=["POST"], include_in_schema=False),
+]
+
+
+def parse_infer(
+    body: bytes, header_length: str | None, spec: ModelSpec, max_instances: int
+) -> tuple[Asked, np.ndarray]:
+    """What the answer should hold and the input as (k, C, H, W): the whole request, checked."""
+    document, binary = _split_body(body, header_length)
+    images = _input(document, binary, spec, max_instances)
+    return asked_outputs(document), images
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _parameters(value: object, where: str) -> dict[str, Any]:
+    """A "parameters" object (absent or null: none)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InputError(f"{where} parameters are {_short(value)}", expected='a JSON object, e.g. {"name": value}')
+    return value
+
+
+def _flag(parameters: dict[str, Any], key: str, default: bool) -> bool:
+    value = parameters.get(key, default)
+    if not isinstance(value, bool):
+        raise InputError(f"the parameter {key} is {_short(value)}", expected="true or false")
+    return value
+
+
+def asked_outputs(document: dict[str, Any]) -> Asked:
+    """The request's "outputs" and answer parameters, refused here (400) if the answer could not honour them."""
+    wants_binary = _flag(_parameters(document.get("parameters"), "the request's"), "binary_data_output", False)
+    requested = document.get("outputs")
+    if requested is None:
+        requested = []
+    if not isinstance(requested, list):
+        raise InputError(f'"outputs" is {_short(requested)}', expected=f'a list naming the output "{tensors.OUTPUT}"')
+    classes, binary = 0, wants_binary
+    for index, output in enumerate(requested):
+        if not isinstance(output, dict):
+            raise InputError(f"an output is {_short(output)}", expected=f'{{"name": "{tensors.OUTPUT}"}}')
+        if output.get("name") != tensors.OUTPUT:
+            raise InputError(f"no output named {_short(output.get('name'))}", expected=f'the output "{tensors.OUTPUT}"')
+        if index:  # one output, so any second one repeats it (240,000 repeats made a 66 MB answer)
+            raise InputError(
+                f'the output "{tensors.OUTPUT}" is asked for {len(requested)} times', expected="each output once"
+            )
+        parameters = _parameters(output.get("parameters"), f'the output "{tensors.OUTPUT}"\'s')
+        classes = parameters.get("classification", 0)
+        if classes is None:
+            classes = 0
+        if not isinstance(classes, int) or isinstance(classes, bool) or classes < 0:
+            raise InputError(
+                f"the parameter classification is {_short(classes)}",
+                expected="a whole number of classes to answer, most probable first (0: the probabilities)",
+            )
+        binary = _flag(parameters, "binary_data", wants_binary)
+    request_id = document.get("id")
+    return Asked(request_id if isinstance(request_id, str) else None, classes, binary)
+
+
+def _split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes]:
+    """The JSON inference header and the binary section after it (empty without the extension)."""
+    header, binary = body, b""
+    if header_length is not None:
+        digits = header_length.isascii() and header_length.isdigit() and len(header_length) <= MAX_LENGTH_DIGITS
+        if not digits or int(header_length) > len(body):
+            raise InputError(
+                f"Inference-Header-Content-Length is {_short(header_length)} for a body of {len(body)} bytes",
+                expected="the byte length of the JSON header that starts the body",
+                status=400,
+            )
+        header, binary = body[: int(header_length)], body[int(header_length) :]
+    try:
+        document = orjson.loads(header)
+    except orjson.JSONDecodeError as error:
+        raise InputError(
+            f"the inference header is not valid JSON: {error}", expected="a JSON object", status=400
+        ) from None
+    if not isinstance(document, dict):
+        raise InputError("the inference header is not a JSON object", expected='{"inputs": [...]}', status=400)
+    return document, binary
+
+
+def _input(document: dict[str, Any], binary: bytes, spec: ModelSpec, max_instances: int) -> np.ndarray:
+    inputs = document.get("inputs")
+    if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
+        raise InputError('"inputs" must be a list of one tensor', expected=tensors.expected(spec))
+    tensor = inputs[0]
+    datatype, shape = tensor.get("datatype"), tensor.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise InputError(f"the input's shape is {_short(shape)}", expected=tensors.expected(spec))
+    size = _parameters(tensor.get("parameters"), "the input's").get("binary_data_size")
+    if size is not None:
+        if not isinstance(size, int) or isinstance(size, bool) or size != len(binary):
+            raise InputError(
+                f"binary_data_size is {_short(size)} and the binary section holds {len(binary)} bytes",
+                expected="binary_data_size equal to the bytes after the JSON header",
+            )
+        data = tensors.binary_elements(str(datatype), binary)
+    elif "data" in tensor:
+        data = tensors.json_elements(str(datatype), tensor["data"], spec)
+    else:
+        raise InputError(
+            'the input has neither "data" nor parameters.binary_data_size', expected=tensors.expected(spec)
+        )
+    return tensors.decode_input(
+        spec, name=str(tensor.get("name")), datatype=str(datatype), shape=shape, data=data, max_instances=max_instances
+    )
+
+
+def infer_answer(asked: Asked, spec: ModelSpec, probabilities: np.ndarray) -> tuple[bytes, int | None]:
+    """The answer's body: probabilities, or top-k strings (classification), JSON or binary as
+    asked; and the length of its JSON header where binary tensors follow it (None: all JSON)."""
+    header: dict[str, Any] = {"model_name": spec.name, "model_version": tensors.VERSION, "outputs": []}
+    if asked.id is not None:
+        header["id"] = asked.id
+    count = asked.classes
+    values = tensors.classification(probabilities, count, spec.class_names) if count else probabilities
+    described: dict[str, Any] = {
+        "name": tensors.OUTPUT,
+        "datatype": "BYTES" if count else "FP32",
+        "shape": list(values.shape),
+    }
+    raw = b""
+    # What the scores are: softmax probabilities, sigmoid per class, or the model's own outputs.
+    described["parameters"] = {"postprocess": spec.config.postprocess}
+    if asked.binary:
+        raw = _bytes_tensor(values) if count else np.ascontiguousarray(values, dtype="<f4").tobytes()
+        described["parameters"]["binary_data_size"] = len(raw)
+    else:
+        described["data"] = [v.decode() for v in values.reshape(-1)] if count else values.reshape(-1)
+    header["outputs"].append(described)
+    body = orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not asked.binary:
+        return body, None
+    return body + raw, len(body)
+
+
+def infer_response(content: bytes, header_length: int | None) -> Response:
+    if header_length is None:
+        return Response(content, media_type=JSON)
+    headers = {HEADER_LENGTH: str(header_length)}
+    return Response(content, headers=headers, media_type="application/octet-stream")
+
+
+def _bytes_tensor(values: np.ndarray) -> bytes:
+    """BYTES elements in the binary extension: each a 4-byte little-endian length, then the bytes."""
+    return b"".join(len(v).to_bytes(4, "little") + v for v in values.reshape(-1))

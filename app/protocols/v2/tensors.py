@@ -1,0 +1,112 @@
+"""The Open Inference Protocol's tensors for our models, shared by its REST and gRPC ingress.
+
+Every model has one input, `input`: FP32 intensities in [0, 1] or UINT8 pixels, shape
+[-1, C, H, W]; and one output, `probabilities`: FP32 [-1, classes]. A request's input becomes
+the same (k, C, H, W) array that POST /predict's decoders give the batcher; an output asked for
+with the classification extension becomes Triton's top-k strings "score:index:label".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from app import __version__
+from app.codecs.bodies import check_count, checked_intensities
+from app.errors import InputError
+from app.repository.model_spec import ModelSpec
+
+INPUT = "input"
+OUTPUT = "probabilities"
+VERSION = "1"  # every model of the repository has this one version
+DATATYPES: dict[str, np.dtype[Any]] = {"FP32": np.dtype("<f4"), "UINT8": np.dtype(np.uint8)}
+EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration"]
+
+
+def expected(spec: ModelSpec) -> str:
+    c, h, w = spec.input_shape
+    return (
+        f'one input "{INPUT}", FP32 intensities in [0, 1] or UINT8 pixels 0–255, shape [N, {c}, {h}, {w}] '
+        f"with 1 ≤ N; data as a flat or nested list, or binary (binary_tensor_data)"
+    )
+
+
+def decode_input(
+    spec: ModelSpec, *, name: str, datatype: str, shape: list[int], data: np.ndarray, max_instances: int
+) -> np.ndarray:
+    """The input tensor (its elements already in `data`, flat) → (k, C, H, W) uint8 or float32."""
+    want = expected(spec)
+    if name != INPUT:
+        raise InputError(f'the input is named "{name}"', expected=want)
+    if datatype not in DATATYPES:
+        raise InputError(f"the input's datatype is {datatype}", expected=want)
+    c, h, w = spec.input_shape
+    if len(shape) != 4 or list(shape[1:]) != [c, h, w]:
+        raise InputError(f"the input's shape is {list(shape)}", expected=want)
+    check_count(shape[0], max_instances, want)
+    if data.size != int(np.prod(shape)):
+        raise InputError(f"the input holds {data.size} elements for a shape of {list(shape)}", expected=want)
+    images = data.reshape(shape)
+    return images if datatype == "UINT8" else checked_intensities(images, want)
+
+
+def json_elements(datatype: str, data: object, spec: ModelSpec) -> np.ndarray:
+    """The JSON form's "data" (flat or nested list) → a flat array of the datatype's elements."""
+    try:
+        array = np.asarray(data)
+    except (ValueError, OverflowError, RecursionError):
+        raise InputError("the input's data is not a regular array", expected=expected(spec)) from None
+    if array.dtype.kind not in "iuf" or array.dtype == np.bool_:
+        raise InputError("the input's data holds non-numeric elements", expected=expected(spec))
+    if datatype == "UINT8" and (array.dtype.kind == "f" or (array.size and (array.min() < 0 or array.max() > 255))):
+        raise InputError("UINT8 data must be integers 0–255", expected=expected(spec))
+    return array.reshape(-1).astype(DATATYPES.get(datatype, np.dtype("<f4")))
+
+
+def binary_elements(datatype: str, raw: bytes) -> np.ndarray:
+    """Raw little-endian bytes (binary_tensor_data, raw_input_contents) → a flat array, no copy."""
+    dtype = DATATYPES.get(datatype, np.dtype(np.uint8))
+    if len(raw) % dtype.itemsize:
+        raise InputError(f"{len(raw)} bytes of input are not whole {datatype} elements", expected="")
+    return np.frombuffer(raw, dtype=dtype)
+
+
+def classification(probabilities: np.ndarray, count: int, labels: tuple[str, ...]) -> np.ndarray:
+    """(k, classes) → (k, count) strings "score:index:label", most probable first, as Triton does."""
+    count = max(1, min(count, probabilities.shape[1]))
+    order = np.argsort(-probabilities, axis=1, kind="stable")[:, :count]
+    rows = [
+        [f"{row[i]:.6f}:{i}:{labels[i]}".encode() for i in top] for row, top in zip(probabilities, order, strict=True)
+    ]
+    return np.array(rows, dtype=object)
+
+
+def server_metadata() -> dict[str, Any]:
+    return {"name": "cudagraph-serve", "version": __version__, "extensions": EXTENSIONS}
+
+
+def model_metadata(spec: ModelSpec, platform: str) -> dict[str, Any]:
+    return {
+        "name": spec.name,
+        "versions": [VERSION],
+        "platform": platform,
+        "inputs": [{"name": INPUT, "datatype": "FP32", "shape": [-1, *spec.input_shape]}],
+        "outputs": [{"name": OUTPUT, "datatype": "FP32", "shape": [-1, spec.num_classes]}],
+    }
+
+
+def model_config(spec: ModelSpec, platform: str, buckets: tuple[int, ...], max_delay_ms: float) -> dict[str, Any]:
+    """Triton's model configuration extension, the fields load tools read (perf_analyzer)."""
+    return {
+        "name": spec.name,
+        "platform": platform,
+        "backend": "cudagraph-serve",
+        "max_batch_size": buckets[-1],
+        "input": [{"name": INPUT, "data_type": "TYPE_FP32", "dims": list(spec.input_shape)}],
+        "output": [{"name": OUTPUT, "data_type": "TYPE_FP32", "dims": [spec.num_classes]}],
+        "dynamic_batching": {
+            "preferred_batch_size": list(buckets),
+            "max_queue_delay_microseconds": round(max_delay_ms * 1000),
+        },
+    }
