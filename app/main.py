@@ -18,16 +18,19 @@ from starlette.routing import Route
 
 from app.access.middleware import add_access_layers
 from app.config import Settings, get_settings
+from app.dataplane import DataPlane
 from app.engines.factory import EngineOptions
 from app.errors import RouteError, error_response
 from app.http.inline import InlinePredict
+from app.http.inline_routes import PREDICT, V2_INFER
 from app.http.limits import BodyBudget, RequestGuard
 from app.http.openapi import build_openapi
 from app.http.protocol import GuardedHttpProtocol
 from app.http.routes import models, probes
-from app.http.routes.predict import predict
+from app.http.routes.predict import PredictCodec, predict
 from app.ops.loop_lag import GcPauses, sample_loop_lag
 from app.protocols.v2 import rest as v2_rest
+from app.protocols.v2.rest import V2Codec
 from app.repository import LoadedModel
 from app.runtime.drain import drain_on_signals
 from app.service import Service
@@ -68,6 +71,9 @@ def create_app(
             engine_process=engine_process,
         )  # fmt: skip
         app.state.service = service
+        # The one infer path, and each HTTP wire format's codec for it (app/dataplane.py).
+        plane = app.state.plane = DataPlane(service)
+        app.state.predict_codec, app.state.v2_codec = PredictCodec(service), V2Codec(service)
         service.start()
         gc_pauses = GcPauses()
         gc_pauses.install()
@@ -76,10 +82,11 @@ def create_app(
         if settings.grpc_port:
             from app.protocols.v2.grpc_server import GrpcServer  # grpcio loads only where gRPC is on
 
-            grpc_server = GrpcServer(service, settings, reuse_port=settings.workers > 1)
+            grpc_server = GrpcServer(plane, settings, reuse_port=settings.workers > 1)
             await grpc_server.start()
         if settings.inline_predict and not access_layers_on:
-            GuardedHttpProtocol.inline = InlinePredict(service, budget)  # the protocol answers small predicts
+            codecs = {PREDICT: app.state.predict_codec, V2_INFER: app.state.v2_codec}
+            GuardedHttpProtocol.inline = InlinePredict(plane, codecs, budget)  # the protocol answers small predicts
         try:
             with drain_on_signals(settings.drain_seconds, service.begin_drain):
                 yield

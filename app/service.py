@@ -24,9 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from app.batching.batcher import Batcher
+from app.batching.queue import BatchQueue
 from app.codecs.uploads import JpegBatchDecoder, start_jpeg_decoder
 from app.config import Settings
-from app.engine_process.client import EngineLink, RemoteBatcher
+from app.engine_process.client import EngineLink
 from app.engines.base import Engine
 from app.engines.factory import (
     EngineOptions,
@@ -52,12 +53,13 @@ class ServedModel:
     spec: ModelSpec
     options: EngineOptions
     engines: list[Engine] = field(default_factory=list)  # one per options.devices, in order, as they are built
-    batcher: Batcher | RemoteBatcher | None = None  # RemoteBatcher: the engine process holds the engines
+    batcher: BatchQueue | None = None  # once ready: a Batcher here, or the engine process's RemoteBatcher
+    remote: bool = False  # the engines are the engine process's: none here to ask about their devices
     failure: str | None = None
 
     def device_states(self) -> dict[str, str]:
         """Device → its engine's state: starting, ready, dead, failed (its start-up) or not started."""
-        if isinstance(self.batcher, RemoteBatcher):  # the engine process's; dead if it is gone
+        if self.remote and self.batcher is not None:  # the engine process's; dead if it is gone
             return {device: "dead" if self.batcher.dead else "ready" for device in self.options.devices}
         states = {}
         for index, device in enumerate(self.options.devices):
@@ -89,7 +91,7 @@ class ServedModel:
             return False, f"{name}: the {device} device is dead; the service is restarting{on}"
         return True, "ready"
 
-    def ready_batcher(self) -> Batcher | RemoteBatcher:
+    def ready_batcher(self) -> BatchQueue:
         """The batcher, or NotReadyError (503) while starting, after a failure, or on a broken device."""
         batcher = self.batcher
         healthy = self.failure is None and all(engine.healthy() for engine in self.engines)
@@ -222,7 +224,10 @@ class Service:
         try:
             devices = resolve_devices(self.settings.device)
             specs = await asyncio.to_thread(read_repository, self.settings.model_repository)
-            self.models = {spec.name: ServedModel(spec, engine_options(self.settings, spec, devices)) for spec in specs}
+            self.models = {
+                spec.name: ServedModel(spec, engine_options(self.settings, spec, devices), remote=True)
+                for spec in specs
+            }
             await link.connect()
             for name, served in self.models.items():
                 served.batcher = link.batcher(name)

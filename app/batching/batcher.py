@@ -32,6 +32,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -114,6 +115,16 @@ class Batcher:
         wait = self.drain_estimate_s()
         if wait and time.monotonic() + wait > deadline:
             raise QueueFullError(self._queued_rows, self.queue_limit, retry_after_s=wait, deadline_first=True)
+
+    def device_figures(self) -> dict[str, dict[str, Any]]:
+        """Device → batches launched and in flight on it."""
+        pool = self.pool
+        figures: dict[str, dict[str, Any]] = {engine.device: {} for engine in self.engines}
+        for device, launched in pool.by_device(pool.launched).items():
+            figures[device]["batches_launched"] = launched
+        for device, in_flight in pool.by_device(pool.batches_in_flight).items():
+            figures[device]["batches_in_flight"] = in_flight
+        return figures
 
     def drain_estimate_s(self) -> float:
         """Seconds the rows queued now would take at the recent device throughput (0 when unknown)."""

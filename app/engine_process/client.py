@@ -166,5 +166,8 @@ class RemoteBatcher:
         # No deadline: the engine's batcher caps it at its request timeout, as a local one does.
         return self.link.send(self.index, images, deadline if deadline is not None else math.inf)
 
+    def device_figures(self) -> dict[str, dict[str, Any]]:
+        return {}  # the engine process's own
+
     async def stop(self) -> None:
         pass  # the link closes with the service

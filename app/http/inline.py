@@ -31,33 +31,32 @@ import numpy as np
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
 
-from app.batching.batcher import Batcher
-from app.engine_process.client import RemoteBatcher
+from app.batching.queue import BatchQueue
+from app.dataplane import Codec, DataPlane, counted, observe
 from app.errors import ClientClosedError, DeadlineExceededError
-from app.http.inline_routes import V2_HEADER_LENGTH, InlineRoute, route_of
+from app.http.answer import HttpAnswer, HttpBody
+from app.http.inline_routes import V2_HEADER_LENGTH, form_of, route_of
 from app.http.limits import FIRST_BYTE_KEY, TIMEOUT_HEADER, BodyBudget
-from app.http.routes.failures import failure_response
 from app.ops import metrics, timers
-from app.repository.model_spec import ModelSpec
-from app.service import Service
+from app.service import ServedModel
 
 INLINE_BODY_LIMIT = HIGH_WATER_LIMIT  # bytes: uvicorn pauses reading above this, the ASGI receive() resumes it
-JSON_TYPE = b"content-type: application/json\r\n"
 MAX_TIMEOUT_DIGITS = 12  # X-Request-Timeout-Ms: 31 years; 312 digits overflowed a float (a 500)
 
 
 @dataclass(slots=True, eq=False)
 class InlineRequest:
     cycle: RequestResponseCycle  # uvicorn's: the scope, the body read so far, the transport, keep-alive
-    route: InlineRoute
+    codec: Codec[HttpBody, HttpAnswer]
     model: str  # the served model's name once looked up; "" before (the metrics' label: never a client's name)
     form: str  # "json" or "raw" (/predict), "json" or "binary" (v2 infer)
     header_length: bytes | None  # the v2 binary extension's Inference-Header-Content-Length
+    media: bytes | None  # the Content-Type, without parameters
     reserved: int  # bytes held in the budget until the answer is written
     deadline: float  # time.monotonic()
     started: float  # time.perf_counter(), for the latency histogram
-    batcher: Batcher | RemoteBatcher | None = None  # the model's, once admitted
-    spec: ModelSpec | None = None
+    batcher: BatchQueue | None = None  # the model's, once admitted
+    served: ServedModel | None = None
     future: asyncio.Future[np.ndarray] | None = None  # the batcher's, once queued
     asked: Any = None  # what the answer needs of the request (v2: its inference header)
     timer: timers.Armed | None = None  # the deadline's, while the answer is owed
@@ -66,10 +65,11 @@ class InlineRequest:
 
 
 class InlinePredict:
-    def __init__(self, service: Service, budget: BodyBudget) -> None:
-        self.service = service
+    def __init__(self, plane: DataPlane, codecs: dict[str, Codec[HttpBody, HttpAnswer]], budget: BodyBudget) -> None:
+        self.plane = plane
+        self.codecs = codecs  # inline_routes' route → its codec: PREDICT, V2_INFER
         self.budget = budget
-        self.settings = service.settings
+        self.settings = plane.service.settings
 
     def take(self, cycle: RequestResponseCycle) -> InlineRequest | None:
         """At the end of the headers: the request's state if it is answered here, else None."""
@@ -96,19 +96,18 @@ class InlinePredict:
                 timeout_s = min(timeout_s, int(value) / 1000)
             elif name in (b"transfer-encoding", b"expect"):
                 return None
-        form = route.form(media, header_length)
+        form = form_of(route, media, header_length)
         if form is None or length is None or not 0 <= length <= min(INLINE_BODY_LIMIT, self.settings.max_body_bytes):
             return None  # the ASGI route answers it (415, 411-like reads, 413) or serves it
         if not self.budget.reserve(length):
             return None  # the guard answers 503 with Retry-After
         extensions: dict[str, Any] = scope["extensions"]  # the first byte's time, stamped by the guarded protocol
         deadline = extensions[FIRST_BYTE_KEY] + timeout_s
-        request = InlineRequest(cycle, route, "", form, header_length, length, deadline, time.perf_counter())
-        try:  # as the route does, before a byte of the body is read: the model, its readiness, admission
-            served = route.served(self.service, model, version)
-            request.model, request.spec = served.spec.name, served.spec
-            request.batcher = served.ready_batcher()
-            request.batcher.admit(request.deadline)
+        codec = self.codecs[route]
+        request = InlineRequest(cycle, codec, "", form, header_length, media, length, deadline, time.perf_counter())
+        try:  # as the data plane does, before a byte of the body is read: the model, its readiness, admission
+            request.served = self.plane.admit(codec, model, version, deadline)
+            request.model, request.batcher = request.served.spec.name, request.served.ready_batcher()
         except Exception as error:
             self._refuse(request, error)
             return request
@@ -118,28 +117,28 @@ class InlinePredict:
 
     def body_complete(self, request: InlineRequest) -> None:
         """Decode and queue; the answer follows from the batcher's future."""
-        if request.refused or request.answered or request.batcher is None or request.spec is None:
+        if request.refused or request.answered or request.batcher is None or request.served is None:
             return
         body, request.cycle.body = bytes(request.cycle.body), bytearray()  # not kept by an idle connection
-        try:
-            query, max_instances = request.cycle.scope["query_string"], self.settings.max_instances
-            images, request.asked = request.route.decode(
-                body, request.form, query, request.header_length, request.spec, max_instances
-            )
+        scope = request.cycle.scope
+        media = (request.media or b"").decode("latin-1")
+        header_length = None if request.header_length is None else request.header_length.decode("latin-1")
+        wire = HttpBody(body, media, scope["query_string"].decode("latin-1"), header_length)
+        try:  # a small body: the codec's own decode, here and now (the data plane's takes large ones off the loop)
+            images, request.asked = request.codec.decode_now(wire, request.served.spec)  # type: ignore[attr-defined]
             request.future = request.batcher.enqueue(images, request.deadline)
         except Exception as error:
             self._refuse(request, error)
             return
-        engine, spec = request.batcher.engines[0].name, request.spec
-        request.future.add_done_callback(lambda future: self._answered(request, future, engine, spec))
+        engine, served = request.batcher.engines[0].name, request.served
+        request.future.add_done_callback(lambda future: self._answered(request, future, engine, served))
 
     def fail(self, request: InlineRequest, error: Exception) -> None:
         """Answer `error` as the route would (its status, headers and body, counted alike)."""
         if request.answered:
             return
-        path = request.cycle.scope["path"]
-        response = failure_response(error, model=request.model, path=path, render=request.route.render)
-        self._finish(request, response.status_code, response.raw_headers, bytes(response.body))
+        answer, _ = request.codec.failure(counted(error, request.model, request.cycle.scope["path"]))
+        self._finish(request, answer)
 
     def abandon(self, request: InlineRequest) -> None:
         """The connection is gone: drop its rows if not launched yet, give its bytes back; counted as
@@ -169,19 +168,19 @@ class InlinePredict:
         self.fail(request, DeadlineExceededError(left_s))
 
     def _answered(self, request: InlineRequest, future: asyncio.Future[np.ndarray], engine: str,
-                  spec: ModelSpec) -> None:  # fmt: skip
+                  served: ServedModel) -> None:  # fmt: skip
         if request.answered:  # the client left, or the deadline was answered (either cancelled the future)
             return
         try:
-            headers, body = request.route.answer(future.result(), request.asked, request.model, engine, spec)
+            answer = request.codec.encode(future.result(), request.asked, served, engine)
         except Exception as error:
             self.fail(request, error)
             return
-        self._finish(request, 200, headers, body)
+        self._finish(request, answer)
 
-    def _finish(self, request: InlineRequest, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        if self._settle(request, status):
-            write_answer(request.cycle, status, headers, body)
+    def _finish(self, request: InlineRequest, answer: HttpAnswer) -> None:
+        if self._settle(request, answer.status):
+            write_answer(request.cycle, answer.status, answer.raw_headers(), answer.body)
 
     def _settle(self, request: InlineRequest, status: int) -> bool:
         """The request's end, once: its bytes back, its deadline disarmed, counted. False if it had ended."""
@@ -191,8 +190,7 @@ class InlinePredict:
         self.budget.release(request.reserved)
         if request.timer is not None:
             request.timer.cancel()
-        elapsed = time.perf_counter() - request.started
-        metrics.observe_request(request.model, request.route.protocol, request.form, str(status), elapsed)
+        observe(request.model, request.codec.protocol, request.form, str(status), request.started)
         return True
 
 
@@ -205,9 +203,7 @@ def write_answer(cycle: RequestResponseCycle, status: int, headers: list[tuple[b
     content = [STATUS_LINE[status]]
     for name, value in cycle.default_headers:
         content += [name, b": ", value, b"\r\n"]
-    if not headers:  # the common answer: JSON, no extra headers
-        content += [b"content-length: %d\r\n" % len(body), JSON_TYPE]
-    for name, value in headers:  # Starlette's, content-length and -type among them
+    for name, value in headers:  # content-length and -type among them
         if name == b"connection" and b"close" in value.lower():
             cycle.keep_alive = False
             continue

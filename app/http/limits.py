@@ -39,6 +39,13 @@ BODY_TIMED_OUT_KEY = "cgserve.body_timed_out"  # set by app/http/protocol.py whe
 TIMEOUT_HEADER = b"x-request-timeout-ms"
 
 
+def deadline_of(scope: Scope, timeout_s: float) -> float:
+    """The request's deadline (time.monotonic()) as the guard set it from its first byte, or `timeout_s` from
+    now where no guard ran (a test's app without its middleware)."""
+    deadline: float | None = scope.get(DEADLINE_KEY)
+    return deadline if deadline is not None else time.monotonic() + timeout_s
+
+
 class BodyTooSlowError(RequestTimeoutError):
     """The body came slower than the minimum rate (it never paused long enough for the timeout)."""
 

@@ -1,5 +1,5 @@
 """What the reference servers share with the service: the body decoding (the service's own
-`decode_body`, dispatched on content type), the error shape, the probes and the uvicorn
+`decode_body` and `http_body`, dispatched on content type), the error shape, the probes and the uvicorn
 settings. Only what answers a decoded batch differs between them.
 """
 
@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request, Response
 
 from app.config import DEFAULT_REPOSITORY, Settings
 from app.errors import InputError
-from app.http.routes.predict import decode_body
+from app.http.routes.predict import decode_body, http_body
 from app.http.server_options import UVICORN_OPTIONS
 from app.repository import read_repository
 from app.repository.model_spec import ModelSpec
@@ -31,7 +31,8 @@ async def decode_request(request: Request, spec: ModelSpec = SEED) -> np.ndarray
     (raw bytes, uploads) or float32 intensities (JSON, raw float32); raises InputError."""
     media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
     pixels = spec.max_image_pixels(Settings.model_fields["max_image_pixels"].default)
-    return await decode_body(request, media, spec, max_instances=MAX_INSTANCES, max_image_pixels=pixels)
+    body = await http_body(request, media)()
+    return await decode_body(body, spec, max_instances=MAX_INSTANCES, max_pixels=pixels, jpeg=None)
 
 
 def error_response(error: InputError) -> Response:

@@ -351,7 +351,7 @@ def test_log_lines_written_while_handling_a_request_carry_its_id(
     assert answer.status_code == 500 and answer.headers["x-request-id"] == "trace-log"
     secured.post("/predict", content=PIXELS, headers=RAW | {"x-request-id": "trace-refused"})
     lines = root_log.getvalue().splitlines()
-    assert "ERROR app.http.routes.failures: [trace-log] unexpected error in /predict" in lines
+    assert "ERROR app.dataplane: [trace-log] unexpected error in /predict" in lines
     assert "DEBUG app.access.auth: [trace-refused] refused POST /predict: no inference token" in lines
     assert not any("[trace-log]" in line for line in lines if "app.service" in line)  # not outside requests
 

@@ -56,7 +56,8 @@ class StubInline:
     def take(self, cycle: Any) -> InlineRequest | None:
         if cycle.scope["method"] != "POST" or cycle.scope["path"] != "/predict":
             return None
-        return InlineRequest(cycle, PREDICT, "", "raw", None, 0, cycle.scope["extensions"][FIRST_BYTE_KEY] + 10, 0.0)
+        deadline = cycle.scope["extensions"][FIRST_BYTE_KEY] + 10
+        return InlineRequest(cycle, PREDICT, "", "raw", None, None, 0, deadline, 0.0)  # type: ignore[arg-type]
 
     def body_complete(self, request: InlineRequest) -> None:
         self.pending.append(request)
@@ -65,12 +66,13 @@ class StubInline:
         while self.pending:
             request = self.pending.pop(0)
             request.answered = True
-            write_answer(request.cycle, 200, [], bytes(request.cycle.body)[::-1])
+            body = bytes(request.cycle.body)[::-1]
+            write_answer(request.cycle, 200, [(b"content-length", b"%d" % len(body))], body)
 
     def fail(self, request: InlineRequest, error: Exception) -> None:
         request.answered = True
         self.failed.append(error)
-        write_answer(request.cycle, 408, [(b"connection", b"close")], b"late")
+        write_answer(request.cycle, 408, [(b"content-length", b"4"), (b"connection", b"close")], b"late")
 
     def abandon(self, request: InlineRequest) -> None:
         request.answered = True
@@ -208,7 +210,7 @@ async def test_a_connection_answered_before_its_body_came_keeps_an_idle_timer(in
     assert protocol._inline is not None
     taken = protocol._inline[1]
     taken.answered = True
-    write_answer(taken.cycle, 504, [], b"late")  # as the deadline's answer is written
+    write_answer(taken.cycle, 504, [(b"content-length", b"4")], b"late")  # as the deadline's answer is written
     protocol.data_received(whole[-4:])  # the rest of the body: read, dropped
     assert protocol.timeout_keep_alive_task is not None and not transport.closed
     assert answers(transport.written) == [b"late"] and not inline.pending

@@ -7,7 +7,6 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Response
 
-from app.batching.batcher import Batcher
 from app.codecs.bodies import IMAGE_EXPECTED, json_expected, raw_expected
 from app.errors import NotReadyError, ServiceError, error_response
 from app.http.routes.probes import ServiceDep
@@ -106,12 +105,9 @@ def devices(served: ServedModel) -> dict[str, dict[str, Any]]:
     for engine in served.engines:
         if "gpu" in engine.report.facts:
             described[engine.device]["gpu"] = engine.report.facts["gpu"]
-    if isinstance(served.batcher, Batcher):  # not a RemoteBatcher: the engine process's figures are its own
-        pool = served.batcher.pool
-        for device, launched in pool.by_device(pool.launched).items():
-            described[device]["batches_launched"] = launched
-        for device, in_flight in pool.by_device(pool.batches_in_flight).items():
-            described[device]["batches_in_flight"] = in_flight
+    if served.batcher is not None:
+        for device, figures in served.batcher.device_figures().items():
+            described[device].update(figures)
     return described
 
 

@@ -1,18 +1,19 @@
-"""POST /predict and POST /v1/models/{name}/predict: plain Starlette routes on the hot path.
+"""POST /predict and POST /v1/models/{name}/predict: the codec the data plane answers them with, and
+the plain Starlette route that hands it every body form.
 
-FastAPI's per-route machinery (exit stacks, dependency solving, response-model plumbing) cost a
-third of each request under load (py-spy; bench/results/README.md has the figures) and these
-handlers use none of it. app/http/openapi.py documents them.
+FastAPI's per-route machinery (exit stacks, dependency solving, response-model plumbing) costs a
+large share of each request under load and this route uses none of it; app/http/openapi.py
+documents it. Small JSON and raw bodies usually take a faster front end (app/http/fast_path.py,
+app/http/inline.py) with the same codec.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import numpy as np
-from starlette.datastructures import UploadFile
+from starlette.datastructures import QueryParams, UploadFile
 from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
 from starlette.requests import Request
@@ -20,13 +21,12 @@ from starlette.responses import Response
 
 from app.codecs.bodies import IMAGE_EXPECTED, decode_json, decode_raw, encode_predictions
 from app.codecs.uploads import JpegBatchDecoder, decode_upload
-from app.errors import InputError, error_response, within
-from app.http.limits import DEADLINE_KEY
-from app.http.routes.failures import failure_response
-from app.ops import metrics
+from app.errors import ClientClosedError, InputError, ServiceError
+from app.http.answer import HttpAnswer, HttpBody, error_answer
+from app.http.limits import deadline_of
 from app.ops.off_loop import LARGE_JSON_BYTES, off_loop
 from app.repository.model_spec import ModelSpec
-from app.service import Service
+from app.service import ServedModel, Service
 
 log = logging.getLogger(__name__)
 
@@ -34,60 +34,91 @@ ACCEPTED = "application/json, multipart/form-data (field `file`) or application/
 FORMAT_OF = {"application/json": "json", "multipart/form-data": "image", "application/octet-stream": "raw"}
 
 
-async def predict(request: Request) -> Response:
-    started = time.perf_counter()
-    service: Service = request.app.state.service
-    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-    form = FORMAT_OF.get(media, "unsupported")
-    name = ""  # the metrics' model label: a served model's name, never what the client wrote
-    try:
-        served = service.model(request.path_params.get("name") or None)
-        name = served.spec.name
-        batcher = served.ready_batcher()
-        deadline = request.scope.get(DEADLINE_KEY) or time.monotonic() + service.settings.request_timeout_s
-        batcher.admit(deadline)  # refused here, before a byte of the body is read
-        settings = service.settings
-        pixels = served.spec.max_image_pixels(settings.max_image_pixels)
-        limits = {"max_instances": settings.max_instances, "max_image_pixels": pixels}
-        async with within(deadline):
-            images = await decode_body(request, media, served.spec, **limits, jpeg=service.jpeg_decoder)
-            probabilities = await batcher.submit(images, deadline)
-        body = encode_predictions(probabilities, model=name, engine=batcher.engines[0].name, spec=served.spec)
-        response = Response(body, media_type="application/json")
-    except Exception as error:
-        response = failure_response(error, model=name, path=request.url.path, render=error_response)
-    metrics.observe_request(name, "rest", form, str(response.status_code), time.perf_counter() - started)
-    return response
+class PredictCodec:
+    """POST /predict and /v1/models/{name}/predict for the data plane: JSON instances, an image upload
+    or raw packed images in; labels, class names and scores out."""
+
+    protocol = "rest"
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.max_instances = service.settings.max_instances
+
+    def served(self, model: str, version: str | None) -> ServedModel:
+        return self.service.model(model or None)
+
+    async def decode(self, request: HttpBody, spec: ModelSpec) -> tuple[np.ndarray, None]:
+        settings = self.service.settings
+        pixels = spec.max_image_pixels(settings.max_image_pixels)
+        jpeg = self.service.jpeg_decoder
+        return await decode_body(request, spec, max_instances=self.max_instances, max_pixels=pixels, jpeg=jpeg), None
+
+    def decode_now(self, request: HttpBody, spec: ModelSpec) -> tuple[np.ndarray, None]:
+        """A small JSON or raw body, here and now."""
+        return decode_bytes(request, spec, self.max_instances), None
+
+    def encode(self, scores: np.ndarray, asked: None, served: ServedModel, engine: str) -> HttpAnswer:
+        return HttpAnswer(200, encode_predictions(scores, model=served.spec.name, engine=engine, spec=served.spec))
+
+    def failure(self, error: ServiceError) -> tuple[HttpAnswer, str]:
+        return error_answer(error), str(error.status)
+
+    def cancelled(self) -> tuple[str, str]:
+        return str(ClientClosedError.status), ClientClosedError.reason
 
 
 async def decode_body(
-    request: Request,
-    media: str,
-    spec: ModelSpec,
-    *,
-    max_instances: int,
-    max_image_pixels: int,
-    jpeg: JpegBatchDecoder | None = None,
+    request: HttpBody, spec: ModelSpec, *, max_instances: int, max_pixels: int, jpeg: JpegBatchDecoder | None
 ) -> np.ndarray:
-    """The body as (k, C, H, W) uint8 pixels or float32 intensities, by its content type.
+    """The body as (k, C, H, W) uint8 pixels or float32 intensities, by its content type; large bodies
+    decode off the event loop. `jpeg`: the service's batched GPU JPEG decoder, None for Pillow alone.
+    The benchmarks' no-op ceiling (loadtest/servers/) calls this too, so it decodes as the service does."""
+    if request.upload is not None:
+        return await decode_upload(await request.upload(), max_pixels=max_pixels, spec=spec, gpu=jpeg)
+    if len(request.body) >= LARGE_JSON_BYTES:
+        return await off_loop(decode_bytes, request, spec, max_instances)
+    return decode_bytes(request, spec, max_instances)
 
-    `jpeg`: the service's batched GPU JPEG decoder, None for Pillow alone. The benchmark's no-op
-    ceiling (loadtest/servers/) calls this too, so it decodes exactly as the service does."""
-    if media == "application/json":
-        body = await request.body()
-        if len(body) < LARGE_JSON_BYTES:
-            return decode_json(body, max_instances=max_instances, spec=spec)
-        return await off_loop(decode_json, body, max_instances=max_instances, spec=spec)
-    if media == "application/octet-stream":
-        return decode_octets(await request.body(), request.query_params, max_instances=max_instances, spec=spec)
-    if media == "multipart/form-data":
-        return await decode_upload(await read_upload(request), max_pixels=max_image_pixels, spec=spec, gpu=jpeg)
+
+def decode_bytes(request: HttpBody, spec: ModelSpec, max_instances: int) -> np.ndarray:
+    """A JSON or raw body, here and now."""
+    if request.media == "application/json":
+        return decode_json(request.body, max_instances=max_instances, spec=spec)
+    if request.media == "application/octet-stream":
+        return decode_octets(request.body, QueryParams(request.query), max_instances=max_instances, spec=spec)
     raise InputError(
-        f"content type {media or '(none)'!r} is not accepted",
+        f"content type {request.media or '(none)'!r} is not accepted",
         expected=ACCEPTED,
         status=415,
         code="unsupported_media_type",
     )
+
+
+def http_body(request: Request, media: str) -> Callable[[], Awaitable[HttpBody]]:
+    """How a Starlette request's body is read, once admitted: whole, or an upload's `file` on demand."""
+
+    async def read() -> HttpBody:
+        if media == "multipart/form-data":
+            return HttpBody(b"", media, "", upload=lambda: read_upload(request))
+        return HttpBody(await request.body(), media, request.url.query)
+
+    return read
+
+
+async def predict(request: Request) -> Response:
+    """The Starlette route: every body form, through the data plane."""
+    state = request.app.state
+    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    answer = await state.plane.infer(
+        state.predict_codec,
+        http_body(request, media),
+        model=request.path_params.get("name", ""),
+        version=None,
+        form=FORMAT_OF.get(media, "unsupported"),
+        deadline=deadline_of(request.scope, state.plane.service.settings.request_timeout_s),
+        path=request.url.path,
+    )
+    return answer.response()  # type: ignore[no-any-return]
 
 
 def decode_octets(body: bytes, query: Mapping[str, str], *, max_instances: int, spec: ModelSpec) -> np.ndarray:

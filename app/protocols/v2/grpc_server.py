@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -25,9 +26,9 @@ from grpc_reflection.v1alpha import reflection
 
 from app.access.grpc_interceptor import server_interceptors
 from app.config import Settings
-from app.errors import ClientClosedError, DeadlineExceededError, InputError, ServiceError, within
+from app.dataplane import DataPlane
+from app.errors import ClientClosedError, DeadlineExceededError, InputError, ServiceError
 from app.http.protocol import connection_budgets
-from app.ops import metrics
 from app.ops.off_loop import LARGE_JSON_BYTES, off_loop
 from app.protocols.v2 import tensors
 from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
@@ -59,9 +60,58 @@ MAX_CONNECTION_AGE_S = 30 * 60
 MAX_STREAMS = 256  # concurrent calls on one connection; a client queues more until some end
 
 
+@dataclass(frozen=True, slots=True)
+class Abort:
+    """A refused or failed call: aborted with this code and text."""
+
+    code: grpc.StatusCode
+    text: str
+
+
+class GrpcCodec:
+    """ModelInfer for the data plane: one call's ModelInferRequest in, its ModelInferResponse (or Abort) out."""
+
+    protocol = "grpc"
+
+    def __init__(self, service: Service, context: Any) -> None:
+        self.service, self.context = service, context
+
+    def served(self, model: str, version: str | None) -> ServedModel:
+        served = self.service.model(model)
+        if version not in (None, tensors.VERSION):
+            raise InputError(f"model {model} has no version {version!r}", expected="version 1", status=404)
+        return served
+
+    async def decode(self, request: Any, spec: ModelSpec) -> tuple[np.ndarray, tuple[int, str]]:
+        """(k, C, H, W) images, and the top-k asked for (0: the probabilities) with the call's id: the
+        whole call, checked."""
+        asked = _asked_classes(request), request.id
+        max_instances = self.service.settings.max_instances
+        if _payload_bytes(request) < LARGE_JSON_BYTES:  # as the REST path: large decodes off the loop
+            return _input(request, spec, max_instances), asked
+        return await off_loop(_input, request, spec, max_instances), asked
+
+    def encode(self, scores: np.ndarray, asked: tuple[int, str], served: ServedModel, engine: str) -> Any:
+        classes, request_id = asked
+        return _answer(request_id, served, scores, classes)
+
+    def failure(self, error: ServiceError) -> tuple[Any, str]:
+        code = STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL)
+        text = f"{error.message}; expected {error.expected}" if error.expected else error.message
+        return Abort(code, text), code.name
+
+    def cancelled(self) -> tuple[str, str]:
+        """grpc.aio cancels the handler when the client cancels the call or its deadline passes: nobody is
+        left to answer, and it is not an OK."""
+        code = _ended_by_client(self.context)
+        reason = DeadlineExceededError.reason if code is grpc.StatusCode.DEADLINE_EXCEEDED else ClientClosedError.reason
+        return code.name, reason
+
+
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, service: Service) -> None:
-        self.service = service
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
+        self.service = plane.service
 
     async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
@@ -87,59 +137,31 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelConfigResponse(config=pb.ModelConfig(**config))
 
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
-        started = time.perf_counter()
-        name = ""  # the metrics' model label: a served model's name, never what the client wrote
-        form = "raw" if request.raw_input_contents else "typed"
-        code = grpc.StatusCode.OK
-        try:
-            served = self._lookup(request.model_name, request.model_version)
-            name = served.spec.name
-            batcher = served.ready_batcher()
-            # The end to end: the service's timeout, or less if the client's gRPC deadline is nearer.
-            timeout_s = self.service.settings.request_timeout_s
-            remaining = context.time_remaining()
-            deadline = time.monotonic() + (timeout_s if remaining is None else min(timeout_s, remaining))
-            batcher.admit(deadline)
-            classes = _asked_classes(request)  # the whole request checked before its batch runs
-            async with within(deadline):
-                max_instances = self.service.settings.max_instances
-                if _payload_bytes(request) < LARGE_JSON_BYTES:  # as the REST path: large decodes off the loop
-                    images = _input(request, served, max_instances)
-                else:
-                    images = await off_loop(_input, request, served, max_instances)
-                probabilities = await batcher.submit(images, deadline)
-            return _answer(request, served, probabilities, classes)
-        except asyncio.CancelledError:
-            # grpc.aio cancels the handler when the client cancels the call or its deadline passes:
-            # nobody is left to answer, and it is not an OK.
-            code = _ended_by_client(context)
-            reason = DeadlineExceededError.reason if code is grpc.StatusCode.DEADLINE_EXCEEDED else None
-            metrics.reject(name, reason or ClientClosedError.reason)
-            raise
-        except ServiceError as error:
-            metrics.reject(name, error.reason)
-            code = STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL)
-            text = f"{error.message}; expected {error.expected}" if error.expected else error.message
-            await context.abort(code, text)
-            raise  # abort() raises; this line is for the type checker
-        except Exception:
-            log.exception("unexpected error in ModelInfer")
-            code = grpc.StatusCode.INTERNAL
-            metrics.reject(name, "engine_error")
-            await context.abort(code, "unexpected server error; it is logged with its traceback")
-            raise
-        finally:
-            metrics.observe_request(name, "grpc", form, code.name, time.perf_counter() - started)
+        # The end to end: the service's timeout, or less if the client's gRPC deadline is nearer.
+        timeout_s = self.service.settings.request_timeout_s
+        remaining = context.time_remaining()
+        deadline = time.monotonic() + (timeout_s if remaining is None else min(timeout_s, remaining))
 
-    def _lookup(self, name: str, version: str) -> ServedModel:
-        served = self.service.model(name)
-        if version not in ("", tensors.VERSION):
-            raise InputError(f"model {name} has no version {version!r}", expected="version 1", status=404)
-        return served
+        async def read() -> Any:
+            return request  # the whole message is here already
+
+        answer = await self.plane.infer(
+            GrpcCodec(self.service, context),
+            read,
+            model=request.model_name,
+            version=request.model_version or None,
+            form="raw" if request.raw_input_contents else "typed",
+            deadline=deadline,
+            path="ModelInfer",
+        )
+        if isinstance(answer, Abort):
+            await context.abort(answer.code, answer.text)
+        response: pb.ModelInferResponse = answer
+        return response
 
     async def _model(self, name: str, version: str, context: Any) -> ServedModel:
         try:
-            return self._lookup(name, version)
+            return GrpcCodec(self.service, context).served(name, version or None)
         except ServiceError as error:
             await context.abort(STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL), error.message)
             raise
@@ -185,8 +207,7 @@ def connection_options(settings: Settings) -> list[tuple[str, int]]:
     ]
 
 
-def _input(request: Any, served: ServedModel, max_instances: int) -> np.ndarray:
-    spec = served.spec
+def _input(request: Any, spec: ModelSpec, max_instances: int) -> np.ndarray:
     if len(request.inputs) != 1:
         raise InputError(f"the request has {len(request.inputs)} inputs", expected=tensors.expected(spec))
     tensor = request.inputs[0]
@@ -233,9 +254,9 @@ def _asked_classes(request: Any) -> int:
     return int(count)
 
 
-def _answer(request: Any, served: ServedModel, probabilities: np.ndarray, classes: int) -> pb.ModelInferResponse:
+def _answer(request_id: str, served: ServedModel, probabilities: np.ndarray, classes: int) -> pb.ModelInferResponse:
     spec = served.spec
-    response = pb.ModelInferResponse(model_name=spec.name, model_version=tensors.VERSION, id=request.id)
+    response = pb.ModelInferResponse(model_name=spec.name, model_version=tensors.VERSION, id=request_id)
     if classes:
         values = tensors.classification(probabilities, classes, spec.class_names)
         raw = b"".join(len(v).to_bytes(4, "little") + v for v in values.reshape(-1))
@@ -268,7 +289,8 @@ class HealthServicer(health.aio.HealthServicer):  # type: ignore[misc]
 class GrpcServer:
     """The gRPC server and its health service, started and stopped with the HTTP app."""
 
-    def __init__(self, service: Service, settings: Settings, *, reuse_port: bool) -> None:
+    def __init__(self, plane: DataPlane, settings: Settings, *, reuse_port: bool) -> None:
+        service = plane.service
         try:
             specs = read_repository(settings.model_repository)
         except (ModelConfigError, OSError):  # the service's start-up names every problem
@@ -282,7 +304,7 @@ class GrpcServer:
         ]
         self.server = grpc.aio.server(options=options, interceptors=server_interceptors(settings))
         self.health = HealthServicer(service)
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(service), self.server)  # type: ignore[no-untyped-call]
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), self.server)  # type: ignore[no-untyped-call]
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, self.server)

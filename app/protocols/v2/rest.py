@@ -11,9 +11,7 @@ and what its answer should hold) is checked before its batch runs: a malformed o
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -23,12 +21,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from app.errors import InputError, ServiceError, error_body, within
-from app.http.limits import DEADLINE_KEY
-from app.http.routes.failures import failure_response
+from app.errors import ClientClosedError, InputError, ServiceError
+from app.http.answer import HttpAnswer, HttpBody, error_answer
+from app.http.limits import deadline_of
 from app.http.routes.probes import ServiceDep
 from app.http.schemas import V2_NOT_FOUND, ReadyAnswer
-from app.ops import metrics
 from app.ops.off_loop import LARGE_JSON_BYTES, off_loop
 from app.protocols.v2 import tensors
 from app.repository.model_spec import ModelSpec
@@ -52,8 +49,7 @@ class Asked:
 
 def v2_error(error: ServiceError) -> Response:
     """{"error": "…"} with the status Triton gives: 400 for a request whose content is invalid."""
-    status = 400 if error.status == 422 else error.status
-    return Response(error_body(error, v2=True), status_code=status, headers=error.headers, media_type=JSON)
+    return error_answer(error, v2=True).response()
 
 
 def served_model(service: Service, name: str, version: str | None) -> ServedModel:
@@ -132,31 +128,62 @@ async def model_config(name: str, service: ServiceDep, version: str | None = Non
     return Response(orjson.dumps(config), media_type=JSON)
 
 
+class V2Codec:
+    """The Open Inference Protocol's infer over HTTP for the data plane: JSON tensors or the binary tensor
+    extension in; probabilities or top-k classes (the classification extension) out."""
+
+    protocol = "v2"
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.max_instances = service.settings.max_instances
+
+    def served(self, model: str, version: str | None) -> ServedModel:
+        return served_model(self.service, model, version)
+
+    async def decode(self, request: HttpBody, spec: ModelSpec) -> tuple[np.ndarray, Asked]:
+        if len(request.body) >= LARGE_JSON_BYTES:
+            return await off_loop(self.decode_now, request, spec)
+        return self.decode_now(request, spec)
+
+    def decode_now(self, request: HttpBody, spec: ModelSpec) -> tuple[np.ndarray, Asked]:
+        """The whole request checked, here and now: (k, C, H, W) images and what the answer holds."""
+        asked, images = parse_infer(request.body, request.header_length, spec, self.max_instances)
+        return images, asked
+
+    def encode(self, scores: np.ndarray, asked: Asked, served: ServedModel, engine: str) -> HttpAnswer:
+        content, header_length = infer_answer(asked, served.spec, scores)
+        if header_length is None:
+            return HttpAnswer(200, content)
+        headers = [(HEADER_LENGTH.encode(), b"%d" % header_length), (b"content-type", b"application/octet-stream")]
+        return HttpAnswer(200, content, headers)
+
+    def failure(self, error: ServiceError) -> tuple[HttpAnswer, str]:
+        answer = error_answer(error, v2=True)
+        return answer, str(answer.status)
+
+    def cancelled(self) -> tuple[str, str]:
+        return str(ClientClosedError.status), ClientClosedError.reason
+
+
 async def infer(request: Request) -> Response:
-    """POST /v2/models/{name}[/versions/{version}]/infer: a plain route, as POST /predict is."""
-    started = time.perf_counter()
-    service: Service = request.app.state.service
-    name = ""  # the metrics' model label: a served model's name, never what the client wrote
-    form = "binary" if HEADER_LENGTH in request.headers else "json"
-    try:
-        served = served_model(service, request.path_params["name"], request.path_params.get("version"))
-        name = served.spec.name
-        batcher = served.ready_batcher()
-        deadline = request.scope.get(DEADLINE_KEY) or time.monotonic() + service.settings.request_timeout_s
-        batcher.admit(deadline)  # refused here, before a byte of the body is read
-        async with within(deadline):
-            body = await request.body()
-            parse = partial(
-                parse_infer, body, request.headers.get(HEADER_LENGTH), served.spec, service.settings.max_instances
-            )
-            asked, images = await off_loop(parse) if len(body) >= LARGE_JSON_BYTES else parse()
-            probabilities = await batcher.submit(images, deadline)
-        content, header_length = infer_answer(asked, served.spec, probabilities)
-        response = infer_response(content, header_length)
-    except Exception as error:
-        response = failure_response(error, model=name, path=request.url.path, render=v2_error)
-    metrics.observe_request(name, "v2", form, str(response.status_code), time.perf_counter() - started)
-    return response
+    """POST /v2/models/{name}[/versions/{version}]/infer: the Starlette route, through the data plane."""
+    state = request.app.state
+    header_length = request.headers.get(HEADER_LENGTH)
+
+    async def read() -> HttpBody:
+        return HttpBody(await request.body(), "", "", header_length)
+
+    answer = await state.plane.infer(
+        state.v2_codec,
+        read,
+        model=request.path_params["name"],
+        version=request.path_params.get("version"),
+        form="json" if header_length is None else "binary",
+        deadline=deadline_of(request.scope, state.plane.service.settings.request_timeout_s),
+        path=request.url.path,
+    )
+    return answer.response()  # type: ignore[no-any-return]
 
 
 INFER_ROUTES = [
@@ -303,13 +330,6 @@ def infer_answer(asked: Asked, spec: ModelSpec, probabilities: np.ndarray) -> tu
     if not asked.binary:
         return body, None
     return body + raw, len(body)
-
-
-def infer_response(content: bytes, header_length: int | None) -> Response:
-    if header_length is None:
-        return Response(content, media_type=JSON)
-    headers = {HEADER_LENGTH: str(header_length)}
-    return Response(content, headers=headers, media_type="application/octet-stream")
 
 
 def _bytes_tensor(values: np.ndarray) -> bytes:

@@ -1,0 +1,58 @@
+"""What the data plane and the routes need of a model's batcher, wherever its batches run.
+
+Satisfied by app/batching/batcher.py's Batcher (the engines in this process) and by
+app/engine_process/client.py's RemoteBatcher (the engines in the engine process): the layers above
+hold a BatchQueue and never ask which.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class NamedEngine(Protocol):
+    @property
+    def name(self) -> str:
+        """eager | cuda-graph | compile | onnxruntime"""
+        ...
+
+    @property
+    def device(self) -> str:
+        """cpu | cuda:N"""
+        ...
+
+
+class BatchQueue(Protocol):
+    dead_device: str | None  # the device that died, once one did
+
+    @property
+    def engines(self) -> tuple[NamedEngine, ...]:
+        """One per device, all of one kind."""
+        ...
+
+    @property
+    def dead(self) -> str | None:
+        """Why the model's device (or the engine process) is dead, once it is."""
+        ...
+
+    def admit(self, deadline: float) -> None:
+        """Refuse before a byte of the body is read: NotReadyError (dead), QueueFullError (503: full, or the
+        queue ahead would outlast `deadline`, a time.monotonic())."""
+        ...
+
+    async def submit(self, images: np.ndarray, deadline: float | None = None) -> np.ndarray:
+        """(k, C, H, W) uint8 or float32 images → (k, classes) float32 scores once their batch ran."""
+        ...
+
+    def enqueue(self, images: np.ndarray, deadline: float | None = None) -> asyncio.Future[np.ndarray]:
+        """submit's future, for a caller that waits by callback."""
+        ...
+
+    def device_figures(self) -> dict[str, dict[str, Any]]:
+        """Device → batches launched and in flight, where this process knows them ({} where it does not)."""
+        ...
+
+    async def stop(self) -> None: ...

@@ -1,0 +1,133 @@
+"""The one inference path behind every ingress.
+
+    ingress: a Codec each                       the data plane, once                      batching
+    POST /predict, /v1/models/{m}/predict   ┐   lookup → readiness → admission (before
+    POST /v2/models/{m}[/versions/v]/infer  ├─▶ a byte of the body is read) → deadline ─▶ BatchQueue: a Batcher
+    gRPC ModelInfer                         ┘   → read → decode → submit → answer → metrics  here, or the engine process
+
+An ingress only translates, as KServe's REST and gRPC endpoints translate for its DataPlane: its
+Codec says how a request names a model, how the wire request becomes (k, C, H, W) images, how the
+scores become the wire answer and how an error is written. `DataPlane.infer` does everything in
+between for every ingress alike: the same limits, deadline, metrics labels (a served model's name,
+never what a client wrote) and error accounting. app/http/inline.py, which answers small requests
+inside the HTTP protocol by callbacks rather than a coroutine, runs the same steps: `admit`, the
+codec's decode, the queue, the codec's answer, `counted` and `observe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+
+from app.errors import ClientClosedError, ServiceError, within
+from app.ops import metrics
+from app.repository.model_spec import ModelSpec
+from app.service import ServedModel, Service
+
+log = logging.getLogger(__name__)
+
+Wire = TypeVar("Wire")  # what the ingress read: an HTTP body, a gRPC message
+Answer = TypeVar("Answer")  # what it writes back
+WireIn = TypeVar("WireIn", contravariant=True)
+AnswerOut = TypeVar("AnswerOut", covariant=True)
+
+
+class Codec(Protocol[WireIn, AnswerOut]):
+    """One wire format: how it names a model, reads a request, answers and refuses."""
+
+    protocol: str  # the metrics' protocol label: rest, v2, grpc
+
+    def served(self, model: str, version: str | None) -> ServedModel:
+        """The model the request names ("" for the default); UnknownModelError, or a 404 for its version."""
+        ...
+
+    async def decode(self, request: WireIn, spec: ModelSpec) -> tuple[np.ndarray, Any]:
+        """(k, C, H, W) uint8 or float32 images, and what the answer needs to know of the request. The
+        whole request is checked here, before its batch runs; a large one decodes off the event loop."""
+        ...
+
+    def encode(self, scores: np.ndarray, asked: Any, served: ServedModel, engine: str) -> AnswerOut:
+        """(k, classes) float32 scores → the answer."""
+        ...
+
+    def failure(self, error: ServiceError) -> tuple[AnswerOut, str]:
+        """The answer to a refused or failed request, and its status as the metrics label it."""
+        ...
+
+    def cancelled(self) -> tuple[str, str]:
+        """The request's task was cancelled (a gRPC client that left or ran out of time): its status label and
+        its rejection reason."""
+        ...
+
+
+class DataPlane:
+    def __init__(self, service: Service) -> None:
+        self.service = service  # for the settings; codecs hold it for the models
+
+    def admit(self, codec: Codec[Any, Any], model: str, version: str | None, deadline: float) -> ServedModel:
+        """Lookup, readiness and admission, before a byte of the body is read (raises what refuses it)."""
+        served = codec.served(model, version)
+        served.ready_batcher().admit(deadline)
+        return served
+
+    async def infer(
+        self,
+        codec: Codec[Wire, Answer],
+        read: Callable[[], Awaitable[Wire]],
+        *,
+        model: str,
+        version: str | None,
+        form: str,
+        deadline: float,
+        path: str,
+    ) -> Answer:
+        """The request for (model, version), read by `read` once admitted, answered as `codec` writes.
+
+        Every error becomes the codec's answer; only a cancelled task raises (CancelledError).
+        `deadline` is a time.monotonic(): the request's end to end, from its first byte.
+        """
+        started = time.perf_counter()
+        label, status = "", "500"
+        try:
+            served = self.admit(codec, model, version, deadline)
+            label = served.spec.name
+            queue = served.ready_batcher()
+            async with within(deadline):
+                images, asked = await codec.decode(await read(), served.spec)
+                scores = await queue.submit(images, deadline)
+            answer, status = codec.encode(scores, asked, served, queue.engines[0].name), "200"
+        except asyncio.CancelledError:
+            status, reason = codec.cancelled()
+            metrics.reject(label, reason)
+            raise
+        except Exception as error:
+            answer, status = codec.failure(counted(error, label, path))
+        finally:
+            observe(label, codec.protocol, form, status, started)
+        return answer
+
+
+def counted(error: Exception, model: str, path: str) -> ServiceError:
+    """`error` as the ServiceError it is answered with, counted under its reason for `model` ("" before one
+    was looked up). A client that went away is no error of ours (logged at info); anything unexpected is
+    logged with its traceback and answered 500."""
+    if isinstance(error, ServiceError):
+        pass
+    elif type(error).__name__ == "ClientDisconnect":  # Starlette's, from a body read
+        log.info("%s: the client went away before its answer", path)
+        error = ClientClosedError("the client went away before its answer")
+    else:
+        log.error("unexpected error in %s", path, exc_info=error)
+        error = ServiceError("unexpected server error; it is logged with its traceback")
+    metrics.reject(model, error.reason)
+    return error
+
+
+def observe(model: str, protocol: str, form: str, status: str, started: float) -> None:
+    """One request's end: its latency (from `started`, a time.perf_counter()) and count, by its labels."""
+    metrics.observe_request(model, protocol, form, status, time.perf_counter() - started)
