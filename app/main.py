@@ -21,6 +21,7 @@ from app.config import Settings, get_settings
 from app.dataplane import DataPlane
 from app.engines.factory import EngineOptions
 from app.errors import RouteError, error_response
+from app.http.fast_path import FastPath
 from app.http.inline import InlinePredict
 from app.http.inline_routes import PREDICT, V2_INFER
 from app.http.limits import BodyBudget, RequestGuard
@@ -122,6 +123,7 @@ def create_app(
     limits = {"max_instances": settings.max_instances, "max_body_bytes": settings.max_body_bytes}
     app.openapi = lambda: build_openapi(app, **limits)  # type: ignore[method-assign]
     app.add_exception_handler(HTTPException, route_error)
+    app.add_middleware(FastPath)  # inside the guard: the inference routes on their own task (app/http/fast_path.py)
     app.add_middleware(
         RequestGuard,
         max_body_bytes=settings.max_body_bytes,
