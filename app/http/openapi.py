@@ -89,6 +89,12 @@ def predict_operation(summary: str, parameters: list[dict[str, Any]]) -> dict[st
     }
 
 
+BAD_REQUEST = {
+    "description": "A path with an encoded control character, no Host header or two, or two Authorization headers",
+    "content": {"application/json": {"schema": {"$ref": f"{_REF.format(model='ErrorResponse')}"}}},
+}
+
+
 def build_openapi(app: FastAPI, *, max_instances: int, max_body_bytes: int) -> dict[str, Any]:
     """The document, with the service's own limits written into it (what /docs promises is what it does)."""
     if app.openapi_schema is not None:
@@ -112,5 +118,10 @@ def build_openapi(app: FastAPI, *, max_instances: int, max_body_bytes: int) -> d
             f"At most {max_instances} images a request (CGSERVE_MAX_INSTANCES) and {max_body_bytes} bytes a body "
             "(CGSERVE_MAX_BODY_BYTES)."
         )
+    # Any route: the HTTP protocol refuses a path with an encoded control character, no Host or two, and two
+    # Authorization headers before a route sees them (app/http/protocol.py).
+    for operations in document["paths"].values():
+        for operation in operations.values():
+            operation.setdefault("responses", {}).setdefault("400", BAD_REQUEST)
     app.openapi_schema = document
     return document
