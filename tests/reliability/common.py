@@ -47,6 +47,17 @@ def on_client_core() -> None:
         os.sched_setaffinity(0, {CLIENT_CORE})
 
 
+def record_figure(test: str, **figures: float) -> None:
+    """A speed or time figure of a run, which a test prints and never asserts: on a shared 2-core
+    machine it is noise. bench/reliability_figures.py runs these tests with CGSERVE_FIGURES_OUT set
+    and keeps every figure (one JSON object a line there) in its record."""
+    print(f"{test}: {figures}")
+    out = os.environ.get("CGSERVE_FIGURES_OUT")
+    if out:
+        with open(out, "a") as lines:
+            lines.write(json.dumps({"test": test, **figures}) + "\n")
+
+
 def loadtest(out: Path, *args: str, timeout_s: float = 120) -> dict[str, Any]:
     """Run the project's load generator (a real HTTP client, in its own process) and read its record."""
     argv = [sys.executable, "-m", "loadtest", *args, "--out", str(out), "--quiet", "--no-check-labels"]
