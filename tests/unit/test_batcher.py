@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -38,6 +38,15 @@ async def running(engine: FakeEngine, **options: Any) -> AsyncIterator[Batcher]:
     finally:
         engine.gate.set()
         await batcher.stop()
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 10) -> None:
+    """Return once `condition()` holds; fail after `timeout_s`. Polls each turn of the loop: the
+    batcher's state changes only on it."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout_s} s: {condition.__doc__ or condition}"
+        await asyncio.sleep(0)
 
 
 async def submit_all(batcher: Batcher, *requests: np.ndarray) -> list[np.ndarray]:
@@ -76,6 +85,9 @@ async def test_an_idle_device_takes_a_lone_request_at_once_a_busy_one_lets_the_q
         first = asyncio.create_task(batcher.submit(images(1.0)))
         await asyncio.wait_for(engine.launched.wait(), timeout=10)  # at once, without company
         rest = [asyncio.create_task(batcher.submit(images(v))) for v in (2.0, 3.0, 4.0)]
+        await until(lambda: batcher.queued_rows == 3)
+        # Kept: that nothing launches while the device is busy is an absence, with no event to
+        # await; 50 ms gives a wrong launch the time to happen.
         await asyncio.sleep(0.05)
         assert engine.launched_values() == [[1.0]]  # busy: the three wait, a slot free or not
         engine.gate.set()  # the batch completes, the device is idle: the three leave together
@@ -116,10 +128,12 @@ async def test_two_batches_in_flight_while_the_device_is_busy() -> None:
     engine = FakeEngine(in_flight=2)
     async with running(engine, max_delay_s=0.0) as batcher:
         engine.gate.clear()
-        tasks = []
-        for value in (1.0, 2.0, 3.0):
-            tasks.append(asyncio.create_task(batcher.submit(images(value))))
-            await asyncio.sleep(0.01)
+        tasks = [asyncio.create_task(batcher.submit(images(1.0)))]
+        await until(lambda: len(engine.launches) == 1)
+        tasks.append(asyncio.create_task(batcher.submit(images(2.0))))
+        await until(lambda: len(engine.launches) == 2)
+        tasks.append(asyncio.create_task(batcher.submit(images(3.0))))
+        await until(lambda: batcher.queued_rows == 1)
         # Neither launched batch has come back; the third request waits for a free slot.
         assert engine.launched_values() == [[1.0], [2.0]]
         engine.gate.set()
@@ -136,7 +150,7 @@ async def test_request_past_its_deadline_gets_504_and_is_not_launched() -> None:
         first = asyncio.create_task(batcher.submit(images(1.0)))
         await engine.launched.wait()
         late = asyncio.create_task(batcher.submit(images(2.0)))
-        await asyncio.sleep(0.1)  # the device stays busy past the second request's deadline
+        await asyncio.sleep(0.1)  # kept: time passing is the behaviour; the device stays busy past the deadline
         engine.gate.set()
         np.testing.assert_array_equal(await first, expected(1.0))
         with pytest.raises(DeadlineExceededError):
@@ -264,7 +278,7 @@ async def test_a_deadline_shorter_than_the_timeout_and_the_unlaunched_rows_of_a_
         await engine.launched.wait()
         # 5 rows: 2 and 2 and 1 once the device frees; its deadline passes while it waits.
         split = asyncio.create_task(batcher.submit(images(*[2.0] * 5), deadline=time.monotonic() + 0.05))
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # kept: time passing is the behaviour; the deadline passes while it queues
         engine.gate.set()
         with pytest.raises(DeadlineExceededError):
             await split
