@@ -11,6 +11,7 @@ import subprocess
 import threading
 import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import orjson
@@ -35,11 +36,17 @@ def sample() -> tuple[np.ndarray, np.ndarray]:
     return load_test_sample()
 
 
-@pytest.fixture(scope="module")
-def client() -> Iterator[TestClient]:
+@contextmanager
+def started_client() -> Iterator[TestClient]:
     settings = Settings(max_instances=MAX_INSTANCES, max_body_bytes=MAX_BODY, queue_limit=64, max_delay_ms=1.0)
     with TestClient(create_app(settings)) as client:
         client.portal.call(client.app.state.service.wait_started)  # type: ignore[attr-defined]
+        yield client
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[TestClient]:
+    with started_client() as client:
         yield client
 
 
@@ -188,7 +195,15 @@ def test_bad_input_gets_a_clear_4xx_and_the_service_keeps_serving(
 # --- probes, model card, metrics, docs --------------------------------------------------------
 
 
-def test_probes_model_card_and_metrics(client: TestClient) -> None:
+def test_probes_model_card_and_metrics() -> None:
+    # An app of its own: the metrics are the process's, and every app this module starts and
+    # stops beside the shared one (the not-ready and start-up failure tests) sets cgserve_ready
+    # to 0 as it goes; this one is the last to set it here.
+    with started_client() as client:
+        probes_model_card_and_metrics(client)
+
+
+def probes_model_card_and_metrics(client: TestClient) -> None:
     assert client.get("/healthz").json() == {"status": "alive"}
     assert client.get("/readyz").status_code == 200
     listing = client.get("/v1/models").json()
