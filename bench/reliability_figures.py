@@ -11,7 +11,8 @@ record_figure) and writes them, with the command and the machine, to one JSON fi
 
 Figures: overload (capacity_rps, offered and achieved rate, 503 p50/p99 ms, slowest answer ms),
 each attack's share of normal throughput (issue 11's target: ≥ 0.8) and the slowest
-server-closed slowloris connection (s), and the body timeout's wait (s) against its 1 s setting.
+server-closed slowloris connection (s), the body timeout's wait (s) against its 1 s setting, and how
+long a server with a hung batch takes to exit (s).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ TESTS = [
     "tests/reliability/test_overload.py",
     "tests/reliability/test_hostile_clients.py",
     "tests/reliability/test_body_pauses.py",
+    "tests/reliability/test_dead_device.py",
 ]
 
 
