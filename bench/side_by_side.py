@@ -14,7 +14,7 @@ In turn it starts, loads and stops, each on the same copy of the model's reposit
 Every server decodes the same bodies with app.codecs.bodies and answers the same JSON. Closed-loop steps
 at --concurrencies find each server's saturation; one open-loop Poisson step at the fixed --rate
 gives p50/p99 at a moderate load, the same for all. Servers on one half of the cores (taskset),
-the load generator on the other (loadtest/bench/pinning.py). resnet50 gets raw uint8 bodies of
+the load generator on the other (bench/harness/pinning.py). resnet50 gets raw uint8 bodies of
 one random 3×224×224 image (labels not checked: random weights); the seed CNN real test images,
 raw or JSON (--form), each answer's labels checked against the eager model's.
 Writes DIR/side-by-side-<model>.json (every figure and command) and .md (the README's table)
@@ -35,6 +35,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,17 +43,17 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # run as a script: the reposito
 
 from engine_compare import REPOSITORIES, onnx_twin  # noqa: E402
 
-from loadtest.bench.machine import machine_info  # noqa: E402
-from loadtest.bench.measure import Bench  # noqa: E402
-from loadtest.bench.pinning import plan_pinning  # noqa: E402
-from loadtest.bench.servers import ServerDef  # noqa: E402
-from loadtest.bench.side_by_side_report import markdown  # noqa: E402
+from bench.harness.machine import machine_info  # noqa: E402
+from bench.harness.measure import Bench, add_run_args, best_closed_loop  # noqa: E402
+from bench.harness.pinning import pin_generator, plan_pinning  # noqa: E402
+from bench.harness.side_by_side_report import markdown  # noqa: E402
 from loadtest.payloads import PayloadOptions, Payloads  # noqa: E402
+from loadtest.server_process import HOST, ServerProcess, free_port  # noqa: E402
 
 SCHEMA = "cgserve-side-by-side/1"
 _SERVE = "{python} -m app.cli serve --host {host} --port {port} --grpc-port 0 --log-level warning"
 _REFERENCE = "{python} -m loadtest.servers.%s --host {host} --port {port}"
-# name → (what it is, command template, needs CUDA); loadtest.bench.servers.server_argv fills in
+# name → (what it is, command template, needs CUDA); bench.harness.servers.server_argv fills in
 # {python} {host} {port}; the model's repository and the device are appended.
 # In the order they run: ONNX Runtime (on the CPU, its export first) last, where a time limit cuts.
 SERVERS: dict[str, tuple[str, str, bool]] = {
@@ -68,9 +69,32 @@ SERVERS: dict[str, tuple[str, str, bool]] = {
 class SideBySide(Bench):
     """Closed-loop saturation, then one open-loop step at the run's fixed rate (not a fraction)."""
 
+    def server(self, name: str, what: str, template: str, stamp: str) -> dict[str, Any]:
+        """Every figure of one server; an `error` in place of the rest where it failed."""
+        port = free_port()
+        argv = [*self.server_prefix, *shlex.split(template.format(python=sys.executable, host=HOST, port=port))]
+        labels = self.payloads.expected is not None
+        out: dict[str, Any] = {"role": what, "command": shlex.join(argv), "labels_checked": labels}
+        print(f"{name}: {out['command']}", flush=True)
+        server = ServerProcess(argv, self.args.out / "logs" / f"{stamp}-{name}.log", port=port, name=name)
+        out["log"] = str(server.log_path)
+        try:
+            out["ready_s"] = round(server.wait_ready(self.args.startup_timeout), 2)
+            card = httpx.get(f"{server.url}/v1/models", timeout=5, trust_env=False)
+            if card.status_code == 200:
+                out["model_card"] = card.json()
+            out |= self.saturation_and_p99(name, server.url, self.payloads)
+        except Exception as error:  # one server failing must not lose the others' figures
+            out["error"] = f"{type(error).__name__}: {error}"
+            print(f"  {name} failed: {out['error']}", flush=True)
+        finally:
+            out["exit_code_before_stop"] = server.proc.poll()  # None: it was still serving
+            server.stop()
+        return out
+
     def saturation_and_p99(self, name: str, url: str, payloads: Payloads) -> dict[str, Any]:
         closed = [self.step(name, url, payloads, concurrency=c) for c in self.args.concurrencies]
-        best = max([r for r in closed if r["counts"]["errors"] == 0] or closed, key=lambda r: r["throughput_rps"])
+        best = best_closed_loop(closed)
         fixed = self.step(name, url, payloads, rate=self.args.rate)
         # Kept up: answered, without error, at least 95% of what was sent in the window; else its p99
         # is a growing queue's. (Poisson arrivals in a short window send less or more than --rate.)
@@ -120,15 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--form", choices=("raw", "json"), default="raw", help="body form for the seed CNN (resnet50: raw)")
     add("--concurrencies", default="16,64,256", help="closed-loop steps (default %(default)s)")
     add("--rate", type=float, default=100.0, help="the fixed open-loop rate, req/s (default %(default)s)")
-    add("--step-duration", type=float, default=4.0, help="measured seconds per step (default %(default)s)")
-    add("--warmup", type=float, default=1.5, help="warm-up seconds per step (default %(default)s)")
-    add("--timeout", type=float, default=5.0, help="per-request timeout, s (default %(default)s)")
-    add("--startup-timeout", type=float, default=180.0, help="seconds to wait for /readyz (default %(default)s)")
     add("--compile-cache-dir", type=Path, help="inductor's cache (CGSERVE_COMPILE_CACHE_DIR): warm start-ups")
-    add("--server-cores", default="auto", help="taskset list for servers (default: lower half)")
-    add("--loadgen-cores", default="auto", help="cores for the load generator (default: upper half)")
-    add("--no-pin", action="store_true", help="pin nothing")
-    add("--processes", type=int, help="load-generator processes (default: one per load-generator core)")
+    add_run_args(p, warmup=1.5, step_duration=4.0)
     return p
 
 
@@ -141,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     args.concurrencies = [int(c) for c in args.concurrencies.split(",") if c.strip()]
     if not args.concurrencies or min(args.concurrencies) < 1 or args.rate <= 0:
         p.error("--concurrencies takes positive integers and --rate a positive rate")
-    args.hey, args.hey_concurrency, args.out_dir = None, None, args.out  # what Bench reads
+    args.hey = None  # what Bench reads: no hey cross-check here
     command = shlex.join(["python3", "bench/side_by_side.py", *(sys.argv[1:] if argv is None else argv)])
     if args.compile_cache_dir:  # inherited by every server process
         os.environ["CGSERVE_COMPILE_CACHE_DIR"] = str(args.compile_cache_dir.resolve())
@@ -149,14 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     info = machine_info()  # before pinning: it reports the cores this run could use
     pin = plan_pinning(args.server_cores, args.loadgen_cores, args.no_pin)
-    if pin["loadgen_cores"]:
-        os.sched_setaffinity(0, pin["loadgen_cores"])  # inherited by the generator processes
+    pin_generator(pin)  # inherited by the generator processes
     if args.model == "resnet50":
         options = PayloadOptions(form="raw", image_shape=(3, 224, 224), check_labels=False)
     else:
         options = PayloadOptions(form=args.form)
     payloads = options.build()
-    bench = SideBySide(args, payloads, options, pin, hey_targets=set())
+    bench = SideBySide(args, payloads, options, pin)
     servers: dict[str, dict[str, Any]] = {}
     report: dict[str, Any] = {
         "schema": SCHEMA,
@@ -182,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         "notes": list(pin["notes"]),
     }
     stem = args.out / f"side-by-side-{args.model}"
-    # A run stopped by its time limit (SIGTERM) stops the server it was loading (Bench.server's
+    # A run stopped by its time limit (SIGTERM) stops the server it was loading (SideBySide.server's
     # `finally`) and leaves the servers it had finished: the record is written after each.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory(prefix="side-by-side-") as work:
@@ -198,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
                 folder, providers = onnx_repository(repository, args.model)
                 report["notes"].append(f"onnxruntime: ONNX export took {time.monotonic() - exported:.0f} s")
                 what += f" ({', '.join(providers)})"
-            sdef = ServerDef(what, f"{template} --model-repository {folder} --device {args.device}")
-            servers[name] = bench.server(name, sdef, sdef.template, started.strftime("%H%M%S"))
+            template += f" --model-repository {folder} --device {args.device}"
+            servers[name] = bench.server(name, what, template, started.strftime("%H%M%S"))
             if folder != repository:
                 shutil.rmtree(folder, ignore_errors=True)  # the repository onnx_twin made in a temporary folder
             report["wall_s"] = round(time.monotonic() - t0, 1)

@@ -6,7 +6,7 @@
 1. `cudagraph-serve tune` for the SLO (its env file and JSON report land in --out).
 2. For the defaults, then the tuned settings: the real server (loadtest/server_process.py),
    pinned to the lower half of the cores, the load generator on the upper half (as
-   loadtest/bench_server.py pins them); the highest open-loop Poisson rate whose p99 ≤ SLO with no
+   bench/harness/pinning.py pins every server benchmark); the highest open-loop Poisson rate whose p99 ≤ SLO with no
    error: from a first guess (the tuner's prediction) ×1.5 up or ÷2 down to a pass and a fail,
    then bisected (geometric midpoints); the first guess is capped at 80 % of the server's closed-loop
    saturation (64 in flight), measured first. Raw uint8 bodies of one image to /v1/models/NAME/predict.
@@ -30,8 +30,8 @@ from typing import Any
 
 from app.config import DEFAULT_REPOSITORY
 from app.repository.model_config import read_model_config
-from loadtest.bench.machine import machine_info
-from loadtest.bench.pinning import core_list, plan_pinning
+from bench.harness.machine import machine_info
+from bench.harness.pinning import core_list, pin_generator, plan_pinning
 from loadtest.payloads import PayloadOptions, Payloads
 from loadtest.runner import run_load
 from loadtest.server_process import HOST, ServerProcess, free_port
@@ -39,7 +39,7 @@ from loadtest.spec import LoadSpec
 from loadtest.sweep import step_verdict
 
 SCHEMA = "cgserve-tune-bench/1"
-PROBE_CONCURRENCY = 64  # the closed-loop step that finds a server's saturation (as loadtest/bench_server.py's top)
+PROBE_CONCURRENCY = 64  # the closed-loop step that finds a server's saturation
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -192,9 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     info = machine_info()
     pin = plan_pinning("auto", "auto", args.no_pin)
     server_prefix = ["taskset", "-c", core_list(pin["server_cores"])] if pin["server_cores"] else []
+    pin_generator(pin)  # inherited by the generator's processes
     loadgen_prefix = ["taskset", "-c", core_list(pin["loadgen_cores"])] if pin["loadgen_cores"] else []
-    if pin["loadgen_cores"]:
-        os.sched_setaffinity(0, pin["loadgen_cores"])  # inherited by the generator's processes
     processes = args.processes or (len(pin["loadgen_cores"]) if pin["loadgen_cores"] else 1)
     env = settings_env(args)
     tuned, tuner_s = run_tuner(args, env, server_prefix)

@@ -23,7 +23,6 @@ Writes <out>/whole-machine.json (every record and command) and <out>/whole-machi
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 import time
@@ -34,11 +33,11 @@ from typing import Any
 
 import orjson
 
-from loadtest.bench.machine import machine_info
-from loadtest.bench.measure import Bench
-from loadtest.bench.pinning import plan_pinning
-from loadtest.bench.server_histograms import scrape, step_view
-from loadtest.bench.whole_machine_report import DESIGNS, checks, markdown
+from bench.harness.machine import machine_info
+from bench.harness.measure import Bench, add_run_args, best_closed_loop
+from bench.harness.pinning import pin_generator, plan_pinning
+from bench.harness.server_histograms import scrape, step_view
+from bench.harness.whole_machine_report import DESIGNS, checks, markdown
 from loadtest.hey import hey_command, run_hey
 from loadtest.payloads import PayloadOptions, Payloads
 from loadtest.server_process import ServerProcess, free_port
@@ -88,20 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(default %(default)s)",
     )
     add("--ceiling", choices=("lean", "fastapi"), default="lean", help="no-op behind the plain route (default)")
-    add("--server-cores", default="auto", help="taskset list for the servers (default: lower half)")
-    add("--loadgen-cores", default="auto", help="cores for the load generator (default: upper half)")
-    add("--no-pin", action="store_true", help="pin nothing")
-    add("--processes", type=int, help="load-generator processes (default: one per load-generator core)")
-    add("--warmup", type=float, default=1.0, help="warm-up seconds per step (default 1)")
-    add("--step-duration", type=float, default=3.0, help="measured seconds per step (default 3)")
+    add_run_args(p, warmup=1.0, step_duration=3.0)
     add(
         "--p99-repeats",
         type=int,
         default=3,
         help="open-loop steps at half of saturation, each its own p99; the median is the figure (default 3; 0: none)",
     )
-    add("--timeout", type=float, default=5.0, help="per-request timeout, s (default 5)")
-    add("--startup-timeout", type=float, default=180.0, help="seconds to wait for /readyz (default 180)")
     add("--hey", default=".gpu/bin/hey", help="hey binary; the cross-check is skipped if absent")
     add("--budget-s", type=float, default=380.0, help="start no ladder after this many seconds (default 380)")
     return p
@@ -111,9 +103,8 @@ class WholeMachine:
     def __init__(self, args: argparse.Namespace, pin: dict[str, Any]) -> None:
         self.args, self.t0, self.notes = args, time.monotonic(), list(pin["notes"])
         self.forms = [f.strip() for f in args.forms.split(",") if f.strip()]
-        # One Bench per form: the same step (generator, record, printed line) as bench_server's.
-        self.benches = {f: Bench(args, PayloadOptions(form=f).build(), PayloadOptions(form=f), pin, hey_targets=set())
-                        for f in self.forms}  # fmt: skip
+        # One Bench per form: the same step (generator, record, printed line) for every server.
+        self.benches = {f: Bench(args, PayloadOptions(form=f).build(), PayloadOptions(form=f), pin) for f in self.forms}
         self.hey = next(iter(self.benches.values())).hey
 
     def over_budget(self, what: str) -> bool:
@@ -156,7 +147,7 @@ class WholeMachine:
     ) -> dict[str, Any]:
         label = f"{name} {payloads.form}"
         closed = [bench.step(label, url, payloads, concurrency=workers * c) for c in self.args.per_worker]
-        best = max([r for r in closed if r["counts"]["errors"] == 0] or closed, key=lambda r: r["throughput_rps"])
+        best = best_closed_loop(closed)
         out: dict[str, Any] = {
             "closed_loop": closed,
             "saturation": {
@@ -216,12 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     info = machine_info()  # before pinning: it reports the cores this run could use
     pin = plan_pinning(args.server_cores, args.loadgen_cores, args.no_pin)
-    if pin["loadgen_cores"]:
-        try:
-            os.sched_setaffinity(0, pin["loadgen_cores"])  # inherited by the generator processes and hey
-        except OSError as error:
-            pin["notes"].append(f"load generator unpinned: sched_setaffinity failed ({error})")
-            pin["loadgen_cores"] = None
+    pin_generator(pin)  # inherited by the generator processes and hey
     run = WholeMachine(args, pin)
     if args.hey and run.hey is None:
         run.notes.append(f"hey cross-check skipped: {args.hey} not found")

@@ -2,7 +2,7 @@
 its own, probed until it answers 200, stopped as a whole process group, its output kept in a log.
 
 The one harness behind tests/integration, tests/loadtest and the benchmark driver
-(loadtest/bench_server.py). A session of its own, because what is started is often a parent of
+(bench/). A session of its own, because what is started is often a parent of
 the real server (`make serve`, uvicorn's worker manager): signalling the group stops them all.
 """
 

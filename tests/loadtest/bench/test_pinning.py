@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from loadtest.bench.pinning import core_list, parse_cores, plan_pinning
+from bench.harness.pinning import core_list, parse_cores, plan_pinning
 
 
 def test_core_lists_round_trip() -> None:

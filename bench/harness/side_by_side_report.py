@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from loadtest.bench.pinning import core_list
-from loadtest.bench.report import closed_loop_table, num
+from bench.harness.pinning import core_list
+from bench.harness.report import closed_loop_table, num
 
 
 def _saturation(record: dict[str, Any]) -> float | None:

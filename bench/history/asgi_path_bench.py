@@ -1,6 +1,11 @@
 """The service's request path in-process: its ASGI app driven directly, no sockets, no uvicorn.
 
-    PYTHONPATH=. python3 bench/asgi_path_bench.py [--seconds 5] [--rounds 3] [--concurrency 64]
+    PYTHONPATH=. python3 bench/history/asgi_path_bench.py [--seconds 5] [--rounds 3] [--concurrency 64]
+
+Not maintained: kept runnable for its one record (bench/results/2026-11-30-cpu-asgi-path.md, the
+A/B of the request guard's timeouts). bench/instructions_per_request.py drives the same app in
+process and counts instructions, which later records (2026-12-01-cpu-instructions-per-request.md)
+use in place of this wall-clock figure.
 
 What an HTTP benchmark on a noisy machine cannot resolve, this can: the app's own CPU per request
 for `POST /predict` with one JSON image, the service (its real app, routes, guards, batcher and
@@ -22,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import uvloop  # noqa: E402

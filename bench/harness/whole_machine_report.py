@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from loadtest.bench.report import num
+from bench.harness.report import num
 
 RATIO_TARGET = 0.8  # ours ≥ 0.8 × the no-op ceiling of the same worker count
 P99_TARGET_MS = 5.0  # one worker's p99 at half of its saturation

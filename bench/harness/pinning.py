@@ -65,3 +65,15 @@ def _try_taskset(cores: list[int]) -> str | None:
     except (OSError, subprocess.SubprocessError) as error:
         return str(error)
     return None if done.returncode == 0 else (done.stderr.strip() or f"exit code {done.returncode}")
+
+
+def pin_generator(pin: dict[str, Any]) -> None:
+    """Pin this process (and so the generator processes and hey it starts) to the plan's generator
+    cores; where the sandbox refuses, a note in the plan and the generator unpinned."""
+    if not pin["loadgen_cores"]:
+        return
+    try:
+        os.sched_setaffinity(0, pin["loadgen_cores"])
+    except OSError as error:
+        pin["notes"].append(f"load generator unpinned: sched_setaffinity failed ({error})")
+        pin["loadgen_cores"] = None

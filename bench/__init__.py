@@ -1,0 +1,1 @@
+"""Benchmark scripts behind bench/results/; harness/ holds the parts they share."""
