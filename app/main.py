@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from app.access.middleware import add_access_layers
+from app.access.middleware import AccessLayers, access_layers
 from app.config import Settings, get_settings
 from app.dataplane import DataPlane
 from app.engines.factory import EngineOptions
@@ -26,7 +26,7 @@ from app.http.inline import InlinePredict
 from app.http.inline_routes import PREDICT, V2_INFER
 from app.http.limits import BodyBudget, RequestGuard
 from app.http.openapi import build_openapi
-from app.http.protocol import GuardedHttpProtocol
+from app.http.protocol import HOOKS_KEY, ProtocolHooks
 from app.http.routes import models, probes
 from app.http.routes.predict import PredictCodec, predict
 from app.ops.loop_lag import GcPauses, sample_loop_lag
@@ -55,7 +55,7 @@ def create_app(
     peers_ready: Callable[[], tuple[bool, str]] | None = None,
     exit_on_dead_device: bool = False,
     engine_process: tuple[str, str] | None = None,
-) -> FastAPI:
+) -> FastAPI | AccessLayers:
     """The app; `prepared` models (loaded and checked by the CLI) save loading them twice.
 
     With several workers (app/runtime/workers.py), `on_ready` tells the others this one is ready and
@@ -64,9 +64,10 @@ def create_app(
     `engine_process`: (socket, segment folder) of the engine process that runs the engines."""
     settings = settings or get_settings()
     budget = BodyBudget(settings.max_inflight_bytes)  # bodies in flight, by the guard and the protocol alike
+    hooks = ProtocolHooks.from_settings(settings)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, ProtocolHooks]]:
         service = Service(
             settings, prepared=prepared, on_fatal=on_fatal, on_ready=on_ready, peers_ready=peers_ready,
             engine_process=engine_process,
@@ -87,12 +88,12 @@ def create_app(
             await grpc_server.start()
         if settings.inline_predict and not access_layers_on:
             codecs = {PREDICT: app.state.predict_codec, V2_INFER: app.state.v2_codec}
-            GuardedHttpProtocol.inline = InlinePredict(plane, codecs, budget)  # the protocol answers small predicts
+            hooks.inline = InlinePredict(plane, codecs, budget)  # the protocol answers small predicts
         try:
             with drain_on_signals(settings.drain_seconds, service.begin_drain):
-                yield
+                yield {HOOKS_KEY: hooks}  # the server's protocol reads this app's limits and inline handler here
         finally:
-            GuardedHttpProtocol.inline = None
+            hooks.inline = None
             if grpc_server is not None:
                 await grpc_server.stop()
             await service.stop()
@@ -131,8 +132,9 @@ def create_app(
         request_timeout_s=settings.request_timeout_s,
         body_timeout_s=settings.body_timeout_s,
     )
-    access_layers_on = add_access_layers(app, settings)  # tokens, CORS, request ids, access log: none unless set
-    return app
+    layers = access_layers(settings)  # tokens, CORS, request ids, access log: none unless set
+    access_layers_on = bool(layers)  # then each request needs the ASGI stack: no inline path
+    return AccessLayers(app, layers) if layers else app
 
 
 async def route_error(request: Request, error: Exception) -> Response:

@@ -8,10 +8,11 @@ the tokens (AuthMiddleware). They wrap the whole Starlette stack, error middlewa
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.access.access_log import access_log
 from app.access.auth import AuthMiddleware
@@ -25,24 +26,24 @@ CORS_REQUEST_HEADERS = ("authorization", "content-type", "x-request-id", "infere
 CORS_EXPOSED_HEADERS = ("x-request-id", "inference-header-content-length", "retry-after", "www-authenticate")
 
 
-def add_access_layers(app: FastAPI, settings: Settings) -> bool:
-    """Wrap the app in the layers the settings turn on; whether there are any (each request then
-    needs the ASGI stack: app/http/inline.py is off)."""
-    layers = access_layers(settings)
-    if not layers:
-        return False  # all off: not one call more per request than without this package
-    build = app.build_middleware_stack
+class AccessLayers:
+    """The app inside the layers the settings turn on, wrapped explicitly: ASGI calls go through them,
+    outermost first, and everything else (state, routes, openapi) is the app's own. Outside Starlette's
+    ServerErrorMiddleware (add_middleware would put them inside it), so a 500 it answers still gets its
+    request id, CORS headers and access-log line."""
 
-    def build_with_access() -> ASGIApp:
-        stack = build()
+    def __init__(self, app: FastAPI, layers: list[Callable[[ASGIApp], ASGIApp]]) -> None:
+        self.app = app
+        stack: ASGIApp = app
         for layer in reversed(layers):
             stack = layer(stack)
-        return stack
+        self._stack = stack
 
-    # Outside ServerErrorMiddleware (add_middleware would put them inside it): a 500 it answers
-    # still gets its request id, CORS headers and access-log line.
-    app.build_middleware_stack = build_with_access  # type: ignore[method-assign]
-    return True
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._stack(scope, receive, send)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.app, name)
 
 
 def access_layers(settings: Settings) -> list[Callable[[ASGIApp], ASGIApp]]:

@@ -26,12 +26,12 @@
 - The deadline's start: the time of each request's first byte goes into the ASGI scope
   (extensions["cgserve.first_byte"]), so the end-to-end deadline counts the reading too.
 - Small inference requests (POST /predict, the v2 infer; app/http/inline_routes.py): while the app
-  serves, `inline` (app/http/inline.py) may take a request at the end of its headers; it is
+  serves, its ProtocolHooks' `inline` (app/http/inline.py) may take a request at the end of its headers; it is
   then answered from here, below the ASGI stack, when its body is whole. Only a request that
   starts as its headers end (not a pipelined one queued behind another).
 This class overrides parts of uvicorn's HttpToolsProtocol that are not public API (its parser
 callbacks, _start_asgi_task, send_400_response, on_response_complete): pyproject.toml pins the
-uvicorn releases it was verified on, and configure() refuses to start, in one line, where the
+uvicorn releases it was verified on, and check_server() refuses to start, in one line, where the
 installed uvicorn lacks one of them (an override of a method that is gone is never called: under
 uvicorn 0.35 every request silently took the slow path, issue 23.7).
 Keep-alive idle timeouts are uvicorn's own (timeout_keep_alive), with one gap closed: uvicorn
@@ -47,6 +47,7 @@ import re
 import resource
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NoReturn
 from urllib.parse import unquote_to_bytes
 
@@ -94,19 +95,54 @@ LINGER_BYTES = 65536  # ... and how much of it is read and dropped before the co
 REQUEST_LINE_BYTES = 16  # the method, the version, spaces and CRLF of a request line, about
 
 
+HOOKS_KEY = "cgserve.http"  # the ASGI lifespan state's key for the app's ProtocolHooks
+
+
+@dataclass(slots=True)
+class ProtocolHooks:
+    """What one app gives the HTTP protocol of the server that runs it: its limits, and while it serves
+    the handler of inline requests. Built by create_app, yielded in its lifespan's state (ASGI's own
+    way for an app to hand the server per-app objects); uvicorn gives each connection that state."""
+
+    max_connections: int
+    max_header_bytes: int
+    header_timeout_s: float
+    body_timeout_s: float
+    body_min_rate_bytes_s: int
+    body_rate_window_s: float
+    inline: InlinePredict | None = None  # set by the app's lifespan while it serves (app/main.py)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ProtocolHooks:
+        return cls(
+            max_connections=connection_budgets(settings)[0],
+            max_header_bytes=settings.max_header_bytes,
+            header_timeout_s=settings.header_timeout_s,
+            body_timeout_s=settings.body_timeout_s,
+            body_min_rate_bytes_s=settings.body_min_rate_bytes_s,
+            body_rate_window_s=settings.body_rate_window_s,
+        )
+
+
 class GuardedHttpProtocol(HttpToolsProtocol):
-    # Set by configure() from the settings, in each process, before the first connection.
+    # Defaults for an app that yields no ProtocolHooks (a benchmark's reference server, a test's stub);
+    # the service's own come from its settings, per app, through the lifespan state.
     max_connections = 1024
     max_header_bytes = 65536
     header_timeout_s = 10.0
     body_timeout_s = 10.0
     body_min_rate_bytes_s = 16384
     body_rate_window_s = 5.0
-    # Set by the app's lifespan while it serves (app/main.py), None otherwise.
     inline: InlinePredict | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        hooks: ProtocolHooks | None = (kwargs.get("app_state") or {}).get(HOOKS_KEY)
+        self._hooks = hooks
+        if hooks is not None:
+            self.max_connections, self.max_header_bytes = hooks.max_connections, hooks.max_header_bytes
+            self.header_timeout_s, self.body_timeout_s = hooks.header_timeout_s, hooks.body_timeout_s
+            self.body_min_rate_bytes_s, self.body_rate_window_s = hooks.body_min_rate_bytes_s, hooks.body_rate_window_s
         self._in_headers = True  # between requests or inside a request's head
         self._header_bytes = 0  # raw bytes of a head that came in pieces
         self._head_bytes = 0  # the head as the parser hands it over (URL, names, values)
@@ -250,7 +286,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._starting = False
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
-        inline = self.inline
+        inline = self._hooks.inline if self._hooks is not None else self.inline
         # Not while the client leaves our answers unread (uvicorn's own send() waits for the drain).
         if inline is not None and self._starting and not self.flow.write_paused:
             request = inline.take(cycle)
@@ -386,17 +422,6 @@ def check_server(base: type = HttpToolsProtocol) -> None:
             f"cannot start: uvicorn {uvicorn.__version__}'s {base.__name__} has no {', '.join(missing)}, which "
             f"app/http/protocol.py's protocol needs; install the uvicorn pyproject.toml names (pip install -e .)"
         )
-
-
-def configure(settings: Settings) -> None:
-    """Set the limits before the server accepts connections (in each worker process, too)."""
-    check_server()
-    GuardedHttpProtocol.max_connections = connection_budgets(settings)[0]
-    GuardedHttpProtocol.max_header_bytes = settings.max_header_bytes
-    GuardedHttpProtocol.header_timeout_s = settings.header_timeout_s
-    GuardedHttpProtocol.body_timeout_s = settings.body_timeout_s
-    GuardedHttpProtocol.body_min_rate_bytes_s = settings.body_min_rate_bytes_s
-    GuardedHttpProtocol.body_rate_window_s = settings.body_rate_window_s
 
 
 def connection_budgets(settings: Settings) -> tuple[int, int]:

@@ -14,7 +14,7 @@ from app.http.server_options import UVICORN_OPTIONS
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
     """What uvicorn.Config and uvicorn.run take, in one process and in workers alike."""
-    protocol.configure(settings)
+    protocol.check_server()  # one line and exit 1 where the installed uvicorn lacks what the protocol overrides
     return {
         **UVICORN_OPTIONS,
         # httptools, with connection, header and body limits, closing connections cleanly on shutdown

@@ -188,12 +188,10 @@ def stop_engine_process(process: multiprocessing.process.BaseProcess, timeout_s:
 def worker_app() -> Any:
     """The app of one worker (uvicorn calls this factory in each process)."""
     from app.config import get_settings
-    from app.http import protocol
     from app.main import create_app
 
     settings = get_settings()  # from the CGSERVE_* variables the manager exported
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    protocol.configure(settings)  # this process's protocol limits
 
     return create_app(
         on_fatal=stop_every_worker,

@@ -9,19 +9,17 @@ import sys
 import pytest
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from app.config import Settings
-from app.http.protocol import SERVER_NEEDS, check_server, configure
+from app.http.protocol import SERVER_NEEDS, check_server
 
 
 def test_the_installed_uvicorn_has_what_the_protocol_needs() -> None:
     check_server()
-    configure(Settings())
 
 
 def test_a_protocol_without_start_asgi_task_is_refused_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delattr(HttpToolsProtocol, "_start_asgi_task")
     with pytest.raises(SystemExit) as refused:
-        configure(Settings())
+        check_server()
     message = str(refused.value.code)
     assert "\n" not in message and message.startswith("cannot start:")
     assert "_start_asgi_task" in message and "app/http/protocol.py" in message
