@@ -196,9 +196,9 @@ class Service:
                 prepared = await asyncio.to_thread(prepare_models, self.settings)
             self._prepared = None  # the CPU copies are the engines' now
             self.models = {model.spec.name: ServedModel(model.spec, options) for model, options in prepared}
-            # The JPEG decoder first: its torchvision import holds the GIL for seconds (10 s where
-            # nothing imported torch._dynamo before it, run 15a). Started after the models, that
-            # import ran while they already served, at a tenth of their rate.
+            # The JPEG decoder first: its torchvision import holds the GIL for seconds (longest where
+            # nothing imported torch._dynamo before it). Started after the models, that import ran
+            # while they already served, at a fraction of their rate.
             devices = [device for _, options in prepared for device in options.devices]
             device = next((d for d in devices if d.startswith("cuda")), "cpu")
             self.jpeg_decoder = await asyncio.to_thread(start_jpeg_decoder, self.settings.jpeg_decoder, device)

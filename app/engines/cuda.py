@@ -23,8 +23,8 @@ reuses a slot's host buffers only after its `done` event completed.
 
 With `torch_compile_mode` set, the forward is first compiled by inductor (fused Triton kernels, one static
 shape per bucket and input dtype, no CUDA graphs of its own) and those kernels are what each graph
-captures; `fuse_input` also compiles the input normalisation with the model. Off: run 11 measured
-no gain for the seed CNN (±5 %), and it doubles the shapes compiled (one per input dtype).
+captures; `fuse_input` also compiles the input normalisation with the model. Off by default: it
+gained nothing measurable for the seed CNN, and it compiles the model once per input dtype.
 
 Hand-back, by `event_wait`:
   poll   the event loop polls done.query() between its other work (no thread hop); a batch

@@ -13,9 +13,8 @@ median and p99 over the requests after a warm-up. A model.toml that sets its own
 them on that server: the overhead then also holds its padding.
 
 The client is the load generator's lean connection: each request in one write, TCP_NODELAY,
-the client the benchmarks measure with. (Run 12c's 12.5 ms median through httpx's sync client
-was not that client's doing: its httpcore sets TCP_NODELAY there too. Run 13d found the likelier
-cause, a slow first few seconds of a fresh server, which the warm-up now waits out.)
+the client the benchmarks measure with. A fresh server answers its first few seconds slowly,
+which the warm-up waits out.
 """
 
 from __future__ import annotations
@@ -35,12 +34,9 @@ from loadtest.lean_driver import LeanConnection, request_bytes
 from loadtest.server_process import HOST, free_port, running, service_env
 
 # Lone requests before the measured ones: at least this many, for at least --overhead-warmup-s.
-# On the H200 a fresh server answered the seed CNN's lone requests with ~5-6 ms medians and
-# 10-250 ms outliers for its first 3-5 s, then with 0.3-0.7 ms medians and sub-ms p99s, whatever
-# the client, the event-wait mode or CGSERVE_HOST_IO (runs 13d and 13e, bench/lone_requests.py);
-# on the development machine even the plain-route no-op ramps up for seconds. A 3 s warm-up was
-# not enough for the tuner's own server (run 13e). The tuner plans for the steady state, so it
-# waits the transient out with room to spare.
+# A fresh server answers lone requests several times slower for its first seconds, whatever the
+# client or event-wait mode (bench/lone_requests.py measures it); even a no-op server ramps up.
+# The tuner plans for the steady state, so it waits the transient out with room to spare.
 WARMUP_REQUESTS = 20
 REQUEST_TIMEOUT_S = 30.0
 
