@@ -15,8 +15,9 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.http.answer import HttpBody
-from app.http.inline_routes import PREDICT, V2_HEADER_LENGTH, form_of, route_of
-from app.http.limits import deadline_of
+from app.http.heads import read_head
+from app.http.inline_routes import PREDICT, form_of, route_of
+from app.http.limits import HEAD_KEY, deadline_of
 
 
 class FastPath:
@@ -31,12 +32,8 @@ class FastPath:
         route, model, version = target
         if model:  # as the router leaves them, for the access log
             scope["path_params"] = {"name": model} if version is None else {"name": model, "version": version}
-        media = header_length = None
-        for name, value in scope["headers"]:  # the first of each, as Starlette's headers.get reads them
-            if name == b"content-type" and media is None:
-                media = value.partition(b";")[0].strip().lower()
-            elif name == V2_HEADER_LENGTH and header_length is None:
-                header_length = value
+        head = scope.get(HEAD_KEY) or read_head(scope["headers"])  # the guard's, read once
+        media, header_length = head.media, head.header_length
         form = form_of(route, media, header_length)
         if form is None:  # an upload, or a body the route refuses (415)
             await self.app(scope, receive, send)

@@ -35,13 +35,13 @@ from app.batching.queue import BatchQueue
 from app.dataplane import Codec, DataPlane, counted, observe
 from app.errors import ClientClosedError, DeadlineExceededError
 from app.http.answer import HttpAnswer, HttpBody
-from app.http.inline_routes import V2_HEADER_LENGTH, form_of, route_of
-from app.http.limits import FIRST_BYTE_KEY, TIMEOUT_HEADER, BodyBudget
+from app.http.heads import read_head
+from app.http.inline_routes import form_of, route_of
+from app.http.limits import FIRST_BYTE_KEY, BodyBudget
 from app.ops import metrics, timers
 from app.service import ServedModel
 
 INLINE_BODY_LIMIT = HIGH_WATER_LIMIT  # bytes: uvicorn pauses reading above this, the ASGI receive() resumes it
-MAX_TIMEOUT_DIGITS = 12  # X-Request-Timeout-Ms: 31 years; 312 digits overflowed a float (a 500)
 
 
 @dataclass(slots=True, eq=False)
@@ -80,22 +80,13 @@ class InlinePredict:
         if target is None:
             return None
         route, model, version = target
-        length: int | None = None
-        media = header_length = None
+        head = read_head(scope["headers"])
+        if head.streamed or (head.timeout_ms is not None and head.timeout_ms < 0):
+            return None  # read as it streams in, or refused 400 by the ASGI guard
+        length, media, header_length = head.length, head.media, head.header_length
         timeout_s = self.settings.request_timeout_s
-        for name, value in scope["headers"]:
-            if name == b"content-length":
-                length = int(value) if value.isdigit() and length is None else -1  # -1: twice, or not a number
-            elif name == b"content-type" and media is None:  # the first, as Starlette's headers.get reads it
-                media = value.partition(b";")[0].strip().lower()
-            elif name == V2_HEADER_LENGTH and header_length is None:
-                header_length = value
-            elif name == TIMEOUT_HEADER:
-                if not value.isdigit() or len(value) > MAX_TIMEOUT_DIGITS or int(value) == 0:
-                    return None  # the ASGI guard answers 400
-                timeout_s = min(timeout_s, int(value) / 1000)
-            elif name in (b"transfer-encoding", b"expect"):
-                return None
+        if head.timeout_ms is not None:
+            timeout_s = min(timeout_s, head.timeout_ms / 1000)
         form = form_of(route, media, header_length)
         if form is None or length is None or not 0 <= length <= min(INLINE_BODY_LIMIT, self.settings.max_body_bytes):
             return None  # the ASGI route answers it (415, 411-like reads, 413) or serves it

@@ -12,9 +12,7 @@ through each.
 from __future__ import annotations
 
 from app.http.routes.predict import FORMAT_OF
-from app.protocols.v2 import rest as v2_rest
 
-V2_HEADER_LENGTH = v2_rest.HEADER_LENGTH.encode()  # the binary extension's Inference-Header-Content-Length
 # /predict's media types whose whole body is decoded at once (not multipart uploads), as bytes.
 PREDICT_FORMS = {media.encode(): form for media, form in FORMAT_OF.items() if form in ("json", "raw")}
 

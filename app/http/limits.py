@@ -31,12 +31,13 @@ from app.errors import (
     ServiceError,
     error_body,
 )
+from app.http.heads import TIMEOUT_HEADER, read_head
 from app.ops import metrics
 
 DEADLINE_KEY = "cgserve.deadline"
 FIRST_BYTE_KEY = "cgserve.first_byte"  # set by app/http/protocol.py where the guarded protocol runs
 BODY_TIMED_OUT_KEY = "cgserve.body_timed_out"  # set by app/http/protocol.py when a body pauses too long
-TIMEOUT_HEADER = b"x-request-timeout-ms"
+HEAD_KEY = "cgserve.head"  # the request's Head (app/http/heads.py), read once by the guard
 
 
 def deadline_of(scope: Scope, timeout_s: float) -> float:
@@ -107,19 +108,17 @@ class RequestGuard:
             return
         extensions = scope.get("extensions") or {}
         started = extensions.get(FIRST_BYTE_KEY) or time.monotonic()
-        declared: int | None = None
+        head = scope[HEAD_KEY] = read_head(scope["headers"])  # the fast path reads it from here too
+        declared = head.length if head.length is not None and head.length >= 0 else None
         timeout_s = self.request_timeout_s
-        for name, value in scope["headers"]:
-            if name == b"content-length" and value.isdigit():
-                declared = int(value)
-            elif name == TIMEOUT_HEADER:
-                if not value.isdigit() or len(value) > 12 or int(value) == 0:  # 12 digits: 31 years
-                    expected = "X-Request-Timeout-Ms: a positive whole number of milliseconds"
-                    await self._refuse(
-                        scope, send, InputError(f"X-Request-Timeout-Ms is {value!r}", expected=expected, status=400)
-                    )
-                    return
-                timeout_s = min(timeout_s, int(value) / 1000)
+        if head.timeout_ms is not None:
+            if head.timeout_ms < 0:
+                value = dict(scope["headers"]).get(TIMEOUT_HEADER, b"")
+                expected = "X-Request-Timeout-Ms: a positive whole number of milliseconds (at most 12 digits)"
+                error = InputError(f"X-Request-Timeout-Ms is {value[:40]!r}", expected=expected, status=400)
+                await self._refuse(scope, send, error)
+                return
+            timeout_s = min(timeout_s, head.timeout_ms / 1000)
         if declared is not None and declared > self.max_body_bytes:
             await self._refuse(scope, send, BodyTooLargeError(self.max_body_bytes))
             return
