@@ -7,6 +7,7 @@
     input_shape = [3, 224, 224]            # (C, H, W) of one image
     labels = ["cat", "dog"] | "labels.txt" # one per output class
     postprocess = "softmax"                # | "sigmoid" (multi-label) | "none" (the model's own scores)
+    input_datatype = "UINT8"               # | "FP32": what the v2 metadata asks clients to send
     [preprocess]                           # image uploads; mean/std run inside the graph
     color = "RGB"; resize = 256; crop = 224; mean = [...]; std = [...]
 
@@ -73,6 +74,10 @@ class ModelConfig(BaseModel):
     preprocess: Preprocess = Preprocess()
     # What the logits become, in the graph: a model that ends in its own softmax says "none".
     postprocess: Postprocess = "softmax"
+    # The input datatype the Open Inference Protocol's metadata declares, so that Triton's clients and
+    # perf_analyzer send it: UINT8 pixels are a quarter of FP32's bytes and the engine stages uint8 as
+    # it comes. Both are accepted either way.
+    input_datatype: Literal["UINT8", "FP32"] = "FP32"
     # Per-model engine options; unset means the service's setting of the same name.
     engine: ModelEngine | None = None
     dtype: Dtype | None = None

@@ -63,11 +63,13 @@ def test_server_and_model_metadata(kind: str, server: dict[str, str]) -> None:
     model = triton.get_model_metadata(MODEL, **as_json)  # type: ignore[attr-defined]
     (tensor,) = model["inputs"]
     assert tensor["name"] == "input" and [int(d) for d in tensor["shape"]] == [-1, 1, 28, 28]
+    assert tensor["datatype"] == "UINT8"  # the shipped model.toml's input_datatype: clients send 8-bit pixels
     (output,) = model["outputs"]
     assert output["name"] == "probabilities" and [int(d) for d in output["shape"]] == [-1, 10]
     config = triton.get_model_config(MODEL, **as_json)  # type: ignore[attr-defined]
     config = config.get("config", config)
     assert int(config["max_batch_size"]) == 128
+    assert config["input"][0]["data_type"] == "TYPE_UINT8"
 
 
 @pytest.mark.parametrize("kind", list(CLIENTS))

@@ -1,9 +1,10 @@
 """The Open Inference Protocol's tensors for our models, shared by its REST and gRPC ingress.
 
 Every model has one input, `input`: FP32 intensities in [0, 1] or UINT8 pixels, shape
-[-1, C, H, W]; and one output, `probabilities`: FP32 [-1, classes]. A request's input becomes
-the same (k, C, H, W) array that POST /predict's decoders give the batcher; an output asked for
-with the classification extension becomes Triton's top-k strings "score:index:label".
+[-1, C, H, W] (its metadata declares the datatype model.toml's input_datatype names; both are
+accepted); and one output, `probabilities`: FP32 [-1, classes]. A request's input becomes the same
+(k, C, H, W) array that POST /predict's decoders give the batcher; an output asked for with the
+classification extension becomes Triton's top-k strings "score:index:label".
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def model_metadata(spec: ModelSpec, platform: str) -> dict[str, Any]:
         "name": spec.name,
         "versions": [VERSION],
         "platform": platform,
-        "inputs": [{"name": INPUT, "datatype": "FP32", "shape": [-1, *spec.input_shape]}],
+        "inputs": [{"name": INPUT, "datatype": spec.config.input_datatype, "shape": [-1, *spec.input_shape]}],
         "outputs": [{"name": OUTPUT, "datatype": "FP32", "shape": [-1, spec.num_classes]}],
     }
 
@@ -103,7 +104,7 @@ def model_config(spec: ModelSpec, platform: str, buckets: tuple[int, ...], max_d
         "platform": platform,
         "backend": "cudagraph-serve",
         "max_batch_size": buckets[-1],
-        "input": [{"name": INPUT, "data_type": "TYPE_FP32", "dims": list(spec.input_shape)}],
+        "input": [{"name": INPUT, "data_type": f"TYPE_{spec.config.input_datatype}", "dims": list(spec.input_shape)}],
         "output": [{"name": OUTPUT, "data_type": "TYPE_FP32", "dims": [spec.num_classes]}],
         "dynamic_batching": {
             "preferred_batch_size": list(buckets),

@@ -1,0 +1,22 @@
+"""The v2 metadata tells clients what to send: model.toml's input_datatype (issue 26.2)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from app.protocols.v2.tensors import model_config, model_metadata
+from tests.seed_model import seed_spec
+
+
+@pytest.mark.parametrize("datatype", ["UINT8", "FP32"])
+def test_metadata_and_config_declare_the_model_tomls_input_datatype(datatype: str) -> None:
+    spec = seed_spec()
+    spec = dataclasses.replace(spec, config=spec.config.model_copy(update={"input_datatype": datatype}))
+    assert model_metadata(spec, "p")["inputs"][0]["datatype"] == datatype
+    assert model_config(spec, "p", (1, 8), 1.0)["input"][0]["data_type"] == f"TYPE_{datatype}"
+
+
+def test_the_shipped_seed_cnn_asks_for_uint8_pixels() -> None:
+    assert seed_spec().config.input_datatype == "UINT8"
