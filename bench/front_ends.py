@@ -55,6 +55,13 @@ def main() -> int:
     p.add_argument("--server-cores", default="0-7")
     p.add_argument("--loadgen-cores", default="8-15")
     p.add_argument("--device", default="cuda", help="cuda (cuda-graph engines) or cpu (eager: a check of the harness)")
+    p.add_argument(
+        "--tree",
+        type=Path,
+        default=None,
+        help="run the servers from this copy of the repository (a tree before a change)",
+    )
+    p.add_argument("--label", default="", help="prefix of each design's name in the record, e.g. before-")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     bodies = {}
@@ -66,15 +73,16 @@ def main() -> int:
     runs: list[dict[str, Any]] = []
     for workers in [int(w) for w in args.workers.split(",")]:
         for design in args.designs.split(","):
-            runs.append(run_design(args, design, workers, bodies))
+            runs.append(run_design(args, design, workers, bodies) | {"design": args.label + design})
     record = {
         "schema": "cgserve-bench-front-ends/1",
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": shlex.join([sys.executable, *sys.argv]),
+        "tree": str(args.tree) if args.tree else "this checkout",
         "runs": runs,
     }
-    (args.out / "front-ends.json").write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2))
-    (args.out / "front-ends.md").write_text(report(runs))
+    (args.out / f"{args.label}front-ends.json").write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2))
+    (args.out / f"{args.label}front-ends.md").write_text(report(runs))
     print(report(runs))
     return 0
 
@@ -88,7 +96,10 @@ def run_design(args: argparse.Namespace, design: str, workers: int, bodies: dict
     argv = ["taskset", "-c", args.server_cores, *argv]
     out: dict[str, Any] = {"design": design, "workers": workers, "command": shlex.join(argv), "env": env, "forms": {}}
     print(f"{design} × {workers}: {out['command']}", flush=True)
-    server = ServerProcess(argv, args.out / f"{design}-{workers}.log", port=port, name=design, env=env)
+    if args.tree is not None:  # its own app/ first on the path; `python -m` puts the working folder first
+        env = env | {"PYTHONPATH": f"{args.tree.resolve()}:{os.environ.get('PYTHONPATH', '')}"}
+    log = args.out / f"{args.label}{design}-{workers}.log"
+    server = ServerProcess(argv, log, port=port, name=design, env=env, cwd=args.tree)
     try:
         out["ready_s"] = round(server.wait_ready(240.0), 1)
         for form, (body, content_type, path) in bodies.items():
