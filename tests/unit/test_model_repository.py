@@ -44,6 +44,8 @@ BAD_MODELS = [
     ("labels count", GOOD + 'labels = ["a", "b", "c"]\n', {}, "labels", "3 labels for a model with 10 outputs"),
     ("corrupt weights", GOOD.replace(WEIGHTS, "bad.pt") + TEN_LABELS, {"bad.pt": "not torch"},
      "weights", "bad.pt"),
+    ("input_shape in H, W, C", GOOD.replace("[1, 28, 28]", "[28, 28, 1]") + TEN_LABELS, {}, "input_shape",
+     "input_shape is C, H, W: [1, 28, 28]?"),
 ]  # fmt: skip
 
 
