@@ -43,7 +43,8 @@ def test_tune_writes_an_env_file_the_service_reads_as_its_settings(tmp_path: Pat
     assert set(settings.buckets) <= {1, 2, 3, 4, 6, 8}
     assert sorted(report["replay"], key=int) == ["1", "2", "3", "4", "6", "8"]
     assert report["overhead"]["source"].startswith("measured")
-    assert 0 < report["overhead"]["median_ms"] <= report["overhead"]["p99_ms"]
+    # The server's time beyond the replay, clamped at 0: on a loaded machine the median can be 0.
+    assert 0 <= report["overhead"]["median_ms"] <= report["overhead"]["p99_ms"]
     assert chosen["worst_p99_ms"] <= 500
     assert f"chose buckets {chosen['buckets']}" in result.stdout
 
