@@ -13,27 +13,7 @@ from uvicorn.server import ServerState
 from app.config import Settings
 from app.http.protocol import HOOKS_KEY, GuardedHttpProtocol, ProtocolHooks
 from app.main import create_app
-
-
-class Transport:
-    def __init__(self) -> None:
-        self.written, self.closed = bytearray(), False
-
-    def write(self, data: bytes) -> None:
-        self.written += data
-
-    def close(self) -> None:
-        self.closed = True
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def get_extra_info(self, name: str) -> Any:
-        return ("127.0.0.1", 1) if name in ("peername", "sockname") else None
-
-    def pause_reading(self) -> None: ...
-
-    def resume_reading(self) -> None: ...
+from tests.unit.test_inline_protocol import Transport  # a connection's transport, recording what is written
 
 
 def lifespan_state(settings: Settings) -> dict[str, Any]:
