@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from app.batching.queue import BatchQueue
 from app.dataplane import Codec, DataPlane, counted, observe
@@ -38,15 +37,14 @@ from app.http.answer import HttpAnswer, HttpBody
 from app.http.heads import read_head
 from app.http.inline_routes import form_of, route_of
 from app.http.limits import FIRST_BYTE_KEY, BodyBudget
+from app.http.protocol import INLINE_BODY_LIMIT, write_answer
 from app.ops import metrics, timers
 from app.service import ServedModel
-
-INLINE_BODY_LIMIT = HIGH_WATER_LIMIT  # bytes: uvicorn pauses reading above this, the ASGI receive() resumes it
 
 
 @dataclass(slots=True, eq=False)
 class InlineRequest:
-    cycle: RequestResponseCycle  # uvicorn's: the scope, the body read so far, the transport, keep-alive
+    cycle: RequestResponseCycle  # uvicorn's: its scope and the body read so far; answered through write_answer
     codec: Codec[HttpBody, HttpAnswer]
     model: str  # the served model's name once looked up; "" before (the metrics' label: never a client's name)
     form: str  # "json" or "raw" (/predict), "json" or "binary" (v2 infer)
@@ -183,27 +181,3 @@ class InlinePredict:
             request.timer.cancel()
         observe(request.model, request.codec.protocol, request.form, str(status), request.started)
         return True
-
-
-def write_answer(cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-    """The whole answer in one write, as uvicorn's send() would write it in two; then uvicorn's
-    own bookkeeping (keep-alive timer, the next pipelined request)."""
-    if cycle.disconnected or cycle.transport.is_closing():
-        cycle.response_complete = True
-        return
-    content = [STATUS_LINE[status]]
-    for name, value in cycle.default_headers:
-        content += [name, b": ", value, b"\r\n"]
-    for name, value in headers:  # content-length and -type among them
-        if name == b"connection" and b"close" in value.lower():
-            cycle.keep_alive = False
-            continue
-        content += [name, b": ", value, b"\r\n"]
-    if not cycle.keep_alive:
-        content.append(b"connection: close\r\n")
-    content += [b"\r\n", body]
-    cycle.transport.write(b"".join(content))
-    cycle.response_complete = True
-    if not cycle.keep_alive:
-        cycle.transport.close()
-    cycle.on_response()

@@ -29,8 +29,10 @@
   serves, its ProtocolHooks' `inline` (app/http/inline.py) may take a request at the end of its headers; it is
   then answered from here, below the ASGI stack, when its body is whole. Only a request that
   starts as its headers end (not a pipelined one queued behind another).
-This class overrides parts of uvicorn's HttpToolsProtocol that are not public API (its parser
-callbacks, _start_asgi_task, send_400_response, on_response_complete): pyproject.toml pins the
+This module is where the service reaches below uvicorn's public API, and the only one: the class
+overrides parts of its HttpToolsProtocol (its parser callbacks, _start_asgi_task, send_400_response,
+on_response_complete), and write_answer writes an inline answer on a request's cycle as uvicorn's
+own send() would (app/http/inline.py reads only a cycle's scope and body). pyproject.toml pins the
 uvicorn releases it was verified on, and check_server() refuses to start, in one line, where the
 installed uvicorn lacks one of them (an override of a method that is gone is never called: under
 uvicorn 0.35 every request silently took the slow path, issue 23.7).
@@ -48,15 +50,15 @@ import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 from urllib.parse import unquote_to_bytes
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from app.config import Settings
 from app.errors import RequestTimeoutError, ServiceError, error_body, retry_after
-from app.http.inline import InlinePredict, InlineRequest
 from app.http.limits import BODY_TIMED_OUT_KEY, FIRST_BYTE_KEY, BodyTooSlowError
 from app.ops import timers
 
@@ -95,6 +97,30 @@ LINGER_BYTES = 65536  # ... and how much of it is read and dropped before the co
 REQUEST_LINE_BYTES = 16  # the method, the version, spaces and CRLF of a request line, about
 
 
+INLINE_BODY_LIMIT = HIGH_WATER_LIMIT  # bytes: uvicorn pauses reading above this, the ASGI receive() resumes it
+
+
+class InlineRequest(Protocol):
+    """A request an inline handler took: answered from its cycle (write_answer) once, then `answered`."""
+
+    cycle: RequestResponseCycle
+    answered: bool
+
+
+class InlineHandler(Protocol):
+    """What answers requests inside the protocol (app/http/inline.py's InlinePredict)."""
+
+    def take(self, cycle: RequestResponseCycle) -> InlineRequest | None:
+        """At the end of the headers: the request's state if it is answered here, else None (ASGI's)."""
+        ...
+
+    def body_complete(self, request: Any) -> None: ...
+
+    def fail(self, request: Any, error: Exception) -> None: ...
+
+    def abandon(self, request: Any) -> None: ...
+
+
 HOOKS_KEY = "cgserve.http"  # the ASGI lifespan state's key for the app's ProtocolHooks
 
 
@@ -110,7 +136,7 @@ class ProtocolHooks:
     body_timeout_s: float
     body_min_rate_bytes_s: int
     body_rate_window_s: float
-    inline: InlinePredict | None = None  # set by the app's lifespan while it serves (app/main.py)
+    inline: InlineHandler | None = None  # set by the app's lifespan while it serves (app/main.py)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ProtocolHooks:
@@ -133,7 +159,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     body_timeout_s = 10.0
     body_min_rate_bytes_s = 16384
     body_rate_window_s = 5.0
-    inline: InlinePredict | None = None
+    inline: InlineHandler | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -152,7 +178,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._starting = False  # inside on_headers_complete: the request may be taken inline
         # The request taken inline last on this connection, and who took it (kept: the class's
         # `inline` is cleared at shutdown while a request may still be on its way).
-        self._inline: tuple[InlinePredict, InlineRequest] | None = None
+        self._inline: tuple[InlineHandler, InlineRequest] | None = None
         # One timer a connection: the header timeout while a head is read, the body's pause
         # timeout while part of a body is still to come (never both at once).
         self._timer: timers.Armed | None = None
@@ -464,3 +490,27 @@ class DrainingHttpProtocol(GuardedHttpProtocol):
         super().on_headers_complete()
         if self._closing and self.cycle is not None:
             self.cycle.keep_alive = False  # before it is answered: inline and ASGI answers come later
+
+
+def write_answer(cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    """The whole answer in one write, as uvicorn's send() would write it in two; then uvicorn's
+    own bookkeeping (keep-alive timer, the next pipelined request)."""
+    if cycle.disconnected or cycle.transport.is_closing():
+        cycle.response_complete = True
+        return
+    content = [STATUS_LINE[status]]
+    for name, value in cycle.default_headers:
+        content += [name, b": ", value, b"\r\n"]
+    for name, value in headers:  # content-length and -type among them
+        if name == b"connection" and b"close" in value.lower():
+            cycle.keep_alive = False
+            continue
+        content += [name, b": ", value, b"\r\n"]
+    if not cycle.keep_alive:
+        content.append(b"connection: close\r\n")
+    content += [b"\r\n", body]
+    cycle.transport.write(b"".join(content))
+    cycle.response_complete = True
+    if not cycle.keep_alive:
+        cycle.transport.close()
+    cycle.on_response()

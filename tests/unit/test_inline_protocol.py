@@ -15,10 +15,10 @@ import pytest
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from app.http.inline import InlineRequest, write_answer
+from app.http.inline import InlineRequest
 from app.http.inline_routes import PREDICT
 from app.http.limits import FIRST_BYTE_KEY
-from app.http.protocol import GuardedHttpProtocol
+from app.http.protocol import GuardedHttpProtocol, write_answer
 
 
 class Transport:
