@@ -81,6 +81,7 @@ class DrainingManager(Multiprocess):
 
     def __init__(self, config: uvicorn.Config, sockets: list[socket.socket], *, drain_seconds: float) -> None:
         super().__init__(config, sockets)
+        check_manager(self)
         self.drain_seconds = drain_seconds
         self.stopping: threading.Timer | None = None
 
@@ -119,6 +120,24 @@ class DrainingManager(Multiprocess):
             return
         for process in self.processes:
             _signal(process.pid, STOP_SIGNAL)
+
+
+# What DrainingManager overrides or uses of uvicorn's Multiprocess, which is not public API: pinned
+# with uvicorn in pyproject.toml, and checked at start-up (an override of a method that is gone would
+# never be called, and the drain would silently be uvicorn's own again).
+MANAGER_METHODS = ("handle_term", "handle_int", "keep_subprocess_alive", "terminate_all")
+MANAGER_STATE = ("processes", "sockets", "should_exit")
+
+
+def check_manager(manager: Multiprocess) -> None:
+    """SystemExit (one line, status 1) where the installed uvicorn's Multiprocess lacks what the manager needs."""
+    missing = [name for name in MANAGER_METHODS if not callable(getattr(Multiprocess, name, None))]
+    missing += [name for name in MANAGER_STATE if not hasattr(manager, name)]
+    if missing:
+        raise SystemExit(
+            f"cannot start: uvicorn {uvicorn.__version__}'s Multiprocess has no {', '.join(missing)}, which "
+            "app/runtime/workers.py's drain needs; install the uvicorn pyproject.toml names (pip install -e .)"
+        )
 
 
 def stop_queueing(sock: socket.socket) -> None:

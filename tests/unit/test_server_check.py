@@ -42,3 +42,20 @@ def test_the_refusal_is_one_line_and_a_non_zero_exit() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert done.stderr.strip().count("\n") == 0 and "_start_asgi_task" in done.stderr
+
+
+def test_a_manager_without_what_the_drain_overrides_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from uvicorn.supervisors.multiprocess import Multiprocess
+
+    from app.runtime.workers import MANAGER_METHODS, check_manager
+
+    class Manager:  # what uvicorn's Multiprocess instance holds, all of it present
+        processes = sockets = should_exit = None
+
+    check_manager(Manager())  # type: ignore[arg-type]
+    assert {"handle_term", "terminate_all"} <= set(MANAGER_METHODS)
+    monkeypatch.delattr(Multiprocess, "keep_subprocess_alive")
+    with pytest.raises(SystemExit) as refused:
+        check_manager(Manager())  # type: ignore[arg-type]
+    message = str(refused.value.code)
+    assert "\n" not in message and message.startswith("cannot start:") and "keep_subprocess_alive" in message
