@@ -30,7 +30,7 @@ _DEVICE = re.compile(r"^(auto|cpu|all|cuda(:\d+)?(,cuda(:\d+)?)*)$")
 
 def named_gpus(device: str) -> list[str]:
     """The GPUs a device setting names by itself, each as cuda:N (cuda means cuda:0); none for
-    auto, cpu and all, which depend on what torch sees (app/engine_factory.resolve_devices)."""
+    auto, cpu and all, which depend on what torch sees (app/engines/factory.resolve_devices)."""
     return [f"cuda:{part.partition(':')[2] or 0}" for part in device.split(",") if part.startswith("cuda")]
 
 

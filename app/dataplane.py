@@ -24,6 +24,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from app.batching.queue import BatchQueue
 from app.errors import ClientClosedError, ServiceError, within
 from app.ops import metrics
 from app.repository.model_spec import ModelSpec
@@ -65,15 +66,23 @@ class Codec(Protocol[WireIn, AnswerOut]):
         ...
 
 
+class NowCodec(Codec[WireIn, AnswerOut], Protocol[WireIn, AnswerOut]):
+    """A codec that can also decode a small request at once, for a caller that waits by callback."""
+
+    def decode_now(self, request: WireIn, spec: ModelSpec) -> tuple[np.ndarray, Any]: ...
+
+
 class DataPlane:
     def __init__(self, service: Service) -> None:
         self.service = service  # for the settings; codecs hold it for the models
 
-    def admit(self, codec: Codec[Any, Any], model: str, version: str | None, deadline: float) -> ServedModel:
-        """Lookup, readiness and admission, before a byte of the body is read (raises what refuses it)."""
-        served = codec.served(model, version)
-        served.ready_batcher().admit(deadline)
-        return served
+    @staticmethod
+    def admit(served: ServedModel, deadline: float) -> BatchQueue:
+        """Readiness and admission of a looked-up model's request, before a byte of its body is read: its
+        queue, or what refuses it (NotReadyError, QueueFullError), counted under the model's name."""
+        queue = served.ready_batcher()
+        queue.admit(deadline)
+        return queue
 
     async def infer(
         self,
@@ -94,9 +103,9 @@ class DataPlane:
         started = time.perf_counter()
         label, status = "", "500"
         try:
-            served = self.admit(codec, model, version, deadline)
+            served = codec.served(model, version)  # UnknownModelError: counted under "", never the client's name
             label = served.spec.name
-            queue = served.ready_batcher()
+            queue = self.admit(served, deadline)
             async with within(deadline):
                 images, asked = await codec.decode(await read(), served.spec)
                 scores = await queue.submit(images, deadline)
@@ -114,14 +123,11 @@ class DataPlane:
 
 def counted(error: Exception, model: str, path: str) -> ServiceError:
     """`error` as the ServiceError it is answered with, counted under its reason for `model` ("" before one
-    was looked up). A client that went away is no error of ours (logged at info); anything unexpected is
-    logged with its traceback and answered 500."""
-    if isinstance(error, ServiceError):
-        pass
-    elif type(error).__name__ == "ClientDisconnect":  # Starlette's, from a body read
+    was looked up). A client that went away (ClientClosedError: each front end's body read raises it) is
+    no error of ours, logged at info; anything unexpected is logged with its traceback and answered 500."""
+    if isinstance(error, ClientClosedError):
         log.info("%s: the client went away before its answer", path)
-        error = ClientClosedError("the client went away before its answer")
-    else:
+    elif not isinstance(error, ServiceError):
         log.error("unexpected error in %s", path, exc_info=error)
         error = ServiceError("unexpected server error; it is logged with its traceback")
     metrics.reject(model, error.reason)

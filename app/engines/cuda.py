@@ -168,19 +168,29 @@ class CudaEngine:
     def _device_forward(self, torch_compile_mode: str | None) -> Callable[[torch.Tensor], torch.Tensor]:
         """The batch's device work as one callable, compiled by inductor where a mode is given.
 
-        One static shape per (bucket, input dtype) either way: fused, inductor sees the pixels'
-        dtype; unfused, the model's fp32 input still differs in its guards between the two paths.
+        Fused, inductor sees the pixels: one graph per (bucket, input dtype). Unfused, the model sees
+        fp32 either way, one graph per bucket where the two paths' guards agree (the limits allow both).
         """
         self._inductor = None
         forward = DeviceForward(self._input, self._module, dtype=self.dtype, channels_last=self.channels_last)
         if torch_compile_mode is None:
             return forward
-        shapes, shape = len(self.buckets) * len(INPUT_DTYPES), self.spec.input_shape
+        shapes = len(self.buckets) * len(INPUT_DTYPES)
         if self._fuse_input:  # inductor sees the normalisation too
-            compiled, self._inductor = compile_counted(forward, torch_compile_mode, shapes, shape)
+            compiled, self._inductor = compile_counted(forward, torch_compile_mode, shapes)
             return compiled
-        compiled, self._inductor = compile_counted(self._module, torch_compile_mode, shapes, shape)
+        compiled, self._inductor = compile_counted(self._module, torch_compile_mode, shapes)
         return DeviceForward(self._input, compiled, dtype=self.dtype, channels_last=self.channels_last)  # type: ignore[arg-type]
+
+    def _uncompiled(self) -> list[str]:
+        """What ran without inductor's kernels: buckets, or with the input fused (bucket, input dtype)s."""
+        assert self._inductor is not None
+        compiled = set(self._inductor.compiled)
+        if self._fuse_input:
+            wanted = [(bucket, TORCH_INPUT[dtype]) for bucket in self.buckets for dtype in INPUT_DTYPES]
+            return [f"{bucket} {dtype}" for bucket, dtype in wanted if (bucket, dtype) not in compiled]
+        batches = {bucket for bucket, _ in compiled}
+        return [str(bucket) for bucket in self.buckets if bucket not in batches]
 
     def _prepare(self, use_graphs: bool, keep_graphs: bool, torch_compile_mode: str | None, strict: bool) -> None:
         """Capture (with graphs) and validate; where inductor fails, do both again with the eager module.
@@ -196,11 +206,10 @@ class CudaEngine:
                 self._capture(keep_graphs)
             self.report.validation_error = self._validate()
             if self._inductor is not None:
-                compiled = self._inductor.batch_sizes
-                self.report.facts["compiled_graphs"] = len(compiled)
-                missing = [bucket for bucket in self.buckets if bucket not in compiled]
+                missing = self._uncompiled()
                 if missing:
                     raise _CompileIncomplete(f"buckets {missing} ran without compiled kernels")
+                self.report.facts["compiled_graphs"] = len(self._inductor.compiled)
         except failures as error:
             if torch_compile_mode is None or strict:
                 raise

@@ -19,6 +19,7 @@ restart with the same model, buckets and GPU loads the kernels instead of compil
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -36,7 +37,7 @@ CAPTURE_MODES: dict[str, str | None] = {
     "max-autotune": "max-autotune-no-cudagraphs",
 }
 
-_shapes_asked = 0  # static shapes every compile_module of this process asked for, all modules together
+_shapes_asked = 0  # static shapes every compile of this process asked for, all modules together
 
 
 def compile_module(module: nn.Module, torch_mode: str | None, shapes: int) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -79,31 +80,44 @@ def compile_errors() -> tuple[type[Exception], ...]:
     return tuple(errors)
 
 
-class CountedInductor:
-    """Inductor as torch.compile(mode=…) runs it, noting the batch size of every graph it compiles.
+Compiled = Callable[[torch.Tensor], torch.Tensor]  # a compiled module, called like the module
 
-    The engine compares them with its buckets once captured: a bucket that dynamo ran without
-    a graph of its own (a limit, a frame it skipped) is missing here, and the engine says so.
-    Dynamo keeps a compiled graph for the backend that compiled it, so one engine's backend sees
-    exactly that engine's graphs, even where several models share a class.
+
+class CountedInductor:
+    """Inductor as torch.compile(mode=…) runs it (the same wrapper, with the mode's config), noting the
+    batch size and dtype of every graph it compiles.
+
+    The engine compares them with its buckets once captured: a bucket (and, where inductor sees the
+    pixels, an input dtype) that dynamo ran without a graph of its own (a limit, a frame it skipped)
+    is missing here, and the engine says so. The batch input is the graph input that is none of the
+    module's parameters or buffers (a learned (1, C, H, W) mean image must not pass for it). Dynamo
+    keeps a compiled graph for the backend that compiled it, so one engine's backend sees exactly that
+    engine's graphs, even where several models share a class.
     """
 
-    def __init__(self, torch_mode: str, input_shape: tuple[int, ...]) -> None:
+    def __init__(self, torch_mode: str, module: nn.Module) -> None:
         self._inductor = torch._TorchCompileInductorWrapper(torch_mode, None, False)
-        self._input_shape = input_shape  # (C, H, W): how the batch input is told from the weights
-        self.batch_sizes: list[int] = []
+        self._weights = {id(tensor) for tensor in itertools.chain(module.parameters(), module.buffers())}
+        self.compiled: list[tuple[int, torch.dtype]] = []  # (batch size, input dtype) of each graph
 
     def __call__(self, graph: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
-        images = [x for x in example_inputs if isinstance(x, torch.Tensor) and tuple(x.shape[1:]) == self._input_shape]
-        self.batch_sizes.extend(int(x.shape[0]) for x in images[:1])
+        inputs = (x for x in example_inputs if isinstance(x, torch.Tensor) and id(x) not in self._weights)
+        batch = next((x for x in inputs if x.dim() == 4), None)  # (b, C, H, W)
+        if batch is not None:
+            self.compiled.append((int(batch.shape[0]), batch.dtype))
         return self._inductor(graph, example_inputs, **kwargs)
 
+    # What dynamo asks of a backend besides calling it, answered as torch.compile(mode=…)'s own wrapper does.
+    def get_compiler_config(self) -> Any:
+        return self._inductor.get_compiler_config()
 
-def compile_counted(
-    module: nn.Module, torch_mode: str, shapes: int, input_shape: tuple[int, ...]
-) -> tuple[Callable[[torch.Tensor], torch.Tensor], CountedInductor]:
-    """torch.compile'd `module` as compile_module does it, and the backend that counts its graphs."""
+    def reset(self) -> None:
+        self._inductor.reset()
+
+
+def compile_counted(module: nn.Module, torch_mode: str, shapes: int) -> tuple[Compiled, CountedInductor]:
+    """torch.compile'd `module` in `torch_mode` for `shapes` static shapes, and the backend that counts its graphs."""
     allow_recompiles(shapes)
-    backend = CountedInductor(torch_mode, input_shape)
-    compiled: Callable[[torch.Tensor], torch.Tensor] = torch.compile(module, backend=backend, dynamic=False)
+    backend = CountedInductor(torch_mode, module)
+    compiled: Compiled = torch.compile(module, backend=backend, dynamic=False)
     return compiled, backend

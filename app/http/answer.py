@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from app.errors import ServiceError, error_body
+from app.errors import ClientClosedError, ServiceError, error_body
 
 JSON_TYPE = (b"content-type", b"application/json")
 
@@ -39,6 +40,14 @@ class HttpAnswer:
         response = Response(self.body, status_code=self.status)
         response.raw_headers = self.raw_headers()
         return response
+
+
+async def whole_body(request: Request) -> bytes:
+    """A Starlette request's body; ClientClosedError where the client went away before it was whole."""
+    try:
+        return await request.body()
+    except ClientDisconnect:
+        raise ClientClosedError("the client went away before its answer") from None
 
 
 def error_answer(error: ServiceError, *, v2: bool = False) -> HttpAnswer:

@@ -11,9 +11,9 @@ versioned interfaces are used: ASGI's scope, receive and send.
 
 from __future__ import annotations
 
-from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from app.errors import ClientClosedError
 from app.http.answer import HttpBody
 from app.http.heads import read_head
 from app.http.inline_routes import PREDICT, form_of, route_of
@@ -44,12 +44,14 @@ class FastPath:
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":
-                    raise ClientDisconnect
+                    raise ClientClosedError("the client went away before its answer")
                 chunks.append(message.get("body", b""))
                 if not message.get("more_body", False):
                     break
             length = None if header_length is None else header_length.decode("latin-1")
-            return HttpBody(b"".join(chunks), (media or b"").decode("latin-1"), scope["query_string"].decode(), length)
+            return HttpBody(
+                b"".join(chunks), (media or b"").decode("latin-1"), scope["query_string"].decode("latin-1"), length
+            )
 
         state = scope["app"].state  # set by the app the request came in through, for every ASGI request
         answer = await state.plane.infer(

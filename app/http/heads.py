@@ -21,7 +21,7 @@ class Head:
     length: int | None = None  # Content-Length; -1 where given twice or not a number
     media: bytes | None = None  # the first Content-Type, without parameters, lower case
     header_length: bytes | None = None  # the first Inference-Header-Content-Length
-    timeout_ms: int | None = None  # X-Request-Timeout-Ms; -1 where not a whole number of 1 to 12 digits above 0
+    timeout_ms: int | None = None  # X-Request-Timeout-Ms (the shortest); -1 where one is not 1 to 12 digits above 0
     streamed: bool = False  # Transfer-Encoding or Expect: the body does not simply follow the head
 
 
@@ -34,9 +34,11 @@ def read_head(headers: Iterable[tuple[bytes, bytes]]) -> Head:
             head.media = value.partition(b";")[0].strip().lower()
         elif name == V2_HEADER_LENGTH and head.header_length is None:
             head.header_length = value
-        elif name == TIMEOUT_HEADER:
-            valid = value.isdigit() and len(value) <= MAX_TIMEOUT_DIGITS and int(value) > 0
-            head.timeout_ms = int(value) if valid else -1
+        elif name == TIMEOUT_HEADER and head.timeout_ms != -1:  # one bad value refuses the request
+            if value.isdigit() and len(value) <= MAX_TIMEOUT_DIGITS and int(value) > 0:
+                head.timeout_ms = min(int(value), head.timeout_ms or int(value))  # several: the shortest
+            else:
+                head.timeout_ms = -1
         elif name in (b"transfer-encoding", b"expect"):
             head.streamed = True
     return head

@@ -31,7 +31,7 @@ import numpy as np
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from app.batching.queue import BatchQueue
-from app.dataplane import Codec, DataPlane, counted, observe
+from app.dataplane import DataPlane, NowCodec, counted, observe
 from app.errors import ClientClosedError, DeadlineExceededError
 from app.http.answer import HttpAnswer, HttpBody
 from app.http.heads import read_head
@@ -45,7 +45,7 @@ from app.service import ServedModel
 @dataclass(slots=True, eq=False)
 class InlineRequest:
     cycle: RequestResponseCycle  # uvicorn's: its scope and the body read so far; answered through write_answer
-    codec: Codec[HttpBody, HttpAnswer]
+    codec: NowCodec[HttpBody, HttpAnswer]
     model: str  # the served model's name once looked up; "" before (the metrics' label: never a client's name)
     form: str  # "json" or "raw" (/predict), "json" or "binary" (v2 infer)
     header_length: bytes | None  # the v2 binary extension's Inference-Header-Content-Length
@@ -63,7 +63,7 @@ class InlineRequest:
 
 
 class InlinePredict:
-    def __init__(self, plane: DataPlane, codecs: dict[str, Codec[HttpBody, HttpAnswer]], budget: BodyBudget) -> None:
+    def __init__(self, plane: DataPlane, codecs: dict[str, NowCodec[HttpBody, HttpAnswer]], budget: BodyBudget) -> None:
         self.plane = plane
         self.codecs = codecs  # inline_routes' route → its codec: PREDICT, V2_INFER
         self.budget = budget
@@ -95,8 +95,9 @@ class InlinePredict:
         codec = self.codecs[route]
         request = InlineRequest(cycle, codec, "", form, header_length, media, length, deadline, time.perf_counter())
         try:  # as the data plane does, before a byte of the body is read: the model, its readiness, admission
-            request.served = self.plane.admit(codec, model, version, deadline)
-            request.model, request.batcher = request.served.spec.name, request.served.ready_batcher()
+            request.served = codec.served(model, version)
+            request.model = request.served.spec.name  # refusals below are counted under it
+            request.batcher = self.plane.admit(request.served, deadline)
         except Exception as error:
             self._refuse(request, error)
             return request
@@ -114,7 +115,7 @@ class InlinePredict:
         header_length = None if request.header_length is None else request.header_length.decode("latin-1")
         wire = HttpBody(body, media, scope["query_string"].decode("latin-1"), header_length)
         try:  # a small body: the codec's own decode, here and now (the data plane's takes large ones off the loop)
-            images, request.asked = request.codec.decode_now(wire, request.served.spec)  # type: ignore[attr-defined]
+            images, request.asked = request.codec.decode_now(wire, request.served.spec)
             request.future = request.batcher.enqueue(images, request.deadline)
         except Exception as error:
             self._refuse(request, error)

@@ -113,7 +113,8 @@ class RequestGuard:
         timeout_s = self.request_timeout_s
         if head.timeout_ms is not None:
             if head.timeout_ms < 0:
-                value = dict(scope["headers"]).get(TIMEOUT_HEADER, b"")
+                values = [value for name, value in scope["headers"] if name == TIMEOUT_HEADER]
+                value = b", ".join(values)
                 expected = "X-Request-Timeout-Ms: a positive whole number of milliseconds (at most 12 digits)"
                 error = InputError(f"X-Request-Timeout-Ms is {value[:40]!r}", expected=expected, status=400)
                 await self._refuse(scope, send, error)

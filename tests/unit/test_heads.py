@@ -31,3 +31,9 @@ def test_the_timeout_is_a_positive_number_of_at_most_12_digits(value: bytes, ms:
 def test_a_streamed_body_is_said() -> None:
     assert read_head([(b"transfer-encoding", b"chunked")]).streamed
     assert read_head([(b"expect", b"100-continue")]).streamed
+
+
+@pytest.mark.parametrize(("values", "ms"), [([b"1", b"100000"], 1), ([b"100000", b"7"], 7), ([b"abc", b"100"], -1),
+                                            ([b"100", b"0"], -1)])  # fmt: skip
+def test_several_timeouts_the_shortest_and_one_bad_refuses(values: list[bytes], ms: int) -> None:
+    assert read_head([(b"x-request-timeout-ms", value) for value in values]).timeout_ms == ms

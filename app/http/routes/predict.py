@@ -16,13 +16,13 @@ import numpy as np
 from starlette.datastructures import QueryParams, UploadFile
 from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from app.codecs.bodies import IMAGE_EXPECTED, decode_json, decode_raw, encode_predictions
 from app.codecs.uploads import JpegBatchDecoder, decode_upload
 from app.errors import ClientClosedError, InputError, ServiceError
-from app.http.answer import HttpAnswer, HttpBody, error_answer
+from app.http.answer import HttpAnswer, HttpBody, error_answer, whole_body
 from app.http.limits import deadline_of
 from app.ops.off_loop import LARGE_JSON_BYTES, off_loop
 from app.repository.model_spec import ModelSpec
@@ -86,8 +86,12 @@ def decode_bytes(request: HttpBody, spec: ModelSpec, max_instances: int) -> np.n
         return decode_json(request.body, max_instances=max_instances, spec=spec)
     if request.media == "application/octet-stream":
         return decode_octets(request.body, QueryParams(request.query), max_instances=max_instances, spec=spec)
-    raise InputError(
-        f"content type {request.media or '(none)'!r} is not accepted",
+    raise unsupported(request.media)
+
+
+def unsupported(media: str) -> InputError:
+    return InputError(
+        f"content type {media or '(none)'!r} is not accepted",
         expected=ACCEPTED,
         status=415,
         code="unsupported_media_type",
@@ -98,9 +102,11 @@ def http_body(request: Request, media: str) -> Callable[[], Awaitable[HttpBody]]
     """How a Starlette request's body is read, once admitted: whole, or an upload's `file` on demand."""
 
     async def read() -> HttpBody:
+        if media not in FORMAT_OF:  # refused on its Content-Type, before a byte of it is read
+            raise unsupported(media)
         if media == "multipart/form-data":
             return HttpBody(b"", media, "", upload=lambda: read_upload(request))
-        return HttpBody(await request.body(), media, request.url.query)
+        return HttpBody(await whole_body(request), media, request.url.query)
 
     return read
 
@@ -134,6 +140,8 @@ async def read_upload(request: Request) -> bytes:
             if not isinstance(upload, UploadFile):
                 raise InputError("the multipart body has no file in the field `file`", expected=IMAGE_EXPECTED)
             return await upload.read()
+    except ClientDisconnect:
+        raise ClientClosedError("the client went away before its answer") from None
     except (MultiPartException, HTTPException) as error:
         detail = getattr(error, "detail", None) or getattr(error, "message", str(error))
         raise InputError(

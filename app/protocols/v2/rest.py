@@ -22,7 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from app.errors import ClientClosedError, InputError, ServiceError
-from app.http.answer import HttpAnswer, HttpBody, error_answer
+from app.http.answer import HttpAnswer, HttpBody, error_answer, whole_body
 from app.http.limits import deadline_of
 from app.http.routes.probes import ServiceDep
 from app.http.schemas import V2_NOT_FOUND, ReadyAnswer
@@ -172,7 +172,7 @@ async def infer(request: Request) -> Response:
     header_length = request.headers.get(HEADER_LENGTH)
 
     async def read() -> HttpBody:
-        return HttpBody(await request.body(), "", "", header_length)
+        return HttpBody(await whole_body(request), "", "", header_length)
 
     answer = await state.plane.infer(
         state.v2_codec,
