@@ -10,6 +10,7 @@ the header before either decoder sees a pixel.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import io
 import logging
@@ -100,3 +101,12 @@ async def decode_upload(data: bytes, *, max_pixels: int, spec: ModelSpec, gpu: J
     else:
         metrics.IMAGE_DECODES.labels(decoder="cpu").inc()
     return await off_loop(decode_image, data, max_pixels=max_pixels, spec=spec)
+
+
+async def decode_uploads(
+    encoded: list[bytes], *, max_pixels: int, spec: ModelSpec, gpu: JpegBatchDecoder | None
+) -> np.ndarray:
+    """Several encoded images (a v2 BYTES input) → (k, C, H, W) uint8, each as an upload is decoded; the
+    GPU decoder batches those that arrive together."""
+    pixels = await asyncio.gather(*(decode_upload(data, max_pixels=max_pixels, spec=spec, gpu=gpu) for data in encoded))
+    return np.concatenate(pixels)

@@ -5,6 +5,7 @@ Every answer of the Open Inference Protocol must equal POST /predict's for the s
 
 from __future__ import annotations
 
+import io
 import sys
 import threading
 from collections.abc import Iterator
@@ -194,3 +195,41 @@ def test_grpc_port_in_use_stops_start_up(tmp_path: Path) -> None:
             running_server(tmp_path / "log", command=SERVE, device="cpu", grpc_port=port),
         ):
             pass
+
+
+def png(image: np.ndarray) -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("kind", list(CLIENTS))
+def test_bytes_inputs_carrying_pngs_answer_as_uploads_do(kind: str, server: dict[str, str], images: np.ndarray) -> None:
+    """A BYTES input of encoded images goes into the uploads' decoder: the same scores as /predict's upload."""
+    encoded = [png(image[0]) for image in images[:3]]
+    uploads = [
+        httpx.post(f"{server['url']}/predict", files={"file": ("x.png", data, "image/png")}).json()["predictions"][0]
+        for data in encoded
+    ]
+    triton = client(kind, server)
+    tensor = CLIENTS[kind].InferInput("input", [len(encoded)], "BYTES")
+    tensor.set_data_from_numpy(np.array(encoded, dtype=np.object_))
+    result = triton.infer(MODEL, [tensor])  # type: ignore[attr-defined]
+    got = result.as_numpy("probabilities")
+    np.testing.assert_allclose(got, np.array([u["scores"] for u in uploads], dtype=np.float32), rtol=1e-5, atol=1e-7)
+
+
+def test_bytes_in_json_are_base64(server: dict[str, str], images: np.ndarray) -> None:
+    import base64
+
+    data = png(images[0][0])
+    body = {"inputs": [{"name": "input", "datatype": "BYTES", "shape": [1], "data": [base64.b64encode(data).decode()]}]}
+    answer = httpx.post(f"{server['url']}/v2/models/{MODEL}/infer", json=body)
+    assert answer.status_code == 200, answer.text
+    upload = httpx.post(f"{server['url']}/predict", files={"file": ("x.png", data, "image/png")}).json()
+    np.testing.assert_allclose(answer.json()["outputs"][0]["data"], upload["predictions"][0]["scores"], rtol=1e-5)
+    body["inputs"][0]["data"] = ["not base64!"]
+    refused = httpx.post(f"{server['url']}/v2/models/{MODEL}/infer", json=body)
+    assert refused.status_code == 400 and "base64" in refused.json()["error"]

@@ -20,3 +20,14 @@ def test_metadata_and_config_declare_the_model_tomls_input_datatype(datatype: st
 
 def test_the_shipped_seed_cnn_asks_for_uint8_pixels() -> None:
     assert seed_spec().config.input_datatype == "UINT8"
+
+
+def test_length_prefixed_bytes_elements() -> None:
+    from app.errors import InputError
+    from app.protocols.v2.tensors import length_prefixed
+
+    raw = b"".join(len(e).to_bytes(4, "little") + e for e in (b"png", b"", b"jpeg!"))
+    assert length_prefixed(raw) == [b"png", b"", b"jpeg!"]
+    for broken in (raw[:-1], raw + b"\x01\x00"):
+        with pytest.raises(InputError):
+            length_prefixed(broken)

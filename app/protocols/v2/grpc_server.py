@@ -25,6 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from app.access.grpc_interceptor import server_interceptors
+from app.codecs.uploads import decode_uploads
 from app.config import Settings
 from app.dataplane import DataPlane
 from app.errors import ClientClosedError, DeadlineExceededError, InputError, ServiceError
@@ -86,10 +87,15 @@ class GrpcCodec:
         """(k, C, H, W) images, and the top-k asked for (0: the probabilities) with the call's id: the
         whole call, checked."""
         asked = _asked_classes(request), request.id
-        max_instances = self.service.settings.max_instances
+        settings = self.service.settings
         if _payload_bytes(request) < LARGE_JSON_BYTES:  # as the REST path: large decodes off the loop
-            return _input(request, spec, max_instances), asked
-        return await off_loop(_input, request, spec, max_instances), asked
+            images = _input(request, spec, settings.max_instances)
+        else:
+            images = await off_loop(_input, request, spec, settings.max_instances)
+        if isinstance(images, list):  # encoded images: the uploads' decoder, on the GPU where it can be
+            pixels = spec.max_image_pixels(settings.max_image_pixels)
+            images = await decode_uploads(images, max_pixels=pixels, spec=spec, gpu=self.service.jpeg_decoder)
+        return images, asked
 
     def encode(self, scores: np.ndarray, asked: tuple[int, str], served: ServedModel, engine: str) -> Any:
         classes, request_id = asked
@@ -207,10 +213,19 @@ def connection_options(settings: Settings) -> list[tuple[str, int]]:
     ]
 
 
-def _input(request: Any, spec: ModelSpec, max_instances: int) -> np.ndarray:
+def _input(request: Any, spec: ModelSpec, max_instances: int) -> np.ndarray | list[bytes]:
     if len(request.inputs) != 1:
         raise InputError(f"the request has {len(request.inputs)} inputs", expected=tensors.expected(spec))
     tensor = request.inputs[0]
+    if tensor.datatype == "BYTES":  # encoded images, decoded as uploads are
+        if request.raw_input_contents:
+            elements = tensors.length_prefixed(request.raw_input_contents[0])
+        else:
+            elements = list(tensor.contents.bytes_contents)
+        shape = list(tensor.shape)
+        return tensors.encoded_images(
+            spec, name=tensor.name, shape=shape, elements=elements, max_instances=max_instances
+        )
     if request.raw_input_contents:
         data = tensors.binary_elements(tensor.datatype, request.raw_input_contents[0])
     elif tensor.datatype == "FP32":

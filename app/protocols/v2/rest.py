@@ -10,6 +10,8 @@ and what its answer should hold) is checked before its batch runs: a malformed o
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +23,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from app.codecs.bodies import decode_image
+from app.codecs.uploads import decode_uploads
 from app.errors import ClientClosedError, InputError, ServiceError
 from app.http.answer import HttpAnswer, HttpBody, error_answer, whole_body
 from app.http.limits import deadline_of
@@ -142,13 +146,22 @@ class V2Codec:
         return served_model(self.service, model, version)
 
     async def decode(self, request: HttpBody, spec: ModelSpec) -> tuple[np.ndarray, Asked]:
+        parse = (request.body, request.header_length, spec, self.max_instances)
         if len(request.body) >= LARGE_JSON_BYTES:
-            return await off_loop(self.decode_now, request, spec)
-        return self.decode_now(request, spec)
+            asked, images = await off_loop(parse_infer, *parse)
+        else:
+            asked, images = parse_infer(*parse)
+        if isinstance(images, list):  # encoded images: the uploads' decoder, on the GPU where it can be
+            pixels = spec.max_image_pixels(self.service.settings.max_image_pixels)
+            images = await decode_uploads(images, max_pixels=pixels, spec=spec, gpu=self.service.jpeg_decoder)
+        return images, asked
 
     def decode_now(self, request: HttpBody, spec: ModelSpec) -> tuple[np.ndarray, Asked]:
-        """The whole request checked, here and now: (k, C, H, W) images and what the answer holds."""
+        """A small request checked and decoded here and now (encoded images with Pillow)."""
         asked, images = parse_infer(request.body, request.header_length, spec, self.max_instances)
+        if isinstance(images, list):
+            pixels = spec.max_image_pixels(self.service.settings.max_image_pixels)
+            images = np.concatenate([decode_image(data, max_pixels=pixels, spec=spec) for data in images])
         return images, asked
 
     def encode(self, scores: np.ndarray, asked: Asked, served: ServedModel, engine: str) -> HttpAnswer:
@@ -194,8 +207,9 @@ INFER_ROUTES = [
 
 def parse_infer(
     body: bytes, header_length: str | None, spec: ModelSpec, max_instances: int
-) -> tuple[Asked, np.ndarray]:
-    """What the answer should hold and the input as (k, C, H, W): the whole request, checked."""
+) -> tuple[Asked, np.ndarray | list[bytes]]:
+    """What the answer should hold and the input: (k, C, H, W) pixels or intensities, or a BYTES input's
+    encoded images (still to decode): the whole request, checked."""
     document, binary = _split_body(body, header_length)
     images = _input(document, binary, spec, max_instances)
     return asked_outputs(document), images
@@ -277,7 +291,19 @@ def _split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any],
     return document, binary
 
 
-def _input(document: dict[str, Any], binary: bytes, spec: ModelSpec, max_instances: int) -> np.ndarray:
+def _base64_elements(data: object, spec: ModelSpec) -> list[bytes]:
+    """A BYTES input's JSON data: base64 strings, flat or one a row."""
+    rows = data if isinstance(data, list) else None
+    strings = [row[0] if isinstance(row, list) and len(row) == 1 else row for row in rows or []]
+    if rows is None or not all(isinstance(text, str) for text in strings):
+        raise InputError("the BYTES input's data is not a list of strings", expected=tensors.expected(spec))
+    try:
+        return [base64.b64decode(text, validate=True) for text in strings]
+    except binascii.Error:
+        raise InputError("a BYTES element is not base64", expected=tensors.expected(spec)) from None
+
+
+def _input(document: dict[str, Any], binary: bytes, spec: ModelSpec, max_instances: int) -> np.ndarray | list[bytes]:
     inputs = document.get("inputs")
     if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
         raise InputError('"inputs" must be a list of one tensor', expected=tensors.expected(spec))
@@ -286,12 +312,17 @@ def _input(document: dict[str, Any], binary: bytes, spec: ModelSpec, max_instanc
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise InputError(f"the input's shape is {_short(shape)}", expected=tensors.expected(spec))
     size = _parameters(tensor.get("parameters"), "the input's").get("binary_data_size")
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size != len(binary)):
+        raise InputError(
+            f"binary_data_size is {_short(size)} and the binary section holds {len(binary)} bytes",
+            expected="binary_data_size equal to the bytes after the JSON header",
+        )
+    if datatype == "BYTES":  # encoded images, decoded as uploads are
+        binary_form = size is not None
+        elements = tensors.length_prefixed(binary) if binary_form else _base64_elements(tensor.get("data"), spec)
+        name = str(tensor.get("name"))
+        return tensors.encoded_images(spec, name=name, shape=shape, elements=elements, max_instances=max_instances)
     if size is not None:
-        if not isinstance(size, int) or isinstance(size, bool) or size != len(binary):
-            raise InputError(
-                f"binary_data_size is {_short(size)} and the binary section holds {len(binary)} bytes",
-                expected="binary_data_size equal to the bytes after the JSON header",
-            )
         data = tensors.binary_elements(str(datatype), binary)
     elif "data" in tensor:
         data = tensors.json_elements(str(datatype), tensor["data"], spec)

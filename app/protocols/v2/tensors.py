@@ -29,8 +29,40 @@ def expected(spec: ModelSpec) -> str:
     c, h, w = spec.input_shape
     return (
         f'one input "{INPUT}", FP32 intensities in [0, 1] or UINT8 pixels 0–255, shape [N, {c}, {h}, {w}] '
-        f"with 1 ≤ N; data as a flat or nested list, or binary (binary_tensor_data)"
+        f"with 1 ≤ N; data as a flat or nested list, or binary (binary_tensor_data); or BYTES, shape [N] or "
+        f"[N, 1], each element an encoded PNG or JPEG (base64 strings in JSON)"
     )
+
+
+def encoded_images(
+    spec: ModelSpec, *, name: str, shape: list[int], elements: list[bytes], max_instances: int
+) -> list[bytes]:
+    """A BYTES input: one encoded PNG or JPEG an element, shape [N] or [N, 1]; checked, not yet decoded
+    (they go into the same decoder as POST /predict's uploads, on the GPU where it can be)."""
+    want = expected(spec)
+    if name != INPUT:
+        raise InputError(f'the input is named "{name}"', expected=want)
+    if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1):
+        raise InputError(f"the BYTES input's shape is {list(shape)}", expected=want)
+    check_count(shape[0], max_instances, want)
+    if len(elements) != shape[0]:
+        raise InputError(f"the input holds {len(elements)} elements for a shape of {list(shape)}", expected=want)
+    return elements
+
+
+def length_prefixed(raw: bytes) -> list[bytes]:
+    """BYTES elements as the binary extension and raw_input_contents carry them: each a 4-byte
+    little-endian length, then that many bytes."""
+    elements, at = [], 0
+    while at < len(raw):
+        if at + 4 > len(raw):
+            raise InputError("the BYTES input ends inside an element's length", expected="4-byte lengths, then bytes")
+        length = int.from_bytes(raw[at : at + 4], "little")
+        if at + 4 + length > len(raw):
+            raise InputError(f"a BYTES element of {length} bytes runs past the input", expected="whole elements")
+        elements.append(raw[at + 4 : at + 4 + length])
+        at += 4 + length
+    return elements
 
 
 def decode_input(
