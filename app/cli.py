@@ -132,7 +132,12 @@ def serve(settings: Settings, overrides: dict[str, Any]) -> int:
     if settings.grpc_port:  # checked, then freed for the gRPC server to bind
         bind_or_exit(settings, settings.grpc_port).close()
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    log.info("HTTP on http://%s:%d (/predict, /v2 of the Open Inference Protocol, /docs)", host, settings.port)
+    scheme = "https" if settings.tls_cert_file else "http"
+    mutual = " (clients must present a certificate)" if settings.tls_client_ca_file else ""
+    log.info(
+        "HTTP on %s://%s:%d (/predict, /v2 of the Open Inference Protocol, /docs)%s",
+        *(scheme, host, settings.port, mutual),
+    )
     if settings.workers > 1 or settings.engine_process:
         from app.runtime.workers import serve_workers
 

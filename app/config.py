@@ -8,12 +8,13 @@ the same name here are the defaults a model.toml may override.
 from __future__ import annotations
 
 import re
+import ssl
 from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.access.tokens import Origins, TokenFile, Tokens
@@ -60,6 +61,21 @@ def check_buckets(value: tuple[int, ...]) -> tuple[int, ...]:
     if any(b < 1 for b in value):
         raise ValueError(f"every bucket must be a positive batch size; got {list(value)}")
     return tuple(sorted(set(value)))
+
+
+def _readable(value: Path | None) -> Path | None:
+    """A TLS file that exists and can be read, or a start-up error naming its path."""
+    if value is not None:
+        try:
+            with value.open("rb") as file:
+                file.read(1)
+        except OSError as error:
+            raise ValueError(f"cannot read {value}: {error.strerror or error}") from None
+    return value
+
+
+# A PEM file of the TLS settings, checked readable at start-up.
+TlsFile = Annotated[Path | None, AfterValidator(_readable)]
 
 
 class Settings(BaseSettings):
@@ -247,6 +263,19 @@ class Settings(BaseSettings):
         description="One JSON line per HTTP request and gRPC call on stdout (logger cgserve.access): time, "
         "request_id, method, path, status, duration_ms, bytes_in, bytes_out, client, model. Turns request_ids on.",
     )
+    tls_cert_file: TlsFile = Field(
+        None,
+        description="PEM certificate (chain) that HTTP and gRPC present: both serve TLS only (https, a secure gRPC "
+        "port). Set with tls_key_file, or neither.",
+    )
+    tls_key_file: TlsFile = Field(
+        None, description="PEM private key of tls_cert_file, unencrypted (a mounted secret, readable by the service)."
+    )
+    tls_client_ca_file: TlsFile = Field(
+        None,
+        description="PEM CA certificate(s): set, clients must present a certificate signed by one of them, on "
+        "both ports (mutual TLS). Needs tls_cert_file.",
+    )
 
     _split_buckets = field_validator("buckets", mode="before")(split_buckets)
     _check_buckets = field_validator("buckets")(check_buckets)
@@ -281,12 +310,44 @@ class Settings(BaseSettings):
             raise ValueError(f"dtype {self.dtype} needs a CUDA device; on the CPU the models run in fp32")
         if self.device == "cpu" and self.jpeg_decoder == "gpu":
             raise ValueError("jpeg_decoder gpu needs a CUDA device; use device auto or cuda, or jpeg_decoder cpu")
+        self._check_tls()
         if self.queue_limit < self.max_instances:
             raise ValueError(
                 f"queue_limit ({self.queue_limit}) must be at least max_instances ({self.max_instances}), "
                 "or the largest allowed request could never be queued"
             )
         return self
+
+    def _check_tls(self) -> None:
+        """Certificate and key together, and usable as a pair: a start-up error naming both otherwise."""
+        cert, key, client_ca = self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file
+        if (cert is None) != (key is None):
+            have, lack = ("tls_cert_file", "tls_key_file") if key is None else ("tls_key_file", "tls_cert_file")
+            raise ValueError(
+                f"TLS needs CGSERVE_TLS_CERT_FILE and CGSERVE_TLS_KEY_FILE together: {have} is set, {lack} is not"
+            )
+        if client_ca is not None and cert is None:
+            raise ValueError(
+                "tls_client_ca_file asks clients for certificates over TLS; set tls_cert_file and tls_key_file too"
+            )
+        if cert is not None and key is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            try:  # an encrypted key would make OpenSSL prompt for its passphrase on the terminal: refused
+                context.load_cert_chain(cert, key, password=_no_passphrase)
+            except (ssl.SSLError, ValueError) as error:
+                raise ValueError(
+                    f"tls_cert_file {cert} and tls_key_file {key} are not a PEM certificate and its unencrypted "
+                    f"private key: {error}"
+                ) from None
+            if client_ca is not None:
+                try:
+                    context.load_verify_locations(cafile=client_ca)
+                except ssl.SSLError as error:
+                    raise ValueError(f"tls_client_ca_file {client_ca} holds no PEM CA certificate: {error}") from None
+
+
+def _no_passphrase() -> str:
+    raise ValueError("the key is encrypted; give it unencrypted (openssl pkey -in KEY -out PLAIN)")
 
 
 def describe_errors(error: ValidationError) -> str:

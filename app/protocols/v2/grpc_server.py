@@ -301,6 +301,16 @@ class HealthServicer(health.aio.HealthServicer):  # type: ignore[misc]
         return health_pb2.HealthCheckResponse(status=serving)
 
 
+def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
+    """TLS credentials from the settings' PEM files (checked readable at start-up), or None: plain gRPC.
+    With a client CA, a client must present a certificate it signed (mutual TLS), as over HTTP."""
+    if settings.tls_cert_file is None or settings.tls_key_file is None:
+        return None
+    pair = (settings.tls_key_file.read_bytes(), settings.tls_cert_file.read_bytes())
+    client_ca = settings.tls_client_ca_file.read_bytes() if settings.tls_client_ca_file else None
+    return grpc.ssl_server_credentials([pair], root_certificates=client_ca, require_client_auth=client_ca is not None)
+
+
 class GrpcServer:
     """The gRPC server and its health service, started and stopped with the HTTP app."""
 
@@ -324,15 +334,23 @@ class GrpcServer:
         names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, self.server)
         self.address = f"{settings.host}:{settings.grpc_port}"
-        if self.server.add_insecure_port(self.address) == 0:
+        credentials = server_credentials(settings)
+        if credentials is None:
+            bound = self.server.add_insecure_port(self.address)
+        else:
+            bound = self.server.add_secure_port(self.address, credentials)
+        if bound == 0:
             raise RuntimeError(f"gRPC cannot listen on {self.address}")
+        self.security = (
+            "" if credentials is None else " with mutual TLS" if settings.tls_client_ca_file else " with TLS"
+        )
         self._service = service
         self._watch: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self.server.start()
         self._watch = asyncio.create_task(self._report_health(), name="grpc-health")
-        log.info("gRPC (Open Inference Protocol) on %s", self.address)
+        log.info("gRPC (Open Inference Protocol) on %s%s", self.address, self.security)
 
     async def stop(self, grace_s: float = 5.0) -> None:
         if self._watch is not None:
