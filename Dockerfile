@@ -48,7 +48,7 @@ EXPOSE 8000 8001
 # Ready = every model's engine built (GET /readyz answers 200). urlopen raises on 503 or no
 # answer, and python3 then exits 1 (unhealthy). The image has python3 but no curl.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
-    CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/readyz' % os.environ.get('CGSERVE_PORT', '8000'), timeout=2)"]
+    CMD ["python3", "-m", "app.runtime.healthcheck"]
 
 CMD ["cudagraph-serve", "serve", "--host", "0.0.0.0"]
 
@@ -114,7 +114,7 @@ EXPOSE 8000 8001
 # The start period covers CUDA start-up, inductor's compile and graph capture (60 s for
 # ResNet-50 with a cold cache on the H200, bench/results/README.md).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=120s --retries=3 \
-    CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/readyz' % os.environ.get('CGSERVE_PORT', '8000'), timeout=2)"]
+    CMD ["python3", "-m", "app.runtime.healthcheck"]
 
 # The port comes from CGSERVE_PORT (default 8000), the rest of the configuration from CGSERVE_*
 # variables.
