@@ -211,7 +211,7 @@ class BudgetExhaustedError(ServiceError):
 
     def __init__(self, limit: int) -> None:
         super().__init__(
-            f"request bodies of {limit} bytes are being read and decoded already; this one was not read",
+            f"request bodies of {limit} bytes are being read and decoded already; this one was refused",
             expected="a retry after the Retry-After interval (CGSERVE_MAX_INFLIGHT_BYTES)",
             headers=retry_after(0.05),
         )
