@@ -180,7 +180,7 @@ class Settings(BaseSettings):
         True,
         description="Answer small inference bodies (POST /predict JSON or raw, Open Inference Protocol infer JSON or "
         "binary; up to 64 KiB) inside the HTTP protocol, below the ASGI stack; off whenever an access layer (tokens, "
-        "CORS, request ids, access log) is on. false: every request through the ASGI routes.",
+        "CORS, request ids, access log) or tracing is on. false: every request through the ASGI routes.",
     )
     keepalive_timeout_s: float = Field(5.0, gt=0.0, description="An idle keep-alive connection is closed after this.")
     drain_seconds: float = Field(
@@ -262,6 +262,17 @@ class Settings(BaseSettings):
         False,
         description="One JSON line per HTTP request and gRPC call on stdout (logger cgserve.access): time, "
         "request_id, method, path, status, duration_ms, bytes_in, bytes_out, client, model. Turns request_ids on.",
+    )
+    tracing: Literal["off", "otlp", "console"] = Field(
+        "off",
+        description="OpenTelemetry traces: a span per request (its parent the W3C traceparent header or gRPC "
+        "metadata) and one per batch, linked to the requests it carried. otlp: sent over OTLP/HTTP to "
+        "otlp_endpoint; console: printed on stdout; off: no span is made and no SDK is loaded. On, it turns "
+        "request_ids on and inline_predict off. Needs the `tracing` extra.",
+    )
+    otlp_endpoint: str = Field(
+        "http://127.0.0.1:4318/v1/traces",
+        description="Where tracing otlp sends its spans (OTLP over HTTP, protobuf).",
     )
     tls_cert_file: TlsFile = Field(
         None,

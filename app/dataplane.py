@@ -12,6 +12,10 @@ between for every ingress alike: the same limits, deadline, metrics labels (a se
 never what a client wrote) and error accounting. app/http/inline.py, which answers small requests
 inside the HTTP protocol by callbacks rather than a coroutine, runs the same steps: `admit`, the
 codec's decode, the queue, the codec's answer, `counted` and `observe`.
+
+With tracing on (app/ops/tracing.py) `infer` is `traced_infer`, chosen once when the data plane is
+made: the same path inside a request span, its status and model read off the codec's calls. Off,
+`infer` is the plain method: not a flag read more per request.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import numpy as np
 
 from app.batching.queue import BatchQueue
 from app.errors import ClientClosedError, ServiceError, within
-from app.ops import metrics
+from app.ops import metrics, tracing
 from app.repository.model_spec import ModelSpec
 from app.service import ServedModel, Service
 
@@ -75,6 +79,10 @@ class NowCodec(Codec[WireIn, AnswerOut], Protocol[WireIn, AnswerOut]):
 class DataPlane:
     def __init__(self, service: Service) -> None:
         self.service = service  # for the settings; codecs hold it for the models
+        settings = service.settings
+        tracing.configure(settings.tracing, settings.otlp_endpoint)
+        if tracing.active():
+            self.infer = self.traced_infer  # type: ignore[method-assign]
 
     @staticmethod
     def admit(served: ServedModel, deadline: float) -> BatchQueue:
@@ -119,6 +127,59 @@ class DataPlane:
         finally:
             observe(label, codec.protocol, form, status, started)
         return answer
+
+    async def traced_infer(
+        self,
+        codec: Codec[Wire, Answer],
+        read: Callable[[], Awaitable[Wire]],
+        *,
+        model: str,
+        version: str | None,
+        form: str,
+        deadline: float,
+        path: str,
+    ) -> Answer:
+        """`infer` in a span named "POST <path>" (HTTP) or "<method>" (gRPC), its parent the request's
+        traceparent; model, protocol, form and status as its attributes."""
+        name = path if codec.protocol == "grpc" else f"POST {path}"
+        span, token = tracing.start_request(name, codec.protocol, form)
+        watched = _Watched(codec)
+        try:
+            return await DataPlane.infer(
+                self, watched, read, model=model, version=version, form=form, deadline=deadline, path=path
+            )
+        finally:
+            tracing.end_request(span, token, watched.model, watched.status)
+
+
+class _Watched(Codec[Wire, Answer]):
+    """A codec that notes the model served and the status answered, for the request's span."""
+
+    def __init__(self, codec: Codec[Wire, Answer]) -> None:
+        self.codec = codec
+        self.protocol = codec.protocol
+        self.model, self.status = "", "500"
+
+    def served(self, model: str, version: str | None) -> ServedModel:
+        served = self.codec.served(model, version)
+        self.model = served.spec.name
+        return served
+
+    async def decode(self, request: Wire, spec: ModelSpec) -> tuple[np.ndarray, Any]:
+        return await self.codec.decode(request, spec)
+
+    def encode(self, scores: np.ndarray, asked: Any, served: ServedModel, engine: str) -> Answer:
+        answer = self.codec.encode(scores, asked, served, engine)
+        self.status = "200"
+        return answer
+
+    def failure(self, error: ServiceError) -> tuple[Answer, str]:
+        answer, self.status = self.codec.failure(error)
+        return answer, self.status
+
+    def cancelled(self) -> tuple[str, str]:
+        self.status, reason = self.codec.cancelled()
+        return self.status, reason
 
 
 def counted(error: Exception, model: str, path: str) -> ServiceError:

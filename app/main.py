@@ -133,7 +133,9 @@ def create_app(
         body_timeout_s=settings.body_timeout_s,
     )
     layers = access_layers(settings)  # tokens, CORS, request ids, access log: none unless set
-    access_layers_on = bool(layers)  # then each request needs the ASGI stack: no inline path
+    # Access layers or tracing on: each request needs the ASGI stack (its layers, the data plane's
+    # request span), so no inline path.
+    access_layers_on = bool(layers) or settings.tracing != "off"
     return AccessLayers(app, layers) if layers else app
 
 

@@ -4,7 +4,9 @@ Tokens come in the `authorization: Bearer <token>` metadata; without an inferenc
 method answers UNAUTHENTICATED but ServerLive, ServerReady, the health service and reflection
 (the probes, as over HTTP). The `x-request-id` metadata is taken (if sane) or made, set for the
 call's log lines, and sent back in the trailing metadata, errors included. grpc.aio runs an
-interceptor and the handler it leads to in one context, so the id set here reaches the handler.
+interceptor and the handler it leads to in one context, so the id set here reaches the handler;
+so does, with tracing on, the `traceparent` metadata, for the data plane's request span, whose ids
+come back in a Carrier (app/ops/tracing.py) for the access-log line.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from app.access.access_log import AccessLog, access_log
 from app.access.request_id import HEADER, REQUEST_ID, choose
 from app.access.tokens import TokenSet, bearer_token
 from app.config import Settings
+from app.ops.tracing import CARRIER, Carrier
 
 log = logging.getLogger(__name__)
 _INFERENCE_SERVICE = "/inference.GRPCInferenceService/"
@@ -38,18 +41,20 @@ OPEN = frozenset(
 def server_interceptors(settings: Settings) -> list[grpc.aio.ServerInterceptor]:
     """The interceptor the settings call for, or none at all (the default)."""
     tokens = TokenSet.load(settings.auth_tokens, settings.auth_tokens_file)
-    tracing = settings.request_ids or settings.access_log
+    traced = settings.tracing != "off"
+    tracing = settings.request_ids or settings.access_log or traced
     if not tokens and not tracing:
         return []
     log = access_log() if settings.access_log else None
-    return [AccessInterceptor(tokens=tokens, tracing=tracing, access_log=log)]
+    return [AccessInterceptor(tokens=tokens, tracing=tracing, access_log=log, traced=traced)]
 
 
 class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    def __init__(self, *, tokens: TokenSet, tracing: bool, access_log: AccessLog | None) -> None:
+    def __init__(self, *, tokens: TokenSet, tracing: bool, access_log: AccessLog | None, traced: bool = False) -> None:
         self.tokens = tokens
         self.tracing = tracing
         self.log = access_log
+        self.traced = traced  # OpenTelemetry on: the traceparent metadata to the request span
 
     async def intercept_service(
         self,
@@ -62,6 +67,9 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         request_id = choose(metadata.get(HEADER)) if self.tracing else None
         if request_id is not None:
             REQUEST_ID.set(request_id)  # this call's own context, the handler's too
+        carrier = Carrier(metadata.get("traceparent")) if self.traced else None
+        if carrier is not None:
+            CARRIER.set(carrier)
         if self.tokens and method not in OPEN:
             # Two of them: refused, not the first or the last (HTTP refuses them too, with 400).
             twice = sum(1 for key, _ in pairs if key == "authorization") > 1
@@ -74,11 +82,11 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     "with one of the inference tokens (CGSERVE_AUTH_TOKENS or CGSERVE_AUTH_TOKENS_FILE)"
                 )
                 log.debug("refused %s: no %s token", method, "accepted" if token is not None else "inference")
-                return self._traced(method, request_id, _refusal(message), None)
+                return self._traced(method, request_id, _refusal(message), None, carrier)
         handler = await continuation(details)
         if request_id is None or handler is None or handler.unary_unary is None:
             return handler  # streaming (health Watch, reflection): left as they are
-        return self._traced(method, request_id, handler.unary_unary, handler)
+        return self._traced(method, request_id, handler.unary_unary, handler, carrier)
 
     def _traced(
         self,
@@ -86,6 +94,7 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         request_id: str | None,
         behavior: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]],
         handler: grpc.RpcMethodHandler | None,
+        carrier: Carrier | None = None,
     ) -> grpc.RpcMethodHandler:
         """`behavior` as a unary handler that sends the id back and writes the access-log line."""
         log = self.log
@@ -114,6 +123,8 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     "client": _peer_host(context.peer()),
                     "model": getattr(request, "model_name", None) or getattr(request, "name", None) or None,
                 }
+                if carrier is not None:  # tracing on: the request span's ids (None where none was made)
+                    fields["trace_id"], fields["span_id"] = carrier.trace_id, carrier.span_id
                 log.write(arrived, fields)
 
         if handler is None:  # a refusal: the request is never deserialized

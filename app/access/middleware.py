@@ -49,10 +49,13 @@ class AccessLayers:
 def access_layers(settings: Settings) -> list[Callable[[ASGIApp], ASGIApp]]:
     """The layers, outermost first, each a function of the app inside it."""
     layers: list[Callable[[ASGIApp], ASGIApp]] = []
-    if settings.request_ids or settings.access_log:
+    if settings.request_ids or settings.access_log or settings.tracing != "off":
         install_log_filter()
         log = access_log() if settings.access_log else None
-        layers.append(lambda app: TraceMiddleware(app, access_log=log, default_model=settings.default_model))
+        traced = settings.tracing != "off"  # the traceparent header to the request span, its ids to the log
+        layers.append(
+            lambda app: TraceMiddleware(app, access_log=log, default_model=settings.default_model, tracing=traced)
+        )
     if settings.cors_origins:
         origins = list(settings.cors_origins)
         layers.append(

@@ -4,6 +4,10 @@ Pure ASGI (Starlette's BaseHTTPMiddleware would put each request through a task 
 memory streams): a header scan, a context variable, and one header appended to the answer.
 It sits outside Starlette's own error middleware, so a 500 from an unhandled exception carries
 the id and is logged too.
+
+With tracing on (CGSERVE_TRACING) it also hands the W3C `traceparent` header down to the data
+plane's request span, and that span's trace and span ids up to the access-log line, in a Carrier
+(app/ops/tracing.py).
 """
 
 from __future__ import annotations
@@ -15,15 +19,20 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.access.access_log import AccessLog
 from app.access.request_id import HEADER, REQUEST_ID, choose
+from app.ops.tracing import CARRIER, Carrier
 
 _HEADER = HEADER.encode()
+_TRACEPARENT = b"traceparent"
 
 
 class TraceMiddleware:
-    def __init__(self, app: ASGIApp, *, access_log: AccessLog | None, default_model: str | None) -> None:
+    def __init__(
+        self, app: ASGIApp, *, access_log: AccessLog | None, default_model: str | None, tracing: bool = False
+    ) -> None:
         self.app = app
         self.log = access_log
         self.default_model = default_model
+        self.tracing = tracing
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -33,6 +42,11 @@ class TraceMiddleware:
         request_id = choose(incoming)
         echoed = (_HEADER, request_id.encode())
         reset = REQUEST_ID.set(request_id)
+        carrier = None
+        if self.tracing:
+            parent = next((value for name, value in scope["headers"] if name == _TRACEPARENT), None)
+            carrier = Carrier(parent.decode("latin-1") if parent is not None else None)
+            CARRIER.set(carrier)  # this request's task's context; reset with the id's below
         try:
             if self.log is None:
 
@@ -43,12 +57,20 @@ class TraceMiddleware:
 
                 await self.app(scope, receive, send_with_id)
             else:
-                await self._logged(scope, receive, send, request_id, echoed)
+                await self._logged(scope, receive, send, request_id, echoed, carrier)
         finally:
             REQUEST_ID.reset(reset)
+            if carrier is not None:
+                CARRIER.set(None)
 
     async def _logged(
-        self, scope: Scope, receive: Receive, send: Send, request_id: str, echoed: tuple[bytes, bytes]
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        request_id: str,
+        echoed: tuple[bytes, bytes],
+        carrier: Carrier | None,
     ) -> None:
         assert self.log is not None
         arrived, started = time.time(), time.perf_counter()
@@ -87,6 +109,8 @@ class TraceMiddleware:
                 "client": client[0] if client else None,
                 "model": self._model(scope),
             }
+            if carrier is not None:  # tracing on: the request span's ids (None where no span was made)
+                fields["trace_id"], fields["span_id"] = carrier.trace_id, carrier.span_id
             self.log.write(arrived, fields)
 
     def _model(self, scope: Scope) -> str | None:

@@ -22,6 +22,10 @@ back within `batch_timeout_s`, or a sticky device error, on any device, declares
 device dead (`on_dead`; fail fast, the supervisor restarts the process rather than the batcher
 limping on the other devices): queued requests are answered 503, and the slot of a batch that
 never came back is never reused (the device may still write its pinned memory).
+
+Tracing (app/ops/tracing.py): with it on, `enqueue` and `_run_batch` are their traced variants,
+chosen once here: each request's span context is kept until its answer, and each batch gets a
+span linked to those of its requests. Off, the request path is the plain one.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from app.batching.shares import PendingRequest, Share, answer, fail, stage_rows
 from app.batching.slot_pool import Lease, SlotPool
 from app.engines.base import Engine
 from app.errors import DeadlineExceededError, EngineError, NotReadyError, QueueFullError
-from app.ops import metrics
+from app.ops import metrics, tracing
 from app.ops.metric_buffers import BufferedHistogram, BufferedSum, BufferedValue
 
 log = logging.getLogger(__name__)
@@ -100,6 +104,11 @@ class Batcher:
         self._in_flight = BufferedSum(metrics.IN_FLIGHT.labels(model=model))
         # Per device, by SlotPool index: (batches, rows, in flight).
         self._device_metrics = [metrics.device_children(model, engine.device) for engine in self.engines]
+        self.model = model
+        if tracing.active():
+            self._links: dict[asyncio.Future[np.ndarray], Any] = {}  # a request's future → its span context
+            self.enqueue = self._traced_enqueue  # type: ignore[method-assign]
+            self._run_batch = self._traced_run_batch  # type: ignore[method-assign, assignment]
 
     @property
     def queued_rows(self) -> int:
@@ -189,6 +198,27 @@ class Batcher:
         if was_empty or self._queued_rows >= self.max_bucket:
             self._wakeup.set()
         return request.future
+
+    def _traced_enqueue(self, images: np.ndarray, deadline: float | None = None) -> asyncio.Future[np.ndarray]:
+        """`enqueue`, keeping the request span's context (the caller's) until the request is answered."""
+        future = Batcher.enqueue(self, images, deadline)
+        ids = tracing.current()
+        if ids is not None:
+            self._links[future] = ids
+            future.add_done_callback(self._links.pop)
+        return future
+
+    async def _traced_run_batch(self, lease: Lease, shares: list[Share], rows: int) -> None:
+        """`_run_batch` inside a batch span linked to each of its requests' spans."""
+        links = [ids for ids in (self._links.get(request.future) for request, _, _ in shares) if ids is not None]
+        queued_since = min(request.enqueued for request, _, _ in shares)
+        span = tracing.start_batch(
+            links, model=self.model, rows=rows, bucket=lease.rows, device=lease.engine.device, queued_since=queued_since
+        )
+        try:
+            await Batcher._run_batch(self, lease, shares, rows, span)
+        finally:
+            span.end()
 
     async def _collect_and_launch(self) -> None:
         while True:
@@ -284,7 +314,8 @@ class Batcher:
         self._queue_depth.set(self._queued_rows)
         return shares, rows
 
-    async def _run_batch(self, lease: Lease, shares: list[Share], rows: int) -> None:
+    async def _run_batch(self, lease: Lease, shares: list[Share], rows: int, span: Any = None) -> None:
+        """Stage, replay and hand back one batch; `span` (tracing on) gets an event at each step's end."""
         engine, slot, bucket = lease.engine, lease.slot, lease.rows
         batches, padding, compute = self._bucket_metrics[bucket]
         device_batches, device_rows, device_in_flight = self._device_metrics[lease.device]
@@ -298,14 +329,20 @@ class Batcher:
         finished = False  # the device (and the staging thread) is done with the slot's memory
         try:
             dtype = await stage_rows(shares, slot)
+            if span is not None:
+                span.add_event("staged")
             seconds = await engine.run(slot, bucket, dtype)
             finished = True
+            if span is not None:
+                span.add_event("replayed")
         except Exception as error:
             finished = engine.healthy()  # a sticky device error: the slot may still be in use
             log.exception(
                 "batch of %d rows (bucket %d) on %s failed; failing its requests", rows, bucket, engine.device
             )
             what = f"{type(error).__name__}: {error}"
+            if span is not None:
+                span.record_exception(error)
             fail(shares, lambda: EngineError(what))
             if not finished:
                 self.declare_dead(f"the {engine.device} device reported {what}", engine.device)
@@ -315,6 +352,8 @@ class Batcher:
                 rate = rows / seconds * len(self.engines)  # the devices run side by side
                 self.rows_per_s = rate if not self.rows_per_s else self.rows_per_s + 0.05 * (rate - self.rows_per_s)
             answer(shares, slot.outputs)
+            if span is not None:
+                span.add_event("handed back")
         finally:
             self._in_flight.dec()
             device_in_flight.dec()
