@@ -32,10 +32,12 @@ ENDPOINT = "http://127.0.0.1:4318/v1/traces"
 class Stub:
     """A codec, a served model and its queue, all answered at once: only the data plane's own work is timed."""
 
-    protocol = "rest"
     spec = SimpleNamespace(name="m")
     engines = (SimpleNamespace(name="stub"),)
     images = np.zeros((1, 1, 28, 28), np.uint8)
+
+    def __init__(self, protocol: str = "rest") -> None:
+        self.protocol = protocol  # the metrics' label, and the request span's naming (grpc: the method)
 
     def served(self, model: str, version: str | None) -> Any:
         return self

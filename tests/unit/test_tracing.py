@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
 import orjson
 import pytest
 from fastapi.testclient import TestClient
@@ -27,6 +26,7 @@ from app.config import Settings
 from app.dataplane import DataPlane
 from app.main import create_app
 from app.ops import tracing
+from bench.tracing_cost import Stub  # the benchmark's codec, model and queue, answered at once
 from tests.unit.fake_engine import FakeEngine, images
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -124,32 +124,6 @@ async def test_one_batch_of_several_requests_is_one_span_linked_to_each(spans: I
     assert not batcher._links  # each request's context is let go with its answer
 
 
-class Stub:
-    """A codec, a served model and its queue: the data plane's whole world, answered at once."""
-
-    protocol = "grpc"
-    spec = SimpleNamespace(name="m")
-    engines = (SimpleNamespace(name="stub"),)
-
-    def served(self, model: str, version: str | None) -> Any:
-        return self
-
-    def ready_batcher(self) -> Any:
-        return self
-
-    def admit(self, deadline: float) -> None:
-        pass
-
-    async def submit(self, images: np.ndarray, deadline: float) -> np.ndarray:
-        return images
-
-    async def decode(self, request: Any, spec: Any) -> tuple[np.ndarray, Any]:
-        return np.zeros((1, 1, 1, 1), np.float32), None
-
-    def encode(self, scores: np.ndarray, asked: Any, served: Any, engine: str) -> str:
-        return "answer"
-
-
 class Context:
     def set_trailing_metadata(self, metadata: Any) -> None:
         pass
@@ -173,7 +147,9 @@ async def test_grpc_metadata_traceparent_is_the_request_spans_parent(
         async def read() -> bytes:
             return b""
 
-        return await plane.infer(Stub(), read, model="m", version=None, form="raw", deadline=1e18, path="ModelInfer")
+        return await plane.infer(
+            Stub("grpc"), read, model="m", version=None, form="raw", deadline=1e18, path="ModelInfer"
+        )
 
     async def continuation(details: Any) -> Any:
         return SimpleNamespace(unary_unary=infer, request_deserializer=None, response_serializer=None)
