@@ -174,10 +174,16 @@ def test_rest_errors_and_unknown_routes_use_the_protocols_error_form(server: dic
     assert httpx.get(f"{url}/v2/health/ready").status_code == 200
 
 
-def test_grpc_health_service_and_metrics_label_the_protocol(server: dict[str, str]) -> None:
+def test_grpc_health_service_and_metrics_label_the_protocol(server: dict[str, str], images: np.ndarray) -> None:
     with grpc.insecure_channel(server["grpc"]) as channel:
         answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""))
     assert answer.status == health_pb2.HealthCheckResponse.SERVING
+    # One request over each protocol, made here: under random test order no other test need have run.
+    httpx.post(f"{server['url']}/predict", content=images[:1].tobytes(), headers={"content-type": "application/octet-stream"})
+    for kind in CLIENTS:
+        tensor = CLIENTS[kind].InferInput("input", list(images[:1].shape), "UINT8")
+        tensor.set_data_from_numpy(images[:1])
+        client(kind, server).infer(MODEL, [tensor])  # type: ignore[attr-defined]
     exposition = httpx.get(f"{server['url']}/metrics").text
     for protocol in ("rest", "v2", "grpc"):
         assert f'protocol="{protocol}"' in exposition
