@@ -1,0 +1,217 @@
+"""ResNet-50, one image a request, against the engine's own peak in the same run (issue 26).
+
+Real clients send one image a request. This bench asks how much of the engine's peak (bucket 128,
+every slot busy, no HTTP: bench/resnet50_e2e.py's `engine_peak`) the service keeps when every
+request carries one 3×224×224 image, with the server on --server-cores and every load generator
+on --loadgen-cores:
+
+  raw      our generator (python -m loadtest), POST /v1/models/resnet50/predict, 150 KB uint8 bodies
+  hey      hey, the same body and route (a second opinion on the generator)
+  v2-http  perf_analyzer, Open Inference Protocol over HTTP, binary UINT8 (what the metadata declares)
+  v2-grpc  perf_analyzer, over gRPC, UINT8
+  jpeg     our generator, multipart uploads of photo-like JPEGs (~500×375), --form photo
+
+each at every --concurrencies, then open loop at 70 % of the best raw figure for its p99. Beside
+every point: the rows per batch and queue wait the server's own histograms saw.
+
+    PYTHONPATH=. python3 bench/one_image.py --out $OUT/one-image --designs engine-process,per-process
+
+Writes <out>/one-image.json (every figure and command) as it goes, so a cut run keeps what it did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.harness.server_histograms import scrape, step_view
+from bench.resnet50_e2e import EXAMPLE, engine_peak
+from loadtest.cli_run import load_summary
+from loadtest.hey import hey_command, resolve_hey, run_hey
+from loadtest.server_process import free_port, running, service_env
+
+ROOT = Path(__file__).resolve().parents[1]
+ROUTE = "/v1/models/resnet50/predict"
+SHAPE = (1, 3, 224, 224)
+
+
+def taskset(cores: str | None, argv: list[str]) -> list[str]:
+    return ["taskset", "-c", cores, *argv] if cores and shutil.which("taskset") else argv
+
+
+def perf_analyzer(binary: str, protocol: str, address: str, concurrency: int, seconds: float, work: Path,
+                  cores: str | None) -> dict[str, Any]:  # fmt: skip
+    """perf_analyzer at one concurrency, one image a request, UINT8 as the model's metadata declares."""
+    out = work / f"pa-{protocol}-{concurrency}.csv"
+    argv = taskset(cores, [
+        binary, "-m", "resnet50", "-u", address, "-i", protocol, "-b", "1", "--shape", "input:3,224,224",
+        "--concurrency-range", f"{concurrency}:{concurrency}", "--measurement-interval", str(int(seconds * 1000)),
+        "--stability-percentage", "60", "--max-trials", "3", "-f", str(out),
+    ])  # fmt: skip
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60 + 6 * seconds)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return {"error": f"{type(error).__name__}: {error}", "command": shlex.join(argv)}
+    if done.returncode != 0 or not out.exists():
+        return {"error": (done.stdout + done.stderr)[-1500:], "command": shlex.join(argv)}
+    (row,) = list(csv.DictReader(out.open()))
+    return {
+        "images_per_s": float(row["Inferences/Second"]),
+        "latency_ms": {q: int(row[f"{q} latency"]) / 1000 for q in ("p50", "p90", "p99")},
+        "command": shlex.join(argv),
+    }
+
+
+def line(result: dict[str, Any]) -> str:
+    """One point as the progress line prints it."""
+    rows = result.get("server", {}).get("batch_rows", {}).get("mean")
+    p99 = result.get("latency_ms", {}).get("p99")
+    text = f"{result.get('images_per_s')} img/s, {result.get('ratio_to_engine_peak')} of peak, {rows} rows a batch"
+    return text + f", p99 {p99} ms" + (f" ERROR {str(result['error'])[:300]}" if "error" in result else "")
+
+
+class OneImage:
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        self.args, self.work = args, work
+        self.body = work / "image.raw"
+        self.body.write_bytes(np.random.default_rng(0).integers(0, 256, SHAPE, dtype=np.uint8).tobytes())
+        self.hey = resolve_hey(args.hey)
+        self.record: dict[str, Any] = {"command": shlex.join(["python3", *sys.argv]), "designs": {}, "notes": []}
+
+    def save(self) -> None:
+        (self.args.out / "one-image.json").write_text(json.dumps(self.record, indent=2) + "\n")
+
+    def generator(self, url: str, name: str, *load: str) -> dict[str, Any]:
+        a = self.args
+        args = ["--warmup", "1", "--duration", str(a.seconds), "--path", ROUTE, "--no-check-labels",
+                "--image-shape", "3,224,224", *load]  # fmt: skip
+        return load_summary(url, self.work / f"{name}.json", *args, cores=a.loadgen_cores, timeout_s=120)
+
+    def point(self, url: str, kind: str, concurrency: int, ports: dict[str, int]) -> dict[str, Any]:
+        a = self.args
+        processes = str(min(a.processes, concurrency))
+        if kind == "raw":
+            return self.generator(url, f"raw-{concurrency}", "--form", "raw", "--concurrency", str(concurrency),
+                                  "--processes", processes)  # fmt: skip
+        if kind == "jpeg":
+            return self.generator(url, f"jpeg-{concurrency}", "--form", "photo", "--concurrency", str(concurrency),
+                                  "--processes", processes)  # fmt: skip
+        if kind == "hey":
+            if self.hey is None:
+                return {"error": f"no hey at {a.hey}"}
+            argv = hey_command(self.hey, url + ROUTE, self.body, content_type="application/octet-stream",
+                               concurrency=concurrency, duration_s=a.seconds)  # fmt: skip
+            result = run_hey(taskset(a.loadgen_cores, argv), timeout_s=60 + 2 * a.seconds)
+            result["images_per_s"] = result.pop("requests_per_s", None)
+            return result
+        protocol = kind.removeprefix("v2-")
+        address = f"127.0.0.1:{ports[protocol]}"
+        return perf_analyzer(a.perf_analyzer, protocol, address, concurrency, a.seconds, self.work, a.loadgen_cores)
+
+    def profile(self, pid: int, tag: str) -> tuple[subprocess.Popen[str], Path]:
+        """py-spy on the server and its children (the workers, the engine process), from 1.5 s into a
+        point for 3 s: where the thread holding the GIL was (--gil), without pausing it (--nonblocking)."""
+        raw = self.args.out / f"profile-{tag}.txt"
+        spy = f"sleep 1.5; exec {self.args.py_spy} record --pid {pid} --subprocesses --gil --nonblocking "
+        spy += f"--duration 3 --rate 250 --format raw --output {raw}"
+        return subprocess.Popen(["sh", "-c", spy], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), raw
+
+    @staticmethod
+    def profiled(spy: tuple[subprocess.Popen[str], Path]) -> dict[str, Any]:
+        process, raw = spy
+        output, _ = process.communicate(timeout=30)
+        return {"raw": raw.name, "rc": process.returncode, "output_tail": output[-500:]}
+
+    def design(self, design: str, peak: float) -> None:
+        a = self.args
+        port, grpc_port = free_port(), free_port()
+        repository = self.work / "repository"
+        env = service_env(port, device="cuda", model_repository=repository, buckets=a.buckets, workers=a.workers,
+                          grpc_port=grpc_port, max_body_bytes=64 * 2**20, max_inflight_bytes=1024 * 2**20,
+                          engine_process=str(design == "engine-process").lower())  # fmt: skip
+        serve = taskset(a.server_cores, [sys.executable, "-m", "app.cli", "serve"])  # taskset execs: same pid
+        points: dict[str, Any] = {}
+        self.record["designs"][design] = {"env": env, "points": points}
+        log = self.work / f"server-{design}.log"
+        with running(serve, log, port=port, env=env, cwd=ROOT, ready_timeout_s=480) as server:
+            for kind in a.kinds.split(","):
+                for concurrency in (int(c) for c in a.concurrencies.split(",")):
+                    if time.monotonic() > self.deadline:
+                        self.record["notes"].append(f"{design} {kind} c{concurrency} skipped: past the budget")
+                        continue
+                    before = scrape(server.url)
+                    tag = f"{design}-{kind}-c{concurrency}"
+                    spy = self.profile(server.proc.pid, tag) if kind in a.profile.split(",") else None
+                    result = self.point(server.url, kind, concurrency, {"http": port, "grpc": grpc_port})
+                    if spy is not None:
+                        result["profile"] = self.profiled(spy)
+                    after = scrape(server.url)
+                    if before is not None and after is not None:
+                        result["server"] = step_view(before, after)
+                    figure = result.get("images_per_s")
+                    result["ratio_to_engine_peak"] = round(figure / peak, 3) if figure else None
+                    points[f"{kind}-c{concurrency}"] = result
+                    print(f"{design} {kind} c{concurrency}: {line(result)}", flush=True)
+                    self.save()
+            best = max((p.get("images_per_s") or 0 for k, p in points.items() if k.startswith("raw-")), default=0)
+            if best and a.p99_fraction and time.monotonic() < self.deadline:
+                rate = round(best * a.p99_fraction)
+                result = self.generator(server.url, "open-loop", "--form", "raw", "--rate", str(rate),
+                                        "--processes", str(a.processes))  # fmt: skip
+                result["rate"] = rate
+                points[f"raw-open-{a.p99_fraction:g}"] = result
+                print(f"{design} open loop at {rate} req/s: {line(result)}", flush=True)
+            self.record["designs"][design]["log_tail"] = server.log_tail()[-3000:]
+        self.save()
+
+    def run(self) -> None:
+        a = self.args
+        repository = self.work / "repository"
+        shutil.copytree(EXAMPLE, repository / "resnet50")
+        self.deadline = time.monotonic() + a.budget_s
+        peak = engine_peak(repository, a.buckets, a.peak_seconds)
+        self.record["engine_peak"] = peak
+        print(f"engine peak: {peak['images_per_s']} img/s at bucket {peak['bucket']}", flush=True)
+        self.save()
+        for design in a.designs.split(","):
+            self.design(design, peak["images_per_s"])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = p.add_argument
+    add("--out", type=Path, required=True, help="folder for one-image.json (and profiles)")
+    add("--designs", default="engine-process", help="engine-process and/or per-process, comma-separated")
+    add("--kinds", default="raw,hey,v2-http,v2-grpc,jpeg", help="load kinds, comma-separated (default %(default)s)")
+    add("--concurrencies", default="64,256")
+    add("--workers", type=int, default=8)
+    add("--buckets", default="1,8,32,64,128")
+    add("--seconds", type=float, default=4.0, help="measured seconds a point")
+    add("--peak-seconds", type=float, default=4.0)
+    add("--processes", type=int, default=8, help="our generator's processes")
+    add("--p99-fraction", type=float, default=0.7, help="open loop at this share of the best raw figure (0: none)")
+    add("--server-cores", default="0-7")
+    add("--loadgen-cores", default="8-15")
+    add("--hey", default=".gpu/bin/hey")
+    add("--perf-analyzer", default="/tmp/site/perf_analyzer/bin/perf_analyzer")
+    add("--profile", default="", help="kinds whose points py-spy profiles (server and children), e.g. raw")
+    add("--py-spy", default="/tmp/site/bin/py-spy")
+    add("--budget-s", type=float, default=400.0, help="start no point after this many seconds")
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    OneImage(args, Path(tempfile.mkdtemp(prefix="one-image-"))).run()
+
+
+if __name__ == "__main__":
+    main()
