@@ -12,9 +12,10 @@ import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
 from app.ops import metric_buffers
+from app.ops.gpu_metrics import GpuCollector
 from app.ops.metric_buffers import BufferedHistogram, BufferedSum
 
 # 50 µs … 10 s: a replay of the seed CNN is ~30 µs, an overloaded queue is seconds.
@@ -164,6 +165,10 @@ GC_PAUSE = Histogram(
     buckets=PAUSE_BUCKETS,
 )
 
+# nv_gpu_* per visible GPU, read from NVML at each render (app/ops/gpu_metrics.py); nothing without a GPU.
+GPU = GpuCollector()
+REGISTRY.register(GPU)
+
 
 def exposition() -> bytes:
     """The text format for GET /metrics: this process's metrics, or every worker's when several run."""
@@ -175,6 +180,7 @@ def _render() -> bytes:
     if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        registry.register(GPU)  # read by this worker alone: one set of GPU series, not one per worker
         return generate_latest(registry)
     return generate_latest()
 
