@@ -1,5 +1,5 @@
 """Every PromQL expression in the dashboard and the rules parses, and names only metrics that the
-service exports (read from app.ops.metrics) or that a recording rule records."""
+service exports (read from app.ops.metrics, the GPU collector's included) or that a recording rule records."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.metrics_core import Metric
 
 from tests.deploy.deploy_tools import REPO, run
 
@@ -34,15 +35,21 @@ SCRAPE_SERIES = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
 GRAFANA_INTERVALS = re.compile(r"\$\{?__(?:rate_interval|interval|range)\b\}?")
 
 
-def exported_series() -> set[str]:
+def exported_families() -> list[Metric]:
+    """Every family on /metrics: app.ops.metrics' metrics and the GPU collector's (app/ops/gpu_metrics.py)."""
     import app.ops.metrics
+    from app.ops.gpu_metrics import GpuCollector
 
-    names = set()
-    for metric in vars(app.ops.metrics).values():
-        if isinstance(metric, MetricWrapperBase):
-            for family in metric.describe():
-                names |= {family.name + suffix for suffix in SUFFIXES[family.type]}
-    return names
+    return [
+        family
+        for metric in vars(app.ops.metrics).values()
+        if isinstance(metric, MetricWrapperBase | GpuCollector)
+        for family in metric.describe()
+    ]
+
+
+def exported_series() -> set[str]:
+    return {family.name + suffix for family in exported_families() for suffix in SUFFIXES[family.type]}
 
 
 def rules() -> list[dict[str, Any]]:
@@ -141,11 +148,8 @@ def test_expressions_name_only_exported_or_recorded_metrics() -> None:
 
 
 def test_every_exported_metric_is_on_the_dashboard() -> None:
-    import app.ops.metrics
-
-    families = {
-        f.name for m in vars(app.ops.metrics).values() if isinstance(m, MetricWrapperBase) for f in m.describe()
-    }
+    families = {f.name for f in exported_families()}
+    assert "nv_gpu_utilization" in families, "the GPU collector's families are not read"
     shown = set().union(*(metric_names(expr) for _, expr in dashboard_exprs()))
     unshown = sorted(f for f in families if not any(s == f or s.startswith(f + "_") for s in shown))
     assert not unshown, f"metrics in app/ops/metrics.py with no dashboard panel: {unshown}"
