@@ -113,9 +113,14 @@ class UnknownModelError(ServiceError):
     code = "unknown_model"
     reason = "unknown_model"
 
-    def __init__(self, name: str | None, names: list[str]) -> None:
+    def __init__(
+        self, name: str | None, names: list[str], *, version: str | None = None, versions: list[str] | None = None
+    ) -> None:
         served = ", ".join(names)
-        if name is None:
+        if version is not None:  # the model is served, not this version of it
+            message = f"model {name} has no version {version[:40]!r} served"
+            expected = f"one of its versions: {', '.join(versions or []) or 'none is loaded'}"
+        elif name is None:
             message = f"several models are served ({served}) and none is the default"
             expected = "POST /v1/models/{name}/predict, or CGSERVE_DEFAULT_MODEL set to one of them"
         else:

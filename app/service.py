@@ -10,6 +10,9 @@ logged with what to fix and `on_fatal` asks the server to exit non-zero. On SIGT
 calls `begin_drain`: readiness turns 503 at once while requests are still served. The service,
 not the engines, reads the settings and publishes what the engines measured as metrics.
 
+Versions (app/repository/versions.py): each served (model, version) is its own ServedModel with
+its engines and batcher; a call that names no version gets the model's newest ready one.
+
 Several GPUs (device cuda:0,cuda:1 or all): each model gets one engine per GPU, built one after
 the other from its own copy of the module, and one batcher that sends each batch to the
 least-loaded GPU. Readiness names each GPU's state. A fault on any GPU is the service's: it
@@ -42,6 +45,7 @@ from app.ops import metric_buffers, metrics
 from app.ops.heap import freeze_startup_heap
 from app.repository import LoadedModel, ModelConfigError, load_model, read_repository
 from app.repository.model_spec import ModelSpec
+from app.repository.versions import UNVERSIONED
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +78,14 @@ class ServedModel:
                 states[device] = "failed" if index == len(self.engines) else "not started"
         return states
 
+    @property
+    def title(self) -> str:
+        """The model's name, with its version where that is not the unversioned "1"."""
+        spec = self.spec
+        return spec.name if spec.version == UNVERSIONED else f"{spec.name} (version {spec.version})"
+
     def readiness(self) -> tuple[bool, str]:
-        name, states = self.spec.name, self.device_states()
+        name, states = self.title, self.device_states()
         on = "" if len(states) == 1 else " (" + ", ".join(f"{d} {s}" for d, s in states.items()) + ")"
         if self.failure is not None:
             return False, f"{name}: start-up failed: {self.failure}{on}"
@@ -102,6 +112,9 @@ class ServedModel:
             raise NotReadyError(detail)
         return self.batcher
 
+    def ready(self) -> bool:
+        return self.batcher is not None and self.readiness()[0]
+
 
 def prepare_models(settings: Settings) -> list[tuple[LoadedModel, EngineOptions]]:
     """Read the repository, load every model on the CPU and resolve its engine options.
@@ -110,11 +123,20 @@ def prepare_models(settings: Settings) -> list[tuple[LoadedModel, EngineOptions]
     listens, so a bad model.toml or weights file stops start-up with one line per problem.
     """
     specs = read_repository(settings.model_repository)
-    names = [spec.name for spec in specs]
+    names = list(dict.fromkeys(spec.name for spec in specs))
     if settings.default_model is not None and settings.default_model not in names:
         raise ModelConfigError(
             [f"CGSERVE_DEFAULT_MODEL: {settings.default_model!r} is not in {settings.model_repository}: {names}"]
         )
+    if settings.engine_process:  # the engine process serves one version a model, for now
+        problems = [
+            f"{spec.toml}: version_policy: the engine process (CGSERVE_ENGINE_PROCESS) serves one version of each "
+            f"model; {spec.name} has several under its version_policy: use {{ latest = {{ num_versions = 1 }} }}"
+            for index, spec in enumerate(specs)
+            if index and specs[index - 1].name == spec.name
+        ]
+        if problems:
+            raise ModelConfigError(problems)
     devices = resolve_devices(settings.device)
     prepared, problems = [], []
     for spec in specs:  # every model's problems at once, so that one run shows everything to fix
@@ -145,7 +167,10 @@ class Service:
         if engine_process is not None:
             socket, segments = engine_process
             self.engine_link = EngineLink(socket, segments, on_dead=lambda why: self._device_died("engines", why))
+        # name → version → the served model; and name → the version a call that names none gets.
+        self.versions: dict[str, dict[str, ServedModel]] = {}
         self.models: dict[str, ServedModel] = {}
+        self.started = False  # start-up is over: no model is then "the repository still being read"
         self.failure: str | None = None  # why start-up failed or the device died
         self.draining = False
         self.device_dead = False
@@ -195,7 +220,10 @@ class Service:
             if prepared is None:
                 prepared = await asyncio.to_thread(prepare_models, self.settings)
             self._prepared = None  # the CPU copies are the engines' now
-            self.models = {model.spec.name: ServedModel(model.spec, options) for model, options in prepared}
+            for model, options in prepared:  # each model's newest version first
+                self.versions.setdefault(model.spec.name, {})[model.spec.version] = ServedModel(model.spec, options)
+            for name in self.versions:
+                self.publish(name)
             # The JPEG decoder first: its torchvision import holds the GIL for seconds (longest where
             # nothing imported torch._dynamo before it). Started after the models, that import ran
             # while they already served, at a fraction of their rate.
@@ -209,11 +237,13 @@ class Service:
 
                 precision.decide(gpu_dtypes)
             for model, _ in prepared:
-                await self._start_model(self.models[model.spec.name], model)
+                await self._start_model(self.versions[model.spec.name][model.spec.version], model)
+                self.publish(model.spec.name)
         except Exception as error:
             self._start_failed(error)
             return
         # Start-up is over: what it built lives as long as the process; full collections skip it.
+        self.started = True
         frozen = freeze_startup_heap()
         metrics.READY.set(1)
         self._on_ready()
@@ -228,12 +258,15 @@ class Service:
                 spec.name: ServedModel(spec, engine_options(self.settings, spec, devices), remote=True)
                 for spec in specs
             }
+            # prepare_models refused several versions of a model: the engine process serves one each.
+            self.versions = {name: {served.spec.version: served} for name, served in self.models.items()}
             await link.connect()
             for name, served in self.models.items():
                 served.batcher = link.batcher(name)
         except Exception as error:
             self._start_failed(error)
             return
+        self.started = True
         metrics.READY.set(1)
         self._on_ready()
         log.info("ready: serving %s through the engine process", ", ".join(self.models))
@@ -297,7 +330,7 @@ class Service:
         metrics.READY.set(0)
         if self._startup is not None and not self._startup.done():
             self._startup.cancel()
-        for served in self.models.values():
+        for served in self.served():
             if served.batcher is not None:
                 await served.batcher.stop()
             for engine in served.engines:
@@ -316,26 +349,52 @@ class Service:
             return False, f"failed: {self.failure}"
         if self.draining:
             return False, "draining: the server is shutting down"
-        if not self.models:
+        if not self.started and not self.models:
             return False, "starting: reading the model repository"
-        details = [detail for ready, detail in (m.readiness() for m in self.models.values()) if not ready]
+        details = [detail for ready, detail in (m.readiness() for m in self.served()) if not ready]
         if details:
             return False, "; ".join(details)
         return self._peers_ready() if self._peers_ready is not None else (True, "ready")
 
-    def model(self, name: str | None) -> ServedModel:
-        """The named model, or the default one for name None; UnknownModelError (404) otherwise."""
+    def served(self) -> list[ServedModel]:
+        """Every served (model, version)."""
+        return [served for versions in self.versions.values() for served in versions.values()]
+
+    def publish(self, name: str) -> None:
+        """Point the calls that name no version of `name` at its newest ready version (its newest while
+        none is ready); forget the name once it has no version."""
+        versions = self.versions.get(name)
+        if not versions:
+            self.versions.pop(name, None)
+            self.models.pop(name, None)
+            return
+        newest_first = sorted(versions.values(), key=lambda served: int(served.spec.version), reverse=True)
+        self.models[name] = next((served for served in newest_first if served.ready()), newest_first[0])
+
+    def model(self, name: str | None, version: str | None = None) -> ServedModel:
+        """The named model (its `version`, else its newest ready one), or the default model for name None;
+        UnknownModelError (404) for an unknown name or version."""
+        served = self._named(name)
+        if not version:
+            return served
+        chosen = self.versions.get(served.spec.name, {}).get(version)
+        if chosen is None:
+            known = sorted(self.versions.get(served.spec.name, {}), key=int)
+            raise UnknownModelError(served.spec.name, [], version=version, versions=known)
+        return chosen
+
+    def _named(self, name: str | None) -> ServedModel:
         if name is None:
             name = self.settings.default_model
             if name is None and len(self.models) == 1:
                 return next(iter(self.models.values()))
             if name is None:
-                if not self.models:
+                if not self.models and not self.started:
                     raise NotReadyError("starting: reading the model repository")
                 raise UnknownModelError(None, list(self.models))
         served = self.models.get(name)
         if served is None:
-            if not self.models:
+            if not self.models and not self.started:
                 raise NotReadyError("starting: reading the model repository")
             raise UnknownModelError(name, list(self.models))
         return served

@@ -62,7 +62,7 @@ def resolve_devices(setting: str) -> tuple[str, ...]:
 def engine_options(settings: Settings, spec: ModelSpec, devices: tuple[str, ...]) -> EngineOptions:
     config = spec.config
     device = devices[0]
-    toml = spec.folder / "model.toml"
+    toml = spec.toml
     engine = config.engine or settings.engine
     if config.format == "onnx":
         engine = "onnxruntime"

@@ -1,7 +1,8 @@
 """The model repository: DIR/<name>/model.toml per model, as Triton keeps one folder per model,
 or DIR/model.toml alone, one model (KServe's storageUri layout, named from INFERENCE_SERVICE_NAME).
 
-`read_repository` parses every model.toml (cheap, no torch); `load_model` builds one model on
+A model folder may hold numbered version folders (app/repository/versions.py): one spec per
+served version. `read_repository` parses every model.toml (cheap, no torch); `load_model` builds one model on
 the CPU and checks that it maps (B, C, H, W) to (B, len(labels)). Both report every problem,
 one line each, naming the file and the key.
 
@@ -12,6 +13,7 @@ that a mistake or a copied model.toml cannot serve another file of the host.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass
@@ -19,8 +21,9 @@ from pathlib import Path
 
 from app.repository.model_config import ModelConfigError, read_labels, read_model_config
 from app.repository.model_spec import ModelSpec
+from app.repository.versions import DEFAULT_POLICY, UNVERSIONED, version_folders
 
-__all__ = ["LoadedModel", "ModelConfigError", "load_model", "read_repository"]
+__all__ = ["LoadedModel", "ModelConfigError", "load_model", "model_folders", "read_model", "read_repository"]
 
 # Safe in a URL path and a metric label; matched whole (fullmatch: `$` would let a final newline in).
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -30,10 +33,16 @@ PROBE_BATCH = 2
 
 
 def read_repository(folder: Path) -> list[ModelSpec]:
+    """Every served (model, version)'s spec, each model's newest version first."""
+    return _read_models(model_folders(folder))
+
+
+def model_folders(folder: Path) -> list[tuple[str, Path, str]]:
+    """(name, folder, where to name in a problem) of every model in the repository; nothing parsed."""
     if (folder / "model.toml").is_file():  # one model in the folder itself (KServe's storageUri)
         name = os.environ.get(SERVICE_NAME_VARIABLE) or folder.resolve().name
         where = f"{folder}: {SERVICE_NAME_VARIABLE}" if os.environ.get(SERVICE_NAME_VARIABLE) else str(folder)
-        return _read_models([(name, folder, where)])
+        return [(name, folder, where)]
     models = [
         (sub.name, sub, str(sub)) for sub in sorted(folder.iterdir()) if sub.is_dir() and sub.name[:1] not in "._"
     ]
@@ -41,41 +50,80 @@ def read_repository(folder: Path) -> list[ModelSpec]:
         raise ModelConfigError(
             [f"{folder}: holds no model (expected {folder}/<name>/model.toml or {folder}/model.toml)"]
         )
-    return _read_models(models)
+    return models
+
+
+def read_model(repository: Path, name: str) -> list[ModelSpec]:
+    """One model's served versions, read afresh (model control's load); ModelConfigError if it has none."""
+    for found, folder, where in model_folders(repository):
+        if found == name:
+            return _read_models([(name, folder, where)])
+    raise ModelConfigError([f"{repository}: holds no model named {name!r}"])
 
 
 def _read_models(models: list[tuple[str, Path, str]]) -> list[ModelSpec]:
-    """(name, folder, where to name in a problem) → their specs, or every problem at once."""
+    """(name, folder, where to name in a problem) → their versions' specs, or every problem at once."""
     problems: list[str] = []
     specs: list[ModelSpec] = []
     for name, folder, where in models:
-        toml = folder / "model.toml"
         if not _NAME.fullmatch(name):
             problems.append(
                 f"{_printable(where)}: a model's name {name!r} is its URL name: a letter or digit, then letters, "
                 "digits, '.', '_' and '-' only"
             )
             continue
-        if not toml.is_file():
-            problems.append(f"{folder}: no model.toml in this model folder")
-            continue
         try:
-            config = read_model_config(toml)
+            specs += _read_versions(name, folder)
         except ModelConfigError as error:
             problems += error.problems
-            continue
-        if isinstance(config.labels, str) and (outside := _outside(folder, config.labels)):
-            problems.append(f"{toml}: labels: {outside}")
-            continue
-        specs.append(ModelSpec(name=name, folder=folder, config=config, class_names=read_labels(config, folder)))
     if problems:
         raise ModelConfigError(problems)
     return specs
 
 
-def _outside(folder: Path, relative: str) -> str | None:
-    """Why `relative` (a model.toml's file, weights or labels) is not a file inside `folder`, or None."""
-    resolved, home = (folder / relative).resolve(), folder.resolve()
+def _read_versions(name: str, folder: Path) -> list[ModelSpec]:
+    """The versions of one model folder its version_policy serves, newest first (app/repository/versions.py)."""
+    shared = folder / "model.toml"
+    versions = version_folders(folder)
+    if not versions:  # the unversioned layout: the folder is version 1
+        if not shared.is_file():
+            raise ModelConfigError([f"{folder}: no model.toml in this model folder"])
+        return [_read_spec(name, folder, shared, UNVERSIONED)]
+    # The policy: <name>/model.toml's, else the newest version's own.
+    newest = versions[max(versions)]
+    source = shared if shared.is_file() else newest / "model.toml"
+    if not source.is_file():
+        raise ModelConfigError([f"{newest}: no model.toml in this version folder nor in {folder}"])
+    policy = read_model_config(source, (newest, folder)).version_policy or DEFAULT_POLICY
+    chosen, missing = policy.select(list(versions))
+    if missing:
+        raise ModelConfigError(
+            [f"{source}: version_policy: versions {missing} have no folder in {folder} (it holds {sorted(versions)})"]
+        )
+    specs = []
+    for version in chosen:
+        own = versions[version] / "model.toml"
+        if not own.is_file() and not shared.is_file():
+            raise ModelConfigError([f"{versions[version]}: no model.toml in this version folder nor in {folder}"])
+        specs.append(_read_spec(name, versions[version], own if own.is_file() else shared, str(version)))
+    return specs
+
+
+def _read_spec(name: str, folder: Path, toml: Path, version: str) -> ModelSpec:
+    """One version: its files in `folder`, its model.toml `toml` (in `folder`, or the model's folder above)."""
+    config_file = None if toml.parent == folder else toml
+    folders = (folder,) if config_file is None else (folder, toml.parent)
+    config = read_model_config(toml, folders)
+    spec = ModelSpec(name=name, folder=folder, config=config, class_names=(), version=version, config_file=config_file)
+    if isinstance(config.labels, str) and (outside := _outside(spec.home, config.labels, spec.path(config.labels))):
+        raise ModelConfigError([f"{toml}: labels: {outside}"])
+    return dataclasses.replace(spec, class_names=read_labels(config, folders))
+
+
+def _outside(folder: Path, relative: str, found: Path | None = None) -> str | None:
+    """Why `relative` (a model.toml's file, weights or labels; `found` where it was looked up, default
+    folder/relative) is not a file inside `folder`, or None."""
+    resolved, home = (found or folder / relative).resolve(), folder.resolve()
     if resolved.is_relative_to(home):
         return None
     how = "an absolute path" if Path(relative).is_absolute() else "a path (through '..' or a symlink)"
@@ -98,7 +146,7 @@ class LoadedModel:
 
 def load_model(spec: ModelSpec) -> LoadedModel:
     """Build the model on the CPU and probe it with a (2, C, H, W) batch. Imports torch."""
-    toml = spec.folder / "model.toml"
+    toml = spec.toml
     outside = [f"{toml}: {key}: {why}" for key in ("file", "weights") if (why := _named_file_outside(spec, key))]
     if outside:
         raise ModelConfigError(outside)
@@ -121,7 +169,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
             raise
         except BaseException as error:  # SystemExit too: a model's code must not end the start-up with 0
             raise ModelConfigError(
-                [f"{spec.folder / 'model.toml'}: input_shape: the model fails on a ({PROBE_BATCH}, "
+                [f"{spec.toml}: input_shape: the model fails on a ({PROBE_BATCH}, "
                  f"{', '.join(map(str, spec.input_shape))}) batch: {type(error).__name__}: "
                  f"{' '.join(str(error).split())[:300]}"]
             ) from None  # fmt: skip
@@ -131,11 +179,11 @@ def load_model(spec: ModelSpec) -> LoadedModel:
 
 def _named_file_outside(spec: ModelSpec, key: str) -> str | None:
     value: str | None = getattr(spec.config, key)
-    return None if value is None else _outside(spec.folder, value)
+    return None if value is None else _outside(spec.home, value, spec.path(value))
 
 
 def check_output_shape(spec: ModelSpec, shape: tuple[object, ...]) -> None:
-    toml = spec.folder / "model.toml"
+    toml = spec.toml
     if len(shape) != 2 or shape[0] != PROBE_BATCH:
         raise ModelConfigError(
             [f"{toml}: format: the model's output for a ({PROBE_BATCH}, C, H, W) batch is {list(shape)}, not "

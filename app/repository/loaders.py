@@ -43,7 +43,7 @@ def load_module(spec: ModelSpec) -> nn.Module:
         raise
     except BaseException as error:  # SystemExit too (a factory of builtins:exit): a failed start-up, not exit 0
         key = {"torchvision": "architecture", "python": "factory"}.get(config.format, "file")
-        raise ModelConfigError([f"{spec.folder / 'model.toml'}: {key}: {_one_line(error)}"]) from error
+        raise ModelConfigError([f"{spec.toml}: {key}: {_one_line(error)}"]) from error
     if config.format != "exported":  # an exported program is traced in eval mode and refuses .eval()
         module.eval()
     return module
@@ -64,7 +64,7 @@ def _torchvision(spec: ModelSpec) -> nn.Module:
         import torchvision
     except Exception as error:  # ImportError, or RuntimeError from its _C.so beside a CPU torch
         raise ModelConfigError(
-            [f"{spec.folder / 'model.toml'}: format: torchvision cannot be imported ({_one_line(error)}); "
+            [f"{spec.toml}: format: torchvision cannot be imported ({_one_line(error)}); "
              f"{TORCHVISION_FIX}"]
         ) from None  # fmt: skip
     config = spec.config
@@ -80,14 +80,12 @@ def _torchvision(spec: ModelSpec) -> nn.Module:
 def _python(spec: ModelSpec) -> nn.Module:
     module_name, _, function_name = (spec.config.factory or "").partition(":")
     if not module_name or not function_name:
-        raise ModelConfigError(
-            [f"{spec.folder / 'model.toml'}: factory: expected 'module:function', got {spec.config.factory!r}"]
-        )
+        raise ModelConfigError([f"{spec.toml}: factory: expected 'module:function', got {spec.config.factory!r}"])
     factory = getattr(_import(spec, module_name), function_name)
     module = factory()
     if not isinstance(module, nn.Module):
         raise ModelConfigError(
-            [f"{spec.folder / 'model.toml'}: factory: {spec.config.factory} returned a "
+            [f"{spec.toml}: factory: {spec.config.factory} returned a "
              f"{type(module).__name__}, not a torch.nn.Module"]
         )  # fmt: skip
     if spec.config.weights is not None:
@@ -97,10 +95,10 @@ def _python(spec: ModelSpec) -> nn.Module:
 
 def _import(spec: ModelSpec, module_name: str) -> ModuleType:
     """`module_name` from the model's own folder first (as Triton's model.py), else from sys.path."""
-    local = spec.folder.joinpath(*module_name.split(".")).with_suffix(".py")
+    local = spec.path(str(Path(*module_name.split(".")).with_suffix(".py")))
     if not local.is_file():
         return importlib.import_module(module_name)
-    unique = f"cgserve_model_{spec.name.replace('-', '_')}_{module_name.replace('.', '_')}"
+    unique = f"cgserve_model_{spec.name.replace('-', '_')}_{spec.version}_{module_name.replace('.', '_')}"
     found = importlib.util.spec_from_file_location(unique, local)
     assert found is not None and found.loader is not None
     module = importlib.util.module_from_spec(found)
@@ -117,7 +115,7 @@ def _load_weights(module: nn.Module, spec: ModelSpec) -> None:
     except KeyboardInterrupt:
         raise
     except BaseException as error:
-        raise ModelConfigError([f"{spec.folder / 'model.toml'}: weights: {path.name}: {_one_line(error)}"]) from None
+        raise ModelConfigError([f"{spec.toml}: weights: {path.name}: {_one_line(error)}"]) from None
 
 
 def _one_line(error: BaseException) -> str:

@@ -10,6 +10,7 @@
     input_datatype = "UINT8"               # | "FP32": what the v2 metadata asks clients to send
     [preprocess]                           # image uploads; mean/std run inside the graph
     color = "RGB"; resize = 256; crop = 224; mean = [...]; std = [...]
+    version_policy = { latest = { num_versions = 1 } }  # | { all = {} } | { specific = { versions = [1, 3] } }
 
 Unknown keys are errors (a typo must not be ignored), and every problem is reported with the
 file and the key, so a user fixes them all in one go.
@@ -24,6 +25,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from app.config import Compile, Dtype, check_buckets, split_buckets
+from app.repository.versions import VersionPolicy
 
 Format = Literal["torchscript", "exported", "onnx", "torchvision", "python"]
 ModelEngine = Literal["eager", "cuda-graph", "compile", "onnxruntime"]
@@ -90,6 +92,8 @@ class ModelConfig(BaseModel):
     buckets: tuple[int, ...] | None = None
     max_delay_ms: Annotated[float, Field(ge=0.0, le=1000.0)] | None = None
     providers: tuple[str, ...] = ("CPUExecutionProvider",)  # engine = "onnxruntime"
+    # Which numbered version folders are served (app/repository/versions.py); unset: the newest one.
+    version_policy: VersionPolicy | None = None
 
     _split_buckets = field_validator("buckets", mode="before")(split_buckets)
 
@@ -135,8 +139,12 @@ class ModelConfig(BaseModel):
         return self.preprocess.color or ("L" if self.input_shape[0] == 1 else "RGB")
 
 
-def read_model_config(path: Path) -> ModelConfig:
-    """Parse DIR/<name>/model.toml; ModelConfigError lists every problem as `file: key: message`."""
+def read_model_config(path: Path, folders: tuple[Path, ...] | None = None) -> ModelConfig:
+    """Parse DIR/<name>/model.toml; ModelConfigError lists every problem as `file: key: message`.
+
+    `folders`: where the files it names are looked for, in order (a version's folder, then the
+    model.toml's); default the model.toml's folder."""
+    folders = folders or (path.parent,)
     try:
         document = tomllib.loads(path.read_text())
     except (OSError, UnicodeDecodeError) as error:
@@ -149,22 +157,33 @@ def read_model_config(path: Path) -> ModelConfig:
         raise ModelConfigError([_problem(path, item) for item in error.errors()]) from None
     problems = [f"{path}: {key}: {message}" for key, message in config.cross_field_problems()]
     problems += [
-        f"{path}: {key}: file {value!r} does not exist in {path.parent}"
+        f"{path}: {key}: file {value!r} does not exist in {_names(folders)}"
         for key in ("file", "weights")
-        if (value := getattr(config, key)) is not None and not (path.parent / value).is_file()
+        if (value := getattr(config, key)) is not None and find(value, folders) is None
     ]
-    if isinstance(config.labels, str) and not (path.parent / config.labels).is_file():
-        problems.append(f"{path}: labels: file {config.labels!r} does not exist in {path.parent}")
+    if isinstance(config.labels, str) and find(config.labels, folders) is None:
+        problems.append(f"{path}: labels: file {config.labels!r} does not exist in {_names(folders)}")
     if problems:
         raise ModelConfigError(problems)
     return config
 
 
-def read_labels(config: ModelConfig, folder: Path) -> tuple[str, ...]:
+def find(relative: str, folders: tuple[Path, ...]) -> Path | None:
+    """The first folder's file of that name, or None."""
+    return next((folder / relative for folder in folders if (folder / relative).is_file()), None)
+
+
+def _names(folders: tuple[Path, ...]) -> str:
+    return " or ".join(str(folder) for folder in folders)
+
+
+def read_labels(config: ModelConfig, folders: tuple[Path, ...]) -> tuple[str, ...]:
     """The labels list, or the lines of the labels file (blank lines skipped)."""
     if isinstance(config.labels, list):
         return tuple(config.labels)
-    lines = (folder / config.labels).read_text().splitlines()
+    found = find(config.labels, folders)
+    assert found is not None  # read_model_config checked it
+    lines = found.read_text().splitlines()
     return tuple(line.strip() for line in lines if line.strip())
 
 

@@ -15,9 +15,26 @@ from app.repository.model_config import ModelConfig, Preprocess
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
     name: str  # the folder's name: /v1/models/{name}
-    folder: Path
+    folder: Path  # the version's files: DIR/<name>/<version>/, or DIR/<name>/ for an unversioned model
     config: ModelConfig
     class_names: tuple[str, ...]
+    version: str = "1"  # /v2/models/{name}/versions/{version}; an unversioned model's is "1"
+    config_file: Path | None = None  # its model.toml where not in `folder` (DIR/<name>/model.toml)
+
+    @property
+    def toml(self) -> Path:
+        """The model.toml this version was read from: what a problem names."""
+        return self.config_file or self.folder / "model.toml"
+
+    @property
+    def home(self) -> Path:
+        """The model's folder, which every file it names must lie inside."""
+        return self.toml.parent if self.config_file is not None else self.folder
+
+    @property
+    def folders(self) -> tuple[Path, ...]:
+        """Where the files model.toml names are looked for: the version's folder, then the model.toml's."""
+        return (self.folder,) if self.config_file is None else (self.folder, self.config_file.parent)
 
     @property
     def input_shape(self) -> tuple[int, int, int]:  # (C, H, W) of one image
@@ -42,4 +59,5 @@ class ModelSpec:
         return setting or max(1024 * 1024, 16 * h * w)
 
     def path(self, relative: str) -> Path:
-        return self.folder / relative
+        """A file model.toml names: the first of `folders` that holds it (the version's, if none does)."""
+        return next((f / relative for f in self.folders if (f / relative).exists()), self.folder / relative)

@@ -18,7 +18,7 @@ ONNX_FIX = "install onnxruntime (pip install 'cudagraph-serve[onnx]')"
 
 def open_session(spec: ModelSpec, providers: tuple[str, ...]) -> Any:
     """An InferenceSession for the model's file, or ModelConfigError naming what to fix."""
-    toml = spec.folder / "model.toml"
+    toml = spec.toml
     try:
         import onnxruntime
     except ImportError as error:
@@ -38,7 +38,7 @@ def open_session(spec: ModelSpec, providers: tuple[str, ...]) -> Any:
 def probe_onnx(spec: ModelSpec, batch: int) -> tuple[object, ...]:
     """The output shape for a (batch, C, H, W) input, on the CPU provider."""
     session = open_session(spec, ("CPUExecutionProvider",))
-    toml = spec.folder / "model.toml"
+    toml = spec.toml
     declared = list(session.get_inputs()[0].shape)  # (N, C, H, W): ints where fixed, names where dynamic
     differ = shape_differences(spec.input_shape, declared)
     if differ:

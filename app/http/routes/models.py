@@ -23,7 +23,8 @@ async def list_models(service: ServiceDep) -> dict[str, Any]:
 
 @router.get(
     "/v1/models/{name}",
-    summary="One model: input, labels, format, engine, device, buckets, dtype, capture and validation figures",
+    summary="One model: input, labels, format, engine, device, buckets, dtype, capture and validation figures, "
+    "and its versions (the one described is the newest ready)",
     responses={404: {"model": ErrorResponse, "description": "No model of that name; the message lists those served"}},
 )
 async def describe_model(name: str, service: ServiceDep) -> Any:
@@ -52,8 +53,11 @@ async def model_ready(name: str, service: ServiceDep) -> Response:
 def card(served: ServedModel, service: Service) -> dict[str, Any]:
     spec, options, settings = served.spec, served.options, service.settings
     config = spec.config
+    versions = service.versions.get(spec.name, {})
     described: dict[str, Any] = {
         "name": spec.name,
+        "version": spec.version,  # the one described: the version calls that name none get
+        "versions": {v: {"ready": versions[v].ready()} for v in sorted(versions, key=int)},
         "format": config.format,
         "input": {
             "shape": list(spec.input_shape),

@@ -78,10 +78,7 @@ class GrpcCodec:
         self.service, self.context = service, context
 
     def served(self, model: str, version: str | None) -> ServedModel:
-        served = self.service.model(model)
-        if version not in (None, tensors.VERSION):
-            raise InputError(f"model {model} has no version {version!r}", expected="version 1", status=404)
-        return served
+        return self.service.model(model, version or None)
 
     async def decode(self, request: Any, spec: ModelSpec) -> tuple[np.ndarray, tuple[int, str]]:
         """(k, C, H, W) images, and the top-k asked for (0: the probabilities) with the call's id: the
@@ -134,7 +131,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelMetadata(self, request: Any, context: Any) -> pb.ModelMetadataResponse:
         served = await self._model(request.name, request.version, context)
-        return pb.ModelMetadataResponse(**tensors.model_metadata(served.spec, _platform(served)))
+        versions = sorted(self.service.versions[served.spec.name], key=int)
+        return pb.ModelMetadataResponse(**tensors.model_metadata(served.spec, _platform(served), versions))
 
     async def ModelConfig(self, request: Any, context: Any) -> pb.ModelConfigResponse:
         served = await self._model(request.name, request.version, context)
@@ -271,7 +269,7 @@ def _asked_classes(request: Any) -> int:
 
 def _answer(request_id: str, served: ServedModel, probabilities: np.ndarray, classes: int) -> pb.ModelInferResponse:
     spec = served.spec
-    response = pb.ModelInferResponse(model_name=spec.name, model_version=tensors.VERSION, id=request_id)
+    response = pb.ModelInferResponse(model_name=spec.name, model_version=spec.version, id=request_id)
     if classes:
         values = tensors.classification(probabilities, classes, spec.class_names)
         raw = b"".join(len(v).to_bytes(4, "little") + v for v in values.reshape(-1))

@@ -57,10 +57,8 @@ def v2_error(error: ServiceError) -> Response:
 
 
 def served_model(service: Service, name: str, version: str | None) -> ServedModel:
-    served = service.model(name)
-    if version not in (None, "", tensors.VERSION):
-        raise InputError(f"model {name} has no version {version!r}", expected=f"version {tensors.VERSION}", status=404)
-    return served
+    """The model's `version` (its newest ready one for None or ""); UnknownModelError (404) otherwise."""
+    return service.model(name, version or None)
 
 
 def platform(served: ServedModel) -> str:
@@ -94,7 +92,10 @@ async def model_metadata(name: str, service: ServiceDep, version: str | None = N
         served = served_model(service, name, version)
     except ServiceError as error:
         return v2_error(error)
-    return Response(orjson.dumps(tensors.model_metadata(served.spec, platform(served))), media_type=JSON)
+    metadata = tensors.model_metadata(
+        served.spec, platform(served), sorted(service.versions[served.spec.name], key=int)
+    )
+    return Response(orjson.dumps(metadata), media_type=JSON)
 
 
 READY_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -338,7 +339,7 @@ def _input(document: dict[str, Any], binary: bytes, spec: ModelSpec, max_instanc
 def infer_answer(asked: Asked, spec: ModelSpec, probabilities: np.ndarray) -> tuple[bytes, int | None]:
     """The answer's body: probabilities, or top-k strings (classification), JSON or binary as
     asked; and the length of its JSON header where binary tensors follow it (None: all JSON)."""
-    header: dict[str, Any] = {"model_name": spec.name, "model_version": tensors.VERSION, "outputs": []}
+    header: dict[str, Any] = {"model_name": spec.name, "model_version": spec.version, "outputs": []}
     if asked.id is not None:
         header["id"] = asked.id
     count = asked.classes

@@ -20,7 +20,6 @@ from app.repository.model_spec import ModelSpec
 
 INPUT = "input"
 OUTPUT = "probabilities"
-VERSION = "1"  # every model of the repository has this one version
 DATATYPES: dict[str, np.dtype[Any]] = {"FP32": np.dtype("<f4"), "UINT8": np.dtype(np.uint8)}
 EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration"]
 
@@ -119,10 +118,11 @@ def server_metadata() -> dict[str, Any]:
     return {"name": "cudagraph-serve", "version": __version__, "extensions": EXTENSIONS}
 
 
-def model_metadata(spec: ModelSpec, platform: str) -> dict[str, Any]:
+def model_metadata(spec: ModelSpec, platform: str, versions: list[str] | None = None) -> dict[str, Any]:
+    """`versions`: every version of the model served now (default: the spec's own)."""
     return {
         "name": spec.name,
-        "versions": [VERSION],
+        "versions": versions or [spec.version],
         "platform": platform,
         "inputs": [{"name": INPUT, "datatype": spec.config.input_datatype, "shape": [-1, *spec.input_shape]}],
         "outputs": [{"name": OUTPUT, "datatype": "FP32", "shape": [-1, spec.num_classes]}],
