@@ -26,7 +26,8 @@ def synthetic_photo(width: int, height: int, seed: int = 0) -> np.ndarray:
         cx, cy, radius = rng.uniform(0, width), rng.uniform(0, height), rng.uniform(1, max(2, width / 5))
         image[(cols - cx) ** 2 + (rows - cy) ** 2 < radius**2] = rng.uniform(0, 255, 3)
     image += rng.normal(0, 6, image.shape)
-    return np.clip(image, 0, 255).astype(np.uint8)
+    photo: np.ndarray = np.clip(image, 0, 255).astype(np.uint8)
+    return photo
 
 
 def fashion_photo(image: np.ndarray, width: int, height: int, seed: int = 0) -> np.ndarray:

@@ -2,8 +2,10 @@
 
 It runs the same Service as a single-process server (models, engines, one batcher per model,
 readiness, metrics into the shared Prometheus folder), without HTTP. Each worker holds one
-connection; every INFER frame becomes one batcher.submit on a view of the worker's segment
-(zero copy until the batch is staged), answered by a RESULT frame.
+connection; every INFER frame (one or many of the worker's requests, app/engine_process/client.py)
+becomes one batcher.enqueue on a view of the worker's segment (zero copy until the batch is
+staged), answered by a RESULT frame from the answer's callback: no task a frame, since this one
+event loop's time a frame is the whole service's ceiling.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Callable
 import numpy as np
 import orjson
 
+from app.batching.batcher import Batcher
 from app.config import Settings
 from app.engine_process import SOCKET_ENV, frames
 from app.engine_process.segments import map_file
@@ -35,7 +38,7 @@ class WorkerConnection:
     def __init__(self, service: Service, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.service, self.reader, self.writer = service, reader, writer
         self.segments: dict[int, mmap.mmap] = {}
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.waiting: set[asyncio.Future[np.ndarray]] = set()  # frames enqueued, not answered
         self.models: list[ServedModel] = []  # by the model index the workers send, set at HELLO
 
     async def run(self) -> None:
@@ -43,9 +46,7 @@ class WorkerConnection:
             while True:
                 kind, payload = await frames.read_frame(self.reader)
                 if kind == frames.INFER:
-                    task = asyncio.create_task(self.infer(payload))
-                    self.tasks.add(task)
-                    task.add_done_callback(self.tasks.discard)
+                    self.infer(payload)
                 elif kind == frames.SEGMENT:
                     fields = orjson.loads(payload)
                     self.segments[fields["index"]] = map_file(fields["path"], fields["size"], create=False)
@@ -54,9 +55,8 @@ class WorkerConnection:
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the worker is gone: its requests' answers have nobody to go to
         finally:
-            for task in list(self.tasks):
-                task.cancel()
-            await asyncio.gather(*self.tasks, return_exceptions=True)
+            for future in list(self.waiting):
+                future.cancel()  # the batcher drops the rows it has not launched
             self.writer.close()
             for memory in self.segments.values():
                 with contextlib.suppress(BufferError):  # a view still queued: the mapping goes with it
@@ -76,28 +76,48 @@ class WorkerConnection:
             models[name] = {"engine": engine.name, "devices": devices, "queue_limit": self.service.settings.queue_limit}
         self.writer.write(frames.json_frame(frames.MODELS, {"models": models}))
 
-    async def infer(self, payload: bytes) -> None:
-        request_id, deadline, dtype, model, k, c, h, w, segment = frames.INFER_HEADER.unpack(payload)
+    def infer(self, payload: bytes) -> None:
+        """Enqueue a frame's rows; answer it now if refused, else from its future's callback."""
+        frame_id, deadline, dtype, model, k, c, h, w, segment = frames.INFER_HEADER.unpack(payload)
         served = self.models[model]
-        body: bytes | memoryview
         try:
             batcher = served.ready_batcher()
             batcher.admit(deadline)  # the worker admitted on figures one answer old: check again
             images = np.ndarray((k, c, h, w), frames.DTYPES[dtype], buffer=self.segments[segment])
-            probabilities = await batcher.submit(images, deadline)
-            (rows, classes), ok, body = probabilities.shape, 1, memoryview(probabilities).cast("B")
+            future = batcher.enqueue(images, deadline)
         except Exception as error:
+            self.answer(frame_id, served, error=error)
+            return
+        self.waiting.add(future)
+        future.add_done_callback(lambda done: self.answered(frame_id, served, done))
+
+    def answered(self, frame_id: int, served: ServedModel, future: asyncio.Future[np.ndarray]) -> None:
+        self.waiting.discard(future)
+        if future.cancelled():
+            return  # the worker is gone (run() cancelled it): nobody to answer
+        error = future.exception()
+        self.answer(frame_id, served, scores=future.result() if error is None else None, error=error)
+
+    def answer(self, frame_id: int, served: ServedModel, *, scores: np.ndarray | None = None,
+               error: BaseException | None = None) -> None:  # fmt: skip
+        """Write the RESULT frame: the (rows, classes) float32 scores as they are, or the error's JSON."""
+        body: bytes | memoryview
+        if scores is not None:
+            (rows, classes), ok, body = scores.shape, 1, scores.data.cast("B")
+        else:
             if not isinstance(error, ServiceError):
                 log.error("unexpected error in the engine process", exc_info=error)
                 error = ServiceError("unexpected server error; it is logged with its traceback")
             ok, rows, classes, body = 0, 0, 0, frames.error_payload(error)
         # The queue's figures ride on every answer, a refusal's too: the workers admit with them.
-        queued, rate = (served.batcher.queued_rows, served.batcher.rows_per_s) if served.batcher else (0, 0.0)
-        header = frames.RESULT_HEADER.pack(request_id, ok, rows, classes, queued, rate)
-        self.writer.write(frames.PREFIX.pack(frames.RESULT, len(header) + len(body)) + header)
-        self.writer.write(body)  # the probabilities as they are: no concatenated copy
-        with contextlib.suppress(ConnectionError):  # the worker is gone: run() ends this connection
-            await self.writer.drain()
+        batcher = served.batcher
+        queued, rate = (batcher.queued_rows, batcher.rows_per_s) if isinstance(batcher, Batcher) else (0, 0.0)
+        header = frames.RESULT_HEADER.pack(frame_id, ok, rows, classes, queued, rate)
+        # No drain: the worker reads its answers as they come, and one that stops reading is gone
+        # (its connection closes, run() ends). The transport buffers what the socket cannot take yet.
+        if not self.writer.is_closing():
+            self.writer.write(frames.PREFIX.pack(frames.RESULT, len(header) + len(body)) + header)
+            self.writer.write(body)  # the scores as they are: no concatenated copy
 
 
 async def serve_engines(settings: Settings, socket_path: str, on_ready: Callable[[], None],

@@ -24,6 +24,7 @@ FAMILIES = {
     "cgserve_event_loop_lag_seconds": "loop_lag_ms",
     "cgserve_gc_pause_seconds": "gc_pause_ms",
     "cgserve_batch_rows": "batch_rows",
+    "cgserve_batch_compute_seconds": "batch_compute_ms",
 }
 
 Snapshot = dict[str, dict[str, Any]]  # family → {"buckets": {le: cumulative count}, "sum": s, "count": n}

@@ -1,0 +1,183 @@
+"""The engine process's cost a request, with nothing else in it: the link and the host alone (issue 26).
+
+With CGSERVE_ENGINE_PROCESS one event loop (the engine process) serves every HTTP worker, so its
+CPU time a request caps the service's requests a second, however fast the GPU. Here the real
+link (app/engine_process/client.py, in this process, as a worker holds it) talks over a real Unix
+socket to the real host code (app/engine_process/host.py's WorkerConnection, in a child process)
+whose model is a stand-in batcher: it copies each request's rows into a staging array as the
+real batcher does (ResNet-50's 150 KB a row) and answers everything queued every --tick-ms, as a
+GPU finishing a batch would. No HTTP, no torch: what is measured is the design.
+
+    host_us_per_request    the child's CPU time ÷ requests answered: the engine process's ceiling
+    link_us_per_request    this process's (the worker's side of the link, and the clients)
+    requests_per_s         closed loop, --concurrency requests in flight
+
+--tree runs both sides from a copy of the repository (the code before a change), so before and
+after are measured on one machine in one run (`git archive <commit> | tar -x -C DIR`).
+
+    PYTHONPATH=. python3 bench/engine_link_bench.py --out bench/results/<name>.json [--tree DIR --label before]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+SHAPE = (3, 224, 224)  # ResNet-50's input, uint8: 150,528 bytes an image
+CLASSES = 10
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+class StandInBatcher:
+    """What the host asks of a batcher, answering every tick_s all that was enqueued since the last."""
+
+    def __init__(self, tick_s: float) -> None:
+        self.tick_s, self.queued_rows, self.rows_per_s = tick_s, 0, 0.0
+        self.dead: str | None = None
+        self.staging = np.empty((128, *SHAPE), np.uint8)  # the slot's pinned input, (max_bucket, C, H, W)
+        self.waiting: list[tuple[np.ndarray, asyncio.Future[np.ndarray]]] = []
+
+    def admit(self, deadline: float) -> None:
+        pass
+
+    def enqueue(self, images: np.ndarray, deadline: float | None = None) -> asyncio.Future[np.ndarray]:
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        self.waiting.append((images, future))
+        return future
+
+    async def submit(self, images: np.ndarray, deadline: float | None = None) -> np.ndarray:  # the code before
+        return await self.enqueue(images, deadline)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_s)
+            batch, self.waiting = self.waiting, []
+            row = 0
+            for images, future in batch:  # staged as the real batcher stages: one copy a row
+                k = len(images)
+                self.staging[row % 128 : row % 128 + k] = images[: 128 - row % 128]
+                row += k
+                if not future.done():
+                    future.set_result(np.zeros((k, CLASSES), np.float32))
+
+
+async def host(socket_path: str, tick_s: float) -> None:
+    """The child: the real WorkerConnection on a Service that holds one stand-in model."""
+    from app.engine_process.host import WorkerConnection
+
+    batcher = StandInBatcher(tick_s)
+    served = SimpleNamespace(batcher=batcher, engines=[SimpleNamespace(name="stand-in", device="cpu")],
+                             ready_batcher=lambda: batcher)  # fmt: skip
+
+    async def started() -> None:
+        pass
+
+    service = SimpleNamespace(models={"m": served}, failure=None, wait_started=started,
+                              settings=SimpleNamespace(queue_limit=10**9))  # fmt: skip
+    ticker = asyncio.create_task(batcher.run())
+
+    async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await WorkerConnection(service, reader, writer).run()  # type: ignore[arg-type]
+
+    server = await asyncio.start_unix_server(connected, path=socket_path)
+    print("listening", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        ticker.cancel()
+        server.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def drive(socket_path: str, segments: str, concurrency: int, seconds: float, host_pid: int) -> dict[str, Any]:
+    from app.engine_process.client import EngineLink
+
+    link = EngineLink(socket_path, segments, on_dead=lambda why: None)
+    await link.connect(timeout_s=30)
+    image = np.random.default_rng(0).integers(0, 256, (1, *SHAPE), dtype=np.uint8)
+    answered = 0
+
+    async def client(until: float) -> None:
+        nonlocal answered
+        while time.monotonic() < until:
+            await link.send(0, image, float("inf"))
+            answered += 1
+
+    await asyncio.gather(*(client(time.monotonic() + 1.0) for _ in range(concurrency)))  # warm-up
+    answered = 0
+    host_before, own_before, started = cpu_seconds(host_pid), own_cpu_seconds(), time.monotonic()
+    await asyncio.gather(*(client(started + seconds) for _ in range(concurrency)))
+    elapsed = time.monotonic() - started
+    host_s, own_s = cpu_seconds(host_pid) - host_before, own_cpu_seconds() - own_before
+    await link.close()
+    return {
+        "concurrency": concurrency,
+        "requests_per_s": round(answered / elapsed, 1),
+        "host_us_per_request": round(host_s / answered * 1e6, 1),
+        "link_us_per_request": round(own_s / answered * 1e6, 1),
+        "host_cpu_busy": round(host_s / elapsed, 3),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path)
+    p.add_argument("--tree", type=Path, help="run both sides from this copy of the repository")
+    p.add_argument("--label", default="this checkout")
+    p.add_argument("--concurrencies", default="1,8,64,256")
+    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--tick-ms", type=float, default=2.0, help="the stand-in's batch time (default %(default)s)")
+    p.add_argument("--role", choices=("driver", "host"), default="driver", help=argparse.SUPPRESS)
+    p.add_argument("--socket", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.role == "host":
+        asyncio.run(host(args.socket, args.tick_ms / 1000))
+        return
+    work = Path(tempfile.mkdtemp(prefix="engine-link-"))
+    socket_path = str(work / "engine.sock")
+    tree = (args.tree or Path(__file__).resolve().parents[1]).resolve()
+    sys.path.insert(0, str(tree))  # this process's link from the tree measured, as the child's host
+    env = os.environ | {"PYTHONPATH": f"{tree}:{os.environ.get('PYTHONPATH', '')}"}
+    argv = [sys.executable, __file__, "--role", "host", "--socket", socket_path, "--tick-ms", str(args.tick_ms)]
+    child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
+    record: dict[str, Any] = {"command": shlex.join(["python3", *sys.argv]), "label": args.label,
+                              "tree": str(tree), "points": []}  # fmt: skip
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "listening"
+        for concurrency in (int(c) for c in args.concurrencies.split(",")):
+            (work / f"segments-{concurrency}").mkdir()
+            point = asyncio.run(drive(socket_path, str(work / f"segments-{concurrency}"), concurrency, args.seconds,
+                                      child.pid))  # fmt: skip
+            record["points"].append(point)
+            print(f"{args.label}: {point}", flush=True)
+    finally:
+        child.kill()
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(record, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
