@@ -29,7 +29,9 @@ from app.http.openapi import build_openapi
 from app.http.protocol import HOOKS_KEY, ProtocolHooks
 from app.http.routes import models, probes
 from app.http.routes.predict import PredictCodec, predict
+from app.model_control import ModelControl
 from app.ops.loop_lag import GcPauses, sample_loop_lag
+from app.protocols.v2 import repository as v2_repository
 from app.protocols.v2 import rest as v2_rest
 from app.protocols.v2.rest import V2Codec
 from app.repository import LoadedModel
@@ -76,7 +78,9 @@ def create_app(
         # The one infer path, and each HTTP wire format's codec for it (app/dataplane.py).
         plane = app.state.plane = DataPlane(service)
         app.state.predict_codec, app.state.v2_codec = PredictCodec(service), V2Codec(service)
+        control = app.state.control = ModelControl(service)  # load and unload while serving
         service.start()
+        control.start()
         gc_pauses = GcPauses()
         gc_pauses.install()
         lag_sampler = asyncio.create_task(sample_loop_lag(gc_pauses), name="loop-lag")
@@ -84,7 +88,7 @@ def create_app(
         if settings.grpc_port:
             from app.protocols.v2.grpc_server import GrpcServer  # grpcio loads only where gRPC is on
 
-            grpc_server = GrpcServer(plane, settings, reuse_port=settings.workers > 1)
+            grpc_server = GrpcServer(plane, control, settings, reuse_port=settings.workers > 1)
             await grpc_server.start()
         if settings.inline_predict and not access_layers_on:
             codecs = {PREDICT: app.state.predict_codec, V2_INFER: app.state.v2_codec}
@@ -96,6 +100,7 @@ def create_app(
             hooks.inline = None
             if grpc_server is not None:
                 await grpc_server.stop()
+            await control.stop()
             await service.stop()
             lag_sampler.cancel()
             gc_pauses.remove()
@@ -116,6 +121,7 @@ def create_app(
     app.include_router(probes.router)
     app.include_router(models.router)
     app.include_router(v2_rest.router)
+    app.include_router(v2_repository.router)
     # The inference routes first: the router tries routes in order, and every request of the hot
     # path would otherwise be matched against each docs, probe, model and v2 route before its own.
     inference = [Route(path, predict, methods=["POST"], include_in_schema=False)

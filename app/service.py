@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -40,6 +41,7 @@ from app.engines.factory import (
     resolve_devices,
     use_compile_cache,
 )
+from app.engines.memory import release_memory
 from app.errors import NotReadyError, UnknownModelError
 from app.ops import metric_buffers, metrics
 from app.ops.heap import freeze_startup_heap
@@ -48,6 +50,7 @@ from app.repository.model_spec import ModelSpec
 from app.repository.versions import UNVERSIONED
 
 log = logging.getLogger(__name__)
+RETIRE_POLL_S = 0.01  # how often a retiring model's queue is looked at until it is empty
 
 
 @dataclass(eq=False)
@@ -277,11 +280,14 @@ class Service:
         log.debug("start-up failure", exc_info=True)
         self._on_fatal()
 
-    async def _start_model(self, served: ServedModel, model: LoadedModel) -> None:
+    async def _start_model(self, served: ServedModel, model: LoadedModel, *, beside: bool = False) -> None:
+        """Build the model's engines and start its batcher. `beside`: another version of it serves meanwhile
+        (a load): its readiness metrics stay as they are until this one is ready."""
         name, options, settings = served.spec.name, served.options, self.settings
-        metrics.MODEL_READY.labels(model=name).set(0)
-        for device in options.devices:
-            metrics.DEVICE_READY.labels(model=name, device=device).set(0)
+        if not beside:
+            metrics.MODEL_READY.labels(model=name).set(0)
+            for device in options.devices:
+                metrics.DEVICE_READY.labels(model=name, device=device).set(0)
         try:
             for index, device in enumerate(options.devices):
                 # Each device's engine moves its module there: all but the last get a copy.
@@ -325,6 +331,50 @@ class Service:
         metrics.MODEL_READY.labels(model=name).set(1)
         devices = ",".join(engine.device for engine in served.engines)
         log.info("%s ready: engine=%s device=%s buckets=%s", name, options.engine, devices, list(options.buckets))
+
+    async def build(self, model: LoadedModel, options: EngineOptions) -> ServedModel:
+        """A (model, version) built and ready beside the models serving, not yet served: install() serves it.
+        A failure frees what was built and raises."""
+        served = ServedModel(model.spec, options)
+        try:
+            await self._start_model(served, model, beside=True)
+        except BaseException:
+            await self.retire(served)
+            raise
+        return served
+
+    def install(self, name: str, versions: dict[str, ServedModel]) -> list[ServedModel]:
+        """Serve `versions` as model `name`'s (none: unload it), in one step of the event loop: every call
+        from now on gets one of them. Returns the versions replaced, for retire()."""
+        replaced = list(self.versions.get(name, {}).values())
+        self.versions[name] = dict(versions)
+        self.publish(name)
+        if not versions:
+            metrics.MODEL_READY.labels(model=name).set(0)
+        return replaced
+
+    async def retire(self, served: ServedModel, *, since: float | None = None) -> None:
+        """Answer what `served` admitted, then free it: its batcher stops, its engines close and their
+        graphs and pinned slots go back to the device. `since` (a time.monotonic()): when it stopped
+        getting new requests. A request admitted before may still be reading its body, and submits
+        by its deadline at the latest: request_timeout_s after `since`."""
+        batcher = served.batcher
+        if batcher is not None and since is not None:
+            await asyncio.sleep(max(0.0, since + self.settings.request_timeout_s - time.monotonic()))
+            # The queue drains through the old engines as usual; the batcher signals no empty queue, and
+            # this runs once a retirement, off the request path.
+            while isinstance(batcher, Batcher) and batcher.queued_rows and batcher.dead is None:  # noqa: ASYNC110
+                await asyncio.sleep(RETIRE_POLL_S)
+        served.failure = served.failure or "unloaded"
+        served.batcher = None
+        if batcher is not None:
+            await batcher.stop()  # nothing queued any more: it waits for the batches in flight
+        engines, served.engines = served.engines, []
+        if not self.device_dead:
+            for engine in engines:
+                await asyncio.to_thread(engine.close)
+        del engines, batcher
+        await asyncio.to_thread(release_memory, served.options.devices)
 
     async def stop(self) -> None:
         metrics.READY.set(0)

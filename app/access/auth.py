@@ -1,7 +1,9 @@
 """Bearer-token access control for HTTP, by kind of route.
 
-    inference  POST /predict, POST /v1/models/{name}/predict, everything under /v2 but /v2/health/*
-    admin      /metrics, GET /v1/models, /v1/models/{name}, /v1/models/{name}/ready
+    inference  POST /predict, POST /v1/models/{name}/predict, everything under /v2 but /v2/health/* and
+               /v2/repository/*
+    admin      /metrics, GET /v1/models, /v1/models/{name}, /v1/models/{name}/ready, /v2/repository/*
+               (the model repository extension: index, load, unload)
     open       /healthz, /readyz, /v2/health/live and /ready (probes), /docs, /redoc, /openapi.json
 
 Each kind has its own tokens (CGSERVE_AUTH_TOKENS, CGSERVE_ADMIN_TOKENS and their files); a kind
@@ -30,6 +32,7 @@ log = logging.getLogger(__name__)
 Kind = Literal["inference", "admin", "open"]
 _INFERENCE = re.compile(r"/(predict|v1/models/[^/]+/predict|v2(?!/health/)(/[\s\S]*)?)")
 _ADMIN = re.compile(r"/(metrics|v1/models)(/[\s\S]*)?")
+_REPOSITORY = re.compile(r"/v2/repository(/[\s\S]*)?")  # admin, though under /v2
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # in a decoded path: what no route of ours has
 SETTING = {
     "inference": "CGSERVE_AUTH_TOKENS or CGSERVE_AUTH_TOKENS_FILE",
@@ -39,6 +42,8 @@ SETTING = {
 
 def route_kind(path: str) -> Kind:
     """The kind of a path without control characters (the middleware refuses those first)."""
+    if _REPOSITORY.fullmatch(path):
+        return "admin"
     if _INFERENCE.fullmatch(path):
         return "inference"
     if _ADMIN.fullmatch(path):

@@ -2,7 +2,8 @@
 
 Tokens come in the `authorization: Bearer <token>` metadata; without an inference token every
 method answers UNAUTHENTICATED but ServerLive, ServerReady, the health service and reflection
-(the probes, as over HTTP). The `x-request-id` metadata is taken (if sane) or made, set for the
+(the probes, as over HTTP), and the model repository extension's, which take the admin tokens
+(as /v2/repository/* over HTTP). The `x-request-id` metadata is taken (if sane) or made, set for the
 call's log lines, and sent back in the trailing metadata, errors included. grpc.aio runs an
 interceptor and the handler it leads to in one context, so the id set here reaches the handler;
 so does, with tracing on, the `traceparent` metadata, for the data plane's request span, whose ids
@@ -36,22 +37,40 @@ OPEN = frozenset(
         "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
     )
 )
+# The model repository extension: the admin tokens' (app/model_control.py).
+ADMIN = frozenset(
+    _INFERENCE_SERVICE + name for name in ("RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload")
+)
+SETTING = {
+    "inference": "CGSERVE_AUTH_TOKENS or CGSERVE_AUTH_TOKENS_FILE",
+    "admin": "CGSERVE_ADMIN_TOKENS or CGSERVE_ADMIN_TOKENS_FILE",
+}
 
 
 def server_interceptors(settings: Settings) -> list[grpc.aio.ServerInterceptor]:
     """The interceptor the settings call for, or none at all (the default)."""
     tokens = TokenSet.load(settings.auth_tokens, settings.auth_tokens_file)
+    admin = TokenSet.load(settings.admin_tokens, settings.admin_tokens_file)
     traced = settings.tracing != "off"
     tracing = settings.request_ids or settings.access_log or traced
-    if not tokens and not tracing:
+    if not tokens and not admin and not tracing:
         return []
     log = access_log() if settings.access_log else None
-    return [AccessInterceptor(tokens=tokens, tracing=tracing, access_log=log, traced=traced)]
+    return [AccessInterceptor(tokens=tokens, admin=admin, tracing=tracing, access_log=log, traced=traced)]
 
 
 class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    def __init__(self, *, tokens: TokenSet, tracing: bool, access_log: AccessLog | None, traced: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        tokens: TokenSet,
+        tracing: bool,
+        access_log: AccessLog | None,
+        traced: bool = False,
+        admin: TokenSet | None = None,
+    ) -> None:
         self.tokens = tokens
+        self.admin = admin or TokenSet(())
         self.tracing = tracing
         self.log = access_log
         self.traced = traced  # OpenTelemetry on: the traceparent metadata to the request span
@@ -70,18 +89,20 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         carrier = Carrier(metadata.get("traceparent")) if self.traced else None
         if carrier is not None:
             CARRIER.set(carrier)
-        if self.tokens and method not in OPEN:
+        kind = "admin" if method in ADMIN else "open" if method in OPEN else "inference"
+        tokens = self.admin if kind == "admin" else self.tokens if kind == "inference" else None
+        if tokens:
             # Two of them: refused, not the first or the last (HTTP refuses them too, with 400).
             twice = sum(1 for key, _ in pairs if key == "authorization") > 1
             token = None if twice else bearer_token(metadata.get("authorization"))
-            if token is None or not self.tokens.accepts(token):
+            if token is None or not tokens.accepts(token):
                 what = "is not an accepted token" if token is not None else "is missing"
                 what = "is sent twice (`authorization` metadata more than once)" if twice else what
                 message = (
                     f"{method}: the bearer token {what}; expected `authorization: Bearer <token>` metadata "
-                    "with one of the inference tokens (CGSERVE_AUTH_TOKENS or CGSERVE_AUTH_TOKENS_FILE)"
+                    f"with one of the {kind} tokens ({SETTING[kind]})"
                 )
-                log.debug("refused %s: no %s token", method, "accepted" if token is not None else "inference")
+                log.debug("refused %s: no %s token", method, "accepted" if token is not None else kind)
                 return self._traced(method, request_id, _refusal(message), None, carrier)
         handler = await continuation(details)
         if request_id is None or handler is None or handler.unary_unary is None:

@@ -52,6 +52,11 @@ PROTECTED = [
     ("GET", "/v1/models", b"", {}, "admin"),
     ("GET", f"/v1/models/{MODEL}", b"", {}, "admin"),
     ("GET", f"/v1/models/{MODEL}/ready", b"", {}, "admin"),
+    ("POST", "/v2/repository/index", b"", {}, "admin"),
+]
+# The model repository extension's load and unload: admin routes, answered 503 here (model control none).
+CONTROL = [
+    ("POST", f"/v2/repository/models/{MODEL}/{operation}", b"{}", {}, "admin") for operation in ("load", "unload")
 ]
 OPEN = ["/healthz", "/readyz", "/v2/health/live", "/v2/health/ready", "/docs", "/redoc", "/openapi.json"]
 TOKEN_OF = {"inference": INFERENCE, "admin": ADMIN}
@@ -158,6 +163,18 @@ def test_each_protected_route_refuses_no_token_a_wrong_one_and_the_other_kinds_a
     assert answer.status_code == 200, answer.text
 
 
+@pytest.mark.parametrize("path", [path for _, path, *_ in CONTROL])
+def test_load_and_unload_take_the_admin_tokens_and_answer_as_triton_with_model_control_off(
+    secured: TestClient, path: str
+) -> None:
+    for token in (None, INFERENCE):
+        answer = secured.post(path, content=b"{}", headers=bearer(token) if token else {})
+        assert answer.status_code == 401 and "admin tokens" in answer.json()["error"]
+    answer = secured.post(path, content=b"{}", headers=bearer(ADMIN))
+    assert answer.status_code == 503
+    assert answer.json()["error"].startswith("explicit model load / unload is not allowed")  # Triton's words
+
+
 def test_every_configured_token_is_accepted_and_the_scheme_is_case_insensitive(secured: TestClient) -> None:
     for authorization in (
         f"Bearer {INFERENCE}",
@@ -185,7 +202,7 @@ def test_probes_and_docs_stay_open(secured: TestClient) -> None:
 
 def test_every_route_of_the_app_is_either_protected_or_meant_to_be_open(secured: TestClient) -> None:
     # A route added later lands in one list or the other here, or this fails.
-    covered = {path for _, path, *_ in PROTECTED} | set(OPEN)
+    covered = {path for _, path, *_ in PROTECTED + CONTROL} | set(OPEN)
     paths = route_paths(secured.app.routes)  # type: ignore[attr-defined]
     assert "/predict" in paths and "/v2/models/{name}/config" in paths
     for template in paths:

@@ -17,7 +17,7 @@ LAYERS = {
     "app.main": 1, "app.runtime.drain": 1,  # the app's lifespan drains on signals
     "app.http": 2, "app.protocols": 2, "app.access": 2,
     "app.dataplane": 3,
-    "app.service": 4,
+    "app.service": 4, "app.model_control": 4,
     "app.batching": 5, "app.engine_process": 5,
     "app.codecs": 6, "app.engines": 6,
     "app.repository": 7,

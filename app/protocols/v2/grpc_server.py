@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ from app.config import Settings
 from app.dataplane import DataPlane
 from app.errors import ClientClosedError, DeadlineExceededError, InputError, ServiceError
 from app.http.protocol import connection_budgets
+from app.model_control import IGNORED_LOAD_PARAMETERS, LOAD_EXPECTED, ControlError, ModelControl
 from app.ops.off_loop import LARGE_JSON_BYTES, off_loop
 from app.protocols.v2 import tensors
 from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
@@ -48,7 +50,7 @@ STATUS_CODES = {
     413: grpc.StatusCode.INVALID_ARGUMENT,
     415: grpc.StatusCode.INVALID_ARGUMENT,
     422: grpc.StatusCode.INVALID_ARGUMENT,
-    503: grpc.StatusCode.UNAVAILABLE,
+    503: grpc.StatusCode.UNAVAILABLE,  # model control off: Triton's UNAVAILABLE too
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 HEALTH_POLL_S = 1.0
@@ -112,9 +114,10 @@ class GrpcCodec:
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, plane: DataPlane) -> None:
+    def __init__(self, plane: DataPlane, control: ModelControl) -> None:
         self.plane = plane
         self.service = plane.service
+        self.control = control
 
     async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
@@ -162,6 +165,29 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             await context.abort(answer.code, answer.text)
         response: pb.ModelInferResponse = answer
         return response
+
+    # Triton's model repository extension (app/model_control.py); admin tokens where they are set.
+
+    async def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
+        entries = await self.control.index(ready_only=request.ready)
+        return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**e) for e in entries])
+
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> pb.RepositoryModelLoadResponse:
+        await self._control(self.control.load, request, context)
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> pb.RepositoryModelUnloadResponse:
+        await self._control(self.control.unload, request, context)
+        return pb.RepositoryModelUnloadResponse()
+
+    async def _control(self, operation: Callable[[str], Awaitable[None]], request: Any, context: Any) -> None:
+        try:
+            unsupported = sorted(key for key in request.parameters if key not in IGNORED_LOAD_PARAMETERS)
+            if unsupported:
+                raise ControlError(400, f"load parameters {unsupported} are not supported", expected=LOAD_EXPECTED)
+            await operation(request.model_name)
+        except ServiceError as error:
+            await context.abort(STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL), error.message)
 
     async def _model(self, name: str, version: str, context: Any) -> ServedModel:
         try:
@@ -312,7 +338,7 @@ def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
 class GrpcServer:
     """The gRPC server and its health service, started and stopped with the HTTP app."""
 
-    def __init__(self, plane: DataPlane, settings: Settings, *, reuse_port: bool) -> None:
+    def __init__(self, plane: DataPlane, control: ModelControl, settings: Settings, *, reuse_port: bool) -> None:
         service = plane.service
         try:
             specs = read_repository(settings.model_repository)
@@ -327,7 +353,7 @@ class GrpcServer:
         ]
         self.server = grpc.aio.server(options=options, interceptors=server_interceptors(settings))
         self.health = HealthServicer(service)
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), self.server)  # type: ignore[no-untyped-call]
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane, control), self.server)  # type: ignore[no-untyped-call]
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, self.server)

@@ -69,6 +69,21 @@ class GRPCInferenceServiceStub:
                 request_serializer=app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelConfigRequest.SerializeToString,
                 response_deserializer=app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelConfigResponse.FromString,
                 _registered_method=True)
+        self.RepositoryIndex = channel.unary_unary(
+                '/inference.GRPCInferenceService/RepositoryIndex',
+                request_serializer=app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.RepositoryIndexRequest.SerializeToString,
+                response_deserializer=app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.RepositoryIndexResponse.FromString,
+                _registered_method=True)
+        self.RepositoryModelLoad = channel.unary_unary(
+                '/inference.GRPCInferenceService/RepositoryModelLoad',
+                request_serializer=app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.RepositoryModelLoadRequest.SerializeToString,
+                response_deserializer=app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.RepositoryModelLoadResponse.FromString,
+                _registered_method=True)
+        self.RepositoryModelUnload = channel.unary_unary(
+                '/inference.GRPCInferenceService/RepositoryModelUnload',
+                request_serializer=app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.RepositoryModelUnloadRequest.SerializeToString,
+                response_deserializer=app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.RepositoryModelUnloadResponse.FromString,
+                _registered_method=True)
 
 
 class GRPCInferenceServiceServicer:
@@ -117,6 +132,25 @@ class GRPCInferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RepositoryIndex(self, request, context):
+        """Triton's model repository extension (app/model_control.py).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RepositoryModelLoad(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RepositoryModelUnload(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GRPCInferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -154,6 +188,21 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.ModelConfig,
                     request_deserializer=app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelConfigRequest.FromString,
                     response_serializer=app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelConfigResponse.SerializeToString,
+            ),
+            'RepositoryIndex': grpc.unary_unary_rpc_method_handler(
+                    servicer.RepositoryIndex,
+                    request_deserializer=app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.RepositoryIndexRequest.FromString,
+                    response_serializer=app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.RepositoryIndexResponse.SerializeToString,
+            ),
+            'RepositoryModelLoad': grpc.unary_unary_rpc_method_handler(
+                    servicer.RepositoryModelLoad,
+                    request_deserializer=app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.RepositoryModelLoadRequest.FromString,
+                    response_serializer=app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.RepositoryModelLoadResponse.SerializeToString,
+            ),
+            'RepositoryModelUnload': grpc.unary_unary_rpc_method_handler(
+                    servicer.RepositoryModelUnload,
+                    request_deserializer=app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.RepositoryModelUnloadRequest.FromString,
+                    response_serializer=app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.RepositoryModelUnloadResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -345,6 +394,87 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/ModelConfig',
             app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelConfigRequest.SerializeToString,
             app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RepositoryIndex(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/RepositoryIndex',
+            app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.RepositoryIndexRequest.SerializeToString,
+            app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.RepositoryIndexResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RepositoryModelLoad(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/RepositoryModelLoad',
+            app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.RepositoryModelLoadRequest.SerializeToString,
+            app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.RepositoryModelLoadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RepositoryModelUnload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/RepositoryModelUnload',
+            app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.RepositoryModelUnloadRequest.SerializeToString,
+            app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.RepositoryModelUnloadResponse.FromString,
             options,
             channel_credentials,
             insecure,

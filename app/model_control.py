@@ -1,0 +1,253 @@
+"""Model control without a restart: Triton's model repository extension and its poll mode.
+
+    index    every model folder of the repository, with each version's state (READY, LOADING,
+             UNLOADING, UNAVAILABLE) and why
+    load     read <name>/ afresh (its model.toml, versions and files), build every version it serves
+             beside the ones serving — engines built, graphs captured and validated on a thread while
+             the other models serve —, then switch the model's calls to them in one step; the versions
+             replaced are retired
+    unload   the model's calls stop at once (404); its versions are retired
+    poll     CGSERVE_MODEL_CONTROL=poll: the repository is re-read every CGSERVE_MODEL_POLL_SECONDS,
+             a model whose files changed is loaded, one whose folder went away unloaded
+
+A retired version answers every request it admitted (Service.retire), then frees its engines: the
+graph pool and the pinned slots go back. A failed load leaves the versions serving as they were.
+One operation at a time (a lock): a load never races an unload of the same model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.engines.factory import EngineOptions, engine_options, resolve_devices
+from app.errors import NotReadyError, ServiceError
+from app.repository import LoadedModel, ModelConfigError, load_model, model_folders, read_model
+from app.service import ServedModel, Service
+
+log = logging.getLogger(__name__)
+Files = tuple[tuple[str, int, int], ...]  # (path, mtime ns, size) of each file of a model's folder
+# Triton's own words when model control is off (its clients and scripts look for them).
+NOT_ALLOWED = "explicit model load / unload is not allowed if polling is enabled"
+# Load parameters taken and not acted on: a load always re-reads the model's folder. Triton's "config"
+# (a config.pbtxt as JSON) and "file:…" (the model's files in the call) are refused with LOAD_EXPECTED.
+IGNORED_LOAD_PARAMETERS = frozenset({"unload_dependents"})
+LOAD_EXPECTED = (
+    "a load without parameters: it reads the model's folder afresh; change model.toml and the files there, then load"
+)
+
+
+class ControlError(ServiceError):
+    """A refused or failed load or unload, with Triton's status: 503 (control off), 400 (the model's
+    problems), 404 (no such model folder)."""
+
+    reason = "model_control"
+
+    def __init__(self, status: int, message: str, *, expected: str = "") -> None:
+        super().__init__(message, expected=expected)
+        self.status = status
+        self.code = {503: "unavailable", 400: "load_failed", 404: "unknown_model"}.get(status, "model_control")
+
+
+@dataclass
+class Retiring:
+    served: ServedModel
+    task: asyncio.Task[None]
+
+
+class ModelControl:
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.settings = service.settings
+        self.mode = service.settings.model_control
+        self._lock = asyncio.Lock()
+        self._loading: set[str] = set()
+        self._failures: dict[str, str] = {}  # name → why its last load failed
+        self._retiring: list[Retiring] = []
+        self._seen: dict[str, Files] = {}  # poll: name → its files, as last loaded
+        self._failed_at: dict[str, Files] = {}  # poll: name → its files when a load of them failed
+        self._poller: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self.mode == "poll":
+            self._poller = asyncio.create_task(self._poll_forever(), name="model-poll")
+
+    async def stop(self) -> None:
+        """At shutdown: no more polling; the versions still retiring stop now (the server stops anyway)."""
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
+        for retiring in list(self._retiring):
+            retiring.task.cancel()
+        await asyncio.gather(*(r.task for r in self._retiring), return_exceptions=True)
+        for retiring in self._retiring:  # cancelled while draining: stopped as the serving ones are
+            if retiring.served.batcher is not None:
+                await retiring.served.batcher.stop()
+            for engine in retiring.served.engines:
+                if not self.service.device_dead:
+                    engine.close()
+
+    # The repository extension's three calls.
+
+    async def index(self, *, ready_only: bool = False) -> list[dict[str, str]]:
+        """Triton's repository index: name, version, state and reason of every model and version."""
+        try:
+            names = [name for name, _, _ in await asyncio.to_thread(model_folders, self.settings.model_repository)]
+        except (ModelConfigError, OSError):
+            names = []
+        names += [name for name in self.service.versions if name not in names]
+        entries: list[dict[str, str]] = []
+        for name in sorted(names):
+            versions = self.service.versions.get(name, {})
+            for version in sorted(versions, key=int):
+                ready, detail = versions[version].readiness()
+                state = "READY" if ready else "LOADING" if versions[version].failure is None else "UNAVAILABLE"
+                entries.append({"name": name, "version": version, "state": state, "reason": "" if ready else detail})
+            for retiring in self._retiring:
+                if retiring.served.spec.name == name:
+                    version = retiring.served.spec.version
+                    entries.append({"name": name, "version": version, "state": "UNLOADING", "reason": "draining"})
+            if not versions:
+                reason = "loading" if name in self._loading else self._failures.get(name, "unloaded")
+                state = "LOADING" if name in self._loading else "UNAVAILABLE"
+                entries.append({"name": name, "state": state, "reason": reason})
+        return [entry for entry in entries if entry["state"] == "READY"] if ready_only else entries
+
+    async def load(self, name: str) -> None:
+        self._allowed()
+        await self._load(name)
+
+    async def unload(self, name: str) -> None:
+        self._allowed()
+        async with self._lock:
+            self._started()
+            self._unload(name)
+
+    def _allowed(self) -> None:
+        if self.mode != "explicit":
+            raise ControlError(503, NOT_ALLOWED, expected="CGSERVE_MODEL_CONTROL=explicit for load and unload calls")
+
+    def _started(self) -> None:
+        if not self.service.started:
+            raise NotReadyError("starting: the models of the repository are still being built")
+
+    async def _load(self, name: str) -> None:
+        async with self._lock:
+            self._started()
+            self._loading.add(name)
+            try:
+                built = await self._build(name)
+            except ServiceError as error:
+                self._failures[name] = error.message
+                raise
+            finally:
+                self._loading.discard(name)
+            self._failures.pop(name, None)
+            since = time.monotonic()
+            for old in self.service.install(name, built):
+                self._retire(old, since)
+            log.info("%s loaded: serving versions %s", name, ", ".join(sorted(built, key=int)))
+
+    async def _build(self, name: str) -> dict[str, ServedModel]:
+        """Every version `name`'s folder serves now, read and built beside the serving ones."""
+        repository = self.settings.model_repository
+        try:
+            prepared = await asyncio.to_thread(self._prepare, repository, name)
+        except ModelConfigError as error:
+            status = 404 if any("holds no model named" in problem for problem in error.problems) else 400
+            raise ControlError(status, f"failed to load '{name}': {'; '.join(error.problems)}") from None
+        built: dict[str, ServedModel] = {}
+        try:
+            for model, options in prepared:
+                built[model.spec.version] = await self.service.build(model, options)
+        except Exception as error:
+            for served in built.values():
+                await self.service.retire(served)
+            log.warning("loading %s failed; what served before still serves: %s", name, error, exc_info=True)
+            raise ControlError(400, f"failed to load '{name}': {type(error).__name__}: {error}") from None
+        self._seen[name] = await asyncio.to_thread(fingerprint, repository, name)
+        return built
+
+    def _prepare(self, repository: Path, name: str) -> list[tuple[LoadedModel, EngineOptions]]:
+        """On a thread: the model's versions read and loaded on the CPU, each with its engine options."""
+        devices = resolve_devices(self.settings.device)
+        return [
+            (load_model(spec), engine_options(self.settings, spec, devices)) for spec in read_model(repository, name)
+        ]
+
+    def _unload(self, name: str) -> None:
+        since = time.monotonic()
+        for old in self.service.install(name, {}):
+            self._retire(old, since)
+        self._seen.pop(name, None)
+        self._failures.pop(name, None)
+        log.info("%s unloaded: its requests answered, its engines are freed", name)
+
+    def _retire(self, served: ServedModel, since: float) -> None:
+        task = asyncio.create_task(self.service.retire(served, since=since), name=f"retire-{served.title}")
+        retiring = Retiring(served, task)
+        self._retiring.append(retiring)
+        task.add_done_callback(lambda _: self._retiring.remove(retiring))
+
+    async def retired(self) -> None:
+        """For tests and tools: returns once every retired version is freed."""
+        await asyncio.gather(*(r.task for r in list(self._retiring)), return_exceptions=True)
+
+    # Poll mode.
+
+    async def _poll_forever(self) -> None:
+        await self._poll_once_ready()
+        while True:
+            await asyncio.sleep(self.settings.model_poll_seconds)
+            try:
+                await self.poll_once()
+            except Exception:  # one bad round must not end polling
+                log.exception("polling the model repository failed")
+
+    async def _poll_once_ready(self) -> None:
+        """The files of the models start-up built, as they were: changes are measured from here."""
+        await self.service.wait_started()
+        repository = self.settings.model_repository
+        for name in self.service.versions:
+            self._seen.setdefault(name, await asyncio.to_thread(fingerprint, repository, name))
+
+    async def poll_once(self) -> None:
+        """Load what changed or appeared, unload what went away."""
+        repository = self.settings.model_repository
+        try:
+            names = [name for name, _, _ in await asyncio.to_thread(model_folders, repository)]
+        except (ModelConfigError, OSError) as error:
+            log.warning("polling %s: %s", repository, error)
+            return
+        for name in [name for name in self.service.versions if name not in names]:
+            async with self._lock:
+                self._unload(name)
+        for name in names:
+            now = await asyncio.to_thread(fingerprint, repository, name)
+            if now != self._seen.get(name) and now != self._failed_at.get(name):
+                try:
+                    await self._load(name)
+                except ServiceError as error:
+                    self._failed_at[name] = now  # tried: again once its files change
+                    log.warning("poll: %s", error.message)
+
+
+def fingerprint(repository: Path, name: str) -> Files:
+    """Every file under the model's folder (but __pycache__ and hidden ones): what a change changes."""
+    folder = repository / name
+    if (repository / "model.toml").is_file():  # one model in the repository folder itself
+        folder = repository
+    with contextlib.suppress(OSError):
+        return tuple(
+            sorted((str(p.relative_to(folder)), p.stat().st_mtime_ns, p.stat().st_size)
+                   for p in folder.rglob("*") if p.is_file() and not _skipped(p.relative_to(folder)))
+        )  # fmt: skip
+    return ()
+
+
+def _skipped(relative: Path) -> bool:
+    return any(part == "__pycache__" or part.startswith(".") for part in relative.parts)
