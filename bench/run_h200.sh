@@ -4,6 +4,8 @@
 #   STEPS="gpu-tests engine e2e stalls" bash bench/run_h200.sh
 #   GPU_TESTS="tests/gpu/test_device_faults.py …" narrows the GPU tests (default: all of tests/gpu)
 #   STEPS=profile PROFILES="noop-json=--target noop;ours-json=--compile none": py-spy per server (bench/profile_server.py)
+#   Issue 26 (ResNet-50, one image a request; py-spy on every server process during the raw points):
+#     STEPS="gpu-tests one-image" ONE_IMAGE_ARGS="--profile raw" bash bench/run_h200.sh
 #   STEPS=multi-gpu on the two-GPU machine (nvidia-h200-x2): tests/gpu/test_multi_gpu.py, bench/multi_gpu_bench.py
 #   What issue 12 still lacks after run 13 (one call, ~8 minutes):
 #     STEPS="gpu-tests whole-machine" GPU_TESTS=tests/gpu/test_tune_gpu.py WHOLE_MACHINE_WORKERS=4 bash bench/run_h200.sh
@@ -85,6 +87,11 @@ if step tune; then  # issue 12 (7): the tuner's settings against the defaults at
     --model resnet50 --model-repository models/examples/repository --compile none --runs 50 --bisect-steps 2 \
     > "$OUT/tune-bench.log" 2>&1
   echo "tune bench: rc=$? at $((SECONDS - started)) s"; tail -8 "$OUT/tune-bench.log" | cut -c1-300
+fi
+if step one-image; then  # issue 26: ResNet-50, one image a request, every protocol, against the engine's peak
+  timeout "${ONE_IMAGE_S:-480}" python3 bench/one_image.py --out "$OUT/one-image" --budget-s "${ONE_IMAGE_BUDGET_S:-400}" \
+    --designs "${ONE_IMAGE_DESIGNS:-engine-process}" ${ONE_IMAGE_ARGS:-} > "$OUT/one-image.log" 2>&1
+  echo "one image: rc=$? at $((SECONDS - started)) s"; grep -vE '^\s' "$OUT/one-image.log" | tail -25 | cut -c1-300
 fi
 if step profile; then  # where a request's CPU goes: py-spy on one server under hey, one profile per entry
   # PROFILES: "tag=flags;tag=flags", flags for bench/profile_server.py (server flags pass through)
