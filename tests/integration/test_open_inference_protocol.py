@@ -179,7 +179,8 @@ def test_grpc_health_service_and_metrics_label_the_protocol(server: dict[str, st
         answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""))
     assert answer.status == health_pb2.HealthCheckResponse.SERVING
     # One request over each protocol, made here: under random test order no other test need have run.
-    httpx.post(f"{server['url']}/predict", content=images[:1].tobytes(), headers={"content-type": "application/octet-stream"})
+    raw = {"content-type": "application/octet-stream"}
+    httpx.post(f"{server['url']}/predict", content=images[:1].tobytes(), headers=raw)
     for kind in CLIENTS:
         tensor = CLIENTS[kind].InferInput("input", list(images[:1].shape), "UINT8")
         tensor.set_data_from_numpy(images[:1])
