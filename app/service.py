@@ -31,7 +31,7 @@ from app.batching.batcher import Batcher
 from app.batching.queue import BatchQueue
 from app.codecs.uploads import JpegBatchDecoder, start_jpeg_decoder
 from app.config import Settings
-from app.engine_process.client import EngineLink
+from app.engine_process.client import EngineLink, RemoteJpegDecoder
 from app.engines.base import Engine
 from app.engines.factory import (
     EngineOptions,
@@ -266,6 +266,8 @@ class Service:
             await link.connect()
             for name, served in self.models.items():
                 served.batcher = link.batcher(name)
+            if link.decodes_jpeg:  # JPEG uploads go to the GPU's decoder, in the engine process
+                self.jpeg_decoder = RemoteJpegDecoder(link)
         except Exception as error:
             self._start_failed(error)
             return

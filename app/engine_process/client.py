@@ -34,7 +34,8 @@ import orjson
 
 from app.engine_process import frames
 from app.engine_process.segments import Segment, SegmentPool
-from app.errors import NotReadyError, QueueFullError
+from app.errors import GpuDecodeError, NotReadyError, QueueFullError
+from app.repository.model_spec import ModelSpec
 
 log = logging.getLogger(__name__)
 CONNECT_POLL_S = 0.05
@@ -85,6 +86,8 @@ class EngineLink:
         self.models: dict[str, dict[str, Any]] = {}
         self.queue_figures: list[tuple[int, float]] = []  # per model index: queued rows, rows/s
         self._pending: dict[int, SentFrame] = {}  # frame id → what it carries
+        self._decoding: dict[int, tuple[asyncio.Future[np.ndarray], Segment]] = {}  # DECODE id → answer, segment
+        self.decodes_jpeg = False  # the engine process decodes JPEG uploads on its GPU (nvJPEG)
         self._outbox: list[Outgoing] = []  # requests for the next frames
         self._flush: asyncio.Handle | None = None  # the outbox's send, once scheduled
         self._ids = itertools.count()
@@ -109,6 +112,7 @@ class EngineLink:
         if "failure" in answer:
             raise RuntimeError(f"the engine process failed to start: {answer['failure']}")
         self.models = answer["models"]
+        self.decodes_jpeg = bool(answer.get("jpeg_decoder"))
         self.queue_figures = [(0, 0.0)] * len(self.models)
         self._reader_task = asyncio.create_task(self._read_results(reader), name="engine-link")
 
@@ -179,10 +183,47 @@ class EngineLink:
         header = frames.INFER_HEADER.pack(frame_id, deadline, dtype, model, *shape, segment.index)
         writer.write(frames.frame(frames.INFER, header))
 
+    def decode(self, model: str, data: bytes, pixel_bytes: int) -> asyncio.Future[np.ndarray]:
+        """Send an upload's encoded bytes to the engine process's GPU decoder; the future of its
+        (1, C, H, W) uint8 pixels, or GpuDecodeError where nvJPEG refused it (Pillow decodes it here).
+        `pixel_bytes`: what the model's input takes, so that the segment can carry the pixels back."""
+        if self.dead is not None or self._writer is None:
+            raise NotReadyError(f"the engine process is gone ({self.dead}); the service is restarting")
+        segment, new = self.pool.take(max(len(data), pixel_bytes))
+        segment.memory[: len(data)] = data
+        if new:
+            where = {"index": segment.index, "path": segment.path, "size": segment.size}
+            self._writer.write(frames.json_frame(frames.SEGMENT, where))
+        decode_id = next(self._ids)
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        self._decoding[decode_id] = (future, segment)
+        index = list(self.models).index(model)
+        header = frames.DECODE_HEADER.pack(decode_id, index, len(data), segment.index)
+        self._writer.write(frames.frame(frames.DECODE, header))
+        return future
+
+    def _decoded(self, payload: bytes) -> None:
+        decode_id, outcome, c, h, w = frames.DECODED_HEADER.unpack_from(payload)
+        future, segment = self._decoding.pop(decode_id)
+        try:
+            if future.done():
+                return
+            if outcome == frames.DECODED_OK:  # copied out: the segment goes back to the pool now
+                future.set_result(np.ndarray((1, c, h, w), np.uint8, buffer=segment.memory).copy())
+            elif outcome == frames.DECODE_REFUSED:
+                future.set_exception(GpuDecodeError("the engine process's nvJPEG refused the image"))
+            else:
+                future.set_exception(frames.EngineProcessError(payload[frames.DECODED_HEADER.size :]))
+        finally:
+            self.pool.give_back(segment)
+
     async def _read_results(self, reader: asyncio.StreamReader) -> None:
         try:
             while True:
-                _, payload = await frames.read_frame(reader)
+                kind, payload = await frames.read_frame(reader)
+                if kind == frames.DECODED:
+                    self._decoded(payload)
+                    continue
                 frame_id, ok, rows, classes, queued, rate = frames.RESULT_HEADER.unpack_from(payload)
                 sent = self._pending.pop(frame_id)
                 self.pool.give_back(sent.segment)  # the engine process is done with its pixels
@@ -211,12 +252,14 @@ class EngineLink:
         self.dead = why
         waiting = [future for sent in self._pending.values() for future, _ in sent.requests]
         waiting += [request.future for request in self._outbox]
+        waiting += [future for future, _ in self._decoding.values()]
         log.critical("the engine process is gone: %s; failing %d requests", why, len(waiting))
         for future in waiting:
             if not future.done():
                 future.set_exception(NotReadyError(f"the engine process is gone ({why})"))
         self._pending.clear()
         self._outbox.clear()
+        self._decoding.clear()
         self.on_dead(why)
 
     async def close(self) -> None:
@@ -264,3 +307,19 @@ class RemoteBatcher:
 
     async def stop(self) -> None:
         pass  # the link closes with the service
+
+
+class RemoteJpegDecoder:
+    """The engine process's nvJPEG decoder as a worker's routes see it (app/codecs/uploads.py's
+    JpegBatchDecoder): an upload's bytes go to the process that owns the GPU and its pixels come
+    back, so that JPEG uploads are decoded on the GPU with the engine process as without it."""
+
+    def __init__(self, link: EngineLink) -> None:
+        self.link = link
+
+    async def decode(self, data: bytes, spec: ModelSpec) -> np.ndarray:
+        """A JPEG → (1, C, H, W) uint8 per the spec's [preprocess]; GpuDecodeError if nvJPEG refused it."""
+        return await self.link.decode(spec.name, data, math.prod(spec.input_shape))
+
+    def close(self) -> None:
+        pass  # the decoder is the engine process's

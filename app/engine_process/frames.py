@@ -1,8 +1,12 @@
 """The engine process's socket: length-prefixed frames, one kind byte each.
 
-worker → engine: HELLO (nothing), SEGMENT (JSON: index, path, size), INFER (a fixed header)
-engine → worker: MODELS (JSON: per model its engine's name and device, or the start-up failure),
-                 RESULT (a fixed header, then float32 probabilities or a JSON error)
+worker → engine: HELLO (nothing), SEGMENT (JSON: index, path, size), INFER (a fixed header),
+                 DECODE (a fixed header: an upload's encoded bytes in a segment, for the GPU's decoder)
+engine → worker: MODELS (JSON: per model its engine's name and device, whether JPEGs are decoded on
+                 the GPU here, or the start-up failure),
+                 RESULT (a fixed header, then float32 probabilities or a JSON error),
+                 DECODED (a fixed header: the pixels' shape, written into the DECODE's segment; or
+                 nvJPEG refused the image; or a JSON error)
 """
 
 from __future__ import annotations
@@ -16,12 +20,18 @@ import orjson
 
 from app.errors import ServiceError
 
-HELLO, MODELS, SEGMENT, INFER, RESULT = range(5)
+HELLO, MODELS, SEGMENT, INFER, RESULT, DECODE, DECODED = range(7)
 PREFIX = struct.Struct("<BI")  # kind, payload length
 # id, deadline (time.monotonic(), system-wide on Linux), dtype, model index, (k, C, H, W), segment
 INFER_HEADER = struct.Struct("<QdBxHIIIII")
 # id, ok, rows, classes, the engine's queued rows and rows/s for the model (the workers' admission)
 RESULT_HEADER = struct.Struct("<QBxxxIIId")
+# id, model index, encoded bytes, segment
+DECODE_HEADER = struct.Struct("<QHxxII")
+# id, outcome (DECODED_OK, DECODE_REFUSED: nvJPEG refused it, Pillow decodes it; DECODE_FAILED: a JSON
+# error follows), the (1, C, H, W) pixels' C, H, W
+DECODED_HEADER = struct.Struct("<QBxxxIII")
+DECODED_OK, DECODE_REFUSED, DECODE_FAILED = range(3)
 DTYPES = (np.dtype(np.uint8), np.dtype(np.float32))
 
 

@@ -5,7 +5,9 @@ readiness, metrics into the shared Prometheus folder), without HTTP. Each worker
 connection; every INFER frame (one or many of the worker's requests, app/engine_process/client.py)
 becomes one batcher.enqueue on a view of the worker's segment (zero copy until the batch is
 staged), answered by a RESULT frame from the answer's callback: no task a frame, since this one
-event loop's time a frame is the whole service's ceiling.
+event loop's time a frame is the whole service's ceiling. Where the GPU decodes JPEGs (nvJPEG,
+app/codecs/gpu_jpeg.py) its decoder is here too: a worker's upload comes as a DECODE frame, its
+pixels go back in the same segment.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from app.batching.batcher import Batcher
 from app.config import Settings
 from app.engine_process import SOCKET_ENV, frames
 from app.engine_process.segments import map_file
-from app.errors import ServiceError
+from app.errors import GpuDecodeError, ServiceError
 from app.service import ServedModel, Service
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,7 @@ class WorkerConnection:
         self.service, self.reader, self.writer = service, reader, writer
         self.segments: dict[int, mmap.mmap] = {}
         self.waiting: set[asyncio.Future[np.ndarray]] = set()  # frames enqueued, not answered
+        self.decodes: set[asyncio.Task[None]] = set()  # uploads being decoded on the GPU
         self.models: list[ServedModel] = []  # by the model index the workers send, set at HELLO
 
     async def run(self) -> None:
@@ -47,6 +50,10 @@ class WorkerConnection:
                 kind, payload = await frames.read_frame(self.reader)
                 if kind == frames.INFER:
                     self.infer(payload)
+                elif kind == frames.DECODE:
+                    task = asyncio.create_task(self.decode(payload))
+                    self.decodes.add(task)
+                    task.add_done_callback(self.decodes.discard)
                 elif kind == frames.SEGMENT:
                     fields = orjson.loads(payload)
                     self.segments[fields["index"]] = map_file(fields["path"], fields["size"], create=False)
@@ -55,8 +62,10 @@ class WorkerConnection:
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the worker is gone: its requests' answers have nobody to go to
         finally:
-            for future in list(self.waiting):
+            for future in self.waiting:
                 future.cancel()  # the batcher drops the rows it has not launched
+            for task in self.decodes:
+                task.cancel()
             self.writer.close()
             for memory in self.segments.values():
                 with contextlib.suppress(BufferError):  # a view still queued: the mapping goes with it
@@ -74,7 +83,34 @@ class WorkerConnection:
             engine = served.engines[0]
             devices = [e.device for e in served.engines]
             models[name] = {"engine": engine.name, "devices": devices, "queue_limit": self.service.settings.queue_limit}
-        self.writer.write(frames.json_frame(frames.MODELS, {"models": models}))
+        decodes = self.service.jpeg_decoder is not None
+        self.writer.write(frames.json_frame(frames.MODELS, {"models": models, "jpeg_decoder": decodes}))
+
+    async def decode(self, payload: bytes) -> None:
+        """An upload's bytes → its pixels on this process's GPU decoder, written back into the worker's
+        segment (the worker copies them out, then sends them as any request's rows)."""
+        decode_id, model, length, segment = frames.DECODE_HEADER.unpack(payload)
+        memory = self.segments[segment]
+        outcome, shape, error = frames.DECODED_OK, (0, 0, 0), b""
+        try:
+            decoder = self.service.jpeg_decoder
+            if decoder is None:  # the worker asks only where HELLO said there is one
+                raise ServiceError("this engine process has no GPU JPEG decoder")
+            pixels = await decoder.decode(bytes(memory[:length]), self.models[model].spec)  # (1, C, H, W)
+            if pixels.nbytes > len(memory):
+                raise GpuDecodeError(f"{pixels.shape} pixels do not fit the {len(memory)}-byte segment")
+            np.copyto(np.ndarray(pixels.shape, np.uint8, buffer=memory), pixels)
+            shape = pixels.shape[1:]
+        except GpuDecodeError:
+            outcome = frames.DECODE_REFUSED  # the worker's Pillow decodes it, as a refusal in-process is
+        except Exception as failure:
+            if not isinstance(failure, ServiceError):
+                log.error("unexpected error decoding an upload in the engine process", exc_info=failure)
+                failure = ServiceError("unexpected server error; it is logged with its traceback")
+            outcome, error = frames.DECODE_FAILED, frames.error_payload(failure)
+        header = frames.DECODED_HEADER.pack(decode_id, outcome, *shape)
+        if not self.writer.is_closing():
+            self.writer.write(frames.PREFIX.pack(frames.DECODED, len(header) + len(error)) + header + error)
 
     def infer(self, payload: bytes) -> None:
         """Enqueue a frame's rows; answer it now if refused, else from its future's callback."""
@@ -123,9 +159,8 @@ class WorkerConnection:
 async def serve_engines(settings: Settings, socket_path: str, on_ready: Callable[[], None],
                         on_fatal: Callable[[], None]) -> None:  # fmt: skip
     """Build the engines and answer the workers until STOP_SIGNAL (or the parent process is gone)."""
-    # Uploads are decoded by the workers (Pillow): a GPU JPEG decoder here would cost its
-    # torchvision import, device memory and a thread, and never be used.
-    service = Service(settings.model_copy(update={"jpeg_decoder": "cpu"}), on_fatal=on_fatal, on_ready=on_ready)
+    # The GPU's JPEG decoder lives here, with the GPU: the workers send it their uploads (DECODE).
+    service = Service(settings, on_fatal=on_fatal, on_ready=on_ready)
     service.start()
 
     async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -129,9 +129,15 @@ def test_one_bad_jpeg_does_not_cost_its_batch_mates() -> None:
     print(f"nvJPEG on the corrupt scan: {type(results[1]).__name__}")
 
 
-def test_the_http_path_with_the_gpu_decoder(tmp_path: Path) -> None:
+# The decoder lives with the GPU: in each worker, or in the engine process that the workers send uploads to.
+DESIGNS = {"per-process": {}, "engine-process": {"workers": "2", "engine_process": "true"}}
+
+
+@pytest.mark.parametrize("design", list(DESIGNS))
+def test_the_http_path_with_the_gpu_decoder(design: str, tmp_path: Path) -> None:
     command = (sys.executable, "-m", "app.cli", "serve")
     settings = {"model_repository": str(EXAMPLES), "device": "cuda", "buckets": "1,8", "compile": "none"}
+    settings |= DESIGNS[design]
     photos = [fashion_photo(g, 500, 375, seed=i) for i, g in enumerate(GARMENTS)]
     jpegs = [encode(photo, quality=90) for photo in photos]
     truncated = jpegs[0][: len(jpegs[0]) // 3]

@@ -41,8 +41,8 @@ def test_an_engine_error_reaches_the_worker_with_its_status_code_and_headers() -
     assert again.body() == error.body()
 
 
-def test_the_engine_process_builds_no_jpeg_decoder(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The workers decode uploads; a GPU decoder in the engine process would only cost."""
+def test_the_engine_process_builds_the_jpeg_decoder_its_settings_ask_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU's JPEG decoder lives with the GPU: the workers send it their uploads (DECODE frames)."""
     decoders: list[str] = []
 
     class Recorder:
@@ -55,4 +55,4 @@ def test_the_engine_process_builds_no_jpeg_decoder(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(host, "Service", Recorder)
     with pytest.raises(RuntimeError, match="recorded"):
         asyncio.run(host.serve_engines(Settings(jpeg_decoder="auto"), "unused.sock", lambda: None, lambda: None))
-    assert decoders == ["cpu"]
+    assert decoders == ["auto"]

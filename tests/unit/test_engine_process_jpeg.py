@@ -1,0 +1,127 @@
+"""JPEG uploads decoded where the GPU is: a worker's upload goes to the engine process's decoder
+(a DECODE frame) and its pixels come back in the same segment. The real link and the real host
+code over a real Unix socket; the engine process's service is a stand-in whose "GPU decoder" is
+Pillow (no GPU here), refusing what a test tells it to, as nvJPEG refuses a CMYK JPEG."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from app.codecs.bodies import decode_image
+from app.codecs.uploads import decode_upload
+from app.engine_process.client import EngineLink, RemoteJpegDecoder
+from app.engine_process.host import WorkerConnection
+from app.errors import GpuDecodeError, InputError
+from app.repository import read_repository
+from app.repository.model_spec import ModelSpec
+
+MAX_PIXELS = 1 << 22
+SPEC: ModelSpec = read_repository(Path(__file__).resolve().parents[2] / "models/repository")[0]  # the seed CNN
+
+
+def jpeg(seed: int, mode: str = "RGB") -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (60, 80, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).convert(mode).save(buffer, format="JPEG")
+    return buffer.getvalue()
+
+
+class PillowAsGpu:
+    """The engine process's decoder: Pillow's pixels, GpuDecodeError for CMYK (as nvJPEG), counted."""
+
+    def __init__(self) -> None:
+        self.decoded = 0
+
+    async def decode(self, data: bytes, spec: ModelSpec) -> np.ndarray:
+        if Image.open(io.BytesIO(data)).mode == "CMYK":
+            raise GpuDecodeError("CMYK")
+        self.decoded += 1
+        return decode_image(data, max_pixels=MAX_PIXELS, spec=spec)
+
+    def close(self) -> None:
+        pass
+
+
+@asynccontextmanager
+async def engine_process(tmp_path: Path, decoder: PillowAsGpu | None) -> AsyncIterator[EngineLink]:
+    served = SimpleNamespace(spec=SPEC, engines=[SimpleNamespace(name="eager", device="cpu")], batcher=None)
+
+    async def started() -> None:
+        pass
+
+    service = SimpleNamespace(models={SPEC.name: served}, failure=None, wait_started=started, jpeg_decoder=decoder,
+                              settings=SimpleNamespace(queue_limit=100))  # fmt: skip
+
+    async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await WorkerConnection(service, reader, writer).run()  # type: ignore[arg-type]
+
+    socket_path = str(tmp_path / "engine.sock")
+    server = await asyncio.start_unix_server(connected, path=socket_path)
+    (tmp_path / "segments").mkdir()
+    link = EngineLink(socket_path, str(tmp_path / "segments"), on_dead=lambda why: None)
+    await link.connect(timeout_s=5)
+    try:
+        yield link
+    finally:
+        await link.close()
+        server.close()
+
+
+def test_uploads_are_decoded_by_the_engine_process_into_the_pixels_pillow_gives(tmp_path: Path) -> None:
+    decoder = PillowAsGpu()
+
+    async def scenario() -> None:
+        async with engine_process(tmp_path, decoder) as link:
+            assert link.decodes_jpeg
+            remote = RemoteJpegDecoder(link)
+            uploads = [jpeg(seed) for seed in range(5)]
+            got = await asyncio.gather(*(remote.decode(data, SPEC) for data in uploads))
+            for data, pixels in zip(uploads, got, strict=True):
+                expected = decode_image(data, max_pixels=MAX_PIXELS, spec=SPEC)
+                assert pixels.shape == expected.shape == (1, *SPEC.input_shape)
+                np.testing.assert_array_equal(pixels, expected)
+            assert decoder.decoded == 5
+            assert len(link.pool.segments) <= 5  # given back and reused, not one a call forever
+
+    asyncio.run(scenario())
+
+
+def test_an_image_the_gpu_refuses_is_decoded_by_the_workers_pillow(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with engine_process(tmp_path, PillowAsGpu()) as link:
+            remote = RemoteJpegDecoder(link)
+            cmyk = jpeg(1, mode="CMYK")
+            with pytest.raises(GpuDecodeError):
+                await remote.decode(cmyk, SPEC)
+            # What a route calls: the refusal goes to Pillow in the worker, the answer is Pillow's.
+            pixels = await decode_upload(cmyk, max_pixels=MAX_PIXELS, spec=SPEC, gpu=remote)
+            np.testing.assert_array_equal(pixels, decode_image(cmyk, max_pixels=MAX_PIXELS, spec=SPEC))
+
+    asyncio.run(scenario())
+
+
+def test_a_bad_upload_is_the_same_clear_error_through_the_engine_process(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with engine_process(tmp_path, PillowAsGpu()) as link:
+            truncated = jpeg(2)[:200]  # no end-of-image marker: decode_upload sends it to Pillow, which refuses it
+            with pytest.raises(InputError):
+                await decode_upload(truncated, max_pixels=MAX_PIXELS, spec=SPEC, gpu=RemoteJpegDecoder(link))
+
+    asyncio.run(scenario())
+
+
+def test_without_a_gpu_decoder_the_workers_are_told_so(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with engine_process(tmp_path, None) as link:
+            assert not link.decodes_jpeg
+
+    asyncio.run(scenario())
