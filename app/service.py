@@ -138,6 +138,13 @@ def prepare_models(settings: Settings) -> list[tuple[LoadedModel, EngineOptions]
             for index, spec in enumerate(specs)
             if index and specs[index - 1].name == spec.name
         ]
+        # Its HTTP workers read model.toml alone: they know a model's class scores, not outputs found by a probe.
+        problems += [
+            f"{spec.toml}: outputs: the engine process (CGSERVE_ENGINE_PROCESS) serves models of one class-scores "
+            "output for now; serve this model without the engine process"
+            for spec in specs
+            if spec.config.outputs is not None
+        ]
         if problems:
             raise ModelConfigError(problems)
     devices = resolve_devices(settings.device)

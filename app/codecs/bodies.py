@@ -159,13 +159,37 @@ def _too_large(max_pixels: int, spec: ModelSpec) -> str:
 
 def encode_predictions(probabilities: np.ndarray, *, model: str, engine: str, spec: ModelSpec) -> bytes:
     """(k, num_classes) float32 scores → the /predict answer as JSON bytes; `postprocess` says what the
-    scores are (softmax probabilities, sigmoid per class, or the model's own outputs)."""
+    scores are (softmax probabilities, sigmoid per class, or the model's own outputs). A model of named
+    outputs ([[outputs]]): (k, width) packed rows → each output by its name, the class scores' as
+    label, class_name and scores."""
+    layout = spec.layout
+    if not layout.default:
+        return _encode_outputs(probabilities, model=model, engine=engine, spec=spec)
     labels = probabilities.argmax(axis=1).tolist()
     predictions: list[dict[str, Any]] = [
         {"label": label, "class_name": spec.class_names[label], "scores": probabilities[i]}
         for i, label in enumerate(labels)
     ]
     answer = {"model": model, "engine": engine, "postprocess": spec.config.postprocess, "predictions": predictions}
+    return orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _encode_outputs(rows: np.ndarray, *, model: str, engine: str, spec: ModelSpec) -> bytes:
+    layout = spec.layout
+    values = layout.cut(rows)  # name → (k, *shape) in its datatype
+    predictions: list[dict[str, Any]] = [{} for _ in range(len(rows))]
+    for output in layout.outputs:
+        tensor = values[output.name]
+        if output.classes:
+            for prediction, label, scores in zip(predictions, tensor.argmax(axis=1).tolist(), tensor, strict=True):
+                prediction.update(label=label, class_name=spec.class_names[label], scores=scores)
+        else:
+            for prediction, value in zip(predictions, tensor, strict=True):
+                prediction[output.name] = value
+    answer: dict[str, Any] = {"model": model, "engine": engine}
+    if layout.classes is not None:
+        answer["postprocess"] = spec.config.postprocess
+    answer["predictions"] = predictions
     return orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
 
 

@@ -30,7 +30,9 @@ INPUT_DTYPES: tuple[InputDtype, ...] = ("uint8", "float32")
 class Slot:
     index: int  # which of the engine's slots: its key for the slot's device objects
     inputs: dict[InputDtype, np.ndarray]  # dtype → (max_bucket, C, H, W) staging; rows past the batch are padding
-    outputs: np.ndarray  # (max_bucket, num_classes) float32 probabilities
+    # (max_bucket, width) float32: the class probabilities, or every named output of model.toml's
+    # [[outputs]] packed into one row an image (app/repository/outputs.py cuts it back)
+    outputs: np.ndarray
 
 
 @dataclass(slots=True)
@@ -67,10 +69,10 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
-def host_slot(index: int, max_bucket: int, input_shape: tuple[int, int, int], classes: int) -> Slot:
+def host_slot(index: int, max_bucket: int, input_shape: tuple[int, int, int], width: int) -> Slot:
     """A Slot of plain (unpinned) numpy arrays, for engines that compute on the host."""
     return Slot(
         index=index,
         inputs={dtype: np.zeros((max_bucket, *input_shape), dtype=dtype) for dtype in INPUT_DTYPES},
-        outputs=np.zeros((max_bucket, classes), dtype=np.float32),
+        outputs=np.zeros((max_bucket, width), dtype=np.float32),
     )

@@ -16,7 +16,7 @@ from torch import nn
 
 from app.engines.base import EngineReport, InputDtype, Slot, host_slot
 from app.engines.model_input import ModelInput
-from app.engines.postprocess import scores_into
+from app.engines.postprocess import finished_into, packed
 from app.repository.model_spec import ModelSpec
 
 
@@ -32,7 +32,7 @@ class CpuEagerEngine:
         self.model_input = ModelInput(spec.preprocess.mean, spec.preprocess.std)
         self.spec = spec
         self.buckets = buckets
-        self.slots = tuple(host_slot(i, buckets[-1], spec.input_shape, spec.num_classes) for i in range(in_flight))
+        self.slots = tuple(host_slot(i, buckets[-1], spec.input_shape, spec.layout.width) for i in range(in_flight))
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cpu-eager")
         self.report = EngineReport(
             facts={"dtype": "fp32", "threads": torch.get_num_threads(), "postprocess": spec.config.postprocess}
@@ -47,9 +47,11 @@ class CpuEagerEngine:
         start = time.perf_counter()
         bucket = len(inputs)
         with torch.inference_mode():
-            # from_numpy shares memory: (bucket, C, H, W) in, (bucket, classes) written in place.
-            logits = self.module(self.model_input(torch.from_numpy(inputs)))
-            scores_into(logits.float(), self.spec.config.postprocess, torch.from_numpy(outputs[:bucket]))
+            # from_numpy shares memory: (bucket, C, H, W) in, (bucket, width) written in place: the class
+            # scores, or every named output packed into one float32 row an image.
+            rows = packed(self.module(self.model_input(torch.from_numpy(inputs))), self.spec.layout)
+            out = torch.from_numpy(outputs[:bucket])
+            finished_into(rows, self.spec.layout, self.spec.config.postprocess, out)
         return time.perf_counter() - start
 
     def healthy(self) -> bool:

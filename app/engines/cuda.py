@@ -5,6 +5,7 @@ A batch is, on the engine's own non-default stream, never waiting on the host:
     start.record()
     static_in[:b] ← slot.host_in[:b]                     H2D from pinned memory (uint8 or fp32)
     logits = DeviceForward(static_in[:b])               (x / 255 − mean) / std, the model, fp32 logits
+                                                        (named outputs packed into one fp32 row an image)
     slot.host_out[:b] ← postprocess(logits)             softmax | sigmoid | none, D2H into pinned memory
     done.record()
 
@@ -55,7 +56,7 @@ from app.engines.graph_capture import capture_graphs
 from app.engines.host_mapped import device_view
 from app.engines.inductor import CountedInductor, compile_counted, compile_errors
 from app.engines.model_input import ModelInput
-from app.engines.postprocess import scores, scores_into
+from app.engines.postprocess import finished, finished_into, packed
 from app.repository.model_spec import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -84,13 +85,13 @@ _Key = tuple[int, InputDtype]  # (bucket, input dtype): one graph each, per slot
 @dataclass(slots=True)
 class _SlotState:
     host_in: dict[InputDtype, torch.Tensor]  # dtype → (max_bucket, C, H, W), pinned
-    host_out: torch.Tensor  # (max_bucket, num_classes) fp32 probabilities, pinned
+    host_out: torch.Tensor  # (max_bucket, width) fp32 probabilities (or packed named outputs), pinned
     mapped_in: dict[InputDtype, torch.Tensor]  # pixels read in place: CUDA views of host_in, else empty
     mapped_out: torch.Tensor | None  # probabilities written in place: a CUDA view of host_out
     start: torch.cuda.Event  # timing events bracketing the batch's device work
     done: torch.cuda.Event
     graphs: dict[_Key, torch.cuda.CUDAGraph] = field(default_factory=dict)
-    logits: dict[_Key, torch.Tensor] = field(default_factory=dict)  # (bucket, classes) fp32, in the pool
+    logits: dict[_Key, torch.Tensor] = field(default_factory=dict)  # (bucket, width) fp32, in the pool
 
 
 class CudaEngine:
@@ -172,7 +173,10 @@ class CudaEngine:
         fp32 either way, one graph per bucket where the two paths' guards agree (the limits allow both).
         """
         self._inductor = None
-        forward = DeviceForward(self._input, self._module, dtype=self.dtype, channels_last=self.channels_last)
+        layout = self.spec.layout
+        forward = DeviceForward(
+            self._input, self._module, dtype=self.dtype, channels_last=self.channels_last, layout=layout
+        )
         if torch_compile_mode is None:
             return forward
         shapes = len(self.buckets) * len(INPUT_DTYPES)
@@ -180,7 +184,7 @@ class CudaEngine:
             compiled, self._inductor = compile_counted(forward, torch_compile_mode, shapes)
             return compiled
         compiled, self._inductor = compile_counted(self._module, torch_compile_mode, shapes)
-        return DeviceForward(self._input, compiled, dtype=self.dtype, channels_last=self.channels_last)  # type: ignore[arg-type]
+        return DeviceForward(self._input, compiled, dtype=self.dtype, channels_last=self.channels_last, layout=layout)  # type: ignore[arg-type]
 
     def _uncompiled(self) -> list[str]:
         """What ran without inductor's kernels: buckets, or with the input fused (bucket, input dtype)s."""
@@ -230,7 +234,7 @@ class CudaEngine:
             self._prepare(use_graphs, keep_graphs, None, strict)
 
     def _new_slot_state(self) -> _SlotState:
-        rows, classes = self.buckets[-1], self.spec.num_classes
+        rows, classes = self.buckets[-1], self.spec.layout.width
         host_in = {
             d: torch.zeros((rows, *self.spec.input_shape), dtype=TORCH_INPUT[d]).pin_memory() for d in INPUT_DTYPES
         }
@@ -270,12 +274,12 @@ class CudaEngine:
         else:
             x = self._static_in[dtype][:bucket]
             x.copy_(state.host_in[dtype][:bucket], non_blocking=True)
-        logits = self._forward(x)  # (b, classes) fp32
-        postprocess = self.spec.config.postprocess
+        logits = self._forward(x)  # (b, width) fp32: the class scores' logits, or the packed named outputs
+        postprocess, layout = self.spec.config.postprocess, self.spec.layout
         if state.mapped_out is not None:  # the scores are written into the slot's pinned memory in place
-            scores_into(logits, postprocess, state.mapped_out[:bucket])
+            finished_into(logits, layout, postprocess, state.mapped_out[:bucket])
         else:
-            state.host_out[:bucket].copy_(scores(logits, postprocess), non_blocking=True)
+            state.host_out[:bucket].copy_(finished(logits, layout, postprocess), non_blocking=True)
         return logits
 
     def _capture(self, keep_graphs: bool) -> None:
@@ -315,12 +319,11 @@ class CudaEngine:
                         dtype = INPUT_DTYPES[draw % len(INPUT_DTYPES)]
                         x = torch.randint(0, 256, (bucket, *shape), device=self._device, generator=generator)
                         x = x.to(torch.uint8) if dtype == "uint8" else x.float() * (1 / 255)
-                        want = self._reference(self._input(x))
+                        want = packed(self._reference(self._input(x)), self.spec.layout)
                         state.host_in[dtype][:bucket].copy_(x)
                         got = self._queue_batch(state, bucket, dtype)
                         state.done.synchronize()
-                        error = float((got - want).norm() / want.norm())
-                        errors[bucket] = max(errors.get(bucket, 0.0), error)
+                        errors[bucket] = max(errors.get(bucket, 0.0), self._error(got, want))
         bad = {b: e for b, e in errors.items() if not e <= TOLERANCE[self.dtype]}
         if bad:
             raise RuntimeError(
@@ -329,6 +332,18 @@ class CudaEngine:
             )
         log.info("%s: every bucket within tolerance of eager, max error %.2e", self.spec.name, max(errors.values()))
         return errors
+
+    def _error(self, got: torch.Tensor, want: torch.Tensor) -> float:
+        """‖got − want‖ / ‖want‖ of (b, width) logits; of named outputs, the largest of any one output's."""
+        layout = self.spec.layout
+        if layout.default:
+            return float((got - want).norm() / want.norm())
+        # One output's scale must not hide another's error (boxes in pixels beside scores in [0, 1]);
+        # an output of zeros must be zeros.
+        return max(
+            float((got[:, o.columns] - want[:, o.columns]).norm() / want[:, o.columns].norm().clamp_min(1e-12))
+            for o in layout.outputs
+        )
 
     # --- serving -------------------------------------------------------------------------------
 

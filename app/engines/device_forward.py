@@ -4,7 +4,7 @@
       → ModelInput: /255 for pixels, (x − mean) / std            fp32
       → channels_last where asked
       → the model, under autocast in fp16/bf16
-      → logits (b, classes) fp32
+      → logits (b, classes) fp32, or its named outputs packed into (b, width) fp32 (app/engines/postprocess.py)
 
 One module so that, with compile on, inductor sees the normalisation and the model together:
 the cast and the per-channel arithmetic fuse into one kernel (with the layout change) instead of
@@ -17,13 +17,18 @@ import torch
 from torch import nn
 
 from app.engines.model_input import ModelInput
+from app.engines.postprocess import packed
+from app.repository.outputs import OutputLayout
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 class DeviceForward(nn.Module):
-    def __init__(self, model_input: ModelInput, module: nn.Module, *, dtype: str, channels_last: bool) -> None:
+    def __init__(
+        self, model_input: ModelInput, module: nn.Module, *, dtype: str, channels_last: bool, layout: OutputLayout
+    ) -> None:
         super().__init__()
+        self.layout = layout
         self.model_input = model_input
         self.module = module
         self.dtype = dtype
@@ -35,5 +40,5 @@ class DeviceForward(nn.Module):
             x = x.contiguous(memory_format=torch.channels_last)
         # cache_enabled=False: weight casts must be captured into each graph, not cached outside it.
         with torch.autocast("cuda", dtype=DTYPES[self.dtype], enabled=self.dtype != "fp32", cache_enabled=False):
-            logits: torch.Tensor = self.module(x)
-        return logits.float()  # (b, classes) fp32
+            returned = self.module(x)  # (b, classes), or a tuple or dict of named outputs
+        return packed(returned, self.layout)  # (b, width) fp32

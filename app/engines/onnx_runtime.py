@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from app.engines.base import EngineReport, InputDtype, Slot, host_slot
-from app.engines.postprocess import scores_numpy
+from app.engines.postprocess import packed_numpy, scores_numpy
 from app.repository.model_spec import ModelSpec
 from app.repository.onnx_files import open_session
 
@@ -31,12 +31,14 @@ class OnnxRuntimeEngine:
         self.buckets = buckets
         self._session = open_session(spec, providers)
         self._input_name = self._session.get_inputs()[0].name
+        # model.toml's [[outputs]] by the file's output names (the others are not computed); else its first.
+        self._output_names = None if spec.layout.default else list(spec.layout.names)
         self.device = "cuda" if providers[0].startswith(("CUDA", "Tensorrt")) else "cpu"
         preprocess = spec.preprocess
         channel = (1, -1, 1, 1)
         self._mean = None if preprocess.mean is None else np.array(preprocess.mean, np.float32).reshape(channel)
         self._std = None if preprocess.std is None else np.array(preprocess.std, np.float32).reshape(channel)
-        self.slots = tuple(host_slot(i, buckets[-1], spec.input_shape, spec.num_classes) for i in range(in_flight))
+        self.slots = tuple(host_slot(i, buckets[-1], spec.input_shape, spec.layout.width) for i in range(in_flight))
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onnxruntime")
         self.report = EngineReport(
             facts={
@@ -58,8 +60,11 @@ class OnnxRuntimeEngine:
             x = x - self._mean
         if self._std is not None:
             x = x / self._std
-        (logits, *_) = self._session.run(None, {self._input_name: np.ascontiguousarray(x, dtype=np.float32)})
-        outputs[: len(inputs)] = scores_numpy(logits, self.spec.config.postprocess)  # (b, classes)
+        returned = self._session.run(self._output_names, {self._input_name: np.ascontiguousarray(x, dtype=np.float32)})
+        if self._output_names is None:
+            outputs[: len(inputs)] = scores_numpy(returned[0], self.spec.config.postprocess)  # (b, classes)
+        else:  # (b, width): every named output packed
+            outputs[: len(inputs)] = packed_numpy(returned, self.spec.layout, self.spec.config.postprocess)
         return time.perf_counter() - start
 
     def healthy(self) -> bool:

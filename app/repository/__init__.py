@@ -3,7 +3,8 @@ or DIR/model.toml alone, one model (KServe's storageUri layout, named from INFER
 
 A model folder may hold numbered version folders (app/repository/versions.py): one spec per
 served version. `read_repository` parses every model.toml (cheap, no torch); `load_model` builds one model on
-the CPU and checks that it maps (B, C, H, W) to (B, len(labels)). Both report every problem,
+the CPU and probes what it returns (app/repository/probe.py): (B, len(labels)) class scores, or
+the named outputs of model.toml's [[outputs]]. Both report every problem,
 one line each, naming the file and the key.
 
 The repository is trusted code: a python factory runs with the server's rights. What a model.toml
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from app.repository.model_config import ModelConfigError, read_labels, read_model_config
 from app.repository.model_spec import ModelSpec
+from app.repository.probe import PROBE_BATCH, SECOND_BATCH, Seen, layout_of, torch_probe
 from app.repository.versions import DEFAULT_POLICY, UNVERSIONED, version_folders
 
 __all__ = ["LoadedModel", "ModelConfigError", "load_model", "model_folders", "read_model", "read_repository"]
@@ -29,7 +31,6 @@ __all__ = ["LoadedModel", "ModelConfigError", "load_model", "model_folders", "re
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 # Set by KServe in the predictor's container: the InferenceService's name, which it routes by.
 SERVICE_NAME_VARIABLE = "INFERENCE_SERVICE_NAME"
-PROBE_BATCH = 2
 
 
 def read_repository(folder: Path) -> list[ModelSpec]:
@@ -145,51 +146,30 @@ class LoadedModel:
 
 
 def load_model(spec: ModelSpec) -> LoadedModel:
-    """Build the model on the CPU and probe it with a (2, C, H, W) batch. Imports torch."""
+    """Build the model on the CPU and probe it with a (2, C, H, W) batch (and a (3, C, H, W) one where
+    model.toml names [[outputs]]): the spec it returns carries the outputs found. Imports torch."""
     toml = spec.toml
     outside = [f"{toml}: {key}: {why}" for key in ("file", "weights") if (why := _named_file_outside(spec, key))]
     if outside:
         raise ModelConfigError(outside)
+    batches = (PROBE_BATCH,) if spec.config.outputs is None else (PROBE_BATCH, SECOND_BATCH)
+    seen: dict[int, list[Seen]] = {}
     if spec.config.format == "onnx":
         from app.repository.onnx_files import probe_onnx
 
-        shape = probe_onnx(spec, PROBE_BATCH)
-        module = None
+        kind, module = "onnx", None
+        for batch in batches:
+            seen[batch] = probe_onnx(spec, batch)
     else:
-        import torch
-
         from app.repository.loaders import load_module
 
         module = load_module(spec)
-        try:
-            with torch.inference_mode():
-                output = module(torch.rand((PROBE_BATCH, *spec.input_shape)))
-            shape = tuple(output.shape) if isinstance(output, torch.Tensor) else (type(output).__name__,)
-        except KeyboardInterrupt:
-            raise
-        except BaseException as error:  # SystemExit too: a model's code must not end the start-up with 0
-            raise ModelConfigError(
-                [f"{spec.toml}: input_shape: the model fails on a ({PROBE_BATCH}, "
-                 f"{', '.join(map(str, spec.input_shape))}) batch: {type(error).__name__}: "
-                 f"{' '.join(str(error).split())[:300]}"]
-            ) from None  # fmt: skip
-    check_output_shape(spec, shape)
-    return LoadedModel(spec=spec, module=module)
+        for batch in batches:
+            kind, seen[batch] = torch_probe(spec, module, batch)
+    layout = layout_of(spec, kind, seen)  # a model without [[outputs]]: its spec's own layout, unchanged
+    return LoadedModel(spec=spec if layout.default else dataclasses.replace(spec, outputs=layout), module=module)
 
 
 def _named_file_outside(spec: ModelSpec, key: str) -> str | None:
     value: str | None = getattr(spec.config, key)
     return None if value is None else _outside(spec.home, value, spec.path(value))
-
-
-def check_output_shape(spec: ModelSpec, shape: tuple[object, ...]) -> None:
-    toml = spec.toml
-    if len(shape) != 2 or shape[0] != PROBE_BATCH:
-        raise ModelConfigError(
-            [f"{toml}: format: the model's output for a ({PROBE_BATCH}, C, H, W) batch is {list(shape)}, not "
-             f"({PROBE_BATCH}, classes): serve a classifier that returns one row of logits per image"]
-        )  # fmt: skip
-    if shape[1] != spec.num_classes:
-        raise ModelConfigError(
-            [f"{toml}: labels: {spec.num_classes} labels for a model with {shape[1]} outputs; give one label per class"]
-        )

@@ -5,8 +5,10 @@
     architecture = "resnet50"              # torchvision, with `arguments` and `weights`
     factory = "model:build"                # python: module found first in the model's folder
     input_shape = [3, 224, 224]            # (C, H, W) of one image
-    labels = ["cat", "dog"] | "labels.txt" # one per output class
+    labels = ["cat", "dog"] | "labels.txt" # one per output class (where the model has class scores)
     postprocess = "softmax"                # | "sigmoid" (multi-label) | "none" (the model's own scores)
+    [[outputs]]                            # optional: the model's named outputs (app/repository/outputs.py)
+    name = "boxes"; datatype = "FP32"; shape = [100, 4]; classes = false
     input_datatype = "UINT8"               # | "FP32": what the v2 metadata asks clients to send
     [preprocess]                           # image uploads; mean/std run inside the graph
     color = "RGB"; resize = 256; crop = 224; mean = [...]; std = [...]
@@ -61,12 +63,27 @@ class Preprocess(BaseModel):
         return value
 
 
+class OutputConfig(BaseModel):
+    """One of the model's outputs, in its return order: [[outputs]] in model.toml."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", max_length=64)]
+    datatype: Literal["FP32", "INT64", "INT32", "INT16", "INT8", "UINT8", "BOOL"] | None = None  # checked at load
+    shape: tuple[Annotated[int, Field(ge=1)], ...] | None = None  # one image's; checked against the probe
+    classes: bool = False  # class scores: postprocess, labels and the classification extension apply
+
+
+# /predict answers a class-scores output as these fields beside the other outputs' names.
+CLASS_FIELDS = ("label", "class_name", "scores")
+
+
 class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
 
     format: Format
     input_shape: tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]]
-    labels: list[str] | str
+    labels: list[str] | str | None = None  # needed where the model has class scores
     file: str | None = None
     weights: str | None = None
     architecture: str | None = None
@@ -76,6 +93,8 @@ class ModelConfig(BaseModel):
     preprocess: Preprocess = Preprocess()
     # What the logits become, in the graph: a model that ends in its own softmax says "none".
     postprocess: Postprocess = "softmax"
+    # The model's named outputs in its return order; unset: one tensor (B, len(labels)) of class scores.
+    outputs: tuple[OutputConfig, ...] | None = None
     # The input datatype the Open Inference Protocol's metadata declares, so that Triton's clients and
     # perf_analyzer send it: UINT8 pixels are a quarter of FP32's bytes and the engine stages uint8 as
     # it comes. Both are accepted either way.
@@ -118,6 +137,7 @@ class ModelConfig(BaseModel):
             problems.append(("engine", f'"{self.engine}" cannot run an ONNX file; use "onnxruntime"'))
         if self.format != "onnx" and self.engine == "onnxruntime":
             problems.append(("engine", f'"onnxruntime" runs ONNX files only; this model\'s format is "{self.format}"'))
+        problems += self._output_problems()
         channels = self.input_shape[0]
         for key in ("mean", "std"):
             values = getattr(self.preprocess, key)
@@ -132,6 +152,33 @@ class ModelConfig(BaseModel):
             if w in (1, 3):  # written as H, W, C, as images are stored
                 message += f"; input_shape is C, H, W: [{w}, {c}, {h}]?"
             problems.append(("input_shape", message))
+        return problems
+
+    def _output_problems(self) -> list[tuple[str, str]]:
+        if self.outputs is None:
+            return [] if self.labels is not None else [("labels", "a model of class scores needs one label per class")]
+        problems = []
+        names = [output.name for output in self.outputs]
+        classes = [output.name for output in self.outputs if output.classes]
+        if not names:
+            problems.append(("outputs", "an empty list; name the model's outputs, or leave the key out"))
+        if len(set(names)) < len(names):
+            problems.append(("outputs", f"names repeat: {names}; each output once"))
+        if len(classes) > 1:
+            problems.append(("outputs", f"{classes} are all marked classes = true; at most one output is class scores"))
+        if classes and self.labels is None:
+            problems.append(("labels", f'the class-scores output "{classes[0]}" needs one label per class'))
+        if not classes and self.labels is not None:
+            problems.append(("labels", "no output is marked classes = true, so there is nothing to label"))
+        if not classes and self.postprocess != "none" and "postprocess" in self.model_fields_set:
+            problems.append(
+                ("postprocess", f'"{self.postprocess}" applies to class scores, and no output is marked classes = true')
+            )
+        clash = sorted(set(names) & set(CLASS_FIELDS)) if classes else []
+        if clash:
+            problems.append(
+                ("outputs", f"{clash}: /predict answers the class scores as {list(CLASS_FIELDS)}; rename the output")
+            )
         return problems
 
     @property
@@ -179,6 +226,8 @@ def _names(folders: tuple[Path, ...]) -> str:
 
 def read_labels(config: ModelConfig, folders: tuple[Path, ...]) -> tuple[str, ...]:
     """The labels list, or the lines of the labels file (blank lines skipped)."""
+    if config.labels is None:
+        return ()
     if isinstance(config.labels, list):
         return tuple(config.labels)
     found = find(config.labels, folders)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.repository.model_config import ModelConfig, Preprocess
+from app.repository.outputs import OutputLayout
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +21,14 @@ class ModelSpec:
     class_names: tuple[str, ...]
     version: str = "1"  # /v2/models/{name}/versions/{version}; an unversioned model's is "1"
     config_file: Path | None = None  # its model.toml where not in `folder` (DIR/<name>/model.toml)
+    # Its outputs as the probe found them (app/repository/__init__.py's load_model); None before the probe,
+    # where a model without [[outputs]] has its one class-scores output (`layout`).
+    outputs: OutputLayout | None = None
+
+    @property
+    def layout(self) -> OutputLayout:
+        """What the model returns per image and how a packed (B, width) float32 row is cut into it."""
+        return self.outputs if self.outputs is not None else OutputLayout.scores(len(self.class_names))
 
     @property
     def toml(self) -> Path:

@@ -12,6 +12,7 @@ import numpy as np
 
 from app.repository.model_config import ModelConfigError
 from app.repository.model_spec import ModelSpec
+from app.repository.probe import Seen
 
 ONNX_FIX = "install onnxruntime (pip install 'cudagraph-serve[onnx]')"
 
@@ -35,8 +36,8 @@ def open_session(spec: ModelSpec, providers: tuple[str, ...]) -> Any:
         ) from None
 
 
-def probe_onnx(spec: ModelSpec, batch: int) -> tuple[object, ...]:
-    """The output shape for a (batch, C, H, W) input, on the CPU provider."""
+def probe_onnx(spec: ModelSpec, batch: int) -> list[Seen]:
+    """Every output, named, for a (batch, C, H, W) input, on the CPU provider."""
     session = open_session(spec, ("CPUExecutionProvider",))
     toml = spec.toml
     declared = list(session.get_inputs()[0].shape)  # (N, C, H, W): ints where fixed, names where dynamic
@@ -45,7 +46,7 @@ def probe_onnx(spec: ModelSpec, batch: int) -> tuple[object, ...]:
         raise ModelConfigError([f"{toml}: input_shape: {differ}"])
     x = np.zeros((batch, *spec.input_shape), dtype=np.float32)
     try:
-        (output, *_) = session.run(None, {session.get_inputs()[0].name: x})
+        outputs = session.run(None, {session.get_inputs()[0].name: x})
     except Exception as error:
         fixed_batch = isinstance(declared[0], int) and declared[0] != batch
         why = " (export it with a dynamic batch dimension)" if fixed_batch else ""
@@ -53,7 +54,15 @@ def probe_onnx(spec: ModelSpec, batch: int) -> tuple[object, ...]:
             [f"{toml}: input_shape: the ONNX model fails on a {list(x.shape)} batch{why}: "
              f"{' '.join(str(error).split())[:300]}"]
         ) from None  # fmt: skip
-    return tuple(np.shape(output))
+    names = [output.name for output in session.get_outputs()]
+    return [
+        Seen(name, tuple(np.shape(value)), str(np.asarray(value).dtype), _magnitude(np.asarray(value)))
+        for name, value in zip(names, outputs, strict=True)
+    ]
+
+
+def _magnitude(value: np.ndarray) -> float:
+    return float(np.abs(value).max()) if value.size and value.dtype.kind in "iuf" else 0.0
 
 
 def shape_differences(input_shape: tuple[int, int, int], declared: list[object]) -> str | None:

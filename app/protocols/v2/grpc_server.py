@@ -82,10 +82,10 @@ class GrpcCodec:
     def served(self, model: str, version: str | None) -> ServedModel:
         return self.service.model(model, version or None)
 
-    async def decode(self, request: Any, spec: ModelSpec) -> tuple[np.ndarray, tuple[int, str]]:
-        """(k, C, H, W) images, and the top-k asked for (0: the probabilities) with the call's id: the
-        whole call, checked."""
-        asked = _asked_classes(request), request.id
+    async def decode(self, request: Any, spec: ModelSpec) -> tuple[np.ndarray, tuple[tuple[tensors.Wanted, ...], str]]:
+        """(k, C, H, W) images, and the outputs asked for (each with its top-k, 0: the values) with the call's
+        id: the whole call, checked."""
+        asked = _asked_outputs(request, spec), request.id
         settings = self.service.settings
         if _payload_bytes(request) < LARGE_JSON_BYTES:  # as the REST path: large decodes off the loop
             images = _input(request, spec, settings.max_instances)
@@ -96,9 +96,11 @@ class GrpcCodec:
             images = await decode_uploads(images, max_pixels=pixels, spec=spec, gpu=self.service.jpeg_decoder)
         return images, asked
 
-    def encode(self, scores: np.ndarray, asked: tuple[int, str], served: ServedModel, engine: str) -> Any:
-        classes, request_id = asked
-        return _answer(request_id, served, scores, classes)
+    def encode(
+        self, scores: np.ndarray, asked: tuple[tuple[tensors.Wanted, ...], str], served: ServedModel, engine: str
+    ) -> Any:
+        wanted, request_id = asked
+        return _answer(request_id, served, scores, wanted)
 
     def failure(self, error: ServiceError) -> tuple[Any, str]:
         code = STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL)
@@ -269,43 +271,41 @@ def _input(request: Any, spec: ModelSpec, max_instances: int) -> np.ndarray | li
     )
 
 
-def _asked_classes(request: Any) -> int:
-    """The top-k the one output asks for (0: the probabilities); InputError for an unknown output,
-    a repeated one (200,000 repeats made an answer of as many copies) or a malformed count."""
-    for index, output in enumerate(request.outputs):
-        if output.name != tensors.OUTPUT:
-            raise InputError(f"no output named {output.name[:60]!r}", expected=f'the output "{tensors.OUTPUT}"')
-        if index:
-            raise InputError(
-                f'the output "{tensors.OUTPUT}" is asked for {len(request.outputs)} times', expected="each output once"
-            )
-    if not request.outputs or "classification" not in request.outputs[0].parameters:
-        return 0
-    parameter = request.outputs[0].parameters["classification"]
-    kind = parameter.WhichOneof("parameter_choice")
-    count = getattr(parameter, kind) if kind in ("int64_param", "uint64_param") else -1
-    if count < 0:
-        value = getattr(parameter, kind) if kind else None
-        raise InputError(
-            f"the parameter classification is {str(value)[:60]!r} ({kind})",
-            expected="int64_param: a whole number of classes to answer, most probable first (0: the probabilities)",
-        )
-    return int(count)
+def _asked_outputs(request: Any, spec: ModelSpec) -> tuple[tensors.Wanted, ...]:
+    """The outputs the call names, each with its top-k (0: the values), every output where it names none;
+    InputError for an unknown output, a repeated one (200,000 repeats made an answer of as many copies), a
+    malformed count or a classification of what is not class scores."""
+    names: list[object] = [output.name for output in request.outputs]
+    seen: set[str] = set()
+    wanted = []
+    for output in request.outputs:
+        found = tensors.wanted_output(spec, output.name, names, seen)
+        count = 0
+        if "classification" in output.parameters:
+            parameter = output.parameters["classification"]
+            kind = parameter.WhichOneof("parameter_choice")
+            count = getattr(parameter, kind) if kind in ("int64_param", "uint64_param") else -1
+            if count < 0:
+                value = getattr(parameter, kind) if kind else None
+                raise InputError(
+                    f"the parameter classification is {str(value)[:60]!r} ({kind})",
+                    expected="int64_param: a whole number of classes to answer, most probable first "
+                    "(0: the probabilities)",
+                )
+        wanted.append(tensors.Wanted(found.name, tensors.check_classification(spec, found, int(count)), True))
+    return tuple(wanted) or tuple(tensors.Wanted(name, 0, True) for name in spec.layout.names)
 
 
-def _answer(request_id: str, served: ServedModel, probabilities: np.ndarray, classes: int) -> pb.ModelInferResponse:
+def _answer(
+    request_id: str, served: ServedModel, probabilities: np.ndarray, wanted: tuple[tensors.Wanted, ...]
+) -> pb.ModelInferResponse:
     spec = served.spec
     response = pb.ModelInferResponse(model_name=spec.name, model_version=spec.version, id=request_id)
-    if classes:
-        values = tensors.classification(probabilities, classes, spec.class_names)
-        raw = b"".join(len(v).to_bytes(4, "little") + v for v in values.reshape(-1))
-        response.outputs.add(name=tensors.OUTPUT, datatype="BYTES", shape=list(values.shape))
-    else:
-        raw = np.ascontiguousarray(probabilities, dtype="<f4").tobytes()
-        response.outputs.add(name=tensors.OUTPUT, datatype="FP32", shape=list(probabilities.shape))
-    # What the scores are: softmax probabilities, sigmoid per class, or the model's own outputs.
-    response.outputs[0].parameters["postprocess"].string_param = spec.config.postprocess
-    response.raw_output_contents.append(raw)
+    for want, output, values in tensors.answer_tensors(spec, probabilities, wanted):
+        tensor = response.outputs.add(name=output.name, datatype=tensors.datatype_of(want, output), shape=values.shape)
+        if output.classes:  # what the scores are: softmax probabilities, sigmoid per class, or the model's own
+            tensor.parameters["postprocess"].string_param = spec.config.postprocess
+        response.raw_output_contents.append(tensors.raw_bytes(want, output, values))
     return response
 
 

@@ -47,8 +47,7 @@ class Asked:
     """What the answer holds, as the request asked it: checked before its batch runs."""
 
     id: str | None
-    classes: int  # top-k strings (the classification extension); 0: the probabilities
-    binary: bool  # the output as binary tensor data after the JSON header
+    outputs: tuple[tensors.Wanted, ...]  # in the answer's order: those the request names, else every output
 
 
 def v2_error(error: ServiceError) -> Response:
@@ -213,7 +212,7 @@ def parse_infer(
     encoded images (still to decode): the whole request, checked."""
     document, binary = _split_body(body, header_length)
     images = _input(document, binary, spec, max_instances)
-    return asked_outputs(document), images
+    return asked_outputs(document, spec), images
 
 
 def _short(value: object) -> str:
@@ -237,25 +236,23 @@ def _flag(parameters: dict[str, Any], key: str, default: bool) -> bool:
     return value
 
 
-def asked_outputs(document: dict[str, Any]) -> Asked:
+def asked_outputs(document: dict[str, Any], spec: ModelSpec) -> Asked:
     """The request's "outputs" and answer parameters, refused here (400) if the answer could not honour them."""
     wants_binary = _flag(_parameters(document.get("parameters"), "the request's"), "binary_data_output", False)
     requested = document.get("outputs")
     if requested is None:
         requested = []
     if not isinstance(requested, list):
-        raise InputError(f'"outputs" is {_short(requested)}', expected=f'a list naming the output "{tensors.OUTPUT}"')
-    classes, binary = 0, wants_binary
-    for index, output in enumerate(requested):
+        expected = f"a list naming {tensors.outputs_expected(spec)}"
+        raise InputError(f'"outputs" is {_short(requested)}', expected=expected)
+    names = [output.get("name") if isinstance(output, dict) else None for output in requested]
+    seen: set[str] = set()
+    wanted = []
+    for output in requested:
         if not isinstance(output, dict):
-            raise InputError(f"an output is {_short(output)}", expected=f'{{"name": "{tensors.OUTPUT}"}}')
-        if output.get("name") != tensors.OUTPUT:
-            raise InputError(f"no output named {_short(output.get('name'))}", expected=f'the output "{tensors.OUTPUT}"')
-        if index:  # one output, so any second one repeats it (240,000 repeats made a 66 MB answer)
-            raise InputError(
-                f'the output "{tensors.OUTPUT}" is asked for {len(requested)} times', expected="each output once"
-            )
-        parameters = _parameters(output.get("parameters"), f'the output "{tensors.OUTPUT}"\'s')
+            raise InputError(f"an output is {_short(output)}", expected=f'{{"name": "{spec.layout.names[0]}"}}')
+        found = tensors.wanted_output(spec, output.get("name"), names, seen)
+        parameters = _parameters(output.get("parameters"), f'the output "{found.name}"\'s')
         classes = parameters.get("classification", 0)
         if classes is None:
             classes = 0
@@ -264,9 +261,12 @@ def asked_outputs(document: dict[str, Any]) -> Asked:
                 f"the parameter classification is {_short(classes)}",
                 expected="a whole number of classes to answer, most probable first (0: the probabilities)",
             )
-        binary = _flag(parameters, "binary_data", wants_binary)
+        classes = tensors.check_classification(spec, found, classes)
+        wanted.append(tensors.Wanted(found.name, classes, _flag(parameters, "binary_data", wants_binary)))
+    if not wanted:
+        wanted = [tensors.Wanted(name, 0, wants_binary) for name in spec.layout.names]
     request_id = document.get("id")
-    return Asked(request_id if isinstance(request_id, str) else None, classes, binary)
+    return Asked(request_id if isinstance(request_id, str) else None, tuple(wanted))
 
 
 def _split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes]:
@@ -337,33 +337,28 @@ def _input(document: dict[str, Any], binary: bytes, spec: ModelSpec, max_instanc
 
 
 def infer_answer(asked: Asked, spec: ModelSpec, probabilities: np.ndarray) -> tuple[bytes, int | None]:
-    """The answer's body: probabilities, or top-k strings (classification), JSON or binary as
-    asked; and the length of its JSON header where binary tensors follow it (None: all JSON)."""
+    """The answer's body: each output asked for (every one by default) — probabilities, a named output's
+    values, or top-k strings (classification) —, JSON or binary as asked; and the length of its JSON header
+    where binary tensors follow it (None: all JSON)."""
     header: dict[str, Any] = {"model_name": spec.name, "model_version": spec.version, "outputs": []}
     if asked.id is not None:
         header["id"] = asked.id
-    count = asked.classes
-    values = tensors.classification(probabilities, count, spec.class_names) if count else probabilities
-    described: dict[str, Any] = {
-        "name": tensors.OUTPUT,
-        "datatype": "BYTES" if count else "FP32",
-        "shape": list(values.shape),
-    }
-    raw = b""
-    # What the scores are: softmax probabilities, sigmoid per class, or the model's own outputs.
-    described["parameters"] = {"postprocess": spec.config.postprocess}
-    if asked.binary:
-        raw = _bytes_tensor(values) if count else np.ascontiguousarray(values, dtype="<f4").tobytes()
-        described["parameters"]["binary_data_size"] = len(raw)
-    else:
-        described["data"] = [v.decode() for v in values.reshape(-1)] if count else values.reshape(-1)
-    header["outputs"].append(described)
+    raw: list[bytes] = []
+    for want, output, values in tensors.answer_tensors(spec, probabilities, asked.outputs):
+        described: dict[str, Any] = {
+            "name": output.name,
+            "datatype": tensors.datatype_of(want, output),
+            "shape": list(values.shape),
+        }
+        if output.classes:  # what the scores are: softmax probabilities, sigmoid per class, or the model's own
+            described["parameters"] = {"postprocess": spec.config.postprocess}
+        if want.binary:
+            raw.append(tensors.raw_bytes(want, output, values))
+            described.setdefault("parameters", {})["binary_data_size"] = len(raw[-1])
+        else:
+            described["data"] = [v.decode() for v in values.reshape(-1)] if want.classes else values.reshape(-1)
+        header["outputs"].append(described)
     body = orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
-    if not asked.binary:
+    if not raw:
         return body, None
-    return body + raw, len(body)
-
-
-def _bytes_tensor(values: np.ndarray) -> bytes:
-    """BYTES elements in the binary extension: each a 4-byte little-endian length, then the bytes."""
-    return b"".join(len(v).to_bytes(4, "little") + v for v in values.reshape(-1))
+    return body + b"".join(raw), len(body)

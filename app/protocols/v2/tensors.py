@@ -2,13 +2,15 @@
 
 Every model has one input, `input`: FP32 intensities in [0, 1] or UINT8 pixels, shape
 [-1, C, H, W] (its metadata declares the datatype model.toml's input_datatype names; both are
-accepted); and one output, `probabilities`: FP32 [-1, classes]. A request's input becomes the same
+accepted); and one output, `probabilities`: FP32 [-1, classes], or the named outputs of its
+model.toml's [[outputs]], each with its datatype and shape [-1, *one image's]. A request's input becomes the same
 (k, C, H, W) array that POST /predict's decoders give the batcher; an output asked for with the
 classification extension becomes Triton's top-k strings "score:index:label".
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,6 +19,8 @@ from app import __version__
 from app.codecs.bodies import check_count, checked_intensities
 from app.errors import InputError
 from app.repository.model_spec import ModelSpec
+from app.repository.outputs import DATATYPES as OUTPUT_DATATYPES
+from app.repository.outputs import Output
 
 INPUT = "input"
 OUTPUT = "probabilities"
@@ -104,6 +108,79 @@ def binary_elements(datatype: str, raw: bytes) -> np.ndarray:
     return np.frombuffer(raw, dtype=dtype)
 
 
+@dataclass(frozen=True, slots=True)
+class Wanted:
+    """One output the answer holds, as the request asked for it (checked before its batch runs)."""
+
+    name: str
+    classes: int  # top-k strings (the classification extension); 0: the output's values
+    binary: bool  # REST: its values as binary tensor data after the JSON header
+
+
+def outputs_expected(spec: ModelSpec) -> str:
+    names = spec.layout.names
+    if len(names) == 1:
+        return f'the output "{names[0]}"'
+    return "outputs among " + ", ".join(f'"{name}"' for name in names) + ", each once"
+
+
+def wanted_output(spec: ModelSpec, name: object, asked: list[object], seen: set[str]) -> Output:
+    """The output a request's entry names; InputError for an unknown or repeated one (`asked`: every name the
+    request gives, `seen`: those checked so far). 200,000 repeats made an answer of as many copies."""
+    output = spec.layout.get(name) if isinstance(name, str) else None
+    if output is None:
+        text = repr(name) if len(repr(name)) <= 60 else repr(name)[:57] + "..."
+        raise InputError(f"no output named {text}", expected=outputs_expected(spec))
+    if output.name in seen:
+        count = sum(1 for other in asked if other == output.name)
+        raise InputError(f'the output "{output.name}" is asked for {count} times', expected="each output once")
+    seen.add(output.name)
+    return output
+
+
+def check_classification(spec: ModelSpec, output: Output, count: int) -> int:
+    """The classification extension's top-k (a whole number already) for `output`: class scores only."""
+    if count and not output.classes:
+        scores = spec.layout.classes
+        expected = (
+            f'classification on "{scores.name}" alone' if scores else "no classification: no output is class scores"
+        )
+        raise InputError(
+            f'the output "{output.name}" is not class scores, so it has no classification', expected=expected
+        )
+    return count
+
+
+def answer_tensors(
+    spec: ModelSpec, rows: np.ndarray, wanted: tuple[Wanted, ...]
+) -> list[tuple[Wanted, Output, np.ndarray]]:
+    """(k, width) answered rows → each wanted output's (k, *shape) values in its datatype, or for a top-k
+    its (k, count) BYTES strings; every output in the model's order where none was named."""
+    layout = spec.layout
+    values = layout.cut(rows)
+    answered = []
+    for want in wanted:
+        output = layout.get(want.name)
+        assert output is not None  # wanted_output checked it
+        tensor = values[want.name]
+        if want.classes:
+            tensor = classification(tensor, want.classes, spec.class_names)
+        answered.append((want, output, tensor))
+    return answered
+
+
+def datatype_of(want: Wanted, output: Output) -> str:
+    return "BYTES" if want.classes else output.datatype
+
+
+def raw_bytes(want: Wanted, output: Output, values: np.ndarray) -> bytes:
+    """An answered tensor as binary tensor data (REST) and raw_output_contents (gRPC): little-endian elements,
+    BYTES each a 4-byte length then its bytes."""
+    if want.classes:
+        return b"".join(len(v).to_bytes(4, "little") + v for v in values.reshape(-1))
+    return np.ascontiguousarray(values, dtype=OUTPUT_DATATYPES[output.datatype]).tobytes()
+
+
 def classification(probabilities: np.ndarray, count: int, labels: tuple[str, ...]) -> np.ndarray:
     """(k, classes) → (k, count) strings "score:index:label", most probable first, as Triton does."""
     count = max(1, min(count, probabilities.shape[1]))
@@ -125,7 +202,10 @@ def model_metadata(spec: ModelSpec, platform: str, versions: list[str] | None = 
         "versions": versions or [spec.version],
         "platform": platform,
         "inputs": [{"name": INPUT, "datatype": spec.config.input_datatype, "shape": [-1, *spec.input_shape]}],
-        "outputs": [{"name": OUTPUT, "datatype": "FP32", "shape": [-1, spec.num_classes]}],
+        "outputs": [
+            {"name": output.name, "datatype": output.datatype, "shape": [-1, *output.shape]}
+            for output in spec.layout.outputs
+        ],
     }
 
 
@@ -137,7 +217,10 @@ def model_config(spec: ModelSpec, platform: str, buckets: tuple[int, ...], max_d
         "backend": "cudagraph-serve",
         "max_batch_size": buckets[-1],
         "input": [{"name": INPUT, "data_type": f"TYPE_{spec.config.input_datatype}", "dims": list(spec.input_shape)}],
-        "output": [{"name": OUTPUT, "data_type": "TYPE_FP32", "dims": [spec.num_classes]}],
+        "output": [
+            {"name": output.name, "data_type": f"TYPE_{output.datatype}", "dims": list(output.shape)}
+            for output in spec.layout.outputs
+        ],
         "dynamic_batching": {
             "preferred_batch_size": list(buckets),
             "max_queue_delay_microseconds": round(max_delay_ms * 1000),
