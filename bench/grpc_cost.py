@@ -1,0 +1,165 @@
+"""gRPC against v2 HTTP binary: the server's CPU a request, and latency at one in flight (issue 26.3).
+
+The issue asks gRPC for ≥ 0.9× v2 HTTP binary's throughput with the same workers, and a p50 of
+≤ 0.5 ms at concurrency 1 with one worker, seed CNN. Where the server is CPU-bound, throughput
+is the inverse of its CPU a request, so the ratio of the two protocols' CPU a request, measured on
+any machine, is what the H200 will show as a throughput ratio. One server (the seed CNN on the
+CPU, one worker, gRPC on), then for each protocol and concurrency a driver process that sends one
+prebuilt request over and over (a bare asyncio HTTP/1.1 client for HTTP; grpc.aio for gRPC) and
+the server's CPU seconds from /proc:
+
+    server_us_per_request   every server process's CPU ÷ requests answered
+    p50_ms                  the driver's own latency (its CPU is not the server's)
+
+    PYTHONPATH=. python3 bench/grpc_cost.py --out bench/results/<name>.json [--tree DIR --label before]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from bench.body_path_cost import descendants
+from bench.engine_link_bench import cpu_seconds
+from loadtest.server_process import free_port, running, service_env
+
+PIXELS = np.random.default_rng(0).integers(0, 256, (1, 1, 28, 28), dtype=np.uint8).tobytes()
+
+
+def http_request(port: int) -> bytes:
+    """POST /v2/models/fashion-cnn/infer, the binary extension: a JSON header, then 784 uint8 pixels."""
+    header = orjson.dumps({
+        "inputs": [{"name": "input", "shape": [1, 1, 28, 28], "datatype": "UINT8",
+                    "parameters": {"binary_data_size": len(PIXELS)}}],
+        "outputs": [{"name": "probabilities", "parameters": {"binary_data": True}}],
+    })  # fmt: skip
+    head = (f"POST /v2/models/fashion-cnn/infer HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"Content-Type: application/octet-stream\r\nInference-Header-Content-Length: {len(header)}\r\n"
+            f"Content-Length: {len(header) + len(PIXELS)}\r\n\r\n")  # fmt: skip
+    return head.encode() + header + PIXELS
+
+
+async def http_driver(port: int, concurrency: int, seconds: float) -> list[float]:
+    request, latencies = http_request(port), []
+
+    async def one_connection(until: float) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        while time.perf_counter() < until:
+            started = time.perf_counter()
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            if not head.startswith(b"HTTP/1.1 200"):
+                raise RuntimeError(head.decode(errors="replace"))
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            latencies.append(time.perf_counter() - started)
+        writer.close()
+
+    until = time.perf_counter() + seconds
+    await asyncio.gather(*(one_connection(until) for _ in range(concurrency)))
+    return latencies
+
+
+async def grpc_driver(port: int, concurrency: int, seconds: float) -> list[float]:
+    import grpc
+
+    from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
+    from app.protocols.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+
+    tensor = pb.ModelInferRequest.InferInputTensor(name="input", datatype="UINT8", shape=[1, 1, 28, 28])
+    request = pb.ModelInferRequest(model_name="fashion-cnn", inputs=[tensor], raw_input_contents=[PIXELS])
+    latencies: list[float] = []
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        infer = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer
+
+        async def one_stream(until: float) -> None:
+            while time.perf_counter() < until:
+                started = time.perf_counter()
+                await infer(request)
+                latencies.append(time.perf_counter() - started)
+
+        until = time.perf_counter() + seconds
+        await asyncio.gather(*(one_stream(until) for _ in range(concurrency)))
+    return latencies
+
+
+def drive(protocol: str, port: int, concurrency: int, seconds: float) -> None:
+    """The driver process: warm up, measure, print the latencies (s) as JSON."""
+    driver = http_driver if protocol == "http" else grpc_driver
+    asyncio.run(driver(port, concurrency, 0.5))
+    print(json.dumps(asyncio.run(driver(port, concurrency, seconds))))
+
+
+def point(protocol: str, port: int, concurrency: int, seconds: float, server: list[int]) -> dict[str, Any]:
+    argv = [sys.executable, __file__, "--drive", protocol, "--port", str(port), "--concurrency", str(concurrency),
+            "--seconds", str(seconds)]  # fmt: skip
+    driver = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=os.environ | {"PYTHONPATH": os.getcwd()})
+    time.sleep(0.5)  # its warm-up: left out of the CPU figures
+    before = sum(cpu_seconds(pid) for pid in server)
+    output, _ = driver.communicate(timeout=60 + seconds)
+    spent = sum(cpu_seconds(pid) for pid in server) - before
+    latencies = json.loads(output)
+    return {
+        "protocol": protocol,
+        "concurrency": concurrency,
+        "requests_per_s": round(len(latencies) / seconds, 1),
+        "server_us_per_request": round(spent / len(latencies) * 1e6, 1),
+        "p50_ms": round(statistics.median(latencies) * 1000, 3),
+        "p99_ms": round(float(np.quantile(latencies, 0.99)) * 1000, 3),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path)
+    p.add_argument("--tree", type=Path, help="run the server from this copy of the repository")
+    p.add_argument("--label", default="this checkout")
+    p.add_argument("--concurrencies", default="1,8,32")
+    p.add_argument("--seconds", type=float, default=4.0)
+    p.add_argument("--drive", choices=("http", "grpc"), help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--concurrency", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.drive:
+        drive(args.drive, args.port, args.concurrency, args.seconds)
+        return
+    port, grpc_port = free_port(), free_port()
+    env = service_env(port, device="cpu", grpc_port=grpc_port) | {"OMP_NUM_THREADS": "1"}
+    if args.tree is not None:
+        env["PYTHONPATH"] = f"{args.tree.resolve()}:{os.environ.get('PYTHONPATH', '')}"
+    record: dict[str, Any] = {"command": shlex.join(["python3", *sys.argv]), "label": args.label, "points": []}
+    work = Path(tempfile.mkdtemp(prefix="grpc-cost-"))
+    serve = [sys.executable, "-m", "app.cli", "serve"]
+    with running(serve, work / "server.log", port=port, env=env, cwd=args.tree, ready_timeout_s=120) as server:
+        processes = [server.proc.pid, *descendants(server.proc.pid)]
+        for concurrency in (int(c) for c in args.concurrencies.split(",")):
+            for protocol, target in (("http", port), ("grpc", grpc_port)):
+                result = point(protocol, target, concurrency, args.seconds, processes)
+                record["points"].append(result)
+                print(f"{args.label}: {result}", flush=True)
+    for concurrency in {p["concurrency"] for p in record["points"]}:
+        http, grpc = (next(p for p in record["points"] if p["concurrency"] == concurrency and p["protocol"] == name)
+                      for name in ("http", "grpc"))  # fmt: skip
+        record[f"grpc_over_http_cpu_c{concurrency}"] = round(
+            grpc["server_us_per_request"] / http["server_us_per_request"], 2
+        )
+    print({k: v for k, v in record.items() if k.startswith("grpc_over")})
+    if args.out is not None:
+        args.out.write_text(json.dumps(record, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
