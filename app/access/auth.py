@@ -29,10 +29,12 @@ from app.ops import metrics
 from app.protocols.v2.rest import v2_error
 
 log = logging.getLogger(__name__)
-Kind = Literal["inference", "admin", "open"]
+Kind = Literal["inference", "admin", "repository", "open"]
 _INFERENCE = re.compile(r"/(predict|v1/models/[^/]+/predict|v2(?!/health/)(/[\s\S]*)?)")
 _ADMIN = re.compile(r"/(metrics|v1/models)(/[\s\S]*)?")
-_REPOSITORY = re.compile(r"/v2/repository(/[\s\S]*)?")  # admin, though under /v2
+# Model control: the admin tokens', or the inference tokens' where no admin token is set (a load or an
+# unload is never less guarded than an inference call).
+_REPOSITORY = re.compile(r"/v2/repository(/[\s\S]*)?")
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # in a decoded path: what no route of ours has
 SETTING = {
     "inference": "CGSERVE_AUTH_TOKENS or CGSERVE_AUTH_TOKENS_FILE",
@@ -43,7 +45,7 @@ SETTING = {
 def route_kind(path: str) -> Kind:
     """The kind of a path without control characters (the middleware refuses those first)."""
     if _REPOSITORY.fullmatch(path):
-        return "admin"
+        return "repository"
     if _INFERENCE.fullmatch(path):
         return "inference"
     if _ADMIN.fullmatch(path):
@@ -54,7 +56,9 @@ def route_kind(path: str) -> Kind:
 class AuthMiddleware:
     def __init__(self, app: ASGIApp, *, inference: TokenSet, admin: TokenSet) -> None:
         self.app = app
-        self.tokens: dict[Kind, TokenSet] = {"inference": inference, "admin": admin}
+        self.tokens: dict[Kind, TokenSet] = {"inference": inference, "admin": admin, "repository": admin or inference}
+        self.named: dict[Kind, str] = {"inference": "inference", "admin": "admin",
+                                       "repository": "admin" if admin else "inference"}  # fmt: skip
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -85,12 +89,13 @@ class AuthMiddleware:
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, kind: Kind, *, invalid: bool) -> None:
         what = "is not an accepted token" if invalid else "is missing"
+        named = self.named[kind]
         error = UnauthorizedError(
             f"{scope['method']} {scope['path']}: the bearer token {what}",
-            expected=f"an Authorization: Bearer <token> header with one of the {kind} tokens ({SETTING[kind]})",
+            expected=f"an Authorization: Bearer <token> header with one of the {named} tokens ({SETTING[named]})",
             invalid=invalid,
         )
-        log.debug("refused %s %s: no %s token", scope["method"], scope["path"], "accepted" if invalid else kind)
+        log.debug("refused %s %s: no %s token", scope["method"], scope["path"], "accepted" if invalid else named)
         # No model label: the name in the path is the unauthenticated client's to choose.
         metrics.reject("", error.reason)
         response = v2_error(error) if scope["path"].startswith("/v2") else error_response(error)

@@ -37,8 +37,9 @@ OPEN = frozenset(
         "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
     )
 )
-# The model repository extension: the admin tokens' (app/model_control.py).
-ADMIN = frozenset(
+# The model repository extension (app/model_control.py): the admin tokens', or the inference tokens'
+# where no admin token is set — never less guarded than inference (app/access/auth.py's "repository").
+REPOSITORY = frozenset(
     _INFERENCE_SERVICE + name for name in ("RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload")
 )
 SETTING = {
@@ -89,7 +90,9 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         carrier = Carrier(metadata.get("traceparent")) if self.traced else None
         if carrier is not None:
             CARRIER.set(carrier)
-        kind = "admin" if method in ADMIN else "open" if method in OPEN else "inference"
+        kind = "repository" if method in REPOSITORY else "open" if method in OPEN else "inference"
+        if kind == "repository":
+            kind = "admin" if self.admin else "inference"
         tokens = self.admin if kind == "admin" else self.tokens if kind == "inference" else None
         if tokens:
             # Two of them: refused, not the first or the last (HTTP refuses them too, with 400).

@@ -52,7 +52,7 @@ PROTECTED = [
     ("GET", "/v1/models", b"", {}, "admin"),
     ("GET", f"/v1/models/{MODEL}", b"", {}, "admin"),
     ("GET", f"/v1/models/{MODEL}/ready", b"", {}, "admin"),
-    ("POST", "/v2/repository/index", b"", {}, "admin"),
+    ("POST", "/v2/repository/index", b"", {}, "admin"),  # the repository's: admin where admin tokens are set
 ]
 # The model repository extension's load and unload: admin routes, answered 503 here (model control none).
 CONTROL = [
@@ -173,6 +173,17 @@ def test_load_and_unload_take_the_admin_tokens_and_answer_as_triton_with_model_c
     answer = secured.post(path, content=b"{}", headers=bearer(ADMIN))
     assert answer.status_code == 503
     assert answer.json()["error"].startswith("explicit model load / unload is not allowed")  # Triton's words
+
+
+@pytest.mark.parametrize("path", ["/v2/repository/index", *(path for _, path, *_ in CONTROL)])
+def test_model_control_takes_the_inference_tokens_where_no_admin_token_is_set(path: str) -> None:
+    """Never less guarded than an inference call: with only CGSERVE_AUTH_TOKENS set, a load or an unload is
+    not open to anyone (before, the repository routes were admin ones, and admin without tokens is open)."""
+    with TestClient(create_app(Settings(auth_tokens=INFERENCE))) as client:
+        answer = client.post(path, content=b"{}")
+        assert answer.status_code == 401 and "inference tokens" in answer.json()["error"]
+        answer = client.post(path, content=b"{}", headers=bearer(INFERENCE))
+        assert answer.status_code in (200, 503), answer.text  # index answers; load and unload: control is off
 
 
 def test_every_configured_token_is_accepted_and_the_scheme_is_case_insensitive(secured: TestClient) -> None:

@@ -92,3 +92,13 @@ async def test_the_probes_and_reflection_stay_open(method: str) -> None:
 )
 async def test_only_whole_open_names_are_open(method: str) -> None:
     assert (await outcome(method)).startswith("UNAUTHENTICATED")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("call", ["RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload"])
+async def test_model_control_takes_the_inference_tokens_where_no_admin_token_is_set(call: str) -> None:
+    """Never less guarded than an inference call: with only inference tokens set, a load is not open."""
+    method = f"/inference.GRPCInferenceService/{call}"
+    refused = await outcome(method)
+    assert refused.startswith("UNAUTHENTICATED") and "inference tokens" in refused
+    assert await outcome(method, ("authorization", f"Bearer {TOKEN}")) == "served"
