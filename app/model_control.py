@@ -71,6 +71,7 @@ class ModelControl:
         self._seen: dict[str, Files] = {}  # poll: name → its files, as last loaded
         self._failed_at: dict[str, Files] = {}  # poll: name → its files when a load of them failed
         self._poller: asyncio.Task[None] | None = None
+        self._loads: dict[str, asyncio.Task[None]] = {}  # name → its load under way
 
     def start(self) -> None:
         if self.mode == "poll":
@@ -81,10 +82,15 @@ class ModelControl:
         if self._poller is not None:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
-        for retiring in list(self._retiring):
+        if self._loads:  # a load under way: what it built is retired by its own clean-up
+            for task in self._loads.values():
+                task.cancel()
+            await asyncio.gather(*self._loads.values(), return_exceptions=True)
+        retiring_now = list(self._retiring)  # each task's done-callback empties the list as it ends
+        for retiring in retiring_now:
             retiring.task.cancel()
-        await asyncio.gather(*(r.task for r in self._retiring), return_exceptions=True)
-        for retiring in self._retiring:  # cancelled while draining: stopped as the serving ones are
+        await asyncio.gather(*(r.task for r in retiring_now), return_exceptions=True)
+        for retiring in retiring_now:  # cancelled while draining: stopped as the serving ones are
             if retiring.served.batcher is not None:
                 await retiring.served.batcher.stop()
             for engine in retiring.served.engines:
@@ -104,11 +110,13 @@ class ModelControl:
         for name in sorted(names):
             versions = self.service.versions.get(name, {})
             for version in sorted(versions, key=int):
-                ready, detail = versions[version].readiness()
-                state = "READY" if ready else "LOADING" if versions[version].failure is None else "UNAVAILABLE"
+                served = versions[version]
+                ready, detail = served.readiness()
+                starting = served.batcher is None and served.failure is None  # a dead device is UNAVAILABLE
+                state = "READY" if ready else "LOADING" if starting else "UNAVAILABLE"
                 entries.append({"name": name, "version": version, "state": state, "reason": "" if ready else detail})
-            for retiring in self._retiring:
-                if retiring.served.spec.name == name:
+            for retiring in self._retiring:  # one entry a (name, version): a version served again is its new state
+                if retiring.served.spec.name == name and retiring.served.spec.version not in versions:
                     version = retiring.served.spec.version
                     entries.append({"name": name, "version": version, "state": "UNLOADING", "reason": "draining"})
             if not versions:
@@ -118,14 +126,33 @@ class ModelControl:
         return [entry for entry in entries if entry["state"] == "READY"] if ready_only else entries
 
     async def load(self, name: str) -> None:
+        """Load `name`, waiting for it. The load is this object's task, not the caller's: a client that
+        leaves (a gRPC deadline, a closed connection) does not stop a build half-way and strand what it
+        built; a second call for the same name while one runs waits for that one."""
         self._allowed()
-        await self._load(name)
+        task = self._loads.get(name)
+        if task is None:
+            task = self._loads[name] = asyncio.create_task(self._load(name), name=f"load-{name}")
+            task.add_done_callback(lambda _: self._loads.pop(name, None))
+        await asyncio.shield(task)
 
     async def unload(self, name: str) -> None:
         self._allowed()
         async with self._lock:
             self._started()
+            if name not in self.service.versions:
+                folders = await asyncio.to_thread(self._folder_names)
+                if name not in folders:  # not a client's name for a label or a log line beyond this answer
+                    raise ControlError(404, f"failed to unload '{name}': no model of that name is served or in the "
+                                       "repository", expected=f"one of {sorted(self.service.versions)}")  # fmt: skip
+                return  # in the repository, not loaded: nothing to do (as Triton)
             self._unload(name)
+
+    def _folder_names(self) -> list[str]:
+        try:
+            return [name for name, _, _ in model_folders(self.settings.model_repository)]
+        except (ModelConfigError, OSError):
+            return []
 
     def _allowed(self) -> None:
         if self.mode != "explicit":
@@ -155,6 +182,8 @@ class ModelControl:
     async def _build(self, name: str) -> dict[str, ServedModel]:
         """Every version `name`'s folder serves now, read and built beside the serving ones."""
         repository = self.settings.model_repository
+        # The files as read, before reading them: a change made while this builds is seen by the next poll.
+        files = await asyncio.to_thread(fingerprint, repository, name)
         try:
             prepared = await asyncio.to_thread(self._prepare, repository, name)
         except ModelConfigError as error:
@@ -164,12 +193,14 @@ class ModelControl:
         try:
             for model, options in prepared:
                 built[model.spec.version] = await self.service.build(model, options)
-        except Exception as error:
+        except BaseException as error:  # cancelled too (a shutdown): nothing built is left unowned
             for served in built.values():
-                await self.service.retire(served)
+                await asyncio.shield(self.service.retire(served))
+            if not isinstance(error, Exception):
+                raise
             log.warning("loading %s failed; what served before still serves: %s", name, error, exc_info=True)
             raise ControlError(400, f"failed to load '{name}': {type(error).__name__}: {error}") from None
-        self._seen[name] = await asyncio.to_thread(fingerprint, repository, name)
+        self._seen[name] = files
         return built
 
     def _prepare(self, repository: Path, name: str) -> list[tuple[LoadedModel, EngineOptions]]:

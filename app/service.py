@@ -63,6 +63,7 @@ class ServedModel:
     batcher: BatchQueue | None = None  # once ready: a Batcher here, or the engine process's RemoteBatcher
     remote: bool = False  # the engines are the engine process's: none here to ask about their devices
     failure: str | None = None
+    retired: bool = False  # replaced by a load or unloaded: answers what it admitted, then is freed
 
     def device_states(self) -> dict[str, str]:
         """Device → its engine's state: starting, ready, dead, failed (its start-up) or not started."""
@@ -90,13 +91,15 @@ class ServedModel:
     def readiness(self) -> tuple[bool, str]:
         name, states = self.title, self.device_states()
         on = "" if len(states) == 1 else " (" + ", ".join(f"{d} {s}" for d, s in states.items()) + ")"
+        if self.retired:
+            return False, f"{name}: unloaded (replaced by a load, or unloaded); calls naming no version get the newest"
         if self.failure is not None:
             return False, f"{name}: start-up failed: {self.failure}{on}"
         if self.batcher is None:
             return False, f"{name}: starting: loading the model and preparing the {self.options.engine} engine{on}"
         dead = [device for device, state in states.items() if state == "dead"]
         if self.batcher.dead is not None or dead:
-            metrics.MODEL_READY.labels(model=name).set(0)
+            metrics.MODEL_READY.labels(model=self.spec.name).set(0)
             metrics.READY.set(0)
             for device in dead:
                 metrics.DEVICE_READY.labels(model=name, device=device).set(0)
@@ -358,7 +361,7 @@ class Service:
         replaced = list(self.versions.get(name, {}).values())
         self.versions[name] = dict(versions)
         self.publish(name)
-        if not versions:
+        if not versions and replaced:  # only a served model's name is a label (never a client's)
             metrics.MODEL_READY.labels(model=name).set(0)
         return replaced
 
@@ -374,7 +377,7 @@ class Service:
             # this runs once a retirement, off the request path.
             while isinstance(batcher, Batcher) and batcher.queued_rows and batcher.dead is None:  # noqa: ASYNC110
                 await asyncio.sleep(RETIRE_POLL_S)
-        served.failure = served.failure or "unloaded"
+        served.retired = True
         served.batcher = None
         if batcher is not None:
             await batcher.stop()  # nothing queued any more: it waits for the batches in flight

@@ -1,0 +1,115 @@
+"""Model control at its edges (the review of issue 27.2): an unload of a name nobody serves, a load
+whose caller leaves half-way, a change made while a load builds, the index during a reload, and a
+shutdown while versions retire. The app through its lifespan on the CPU."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.config import DEFAULT_REPOSITORY, Settings
+from app.main import create_app
+from app.model_control import ModelControl
+from app.service import Service
+
+MODEL = "fashion-cnn"
+
+
+def controlled_app(repository: Path, mode: str = "explicit", request_timeout_s: float = 0.5) -> TestClient:
+    shutil.copytree(DEFAULT_REPOSITORY / MODEL, repository / MODEL, ignore=shutil.ignore_patterns("*.json"))
+    settings = Settings(model_repository=repository, device="cpu", model_control=mode, model_poll_seconds=3600,
+                        request_timeout_s=request_timeout_s)  # fmt: skip
+    return TestClient(create_app(settings))
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[TestClient]:
+    with controlled_app(tmp_path) as client:
+        client.portal.call(service(client).wait_started)
+        yield client
+
+
+def service(client: TestClient) -> Service:
+    return client.app.state.service  # type: ignore[attr-defined, no-any-return]
+
+
+def control(client: TestClient) -> ModelControl:
+    return client.app.state.control  # type: ignore[attr-defined, no-any-return]
+
+
+def test_an_unload_of_a_name_nobody_serves_is_404_and_makes_no_metric_series(client: TestClient) -> None:
+    for name in ("attacker-0", "attacker-1"):
+        answer = client.post(f"/v2/repository/models/{name}/unload")
+        assert answer.status_code == 404 and "no model of that name" in answer.json()["error"]
+    assert "attacker" not in client.get("/metrics").text
+    assert client.get(f"/v1/models/{MODEL}/ready").status_code == 200
+
+
+def test_an_unload_of_a_model_in_the_repository_but_not_loaded_is_a_no_op(client: TestClient) -> None:
+    assert client.post(f"/v2/repository/models/{MODEL}/unload").status_code == 200
+    assert client.post(f"/v2/repository/models/{MODEL}/unload").status_code == 200  # again: nothing to do
+    assert client.post(f"/v2/repository/models/{MODEL}/load").status_code == 200
+
+
+def test_a_load_whose_caller_leaves_half_way_still_completes_and_leaves_nothing_unowned(client: TestClient) -> None:
+    old = service(client).models[MODEL]
+
+    async def leave_early() -> None:
+        caller = asyncio.create_task(control(client).load(MODEL))
+        await asyncio.sleep(0)  # the load has started building
+        caller.cancel()  # a gRPC client's deadline passing
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        await asyncio.gather(*control(client)._loads.values())  # the load itself goes on
+        await control(client).retired()
+
+    client.portal.call(leave_early)
+    new = service(client).models[MODEL]
+    assert new is not old and new.ready() and old.retired and not old.engines  # switched, the old one freed
+    assert not control(client)._retiring and not control(client)._loads
+
+
+def test_the_index_lists_each_version_once_during_a_reload(tmp_path: Path) -> None:
+    with controlled_app(tmp_path, request_timeout_s=30) as client:  # the old version drains for 30 s
+        client.portal.call(service(client).wait_started)
+        assert client.post(f"/v2/repository/models/{MODEL}/load").status_code == 200
+        assert control(client)._retiring, "the replaced version should still be retiring"
+        index = client.post("/v2/repository/index").json()
+        assert index == [{"name": MODEL, "version": "1", "state": "READY", "reason": ""}]
+
+
+def test_a_change_made_while_a_load_builds_is_loaded_by_the_next_poll(tmp_path: Path) -> None:
+    with controlled_app(tmp_path, mode="poll") as client:
+        client.portal.call(service(client).wait_started)
+        client.portal.call(control(client)._poll_once_ready)
+        toml = tmp_path / MODEL / "model.toml"
+        toml.write_text("max_delay_ms = 3.0\n" + toml.read_text())
+        prepare = control(client)._prepare
+
+        def prepare_then_edit(repository: Path, name: str) -> object:
+            prepared = prepare(repository, name)  # read: max_delay_ms 3
+            toml.write_text(toml.read_text().replace("max_delay_ms = 3.0", "max_delay_ms = 5.0"))
+            return prepared
+
+        control(client)._prepare = prepare_then_edit  # type: ignore[method-assign]
+        client.portal.call(control(client).poll_once)
+        assert client.get(f"/v1/models/{MODEL}").json()["batching"]["max_delay_ms"] == 3.0
+        control(client)._prepare = prepare  # type: ignore[method-assign]
+        client.portal.call(control(client).poll_once)  # the edit made during the build
+        assert client.get(f"/v1/models/{MODEL}").json()["batching"]["max_delay_ms"] == 5.0
+
+
+def test_a_shutdown_while_a_version_retires_stops_and_closes_it(tmp_path: Path) -> None:
+    with controlled_app(tmp_path, request_timeout_s=30) as client:
+        client.portal.call(service(client).wait_started)
+        old = service(client).models[MODEL]
+        assert client.post(f"/v2/repository/models/{MODEL}/load").status_code == 200
+        batcher = old.batcher
+        assert batcher is not None and control(client)._retiring
+    # The lifespan has ended: the retiring version's batcher was stopped (its tasks gone) and its engines closed.
+    assert batcher._loop_task is None and batcher._reaper_task is None  # type: ignore[attr-defined]
