@@ -230,8 +230,8 @@ class Settings(BaseSettings):
         "models read at start-up, for good; explicit: POST /v2/repository/models/{name}/load and /unload (and "
         "gRPC's RepositoryModelLoad/Unload) load a model afresh from the repository or unload it; poll: the "
         "repository is re-read every model_poll_seconds and what changed is loaded or unloaded. Either way a "
-        "new version is built beside the one serving and takes the traffic once ready. Needs workers 1 and no "
-        "engine process.",
+        "new version is built beside the one serving and takes the traffic once ready. With several workers, "
+        "needs engine_process true (which builds every worker's models).",
     )
     model_poll_seconds: float = Field(
         5.0, gt=0.0, description="model_control poll: how often the repository is re-read for changes."
@@ -334,16 +334,11 @@ class Settings(BaseSettings):
         if self.device == "cpu" and self.jpeg_decoder == "gpu":
             raise ValueError("jpeg_decoder gpu needs a CUDA device; use device auto or cuda, or jpeg_decoder cpu")
         self._check_tls()
-        if self.model_control != "none" and self.engine_process:
+        if self.model_control != "none" and self.workers > 1 and not self.engine_process:
             raise ValueError(
-                f"model_control {self.model_control} needs the engines in the server process, where it builds and "
-                "frees them; the engine process holds them elsewhere: use model_control none, or engine_process false"
-            )
-        if self.model_control != "none" and self.workers > 1:
-            raise ValueError(
-                f"model_control {self.model_control} changes one process's models: with {self.workers} workers a "
-                "load would reach the one worker that took the call (each holds its own engines); use workers 1, "
-                "or model_control none"
+                f"model_control {self.model_control} with {self.workers} workers needs engine_process true: each "
+                "worker holds its own engines, so a load would reach the one worker that took the call; with the "
+                "engine process every worker's models are its, and a load reaches them all. Or use workers 1"
             )
         if self.queue_limit < self.max_instances:
             raise ValueError(

@@ -29,7 +29,7 @@ from app.http.openapi import build_openapi
 from app.http.protocol import HOOKS_KEY, ProtocolHooks
 from app.http.routes import models, probes
 from app.http.routes.predict import PredictCodec, predict
-from app.model_control import ModelControl
+from app.model_control import ModelControl, RemoteModelControl, RepositoryControl
 from app.ops.loop_lag import GcPauses, sample_loop_lag
 from app.protocols.v2 import repository as v2_repository
 from app.protocols.v2 import rest as v2_rest
@@ -78,7 +78,9 @@ def create_app(
         # The one infer path, and each HTTP wire format's codec for it (app/dataplane.py).
         plane = app.state.plane = DataPlane(service)
         app.state.predict_codec, app.state.v2_codec = PredictCodec(service), V2Codec(service)
-        control = app.state.control = ModelControl(service)  # load and unload while serving
+        # Load and unload while serving: here, or in the engine process that holds the models.
+        control: RepositoryControl = RemoteModelControl(service) if engine_process else ModelControl(service)
+        app.state.control = control
         service.start()
         control.start()
         gc_pauses = GcPauses()

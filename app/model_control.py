@@ -23,7 +23,9 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
+from app.engine_process.frames import EngineProcessError
 from app.engines.factory import EngineOptions, engine_options, resolve_devices
 from app.errors import NotReadyError, ServiceError
 from app.repository import LoadedModel, ModelConfigError, load_model, model_folders, read_model
@@ -39,6 +41,24 @@ IGNORED_LOAD_PARAMETERS = frozenset({"unload_dependents"})
 LOAD_EXPECTED = (
     "a load without parameters: it reads the model's folder afresh; change model.toml and the files there, then load"
 )
+
+
+class RepositoryControl(Protocol):
+    """What the repository extension's routes (REST and gRPC) call: ModelControl here, or
+    RemoteModelControl in a worker of the engine process."""
+
+    @property
+    def mode(self) -> str: ...
+
+    def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def index(self, *, ready_only: bool = False) -> list[dict[str, str]]: ...
+
+    async def load(self, name: str) -> None: ...
+
+    async def unload(self, name: str) -> None: ...
 
 
 class ControlError(ServiceError):
@@ -265,6 +285,40 @@ class ModelControl:
                 except ServiceError as error:
                     self._failed_at[name] = now  # tried: again once its files change
                     log.warning("poll: %s", error.message)
+
+
+class RemoteModelControl:
+    """Model control in an HTTP worker of the engine process (CGSERVE_ENGINE_PROCESS): the engine process
+    builds, serves and frees the models, so every call is made there (a CONTROL frame) and answered as
+    it answers it. The MODELS frame of a change reaches every worker before the call's answer, so a load
+    answered 200 here is served by this worker's next request, and by every other worker's."""
+
+    def __init__(self, service: Service) -> None:
+        assert service.engine_link is not None
+        self.link = service.engine_link
+        self.mode = service.settings.model_control
+
+    def start(self) -> None:
+        pass  # the engine process polls, where the setting asks for it
+
+    async def stop(self) -> None:
+        pass
+
+    async def index(self, *, ready_only: bool = False) -> list[dict[str, str]]:
+        entries: list[dict[str, str]] = (await self._call("index", ready=ready_only))["index"]
+        return entries
+
+    async def load(self, name: str) -> None:
+        await self._call("load", name=name)
+
+    async def unload(self, name: str) -> None:
+        await self._call("unload", name=name)
+
+    async def _call(self, op: str, **fields: Any) -> dict[str, Any]:
+        answer = await self.link.control({"op": op, **fields})
+        if "error" in answer:
+            raise EngineProcessError(answer["error"])  # its status, code and message, as the engine answered
+        return answer
 
 
 def fingerprint(repository: Path, name: str) -> Files:

@@ -26,12 +26,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from app.batching.batcher import Batcher
 from app.batching.queue import BatchQueue
 from app.codecs.uploads import JpegBatchDecoder, start_jpeg_decoder
 from app.config import Settings
-from app.engine_process.client import EngineLink, RemoteJpegDecoder
+from app.engine_process.client import EngineLink, RemoteBatcher, RemoteJpegDecoder
 from app.engines.base import Engine
 from app.engines.factory import (
     EngineOptions,
@@ -45,7 +46,7 @@ from app.engines.memory import release_memory
 from app.errors import NotReadyError, UnknownModelError
 from app.ops import metric_buffers, metrics
 from app.ops.heap import freeze_startup_heap
-from app.repository import LoadedModel, ModelConfigError, load_model, read_repository
+from app.repository import LoadedModel, ModelConfigError, load_model, read_model, read_repository
 from app.repository.model_spec import ModelSpec
 from app.repository.versions import UNVERSIONED
 
@@ -134,15 +135,9 @@ def prepare_models(settings: Settings) -> list[tuple[LoadedModel, EngineOptions]
         raise ModelConfigError(
             [f"CGSERVE_DEFAULT_MODEL: {settings.default_model!r} is not in {settings.model_repository}: {names}"]
         )
-    if settings.engine_process:  # the engine process serves one version a model, for now
-        problems = [
-            f"{spec.toml}: version_policy: the engine process (CGSERVE_ENGINE_PROCESS) serves one version of each "
-            f"model; {spec.name} has several under its version_policy: use {{ latest = {{ num_versions = 1 }} }}"
-            for index, spec in enumerate(specs)
-            if index and specs[index - 1].name == spec.name
-        ]
+    if settings.engine_process:
         # Its HTTP workers read model.toml alone: they know a model's class scores, not outputs found by a probe.
-        problems += [
+        problems = [
             f"{spec.toml}: outputs: the engine process (CGSERVE_ENGINE_PROCESS) serves models of one class-scores "
             "output for now; serve this model without the engine process"
             for spec in specs
@@ -183,6 +178,7 @@ class Service:
         # name → version → the served model; and name → the version a call that names none gets.
         self.versions: dict[str, dict[str, ServedModel]] = {}
         self.models: dict[str, ServedModel] = {}
+        self.on_install: list[Callable[[str], None]] = []  # told the name of each model install() changed
         self.started = False  # start-up is over: no model is then "the repository still being read"
         self.failure: str | None = None  # why start-up failed or the device died
         self.draining = False
@@ -265,17 +261,9 @@ class Service:
     async def _start_remote(self, link: EngineLink) -> None:
         """An HTTP worker of the engine process: the models' specs here, their engines there."""
         try:
-            devices = resolve_devices(self.settings.device)
-            specs = await asyncio.to_thread(read_repository, self.settings.model_repository)
-            self.models = {
-                spec.name: ServedModel(spec, engine_options(self.settings, spec, devices), remote=True)
-                for spec in specs
-            }
-            # prepare_models refused several versions of a model: the engine process serves one each.
-            self.versions = {name: {served.spec.version: served} for name, served in self.models.items()}
             await link.connect()
-            for name, served in self.models.items():
-                served.batcher = link.batcher(name)
+            await self.apply_table(link.table)
+            link.on_models = self.apply_table  # loads and unloads, as the engine process makes them
             if link.decodes_jpeg:  # JPEG uploads go to the GPU's decoder, in the engine process
                 self.jpeg_decoder = RemoteJpegDecoder(link)
         except Exception as error:
@@ -285,6 +273,40 @@ class Service:
         metrics.READY.set(1)
         self._on_ready()
         log.info("ready: serving %s through the engine process", ", ".join(self.models))
+
+    async def apply_table(self, table: dict[str, dict[str, dict[str, Any]]]) -> None:
+        """Serve what the engine process serves: each (model, version) of its table, by its id. A version
+        already served keeps its stand-in; a new one's spec is read from the repository here (the same
+        files the engine process read: the routes decode with it)."""
+        link = self.engine_link
+        assert link is not None
+        devices = resolve_devices(self.settings.device)
+        known = {
+            served.batcher.model_id: served for served in self.served() if isinstance(served.batcher, RemoteBatcher)
+        }
+        specs: dict[str, dict[str, ModelSpec]] = {}
+        versions: dict[str, dict[str, ServedModel]] = {}
+        for name, entries in table.items():
+            for version, info in entries.items():
+                served = known.get(int(info["id"]))
+                if served is None:
+                    if name not in specs:
+                        read = await asyncio.to_thread(read_model, self.settings.model_repository, name)
+                        specs[name] = {spec.version: spec for spec in read}
+                    spec = specs[name].get(version)
+                    if spec is None:  # its files changed again since the engine process read them
+                        log.warning("%s version %s: not in %s any more; not served here", name, version,
+                                    self.settings.model_repository)  # fmt: skip
+                        continue
+                    served = ServedModel(spec, engine_options(self.settings, spec, devices), remote=True)
+                    served.batcher = link.batcher(info)
+                versions.setdefault(name, {})[version] = served
+        for name in [name for name in self.versions if name not in versions]:
+            self.versions.pop(name)
+            self.publish(name)
+        for name, served_versions in versions.items():
+            self.versions[name] = served_versions
+            self.publish(name)
 
     def _start_failed(self, error: Exception) -> None:
         self.failure = f"{type(error).__name__}: {error}"
@@ -363,6 +385,8 @@ class Service:
         self.publish(name)
         if not versions and replaced:  # only a served model's name is a label (never a client's)
             metrics.MODEL_READY.labels(model=name).set(0)
+        for listener in self.on_install:  # the engine process tells its workers, before the call is answered
+            listener(name)
         return replaced
 
     async def retire(self, served: ServedModel, *, since: float | None = None) -> None:

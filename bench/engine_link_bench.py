@@ -74,23 +74,34 @@ class StandInBatcher:
                     future.set_result(np.zeros((k, CLASSES), np.float32))
 
 
+class StandInModel(SimpleNamespace):
+    """A served model's stand-in, hashable by identity as ServedModel is (the host keys its ids by it)."""
+
+    __hash__ = object.__hash__
+    __eq__ = object.__eq__
+
+
 async def host(socket_path: str, tick_s: float) -> None:
     """The child: the real WorkerConnection on a Service that holds one stand-in model."""
-    from app.engine_process.host import WorkerConnection
+    from app.engine_process import host as engine_host
 
     batcher = StandInBatcher(tick_s)
-    served = SimpleNamespace(batcher=batcher, engines=[SimpleNamespace(name="stand-in", device="cpu")],
-                             ready_batcher=lambda: batcher)  # fmt: skip
+    served = StandInModel(batcher=batcher, engines=[SimpleNamespace(name="stand-in", device="cpu")],
+                             ready_batcher=lambda: batcher, options=SimpleNamespace(devices=("cpu",)),
+                             retired=False)  # fmt: skip
 
     async def started() -> None:
         pass
 
-    service = SimpleNamespace(models={"m": served}, failure=None, wait_started=started,
-                              settings=SimpleNamespace(queue_limit=10**9))  # fmt: skip
+    settings = SimpleNamespace(queue_limit=10**9, model_control="none", model_repository=Path("."))
+    service = SimpleNamespace(models={"m": served}, versions={"m": {"1": served}}, failure=None, on_install=[],
+                              wait_started=started, jpeg_decoder=None, settings=settings)  # fmt: skip
+    # Since model control, a connection belongs to the engine process's host (its table of served models).
+    owner = engine_host.EngineHost(service) if hasattr(engine_host, "EngineHost") else service
     ticker = asyncio.create_task(batcher.run())
 
     async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await WorkerConnection(service, reader, writer).run()  # type: ignore[arg-type]
+        await engine_host.WorkerConnection(owner, reader, writer).run()
 
     server = await asyncio.start_unix_server(connected, path=socket_path)
     print("listening", flush=True)
@@ -117,12 +128,14 @@ async def drive(socket_path: str, segments: str, concurrency: int, seconds: floa
     link = EngineLink(socket_path, segments, on_dead=lambda why: None)
     await link.connect(timeout_s=30)
     image = np.random.default_rng(0).integers(0, 256, (1, *SHAPE), dtype=np.uint8)
+    table = getattr(link, "table", None)  # the served model's id; before model control, its index 0
+    model = int(table["m"]["1"]["id"]) if table else 0
     answered = 0
 
     async def client(until: float) -> None:
         nonlocal answered
         while time.monotonic() < until:
-            await link.send(0, image, float("inf"))
+            await link.send(model, image, float("inf"))
             answered += 1
 
     await asyncio.gather(*(client(time.monotonic() + 1.0) for _ in range(concurrency)))  # warm-up

@@ -5,8 +5,11 @@ workers the GPU time-slices N contexts and each batcher sees only 1/N of the req
 batches stay small. Here the workers keep the HTTP path (parsing, decoding, encoding) and one
 engine process holds every engine and one batcher per model:
 
-    HTTP worker ──(images into a /dev/shm segment; a 45-byte frame on a Unix socket)──▶ engine process
-                ◀──(probabilities, or the error, in a frame)───────────────────────────
+    HTTP worker ──(requests' images into a /dev/shm segment; a 45-byte frame on a Unix socket)──▶ engine process
+                ◀──(their probabilities, or the error, in a frame)──────────────────────────
+
+The engine process also decodes JPEG uploads on its GPU (DECODE frames) and runs model control:
+a load or unload made there reaches every worker as a new table of served (model, version)s.
 
 - frames.py: the wire format of the socket.
 - segments.py: the shared-memory segments a worker writes its requests' pixels into.

@@ -25,7 +25,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,12 +40,15 @@ from app.repository.model_spec import ModelSpec
 log = logging.getLogger(__name__)
 CONNECT_POLL_S = 0.05
 LISTEN_TIMEOUT_S = 120.0  # the engine process listens before it builds engines: this covers its imports
-# Frames a worker keeps unanswered before requests wait to go together. The engine runs one batch
-# and has the next staged (two slots in flight) while a third collects: a frame per worker in each
-# keeps it fed, the fourth covers the answer on its way back.
+# A flush starts while fewer frames than this are unanswered (it sends every group waiting, one frame
+# each); at this many, requests wait and go together when an answer comes back. The engine runs one
+# batch and has the next staged (two slots in flight) while a third collects: a frame per worker in
+# each keeps it fed, the fourth covers the answer on its way back.
 FRAMES_IN_FLIGHT = 4
-# A frame's largest share of requests, in rows: more would only wait for a later batch anyway.
+# A frame's largest share of requests, in rows: more would only wait for a later batch anyway. At most
+# a quarter of the model's queue limit too: the engine admits or refuses a frame whole.
 FRAME_ROWS = 128
+Table = dict[str, dict[str, dict[str, Any]]]  # model → version → its id, engine, devices, queue limit
 
 
 @dataclass(slots=True, eq=False)
@@ -83,10 +86,13 @@ class EngineLink:
         self.pool = SegmentPool(segment_folder)
         self.on_dead = on_dead
         self.dead: str | None = None
-        self.models: dict[str, dict[str, Any]] = {}
-        self.queue_figures: list[tuple[int, float]] = []  # per model index: queued rows, rows/s
+        self.table: Table = {}  # what the engine process serves now (MODELS)
+        self.on_models: Callable[[Table], Awaitable[None]] | None = None  # told of each change after connect
+        self.queue_figures: dict[int, tuple[int, float]] = {}  # by served model id: queued rows, rows/s
+        self._frame_rows: dict[int, int] = {}  # by served model id: a frame's rows at most
         self._pending: dict[int, SentFrame] = {}  # frame id → what it carries
         self._decoding: dict[int, tuple[asyncio.Future[np.ndarray], Segment]] = {}  # DECODE id → answer, segment
+        self._controls: dict[int, asyncio.Future[dict[str, Any]]] = {}  # CONTROL id → its answer
         self.decodes_jpeg = False  # the engine process decodes JPEG uploads on its GPU (nvJPEG)
         self._outbox: list[Outgoing] = []  # requests for the next frames
         self._flush: asyncio.Handle | None = None  # the outbox's send, once scheduled
@@ -111,14 +117,30 @@ class EngineLink:
         answer = orjson.loads(payload)
         if "failure" in answer:
             raise RuntimeError(f"the engine process failed to start: {answer['failure']}")
-        self.models = answer["models"]
+        self._take_table(answer)
         self.decodes_jpeg = bool(answer.get("jpeg_decoder"))
-        self.queue_figures = [(0, 0.0)] * len(self.models)
         self._reader_task = asyncio.create_task(self._read_results(reader), name="engine-link")
 
-    def batcher(self, model: str) -> RemoteBatcher:
-        info = self.models[model]
-        return RemoteBatcher(self, list(self.models).index(model), info)
+    def _take_table(self, answer: dict[str, Any]) -> None:
+        self.table = answer["models"]
+        for versions in self.table.values():
+            for info in versions.values():
+                self._frame_rows[info["id"]] = min(FRAME_ROWS, max(1, info["queue_limit"] // 4))
+
+    def batcher(self, info: dict[str, Any]) -> RemoteBatcher:
+        """The batcher stand-in of one served (model, version): `info` is its entry in the table."""
+        return RemoteBatcher(self, info)
+
+    async def control(self, call: dict[str, Any]) -> dict[str, Any]:
+        """A model control call (index, load, unload) answered by the engine process, which builds and
+        frees the models; the MODELS frame of the change it made came (and was applied) before it."""
+        if self.dead is not None or self._writer is None:
+            raise NotReadyError(f"the engine process is gone ({self.dead}); the service is restarting")
+        call_id = next(self._ids)
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._controls[call_id] = future
+        self._writer.write(frames.json_frame(frames.CONTROL, {"id": call_id, **call}))
+        return await future
 
     def send(self, model: int, images: np.ndarray, deadline: float) -> asyncio.Future[np.ndarray]:
         """Put the request in the outbox; the future of its answer. Sent within the loop iteration
@@ -149,15 +171,27 @@ class EngineLink:
         writer = self._writer
         assert writer is not None  # send() refuses until connect() set it
         for requests in groups.values():
+            limit = self._frame_rows.get(requests[0].model, FRAME_ROWS)
             frame: list[Outgoing] = []
             rows = 0
             for request in requests:
-                if frame and rows + len(request.images) > FRAME_ROWS:
-                    self._send_frame(writer, frame, rows)
+                if frame and rows + len(request.images) > limit:
+                    self._send_or_fail(writer, frame, rows)
                     frame, rows = [], 0
                 frame.append(request)
                 rows += len(request.images)
-            self._send_frame(writer, frame, rows)
+            self._send_or_fail(writer, frame, rows)
+
+    def _send_or_fail(self, writer: asyncio.StreamWriter, requests: list[Outgoing], rows: int) -> None:
+        """One frame; where it cannot be sent (no shared memory left for a segment), its requests get the
+        error now, and the other frames of the flush still go."""
+        try:
+            self._send_frame(writer, requests, rows)
+        except Exception as error:
+            log.error("could not send %d requests to the engine process", len(requests), exc_info=error)
+            for request in requests:
+                if not request.future.done():
+                    request.future.set_exception(NotReadyError(f"could not reach the engine process: {error}"))
 
     def _send_frame(self, writer: asyncio.StreamWriter, requests: list[Outgoing], rows: int) -> None:
         """Copy the requests' pixels into one segment, one after the other, and send one INFER frame."""
@@ -183,7 +217,7 @@ class EngineLink:
         header = frames.INFER_HEADER.pack(frame_id, deadline, dtype, model, *shape, segment.index)
         writer.write(frames.frame(frames.INFER, header))
 
-    def decode(self, model: str, data: bytes, pixel_bytes: int) -> asyncio.Future[np.ndarray]:
+    def decode(self, model: int, data: bytes, pixel_bytes: int) -> asyncio.Future[np.ndarray]:
         """Send an upload's encoded bytes to the engine process's GPU decoder; the future of its
         (1, C, H, W) uint8 pixels, or GpuDecodeError where nvJPEG refused it (Pillow decodes it here).
         `pixel_bytes`: what the model's input takes, so that the segment can carry the pixels back."""
@@ -197,8 +231,7 @@ class EngineLink:
         decode_id = next(self._ids)
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
         self._decoding[decode_id] = (future, segment)
-        index = list(self.models).index(model)
-        header = frames.DECODE_HEADER.pack(decode_id, index, len(data), segment.index)
+        header = frames.DECODE_HEADER.pack(decode_id, model, len(data), segment.index)
         self._writer.write(frames.frame(frames.DECODE, header))
         return future
 
@@ -223,6 +256,20 @@ class EngineLink:
                 kind, payload = await frames.read_frame(reader)
                 if kind == frames.DECODED:
                     self._decoded(payload)
+                    continue
+                if kind == frames.MODELS:  # a load or an unload changed them: applied before anything after it
+                    table = orjson.loads(payload)
+                    self._take_table(table)
+                    if self.on_models is not None:
+                        await self.on_models(self.table)
+                    if self._writer is not None:  # the control call that changed it is answered once all say so
+                        self._writer.write(frames.json_frame(frames.APPLIED, {"generation": table["generation"]}))
+                    continue
+                if kind == frames.CONTROLLED:
+                    answer = orjson.loads(payload)
+                    control = self._controls.pop(answer.pop("id"))
+                    if not control.done():
+                        control.set_result(answer)
                     continue
                 frame_id, ok, rows, classes, queued, rate = frames.RESULT_HEADER.unpack_from(payload)
                 sent = self._pending.pop(frame_id)
@@ -250,9 +297,10 @@ class EngineLink:
 
     def _lost(self, why: str) -> None:
         self.dead = why
-        waiting = [future for sent in self._pending.values() for future, _ in sent.requests]
+        waiting: list[asyncio.Future[Any]] = [future for sent in self._pending.values() for future, _ in sent.requests]
         waiting += [request.future for request in self._outbox]
         waiting += [future for future, _ in self._decoding.values()]
+        waiting += self._controls.values()
         log.critical("the engine process is gone: %s; failing %d requests", why, len(waiting))
         for future in waiting:
             if not future.done():
@@ -260,6 +308,7 @@ class EngineLink:
         self._pending.clear()
         self._outbox.clear()
         self._decoding.clear()
+        self._controls.clear()
         self.on_dead(why)
 
     async def close(self) -> None:
@@ -274,8 +323,8 @@ class EngineLink:
 class RemoteBatcher:
     """A model's batcher as the routes see it (admit, submit, engines, dead), held by the engine process."""
 
-    def __init__(self, link: EngineLink, index: int, info: dict[str, Any]) -> None:
-        self.link, self.index = link, index
+    def __init__(self, link: EngineLink, info: dict[str, Any]) -> None:
+        self.link, self.model_id = link, int(info["id"])
         self.engines = tuple(RemoteEngine(info["engine"], device) for device in info["devices"])
         self.queue_limit: int = info["queue_limit"]
         self.dead_device: str | None = None
@@ -288,7 +337,7 @@ class RemoteBatcher:
         """Batcher.admit on the engine's figures of the latest answer: dead, queue full, or too late."""
         if self.link.dead is not None:
             raise NotReadyError(f"the engine process is gone ({self.link.dead}); the service is restarting")
-        queued, rate = self.link.queue_figures[self.index]
+        queued, rate = self.link.queue_figures.get(self.model_id, (0, 0.0))
         wait = queued / rate if rate else 0.0
         if queued >= self.queue_limit:
             raise QueueFullError(queued, self.queue_limit, retry_after_s=wait or 1.0)
@@ -300,7 +349,7 @@ class RemoteBatcher:
 
     def enqueue(self, images: np.ndarray, deadline: float | None = None) -> asyncio.Future[np.ndarray]:
         # No deadline: the engine's batcher caps it at its request timeout, as a local one does.
-        return self.link.send(self.index, images, deadline if deadline is not None else math.inf)
+        return self.link.send(self.model_id, images, deadline if deadline is not None else math.inf)
 
     def device_figures(self) -> dict[str, dict[str, Any]]:
         return {}  # the engine process's own
@@ -319,7 +368,10 @@ class RemoteJpegDecoder:
 
     async def decode(self, data: bytes, spec: ModelSpec) -> np.ndarray:
         """A JPEG → (1, C, H, W) uint8 per the spec's [preprocess]; GpuDecodeError if nvJPEG refused it."""
-        return await self.link.decode(spec.name, data, math.prod(spec.input_shape))
+        info = self.link.table.get(spec.name, {}).get(spec.version)
+        if info is None:  # unloaded meanwhile: the route's Pillow decodes it, its submit says what happened
+            raise GpuDecodeError(f"{spec.name} version {spec.version} is not served by the engine process now")
+        return await self.link.decode(int(info["id"]), data, math.prod(spec.input_shape))
 
     def close(self) -> None:
         pass  # the decoder is the engine process's

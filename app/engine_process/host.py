@@ -8,17 +8,25 @@ staged), answered by a RESULT frame from the answer's callback: no task a frame,
 event loop's time a frame is the whole service's ceiling. Where the GPU decodes JPEGs (nvJPEG,
 app/codecs/gpu_jpeg.py) its decoder is here too: a worker's upload comes as a DECODE frame, its
 pixels go back in the same segment.
+
+Model control (app/model_control.py) runs here too, where the models are built and freed: a worker
+forwards a repository call as a CONTROL frame; every change (a load, an unload, a poll's) is sent to
+every worker as a MODELS frame before the call is answered. Frames name a served (model, version) by
+an id that is never reused, so a frame for a version replaced meanwhile still reaches it while it
+answers what it admitted, and one for a version freed since gets a clear 503.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import mmap
 import os
 import signal
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import orjson
@@ -27,22 +35,91 @@ from app.batching.batcher import Batcher
 from app.config import Settings
 from app.engine_process import SOCKET_ENV, frames
 from app.engine_process.segments import map_file
-from app.errors import GpuDecodeError, ServiceError
+from app.errors import GpuDecodeError, NotReadyError, ServiceError
+from app.model_control import ModelControl
 from app.service import ServedModel, Service
 
 log = logging.getLogger(__name__)
 STOP_SIGNAL = signal.SIGUSR1
+APPLY_TIMEOUT_S = 30.0  # a worker reads its model specs from the repository to apply a table
+
+
+class EngineHost:
+    """The engine process's service, its model control, and the workers' connections: the table of
+    served (model, version)s by id, sent to every worker whenever it changes."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.control = ModelControl(service)
+        self.connections: set[WorkerConnection] = set()  # those that said HELLO
+        self.by_id: dict[int, ServedModel] = {}
+        self.generation = 0  # of the table: one more at each change
+        self._applied = asyncio.Condition()  # a worker said it serves a newer table
+        self._ids: dict[ServedModel, int] = {}
+        self._next_id = itertools.count(1)
+        service.on_install.append(lambda name: self.broadcast())
+
+    def served(self, model_id: int) -> ServedModel:
+        served = self.by_id.get(model_id)
+        if served is None:
+            raise NotReadyError("that model version was unloaded and freed; calls naming no version get the newest")
+        return served
+
+    def table(self) -> dict[str, Any]:
+        """MODELS: every served (model, version) with its id, engine, devices and queue limit."""
+        models: dict[str, dict[str, Any]] = {}
+        for name, versions in self.service.versions.items():
+            for version, served in versions.items():
+                if served not in self._ids:
+                    self._ids[served] = next(self._next_id)
+                    self.by_id[self._ids[served]] = served
+                models.setdefault(name, {})[version] = {
+                    "id": self._ids[served], "engine": served.engines[0].name if served.engines else "",
+                    "devices": list(served.options.devices), "queue_limit": self.service.settings.queue_limit,
+                }  # fmt: skip
+        # A version freed (retired and its batcher gone) is no frame's any more: forget its id.
+        for served in [served for served in self._ids if served.retired]:
+            self.by_id.pop(self._ids.pop(served))
+        return {"models": models, "jpeg_decoder": self.service.jpeg_decoder is not None, "generation": self.generation}
+
+    def broadcast(self) -> None:
+        """The new table to every worker, now: the control call that changed it is answered once every
+        worker serves it (`applied`), so that a load answered 200 is what any worker serves next."""
+        self.generation += 1
+        payload = frames.json_frame(frames.MODELS, self.table())
+        for connection in self.connections:
+            if not connection.writer.is_closing():
+                connection.writer.write(payload)
+
+    async def applied(self, timeout_s: float = APPLY_TIMEOUT_S) -> None:
+        """Until every connected worker serves the latest table (or has gone); a worker that does not
+        say so within `timeout_s` is logged, not waited for forever."""
+        generation = self.generation
+
+        def everyone() -> bool:
+            return all(c.applied >= generation or c.writer.is_closing() for c in self.connections)
+
+        try:
+            async with self._applied, asyncio.timeout(timeout_s):
+                await self._applied.wait_for(everyone)
+        except TimeoutError:
+            log.warning("a worker did not apply model table %d within %g s", generation, timeout_s)
+
+    async def note_applied(self, connection: WorkerConnection, generation: int) -> None:
+        connection.applied = max(connection.applied, generation)
+        async with self._applied:
+            self._applied.notify_all()
 
 
 class WorkerConnection:
     """One HTTP worker's socket: its segments and its requests in flight."""
 
-    def __init__(self, service: Service, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.service, self.reader, self.writer = service, reader, writer
+    def __init__(self, host: EngineHost, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.host, self.service, self.reader, self.writer = host, host.service, reader, writer
         self.segments: dict[int, mmap.mmap] = {}
         self.waiting: set[asyncio.Future[np.ndarray]] = set()  # frames enqueued, not answered
-        self.decodes: set[asyncio.Task[None]] = set()  # uploads being decoded on the GPU
-        self.models: list[ServedModel] = []  # by the model index the workers send, set at HELLO
+        self.tasks: set[asyncio.Task[None]] = set()  # uploads being decoded, control calls
+        self.applied = 0  # the generation of the latest table this worker said it serves
 
     async def run(self) -> None:
         try:
@@ -50,22 +127,25 @@ class WorkerConnection:
                 kind, payload = await frames.read_frame(self.reader)
                 if kind == frames.INFER:
                     self.infer(payload)
-                elif kind == frames.DECODE:
-                    task = asyncio.create_task(self.decode(payload))
-                    self.decodes.add(task)
-                    task.add_done_callback(self.decodes.discard)
+                elif kind in (frames.DECODE, frames.CONTROL):
+                    task = asyncio.create_task(self.decode(payload) if kind == frames.DECODE else self.control(payload))
+                    self.tasks.add(task)
+                    task.add_done_callback(self.tasks.discard)
                 elif kind == frames.SEGMENT:
                     fields = orjson.loads(payload)
                     self.segments[fields["index"]] = map_file(fields["path"], fields["size"], create=False)
                 elif kind == frames.HELLO:
                     await self.hello()
+                elif kind == frames.APPLIED:
+                    await self.host.note_applied(self, orjson.loads(payload)["generation"])
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the worker is gone: its requests' answers have nobody to go to
         finally:
+            self.host.connections.discard(self)
             for future in self.waiting:
                 future.cancel()  # the batcher drops the rows it has not launched
-            for task in self.decodes:
-                task.cancel()
+            for task in self.tasks:
+                task.cancel()  # a load it asked for goes on: it is the control's own task
             self.writer.close()
             for memory in self.segments.values():
                 with contextlib.suppress(BufferError):  # a view still queued: the mapping goes with it
@@ -77,26 +157,45 @@ class WorkerConnection:
         if self.service.failure is not None:
             self.writer.write(frames.json_frame(frames.MODELS, {"failure": self.service.failure}))
             return
-        self.models = list(self.service.models.values())
-        models = {}
-        for name, served in self.service.models.items():
-            engine = served.engines[0]
-            devices = [e.device for e in served.engines]
-            models[name] = {"engine": engine.name, "devices": devices, "queue_limit": self.service.settings.queue_limit}
-        decodes = self.service.jpeg_decoder is not None
-        self.writer.write(frames.json_frame(frames.MODELS, {"models": models, "jpeg_decoder": decodes}))
+        table = self.host.table()
+        self.writer.write(frames.json_frame(frames.MODELS, table))
+        self.applied = table["generation"]  # the worker serves it before it serves anything
+        self.host.connections.add(self)
+
+    async def control(self, payload: bytes) -> None:
+        """A worker's model control call, made here; its answer after the MODELS frame of its change."""
+        call = orjson.loads(payload)
+        answer: dict[str, Any] = {"id": call["id"]}
+        try:
+            if call["op"] == "index":
+                answer["index"] = await self.host.control.index(ready_only=bool(call.get("ready")))
+            elif call["op"] == "load":
+                await self.host.control.load(call["name"])
+            elif call["op"] == "unload":
+                await self.host.control.unload(call["name"])
+            else:
+                raise ServiceError(f"unknown model control call {call['op']!r}")
+            await self.host.applied()  # every worker serves what the call changed
+        except Exception as error:
+            if not isinstance(error, ServiceError):
+                log.error("unexpected error in a model control call", exc_info=error)
+                error = ServiceError("unexpected server error; it is logged with its traceback")
+            answer["error"] = frames.error_fields(error)
+        if not self.writer.is_closing():
+            self.writer.write(frames.json_frame(frames.CONTROLLED, answer))
 
     async def decode(self, payload: bytes) -> None:
         """An upload's bytes → its pixels on this process's GPU decoder, written back into the worker's
         segment (the worker copies them out, then sends them as any request's rows)."""
         decode_id, model, length, segment = frames.DECODE_HEADER.unpack(payload)
-        memory = self.segments[segment]
         outcome, shape, error = frames.DECODED_OK, (0, 0, 0), b""
         try:
+            memory = self.segments[segment]
+            spec = self.host.served(model).spec
             decoder = self.service.jpeg_decoder
             if decoder is None:  # the worker asks only where HELLO said there is one
                 raise ServiceError("this engine process has no GPU JPEG decoder")
-            pixels = await decoder.decode(bytes(memory[:length]), self.models[model].spec)  # (1, C, H, W)
+            pixels = await decoder.decode(bytes(memory[:length]), spec)  # (1, C, H, W)
             if pixels.nbytes > len(memory):
                 raise GpuDecodeError(f"{pixels.shape} pixels do not fit the {len(memory)}-byte segment")
             np.copyto(np.ndarray(pixels.shape, np.uint8, buffer=memory), pixels)
@@ -115,8 +214,10 @@ class WorkerConnection:
     def infer(self, payload: bytes) -> None:
         """Enqueue a frame's rows; answer it now if refused, else from its future's callback."""
         frame_id, deadline, dtype, model, k, c, h, w, segment = frames.INFER_HEADER.unpack(payload)
-        served = self.models[model]
+        served = self.host.by_id.get(model)
         try:
+            if served is None:
+                served = self.host.served(model)  # NotReadyError: freed since the worker's table
             batcher = served.ready_batcher()
             batcher.admit(deadline)  # the worker admitted on figures one answer old: check again
             images = np.ndarray((k, c, h, w), frames.DTYPES[dtype], buffer=self.segments[segment])
@@ -134,7 +235,7 @@ class WorkerConnection:
         error = future.exception()
         self.answer(frame_id, served, scores=future.result() if error is None else None, error=error)
 
-    def answer(self, frame_id: int, served: ServedModel, *, scores: np.ndarray | None = None,
+    def answer(self, frame_id: int, served: ServedModel | None, *, scores: np.ndarray | None = None,
                error: BaseException | None = None) -> None:  # fmt: skip
         """Write the RESULT frame: the (rows, classes) float32 scores as they are, or the error's JSON."""
         body: bytes | memoryview
@@ -146,7 +247,7 @@ class WorkerConnection:
                 error = ServiceError("unexpected server error; it is logged with its traceback")
             ok, rows, classes, body = 0, 0, 0, frames.error_payload(error)
         # The queue's figures ride on every answer, a refusal's too: the workers admit with them.
-        batcher = served.batcher
+        batcher = served.batcher if served is not None else None
         queued, rate = (batcher.queued_rows, batcher.rows_per_s) if isinstance(batcher, Batcher) else (0, 0.0)
         header = frames.RESULT_HEADER.pack(frame_id, ok, rows, classes, queued, rate)
         # No drain: the worker reads its answers as they come, and one that stops reading is gone
@@ -161,10 +262,12 @@ async def serve_engines(settings: Settings, socket_path: str, on_ready: Callable
     """Build the engines and answer the workers until STOP_SIGNAL (or the parent process is gone)."""
     # The GPU's JPEG decoder lives here, with the GPU: the workers send it their uploads (DECODE).
     service = Service(settings, on_fatal=on_fatal, on_ready=on_ready)
+    host = EngineHost(service)
     service.start()
+    host.control.start()
 
     async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await WorkerConnection(service, reader, writer).run()
+        await WorkerConnection(host, reader, writer).run()
 
     server = await asyncio.start_unix_server(connected, path=socket_path)
     stop = asyncio.Event()
@@ -180,6 +283,7 @@ async def serve_engines(settings: Settings, socket_path: str, on_ready: Callable
                 pass
     finally:
         server.close()
+        await host.control.stop()
         await service.stop()
 
 

@@ -113,3 +113,11 @@ def test_a_shutdown_while_a_version_retires_stops_and_closes_it(tmp_path: Path) 
         assert batcher is not None and control(client)._retiring
     # The lifespan has ended: the retiring version's batcher was stopped (its tasks gone) and its engines closed.
     assert batcher._loop_task is None and batcher._reaper_task is None  # type: ignore[attr-defined]
+
+
+def test_model_control_with_several_workers_needs_the_engine_process() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="needs engine_process true"):
+        Settings(model_control="explicit", workers=2)
+    assert Settings(model_control="explicit", workers=2, engine_process=True).model_control == "explicit"

@@ -1,5 +1,6 @@
-"""Model control on a real server (CPU): tritonclient's repository calls unchanged, and 20 reloads and
-some unloads under continuous load with no request lost, failed or answered by a half-built model.
+"""Model control on a real server (CPU), in one process and through the engine process with two workers:
+tritonclient's repository calls unchanged, and 20 reloads and some unloads under continuous load with
+no request lost, failed or answered by a half-built model.
 
 Every request gets exactly one answer. 200 with the right label whenever the model is loaded; 404
 (no such model) only for a request that overlaps a deliberate unload (from the unload call's start
@@ -34,15 +35,25 @@ SENDERS = 3
 RAW = {"content-type": "application/octet-stream"}
 
 
+# One process holding its models; or two HTTP workers whose models the engine process builds, serves
+# and frees, a call to either worker changing what both serve.
+DESIGNS = {"one-process": {}, "engine-process": {"workers": "2", "engine_process": "true"}}
+
+
+@pytest.fixture(scope="module", params=list(DESIGNS))
+def design(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("control") / "repository"
+def repository(design: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp(f"control-{design}") / "repository"
     shutil.copytree(DEFAULT_REPOSITORY / MODEL, folder / MODEL, ignore=shutil.ignore_patterns("*.json"))
     return folder
 
 
 @pytest.fixture(scope="module")
-def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+def server(design: str, repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     grpc_port = free_port()
     log = tmp_path_factory.mktemp("control-log") / "server.log"
     settings = {
@@ -52,7 +63,7 @@ def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         "model_control": "explicit",
         "request_timeout_s": "2",  # a retired version is freed 2 s after the switch at the latest
         "buckets": "1,2,4,8",
-    }
+    } | DESIGNS[design]
     with running_server(log, command=SERVE, **settings) as url:
         yield {"url": url, "http": url.removeprefix("http://"), "grpc": f"127.0.0.1:{grpc_port}"}
 

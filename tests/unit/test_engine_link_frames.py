@@ -41,8 +41,8 @@ class FakeEngineProcess:
             except asyncio.IncompleteReadError:
                 return
             if kind == frames.HELLO:
-                models = {"m": {"engine": "eager", "devices": ["cpu"], "queue_limit": 1000}}
-                writer.write(frames.json_frame(frames.MODELS, {"models": models}))
+                models = {"m": {"1": {"id": 0, "engine": "eager", "devices": ["cpu"], "queue_limit": 1000}}}
+                writer.write(frames.json_frame(frames.MODELS, {"models": models, "generation": 0}))
             elif kind == frames.SEGMENT:
                 where = orjson.loads(payload)
                 self.segments[where["index"]] = map_file(where["path"], where["size"], create=False)

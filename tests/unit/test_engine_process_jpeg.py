@@ -19,7 +19,7 @@ from PIL import Image
 from app.codecs.bodies import decode_image
 from app.codecs.uploads import decode_upload
 from app.engine_process.client import EngineLink, RemoteJpegDecoder
-from app.engine_process.host import WorkerConnection
+from app.engine_process.host import EngineHost, WorkerConnection
 from app.errors import GpuDecodeError, InputError
 from app.repository import read_repository
 from app.repository.model_spec import ModelSpec
@@ -51,18 +51,28 @@ class PillowAsGpu:
         pass
 
 
+class StandInModel(SimpleNamespace):
+    """A served model's stand-in, hashable by identity as ServedModel is (the host keys its ids by it)."""
+
+    __hash__ = object.__hash__
+    __eq__ = object.__eq__
+
+
 @asynccontextmanager
 async def engine_process(tmp_path: Path, decoder: PillowAsGpu | None) -> AsyncIterator[EngineLink]:
-    served = SimpleNamespace(spec=SPEC, engines=[SimpleNamespace(name="eager", device="cpu")], batcher=None)
+    served = StandInModel(spec=SPEC, engines=[SimpleNamespace(name="eager", device="cpu")], batcher=None,
+                             options=SimpleNamespace(devices=("cpu",)), retired=False)  # fmt: skip
 
     async def started() -> None:
         pass
 
-    service = SimpleNamespace(models={SPEC.name: served}, failure=None, wait_started=started, jpeg_decoder=decoder,
-                              settings=SimpleNamespace(queue_limit=100))  # fmt: skip
+    settings = SimpleNamespace(queue_limit=100, model_control="none", model_repository=tmp_path)
+    service = SimpleNamespace(versions={SPEC.name: {SPEC.version: served}}, failure=None, wait_started=started,
+                              jpeg_decoder=decoder, settings=settings, on_install=[])  # fmt: skip
+    host = EngineHost(service)  # type: ignore[arg-type]
 
     async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await WorkerConnection(service, reader, writer).run()  # type: ignore[arg-type]
+        await WorkerConnection(host, reader, writer).run()
 
     socket_path = str(tmp_path / "engine.sock")
     server = await asyncio.start_unix_server(connected, path=socket_path)

@@ -48,6 +48,7 @@ def test_the_engine_process_builds_the_jpeg_decoder_its_settings_ask_for(monkeyp
     class Recorder:
         def __init__(self, settings: Settings, **_: object) -> None:
             decoders.append(settings.jpeg_decoder)
+            self.settings, self.on_install = settings, []
 
         def start(self) -> None:
             raise RuntimeError("recorded")

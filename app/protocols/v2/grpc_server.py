@@ -31,7 +31,7 @@ from app.config import Settings
 from app.dataplane import DataPlane
 from app.errors import ClientClosedError, DeadlineExceededError, InputError, ServiceError
 from app.http.protocol import connection_budgets
-from app.model_control import IGNORED_LOAD_PARAMETERS, LOAD_EXPECTED, ControlError, ModelControl
+from app.model_control import IGNORED_LOAD_PARAMETERS, LOAD_EXPECTED, ControlError, RepositoryControl
 from app.ops.off_loop import LARGE_JSON_BYTES, off_loop
 from app.protocols.v2 import tensors
 from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
@@ -116,7 +116,7 @@ class GrpcCodec:
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, plane: DataPlane, control: ModelControl) -> None:
+    def __init__(self, plane: DataPlane, control: RepositoryControl) -> None:
         self.plane = plane
         self.service = plane.service
         self.control = control
@@ -338,7 +338,7 @@ def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
 class GrpcServer:
     """The gRPC server and its health service, started and stopped with the HTTP app."""
 
-    def __init__(self, plane: DataPlane, control: ModelControl, settings: Settings, *, reuse_port: bool) -> None:
+    def __init__(self, plane: DataPlane, control: RepositoryControl, settings: Settings, *, reuse_port: bool) -> None:
         service = plane.service
         try:
             specs = read_repository(settings.model_repository)

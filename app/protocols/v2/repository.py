@@ -20,14 +20,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.errors import ServiceError
-from app.model_control import IGNORED_LOAD_PARAMETERS, LOAD_EXPECTED, ControlError, ModelControl
+from app.model_control import IGNORED_LOAD_PARAMETERS, LOAD_EXPECTED, ControlError, RepositoryControl
 from app.protocols.v2.rest import JSON, v2_error
 
 router = APIRouter(prefix="/v2/repository", tags=["Open Inference Protocol: model repository extension"])
 
 
-def _control(request: Request) -> ModelControl:
-    control: ModelControl = request.app.state.control
+def _control(request: Request) -> RepositoryControl:
+    control: RepositoryControl = request.app.state.control
     return control
 
 
