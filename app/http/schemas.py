@@ -59,5 +59,18 @@ V2_NOT_FOUND: dict[int | str, dict[str, Any]] = {
 }
 
 
+_V2_ERROR, _SERVICE_ERROR = {"$ref": "#/components/schemas/V2Error"}, {"$ref": "#/components/schemas/ErrorResponse"}
+# The model repository extension's load and unload (app/protocols/v2/repository.py).
+V2_CONTROL_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {
+        "description": 'The model\'s files could not be loaded, or the body is malformed ({"error": "…"}); or '
+        "the HTTP protocol refused the request line before any route saw it (the service's envelope)",
+        "content": {"application/json": {"schema": {"anyOf": [_V2_ERROR, _SERVICE_ERROR]}}},
+    },
+    404: {"model": V2Error, "description": "No model of that name in the repository"},
+    503: {"model": V2Error, "description": "Model control is off (CGSERVE_MODEL_CONTROL), or the server is starting"},
+}
+
+
 class ReadyAnswer(BaseModel):
     ready: bool

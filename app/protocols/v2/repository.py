@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.errors import ServiceError
+from app.http.schemas import V2_CONTROL_ERRORS
 from app.model_control import IGNORED_LOAD_PARAMETERS, LOAD_EXPECTED, ControlError, RepositoryControl
 from app.protocols.v2.rest import JSON, v2_error
 
@@ -57,7 +58,10 @@ async def index(request: Request) -> Response:
     return Response(orjson.dumps(await _control(request).index(ready_only=ready_only)), media_type=JSON)
 
 
-@router.post("/models/{name}/load", summary="Load (or reload) a model from the repository, beside what serves")
+@router.post(
+    "/models/{name}/load", summary="Load (or reload) a model from the repository, beside what serves",
+    responses=V2_CONTROL_ERRORS,
+)  # fmt: skip
 async def load(name: str, request: Request) -> Response:
     try:
         unsupported = sorted(key for key in await _parameters(request) if key not in IGNORED_LOAD_PARAMETERS)
@@ -69,7 +73,10 @@ async def load(name: str, request: Request) -> Response:
     return Response(b"{}", media_type=JSON)
 
 
-@router.post("/models/{name}/unload", summary="Unload a model: what it admitted is answered, then it is freed")
+@router.post(
+    "/models/{name}/unload", summary="Unload a model: what it admitted is answered, then it is freed",
+    responses=V2_CONTROL_ERRORS,
+)  # fmt: skip
 async def unload(name: str, request: Request) -> Response:
     try:
         await _parameters(request)  # unload_dependents: there are no ensembles, so nothing depends on a model
