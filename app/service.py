@@ -22,6 +22,7 @@ exits non-zero (fail fast) rather than serving on fewer GPUs than it was started
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -48,6 +49,7 @@ from app.ops import metric_buffers, metrics
 from app.ops.heap import freeze_startup_heap
 from app.repository import LoadedModel, ModelConfigError, load_model, read_model, read_repository
 from app.repository.model_spec import ModelSpec
+from app.repository.outputs import OutputLayout
 from app.repository.versions import UNVERSIONED
 
 log = logging.getLogger(__name__)
@@ -135,16 +137,6 @@ def prepare_models(settings: Settings) -> list[tuple[LoadedModel, EngineOptions]
         raise ModelConfigError(
             [f"CGSERVE_DEFAULT_MODEL: {settings.default_model!r} is not in {settings.model_repository}: {names}"]
         )
-    if settings.engine_process:
-        # Its HTTP workers read model.toml alone: they know a model's class scores, not outputs found by a probe.
-        problems = [
-            f"{spec.toml}: outputs: the engine process (CGSERVE_ENGINE_PROCESS) serves models of one class-scores "
-            "output for now; serve this model without the engine process"
-            for spec in specs
-            if spec.config.outputs is not None
-        ]
-        if problems:
-            raise ModelConfigError(problems)
     devices = resolve_devices(settings.device)
     prepared, problems = [], []
     for spec in specs:  # every model's problems at once, so that one run shows everything to fix
@@ -298,6 +290,10 @@ class Service:
                         log.warning("%s version %s: not in %s any more; not served here", name, version,
                                     self.settings.model_repository)  # fmt: skip
                         continue
+                    if info.get("outputs"):  # named outputs, as the engine process's probe found them
+                        named = [(name, tuple(shape), datatype, classes) for name, shape, datatype, classes
+                                 in info["outputs"]]  # fmt: skip
+                        spec = dataclasses.replace(spec, outputs=OutputLayout.of(named))
                     served = ServedModel(spec, engine_options(self.settings, spec, devices), remote=True)
                     served.batcher = link.batcher(info)
                 versions.setdefault(name, {})[version] = served

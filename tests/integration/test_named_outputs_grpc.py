@@ -30,13 +30,20 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_repository(tmp_path_factory.mktemp("outputs"))
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, repository: Path) -> Iterator[dict[str, str]]:
+# One process; or two HTTP workers and the engine process, whose probe's layout the workers cut answers by.
+DESIGNS = {"one-process": {}, "engine-process": {"workers": "2", "engine_process": "true"}}
+
+
+@pytest.fixture(scope="module", params=list(DESIGNS))
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, repository: Path
+) -> Iterator[dict[str, str]]:
     grpc_port = free_port()
     log = tmp_path_factory.mktemp("named-outputs") / "server.log"
     with running_server(
-        log, command=SERVE, device="cpu", grpc_port=str(grpc_port), model_repository=str(repository)
-    ) as url:
+        log, command=SERVE, device="cpu", grpc_port=str(grpc_port), model_repository=str(repository),
+        **DESIGNS[request.param],
+    ) as url:  # fmt: skip
         yield {"url": url, "grpc": f"127.0.0.1:{grpc_port}"}
 
 

@@ -1,6 +1,6 @@
 """Named outputs (model.toml's [[outputs]]): the probe's checks at load, one line per problem naming the
 file and the key; a packed row cut back into each output exactly; the CPU engine's outputs equal the
-model's own; the engine process refuses them at start-up."""
+model's own; through the engine process: tests/integration/test_named_outputs_grpc.py."""
 
 from __future__ import annotations
 
@@ -10,11 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.config import Settings
 from app.engines.cpu_eager import CpuEagerEngine
 from app.repository import ModelConfigError, load_model, read_repository
 from app.repository.outputs import OutputLayout
-from app.service import prepare_models
 from tests.output_models import COMMON, TOMLS, eager, images, write_repository
 
 LINE = "class M(torch.nn.Module):\n    def forward(self, x):\n        return {}\n\ndef build():\n    return M()\n"
@@ -165,11 +163,3 @@ def test_the_cpu_engine_packs_every_output_as_the_model_gives_it(tmp_path: Path,
     for name, values in want.items():
         assert got[name].dtype == values.dtype and got[name].shape == values.shape, name
         np.testing.assert_allclose(got[name], values, rtol=1e-5, atol=1e-6, err_msg=name)
-
-
-def test_the_engine_process_refuses_named_outputs_at_start_up(tmp_path: Path) -> None:
-    write_repository(tmp_path, ("embedder",))
-    with pytest.raises(ModelConfigError) as raised:
-        prepare_models(Settings(model_repository=tmp_path, device="cpu", engine_process=True))
-    (problem,) = raised.value.problems
-    assert problem.startswith(f"{tmp_path / 'embedder' / 'model.toml'}: outputs: the engine process"), problem
