@@ -98,7 +98,7 @@ class GpuCollector:
             for gpu in gpus:
                 try:
                     family.add_metric([gpu.uuid, gpu.device], read(nvml, gpu.handle))
-                except nvml.NVMLError as error:
+                except Exception as error:  # NVMLError, or another binding's missing call: this sample alone
                     self._note_unanswered(gpu.uuid, name, error)
             if family.samples:
                 yield family
@@ -125,7 +125,7 @@ def _start() -> tuple[Any, list[Gpu]]:
     try:
         pynvml.nvmlInit()
         gpus = visible_gpus(pynvml, os.environ.get("CUDA_VISIBLE_DEVICES"))
-    except pynvml.NVMLError as error:
+    except Exception as error:  # NVMLError, or a pynvml module of another make: no GPU series, never a failed scrape
         _log.info("GPU metrics off: NVML did not start (%s); no nv_gpu_ series", error)
         return None, []
     if gpus:

@@ -74,6 +74,16 @@ def test_a_query_a_gpu_cannot_answer_leaves_out_that_sample_alone(monkeypatch: p
     assert samples == pytest.approx({k: v for k, v in EXPECTED.items() if k not in missing})
 
 
+def test_a_binding_without_a_call_leaves_out_its_samples_not_the_scrape(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The old `pynvml` package installs the same module without the energy call: an AttributeError, not a
+    failed /metrics (a collector that raises takes every series of the scrape down)."""
+    nvml = FakeNvml()
+    del_energy = type("OldNvml", (FakeNvml,), {"nvmlDeviceGetTotalEnergyConsumption": property()})
+    nvml.__class__ = del_energy
+    samples = scrape(nvml, monkeypatch)
+    assert samples == pytest.approx({k: v for k, v in EXPECTED.items() if k[0] != "nv_energy_consumption"})
+
+
 def test_nvml_starts_once_and_the_text_has_triton_names_and_types(monkeypatch: pytest.MonkeyPatch) -> None:
     nvml = FakeNvml()
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
