@@ -32,6 +32,7 @@ from app.repository import LoadedModel, ModelConfigError, load_model, model_fold
 from app.service import ServedModel, Service
 
 log = logging.getLogger(__name__)
+RETIRING_SETS = 2  # a model's replaced versions held while they drain, in sets of its versions
 Files = tuple[tuple[str, int, int], ...]  # (path, mtime ns, size) of each file of a model's folder
 # Triton's own words when model control is off (its clients and scripts look for them).
 NOT_ALLOWED = "explicit model load / unload is not allowed if polling is enabled"
@@ -185,6 +186,7 @@ class ModelControl:
     async def _load(self, name: str) -> None:
         async with self._lock:
             self._started()
+            await self._wait_for_retirements(name)
             self._loading.add(name)
             try:
                 built = await self._build(name)
@@ -229,6 +231,15 @@ class ModelControl:
         return [
             (load_model(spec), engine_options(self.settings, spec, devices)) for spec in read_model(repository, name)
         ]
+
+    async def _wait_for_retirements(self, name: str) -> None:
+        """Hold a load while RETIRING_SETS earlier sets of the model's versions still drain: each holds its
+        engines (graphs, pinned slots) for up to request_timeout_s, and a reload loop must not stack them
+        until the device runs out of memory. At most serving + RETIRING_SETS retiring + one building."""
+        limit = RETIRING_SETS * max(1, len(self.service.versions.get(name, {})))
+        while sum(1 for r in self._retiring if r.served.spec.name == name) >= limit:
+            oldest = next(r for r in self._retiring if r.served.spec.name == name)
+            await asyncio.wait({oldest.task})
 
     def _unload(self, name: str) -> None:
         since = time.monotonic()

@@ -121,3 +121,15 @@ def test_model_control_with_several_workers_needs_the_engine_process() -> None:
     with pytest.raises(ValidationError, match="needs engine_process true"):
         Settings(model_control="explicit", workers=2)
     assert Settings(model_control="explicit", workers=2, engine_process=True).model_control == "explicit"
+
+
+def test_a_reload_loop_holds_at_most_two_replaced_sets_while_they_drain(tmp_path: Path) -> None:
+    """Each replaced version keeps its engines until request_timeout_s after the switch: reloads that come
+    faster wait for the oldest, so the memory held stays bounded (review F5)."""
+    with controlled_app(tmp_path, request_timeout_s=1.0) as client:
+        client.portal.call(service(client).wait_started)
+        retiring: list[int] = []
+        for _ in range(4):
+            assert client.post(f"/v2/repository/models/{MODEL}/load").status_code == 200
+            retiring.append(len(control(client)._retiring))
+        assert max(retiring) == 2 and retiring[-1] == 2, retiring  # the third and fourth loads waited
