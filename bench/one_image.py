@@ -42,7 +42,6 @@ from loadtest.hey import hey_command, resolve_hey, run_hey
 from loadtest.server_process import free_port, running, service_env
 
 ROOT = Path(__file__).resolve().parents[1]
-ROUTE = "/v1/models/resnet50/predict"
 SHAPE = (1, 3, 224, 224)
 
 
@@ -50,12 +49,12 @@ def taskset(cores: str | None, argv: list[str]) -> list[str]:
     return ["taskset", "-c", cores, *argv] if cores and shutil.which("taskset") else argv
 
 
-def perf_analyzer(binary: str, protocol: str, address: str, concurrency: int, seconds: float, work: Path,
-                  cores: str | None) -> dict[str, Any]:  # fmt: skip
+def perf_analyzer(binary: str, model: str, protocol: str, address: str, concurrency: int, seconds: float,
+                  work: Path, cores: str | None) -> dict[str, Any]:  # fmt: skip
     """perf_analyzer at one concurrency, one image a request, UINT8 as the model's metadata declares."""
     out = work / f"pa-{protocol}-{concurrency}.csv"
     argv = taskset(cores, [
-        binary, "-m", "resnet50", "-u", address, "-i", protocol, "-b", "1", "--shape", "input:3,224,224",
+        binary, "-m", model, "-u", address, "-i", protocol, "-b", "1", "--shape", "input:3,224,224",
         "--concurrency-range", f"{concurrency}:{concurrency}", "--measurement-interval", str(int(seconds * 1000)),
         "--stability-percentage", "60", "--max-trials", "3", "-f", str(out),
     ])  # fmt: skip
@@ -88,13 +87,15 @@ class OneImage:
         self.body.write_bytes(np.random.default_rng(0).integers(0, 256, SHAPE, dtype=np.uint8).tobytes())
         self.hey = resolve_hey(args.hey)
         self.record: dict[str, Any] = {"command": shlex.join(["python3", *sys.argv]), "designs": {}, "notes": []}
+        self.model = args.model_folder.name
+        self.route = f"/v1/models/{self.model}/predict"
 
     def save(self) -> None:
         (self.args.out / "one-image.json").write_text(json.dumps(self.record, indent=2) + "\n")
 
     def generator(self, url: str, name: str, *load: str) -> dict[str, Any]:
         a = self.args
-        args = ["--warmup", "1", "--duration", str(a.seconds), "--path", ROUTE, "--no-check-labels",
+        args = ["--warmup", "1", "--duration", str(a.seconds), "--path", self.route, "--no-check-labels",
                 "--image-shape", "3,224,224", *load]  # fmt: skip
         return load_summary(url, self.work / f"{name}.json", *args, cores=a.loadgen_cores, timeout_s=120)
 
@@ -110,14 +111,15 @@ class OneImage:
         if kind == "hey":
             if self.hey is None:
                 return {"error": f"no hey at {a.hey}"}
-            argv = hey_command(self.hey, url + ROUTE, self.body, content_type="application/octet-stream",
+            argv = hey_command(self.hey, url + self.route, self.body, content_type="application/octet-stream",
                                concurrency=concurrency, duration_s=a.seconds)  # fmt: skip
             result = run_hey(taskset(a.loadgen_cores, argv), timeout_s=60 + 2 * a.seconds)
             result["images_per_s"] = result.pop("requests_per_s", None)
             return result
         protocol = kind.removeprefix("v2-")
         address = f"127.0.0.1:{ports[protocol]}"
-        return perf_analyzer(a.perf_analyzer, protocol, address, concurrency, a.seconds, self.work, a.loadgen_cores)
+        return perf_analyzer(a.perf_analyzer, self.model, protocol, address, concurrency, a.seconds, self.work,
+                             a.loadgen_cores)  # fmt: skip
 
     def profile(self, pid: int, tag: str) -> tuple[subprocess.Popen[str], Path]:
         """py-spy on the server and its children (the workers, the engine process), from 1.5 s into a
@@ -137,7 +139,7 @@ class OneImage:
         a = self.args
         port, grpc_port = free_port(), free_port()
         repository = self.work / "repository"
-        env = service_env(port, device="cuda", model_repository=repository, buckets=a.buckets, workers=a.workers,
+        env = service_env(port, device=a.device, model_repository=repository, buckets=a.buckets, workers=a.workers,
                           grpc_port=grpc_port, max_body_bytes=64 * 2**20, max_inflight_bytes=1024 * 2**20,
                           engine_process=str(design == "engine-process").lower())  # fmt: skip
         serve = taskset(a.server_cores, [sys.executable, "-m", "app.cli", "serve"])  # taskset execs: same pid
@@ -178,9 +180,9 @@ class OneImage:
     def run(self) -> None:
         a = self.args
         repository = self.work / "repository"
-        shutil.copytree(EXAMPLE, repository / "resnet50")
+        shutil.copytree(a.model_folder, repository / self.model)
         self.deadline = time.monotonic() + a.budget_s
-        peak = engine_peak(repository, a.buckets, a.peak_seconds)
+        peak = engine_peak(repository, a.buckets, a.peak_seconds, device=a.device)
         self.record["engine_peak"] = peak
         print(f"engine peak: {peak['images_per_s']} img/s at bucket {peak['bucket']}", flush=True)
         self.save()
@@ -193,6 +195,13 @@ def main() -> None:
     add = p.add_argument
     add("--out", type=Path, required=True, help="folder for one-image.json (and profiles)")
     add("--designs", default="engine-process", help="engine-process and/or per-process, comma-separated")
+    add(
+        "--model-folder",
+        type=Path,
+        default=EXAMPLE,
+        help="the model served (default: the resnet50 example); its input must be 3x224x224",
+    )
+    add("--device", default="cuda", help="cpu: a smoke run of the bench itself, not a figure")
     add("--kinds", default="raw,hey,v2-http,v2-grpc,jpeg", help="load kinds, comma-separated (default %(default)s)")
     add("--concurrencies", default="64,256")
     add("--workers", type=int, default=8)

@@ -40,13 +40,13 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "models/examples/repository/resnet50"
 
 
-def engine_peak(repository: Path, buckets: str, seconds: float) -> dict[str, Any]:
+def engine_peak(repository: Path, buckets: str, seconds: float, device: str = "cuda") -> dict[str, Any]:
     """img/s of the service's own engine at its largest bucket, every slot in flight."""
     from app.config import Settings
     from app.engines.factory import build_engine, use_compile_cache
     from app.service import prepare_models
 
-    settings = Settings(model_repository=repository, device="cuda", buckets=buckets)  # type: ignore[arg-type]
+    settings = Settings(model_repository=repository, device=device, buckets=buckets)  # type: ignore[arg-type]
     use_compile_cache(settings)
     ((model, options),) = prepare_models(settings)
     started = time.perf_counter()
