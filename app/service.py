@@ -343,6 +343,7 @@ class Service:
             request_timeout_s=settings.request_timeout_s,
             batch_timeout_s=settings.batch_timeout_s,
             model=name,
+            version=served.spec.version,
             on_dead=lambda reason: self._device_died(name, reason),
         )
         batcher.start()
@@ -351,7 +352,8 @@ class Service:
         for bucket in reports[0].capture_seconds:  # every device's, one after the other
             seconds = sum(report.capture_seconds[bucket] for report in reports)
             metrics.CAPTURE_SECONDS.labels(model=name, bucket=str(bucket)).set(seconds)
-        metrics.GRAPH_POOL_BYTES.labels(model=name).set(sum(report.pool_bytes for report in reports))
+        pool_bytes = sum(report.pool_bytes for report in reports)
+        metrics.GRAPH_POOL_BYTES.labels(model=name, version=served.spec.version).set(pool_bytes)
         for engine in served.engines:
             dtype = str(engine.report.facts.get("dtype", "fp32"))
             metrics.ENGINE_INFO.labels(engine=engine.name, device=engine.device, dtype=dtype, model=name).set(1)
@@ -407,6 +409,8 @@ class Service:
                 await asyncio.to_thread(engine.close)
         del engines, batcher
         await asyncio.to_thread(release_memory, served.options.devices)
+        if not served.remote:
+            metrics.GRAPH_POOL_BYTES.labels(model=served.spec.name, version=served.spec.version).set(0)
 
     async def stop(self) -> None:
         metrics.READY.set(0)

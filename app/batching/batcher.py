@@ -62,6 +62,7 @@ class Batcher:
         request_timeout_s: float,
         batch_timeout_s: float = 30.0,
         model: str = "",
+        version: str = "1",
         on_dead: Callable[[str], None] = lambda reason: None,
     ) -> None:
         self.engines: tuple[Engine, ...] = tuple(engines) if isinstance(engines, Sequence) else (engines,)
@@ -98,7 +99,7 @@ class Batcher:
             )
             for b in engine.buckets
         }
-        self._queue_depth = BufferedValue(metrics.QUEUE_DEPTH.labels(model=model))
+        self._queue_depth = BufferedValue(metrics.QUEUE_DEPTH.labels(model=model, version=version))
         self._queue_wait = BufferedHistogram(metrics.QUEUE_WAIT.labels(model=model))
         self._batch_rows = BufferedHistogram(metrics.BATCH_ROWS.labels(model=model))
         self._in_flight = BufferedSum(metrics.IN_FLIGHT.labels(model=model))

@@ -75,10 +75,12 @@ GPU_JPEG_BATCH_IMAGES = Histogram(
     buckets=ROW_BUCKETS,
 )
 # multiprocess_mode says how /metrics merges a gauge across workers (ignored with one process).
+# A model's versions each have their batcher and graphs: the gauges those set are per version (a name
+# the operator's repository chose, never a client's), and their sums stay the model's.
 QUEUE_DEPTH = Gauge(
     "cgserve_queue_depth_rows",
     "Rows waiting in the batcher's queue, as each batch is taken and every 0.5 s.",
-    ["model"],
+    ["model", "version"],
     multiprocess_mode="livesum",
 )
 IN_FLIGHT = Gauge(
@@ -122,8 +124,8 @@ CAPTURE_SECONDS = Gauge(
 )
 GRAPH_POOL_BYTES = Gauge(
     "cgserve_graph_pool_bytes",
-    "Device memory held by the shared CUDA-graph memory pool after capture.",
-    ["model"],
+    "Device memory held by the shared CUDA-graph memory pool after capture (0 once a version is freed).",
+    ["model", "version"],
     multiprocess_mode="livesum",
 )
 COMPILE_FALLBACK = Gauge(

@@ -68,3 +68,13 @@ def test_metadata_and_the_model_card_list_the_versions(client: TestClient) -> No
     assert card["version"] == "2" and card["versions"] == {"1": {"ready": True}, "2": {"ready": True}}
     assert [m["name"] for m in client.get("/v1/models").json()["models"]] == ["cnn"]
     assert client.get("/readyz").status_code == 200
+
+
+def test_each_version_has_its_own_queue_depth_and_graph_pool_series(client: TestClient) -> None:
+    """Per-batcher gauges are per version: with one series a model, one version's set overwrote the other's."""
+    client.post("/v2/models/cnn/versions/1/infer", json=INFER)
+    client.post("/v2/models/cnn/versions/2/infer", json=INFER)
+    exposition = client.get("/metrics").text
+    for version in ("1", "2"):
+        assert f'cgserve_queue_depth_rows{{model="cnn",version="{version}"}}' in exposition
+        assert f'cgserve_graph_pool_bytes{{model="cnn",version="{version}"}}' in exposition
