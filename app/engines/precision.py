@@ -35,6 +35,7 @@ def require(dtype: str) -> None:
         decide([dtype])
     elif _tf32 and dtype == "fp32":
         raise RuntimeError(
-            "an fp32 engine cannot be built in a process that already runs TF32 for its fp16/bf16 models; "
-            "decide the precision from every model's dtype before building engines (app/engines/precision.py)"
+            "an fp32 model cannot join a process that runs TF32 for the fp16/bf16 models it started with (TF32 is "
+            "the whole process's switch, and fp32 means fp32): set this model's dtype to fp16 or bf16, or restart "
+            "the server with it in the repository"
         )
