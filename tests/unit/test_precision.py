@@ -33,7 +33,7 @@ def test_tf32_only_where_no_model_runs_fp32(dtypes: list[str], tf32: bool) -> No
 def test_an_fp32_engine_after_an_fp16_one_is_refused_not_silently_tf32() -> None:
     precision.require("fp16")  # an engine built on its own decides for itself
     assert torch.backends.cudnn.allow_tf32
-    with pytest.raises(RuntimeError, match=r"fp32 engine .* TF32"):
+    with pytest.raises(RuntimeError, match=r"fp32 model .* TF32.*set this model.s dtype"):
         precision.require("fp32")
 
 
