@@ -68,10 +68,14 @@ def server(design: str, repository: Path, tmp_path_factory: pytest.TempPathFacto
         yield {"url": url, "http": url.removeprefix("http://"), "grpc": f"127.0.0.1:{grpc_port}"}
 
 
-def set_max_delay(repository: Path, max_delay_ms: float) -> None:
+def set_max_delay(repository: Path, max_delay_ms: float, postprocess: str = "softmax") -> None:
+    """model.toml with this max_delay_ms and postprocess (softmax and sigmoid give the same labels, other
+    scores: an answer says which model served it)."""
     toml = repository / MODEL / "model.toml"
-    lines = [line for line in toml.read_text().splitlines() if not line.startswith("max_delay_ms")]
-    toml.write_text("\n".join([f"max_delay_ms = {max_delay_ms}", *lines]) + "\n")
+    keys = ("max_delay_ms", "postprocess")
+    lines = [line for line in toml.read_text().splitlines() if not line.startswith(keys)]
+    head = [f"max_delay_ms = {max_delay_ms}", f'postprocess = "{postprocess}"']
+    toml.write_text("\n".join([*head, *lines]) + "\n")
 
 
 def test_tritonclient_index_load_and_unload_unchanged(server: dict[str, str]) -> None:
@@ -154,7 +158,8 @@ def test_twenty_reloads_and_unloads_under_load_lose_nothing(server: dict[str, st
     try:
         time.sleep(0.5)
         for reload in range(RELOADS):
-            set_max_delay(repository, [0.5, 2.0, 5.0][reload % 3])  # a changed model.toml each time
+            postprocess = ("softmax", "sigmoid")[reload % 2]
+            set_max_delay(repository, [0.5, 2.0, 5.0][reload % 3], postprocess)  # a changed model.toml each time
             if reload % 7 == 3:  # now and then: unload first, then load
                 began = time.monotonic()
                 answer = httpx.post(f"{url}/v2/repository/models/{MODEL}/unload", timeout=60)
@@ -166,11 +171,15 @@ def test_twenty_reloads_and_unloads_under_load_lose_nothing(server: dict[str, st
                 unloaded.append((began, time.monotonic()))
             card = httpx.get(f"{url}/v1/models/{MODEL}").json()
             assert card["batching"]["max_delay_ms"] == [0.5, 2.0, 5.0][reload % 3]  # the new model.toml serves
+            for _ in range(4):  # new connections: with two workers, either may take each; both serve the new one
+                answer = httpx.post(f"{url}/v1/models/{MODEL}/predict", content=image, headers=RAW)
+                assert answer.json()["postprocess"] == postprocess, (reload, answer.text[:200])
             time.sleep(0.1)
     finally:
         stop.set()
         for sender in senders:
             sender.join(timeout=60)
+        set_max_delay(repository, 1.0)  # the module's other tests load softmax scores from this model.toml
     results = [result for sender in senders for result in sender.results]
     assert not [e for sender in senders for e in sender.errors], "requests lost"
     assert sum(sender.sent for sender in senders) == len(results)  # one answer each
