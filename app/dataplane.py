@@ -90,7 +90,13 @@ class DataPlane:
         queue, or what refuses it (NotReadyError, QueueFullError), counted under the model's name."""
         queue = served.ready_batcher()
         queue.admit(deadline)
+        served.admitted += 1  # until its answer (`answered`): a replaced version is freed once none is left
         return queue
+
+    @staticmethod
+    def answered(served: ServedModel) -> None:
+        """The end of a request `admit` let in, answered or not."""
+        served.admitted -= 1
 
     async def infer(
         self,
@@ -110,10 +116,12 @@ class DataPlane:
         """
         started = time.perf_counter()
         label, status = "", "500"
+        admitted: ServedModel | None = None
         try:
             served = codec.served(model, version)  # UnknownModelError: counted under "", never the client's name
             label = served.spec.name
             queue = self.admit(served, deadline)
+            admitted = served
             async with within(deadline):
                 images, asked = await codec.decode(await read(), served.spec)
                 scores = await queue.submit(images, deadline)
@@ -125,6 +133,8 @@ class DataPlane:
         except Exception as error:
             answer, status = codec.failure(counted(error, label, path))
         finally:
+            if admitted is not None:
+                self.answered(admitted)
             observe(label, codec.protocol, form, status, started)
         return answer
 

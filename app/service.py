@@ -67,6 +67,7 @@ class ServedModel:
     remote: bool = False  # the engines are the engine process's: none here to ask about their devices
     failure: str | None = None
     retired: bool = False  # replaced by a load or unloaded: answers what it admitted, then is freed
+    admitted: int = 0  # requests admitted (app/dataplane.py's admit) and not yet answered
 
     def device_states(self) -> dict[str, str]:
         """Device → its engine's state: starting, ready, dead, failed (its start-up) or not started."""
@@ -171,6 +172,9 @@ class Service:
         self.versions: dict[str, dict[str, ServedModel]] = {}
         self.models: dict[str, ServedModel] = {}
         self.on_install: list[Callable[[str], None]] = []  # told the name of each model install() changed
+        # Its requests are admitted here (ServedModel.admitted): a replaced version is freed once none is left.
+        # The engine process's come in frames from workers that admitted them: it waits the whole timeout.
+        self.counts_admissions = True
         self.started = False  # start-up is over: no model is then "the repository still being read"
         self.failure: str | None = None  # why start-up failed or the device died
         self.draining = False
@@ -391,10 +395,15 @@ class Service:
         """Answer what `served` admitted, then free it: its batcher stops, its engines close and their
         graphs and pinned slots go back to the device. `since` (a time.monotonic()): when it stopped
         getting new requests. A request admitted before may still be reading its body, and submits
-        by its deadline at the latest: request_timeout_s after `since`."""
+        by its deadline at the latest, request_timeout_s after `since`: it is freed once every request it
+        admitted is answered, or then."""
         batcher = served.batcher
         if batcher is not None and since is not None:
-            await asyncio.sleep(max(0.0, since + self.settings.request_timeout_s - time.monotonic()))
+            latest = since + self.settings.request_timeout_s
+            if not self.counts_admissions:  # the engine process: the workers admitted its requests
+                await asyncio.sleep(max(0.0, latest - time.monotonic()))
+            while served.admitted and time.monotonic() < latest:  # noqa: ASYNC110
+                await asyncio.sleep(RETIRE_POLL_S)
             # The queue drains through the old engines as usual; the batcher signals no empty queue, and
             # this runs once a retirement, off the request path.
             while isinstance(batcher, Batcher) and batcher.queued_rows and batcher.dead is None:  # noqa: ASYNC110

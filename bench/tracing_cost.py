@@ -38,6 +38,7 @@ class Stub:
 
     def __init__(self, protocol: str = "rest") -> None:
         self.protocol = protocol  # the metrics' label, and the request span's naming (grpc: the method)
+        self.admitted = 0  # the served model's count of requests admitted and not yet answered
 
     def served(self, model: str, version: str | None) -> Any:
         return self

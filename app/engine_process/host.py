@@ -50,6 +50,7 @@ class EngineHost:
 
     def __init__(self, service: Service) -> None:
         self.service = service
+        service.counts_admissions = False  # the workers admit this process's requests
         self.control = ModelControl(service)
         self.connections: set[WorkerConnection] = set()  # those that said HELLO
         self.by_id: dict[int, ServedModel] = {}

@@ -178,6 +178,8 @@ class InlinePredict:
             return False
         request.answered = True
         self.budget.release(request.reserved)
+        if request.batcher is not None and request.served is not None:  # admitted: the data plane counted it
+            self.plane.answered(request.served)
         if request.timer is not None:
             request.timer.cancel()
         observe(request.model, request.codec.protocol, request.form, str(status), request.started)

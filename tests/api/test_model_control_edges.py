@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from app.model_control import ModelControl
 from app.service import Service
 
 MODEL = "fashion-cnn"
+RAW = {"content-type": "application/octet-stream"}
 
 
 def controlled_app(repository: Path, mode: str = "explicit", request_timeout_s: float = 0.5) -> TestClient:
@@ -74,9 +76,16 @@ def test_a_load_whose_caller_leaves_half_way_still_completes_and_leaves_nothing_
     assert not control(client)._retiring and not control(client)._loads
 
 
+def a_request_still_reading_its_body(client: TestClient) -> None:
+    """What a request admitted just before a switch looks like to its version: admitted, not yet answered.
+    The replaced version then drains until request_timeout_s after the switch."""
+    service(client).models[MODEL].admitted += 1
+
+
 def test_the_index_lists_each_version_once_during_a_reload(tmp_path: Path) -> None:
     with controlled_app(tmp_path, request_timeout_s=30) as client:  # the old version drains for 30 s
         client.portal.call(service(client).wait_started)
+        a_request_still_reading_its_body(client)
         assert client.post(f"/v2/repository/models/{MODEL}/load").status_code == 200
         assert control(client)._retiring, "the replaced version should still be retiring"
         index = client.post("/v2/repository/index").json()
@@ -108,6 +117,7 @@ def test_a_shutdown_while_a_version_retires_stops_and_closes_it(tmp_path: Path) 
     with controlled_app(tmp_path, request_timeout_s=30) as client:
         client.portal.call(service(client).wait_started)
         old = service(client).models[MODEL]
+        a_request_still_reading_its_body(client)
         assert client.post(f"/v2/repository/models/{MODEL}/load").status_code == 200
         batcher = old.batcher
         assert batcher is not None and control(client)._retiring
@@ -130,6 +140,21 @@ def test_a_reload_loop_holds_at_most_two_replaced_sets_while_they_drain(tmp_path
         client.portal.call(service(client).wait_started)
         retiring: list[int] = []
         for _ in range(4):
+            a_request_still_reading_its_body(client)
             assert client.post(f"/v2/repository/models/{MODEL}/load").status_code == 200
             retiring.append(len(control(client)._retiring))
         assert max(retiring) == 2 and retiring[-1] == 2, retiring  # the third and fourth loads waited
+
+
+def test_a_replaced_version_nobody_uses_is_freed_at_once(tmp_path: Path) -> None:
+    """Every request it admitted answered: no need to hold its engines for request_timeout_s (30 s here)."""
+    with controlled_app(tmp_path, request_timeout_s=30) as client:
+        client.portal.call(service(client).wait_started)
+        old = service(client).models[MODEL]
+        for _ in range(3):
+            assert client.post(f"/v1/models/{MODEL}/predict", content=bytes(784), headers=RAW).status_code == 200
+        assert old.admitted == 0  # each answered request was counted out again
+        began = time.monotonic()
+        assert client.post(f"/v2/repository/models/{MODEL}/load").status_code == 200
+        client.portal.call(control(client).retired)
+        assert time.monotonic() - began < 10 and old.retired and not old.engines
