@@ -151,10 +151,13 @@ class ModelControl:
         leaves (a gRPC deadline, a closed connection) does not stop a build half-way and strand what it
         built; a second call for the same name while one runs waits for that one."""
         self._allowed()
+        running = self._loads.get(name)
+        if running is not None:  # it read the files before this call: wait for it, then load what is there now
+            await asyncio.wait({running})
         task = self._loads.get(name)
-        if task is None:
+        if task is None or task is running:  # another caller that waited too may have started the next one
             task = self._loads[name] = asyncio.create_task(self._load(name), name=f"load-{name}")
-            task.add_done_callback(lambda _: self._loads.pop(name, None))
+            task.add_done_callback(lambda done: self._loads.pop(name, None) if self._loads.get(name) is done else None)
         await asyncio.shield(task)
 
     async def unload(self, name: str) -> None:
@@ -184,9 +187,9 @@ class ModelControl:
             raise NotReadyError("starting: the models of the repository are still being built")
 
     async def _load(self, name: str) -> None:
+        await self._wait_for_retirements(name)  # outside the lock: other models' calls go on meanwhile
         async with self._lock:
             self._started()
-            await self._wait_for_retirements(name)
             self._loading.add(name)
             try:
                 built = await self._build(name)

@@ -172,6 +172,7 @@ class Service:
         self.versions: dict[str, dict[str, ServedModel]] = {}
         self.models: dict[str, ServedModel] = {}
         self.on_install: list[Callable[[str], None]] = []  # told the name of each model install() changed
+        self._applying = asyncio.Lock()  # a worker of the engine process applies one table at a time
         # Its requests are admitted here (ServedModel.admitted): a replaced version is freed once none is left.
         # The engine process's come in frames from workers that admitted them: it waits the whole timeout.
         self.counts_admissions = True
@@ -257,9 +258,11 @@ class Service:
     async def _start_remote(self, link: EngineLink) -> None:
         """An HTTP worker of the engine process: the models' specs here, their engines there."""
         try:
+            # Every table after the first is applied by the link's reader, one at a time (apply_table's
+            # lock), each before its APPLIED: one that comes while this first one applies waits its turn.
+            link.on_models = self.apply_table
             await link.connect()
             await self.apply_table(link.table)
-            link.on_models = self.apply_table  # loads and unloads, as the engine process makes them
             if link.decodes_jpeg:  # JPEG uploads go to the GPU's decoder, in the engine process
                 self.jpeg_decoder = RemoteJpegDecoder(link)
         except Exception as error:
@@ -274,6 +277,10 @@ class Service:
         """Serve what the engine process serves: each (model, version) of its table, by its id. A version
         already served keeps its stand-in; a new one's spec is read from the repository here (the same
         files the engine process read: the routes decode with it)."""
+        async with self._applying:
+            await self._apply_table(table)
+
+    async def _apply_table(self, table: dict[str, dict[str, dict[str, Any]]]) -> None:
         link = self.engine_link
         assert link is not None
         devices = resolve_devices(self.settings.device)
@@ -287,12 +294,11 @@ class Service:
                 served = known.get(int(info["id"]))
                 if served is None:
                     if name not in specs:
-                        read = await asyncio.to_thread(read_model, self.settings.model_repository, name)
-                        specs[name] = {spec.version: spec for spec in read}
+                        specs[name] = await self._read_specs(name)
                     spec = specs[name].get(version)
                     if spec is None:  # its files changed again since the engine process read them
-                        log.warning("%s version %s: not in %s any more; not served here", name, version,
-                                    self.settings.model_repository)  # fmt: skip
+                        log.error("%s version %s: not readable in %s any more; this worker does not serve it",
+                                  name, version, self.settings.model_repository)  # fmt: skip
                         continue
                     if info.get("outputs"):  # named outputs, as the engine process's probe found them
                         named = [(name, tuple(shape), datatype, classes) for name, shape, datatype, classes
@@ -307,6 +313,17 @@ class Service:
         for name, served_versions in versions.items():
             self.versions[name] = served_versions
             self.publish(name)
+
+    async def _read_specs(self, name: str) -> dict[str, ModelSpec]:
+        """A model's versions' specs, read here; none where its files broke since the engine process read
+        them (logged): that model is not served by this worker, and nothing else changes."""
+        try:
+            read = await asyncio.to_thread(read_model, self.settings.model_repository, name)
+        except (ModelConfigError, OSError) as error:
+            problems = "; ".join(error.problems) if isinstance(error, ModelConfigError) else str(error)
+            log.error("%s: its files cannot be read here (%s); this worker does not serve it", name, problems)
+            return {}
+        return {spec.version: spec for spec in read}
 
     def _start_failed(self, error: Exception) -> None:
         self.failure = f"{type(error).__name__}: {error}"

@@ -152,6 +152,7 @@ class WorkerConnection:
             pass  # the worker is gone: its requests' answers have nobody to go to
         finally:
             self.host.connections.discard(self)
+            await self.host.note_applied(self, 0)  # a control call waiting for this worker waits no more
             for future in self.waiting:
                 future.cancel()  # the batcher drops the rows it has not launched
             for task in self.tasks:

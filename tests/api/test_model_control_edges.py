@@ -158,3 +158,28 @@ def test_a_replaced_version_nobody_uses_is_freed_at_once(tmp_path: Path) -> None
         assert client.post(f"/v2/repository/models/{MODEL}/load").status_code == 200
         client.portal.call(control(client).retired)
         assert time.monotonic() - began < 10 and old.retired and not old.engines
+
+
+def test_a_load_called_while_one_builds_loads_the_files_as_they_are_after_it(tmp_path: Path) -> None:
+    """The running load read the files before this call: joining it would answer 200 for files never read."""
+    with controlled_app(tmp_path) as client:
+        client.portal.call(service(client).wait_started)
+        toml = tmp_path / MODEL / "model.toml"
+        toml.write_text("max_delay_ms = 3.0\n" + toml.read_text())
+        prepare = control(client)._prepare
+
+        def prepare_then_edit(repository: Path, name: str) -> object:
+            prepared = prepare(repository, name)
+            toml.write_text(toml.read_text().replace("max_delay_ms = 3.0", "max_delay_ms = 5.0"))
+            return prepared
+
+        control(client)._prepare = prepare_then_edit  # type: ignore[method-assign]
+
+        async def two_loads() -> None:
+            first = asyncio.create_task(control(client).load(MODEL))
+            await asyncio.sleep(0)  # the first has started
+            await control(client).load(MODEL)  # called while the first builds
+            await first
+
+        client.portal.call(two_loads)
+        assert client.get(f"/v1/models/{MODEL}").json()["batching"]["max_delay_ms"] == 5.0

@@ -1,0 +1,143 @@
+"""The table of served models that the engine process sends its workers (model control through the engine
+process): the real EngineHost and WorkerConnection over a real Unix socket, a stand-in engine service,
+and real workers' Services applying each table. Each case is one the review found failing."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import shutil
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import app.service as service_module
+from app.config import DEFAULT_REPOSITORY, Settings
+from app.engine_process.client import RemoteBatcher
+from app.engine_process.host import EngineHost, WorkerConnection
+from app.repository import read_repository
+from app.repository.model_spec import ModelSpec
+from app.service import Service
+from tests.unit.test_engine_process_jpeg import StandInModel
+
+MODEL = "fashion-cnn"
+
+
+def stand_in(spec: ModelSpec) -> StandInModel:
+    """A served model of the engine process, as its table reads one."""
+    return StandInModel(spec=spec, engines=[SimpleNamespace(name="eager", device="cpu")], batcher=None,
+                        options=SimpleNamespace(devices=("cpu",)), retired=False)  # fmt: skip
+
+
+@asynccontextmanager
+async def engine_process(tmp_path: Path) -> AsyncIterator[tuple[Path, ModelSpec, Any, EngineHost, str]]:
+    repository = tmp_path / "repository"
+    shutil.copytree(DEFAULT_REPOSITORY / MODEL, repository / MODEL, ignore=shutil.ignore_patterns("*.json"))
+    spec = read_repository(repository)[0]
+
+    async def started() -> None:
+        pass
+
+    settings = SimpleNamespace(queue_limit=100, model_control="none", model_repository=repository)
+    service = SimpleNamespace(versions={MODEL: {"1": stand_in(spec)}}, failure=None, wait_started=started,
+                              jpeg_decoder=None, settings=settings, on_install=[])  # fmt: skip
+    host = EngineHost(service)  # type: ignore[arg-type]
+
+    async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await WorkerConnection(host, reader, writer).run()
+
+    socket_path = str(tmp_path / "engine.sock")
+    server = await asyncio.start_unix_server(connected, path=socket_path)
+    try:
+        yield repository, spec, service, host, socket_path
+    finally:
+        server.close()
+
+
+def worker(tmp_path: Path, repository: Path, socket_path: str, name: str, fatal: list[int]) -> Service:
+    (tmp_path / f"segments-{name}").mkdir()
+    return Service(Settings(model_repository=repository, device="cpu"), on_fatal=lambda: fatal.append(1),
+                   engine_process=(socket_path, str(tmp_path / f"segments-{name}")))  # fmt: skip
+
+
+def served_id(service: Service, version: str = "1") -> int:
+    batcher = service.versions[MODEL][version].batcher
+    assert isinstance(batcher, RemoteBatcher)
+    return batcher.model_id
+
+
+def test_a_model_whose_files_a_worker_cannot_read_is_not_served_there_and_the_worker_lives(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with engine_process(tmp_path) as (repository, _, service, host, socket_path):
+            fatal: list[int] = []
+            serving = worker(tmp_path, repository, socket_path, "a", fatal)
+            serving.start()
+            await serving.wait_started()
+            shutil.copytree(repository / MODEL, repository / "other")
+            other = dataclasses.replace(read_repository(repository / "other")[0], name="other")
+            (repository / "other" / "model.toml").write_text("this is = = not toml")  # broken since it was read
+            service.versions["other"] = {"1": stand_in(other)}
+            host.broadcast()
+            await host.applied(timeout_s=5)
+            assert serving.engine_link is not None and serving.engine_link.dead is None and not fatal
+            assert "other" not in serving.models and MODEL in serving.models  # the rest is served as before
+            await serving.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_table_sent_while_a_worker_applies_its_first_is_applied_before_it_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read_model = service_module.read_model
+
+    def slow(*args: Any) -> Any:
+        time.sleep(0.3)  # the starting worker is still reading its specs when the next table comes
+        return read_model(*args)
+
+    monkeypatch.setattr(service_module, "read_model", slow)
+
+    async def scenario() -> None:
+        async with engine_process(tmp_path) as (repository, spec, service, host, socket_path):
+            starting = worker(tmp_path, repository, socket_path, "b", [])
+            starting.start()
+            while not host.connections:  # noqa: ASYNC110 (the host has no event for a worker's HELLO)
+                await asyncio.sleep(0.01)
+            service.versions[MODEL] = {"1": stand_in(spec)}  # a reload: the same version, a new build, a new id
+            host.broadcast()
+            await host.applied(timeout_s=5)
+            await starting.wait_started()
+            assert served_id(starting) == max(host.by_id)  # the new build, not the first table's
+            await starting.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_that_leaves_does_not_hold_a_control_call(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with engine_process(tmp_path) as (repository, spec, service, host, socket_path):
+            staying, leaving = (worker(tmp_path, repository, socket_path, name, []) for name in ("c1", "c2"))
+            for each in (staying, leaving):
+                each.start()
+                await each.wait_started()
+
+            async def never_applies(table: Any) -> None:
+                await asyncio.sleep(100)
+
+            assert leaving.engine_link is not None
+            leaving.engine_link.on_models = never_applies
+            service.versions[MODEL] = {"1": stand_in(spec)}
+            host.broadcast()
+            asyncio.get_running_loop().call_later(0.2, lambda: asyncio.ensure_future(leaving.engine_link.close()))  # type: ignore[union-attr]
+            began = time.monotonic()
+            await host.applied(timeout_s=10)
+            assert time.monotonic() - began < 5  # the worker left after 0.2 s: not the 10 s timeout
+            assert served_id(staying) == max(host.by_id)
+            await staying.stop()
+
+    asyncio.run(scenario())
