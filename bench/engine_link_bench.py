@@ -87,6 +87,7 @@ async def host(socket_path: str, tick_s: float) -> None:
 
     batcher = StandInBatcher(tick_s)
     served = StandInModel(batcher=batcher, engines=[SimpleNamespace(name="stand-in", device="cpu")],
+                          spec=SimpleNamespace(name="m", input_shape=SHAPE, outputs=None),
                              ready_batcher=lambda: batcher, options=SimpleNamespace(devices=("cpu",)),
                              retired=False)  # fmt: skip
 

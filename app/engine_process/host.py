@@ -229,6 +229,12 @@ class WorkerConnection:
         try:
             if served is None:
                 served = self.host.served(model)  # NotReadyError: freed since the worker's table
+            if (c, h, w) != tuple(served.spec.input_shape):  # the worker read other files: not this batch's rows
+                raise ServiceError(
+                    f"{served.spec.name}: a worker sent {c}×{h}×{w} images for a model built for "
+                    f"{'×'.join(map(str, served.spec.input_shape))}: its files changed since they were loaded",
+                    expected="load the model again (model control), so that every process reads the same files",
+                )
             batcher = served.ready_batcher()
             batcher.admit(deadline)  # the worker admitted on figures one answer old: check again
             images = np.ndarray((k, c, h, w), frames.DTYPES[dtype], buffer=self.segments[segment])

@@ -141,3 +141,24 @@ def test_a_worker_that_leaves_does_not_hold_a_control_call(tmp_path: Path) -> No
             await staying.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_frame_of_another_shape_than_the_model_was_built_for_is_refused_alone(tmp_path: Path) -> None:
+    """A worker whose files changed under it sends rows of another shape: its frame is refused with why,
+    not staged into a batch it would fail for every worker's requests."""
+    import numpy as np
+
+    from app.engine_process.client import EngineLink
+    from app.engine_process.frames import EngineProcessError
+
+    async def scenario() -> None:
+        async with engine_process(tmp_path) as (_, __, ___, ____, socket_path):
+            (tmp_path / "segments").mkdir()
+            link = EngineLink(socket_path, str(tmp_path / "segments"), on_dead=lambda why: None)
+            await link.connect(timeout_s=5)
+            model = int(link.table[MODEL]["1"]["id"])
+            with pytest.raises(EngineProcessError, match=r"3×28×28 images for a model built for 1×28×28"):
+                await link.send(model, np.zeros((1, 3, 28, 28), np.uint8), 1e9)
+            await link.close()
+
+    asyncio.run(scenario())
