@@ -22,7 +22,6 @@ exits non-zero (fail fast) rather than serving on fewer GPUs than it was started
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -47,9 +46,8 @@ from app.engines.memory import release_memory
 from app.errors import NotReadyError, UnknownModelError
 from app.ops import metric_buffers, metrics
 from app.ops.heap import freeze_startup_heap
-from app.repository import LoadedModel, ModelConfigError, load_model, read_model, read_repository
+from app.repository import LoadedModel, ModelConfigError, load_model, read_repository
 from app.repository.model_spec import ModelSpec
-from app.repository.outputs import OutputLayout
 from app.repository.versions import UNVERSIONED
 
 log = logging.getLogger(__name__)
@@ -275,8 +273,8 @@ class Service:
 
     async def apply_table(self, table: dict[str, dict[str, dict[str, Any]]]) -> None:
         """Serve what the engine process serves: each (model, version) of its table, by its id. A version
-        already served keeps its stand-in; a new one's spec is read from the repository here (the same
-        files the engine process read: the routes decode with it)."""
+        already served keeps its stand-in; a new one's spec comes in the table, as the engine process
+        built it (the routes decode with it; files changed since do not matter)."""
         async with self._applying:
             await self._apply_table(table)
 
@@ -287,23 +285,12 @@ class Service:
         known = {
             served.batcher.model_id: served for served in self.served() if isinstance(served.batcher, RemoteBatcher)
         }
-        specs: dict[str, dict[str, ModelSpec]] = {}
         versions: dict[str, dict[str, ServedModel]] = {}
         for name, entries in table.items():
             for version, info in entries.items():
                 served = known.get(int(info["id"]))
-                if served is None:
-                    if name not in specs:
-                        specs[name] = await self._read_specs(name)
-                    spec = specs[name].get(version)
-                    if spec is None:  # its files changed again since the engine process read them
-                        log.error("%s version %s: not readable in %s any more; this worker does not serve it",
-                                  name, version, self.settings.model_repository)  # fmt: skip
-                        continue
-                    if info.get("outputs"):  # named outputs, as the engine process's probe found them
-                        named = [(name, tuple(shape), datatype, classes) for name, shape, datatype, classes
-                                 in info["outputs"]]  # fmt: skip
-                        spec = dataclasses.replace(spec, outputs=OutputLayout.of(named))
+                if served is None:  # the spec the engine process built it from (outputs as its probe found them)
+                    spec = ModelSpec.from_wire(info["spec"])
                     served = ServedModel(spec, engine_options(self.settings, spec, devices), remote=True)
                     served.batcher = link.batcher(info)
                 versions.setdefault(name, {})[version] = served
@@ -313,17 +300,6 @@ class Service:
         for name, served_versions in versions.items():
             self.versions[name] = served_versions
             self.publish(name)
-
-    async def _read_specs(self, name: str) -> dict[str, ModelSpec]:
-        """A model's versions' specs, read here; none where its files broke since the engine process read
-        them (logged): that model is not served by this worker, and nothing else changes."""
-        try:
-            read = await asyncio.to_thread(read_model, self.settings.model_repository, name)
-        except (ModelConfigError, OSError) as error:
-            problems = "; ".join(error.problems) if isinstance(error, ModelConfigError) else str(error)
-            log.error("%s: its files cannot be read here (%s); this worker does not serve it", name, problems)
-            return {}
-        return {spec.version: spec for spec in read}
 
     def _start_failed(self, error: Exception) -> None:
         self.failure = f"{type(error).__name__}: {error}"

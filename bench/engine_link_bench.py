@@ -87,7 +87,7 @@ async def host(socket_path: str, tick_s: float) -> None:
 
     batcher = StandInBatcher(tick_s)
     served = StandInModel(batcher=batcher, engines=[SimpleNamespace(name="stand-in", device="cpu")],
-                          spec=SimpleNamespace(name="m", input_shape=SHAPE, outputs=None),
+                          spec=SimpleNamespace(name="m", input_shape=SHAPE, outputs=None, to_wire=dict),
                              ready_batcher=lambda: batcher, options=SimpleNamespace(devices=("cpu",)),
                              retired=False)  # fmt: skip
 

@@ -77,7 +77,7 @@ class EngineHost:
                 models.setdefault(name, {})[version] = {
                     "id": self._ids[served], "engine": served.engines[0].name if served.engines else "",
                     "devices": list(served.options.devices), "queue_limit": self.service.settings.queue_limit,
-                    "outputs": outputs_of(served),
+                    "spec": served.spec.to_wire(),
                 }  # fmt: skip
         # A version freed (retired and its batcher gone) is no frame's any more: forget its id.
         for served in [served for served in self._ids if served.retired]:
@@ -111,14 +111,6 @@ class EngineHost:
         connection.applied = max(connection.applied, generation)
         async with self._applied:
             self._applied.notify_all()
-
-
-def outputs_of(served: ServedModel) -> list[list[Any]] | None:
-    """A model's named outputs as its probe found them here ([name, shape, datatype, classes] each): the
-    workers read model.toml alone, and cut each answer's rows by this. None: the one class-scores tensor."""
-    if served.spec.outputs is None:
-        return None
-    return [[o.name, list(o.shape), o.datatype, o.classes] for o in served.spec.outputs.outputs]
 
 
 class WorkerConnection:

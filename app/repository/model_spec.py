@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from app.repository.model_config import ModelConfig, Preprocess
 from app.repository.outputs import OutputLayout
@@ -66,6 +67,26 @@ class ModelSpec:
         """Uploads above this are refused before decoding: the setting, or (0) 16× the input's pixels, ≥ 1024²."""
         _, h, w = self.input_shape
         return setting or max(1024 * 1024, 16 * h * w)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The spec as JSON, for the engine process's workers: they serve what it built, without reading
+        files that may have changed since (outputs as the probe found them included)."""
+        outputs = None
+        if self.outputs is not None:
+            outputs = [[o.name, list(o.shape), o.datatype, o.classes] for o in self.outputs.outputs]
+        return {"name": self.name, "folder": str(self.folder), "config": self.config.model_dump(mode="json"),
+                "class_names": list(self.class_names), "version": self.version, "outputs": outputs,
+                "config_file": None if self.config_file is None else str(self.config_file)}  # fmt: skip
+
+    @staticmethod
+    def from_wire(fields: dict[str, Any]) -> ModelSpec:
+        outputs = fields["outputs"]
+        layout = None if outputs is None else OutputLayout.of([(n, tuple(s), d, c) for n, s, d, c in outputs])
+        config_file = fields["config_file"]
+        return ModelSpec(name=fields["name"], folder=Path(fields["folder"]),
+                         config=ModelConfig.model_validate(fields["config"]), class_names=tuple(fields["class_names"]),
+                         version=fields["version"], config_file=None if config_file is None else Path(config_file),
+                         outputs=layout)  # fmt: skip
 
     def path(self, relative: str) -> Path:
         """A file model.toml names: the first of `folders` that holds it (the version's, if none does)."""
