@@ -109,6 +109,14 @@ class EngineHost:
 
     async def note_applied(self, connection: WorkerConnection, generation: int) -> None:
         connection.applied = max(connection.applied, generation)
+        await self._wake()
+
+    async def left(self, connection: WorkerConnection) -> None:
+        """A worker is gone: a control call waiting for its APPLIED waits no more."""
+        self.connections.discard(connection)
+        await self._wake()
+
+    async def _wake(self) -> None:
         async with self._applied:
             self._applied.notify_all()
 
@@ -143,8 +151,7 @@ class WorkerConnection:
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the worker is gone: its requests' answers have nobody to go to
         finally:
-            self.host.connections.discard(self)
-            await self.host.note_applied(self, 0)  # a control call waiting for this worker waits no more
+            await self.host.left(self)
             for future in self.waiting:
                 future.cancel()  # the batcher drops the rows it has not launched
             for task in self.tasks:

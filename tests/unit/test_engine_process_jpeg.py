@@ -100,7 +100,9 @@ def test_uploads_are_decoded_by_the_engine_process_into_the_pixels_pillow_gives(
                 assert pixels.shape == expected.shape == (1, *SPEC.input_shape)
                 np.testing.assert_array_equal(pixels, expected)
             assert decoder.decoded == 5
-            assert len(link.pool.segments) <= 5  # given back and reused, not one a call forever
+            made = len(link.pool.segments)
+            await asyncio.gather(*(remote.decode(data, SPEC) for data in uploads))  # the same again
+            assert len(link.pool.segments) == made  # given back and reused: no new segment for the second five
 
     asyncio.run(scenario())
 

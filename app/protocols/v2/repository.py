@@ -12,6 +12,7 @@ where they are set (app/access/auth.py). Errors are the protocol's {"error": "â€
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -63,14 +64,7 @@ async def index(request: Request) -> Response:
     responses=V2_CONTROL_ERRORS,
 )  # fmt: skip
 async def load(name: str, request: Request) -> Response:
-    try:
-        unsupported = sorted(key for key in await _parameters(request) if key not in IGNORED_LOAD_PARAMETERS)
-        if unsupported:
-            raise ControlError(400, f"load parameters {unsupported} are not supported", expected=LOAD_EXPECTED)
-        await _control(request).load(name)
-    except ServiceError as error:
-        return v2_error(error)
-    return Response(b"{}", media_type=JSON)
+    return await _call(request, lambda control: control.load(name), check_load_parameters=True)
 
 
 @router.post(
@@ -78,9 +72,20 @@ async def load(name: str, request: Request) -> Response:
     responses=V2_CONTROL_ERRORS,
 )  # fmt: skip
 async def unload(name: str, request: Request) -> Response:
+    # unload_dependents is taken and not acted on: there are no ensembles, so nothing depends on a model.
+    return await _call(request, lambda control: control.unload(name), check_load_parameters=False)
+
+
+async def _call(
+    request: Request, operation: Callable[[RepositoryControl], Awaitable[None]], *, check_load_parameters: bool
+) -> Response:
+    """A load or an unload: {} once done, or the protocol's {"error": "â€¦"} with its status."""
     try:
-        await _parameters(request)  # unload_dependents: there are no ensembles, so nothing depends on a model
-        await _control(request).unload(name)
+        parameters = await _parameters(request)
+        unsupported = sorted(key for key in parameters if key not in IGNORED_LOAD_PARAMETERS)
+        if check_load_parameters and unsupported:
+            raise ControlError(400, f"load parameters {unsupported} are not supported", expected=LOAD_EXPECTED)
+        await operation(_control(request))
     except ServiceError as error:
         return v2_error(error)
     return Response(b"{}", media_type=JSON)
