@@ -34,6 +34,7 @@ from app.codecs.uploads import JpegBatchDecoder, start_jpeg_decoder
 from app.config import Settings
 from app.engine_process.client import EngineLink, RemoteBatcher, RemoteJpegDecoder
 from app.engines.base import Engine
+from app.engines.device_streams import on_build_thread
 from app.engines.factory import (
     EngineOptions,
     build_engine,
@@ -165,7 +166,12 @@ class Service:
         self.engine_link: EngineLink | None = None
         if engine_process is not None:
             socket, segments = engine_process
-            self.engine_link = EngineLink(socket, segments, on_dead=lambda why: self._device_died("engines", why))
+            self.engine_link = EngineLink(
+                socket,
+                segments,
+                on_dead=lambda why: self._device_died("engines", why),
+                frames_in_flight=self.settings.engine_frames_in_flight,
+            )
         # name → version → the served model; and name → the version a call that names none gets.
         self.versions: dict[str, dict[str, ServedModel]] = {}
         self.models: dict[str, ServedModel] = {}
@@ -319,7 +325,7 @@ class Service:
             for index, device in enumerate(options.devices):
                 # Each device's engine moves its module there: all but the last get a copy.
                 replica = model if index == len(options.devices) - 1 else replica_of(model)
-                engine = await asyncio.to_thread(
+                engine = await on_build_thread(
                     build_engine,
                     replica,
                     options,
@@ -410,7 +416,8 @@ class Service:
             for engine in engines:
                 await asyncio.to_thread(engine.close)
         del engines, batcher
-        await asyncio.to_thread(release_memory, served.options.devices)
+        # On the build thread: never beside a capture, which empty_cache's frees must not race (device_streams.py).
+        await on_build_thread(release_memory, served.options.devices)
         if not served.remote:
             metrics.GRAPH_POOL_BYTES.labels(model=served.spec.name, version=served.spec.version).set(0)
 

@@ -51,6 +51,7 @@ from torch import nn
 from app.engines import precision
 from app.engines.base import INPUT_DTYPES, EngineReport, InputDtype, Slot
 from app.engines.device_forward import DeviceForward
+from app.engines.device_streams import give_back_stream, take_stream
 from app.engines.event_waiter import EventWaiter
 from app.engines.graph_capture import capture_graphs
 from app.engines.host_mapped import device_view
@@ -140,7 +141,8 @@ class CudaEngine:
         self._static_in = {
             d: torch.zeros((buckets[-1], *spec.input_shape), dtype=TORCH_INPUT[d], device=device) for d in INPUT_DTYPES
         }
-        self._stream = torch.cuda.Stream(device)  # a pool stream: non-blocking w.r.t. the default stream
+        self._stream = take_stream(device)  # a closed engine's, so its cuBLAS workspace is reused (device_streams.py)
+        self._stream_given_back = False
         self._waiter = EventWaiter()
         self._slots = [self._new_slot_state() for _ in range(in_flight)]
         self.slots = tuple(
@@ -158,7 +160,11 @@ class CudaEngine:
                 "gpu": torch.cuda.get_device_name(device),
             }
         )
-        self._prepare(use_graphs, keep_graphs, torch_compile_mode, compile_strict)
+        try:
+            self._prepare(use_graphs, keep_graphs, torch_compile_mode, compile_strict)
+        except BaseException:
+            self.close()
+            raise
         self.report.startup_seconds = time.perf_counter() - started
         log.info(
             "%s engine for %s on %s ready in %.2f s", self.name, spec.name, self.device, self.report.startup_seconds
@@ -399,3 +405,6 @@ class CudaEngine:
 
     def close(self) -> None:
         self._waiter.close()
+        if not self._stream_given_back and self._broken is None:  # a broken device's stream may still run
+            self._stream_given_back = True
+            give_back_stream(self._device, self._stream)
