@@ -224,6 +224,13 @@ class Settings(BaseSettings):
         "GPU, batches across all workers' requests); the server processes hand it their requests' pixels "
         "through shared memory. Off: each server process builds its own engines.",
     )
+    engine_frames_in_flight: int = Field(
+        4,
+        ge=1,
+        le=1024,
+        description="With the engine process: frames (each the requests a worker read in one loop iteration) a "
+        "worker keeps unanswered; more requests wait and go together in one frame when an answer comes back.",
+    )
     model_control: Literal["none", "explicit", "poll"] = Field(
         "none",
         description="Changing the served models without a restart (Triton's model control modes). none: the "

@@ -40,10 +40,10 @@ from app.repository.model_spec import ModelSpec
 log = logging.getLogger(__name__)
 CONNECT_POLL_S = 0.05
 LISTEN_TIMEOUT_S = 120.0  # the engine process listens before it builds engines: this covers its imports
-# A flush starts while fewer frames than this are unanswered (it sends every group waiting, one frame
-# each); at this many, requests wait and go together when an answer comes back. The engine runs one
-# batch and has the next staged (two slots in flight) while a third collects: a frame per worker in
-# each keeps it fed, the fourth covers the answer on its way back.
+# The default of engine_frames_in_flight. A flush starts while fewer frames than this are unanswered
+# (it sends every group waiting, one frame each); at this many, requests wait and go together when an
+# answer comes back. The engine runs one batch and has the next staged (two slots in flight) while a
+# third collects: a frame per worker in each keeps it fed, the fourth covers the answer on its way back.
 FRAMES_IN_FLIGHT = 4
 # A frame's largest share of requests, in rows: more would only wait for a later batch anyway. At most
 # a quarter of the model's queue limit too: the engine admits or refuses a frame whole.
@@ -81,8 +81,15 @@ class RemoteEngine:
 class EngineLink:
     """This worker's connection to the engine process, shared by every model's RemoteBatcher."""
 
-    def __init__(self, socket_path: str, segment_folder: str, on_dead: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        socket_path: str,
+        segment_folder: str,
+        on_dead: Callable[[str], None],
+        frames_in_flight: int = FRAMES_IN_FLIGHT,
+    ) -> None:
         self.socket_path = socket_path
+        self.frames_in_flight = frames_in_flight  # the setting engine_frames_in_flight
         self.pool = SegmentPool(segment_folder)
         self.on_dead = on_dead
         self.dead: str | None = None
@@ -153,7 +160,7 @@ class EngineLink:
         return future
 
     def _schedule_flush(self) -> None:
-        if self._flush is None and self._outbox and len(self._pending) < FRAMES_IN_FLIGHT:
+        if self._flush is None and self._outbox and len(self._pending) < self.frames_in_flight:
             # call_soon, not now: the requests that arrive in this loop iteration go in the same frame.
             self._flush = asyncio.get_running_loop().call_soon(self._send_outbox)
 

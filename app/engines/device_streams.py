@@ -5,7 +5,7 @@ run a GEMM on, for the life of the process, and a captured graph bakes that work
 in: closing an engine frees its graphs but not the workspace its warm-up allocated. An engine
 on a fresh pool stream, built on whichever thread asyncio's executor offered (each thread has
 its own handle), left one more workspace behind at every load: 34 MiB a reload of the seed CNN
-on the H200 (bench/results/2026-12-01-run19-h200-model-control.md).
+on the H200 (bench/results/README.md, run 19a; none after this, runs 19b and 19c).
 
 So a closed engine's stream goes to the next engine built for that device, and every engine is
 built on one thread (one handle): a reload warms up, captures and validates on the pair its
