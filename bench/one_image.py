@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.harness.process_cpu import TreeCpu
 from bench.harness.server_histograms import scrape, step_view
 from bench.resnet50_e2e import EXAMPLE, engine_peak
 from loadtest.cli_run import load_summary
@@ -123,9 +124,10 @@ class OneImage:
 
     def profile(self, pid: int, tag: str) -> tuple[subprocess.Popen[str], Path]:
         """py-spy on the server and its children (the workers, the engine process), from 1.5 s into a
-        point for 3 s: where the thread holding the GIL was (--gil), without pausing it (--nonblocking)."""
+        point for 3 s: where every running thread was, without pausing it (--nonblocking). Not --gil:
+        on the H200's Python 3.12 it kept 15 samples of 9 processes in 3 s (run 19)."""
         raw = self.args.out / f"profile-{tag}.txt"
-        spy = f"sleep 1.5; exec {self.args.py_spy} record --pid {pid} --subprocesses --gil --nonblocking "
+        spy = f"sleep 1.5; exec {self.args.py_spy} record --pid {pid} --subprocesses --nonblocking "
         spy += f"--duration 3 --rate 250 --format raw --output {raw}"
         return subprocess.Popen(["sh", "-c", spy], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), raw
 
@@ -135,27 +137,35 @@ class OneImage:
         output, _ = process.communicate(timeout=30)
         return {"raw": raw.name, "rc": process.returncode, "output_tail": output[-500:]}
 
-    def design(self, design: str, peak: float) -> None:
+    def design(self, design: str, peak: float, variant: str = "", settings: dict[str, str] | None = None) -> None:
+        """Every kind and concurrency against one server of `design`; a variant: `settings` over the
+        defaults (CGSERVE_… variables), its own kinds (--variant-kinds), the same run's peak."""
         a = self.args
         port, grpc_port = free_port(), free_port()
         repository = self.work / "repository"
         env = service_env(port, device=a.device, model_repository=repository, buckets=a.buckets, workers=a.workers,
                           grpc_port=grpc_port, max_body_bytes=64 * 2**20, max_inflight_bytes=1024 * 2**20,
                           engine_process=str(design == "engine-process").lower())  # fmt: skip
+        env |= settings or {}
         serve = taskset(a.server_cores, [sys.executable, "-m", "app.cli", "serve"])  # taskset execs: same pid
         points: dict[str, Any] = {}
-        self.record["designs"][design] = {"env": env, "points": points}
-        log = self.work / f"server-{design}.log"
+        name = f"{design}+{variant}" if variant else design
+        self.record["designs"][name] = {"env": env, "points": points}
+        log = self.work / f"server-{name}.log"
+        kinds = a.variant_kinds if variant else a.kinds
         with running(serve, log, port=port, env=env, cwd=ROOT, ready_timeout_s=480) as server:
-            for kind in a.kinds.split(","):
+            for kind in kinds.split(","):
                 for concurrency in (int(c) for c in a.concurrencies.split(",")):
                     if time.monotonic() > self.deadline:
                         self.record["notes"].append(f"{design} {kind} c{concurrency} skipped: past the budget")
                         continue
                     before = scrape(server.url)
-                    tag = f"{design}-{kind}-c{concurrency}"
-                    spy = self.profile(server.proc.pid, tag) if kind in a.profile.split(",") else None
+                    tag = f"{name}-{kind}-c{concurrency}"
+                    profiled = kind in a.profile.split(",") and not variant
+                    spy = self.profile(server.proc.pid, tag) if profiled else None
+                    cpu = TreeCpu(server.proc.pid)
                     result = self.point(server.url, kind, concurrency, {"http": port, "grpc": grpc_port})
+                    result["server_cpu"] = cpu.stop()
                     if spy is not None:
                         result["profile"] = self.profiled(spy)
                     after = scrape(server.url)
@@ -164,17 +174,18 @@ class OneImage:
                     figure = result.get("images_per_s")
                     result["ratio_to_engine_peak"] = round(figure / peak, 3) if figure else None
                     points[f"{kind}-c{concurrency}"] = result
-                    print(f"{design} {kind} c{concurrency}: {line(result)}", flush=True)
+                    print(f"{name} {kind} c{concurrency}: {line(result)}", flush=True)
+                    print(f"  server cores busy: {result['server_cpu']['cores_busy']}", flush=True)
                     self.save()
             best = max((p.get("images_per_s") or 0 for k, p in points.items() if k.startswith("raw-")), default=0)
-            if best and a.p99_fraction and time.monotonic() < self.deadline:
+            if best and a.p99_fraction and not variant and time.monotonic() < self.deadline:
                 rate = round(best * a.p99_fraction)
                 result = self.generator(server.url, "open-loop", "--form", "raw", "--rate", str(rate),
                                         "--processes", str(a.processes))  # fmt: skip
                 result["rate"] = rate
                 points[f"raw-open-{a.p99_fraction:g}"] = result
                 print(f"{design} open loop at {rate} req/s: {line(result)}", flush=True)
-            self.record["designs"][design]["log_tail"] = server.log_tail()[-3000:]
+            self.record["designs"][name]["log_tail"] = server.log_tail()[-3000:]
         self.save()
 
     def run(self) -> None:
@@ -188,6 +199,11 @@ class OneImage:
         self.save()
         for design in a.designs.split(","):
             self.design(design, peak["images_per_s"])
+        for entry in filter(None, a.variants.split(";")):  # name=CGSERVE_X=1,CGSERVE_Y=2, on the first design
+            variant, _, assignments = entry.partition("=")
+            settings = dict(pair.split("=", 1) for pair in assignments.split(","))
+            if time.monotonic() < self.deadline:
+                self.design(a.designs.split(",")[0], peak["images_per_s"], variant, settings)
 
 
 def main() -> None:
@@ -216,6 +232,8 @@ def main() -> None:
     add("--perf-analyzer", default="/tmp/site/perf_analyzer/bin/perf_analyzer")
     add("--profile", default="", help="kinds whose points py-spy profiles (server and children), e.g. raw")
     add("--py-spy", default="/tmp/site/bin/py-spy")
+    add("--variants", default="", help="servers with other settings, 'name=CGSERVE_X=1,CGSERVE_Y=2;name2=…'")
+    add("--variant-kinds", default="raw", help="load kinds run against each variant")
     add("--budget-s", type=float, default=400.0, help="start no point after this many seconds")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
