@@ -135,6 +135,12 @@ class Settings(BaseSettings):
             "(an idle device takes it at once)."
         ),
     )
+    batch_launch: Literal["just-in-time", "max-delay"] = Field(
+        "just-in-time",
+        description="While every device is busy, a partial batch launches after max_delay_ms and not before its "
+        "device is about to finish what it has, so that it carries the requests that arrive meanwhile "
+        "(just-in-time: expected from the batches measured so far); max-delay: after max_delay_ms alone.",
+    )
     queue_limit: int = Field(4096, ge=1, description="Rows allowed to wait per model; more are shed with 503.")
     in_flight: int = Field(
         2, ge=1, le=16, description="Batches launched but not yet handed back, per model and device."

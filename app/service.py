@@ -348,6 +348,7 @@ class Service:
             model=name,
             version=served.spec.version,
             on_dead=lambda reason: self._device_died(name, reason),
+            just_in_time=settings.batch_launch == "just-in-time",
         )
         batcher.start()
         served.batcher = batcher

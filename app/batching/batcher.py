@@ -3,8 +3,11 @@
 Policy: launch at once when the largest bucket can be filled or when a device is idle (no
 batch in flight there: waiting could only add latency, so a lone request goes straight through),
 otherwise when the oldest queued request has waited `max_delay_s` (Triton's dynamic-batcher
-rule) or a running batch completes and leaves its device idle. Under load the devices are busy,
-so batches fill while they work; at low load nothing waits for company that is not coming. A
+rule) or a running batch completes and leaves its device idle. With `just_in_time`, a partial
+batch for a busy device also waits until that device is about to finish what it has (its
+expected end less the staging time, app/batching/device_clock.py): launched sooner it would
+only wait there while the requests arriving meanwhile could not join it. Under load the devices
+are busy, so batches fill while they work; at low load nothing waits for company that is not coming. A
 batch is padded to the smallest bucket ≥ its rows; requests are packed row by row, so a request
 larger than the largest bucket (or one that straddles a full batch) is split and reassembled
 (app/batching/shares.py).
@@ -40,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from app.batching.device_clock import DeviceClock
 from app.batching.shares import PendingRequest, Share, answer, fail, stage_rows
 from app.batching.slot_pool import Lease, SlotPool
 from app.engines.base import Engine
@@ -64,6 +68,7 @@ class Batcher:
         model: str = "",
         version: str = "1",
         on_dead: Callable[[str], None] = lambda reason: None,
+        just_in_time: bool = False,
     ) -> None:
         self.engines: tuple[Engine, ...] = tuple(engines) if isinstance(engines, Sequence) else (engines,)
         engine = self.engines[0]
@@ -73,6 +78,8 @@ class Batcher:
         self.queue_limit = queue_limit
         self.request_timeout_s = request_timeout_s
         self.pool = SlotPool(self.engines)  # the slots of every device, and each device's load
+        self.just_in_time = just_in_time
+        self.clock = DeviceClock(len(self.engines))  # when each device should be done, from measured batches
         self.batch_timeout_s = batch_timeout_s
         self.dead: str | None = None  # why the device is dead, once it is
         self.dead_device: str | None = None  # which one
@@ -231,6 +238,7 @@ class Batcher:
             # The slot is chosen now, with the batch formed: the least-loaded device at launch.
             # From here it belongs to the batch's task, which alone gives it back.
             lease = self.pool.take(self.pad_to[rows])
+            self.clock.launched(lease.device, lease.rows, time.monotonic())
             task = asyncio.create_task(self._run_batch(lease, shares, rows))
             self._batches[task] = (time.monotonic(), lease, shares)
             task.add_done_callback(self._batches.pop)
@@ -240,7 +248,12 @@ class Batcher:
             if self._queue:
                 if self.pool.idle():  # a device has nothing to do: waiting only adds latency
                     return
-                remaining = self._queue[0].enqueued + self.max_delay_s - time.monotonic()
+                launch_at = self._queue[0].enqueued + self.max_delay_s
+                if self.just_in_time:  # every device busy: the batch would wait there anyway
+                    device_free = self.clock.launch_at(self.pool.free_devices())
+                    # At most the longest batch's time longer: an estimate gone wrong costs that, once.
+                    launch_at = max(launch_at, min(device_free, launch_at + self.clock.longest_s()))
+                remaining = launch_at - time.monotonic()
                 if remaining <= 0:
                     return
             self._wakeup.clear()
@@ -328,8 +341,11 @@ class Batcher:
         self._in_flight.inc()
         device_in_flight.inc()
         finished = False  # the device (and the staging thread) is done with the slot's memory
+        seconds: float | None = None
         try:
+            launched = time.monotonic()
             dtype = await stage_rows(shares, slot)
+            self.clock.staged(time.monotonic() - launched)
             if span is not None:
                 span.add_event("staged")
             seconds = await engine.run(slot, bucket, dtype)
@@ -356,6 +372,9 @@ class Batcher:
             if span is not None:
                 span.add_event("handed back")
         finally:
+            running = self._batches.values()
+            still_there = [other.rows for _, other, _ in running if other.device == lease.device and other is not lease]
+            self.clock.finished(lease.device, bucket, seconds if finished else None, time.monotonic(), still_there)
             self._in_flight.dec()
             device_in_flight.dec()
             self.pool.give_back(lease, reusable=finished)  # a slot whose batch never came back is never reused

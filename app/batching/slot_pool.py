@@ -55,6 +55,10 @@ class SlotPool:
         """Some device has no batch in flight (and so a free slot): a batch launched now waits for nothing."""
         return any(n == 0 and free for n, free in zip(self.batches_in_flight, self._free, strict=True))
 
+    def free_devices(self) -> list[int]:
+        """The devices that have a free slot now."""
+        return [device for device, free in enumerate(self._free) if free]
+
     async def wait_free(self) -> None:
         """Return once some device has a free slot."""
         while not any(self._free):
@@ -63,7 +67,7 @@ class SlotPool:
 
     def take(self, rows: int) -> Lease:
         """The free slot of the least-loaded device that has one, for a batch of `rows` (its bucket)."""
-        candidates = [device for device, free in enumerate(self._free) if free]
+        candidates = self.free_devices()
         if not candidates:
             raise RuntimeError("SlotPool.take without a free slot; await wait_free() first")
         device = min(candidates, key=lambda d: (self.rows_in_flight[d], self.launched[d]))

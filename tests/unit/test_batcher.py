@@ -31,6 +31,7 @@ async def running(engine: FakeEngine, **options: Any) -> AsyncIterator[Batcher]:
         queue_limit=int(settings["queue_limit"]),
         request_timeout_s=settings["request_timeout_s"],
         on_dead=settings.get("on_dead", lambda reason: None),
+        just_in_time=settings.get("just_in_time", False),
     )
     batcher.start()
     try:
@@ -305,3 +306,30 @@ async def test_admission_refuses_before_the_body_when_the_queue_cannot_serve_in_
         batcher.admit(time.monotonic() + 5.0)  # time enough: admitted
         engine.gate.set()
         await asyncio.wait_for(asyncio.gather(busy, queued), timeout=10)
+
+
+@pytest.mark.parametrize("just_in_time", [True, False])
+async def test_a_partial_batch_for_a_busy_device_waits_until_it_is_about_to_be_free(just_in_time: bool) -> None:
+    """Every batch reports 10 s of device time; one is held on the device (the gate) while three
+    requests arrive. Just in time, they wait for the device's expected end and go together when the
+    batch comes back early; under max_delay (0 here) the first goes alone into the second slot."""
+    engine = FakeEngine((1, 2, 4, 8), seconds=10.0)
+    async with running(engine, max_delay_s=0.0, just_in_time=just_in_time) as batcher:
+        await submit_all(batcher, images(1))  # the clock learns: a batch takes 10 s
+        engine.gate.clear()
+        first = asyncio.ensure_future(batcher.submit(images(2)))
+        await until(lambda: len(engine.launches) == 2)  # the device was idle: at once
+        later = []
+        for value in (3, 4, 5):
+            later.append(asyncio.ensure_future(batcher.submit(images(value))))
+            await asyncio.sleep(0.01)  # the collector decides between arrivals
+        launched_while_busy = len(engine.launches) - 2
+        engine.gate.set()
+        answers = await asyncio.wait_for(asyncio.gather(first, *later), timeout=10)
+    for value, answer in zip((2, 3, 4, 5), answers, strict=True):
+        np.testing.assert_array_equal(answer, expected(value))
+    if just_in_time:
+        assert launched_while_busy == 0
+        assert engine.launched_values()[2][:3] == [3, 4, 5]  # one batch, once the device was back
+    else:
+        assert launched_while_busy == 1 and engine.launched_values()[2] == [3]  # alone, behind the busy device
