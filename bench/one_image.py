@@ -43,7 +43,6 @@ from loadtest.hey import hey_command, resolve_hey, run_hey
 from loadtest.server_process import free_port, running, service_env
 
 ROOT = Path(__file__).resolve().parents[1]
-SHAPE = (1, 3, 224, 224)
 
 
 def taskset(cores: str | None, argv: list[str]) -> list[str]:
@@ -51,11 +50,11 @@ def taskset(cores: str | None, argv: list[str]) -> list[str]:
 
 
 def perf_analyzer(binary: str, model: str, protocol: str, address: str, concurrency: int, seconds: float,
-                  work: Path, cores: str | None) -> dict[str, Any]:  # fmt: skip
+                  work: Path, cores: str | None, shape: str = "3,224,224") -> dict[str, Any]:  # fmt: skip
     """perf_analyzer at one concurrency, one image a request, UINT8 as the model's metadata declares."""
     out = work / f"pa-{protocol}-{concurrency}.csv"
     argv = taskset(cores, [
-        binary, "-m", model, "-u", address, "-i", protocol, "-b", "1", "--shape", "input:3,224,224",
+        binary, "-m", model, "-u", address, "-i", protocol, "-b", "1", "--shape", f"input:{shape}",
         "--concurrency-range", f"{concurrency}:{concurrency}", "--measurement-interval", str(int(seconds * 1000)),
         "--stability-percentage", "60", "--max-trials", "3", "-f", str(out),
     ])  # fmt: skip
@@ -85,7 +84,8 @@ class OneImage:
     def __init__(self, args: argparse.Namespace, work: Path) -> None:
         self.args, self.work = args, work
         self.body = work / "image.raw"
-        self.body.write_bytes(np.random.default_rng(0).integers(0, 256, SHAPE, dtype=np.uint8).tobytes())
+        shape = (1, *(int(n) for n in args.image_shape.split(",")))  # one image, (1, C, H, W) uint8
+        self.body.write_bytes(np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8).tobytes())
         self.hey = resolve_hey(args.hey)
         self.record: dict[str, Any] = {"command": shlex.join(["python3", *sys.argv]), "designs": {}, "notes": []}
         self.model = args.model_folder.name
@@ -97,7 +97,7 @@ class OneImage:
     def generator(self, url: str, name: str, *load: str) -> dict[str, Any]:
         a = self.args
         args = ["--warmup", "1", "--duration", str(a.seconds), "--path", self.route, "--no-check-labels",
-                "--image-shape", "3,224,224", *load]  # fmt: skip
+                "--image-shape", a.image_shape, *load]  # fmt: skip
         return load_summary(url, self.work / f"{name}.json", *args, cores=a.loadgen_cores, timeout_s=120)
 
     def point(self, url: str, kind: str, concurrency: int, ports: dict[str, int]) -> dict[str, Any]:
@@ -120,7 +120,7 @@ class OneImage:
         protocol = kind.removeprefix("v2-")
         address = f"127.0.0.1:{ports[protocol]}"
         return perf_analyzer(a.perf_analyzer, self.model, protocol, address, concurrency, a.seconds, self.work,
-                             a.loadgen_cores)  # fmt: skip
+                             a.loadgen_cores, a.image_shape)  # fmt: skip
 
     def profile(self, pid: int, tag: str) -> tuple[subprocess.Popen[str], Path]:
         """py-spy on the server and its children (the workers, the engine process), from 1.5 s into a
@@ -215,8 +215,9 @@ def main() -> None:
         "--model-folder",
         type=Path,
         default=EXAMPLE,
-        help="the model served (default: the resnet50 example); its input must be 3x224x224",
+        help="the model served (default: the resnet50 example)",
     )
+    add("--image-shape", default="3,224,224", help="the model's input C,H,W: each request's one image")
     add("--device", default="cuda", help="cpu: a smoke run of the bench itself, not a figure")
     add("--kinds", default="raw,hey,v2-http,v2-grpc,jpeg", help="load kinds, comma-separated (default %(default)s)")
     add("--concurrencies", default="64,256")
