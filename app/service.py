@@ -43,7 +43,7 @@ from app.engines.factory import (
     resolve_devices,
     use_compile_cache,
 )
-from app.engines.memory import release_memory
+from app.engines.memory import close_and_release
 from app.errors import NotReadyError, UnknownModelError
 from app.ops import metric_buffers, metrics
 from app.ops.heap import freeze_startup_heap
@@ -413,12 +413,10 @@ class Service:
         if batcher is not None:
             await batcher.stop()  # nothing queued any more: it waits for the batches in flight
         engines, served.engines = served.engines, []
-        if not self.device_dead:
-            for engine in engines:
-                await asyncio.to_thread(engine.close)
-        del engines, batcher
-        # On the build thread: never beside a capture, which empty_cache's frees must not race (device_streams.py).
-        await on_build_thread(release_memory, served.options.devices)
+        del batcher  # its engines tuple: the last reference but `engines`
+        # On the build thread, never beside a capture, which empty_cache's frees must not race
+        # (device_streams.py); with no reference left here, so that the engines are gone when it runs.
+        await on_build_thread(close_and_release, engines, served.options.devices, close=not self.device_dead)
         if not served.remote:
             metrics.GRAPH_POOL_BYTES.labels(model=served.spec.name, version=served.spec.version).set(0)
 

@@ -372,8 +372,12 @@ class Batcher:
             if span is not None:
                 span.add_event("handed back")
         finally:
-            running = self._batches.values()
-            still_there = [other.rows for _, other, _ in running if other.device == lease.device and other is not lease]
+            # The batches still on this device (a task done, its entry not yet popped, is not).
+            still_there = [
+                other.rows
+                for task, (_, other, _) in self._batches.items()
+                if other.device == lease.device and other is not lease and not task.done()
+            ]
             self.clock.finished(lease.device, bucket, seconds if finished else None, time.monotonic(), still_there)
             self._in_flight.dec()
             device_in_flight.dec()

@@ -141,8 +141,6 @@ class CudaEngine:
         self._static_in = {
             d: torch.zeros((buckets[-1], *spec.input_shape), dtype=TORCH_INPUT[d], device=device) for d in INPUT_DTYPES
         }
-        self._stream = take_stream(device)  # a closed engine's, so its cuBLAS workspace is reused (device_streams.py)
-        self._stream_given_back = False
         self._waiter = EventWaiter()
         self._slots = [self._new_slot_state() for _ in range(in_flight)]
         self.slots = tuple(
@@ -160,6 +158,8 @@ class CudaEngine:
                 "gpu": torch.cuda.get_device_name(device),
             }
         )
+        self._stream = take_stream(device)  # a closed engine's, so its cuBLAS workspace is reused (device_streams.py)
+        self._stream_given_back = False
         try:
             self._prepare(use_graphs, keep_graphs, torch_compile_mode, compile_strict)
         except BaseException:
@@ -405,6 +405,7 @@ class CudaEngine:
 
     def close(self) -> None:
         self._waiter.close()
-        if not self._stream_given_back and self._broken is None:  # a broken device's stream may still run
+        # Not a broken device's stream, nor one where a batch that never came back may still run.
+        if not self._stream_given_back and self._broken is None and self._stream.query():
             self._stream_given_back = True
             give_back_stream(self._device, self._stream)

@@ -22,9 +22,10 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-import torch
+if TYPE_CHECKING:  # torch is imported by the engines that use these, not by every HTTP worker
+    import torch
 
 T = TypeVar("T")
 
@@ -35,6 +36,8 @@ _builds = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-build")
 
 def take_stream(device: torch.device) -> torch.cuda.Stream:
     """A stream for a new engine on `device`: a closed engine's, else a new one from torch's pool."""
+    import torch
+
     with _lock:
         free = _free.get(str(device))
         if free:
@@ -43,7 +46,8 @@ def take_stream(device: torch.device) -> torch.cuda.Stream:
 
 
 def give_back_stream(device: torch.device, stream: torch.cuda.Stream) -> None:
-    """`stream`'s engine is closed: no batch of it is queued there any more."""
+    """`stream`'s engine is closed and nothing is queued there any more (stream.query()): a batch
+    that never came back would make the next engine's warm-up wait behind it."""
     with _lock:
         _free.setdefault(str(device), []).append(stream)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import sys
+from typing import Any
 
 
 def release_memory(devices: tuple[str, ...]) -> None:
@@ -27,3 +28,13 @@ def release_memory(devices: tuple[str, ...]) -> None:
     host_empty_cache = getattr(torch._C, "_host_emptyCache", None)  # the pinned-memory cache (torch ≥ 2.1)
     if host_empty_cache is not None:
         host_empty_cache()
+
+
+def close_and_release(engines: list[Any], devices: tuple[str, ...], *, close: bool = True) -> None:
+    """Close `engines` (not on a dead device: its streams may still run), drop them — the caller's list
+    is the last reference — and release what they held. Runs on the build thread."""
+    if close:
+        for engine in engines:
+            engine.close()
+    engines.clear()
+    release_memory(devices)
