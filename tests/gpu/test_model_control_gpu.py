@@ -41,9 +41,12 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
         request_timeout_s=2.0,  # a retired version is freed 2 s after the switch at the latest
     )
     torch.cuda.memory._record_memory_history(max_entries=200_000)  # where a block left behind was allocated
-    with TestClient(create_app(settings)) as client:
-        client.portal.call(client.app.state.service.wait_started)  # type: ignore[attr-defined]
-        yield client
+    try:
+        with TestClient(create_app(settings)) as client:
+            client.portal.call(client.app.state.service.wait_started)  # type: ignore[attr-defined]
+            yield client
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
 
 
 def retired(client: TestClient) -> None:
@@ -86,9 +89,13 @@ def test_an_unload_gives_the_graphs_and_pinned_slots_back(client: TestClient) ->
         retired(client)
         after = memory()
         for key, value in before.items():
-            assert after[key] <= value * 1.05 + 2**20, (key, before, loaded, after, live_blocks())
-    finally:  # the next test serves it
-        assert client.post(f"/v2/repository/models/{MODEL}/load").status_code == 200
+            added = loaded[key] - value
+            # Within 5 % of before (the bar), and at least 90 % of what the load added given back.
+            assert after[key] <= value * 1.05 + 2**16, (key, before, loaded, after, live_blocks())
+            assert after[key] - value <= 0.1 * added + 2**16, (key, before, loaded, after, live_blocks())
+    finally:  # the next test serves it; an assert here would hide the failure above
+        reloaded = client.post(f"/v2/repository/models/{MODEL}/load")
+    assert reloaded.status_code == 200, reloaded.text
 
 
 def test_twenty_reloads_under_load_answer_every_request_right(client: TestClient) -> None:
@@ -126,6 +133,6 @@ def test_twenty_reloads_under_load_answer_every_request_right(client: TestClient
     assert answers[0] > 100
     end = memory()
     for key, value in start.items():  # no version left behind
-        assert end[key] <= value * 1.05 + 2**20, (key, start, end, live_blocks())
+        assert end[key] <= value * 1.05 + 2**16, (key, start, end, live_blocks())
     states = {(e["name"], e["state"]) for e in client.post("/v2/repository/index").json()}
     assert states == {(MODEL, "READY"), (OTHER, "READY")}

@@ -319,10 +319,11 @@ async def test_a_partial_batch_for_a_busy_device_waits_until_it_is_about_to_be_f
         engine.gate.clear()
         first = asyncio.ensure_future(batcher.submit(images(2)))
         await until(lambda: len(engine.launches) == 2)  # the device was idle: at once
-        later = []
-        for value in (3, 4, 5):
-            later.append(asyncio.ensure_future(batcher.submit(images(value))))
-            await asyncio.sleep(0.01)  # the collector decides between arrivals
+        later = [asyncio.ensure_future(batcher.submit(images(3)))]
+        if not just_in_time:
+            await until(lambda: len(engine.launches) == 3)  # alone, into the second slot
+        later += [asyncio.ensure_future(batcher.submit(images(v))) for v in (4, 5)]
+        await asyncio.sleep(0.2)  # the collector's chances to launch, 0.2 s of a 10 s hold
         launched_while_busy = len(engine.launches) - 2
         engine.gate.set()
         answers = await asyncio.wait_for(asyncio.gather(first, *later), timeout=10)
@@ -332,4 +333,36 @@ async def test_a_partial_batch_for_a_busy_device_waits_until_it_is_about_to_be_f
         assert launched_while_busy == 0
         assert engine.launched_values()[2][:3] == [3, 4, 5]  # one batch, once the device was back
     else:
-        assert launched_while_busy == 1 and engine.launched_values()[2] == [3]  # alone, behind the busy device
+        assert launched_while_busy == 1 and engine.launched_values()[2] == [3]
+
+
+async def test_a_held_batch_goes_by_the_devices_expected_end_even_if_the_device_is_late() -> None:
+    """Batches report 0.3 s; one stays on the device for good. The next launches once the device
+    should have been done, into the second slot, not never."""
+    engine = FakeEngine((1, 2, 4, 8), seconds=0.3)
+    async with running(engine, max_delay_s=0.0, just_in_time=True) as batcher:
+        await submit_all(batcher, images(1))
+        engine.gate.clear()
+        stuck = asyncio.ensure_future(batcher.submit(images(2)))
+        await until(lambda: len(engine.launches) == 2)
+        began = time.monotonic()
+        held = asyncio.ensure_future(batcher.submit(images(3)))
+        await asyncio.sleep(0.1)
+        assert len(engine.launches) == 2  # held: the device should be busy for ~0.2 s more
+        await until(lambda: len(engine.launches) == 3, timeout_s=5)
+        assert 0.15 <= time.monotonic() - began <= 2.0
+        engine.gate.set()
+        await asyncio.wait_for(asyncio.gather(stuck, held), timeout=10)
+
+
+async def test_before_any_batch_is_measured_a_partial_batch_goes_after_max_delay() -> None:
+    """Nothing measured yet: no expected end to wait for, so the old rule (max_delay, 0 here)."""
+    engine = FakeEngine((1, 2, 4, 8), seconds=10.0)
+    async with running(engine, max_delay_s=0.0, just_in_time=True) as batcher:
+        engine.gate.clear()
+        first = asyncio.ensure_future(batcher.submit(images(1)))
+        await until(lambda: len(engine.launches) == 1)
+        second = asyncio.ensure_future(batcher.submit(images(2)))
+        await until(lambda: len(engine.launches) == 2)  # alone, at once, while the first is on the device
+        engine.gate.set()
+        await asyncio.wait_for(asyncio.gather(first, second), timeout=10)
