@@ -176,7 +176,8 @@ class OneImage:
                     result["ratio_to_engine_peak"] = round(figure / peak, 3) if figure else None
                     points[f"{kind}-c{concurrency}"] = result
                     print(f"{name} {kind} c{concurrency}: {line(result)}", flush=True)
-                    print(f"  server cores busy: {result['server_cpu']['cores_busy']}", flush=True)
+                    busy = result["server_cpu"]
+                    print(f"  cores busy, mean: {busy['cores_busy']}; busiest 2 s: {busy['cores_busy_peak_2s']}")
                     self.save()
             best = max((p.get("images_per_s") or 0 for k, p in points.items() if k.startswith("raw-")), default=0)
             if best and a.p99_fraction and not variant and time.monotonic() < self.deadline:
@@ -202,7 +203,8 @@ class OneImage:
             self.design(design, peak["images_per_s"])
         for entry in filter(None, a.variants.split(";")):  # name=CGSERVE_X=1,CGSERVE_Y=2, on the first design
             variant, _, assignments = entry.partition("=")
-            settings = dict(pair.split("=", 1) for pair in assignments.split(","))
+            # A value may hold commas (CGSERVE_BUCKETS=1,8): a new pair starts only at ",CGSERVE_".
+            settings = dict(pair.split("=", 1) for pair in assignments.replace(",CGSERVE_", "\0CGSERVE_").split("\0"))
             if time.monotonic() < self.deadline:
                 self.design(a.designs.split(",")[0], peak["images_per_s"], variant, settings)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import itertools
 import logging
 import mmap
@@ -303,12 +304,22 @@ async def serve_engines(settings: Settings, socket_path: str, on_ready: Callable
         await service.stop()
 
 
+PROCESS_NAME = "cgserve-engines"  # what top, ps -o comm and /proc/<pid>/comm show (15 bytes at most)
+
+
+def name_this_process(name: str) -> None:
+    """Tell the engine process apart from the workers (all `python3 -c … spawn_main`) in top and ps."""
+    with contextlib.suppress(OSError, AttributeError):  # Linux's prctl(PR_SET_NAME); elsewhere, nothing
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)
+
+
 def engine_process_main(on_ready: Callable[[], None], on_fatal: Callable[[], None]) -> None:
     """The process's entry (spawned by app/runtime/workers.py, which exported the settings as CGSERVE_*)."""
     from app.config import get_settings
 
     settings = get_settings()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    name_this_process(PROCESS_NAME)
     # Ctrl-C and a SIGTERM to the process group reach it with the workers, which still drain through
     # it: only the parent's STOP_SIGNAL, sent after the last worker has exited, stops it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -1,18 +1,24 @@
-"""CPU seconds of a server's process tree, by role, from /proc: which process a load saturates.
+"""CPU of a server's process tree, by role, from /proc: which process a load saturates.
 
-A point's figure is each process's CPU seconds over the point's wall time (1.0: one core busy
-the whole point). The process that maps libcuda is the one driving the GPU (the engine process,
-or a worker where each has its own engine); the root is the supervisor.
+Sampled every SAMPLE_S on a thread from start to `stop()`: each process's cores busy over the
+whole point (its CPU seconds ÷ the wall time, load-tool start-up and teardown included: an
+under-estimate of the load's share) and over the busiest WINDOW_S of it (`peak`: the figure to
+judge saturation by; 1.0 is one core busy throughout). Roles: the engine process (named
+cgserve-engines, app/engine_process/host.py), the workers (each with its own engines where there
+is no engine process), and the supervisor (the root).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 TICK = os.sysconf("SC_CLK_TCK")
+SAMPLE_S = 0.25
+WINDOW_S = 2.0
 
 
 def tree(root: int) -> list[int]:
@@ -45,25 +51,64 @@ def role(pid: int, root: int) -> str:
     if pid == root:
         return "supervisor"
     try:
-        maps = Path(f"/proc/{pid}/maps").read_text()
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return "gone"
-    return "gpu" if "/libcuda.so" in maps else "worker"  # the driver, mapped at CUDA init (not libcudart)
+    return "engine-process" if name == "cgserve-engines" else "worker"
+
+
+def peak_rate(samples: list[tuple[float, float]]) -> float:
+    """The highest CPU rate over any WINDOW_S (or the whole span, if shorter) of (time, cpu seconds)."""
+    best, j = 0.0, 0
+    for i, (t0, c0) in enumerate(samples):
+        while j < len(samples) - 1 and samples[j][0] - t0 < WINDOW_S:
+            j += 1
+        t1, c1 = samples[j]
+        if t1 > t0 and (t1 - t0 >= WINDOW_S or i == 0):
+            best = max(best, (c1 - c0) / (t1 - t0))
+    return best
 
 
 class TreeCpu:
-    """Start before a point, `.stop()` after it: each role's cores busy over the point."""
+    """Start before a point, `.stop()` after it: each role's cores busy, over the point and at its peak."""
 
     def __init__(self, root: int) -> None:
         self.root = root
-        self.started = time.monotonic()
-        self.before = {pid: cpu_seconds(pid) for pid in tree(root)}
+        self.pids = tree(root)
+        self.samples: dict[int, list[tuple[float, float]]] = {pid: [] for pid in self.pids}
+        self._done = threading.Event()
+        self._sample()
+        self._thread = threading.Thread(target=self._run, name="tree-cpu", daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        now = time.monotonic()
+        for pid in self.pids:
+            seconds = cpu_seconds(pid)
+            if seconds is not None:
+                self.samples[pid].append((now, seconds))
+
+    def _run(self) -> None:
+        while not self._done.wait(SAMPLE_S):
+            self._sample()
 
     def stop(self) -> dict[str, Any]:
-        wall = time.monotonic() - self.started
-        busy: dict[str, list[float]] = {}
-        for pid, before in self.before.items():
-            after = cpu_seconds(pid)
-            if before is not None and after is not None:
-                busy.setdefault(role(pid, self.root), []).append(round((after - before) / wall, 3))
-        return {"wall_s": round(wall, 2), "cores_busy": {k: sorted(v, reverse=True) for k, v in busy.items()}}
+        self._done.set()
+        self._thread.join()
+        self._sample()
+        mean: dict[str, list[float]] = {}
+        peak: dict[str, list[float]] = {}
+        wall = 0.0
+        for pid, samples in self.samples.items():
+            if len(samples) < 2:
+                continue
+            (t0, c0), (t1, c1) = samples[0], samples[-1]
+            wall = max(wall, t1 - t0)
+            name = role(pid, self.root)
+            mean.setdefault(name, []).append(round((c1 - c0) / (t1 - t0), 3))
+            peak.setdefault(name, []).append(round(peak_rate(samples), 3))
+        return {
+            "wall_s": round(wall, 2),
+            "cores_busy": {k: sorted(v, reverse=True) for k, v in mean.items()},
+            f"cores_busy_peak_{WINDOW_S:g}s": {k: sorted(v, reverse=True) for k, v in peak.items()},
+        }
