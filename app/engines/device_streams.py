@@ -5,14 +5,16 @@ run a GEMM on, for the life of the process, and a captured graph bakes that work
 in: closing an engine frees its graphs but not the workspace its warm-up allocated. An engine
 on a fresh pool stream, built on whichever thread asyncio's executor offered (each thread has
 its own handle), left one more workspace behind at every load: 34 MiB a reload of the seed CNN
-on the H200 (bench/results/README.md, run 19a; none after this, runs 19b and 19c).
+on the H200, none after this (bench/results/README.md).
 
 So a closed engine's stream goes to the next engine built for that device, and every engine is
 built on one thread (one handle): a reload warms up, captures and validates on the pair its
 predecessor used, and finds its workspace there. The cache then holds one workspace per engine
 alive at once on a device (two for a model being reloaded), whatever the number of reloads. Two
 live engines never share a stream: their batches stay independent on the device, and no graph
-ever sees another live graph's workspace.
+ever sees another live graph's workspace. A stream with work still queued (a batch that never
+came back) is not reused. What a retired version held is released on this thread as well
+(app/engines/memory.py), never beside a capture: empty_cache's frees beside one hung a load.
 """
 
 from __future__ import annotations
