@@ -7,8 +7,9 @@
 #   Issue 26 (ResNet-50, one image a request; py-spy on every server process during the raw points):
 #     STEPS="gpu-tests one-image" ONE_IMAGE_ARGS="--profile raw" bash bench/run_h200.sh
 #   What run 19 left (one call, ~9 minutes; .gpu/wheels needs nvidia-ml-py's wheel, bench/results/README.md):
-#     STEPS="gpu-tests one-image" GPU_TESTS_S=200 GPU_TESTS="tests/gpu/test_gpu_metrics_nvml.py \
-#       tests/gpu/test_tune_gpu.py tests/gpu/test_gpu_jpeg.py" ONE_IMAGE_S=330 ONE_IMAGE_BUDGET_S=280 \
+#     STEPS="gpu-tests one-image" GPU_TESTS_S=240 GPU_TESTS="tests/gpu/test_gpu_metrics_nvml.py \
+#       tests/gpu/test_model_control_gpu.py tests/gpu/test_model_control_engine_process_gpu.py \
+#       tests/gpu/test_tune_gpu.py tests/gpu/test_gpu_jpeg.py" ONE_IMAGE_S=320 ONE_IMAGE_BUDGET_S=270 \
 #       ONE_IMAGE_ARGS="--concurrencies 64,256 --variants maxdelay=CGSERVE_BATCH_LAUNCH=max-delay --variant-kinds raw,hey" \
 #       bash bench/run_h200.sh      (then STEPS=gpu-tests GPU_TESTS=tests/gpu/test_compiled_graphs.py)
 #   STEPS=multi-gpu on the two-GPU machine (nvidia-h200-x2): tests/gpu/test_multi_gpu.py, bench/multi_gpu_bench.py
