@@ -238,9 +238,10 @@ class Batcher:
             # The slot is chosen now, with the batch formed: the least-loaded device at launch.
             # From here it belongs to the batch's task, which alone gives it back.
             lease = self.pool.take(self.pad_to[rows])
-            self.clock.launched(lease.device, lease.rows, time.monotonic())
+            now = time.monotonic()
+            self.clock.launched(lease.device, lease.rows, now)
             task = asyncio.create_task(self._run_batch(lease, shares, rows))
-            self._batches[task] = (time.monotonic(), lease, shares)
+            self._batches[task] = (now, lease, shares)
             task.add_done_callback(self._batches.pop)
 
     async def _wait_for_batch(self) -> None:

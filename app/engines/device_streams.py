@@ -1,6 +1,6 @@
 """The streams CUDA engines run on, and the one thread they are built on: both reused across versions.
 
-torch keeps a cuBLAS workspace (32 MiB on Hopper) for every (cuBLAS handle, stream) pair it has
+torch keeps a cuBLAS workspace (tens of MiB) for every (cuBLAS handle, stream) pair it has
 run a GEMM on, for the life of the process, and a captured graph bakes that workspace's address
 in: closing an engine frees its graphs but not the workspace its warm-up allocated. An engine
 on a fresh pool stream, built on whichever thread asyncio's executor offered (each thread has

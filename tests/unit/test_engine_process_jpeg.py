@@ -10,7 +10,6 @@ import io
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -19,10 +18,10 @@ from PIL import Image
 from app.codecs.bodies import decode_image
 from app.codecs.uploads import decode_upload
 from app.engine_process.client import EngineLink, RemoteJpegDecoder
-from app.engine_process.host import EngineHost, WorkerConnection
 from app.errors import GpuDecodeError, InputError
 from app.repository import read_repository
 from app.repository.model_spec import ModelSpec
+from tests.unit.stand_in_engine_host import serving_host, stand_in
 
 MAX_PIXELS = 1 << 22
 SPEC: ModelSpec = read_repository(Path(__file__).resolve().parents[2] / "models/repository")[0]  # the seed CNN
@@ -51,39 +50,18 @@ class PillowAsGpu:
         pass
 
 
-class StandInModel(SimpleNamespace):
-    """A served model's stand-in, hashable by identity as ServedModel is (the host keys its ids by it)."""
-
-    __hash__ = object.__hash__
-    __eq__ = object.__eq__
-
-
 @asynccontextmanager
 async def engine_process(tmp_path: Path, decoder: PillowAsGpu | None) -> AsyncIterator[EngineLink]:
-    served = StandInModel(spec=SPEC, engines=[SimpleNamespace(name="eager", device="cpu")], batcher=None,
-                             options=SimpleNamespace(devices=("cpu",)), retired=False)  # fmt: skip
-
-    async def started() -> None:
-        pass
-
-    settings = SimpleNamespace(queue_limit=100, model_control="none", model_repository=tmp_path)
-    service = SimpleNamespace(versions={SPEC.name: {SPEC.version: served}}, failure=None, wait_started=started,
-                              jpeg_decoder=decoder, settings=settings, on_install=[])  # fmt: skip
-    host = EngineHost(service)  # type: ignore[arg-type]
-
-    async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await WorkerConnection(host, reader, writer).run()
-
     socket_path = str(tmp_path / "engine.sock")
-    server = await asyncio.start_unix_server(connected, path=socket_path)
-    (tmp_path / "segments").mkdir()
-    link = EngineLink(socket_path, str(tmp_path / "segments"), on_dead=lambda why: None)
-    await link.connect(timeout_s=5)
-    try:
-        yield link
-    finally:
-        await link.close()
-        server.close()
+    versions = {SPEC.name: {SPEC.version: stand_in(SPEC)}}
+    async with serving_host(socket_path, versions, repository=tmp_path, jpeg_decoder=decoder):
+        (tmp_path / "segments").mkdir()
+        link = EngineLink(socket_path, str(tmp_path / "segments"), on_dead=lambda why: None)
+        await link.connect(timeout_s=5)
+        try:
+            yield link
+        finally:
+            await link.close()
 
 
 def test_uploads_are_decoded_by_the_engine_process_into_the_pixels_pillow_gives(tmp_path: Path) -> None:

@@ -11,26 +11,19 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from app.config import DEFAULT_REPOSITORY, Settings
 from app.engine_process.client import RemoteBatcher
-from app.engine_process.host import EngineHost, WorkerConnection
+from app.engine_process.host import EngineHost
 from app.repository import read_repository
 from app.repository.model_spec import ModelSpec
 from app.service import Service
-from tests.unit.test_engine_process_jpeg import StandInModel
+from tests.unit.stand_in_engine_host import serving_host, stand_in
 
 MODEL = "fashion-cnn"
-
-
-def stand_in(spec: ModelSpec) -> StandInModel:
-    """A served model of the engine process, as its table reads one."""
-    return StandInModel(spec=spec, engines=[SimpleNamespace(name="eager", device="cpu")], batcher=None,
-                        options=SimpleNamespace(devices=("cpu",)), retired=False)  # fmt: skip
 
 
 @asynccontextmanager
@@ -38,24 +31,9 @@ async def engine_process(tmp_path: Path) -> AsyncIterator[tuple[Path, ModelSpec,
     repository = tmp_path / "repository"
     shutil.copytree(DEFAULT_REPOSITORY / MODEL, repository / MODEL, ignore=shutil.ignore_patterns("*.json"))
     spec = read_repository(repository)[0]
-
-    async def started() -> None:
-        pass
-
-    settings = SimpleNamespace(queue_limit=100, model_control="none", model_repository=repository)
-    service = SimpleNamespace(versions={MODEL: {"1": stand_in(spec)}}, failure=None, wait_started=started,
-                              jpeg_decoder=None, settings=settings, on_install=[])  # fmt: skip
-    host = EngineHost(service)  # type: ignore[arg-type]
-
-    async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await WorkerConnection(host, reader, writer).run()
-
     socket_path = str(tmp_path / "engine.sock")
-    server = await asyncio.start_unix_server(connected, path=socket_path)
-    try:
+    async with serving_host(socket_path, {MODEL: {"1": stand_in(spec)}}, repository=repository) as (service, host):
         yield repository, spec, service, host, socket_path
-    finally:
-        server.close()
 
 
 def worker(tmp_path: Path, repository: Path, socket_path: str, name: str, fatal: list[int]) -> Service:
