@@ -6,12 +6,14 @@
 #   STEPS=profile PROFILES="noop-json=--target noop;ours-json=--compile none": py-spy per server (bench/profile_server.py)
 #   Issue 26 (ResNet-50, one image a request; py-spy on every server process during the raw points):
 #     STEPS="gpu-tests one-image" ONE_IMAGE_ARGS="--profile raw" bash bench/run_h200.sh
-#   What run 19 left (one call, ~9 minutes; .gpu/wheels needs nvidia-ml-py's wheel, bench/results/README.md):
-#     STEPS="gpu-tests one-image" GPU_TESTS_S=240 GPU_TESTS="tests/gpu/test_gpu_metrics_nvml.py \
-#       tests/gpu/test_model_control_gpu.py tests/gpu/test_model_control_engine_process_gpu.py \
-#       tests/gpu/test_tune_gpu.py tests/gpu/test_gpu_jpeg.py" ONE_IMAGE_S=320 ONE_IMAGE_BUDGET_S=270 \
-#       ONE_IMAGE_ARGS="--concurrencies 64,256 --variants maxdelay=CGSERVE_BATCH_LAUNCH=max-delay --variant-kinds raw,hey" \
-#       bash bench/run_h200.sh      (then STEPS=gpu-tests GPU_TESTS=tests/gpu/test_compiled_graphs.py)
+#   What run 20 left (two calls): the GPU tests not run on the last tree, then the same with three
+#   batches in flight (the setting's environment reaches every server the tests start), with the
+#   one-image points that a default of three would change:
+#     STEPS=gpu-tests GPU_TESTS_S=560 GPU_TESTS="tests/gpu/test_gpu_jpeg.py tests/gpu/test_compiled_graphs.py \
+#       tests/gpu/test_tune_gpu.py" bash bench/run_h200.sh
+#     CGSERVE_IN_FLIGHT=3 STEPS="gpu-tests one-image" GPU_TESTS_S=300 GPU_TESTS="tests/gpu/test_cuda_engine.py \
+#       tests/gpu/test_model_control_gpu.py" ONE_IMAGE_S=270 ONE_IMAGE_BUDGET_S=220 \
+#       ONE_IMAGE_ARGS="--kinds raw,v2-grpc --concurrencies 256,1024 --profile raw" bash bench/run_h200.sh
 #   STEPS=multi-gpu on the two-GPU machine (nvidia-h200-x2): tests/gpu/test_multi_gpu.py, bench/multi_gpu_bench.py
 #   What issue 12 still lacks after run 13 (one call, ~8 minutes):
 #     STEPS="gpu-tests whole-machine" GPU_TESTS=tests/gpu/test_tune_gpu.py WHOLE_MACHINE_WORKERS=4 bash bench/run_h200.sh
