@@ -2,8 +2,9 @@
 
 Everything a worker serves runs on one event loop, so anything that holds it (a long callback,
 a decode left on the loop, a full garbage collection) delays every request in that process at
-once. A sampler task asks to wake every SAMPLE_INTERVAL_S and records how late it woke: the
-loop's lag, the p99 of which should stay at a few ms. The gc callback times each collection by
+once; the engine process's one loop batches for every worker, so its lag delays them all. A
+sampler task asks to wake every SAMPLE_INTERVAL_S and records how late it woke: the loop's lag,
+the p99 of which should stay at a few ms. The gc callback times each collection by
 generation, so a lag spike can be told apart from a collection.
 
 The callback itself never touches a metric: a collection can start inside prometheus_client
@@ -56,10 +57,10 @@ class GcPauses:
             gc.callbacks.remove(self)
 
 
-async def sample_loop_lag(gc_pauses: GcPauses | None = None) -> None:
-    """Run until cancelled: each wake-up's lateness into cgserve_event_loop_lag_seconds, and the
-    collections `gc_pauses` noted meanwhile into cgserve_gc_pause_seconds."""
-    observe = metrics.EVENT_LOOP_LAG.observe
+async def sample_loop_lag(gc_pauses: GcPauses | None = None, process: str = "worker") -> None:
+    """Run until cancelled: each wake-up's lateness into cgserve_event_loop_lag_seconds{process}, and
+    the collections `gc_pauses` noted meanwhile into cgserve_gc_pause_seconds."""
+    observe = metrics.EVENT_LOOP_LAG.labels(process=process).observe
     while True:
         asked = time.perf_counter() + SAMPLE_INTERVAL_S
         await asyncio.sleep(SAMPLE_INTERVAL_S)

@@ -157,7 +157,10 @@ ENGINE_INFO = Gauge(
 PAUSE_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 EVENT_LOOP_LAG = Histogram(
     "cgserve_event_loop_lag_seconds",
-    "How late the event loop woke a task that asked to sleep 50 ms: time the loop was held by other work.",
+    "How late the event loop woke a task that asked to sleep 50 ms: time the loop was held by other work. "
+    "process: worker (an HTTP worker, or the only process) or engines (the engine process's loop, which "
+    "batches for every worker).",
+    ["process"],
     buckets=PAUSE_BUCKETS,
 )
 GC_PAUSE = Histogram(

@@ -26,6 +26,9 @@ FAMILIES = {
     "cgserve_batch_rows": "batch_rows",
     "cgserve_batch_compute_seconds": "batch_compute_ms",
 }
+# Families read apart by one label's value, each value its own key (`key`_`value`): the workers'
+# loops and the engine process's loop lag for different reasons.
+SPLIT_BY = {"cgserve_event_loop_lag_seconds": "process"}
 
 Snapshot = dict[str, dict[str, Any]]  # family → {"buckets": {le: cumulative count}, "sum": s, "count": n}
 
@@ -42,16 +45,23 @@ def scrape(url: str, timeout_s: float = 5.0) -> Snapshot | None:
     for family in text_string_to_metric_families(response.text):
         if family.name not in FAMILIES:
             continue
-        buckets: dict[float, float] = defaultdict(float)
-        total = count = 0.0
+        label = SPLIT_BY.get(family.name)
+        parts: dict[str, dict[str, Any]] = defaultdict(
+            lambda: {"buckets": defaultdict(float), "sum": 0.0, "count": 0.0}
+        )
         for sample in family.samples:
-            if sample.name.endswith("_bucket"):
-                buckets[float(sample.labels["le"])] += sample.value
-            elif sample.name.endswith("_sum"):
-                total += sample.value
-            elif sample.name.endswith("_count"):
-                count += sample.value
-        out[family.name] = {"buckets": dict(buckets), "sum": total, "count": count}
+            # Every sample counts toward the family's whole; a split family's also toward its part.
+            keys = [family.name] + ([f"{family.name}:{sample.labels.get(label, '')}"] if label else [])
+            for key in keys:
+                part = parts[key]
+                if sample.name.endswith("_bucket"):
+                    part["buckets"][float(sample.labels["le"])] += sample.value
+                elif sample.name.endswith("_sum"):
+                    part["sum"] += sample.value
+                elif sample.name.endswith("_count"):
+                    part["count"] += sample.value
+        for key, part in parts.items():
+            out[key] = {"buckets": dict(part["buckets"]), "sum": part["sum"], "count": part["count"]}
     return out
 
 
@@ -68,7 +78,12 @@ def quantile(buckets: dict[float, float], q: float) -> float | None:
 def step_view(before: Snapshot, after: Snapshot) -> dict[str, Any]:
     """What happened between two snapshots: per family its count, mean, p50, p99 (ms for seconds)."""
     view: dict[str, Any] = {}
-    for name, key in FAMILIES.items():
+    names = dict(FAMILIES)
+    for name in after:  # a split family's parts: cgserve_event_loop_lag_seconds:engines → loop_lag_ms_engines
+        family, _, value = name.partition(":")
+        if value:
+            names[name] = f"{FAMILIES[family]}_{value}"
+    for name, key in names.items():
         if name not in after:
             continue
         old = before.get(name, {"buckets": {}, "sum": 0.0, "count": 0.0})

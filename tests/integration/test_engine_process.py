@@ -31,12 +31,13 @@ def loadtest(url: str, out: Path, *args: str) -> dict:
     return json.loads(out.read_text())
 
 
-def metric_sum(exposition: str, name: str) -> float:
+def metric_sum(exposition: str, name: str, **labels: str) -> float:
+    """The sum of `name`'s samples whose labels include `labels`."""
     return sum(
         sample.value
         for family in text_string_to_metric_families(exposition)
         for sample in family.samples
-        if sample.name == name
+        if sample.name == name and labels.items() <= sample.labels.items()
     )
 
 
@@ -74,6 +75,9 @@ def test_workers_feed_one_engine_process_every_answer_right(tmp_path: Path) -> N
     # The engine process launched the batches (the workers have no batcher); the workers counted requests.
     assert metric_sum(exposition, "cgserve_batch_rows_sum") >= metric_sum(exposition, "cgserve_requests_total")
     assert metric_sum(exposition, "cgserve_batches_total") > 0
+    # Both kinds of event loop are sampled, apart: the workers' and the engine process's.
+    for process in ("worker", "engines"):
+        assert metric_sum(exposition, "cgserve_event_loop_lag_seconds_count", process=process) > 0, process
     assert not before & set(Path(shm or ".").glob("cgserve-segments-*")), "the segments outlived the server"
     # The harness stops the server with SIGTERM to its whole process group: the engine process
     # must outlive the workers' drain, not leave them to find it gone.

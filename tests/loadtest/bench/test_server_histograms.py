@@ -1,0 +1,36 @@
+"""The benchmarks' view of the server's own histograms: a split family is read whole and per process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from bench.harness import server_histograms
+
+
+def exposition(observations: int) -> str:
+    """/metrics of a server whose workers' loops lagged 0.5 ms and whose engine process's lagged 5 ms."""
+    registry = CollectorRegistry()
+    lag = Histogram("cgserve_event_loop_lag_seconds", "", ["process"], registry=registry, buckets=(0.001, 0.01))
+    for _ in range(observations):
+        lag.labels(process="worker").observe(0.0005)
+        lag.labels(process="engines").observe(0.005)
+    return generate_latest(registry).decode()
+
+
+def test_the_loop_lag_is_read_whole_and_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Answer:
+        status_code = 200
+        text = ""
+
+    def scrape(observations: int) -> Any:
+        Answer.text = exposition(observations)
+        monkeypatch.setattr(server_histograms.httpx, "get", lambda *args, **kwargs: Answer)
+        return server_histograms.scrape("http://127.0.0.1:1")
+
+    view = server_histograms.step_view(scrape(2), scrape(10))
+    assert view["loop_lag_ms"]["count"] == 16  # both processes' samples, as before the split
+    assert view["loop_lag_ms_worker"] == {"count": 8, "mean": 0.5, "p50": 1.0, "p99": 1.0}
+    assert view["loop_lag_ms_engines"] == {"count": 8, "mean": 5.0, "p50": 10.0, "p99": 10.0}
