@@ -75,10 +75,14 @@ def perf_analyzer(binary: str, model: str, protocol: str, address: str, concurre
 
 def line(result: dict[str, Any]) -> str:
     """One point as the progress line prints it."""
-    rows = result.get("server", {}).get("batch_rows", {}).get("mean")
+    server = result.get("server", {})
+    rows = server.get("batch_rows", {}).get("mean")
     p99 = result.get("latency_ms", {}).get("p99")
+    # Mean loop lags: the HTTP workers' and the engine process's (a loop that is late delays the batches).
+    lags = "/".join(str(server.get(f"loop_lag_ms_{p}", {}).get("mean")) for p in ("worker", "engines"))
     text = f"{result.get('images_per_s')} img/s, {result.get('ratio_to_engine_peak')} of peak, {rows} rows a batch"
-    return text + f", p99 {p99} ms" + (f" ERROR {str(result['error'])[:300]}" if "error" in result else "")
+    text += f", p99 {p99} ms, loop lag workers/engines {lags} ms"
+    return text + (f" ERROR {str(result['error'])[:300]}" if "error" in result else "")
 
 
 class OneImage:
