@@ -162,7 +162,7 @@ class OneImage:
             for kind in kinds.split(","):
                 for concurrency in (int(c) for c in a.concurrencies.split(",")):
                     if time.monotonic() > self.deadline:
-                        self.record["notes"].append(f"{design} {kind} c{concurrency} skipped: past the budget")
+                        self.record["notes"].append(f"{name} {kind} c{concurrency} skipped: past the budget")
                         continue
                     before = scrape(server.url)
                     tag = f"{name}-{kind}-c{concurrency}"

@@ -87,9 +87,12 @@ def _server_side_row(name: str, form: str, v: dict[str, Any]) -> str:
     def get(family: str, key: str, fmt: str = ".2f") -> str:
         return num(v.get(family, {}).get(key), fmt)
 
+    # The HTTP workers' loops (records before the engine process sampled its own have the whole only).
+    lag = "loop_lag_ms_worker" if "loop_lag_ms_worker" in v else "loop_lag_ms"
+
     return (
         f"| {name} | {form} | {get('handler_ms', 'p50')} | {get('handler_ms', 'p99')} | "
-        f"{get('queue_wait_ms', 'p99')} | {get('loop_lag_ms', 'p99')} ({get('loop_lag_ms', 'count', ',.0f')}) | "
+        f"{get('queue_wait_ms', 'p99')} | {get(lag, 'p99')} ({get(lag, 'count', ',.0f')}) | "
         f"{get('gc_pause_ms', 'count', ',.0f')} ({get('gc_pause_ms', 'mean')}) | {get('batch_rows', 'mean', '.1f')} |"
     )
 
