@@ -38,7 +38,7 @@ from app.engine_process import SOCKET_ENV, frames
 from app.engine_process.segments import map_file
 from app.errors import GpuDecodeError, NotReadyError, ServiceError
 from app.model_control import ModelControl
-from app.ops.loop_lag import sample_loop_lag
+from app.ops.loop_lag import GcPauses, sample_loop_lag
 from app.service import ServedModel, Service
 
 log = logging.getLogger(__name__)
@@ -288,8 +288,11 @@ async def serve_engines(settings: Settings, socket_path: str, on_ready: Callable
         await WorkerConnection(host, reader, writer).run()
 
     server = await asyncio.start_unix_server(connected, path=socket_path)
-    # This one loop batches every worker's requests: its lag is theirs (the workers sample their own).
-    lag_sampler = asyncio.create_task(sample_loop_lag(process="engines"), name="loop-lag")
+    # This one loop batches every worker's requests: its lag is theirs (the workers sample their own),
+    # and its collections are told apart from it (a retired model's memory is freed by a full one).
+    gc_pauses = GcPauses(process="engines")
+    gc_pauses.install()
+    lag_sampler = asyncio.create_task(sample_loop_lag(gc_pauses, process="engines"), name="loop-lag")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(STOP_SIGNAL, stop.set)
@@ -303,6 +306,7 @@ async def serve_engines(settings: Settings, socket_path: str, on_ready: Callable
                 pass
     finally:
         lag_sampler.cancel()
+        gc_pauses.remove()
         server.close()
         await host.control.stop()
         await service.stop()

@@ -31,10 +31,10 @@ PENDING_LIMIT = 10_000  # collections not yet published; a stalled sampler drops
 class GcPauses:
     """A gc callback that notes each collection's (generation, seconds); `publish` observes them."""
 
-    def __init__(self) -> None:
+    def __init__(self, process: str = "worker") -> None:
         self._started = 0.0
         self._pending: deque[tuple[int, float]] = deque(maxlen=PENDING_LIMIT)  # append: no lock, no metric
-        self._children = [metrics.GC_PAUSE.labels(generation=str(g)) for g in range(3)]
+        self._children = [metrics.GC_PAUSE.labels(generation=str(g), process=process) for g in range(3)]
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -43,7 +43,7 @@ class GcPauses:
             self._pending.append((info["generation"], time.perf_counter() - self._started))
 
     def publish(self) -> None:
-        """Into cgserve_gc_pause_seconds{generation}: every collection noted since the last call."""
+        """Into cgserve_gc_pause_seconds{generation, process}: every collection noted since the last call."""
         while self._pending:
             generation, seconds = self._pending.popleft()
             self._children[generation].observe(seconds)

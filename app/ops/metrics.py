@@ -165,8 +165,8 @@ EVENT_LOOP_LAG = Histogram(
 )
 GC_PAUSE = Histogram(
     "cgserve_gc_pause_seconds",
-    "Duration of each garbage collection, by generation (2: a full collection).",
-    ["generation"],
+    "Duration of each garbage collection, by generation (2: a full collection) and process (worker | engines).",
+    ["generation", "process"],
     buckets=PAUSE_BUCKETS,
 )
 

@@ -78,6 +78,8 @@ def test_workers_feed_one_engine_process_every_answer_right(tmp_path: Path) -> N
     # Both kinds of event loop are sampled, apart: the workers' and the engine process's.
     for process in ("worker", "engines"):
         assert metric_sum(exposition, "cgserve_event_loop_lag_seconds_count", process=process) > 0, process
+    # The engine process's collections are a series of their own (two loads make young ones).
+    assert metric_sum(exposition, "cgserve_gc_pause_seconds_count", process="engines") > 0
     assert not before & set(Path(shm or ".").glob("cgserve-segments-*")), "the segments outlived the server"
     # The harness stops the server with SIGTERM to its whole process group: the engine process
     # must outlive the workers' drain, not leave them to find it gone.

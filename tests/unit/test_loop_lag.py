@@ -41,7 +41,7 @@ def test_a_blocked_loop_shows_as_lag() -> None:
 
 def test_each_collection_is_timed_by_generation_and_published_outside_the_callback() -> None:
     pauses = GcPauses()
-    full = metrics.GC_PAUSE.labels(generation="2")
+    full = metrics.GC_PAUSE.labels(generation="2", process="worker")
     before = _count(full)
     pauses.install()
     pauses.install()  # once only
@@ -62,7 +62,7 @@ def test_a_collection_inside_a_metric_update_cannot_deadlock_it() -> None:
     progress) must not wait for that lock: the hang of multi-worker start-ups, where one lock
     guards every metric. Here the histogram's own lock is held, as its observe would hold it."""
     pauses = GcPauses()
-    value_lock = metrics.GC_PAUSE.labels(generation="2")._sum._lock  # type: ignore[attr-defined]
+    value_lock = metrics.GC_PAUSE.labels(generation="2", process="worker")._sum._lock  # type: ignore[attr-defined]
 
     def collect_while_the_metric_is_locked() -> None:
         with value_lock:
