@@ -54,6 +54,9 @@ from app.ops.metric_buffers import BufferedHistogram, BufferedSum, BufferedValue
 log = logging.getLogger(__name__)
 
 REAP_INTERVAL_S = 0.5
+# Refusals look through the queue for requests answered while queued at most this often: under a
+# sustained overload every request is refused, and each look is O(queue).
+PURGE_INTERVAL_S = 0.01
 
 
 class Batcher:
@@ -90,6 +93,7 @@ class Batcher:
         buckets = list(engine.buckets)
         self.pad_to = [0] + [buckets[bisect.bisect_left(buckets, rows)] for rows in range(1, self.max_bucket + 1)]
         self._queue: deque[PendingRequest] = deque()
+        self._purged_at = 0.0  # time.monotonic() of the last look for requests answered while queued
         self._queued_rows = 0
         self._wakeup = asyncio.Event()
         self._num_classes = engine.slots[0].outputs.shape[1]
@@ -127,11 +131,31 @@ class Batcher:
         dead, the queue is at its limit, or the queue ahead would outlast the request's deadline."""
         if self.dead is not None:
             raise NotReadyError(f"the device is dead ({self.dead}); the service is restarting")
-        if self._queued_rows >= self.queue_limit:
-            raise QueueFullError(self._queued_rows, self.queue_limit, retry_after_s=self.drain_estimate_s())
         wait = self.drain_estimate_s()
-        if wait and time.monotonic() + wait > deadline:
-            raise QueueFullError(self._queued_rows, self.queue_limit, retry_after_s=wait, deadline_first=True)
+        if self._queued_rows >= self.queue_limit or (wait and time.monotonic() + wait > deadline):
+            self._drop_answered(time.monotonic())  # a backlog of clients that left is no reason to refuse
+            wait = self.drain_estimate_s()
+            if self._queued_rows >= self.queue_limit:
+                raise QueueFullError(self._queued_rows, self.queue_limit, retry_after_s=wait)
+            if wait and time.monotonic() + wait > deadline:
+                raise QueueFullError(self._queued_rows, self.queue_limit, retry_after_s=wait, deadline_first=True)
+
+    def _drop_answered(self, now: float, *, every: float = PURGE_INTERVAL_S) -> None:
+        """Take the requests answered while queued (their clients left, their deadlines passed) out of
+        the queue and its count now, not when the collector next passes them: with every slot busy that
+        may be a while. Runs where a request would otherwise be refused, and at each reap."""
+        if now - self._purged_at < every:
+            return
+        self._purged_at = now
+        if not any(request.future.done() for request in self._queue):
+            return
+        waiting: deque[PendingRequest] = deque()
+        for request in self._queue:
+            if request.future.done():
+                self._queued_rows -= request.rows - request.next_row  # its unlaunched rows
+            else:
+                waiting.append(request)
+        self._queue = waiting
 
     def device_figures(self) -> dict[str, dict[str, Any]]:
         """Device → batches launched and in flight on it."""
@@ -187,7 +211,9 @@ class Batcher:
         if self.dead is not None:
             raise NotReadyError(f"the device is dead ({self.dead}); the service is restarting")
         if self._queued_rows + rows > self.queue_limit:
-            raise QueueFullError(self._queued_rows, self.queue_limit, retry_after_s=self.drain_estimate_s())
+            self._drop_answered(time.monotonic())
+            if self._queued_rows + rows > self.queue_limit:
+                raise QueueFullError(self._queued_rows, self.queue_limit, retry_after_s=self.drain_estimate_s())
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         latest = now + self.request_timeout_s
@@ -276,10 +302,11 @@ class Batcher:
             self.reap(time.monotonic())
 
     def reap(self, now: float) -> None:
-        self._queue_depth.set(self._queued_rows)  # a queue that no batch drains (no free slot) shows too
-        for request in self._queue:  # the collector drops them, done, when it next runs
+        for request in self._queue:
             if now >= request.deadline and not request.future.done():
                 request.future.set_exception(DeadlineExceededError(request.deadline - request.enqueued))
+        self._drop_answered(now, every=0.0)  # those, and the requests whose clients left
+        self._queue_depth.set(self._queued_rows)  # a queue that no batch drains (no free slot) shows too
         for launched, lease, shares in list(self._batches.values()):
             if now - launched > self.batch_timeout_s:
                 device = lease.engine.device

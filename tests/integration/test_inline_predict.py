@@ -210,7 +210,7 @@ def test_clients_that_leave_before_their_answer_harm_no_one(servers: tuple[str, 
         with connect(inline) as sock:
             sock.sendall(raw_request("/predict", RAW * 64))
     response = httpx.post(inline + "/predict", content=RAW, headers={"content-type": OCTETS})
-    assert response.status_code == 200 and len(response.json()["predictions"]) == 1
+    assert response.status_code == 200 and len(response.json()["predictions"]) == 1, response.text
 
 
 @pytest.fixture(scope="module")

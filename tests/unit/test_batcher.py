@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.batching.batcher import Batcher
+from app.batching.batcher import PURGE_INTERVAL_S, Batcher
 from app.errors import DeadlineExceededError, EngineError, NotReadyError, QueueFullError
 from tests.unit.fake_engine import SHAPE, FakeEngine, expected, images
 
@@ -286,6 +286,46 @@ async def test_a_deadline_shorter_than_the_timeout_and_the_unlaunched_rows_of_a_
         await busy
         assert batcher.queued_rows == 0
     assert [values for values in engine.launched_values() if 2.0 in values] == []  # none of it launched
+
+
+async def test_clients_that_leave_while_the_device_is_busy_leave_the_queue_at_once() -> None:
+    """Their rows stop counting once admission would refuse for them, not only when the collector
+    next passes them: a device busy for a while must not make the backlog of gone clients refuse
+    new ones."""
+    engine = FakeEngine(in_flight=1)
+    async with running(engine, max_delay_s=0.0, queue_limit=8) as batcher:
+        engine.gate.clear()
+        busy = asyncio.create_task(batcher.submit(images(1.0)))
+        await engine.launched.wait()  # the only slot is taken: nothing collects meanwhile
+        gone = [batcher.enqueue(images(*[2.0] * 4)) for _ in range(2)]  # the queue is full: 8 of 8 rows
+        with pytest.raises(QueueFullError):
+            batcher.enqueue(images(3.0))  # one row too many
+        for future in gone:
+            future.cancel()  # both clients disconnect
+        await asyncio.sleep(PURGE_INTERVAL_S)  # the refusal above looked through the queue just now
+        batcher.admit(time.monotonic() + 60)  # admitted while the device is still busy
+        assert batcher.queued_rows == 0
+        kept = batcher.enqueue(images(*[4.0] * 8))
+        engine.gate.set()
+        results = await asyncio.wait_for(asyncio.gather(busy, kept), timeout=10)
+    np.testing.assert_array_equal(results[1], expected(*[4.0] * 8))
+    assert batcher.queued_rows == 0
+    assert 2.0 not in [v for values in engine.launched_values() for v in values]
+
+
+async def test_the_reaper_takes_the_rows_of_clients_that_left_out_of_the_queue_figures() -> None:
+    """What the engine process sends the workers for their admission (queued rows) and the depth gauge."""
+    engine = FakeEngine(in_flight=1)
+    async with running(engine, max_delay_s=0.0) as batcher:
+        engine.gate.clear()
+        busy = asyncio.create_task(batcher.submit(images(1.0)))
+        await engine.launched.wait()
+        gone, kept = batcher.enqueue(images(2.0, 2.0)), batcher.enqueue(images(3.0))
+        gone.cancel()
+        batcher.reap(time.monotonic())
+        assert batcher.queued_rows == 1
+        engine.gate.set()
+        await asyncio.wait_for(asyncio.gather(busy, kept), timeout=10)
 
 
 async def test_admission_refuses_before_the_body_when_the_queue_cannot_serve_in_time() -> None:
