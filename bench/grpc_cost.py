@@ -12,6 +12,11 @@ the server's CPU seconds from /proc:
     p50_ms                  the driver's own latency (its CPU is not the server's)
 
     PYTHONPATH=. python3 bench/grpc_cost.py --out bench/results/<name>.json [--tree DIR --label before]
+        [--image-shape 3,224,224]
+
+--image-shape other than the seed CNN's 1,28,28 serves a stand-in model of that input instead
+(its forward keeps the first ten pixels: next to nothing), so that what a 150 KB body costs each
+protocol shows (ResNet-50's one image, issue 26's workload).
 """
 
 from __future__ import annotations
@@ -36,24 +41,57 @@ from bench.body_path_cost import descendants
 from bench.engine_link_bench import cpu_seconds
 from loadtest.server_process import free_port, running, service_env
 
-PIXELS = np.random.default_rng(0).integers(0, 256, (1, 1, 28, 28), dtype=np.uint8).tobytes()
+SEED_SHAPE = (1, 28, 28)
+STAND_IN = """import torch
 
 
-def http_request(port: int) -> bytes:
-    """POST /v2/models/fashion-cnn/infer, the binary extension: a JSON header, then 784 uint8 pixels."""
+class FirstTen(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, H, W) → (B, 10)
+        return x.flatten(1)[:, :10]
+
+
+def build() -> torch.nn.Module:
+    return FirstTen().eval()
+"""
+
+
+def model_of(shape: tuple[int, ...]) -> str:
+    return "fashion-cnn" if shape == SEED_SHAPE else "stand-in"
+
+
+def stand_in_repository(folder: Path, shape: tuple[int, ...]) -> Path:
+    """A model repository holding one python model of input `shape` whose forward costs next to nothing."""
+    model = folder / "repository" / "stand-in"
+    model.mkdir(parents=True)
+    (model / "model.py").write_text(STAND_IN)
+    labels = ", ".join(f'"{n}"' for n in range(10))
+    (model / "model.toml").write_text(
+        f'format = "python"\nfactory = "model:build"\ninput_shape = {list(shape)}\ninput_datatype = "UINT8"\n'
+        f"buckets = [1, 8, 32]\nlabels = [{labels}]\n"
+    )
+    return model.parent
+
+
+def pixels_of(shape: tuple[int, ...]) -> bytes:
+    return np.random.default_rng(0).integers(0, 256, (1, *shape), dtype=np.uint8).tobytes()
+
+
+def http_request(port: int, shape: tuple[int, ...]) -> bytes:
+    """POST /v2/models/<model>/infer, the binary extension: a JSON header, then one image's uint8 pixels."""
+    pixels, model = pixels_of(shape), model_of(shape)
     header = orjson.dumps({
-        "inputs": [{"name": "input", "shape": [1, 1, 28, 28], "datatype": "UINT8",
-                    "parameters": {"binary_data_size": len(PIXELS)}}],
+        "inputs": [{"name": "input", "shape": [1, *shape], "datatype": "UINT8",
+                    "parameters": {"binary_data_size": len(pixels)}}],
         "outputs": [{"name": "probabilities", "parameters": {"binary_data": True}}],
     })  # fmt: skip
-    head = (f"POST /v2/models/fashion-cnn/infer HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+    head = (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
             f"Content-Type: application/octet-stream\r\nInference-Header-Content-Length: {len(header)}\r\n"
-            f"Content-Length: {len(header) + len(PIXELS)}\r\n\r\n")  # fmt: skip
-    return head.encode() + header + PIXELS
+            f"Content-Length: {len(header) + len(pixels)}\r\n\r\n")  # fmt: skip
+    return head.encode() + header + pixels
 
 
-async def http_driver(port: int, concurrency: int, seconds: float) -> list[float]:
-    request, latencies = http_request(port), []
+async def http_driver(port: int, concurrency: int, seconds: float, shape: tuple[int, ...]) -> list[float]:
+    request, latencies = http_request(port, shape), []
 
     async def one_connection(until: float) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -73,14 +111,14 @@ async def http_driver(port: int, concurrency: int, seconds: float) -> list[float
     return latencies
 
 
-async def grpc_driver(port: int, concurrency: int, seconds: float) -> list[float]:
+async def grpc_driver(port: int, concurrency: int, seconds: float, shape: tuple[int, ...]) -> list[float]:
     import grpc
 
     from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
     from app.protocols.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 
-    tensor = pb.ModelInferRequest.InferInputTensor(name="input", datatype="UINT8", shape=[1, 1, 28, 28])
-    request = pb.ModelInferRequest(model_name="fashion-cnn", inputs=[tensor], raw_input_contents=[PIXELS])
+    tensor = pb.ModelInferRequest.InferInputTensor(name="input", datatype="UINT8", shape=[1, *shape])
+    request = pb.ModelInferRequest(model_name=model_of(shape), inputs=[tensor], raw_input_contents=[pixels_of(shape)])
     latencies: list[float] = []
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         infer = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer
@@ -96,16 +134,16 @@ async def grpc_driver(port: int, concurrency: int, seconds: float) -> list[float
     return latencies
 
 
-def drive(protocol: str, port: int, concurrency: int, seconds: float) -> None:
+def drive(protocol: str, port: int, concurrency: int, seconds: float, shape: tuple[int, ...]) -> None:
     """The driver process: warm up, measure, print the latencies (s) as JSON."""
     driver = http_driver if protocol == "http" else grpc_driver
-    asyncio.run(driver(port, concurrency, 0.5))
-    print(json.dumps(asyncio.run(driver(port, concurrency, seconds))))
+    asyncio.run(driver(port, concurrency, 0.5, shape))
+    print(json.dumps(asyncio.run(driver(port, concurrency, seconds, shape))))
 
 
-def point(protocol: str, port: int, concurrency: int, seconds: float, server: list[int]) -> dict[str, Any]:
+def point(protocol: str, port: int, concurrency: int, seconds: float, server: list[int], shape: str) -> dict[str, Any]:
     argv = [sys.executable, __file__, "--drive", protocol, "--port", str(port), "--concurrency", str(concurrency),
-            "--seconds", str(seconds)]  # fmt: skip
+            "--seconds", str(seconds), "--image-shape", shape]  # fmt: skip
     driver = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=os.environ | {"PYTHONPATH": os.getcwd()})
     time.sleep(0.5)  # its warm-up: left out of the CPU figures
     before = sum(cpu_seconds(pid) for pid in server)
@@ -129,25 +167,29 @@ def main() -> None:
     p.add_argument("--label", default="this checkout")
     p.add_argument("--concurrencies", default="1,8,32")
     p.add_argument("--seconds", type=float, default=4.0)
+    p.add_argument("--image-shape", default="1,28,28", help="one image's C,H,W (not the seed CNN's: a stand-in model)")
     p.add_argument("--drive", choices=("http", "grpc"), help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--concurrency", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
+    shape = tuple(int(n) for n in args.image_shape.split(","))
     if args.drive:
-        drive(args.drive, args.port, args.concurrency, args.seconds)
+        drive(args.drive, args.port, args.concurrency, args.seconds, shape)
         return
     port, grpc_port = free_port(), free_port()
+    work = Path(tempfile.mkdtemp(prefix="grpc-cost-"))
     env = service_env(port, device="cpu", grpc_port=grpc_port) | {"OMP_NUM_THREADS": "1"}
+    if shape != SEED_SHAPE:
+        env["CGSERVE_MODEL_REPOSITORY"] = str(stand_in_repository(work, shape))
     if args.tree is not None:
         env["PYTHONPATH"] = f"{args.tree.resolve()}:{os.environ.get('PYTHONPATH', '')}"
     record: dict[str, Any] = {"command": shlex.join(["python3", *sys.argv]), "label": args.label, "points": []}
-    work = Path(tempfile.mkdtemp(prefix="grpc-cost-"))
     serve = [sys.executable, "-m", "app.cli", "serve"]
     with running(serve, work / "server.log", port=port, env=env, cwd=args.tree, ready_timeout_s=120) as server:
         processes = [server.proc.pid, *descendants(server.proc.pid)]
         for concurrency in (int(c) for c in args.concurrencies.split(",")):
             for protocol, target in (("http", port), ("grpc", grpc_port)):
-                result = point(protocol, target, concurrency, args.seconds, processes)
+                result = point(protocol, target, concurrency, args.seconds, processes, args.image_shape)
                 record["points"].append(result)
                 print(f"{args.label}: {result}", flush=True)
     for concurrency in {p["concurrency"] for p in record["points"]}:
