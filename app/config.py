@@ -185,7 +185,7 @@ class Settings(BaseSettings):
     inline_predict: bool = Field(
         True,
         description="Answer small inference bodies (POST /predict JSON or raw, Open Inference Protocol infer JSON or "
-        "binary; up to 64 KiB) inside the HTTP protocol, below the ASGI stack; off whenever an access layer (tokens, "
+        "binary; up to 256 KiB) inside the HTTP protocol, below the ASGI stack; off whenever an access layer (tokens, "
         "CORS, request ids, access log) or tracing is on. false: every request through the ASGI routes.",
     )
     keepalive_timeout_s: float = Field(5.0, gt=0.0, description="An idle keep-alive connection is closed after this.")

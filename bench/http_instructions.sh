@@ -14,6 +14,8 @@
 # fashion-cnn: UINT8 data as a JSON list, or the binary tensor extension).
 # Needs valgrind and hey (HEY=…, default .gpu/bin/hey); bodies: one image (loadtest/payloads.py),
 # written by PYTHON (default python3; the project's venv where python3 lacks its packages).
+# IMAGE_SHAPE=C,H,W: the raw form's body is one uint8 image of that shape instead (random pixels),
+# for a server whose default model takes it (bench/grpc_cost.py's stand-in repository, say).
 set -u
 name=$1; port=$2; form=$3; conc=$4; n=$5; shift 5
 hey=${HEY:-.gpu/bin/hey}
@@ -29,7 +31,12 @@ tensor = {'name': 'input', 'datatype': 'UINT8', 'shape': [1, 1, 28, 28]}
 open('$work/body.v2-json', 'wb').write(orjson.dumps({'inputs': [{**tensor, 'data': list(raw)}]}))
 header = orjson.dumps({'inputs': [{**tensor, 'parameters': {'binary_data_size': len(raw)}}]})
 open('$work/body.v2-binary', 'wb').write(header + raw)
-open('$work/header-length', 'w').write(str(len(header)))" || exit 1
+open('$work/header-length', 'w').write(str(len(header)))
+shape = '${IMAGE_SHAPE:-}'
+if shape:
+    import numpy as np
+    dims = [1, *map(int, shape.split(','))]
+    open('$work/body.raw', 'wb').write(np.random.default_rng(0).integers(0, 256, dims, dtype=np.uint8).tobytes())" || exit 1
 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/cg.out" -q "$@" > "$work/server.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 300); do curl -sf "http://127.0.0.1:$port/readyz" > /dev/null && break; sleep 0.5; done

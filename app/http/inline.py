@@ -10,9 +10,9 @@ and the answer is written from the future's callback, in one write: no task, no 
 
 Taken here: the routes of app/http/inline_routes.py (POST /predict with a JSON or octet-stream body,
 the Open Inference Protocol's infer with JSON or binary tensors) with a Content-Length of at most
-64 KiB (uvicorn's read high-water mark, so reading never pauses), no Transfer-Encoding or
-Expect, while CGSERVE_INLINE_PREDICT is on and no access layer (tokens, CORS, request ids,
-access log) is. Everything else takes the ASGI routes and both doors answer alike: the same
+256 KiB (INLINE_BODY_LIMIT: a 150 KB ResNet-50 image is taken), no Transfer-Encoding or Expect,
+while CGSERVE_INLINE_PREDICT is on and no access layer (tokens, CORS, request ids, access log) is.
+Everything else takes the ASGI routes and both doors answer alike: the same
 decoding, limits (the bytes-in-flight budget, the deadline, the body's pause timeout), metrics
 and error bodies (tests/integration/test_inline_predict.py sends the same requests both ways).
 The deadline is the route's too: a coarse timer armed at the end of the headers answers 504 once

@@ -54,7 +54,6 @@ from typing import Any, NoReturn, Protocol
 from urllib.parse import unquote_to_bytes
 
 import uvicorn
-from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from app.config import Settings
@@ -97,7 +96,11 @@ LINGER_BYTES = 65536  # ... and how much of it is read and dropped before the co
 REQUEST_LINE_BYTES = 16  # the method, the version, spaces and CRLF of a request line, about
 
 
-INLINE_BODY_LIMIT = HIGH_WATER_LIMIT  # bytes: uvicorn pauses reading above this, the ASGI receive() resumes it
+# Bodies up to this are taken inline, read whole into their cycle: one 3×256×256 uint8 image and
+# more (ResNet-50's one image a request is 150 KB, issue 26). Past uvicorn's read high-water mark
+# (HIGH_WATER_LIMIT, 64 KiB) on_body resumes the reading uvicorn pauses there for the ASGI receive().
+# Not much larger: uvicorn appends each chunk to the body so far (bytes +=).
+INLINE_BODY_LIMIT = 256 * 1024
 
 
 class InlineRequest(Protocol):
@@ -253,6 +256,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._hosts += 1
         elif name == b"authorization":
             self._authorizations += 1
+
+    def on_body(self, body: bytes) -> None:
+        super().on_body(body)
+        # Past HIGH_WATER_LIMIT uvicorn paused reading until the app's receive() takes the body; an
+        # inline request has no receive(): its body (at most INLINE_BODY_LIMIT) is read whole.
+        if self.flow.read_paused and self._inline is not None and self._inline[1].cycle is self.cycle:
+            self.flow.resume_reading()
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to a request httptools could not parse, or one a callback refused."""
@@ -434,6 +444,7 @@ SERVER_NEEDS = (
     "on_url",
     "on_header",
     "on_headers_complete",
+    "on_body",
     "on_message_complete",
     "timeout_keep_alive_handler",
 )  # data_received, connection_made and _lost: asyncio.Protocol's own, public
