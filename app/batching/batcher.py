@@ -133,17 +133,18 @@ class Batcher:
             raise NotReadyError(f"the device is dead ({self.dead}); the service is restarting")
         wait = self.drain_estimate_s()
         if self._queued_rows >= self.queue_limit or (wait and time.monotonic() + wait > deadline):
-            self._drop_answered(time.monotonic())  # a backlog of clients that left is no reason to refuse
+            self._drop_answered()  # a backlog of clients that left is no reason to refuse
             wait = self.drain_estimate_s()
             if self._queued_rows >= self.queue_limit:
                 raise QueueFullError(self._queued_rows, self.queue_limit, retry_after_s=wait)
             if wait and time.monotonic() + wait > deadline:
                 raise QueueFullError(self._queued_rows, self.queue_limit, retry_after_s=wait, deadline_first=True)
 
-    def _drop_answered(self, now: float, *, every: float = PURGE_INTERVAL_S) -> None:
+    def _drop_answered(self, *, every: float = PURGE_INTERVAL_S) -> None:
         """Take the requests answered while queued (their clients left, their deadlines passed) out of
         the queue and its count now, not when the collector next passes them: with every slot busy that
         may be a while. Runs where a request would otherwise be refused, and at each reap."""
+        now = time.monotonic()  # not a caller's: the reaper may be handed a time ahead (tests)
         if now - self._purged_at < every:
             return
         self._purged_at = now
@@ -211,7 +212,7 @@ class Batcher:
         if self.dead is not None:
             raise NotReadyError(f"the device is dead ({self.dead}); the service is restarting")
         if self._queued_rows + rows > self.queue_limit:
-            self._drop_answered(time.monotonic())
+            self._drop_answered()
             if self._queued_rows + rows > self.queue_limit:
                 raise QueueFullError(self._queued_rows, self.queue_limit, retry_after_s=self.drain_estimate_s())
         loop = asyncio.get_running_loop()
@@ -305,7 +306,7 @@ class Batcher:
         for request in self._queue:
             if now >= request.deadline and not request.future.done():
                 request.future.set_exception(DeadlineExceededError(request.deadline - request.enqueued))
-        self._drop_answered(now, every=0.0)  # those, and the requests whose clients left
+        self._drop_answered(every=0.0)  # those, and the requests whose clients left
         self._queue_depth.set(self._queued_rows)  # a queue that no batch drains (no free slot) shows too
         for launched, lease, shares in list(self._batches.values()):
             if now - launched > self.batch_timeout_s:

@@ -56,10 +56,17 @@ class InlineRequest:
     batcher: BatchQueue | None = None  # the model's, once admitted
     served: ServedModel | None = None
     future: asyncio.Future[np.ndarray] | None = None  # the batcher's, once queued
+    decoding: asyncio.Task[None] | None = None  # a larger body's decode (asyncio keeps only weak references)
     asked: Any = None  # what the answer needs of the request (v2: its inference header)
     timer: timers.Armed | None = None  # the deadline's, while the answer is owed
     refused: bool = False  # an error answer is on its way
     answered: bool = False
+
+
+# A body up to this is decoded on the loop as it completes; a larger one (up to INLINE_BODY_LIMIT) in
+# a task by the codec's async decode, where JSON and encoded images (v2 BYTES tensors) may leave the
+# loop. A raw /predict body is a view of its bytes whatever its size: always decoded at once.
+DECODE_NOW_BYTES = 64 * 1024
 
 
 class InlinePredict:
@@ -107,20 +114,45 @@ class InlinePredict:
 
     def body_complete(self, request: InlineRequest) -> None:
         """Decode and queue; the answer follows from the batcher's future."""
+        body, request.cycle.body = bytes(request.cycle.body), bytearray()  # not kept by an idle connection
         if request.refused or request.answered or request.batcher is None or request.served is None:
             return
-        body, request.cycle.body = bytes(request.cycle.body), bytearray()  # not kept by an idle connection
         scope = request.cycle.scope
         media = (request.media or b"").decode("latin-1")
         header_length = None if request.header_length is None else request.header_length.decode("latin-1")
         wire = HttpBody(body, media, scope["query_string"].decode("latin-1"), header_length)
-        try:  # a small body: the codec's own decode, here and now (the data plane's takes large ones off the loop)
-            images, request.asked = request.codec.decode_now(wire, request.served.spec)
-            request.future = request.batcher.enqueue(images, request.deadline)
+        batcher, served = request.batcher, request.served
+        if request.form != "raw" and len(body) > DECODE_NOW_BYTES:  # JSON, or encoded images in a v2 tensor
+            request.decoding = asyncio.get_running_loop().create_task(
+                self._decode_and_queue(request, wire, batcher, served)
+            )
+            return
+        try:  # the codec's own decode, here and now
+            images, request.asked = request.codec.decode_now(wire, served.spec)
         except Exception as error:
             self._refuse(request, error)
             return
-        engine, served = request.batcher.engines[0].name, request.served
+        self._queue(request, images, batcher, served)
+
+    async def _decode_and_queue(self, request: InlineRequest, wire: HttpBody, batcher: BatchQueue,
+                                served: ServedModel) -> None:  # fmt: skip
+        """A larger body by the codec's async decode, which takes large JSON and encoded images off the
+        loop (to the uploads' decoder: the GPU's where there is one), as the ASGI route does."""
+        try:
+            images, request.asked = await request.codec.decode(wire, served.spec)
+        except Exception as error:
+            self._refuse(request, error)
+            return
+        if not request.answered:  # not meanwhile answered 504, nor left by its client
+            self._queue(request, images, batcher, served)
+
+    def _queue(self, request: InlineRequest, images: np.ndarray, batcher: BatchQueue, served: ServedModel) -> None:
+        try:
+            request.future = batcher.enqueue(images, request.deadline)
+        except Exception as error:
+            self._refuse(request, error)
+            return
+        engine = batcher.engines[0].name
         request.future.add_done_callback(lambda future: self._answered(request, future, engine, served))
 
     def fail(self, request: InlineRequest, error: Exception) -> None:
@@ -177,6 +209,7 @@ class InlinePredict:
         if request.answered:
             return False
         request.answered = True
+        request.cycle.body = bytearray()  # what came of a body answered early is not kept by the connection
         self.budget.release(request.reserved)
         if request.batcher is not None and request.served is not None:  # admitted: the data plane counted it
             self.plane.answered(request.served)

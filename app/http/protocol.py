@@ -99,7 +99,7 @@ REQUEST_LINE_BYTES = 16  # the method, the version, spaces and CRLF of a request
 # Bodies up to this are taken inline, read whole into their cycle: one 3×256×256 uint8 image and
 # more (ResNet-50's one image a request is 150 KB, issue 26). Past uvicorn's read high-water mark
 # (HIGH_WATER_LIMIT, 64 KiB) on_body resumes the reading uvicorn pauses there for the ASGI receive().
-# Not much larger: uvicorn appends each chunk to the body so far (bytes +=).
+# Not much larger: each is held whole in memory until it is decoded (its bytes reserved in the budget).
 INLINE_BODY_LIMIT = 256 * 1024
 
 

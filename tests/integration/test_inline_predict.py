@@ -6,6 +6,8 @@ over a real socket (HTTP/1.0, pipelining, a client that leaves).
 
 from __future__ import annotations
 
+import base64
+import io
 import re
 import socket
 import time
@@ -15,6 +17,7 @@ import httpx
 import numpy as np
 import orjson
 import pytest
+from PIL import Image
 
 from tests.integration.server_process import running_server, settled_metrics
 from tests.reliability.common import SERVE, seed_with_forward
@@ -26,10 +29,10 @@ JSON, OCTETS = "application/json", "application/octet-stream"
 V2 = "/v2/models/fashion-cnn/infer"
 
 
-def v2_json(datatype: str = "UINT8", data: object = None, **document: object) -> bytes:
-    """An Open Inference Protocol request with its tensor as JSON."""
-    tensor = {"name": "input", "datatype": datatype, "shape": [1, 1, 28, 28]}
-    tensor["data"] = IMAGE.tolist() if data is None else data
+def v2_json(datatype: str = "UINT8", data: object = None, count: int = 1, **document: object) -> bytes:
+    """An Open Inference Protocol request with its tensor (`count` images) as JSON."""
+    tensor = {"name": "input", "datatype": datatype, "shape": [count, 1, 28, 28]}
+    tensor["data"] = IMAGE.tolist() * count if data is None else data
     return orjson.dumps({"inputs": [tensor], **document})
 
 
@@ -62,6 +65,10 @@ CASES = [
     ("/predict", OCTETS, RAW[:-1], {}),  # 422: not a whole number of images
     ("/predict?dtype=int64", OCTETS, RAW, {}),  # 422: unknown dtype
     ("/predict", OCTETS, RAW * 200, {}),  # 157 KB, as a 224×224 RGB image: past uvicorn's 64 KiB read mark
+    # Past 64 KiB the JSON forms are decoded in a task by the codec's async decode: the same answers.
+    ("/predict", JSON, orjson.dumps({"instances": [(IMAGE / 255).reshape(28, 28).tolist()] * 12}), {}),
+    (V2, JSON, v2_json(count=30), {}),
+    (V2, JSON, v2_json(data=IMAGE.tolist() * 30), {}),  # 400: 23,520 elements for a [1,1,28,28] tensor
     ("/predict", OCTETS, RAW * 2000, {}),  # 422: over CGSERVE_MAX_INSTANCES (the ASGI way: > 256 KiB)
     ("/v1/models/nope/predict", OCTETS, RAW, {}),  # 404: unknown model
     ("/predict", "text/plain", RAW, {}),  # 415 (the ASGI way in both)
@@ -198,6 +205,31 @@ def test_a_body_past_the_read_mark_that_comes_in_pieces_is_read_whole(servers: t
         ((head, body),) = read_answers(sock, 1)
     assert b" 200 " in head, head
     assert len(orjson.loads(body)["predictions"]) == 200
+
+
+def image_decodes(url: str) -> float:
+    """The server's cgserve_image_decodes_total, every decoder together."""
+    text = httpx.get(url + "/metrics").text
+    return sum(float(value) for value in re.findall(r"^cgserve_image_decodes_total\{[^}]*\} (\S+)$", text, re.M))
+
+
+def test_encoded_images_past_64_kib_are_decoded_by_the_uploads_decoder(servers: tuple[str, str]) -> None:
+    """Not with Pillow on the event loop as they complete: a v2 BYTES tensor of two 200×200 PNGs
+    (~110 KB of base64, taken inline) goes to the uploads' decoder, as on the ASGI route."""
+    inline, _ = servers
+    noise = np.random.default_rng(0).integers(0, 256, (200, 200), dtype=np.uint8)
+    encoded = []
+    for flip in (noise, noise[::-1]):
+        png = io.BytesIO()
+        Image.fromarray(np.ascontiguousarray(flip)).save(png, format="PNG")
+        encoded.append(base64.b64encode(png.getvalue()).decode())
+    body = orjson.dumps({"inputs": [{"name": "input", "datatype": "BYTES", "shape": [2], "data": encoded}]})
+    assert 64 * 1024 < len(body) < 256 * 1024
+    before = image_decodes(inline)
+    answer = httpx.post(inline + V2, content=body, headers={"content-type": JSON})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["outputs"][0]["shape"][0] == 2
+    assert image_decodes(inline) - before == 2
 
 
 def test_pipelined_requests_come_back_in_order(servers: tuple[str, str]) -> None:
