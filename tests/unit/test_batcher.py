@@ -50,6 +50,14 @@ async def until(condition: Callable[[], bool], timeout_s: float = 10) -> None:
         await asyncio.sleep(0)
 
 
+async def occupy(engine: FakeEngine, batcher: Batcher) -> asyncio.Task[np.ndarray]:
+    """Hold the device: a one-image batch launched and not let finish until `engine.gate` is set."""
+    engine.gate.clear()
+    busy = asyncio.create_task(batcher.submit(images(1.0)))
+    await engine.launched.wait()
+    return busy
+
+
 async def submit_all(batcher: Batcher, *requests: np.ndarray) -> list[np.ndarray]:
     return await asyncio.wait_for(asyncio.gather(*(batcher.submit(r) for r in requests)), timeout=10)
 
@@ -162,9 +170,7 @@ async def test_request_past_its_deadline_gets_504_and_is_not_launched() -> None:
 async def test_queue_over_its_limit_sheds_with_503() -> None:
     engine = FakeEngine(in_flight=1)
     async with running(engine, max_delay_s=0.0, queue_limit=4) as batcher:
-        engine.gate.clear()
-        busy = asyncio.create_task(batcher.submit(images(1.0)))
-        await engine.launched.wait()
+        busy = await occupy(engine, batcher)
         queued = asyncio.create_task(batcher.submit(images(2.0, 2.0, 2.0, 2.0)))
         await asyncio.sleep(0)
         with pytest.raises(QueueFullError) as refused:
@@ -199,9 +205,7 @@ async def test_every_request_of_a_failed_batch_gets_the_error() -> None:
 async def test_cancelled_request_is_not_launched_and_others_are_answered() -> None:
     engine = FakeEngine(in_flight=1)
     async with running(engine, max_delay_s=0.0) as batcher:
-        engine.gate.clear()
-        busy = asyncio.create_task(batcher.submit(images(1.0)))
-        await engine.launched.wait()
+        busy = await occupy(engine, batcher)
         gone = asyncio.create_task(batcher.submit(images(2.0)))
         kept = asyncio.create_task(batcher.submit(images(3.0)))
         await asyncio.sleep(0)
@@ -274,9 +278,7 @@ async def test_a_hung_batch_declares_the_device_dead_once_and_its_slot_is_never_
 async def test_a_deadline_shorter_than_the_timeout_and_the_unlaunched_rows_of_a_split_request() -> None:
     engine = FakeEngine(buckets=(1, 2), in_flight=1)
     async with running(engine, max_delay_s=0.0, request_timeout_s=FOREVER) as batcher:
-        engine.gate.clear()
-        busy = asyncio.create_task(batcher.submit(images(1.0)))
-        await engine.launched.wait()
+        busy = await occupy(engine, batcher)
         # 5 rows: 2 and 2 and 1 once the device frees; its deadline passes while it waits.
         split = asyncio.create_task(batcher.submit(images(*[2.0] * 5), deadline=time.monotonic() + 0.05))
         await asyncio.sleep(0.1)  # kept: time passing is the behaviour; the deadline passes while it queues
@@ -294,9 +296,7 @@ async def test_clients_that_leave_while_the_device_is_busy_leave_the_queue_at_on
     new ones."""
     engine = FakeEngine(in_flight=1)
     async with running(engine, max_delay_s=0.0, queue_limit=8) as batcher:
-        engine.gate.clear()
-        busy = asyncio.create_task(batcher.submit(images(1.0)))
-        await engine.launched.wait()  # the only slot is taken: nothing collects meanwhile
+        busy = await occupy(engine, batcher)  # the only slot is taken: nothing collects meanwhile
         gone = [batcher.enqueue(images(*[2.0] * 4)) for _ in range(2)]  # the queue is full: 8 of 8 rows
         with pytest.raises(QueueFullError):
             batcher.enqueue(images(3.0))  # one row too many
@@ -317,9 +317,7 @@ async def test_the_reaper_takes_the_rows_of_clients_that_left_out_of_the_queue_f
     """What the engine process sends the workers for their admission (queued rows) and the depth gauge."""
     engine = FakeEngine(in_flight=1)
     async with running(engine, max_delay_s=0.0) as batcher:
-        engine.gate.clear()
-        busy = asyncio.create_task(batcher.submit(images(1.0)))
-        await engine.launched.wait()
+        busy = await occupy(engine, batcher)
         gone, kept = batcher.enqueue(images(2.0, 2.0)), batcher.enqueue(images(3.0))
         gone.cancel()
         batcher.reap(time.monotonic())
@@ -331,9 +329,7 @@ async def test_the_reaper_takes_the_rows_of_clients_that_left_out_of_the_queue_f
 async def test_admission_refuses_before_the_body_when_the_queue_cannot_serve_in_time() -> None:
     engine = FakeEngine(in_flight=1)
     async with running(engine, max_delay_s=0.0, queue_limit=4) as batcher:
-        engine.gate.clear()
-        busy = asyncio.create_task(batcher.submit(images(1.0)))
-        await engine.launched.wait()
+        busy = await occupy(engine, batcher)
         queued = asyncio.create_task(batcher.submit(images(*[2.0] * 4)))
         await asyncio.sleep(0)
         with pytest.raises(QueueFullError, match="limit is 4"):
