@@ -9,7 +9,8 @@ for progressive JPEGs, and ends in a cudaStreamSynchronize of its own decoder st
 not run on the event loop):
 
     decode_jpeg([k encoded (bytes,) uint8 tensors], device) → k (C, H_i, W_i) uint8 on the GPU
-    per image, on our stream: preprocess_tensor → (C, h, w) uint8 → pinned host (C, h, w), non_blocking
+    per model and decoded size, on our stream: stack → (g, C, H, W) → preprocess_batch → (g, C, h, w)
+        uint8 → pinned host (g, C, h, w), non_blocking
     done.record(stream)
 
 torchvision makes the current stream (ours) wait for its decoder stream, so the resize and
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 import torchvision.io
 
-from app.codecs.preprocess import preprocess_tensor
+from app.codecs.preprocess import preprocess_batch
 from app.engines.event_waiter import EventWaiter
 from app.errors import GpuDecodeError
 from app.ops import metrics
@@ -125,10 +126,15 @@ class GpuJpegDecoder:
         errors: list[str] = []
         with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
             for color, indices in _by_color(jobs).items():
-                for i, image in self._decode(jobs, indices, color, errors):  # (C, H_i, W_i) uint8 on the GPU
-                    pixels = preprocess_tensor(image, jobs[i].spec)  # (C, h, w) uint8 on the GPU
+                decoded = self._decode(jobs, indices, color, errors)  # [(job index, (C, H_i, W_i) uint8 on the GPU)]
+                for spec, group in _by_size(jobs, decoded):
+                    # Photos from one camera or one client share a size: one resize for all of them.
+                    images = torch.stack([image for _, image in group])  # (k, C, H, W) uint8
+                    pixels = preprocess_batch(images, spec)  # (k, C, h, w) uint8 on the GPU
                     host = torch.empty(pixels.shape, dtype=torch.uint8, pin_memory=True)
-                    hosts[i] = host.copy_(pixels, non_blocking=True)
+                    host.copy_(pixels, non_blocking=True)  # one copy out for the group
+                    for row, (i, _) in enumerate(group):
+                        hosts[i] = host[row]
             done = torch.cuda.Event(blocking=True)  # its waiter thread sleeps instead of spinning a core
             done.record(self._stream)
         return _Launched(jobs, hosts, done, errors)
@@ -171,6 +177,17 @@ def _by_color(jobs: list[_Job]) -> dict[str, list[int]]:
     for i, job in enumerate(jobs):
         groups.setdefault(job.spec.config.color, []).append(i)
     return groups
+
+
+def _by_size(
+    jobs: list[_Job], decoded: list[tuple[int, torch.Tensor]]
+) -> list[tuple[ModelSpec, list[tuple[int, torch.Tensor]]]]:
+    """Decoded images by (model, decoded size): each group resized together, as one (k, C, H, W) batch."""
+    groups: dict[tuple[int, tuple[int, ...]], tuple[ModelSpec, list[tuple[int, torch.Tensor]]]] = {}
+    for i, image in decoded:
+        spec = jobs[i].spec
+        groups.setdefault((id(spec), tuple(image.shape)), (spec, []))[1].append((i, image))
+    return list(groups.values())
 
 
 def _fail(jobs: list[_Job], error: BaseException) -> None:

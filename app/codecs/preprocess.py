@@ -27,11 +27,20 @@ def shorter_side_size(height: int, width: int, resize: int) -> tuple[int, int]:
 
 def preprocess_tensor(image: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
     """(C, H, W) uint8 of any size → (C, h, w) uint8 of the model's input, on the image's device."""
-    c, h, w = spec.input_shape
+    c = spec.input_shape[0]
     if image.dim() != 3 or image.shape[0] != c or image.dtype != torch.uint8:
         raise ValueError(f"expected a ({c}, H, W) uint8 image, got {tuple(image.shape)} {image.dtype}")
+    return preprocess_batch(image.unsqueeze(0), spec)[0]
+
+
+def preprocess_batch(images: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
+    """(k, C, H, W) uint8, k images of one size → (k, C, h, w) uint8 of the model's input, on their
+    device: the same few kernels for k images as for one (each image is filtered on its own)."""
+    c, h, w = spec.input_shape
+    if images.dim() != 4 or images.shape[1] != c or images.dtype != torch.uint8:
+        raise ValueError(f"expected (k, {c}, H, W) uint8 images, got {tuple(images.shape)} {images.dtype}")
     resize, crop = spec.preprocess.resize, spec.preprocess.crop
-    x = image.unsqueeze(0).float()  # (1, C, H, W): interpolate wants a batch and floats
+    x = images.float()  # interpolate wants floats
     if resize:
         size = shorter_side_size(x.shape[2], x.shape[3], resize)
         x = F.interpolate(x, size=size, mode="bilinear", antialias=True, align_corners=False)
@@ -42,4 +51,4 @@ def preprocess_tensor(image: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
         x = F.pad(x, (-left, left + crop - x.shape[3], -top, top + crop - x.shape[2]))
     if tuple(x.shape[2:]) != (h, w):
         x = F.interpolate(x, size=(h, w), mode="bicubic", antialias=True, align_corners=False)
-    return x.round_().clamp_(0, 255).to(torch.uint8)[0]  # (C, h, w)
+    return x.round_().clamp_(0, 255).to(torch.uint8)  # (k, C, h, w)

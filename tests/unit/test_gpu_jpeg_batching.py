@@ -113,6 +113,29 @@ def test_concurrent_uploads_share_one_decode_call_up_to_max_batch(calls: list[in
         assert np.abs(got.astype(np.int16) - decode_image(data, max_pixels=2**24, spec=RESNET50)).max() <= 1
 
 
+def test_a_batch_of_mixed_sizes_and_models_answers_each_upload_as_if_alone(calls: list[int]) -> None:
+    # Same-size images of one model are resized together: no upload may get another's size or crop.
+    from app.codecs.gpu_jpeg import GpuJpegDecoder
+
+    small = dataclasses.replace(RESNET50, config=RESNET50.config.model_copy(update={"input_shape": (3, 96, 96)}))
+    sizes = [(320, 240), (500, 375), (320, 240), (240, 320), (500, 375)]
+    uploads = [(encode(synthetic_photo(*size, seed=i), quality=90), RESNET50 if i % 2 else small)
+               for i, size in enumerate(sizes)]  # fmt: skip
+
+    async def run(max_batch: int) -> list[np.ndarray]:
+        decoder = GpuJpegDecoder("cpu", max_batch=max_batch)
+        try:
+            return list(await asyncio.gather(*(decoder.decode(data, spec) for data, spec in uploads)))
+        finally:
+            decoder.close()
+
+    together, alone = asyncio.run(run(32)), asyncio.run(run(1))
+    assert calls == [5, 1, 1, 1, 1, 1]
+    for got, single, (_, spec) in zip(together, alone, uploads, strict=True):
+        assert got.shape == (1, *spec.input_shape)
+        np.testing.assert_array_equal(got, single)
+
+
 def test_one_refused_upload_is_retried_alone_and_only_it_falls_back(calls: list[int]) -> None:
     results, decoder = decode_together([JPEGS[1], BAD, JPEGS[2]])
     assert list(decoder.batch_sizes) == [3] and calls == [3, 1, 1, 1]  # the batch, then one image at a time
@@ -131,7 +154,7 @@ def test_a_fault_outside_nvjpeg_fails_its_batch_and_later_uploads_still_decode(c
 
     async def run() -> tuple[list[Any], Any]:
         decoder = GpuJpegDecoder("cpu")
-        # A spec whose input has 1 channel but whose colour is RGB: preprocess_tensor refuses the image.
+        # A spec whose input has 1 channel but whose colour is RGB: preprocess_batch refuses the image.
         broken = dataclasses.replace(RESNET50, config=RESNET50.config.model_copy(update={"input_shape": (1, 224, 224)}))
         try:
             first = await asyncio.gather(decoder.decode(JPEGS[0], broken), return_exceptions=True)
@@ -140,5 +163,5 @@ def test_a_fault_outside_nvjpeg_fails_its_batch_and_later_uploads_still_decode(c
             decoder.close()
 
     (fault, later), _ = asyncio.run(run())
-    assert isinstance(fault, ValueError) and "expected a (1, H, W) uint8 image" in str(fault)  # a 500, logged
+    assert isinstance(fault, ValueError) and "expected (k, 1, H, W) uint8 images" in str(fault)  # a 500, logged
     assert later.shape == (1, 3, 224, 224)

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from app.codecs.bodies import decode_image
-from app.codecs.preprocess import preprocess_tensor
+from app.codecs.preprocess import preprocess_batch, preprocess_tensor
 from app.repository import read_repository
 from app.repository.model_config import ModelConfig, Preprocess
 from app.repository.model_spec import ModelSpec
@@ -76,3 +76,18 @@ def test_padding_crops_and_final_resizes_follow_pillow(
 def test_a_wrong_tensor_is_refused_with_the_expected_shape() -> None:
     with pytest.raises(ValueError, match=r"expected a \(3, H, W\) uint8 image, got \(1, 10, 10\)"):
         preprocess_tensor(torch.zeros(1, 10, 10, dtype=torch.uint8), RESNET50)
+
+
+def test_a_batch_of_one_size_equals_each_image_on_its_own() -> None:
+    # The GPU decoder resizes same-size images together: the batch must not mix them (antialias,
+    # padding and rounding are per image).
+    images = torch.stack([full_size_tensor(encode(synthetic_photo(500, 375, seed=i), "PNG")) for i in range(3)])
+    batch = preprocess_batch(images, RESNET50)  # (3, 3, 224, 224)
+    assert batch.shape == (3, *RESNET50.input_shape)
+    for image, row in zip(images, batch, strict=True):
+        assert torch.equal(row, preprocess_tensor(image, RESNET50))
+
+
+def test_a_wrong_batch_is_refused_with_the_expected_shape() -> None:
+    with pytest.raises(ValueError, match=r"expected \(k, 3, H, W\) uint8 images, got \(3, 10, 10\)"):
+        preprocess_batch(torch.zeros(3, 10, 10, dtype=torch.uint8), RESNET50)
