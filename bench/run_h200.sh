@@ -37,6 +37,11 @@ STEPS=${STEPS:-"gpu-tests torchvision engine e2e stalls protocols jpeg"}
 } > "$OUT/env.txt" 2>&1
 step() { [[ " $STEPS " == *" $1 "* ]]; }
 started=$SECONDS
+if step jpeg-stages; then  # issue 26: the GPU JPEG decoder's stages, one batch at a time, then under load
+  timeout "${JPEG_STAGES_S:-120}" python3 bench/jpeg_stages.py --out "$OUT/jpeg-stages" ${JPEG_STAGES_ARGS:-} \
+    > "$OUT/jpeg-stages.log" 2>&1
+  echo "jpeg stages: rc=$? at $((SECONDS - started)) s"; cat "$OUT/jpeg-stages.log" | cut -c1-400
+fi
 if step gpu-tests; then  # tests/gpu only: the CPU suite's protocol tests need tritonclient, which that machine lacks
   timeout "${GPU_TESTS_S:-290}" python3 -m pytest -m gpu -v -p no:cacheprovider --durations=20 ${GPU_TESTS:-tests/gpu} \
     > "$OUT/pytest-gpu.log" 2>&1

@@ -1,0 +1,134 @@
+"""Where a batch of JPEG uploads spends its time in the GPU decoder (app/codecs/gpu_jpeg.py), stage by stage.
+
+The service's JPEG uploads reach ~0.1× of ResNet-50's engine peak (run 21a: 2,256 img/s at 256
+connections, handler 127 ms of which 0.3 ms queue wait: the requests wait for the decoder). This
+times, on the device, one batch of k photos (loadtest/photos.py, 500×375, quality 90, resnet50's
+preprocess) through each stage the decoder runs, and then the whole decoder under --clients uploads
+in flight:
+
+  decode     torchvision.io.decode_jpeg([k tensors], device): nvJPEG (its hardware engine where the
+             GPU has one), host parse and its own stream synchronize included
+  resize     per image: preprocess_tensor, k times (the decoder before 367b6d7)
+  resize_batched   preprocess_batch on the stacked (k, C, H, W): what the decoder does now
+  copy_out   (k, C, 224, 224) → pinned host
+  decoder    GpuJpegDecoder.decode from --clients coroutines for --seconds: img/s and mean batch,
+             at each --max-batches
+
+Stage times are wall-clock medians with the device synchronized around each (a benchmark's own
+synchronize; the service never calls one). Writes <out>/jpeg-stages.json.
+
+    python3 bench/jpeg_stages.py --out $OUT/jpeg-stages
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from app.codecs.preprocess import preprocess_batch, preprocess_tensor
+from app.repository import read_repository
+from loadtest.photos import encode, synthetic_photo
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def timed(run: Callable[[], object], repeats: int) -> float:
+    """Median ms of `run`, the device synchronized before and after each."""
+    times = []
+    for _ in range(repeats + 2):  # two warm-ups
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        run()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - started) * 1000)
+    return round(statistics.median(times[2:]), 3)
+
+
+def stages(photos: list[bytes], spec: Any, device: torch.device, k: int, repeats: int) -> dict[str, float]:
+    import torchvision.io
+
+    encoded = [torch.frombuffer(bytearray(photos[i % len(photos)]), dtype=torch.uint8) for i in range(k)]
+    mode = torchvision.io.ImageReadMode.RGB
+    decoded = torchvision.io.decode_jpeg(encoded, mode=mode, device=device)  # k (3, 375, 500) uint8
+    stacked = torch.stack(decoded)
+    pixels = preprocess_batch(stacked, spec)
+    host = torch.empty(pixels.shape, dtype=torch.uint8, pin_memory=True)
+    result = {
+        "decode": timed(lambda: torchvision.io.decode_jpeg(encoded, mode=mode, device=device), repeats),
+        "resize": timed(lambda: [preprocess_tensor(image, spec) for image in decoded], repeats),
+        "resize_batched": timed(lambda: preprocess_batch(torch.stack(decoded), spec), repeats),
+        "copy_out": timed(lambda: host.copy_(pixels, non_blocking=True), repeats),
+    }
+    result["per_image_ms"] = {name: round(ms / k, 4) for name, ms in result.items()}  # type: ignore[assignment]
+    return result
+
+
+async def decoder_rate(photos: list[bytes], spec: Any, device: str, clients: int, seconds: float, max_batch: int
+                       ) -> dict[str, float]:  # fmt: skip
+    from app.codecs.gpu_jpeg import GpuJpegDecoder
+
+    decoder = GpuJpegDecoder(device, max_batch=max_batch)
+    done = 0
+    stop = time.monotonic() + seconds
+
+    async def client(i: int) -> None:
+        nonlocal done
+        while time.monotonic() < stop:
+            await decoder.decode(photos[(i + done) % len(photos)], spec)
+            done += 1
+
+    try:
+        await asyncio.gather(*(client(i) for i in range(clients)))  # warm-up: the first launches
+        done, stop = 0, time.monotonic() + seconds
+        launched = (decoder.batches_launched, decoder.images_launched)
+        started = time.monotonic()
+        await asyncio.gather(*(client(i) for i in range(clients)))
+        elapsed = time.monotonic() - started
+    finally:
+        decoder.close()
+    batches, images = decoder.batches_launched - launched[0], decoder.images_launched - launched[1]
+    return {"images_per_s": round(done / elapsed, 1), "mean_batch": round(images / max(batches, 1), 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--batches", default="1,8,32,128")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--clients", type=int, default=256)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--max-batches", default="32,128")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    spec = next(s for s in read_repository(ROOT / "models/examples/repository") if s.name == "resnet50")
+    photos = [encode(synthetic_photo(500, 375, seed=i), quality=90) for i in range(16)]
+    device = torch.device(args.device)
+    record: dict[str, Any] = {
+        "command": " ".join(["python3 bench/jpeg_stages.py", *(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items())]),
+        "gpu": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "photos": "loadtest/photos.py synthetic_photo 500×375, quality 90, 16 seeds",
+        "stages_ms": {},
+        "decoder": {},
+    }
+    for k in map(int, args.batches.split(",")):
+        record["stages_ms"][f"k{k}"] = stages(photos, spec, device, k, args.repeats)
+        print(f"k={k}: {record['stages_ms'][f'k{k}']}", flush=True)
+    for max_batch in map(int, args.max_batches.split(",")):
+        rate = asyncio.run(decoder_rate(photos, spec, args.device, args.clients, args.seconds, max_batch))
+        record["decoder"][f"max_batch_{max_batch}"] = rate
+        print(f"decoder, {args.clients} clients, max_batch {max_batch}: {rate}", flush=True)
+    (args.out / "jpeg-stages.json").write_text(json.dumps(record, indent=1))
+
+
+if __name__ == "__main__":
+    main()
