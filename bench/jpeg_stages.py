@@ -112,8 +112,9 @@ def main() -> None:
     spec = next(s for s in read_repository(ROOT / "models/examples/repository") if s.name == "resnet50")
     photos = [encode(synthetic_photo(500, 375, seed=i), quality=90) for i in range(16)]
     device = torch.device(args.device)
+    flags = vars(args).items()
     record: dict[str, Any] = {
-        "command": " ".join(["python3 bench/jpeg_stages.py", *(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items())]),
+        "command": " ".join(["python3 bench/jpeg_stages.py", *(f"--{k.replace('_', '-')} {v}" for k, v in flags)]),
         "gpu": torch.cuda.get_device_name(device),
         "torch": torch.__version__,
         "photos": "loadtest/photos.py synthetic_photo 500×375, quality 90, 16 seeds",
