@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.harness.process_cpu import TreeCpu
+from bench.harness.process_cpu import TreeCpu, role, tree
 from bench.harness.server_histograms import scrape, step_view
 from bench.resnet50_e2e import EXAMPLE, engine_peak
 from loadtest.cli_run import load_summary
@@ -130,10 +130,18 @@ class OneImage:
     def profile(self, pid: int, tag: str) -> tuple[subprocess.Popen[str], Path]:
         """py-spy on the server and its children (the workers, the engine process), from 1.5 s into a
         point for 3 s: where every running thread was, without pausing it (--nonblocking). Not --gil:
-        on the H200's Python 3.12 it kept 15 samples of 9 processes in 3 s (run 19)."""
+        on the H200's Python 3.12 it kept 15 samples of 9 processes in 3 s (run 19). Non-blocking over
+        nine processes kept 55 samples in 3 s and none of the engine process (run 21a): with
+        --profile-engine, the engine process alone, native frames too, pausing it for each sample
+        (py-spy's native unwinding needs the process stopped): its figures fall while it is watched."""
         raw = self.args.out / f"profile-{tag}.txt"
-        spy = f"sleep 1.5; exec {self.args.py_spy} record --pid {pid} --subprocesses --nonblocking "
-        spy += f"--duration 3 --rate 250 --format raw --output {raw}"
+        if self.args.profile_engine:
+            engine = [p for p in tree(pid) if role(p, pid) == "engine-process"]
+            target = f"--pid {engine[0]} --native" if engine else f"--pid {pid} --subprocesses --nonblocking"
+        else:
+            target = f"--pid {pid} --subprocesses --nonblocking"
+        spy = f"sleep 1.5; exec {self.args.py_spy} record {target} "
+        spy += f"--duration 3 --rate {100 if self.args.profile_engine else 250} --format raw --output {raw}"
         return subprocess.Popen(["sh", "-c", spy], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), raw
 
     @staticmethod
@@ -239,6 +247,7 @@ def main() -> None:
     add("--hey", default=".gpu/bin/hey")
     add("--perf-analyzer", default="/tmp/site/perf_analyzer/bin/perf_analyzer")
     add("--profile", default="", help="kinds whose points py-spy profiles (server and children), e.g. raw")
+    add("--profile-engine", action="store_true", help="profile the engine process alone, native frames too")
     add("--py-spy", default="/tmp/site/bin/py-spy")
     add("--variants", default="", help="servers with other settings, 'name=CGSERVE_X=1,CGSERVE_Y=2;name2=…'")
     add("--variant-kinds", default="raw", help="load kinds run against each variant")
