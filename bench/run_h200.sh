@@ -6,15 +6,14 @@
 #   STEPS=profile PROFILES="noop-json=--target noop;ours-json=--compile none": py-spy per server (bench/profile_server.py)
 #   Issue 26 (ResNet-50, one image a request; py-spy on every server process during the raw points):
 #     STEPS="gpu-tests one-image" ONE_IMAGE_ARGS="--profile raw" bash bench/run_h200.sh
-#   What run 20 left (two calls): the GPU tests not run on the last tree, then the service-level GPU
-#   tests with three batches in flight (CGSERVE_IN_FLIGHT reaches the Settings and every server the
-#   tests start; test_cuda_engine.py's own engines are built with two whatever it says; engine_peak
-#   reads Settings, so that call's peak is a three-slot one):
-#     STEPS=gpu-tests GPU_TESTS_S=560 GPU_TESTS="tests/gpu/test_gpu_jpeg.py tests/gpu/test_compiled_graphs.py \
-#       tests/gpu/test_tune_gpu.py" bash bench/run_h200.sh
-#     CGSERVE_IN_FLIGHT=3 STEPS="gpu-tests one-image" GPU_TESTS_S=300 GPU_TESTS="tests/gpu/test_model_control_gpu.py \
-#       tests/gpu/test_capture_while_serving.py tests/gpu/test_cuda_engine.py" ONE_IMAGE_S=270 ONE_IMAGE_BUDGET_S=220 \
-#       ONE_IMAGE_ARGS="--kinds raw,v2-grpc --concurrencies 256,1024 --profile raw" bash bench/run_h200.sh
+#   What run 21 left (issue 26): where the engine process's time goes while it decodes JPEG uploads
+#   (native frames, the engine process alone), then the GPU tests not run on the last tree:
+#     CGSERVE_COMPILE=none STEPS="one-image" ONE_IMAGE_S=200 ONE_IMAGE_BUDGET_S=150 \
+#       ONE_IMAGE_ARGS="--kinds jpeg --concurrencies 256 --p99-fraction 0 --profile jpeg --profile-engine" bash bench/run_h200.sh
+#     STEPS=gpu-tests GPU_TESTS_S=560 GPU_TESTS="tests/gpu/test_model_control_gpu.py tests/gpu/test_capture_while_serving.py \
+#       tests/gpu/test_model_control_engine_process_gpu.py tests/gpu/test_device_faults.py tests/gpu/test_model_formats_gpu.py \
+#       tests/gpu/test_gpu_metrics_nvml.py tests/gpu/test_named_outputs_gpu.py" bash bench/run_h200.sh
+#   The decoder's stages on the device: STEPS=jpeg-stages bash bench/run_h200.sh
 #   STEPS=multi-gpu on the two-GPU machine (nvidia-h200-x2): tests/gpu/test_multi_gpu.py, bench/multi_gpu_bench.py
 #   What issue 12 still lacks after run 13 (one call, ~8 minutes):
 #     STEPS="gpu-tests whole-machine" GPU_TESTS=tests/gpu/test_tune_gpu.py WHOLE_MACHINE_WORKERS=4 bash bench/run_h200.sh

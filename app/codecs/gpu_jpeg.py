@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ class _Job:
     data: bytes
     spec: ModelSpec
     future: asyncio.Future[np.ndarray]
+    arrived: float = field(default_factory=time.perf_counter)
 
 
 @dataclass(eq=False)
@@ -60,6 +62,7 @@ class _Launched:
     jobs: list[_Job]
     hosts: list[torch.Tensor | None]  # per job: pinned (C, h, w) uint8, or None where nvJPEG refused it
     done: torch.cuda.Event
+    started: float  # perf_counter at the launch, for cgserve_gpu_jpeg_batch_seconds
     errors: list[str] = field(default_factory=list)
 
 
@@ -106,6 +109,9 @@ class GpuJpegDecoder:
                 del self._pending[: self.max_batch]
                 if not jobs:  # all cancelled (their deadline passed while queued)
                     continue
+                now = time.perf_counter()
+                for job in jobs:
+                    metrics.GPU_JPEG_WAIT.observe(now - job.arrived)
                 try:
                     launched = await loop.run_in_executor(self._worker, self._launch, jobs)
                 except Exception as error:  # not nvJPEG's refusal (that is per job): a fault, 500
@@ -122,6 +128,7 @@ class GpuJpegDecoder:
 
     def _launch(self, jobs: list[_Job]) -> _Launched:
         """On the worker thread: decode, resize and start the copies out; returns before they finish."""
+        started = time.perf_counter()
         hosts: list[torch.Tensor | None] = [None] * len(jobs)
         errors: list[str] = []
         with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
@@ -137,7 +144,7 @@ class GpuJpegDecoder:
                         hosts[i] = host[row]
             done = torch.cuda.Event(blocking=True)  # its waiter thread sleeps instead of spinning a core
             done.record(self._stream)
-        return _Launched(jobs, hosts, done, errors)
+        return _Launched(jobs, hosts, done, started, errors)
 
     def _decode(
         self, jobs: list[_Job], indices: list[int], color: str, errors: list[str]
@@ -161,6 +168,7 @@ class GpuJpegDecoder:
         except Exception as error:  # a CUDA error: every request of the batch gets it (500)
             _fail(launched.jobs, error)
             return
+        metrics.GPU_JPEG_BATCH_SECONDS.observe(time.perf_counter() - launched.started)
         refused = "; ".join(launched.errors)
         for job, host in zip(launched.jobs, launched.hosts, strict=True):
             if job.future.done():

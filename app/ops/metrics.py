@@ -74,6 +74,16 @@ GPU_JPEG_BATCH_IMAGES = Histogram(
     "JPEG uploads decoded together in one nvJPEG batch.",
     buckets=ROW_BUCKETS,
 )
+GPU_JPEG_WAIT = Histogram(
+    "cgserve_gpu_jpeg_wait_seconds",
+    "From an upload's arrival at the GPU JPEG decoder to the launch of the batch that decodes it.",
+    buckets=LATENCY_BUCKETS,
+)
+GPU_JPEG_BATCH_SECONDS = Histogram(
+    "cgserve_gpu_jpeg_batch_seconds",
+    "One GPU JPEG batch from its launch to its pixels in host memory: decode, resize, copy out.",
+    buckets=LATENCY_BUCKETS,
+)
 # multiprocess_mode says how /metrics merges a gauge across workers (ignored with one process).
 # A model's versions each have their batcher and graphs: the gauges those set are per version (a name
 # the operator's repository chose, never a client's), and their sums stay the model's.

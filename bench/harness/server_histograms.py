@@ -25,6 +25,8 @@ FAMILIES = {
     "cgserve_gc_pause_seconds": "gc_pause_ms",
     "cgserve_batch_rows": "batch_rows",
     "cgserve_batch_compute_seconds": "batch_compute_ms",
+    "cgserve_gpu_jpeg_wait_seconds": "jpeg_wait_ms",
+    "cgserve_gpu_jpeg_batch_seconds": "jpeg_batch_ms",
 }
 # Families read apart by one label's value, each value its own key (`key`_`value`): the workers'
 # loops and the engine process's loop lag for different reasons.

@@ -136,6 +136,28 @@ def test_a_batch_of_mixed_sizes_and_models_answers_each_upload_as_if_alone(calls
         np.testing.assert_array_equal(got, single)
 
 
+def _observed(histogram: Any) -> tuple[float, float]:
+    """(count, sum) so far of an unlabelled histogram."""
+    samples = {s.name: s.value for metric in histogram.collect() for s in metric.samples}
+    return next(v for k, v in samples.items() if k.endswith("_count")), next(
+        v for k, v in samples.items() if k.endswith("_sum")
+    )
+
+
+def test_each_upload_s_wait_and_each_batch_s_time_are_observed(calls: list[int]) -> None:
+    # Where an upload's time goes (issue 26): waiting for a launch, or in its batch.
+    from app.ops import metrics
+
+    waits, batches = _observed(metrics.GPU_JPEG_WAIT), _observed(metrics.GPU_JPEG_BATCH_SECONDS)
+    _, decoder = decode_together(JPEGS, max_batch=5)  # three batches, one after the other
+    assert list(decoder.batch_sizes) == [5, 5, 2]
+    waited, took = _observed(metrics.GPU_JPEG_WAIT), _observed(metrics.GPU_JPEG_BATCH_SECONDS)
+    assert waited[0] - waits[0] == 12 and took[0] - batches[0] == 3
+    # The last two batches' uploads waited for the first batch's launch (a Pillow decode of five
+    # photos here): the waits add up to more than nothing, and so do the batches.
+    assert waited[1] > waits[1] and took[1] > batches[1]
+
+
 def test_one_refused_upload_is_retried_alone_and_only_it_falls_back(calls: list[int]) -> None:
     results, decoder = decode_together([JPEGS[1], BAD, JPEGS[2]])
     assert list(decoder.batch_sizes) == [3] and calls == [3, 1, 1, 1]  # the batch, then one image at a time
