@@ -6,10 +6,11 @@
 #   STEPS=profile PROFILES="noop-json=--target noop;ours-json=--compile none": py-spy per server (bench/profile_server.py)
 #   Issue 26 (ResNet-50, one image a request; py-spy on every server process during the raw points):
 #     STEPS="gpu-tests one-image" ONE_IMAGE_ARGS="--profile raw" bash bench/run_h200.sh
-#   What run 21 left (issue 26): where the engine process's time goes while it decodes JPEG uploads
-#   (native frames, the engine process alone), then the GPU tests not run on the last tree:
-#     CGSERVE_COMPILE=none STEPS="one-image" ONE_IMAGE_S=200 ONE_IMAGE_BUDGET_S=150 \
-#       ONE_IMAGE_ARGS="--kinds jpeg --concurrencies 256 --p99-fraction 0 --profile jpeg --profile-engine" bash bench/run_h200.sh
+#   What run 21 left (issue 26): where JPEG uploads wait, from the decoder's own histograms (jpeg_wait_ms,
+#   jpeg_batch_ms beside every point; py-spy gave no profile of the engine process in 21a or 21d),
+#   then the GPU tests not run on the last tree:
+#     STEPS="one-image" ONE_IMAGE_S=300 ONE_IMAGE_BUDGET_S=250 ONE_IMAGE_ARGS="--kinds jpeg --concurrencies 256,1024 --p99-fraction 0" \
+#       bash bench/run_h200.sh
 #     STEPS=gpu-tests GPU_TESTS_S=560 GPU_TESTS="tests/gpu/test_model_control_gpu.py tests/gpu/test_capture_while_serving.py \
 #       tests/gpu/test_model_control_engine_process_gpu.py tests/gpu/test_device_faults.py tests/gpu/test_model_formats_gpu.py \
 #       tests/gpu/test_gpu_metrics_nvml.py tests/gpu/test_named_outputs_gpu.py" bash bench/run_h200.sh

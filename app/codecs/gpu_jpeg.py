@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 
 # 32 × a 1024² RGB JPEG (the default pixel limit) is 100 MB of decoded pixels on the device.
 MAX_BATCH = 32
+# Values a group resizes at once: its stack and float copy take 5 bytes a value on the device
+# (uint8 + float32), so 2^25 is 168 MB: 59 photos of 500×375, 10 of 1024², where one image
+# at a time took 15 MB. Past it a size's images are resized in several groups.
+RESIZE_GROUP_VALUES = 1 << 25
 RECENT_BATCHES = 1024
 READ_MODES = {"RGB": torchvision.io.ImageReadMode.RGB, "L": torchvision.io.ImageReadMode.GRAY}
 
@@ -60,7 +64,8 @@ class _Job:
 @dataclass(eq=False)
 class _Launched:
     jobs: list[_Job]
-    hosts: list[torch.Tensor | None]  # per job: pinned (C, h, w) uint8, or None where nvJPEG refused it
+    # per job: its row, (C, h, w) uint8, of its group's pinned (g, C, h, w) block; None where nvJPEG refused it
+    hosts: list[torch.Tensor | None]
     done: torch.cuda.Event
     started: float  # perf_counter at the launch, for cgserve_gpu_jpeg_batch_seconds
     errors: list[str] = field(default_factory=list)
@@ -134,7 +139,7 @@ class GpuJpegDecoder:
         with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
             for color, indices in _by_color(jobs).items():
                 decoded = self._decode(jobs, indices, color, errors)  # [(job index, (C, H_i, W_i) uint8 on the GPU)]
-                for spec, group in _by_size(jobs, decoded):
+                for spec, group in _by_model_and_size(jobs, decoded):
                     # Photos from one camera or one client share a size: one resize for all of them.
                     images = torch.stack([image for _, image in group])  # (k, C, H, W) uint8
                     pixels = preprocess_batch(images, spec)  # (k, C, h, w) uint8 on the GPU
@@ -175,7 +180,7 @@ class GpuJpegDecoder:
                 continue
             if host is None:
                 job.future.set_exception(GpuDecodeError(refused or "nvJPEG did not decode this image"))
-            else:  # a copy, so that the pinned block goes back to torch's host cache now
+            else:  # a copy: the group's pinned block goes back to torch's host cache once its last row is let go
                 job.future.set_result(np.array(host.numpy())[None])  # (1, C, h, w)
 
 
@@ -187,15 +192,21 @@ def _by_color(jobs: list[_Job]) -> dict[str, list[int]]:
     return groups
 
 
-def _by_size(
-    jobs: list[_Job], decoded: list[tuple[int, torch.Tensor]]
+def _by_model_and_size(
+    jobs: list[_Job], decoded: list[tuple[int, torch.Tensor]], *, max_values: int = RESIZE_GROUP_VALUES
 ) -> list[tuple[ModelSpec, list[tuple[int, torch.Tensor]]]]:
-    """Decoded images by (model, decoded size): each group resized together, as one (k, C, H, W) batch."""
-    groups: dict[tuple[int, tuple[int, ...]], tuple[ModelSpec, list[tuple[int, torch.Tensor]]]] = {}
+    """Decoded images by (model, decoded size), each group resized together as one (k, C, H, W) batch of
+    at most `max_values` values (one image at least)."""
+    open_groups: dict[tuple[int, tuple[int, ...]], list[tuple[int, torch.Tensor]]] = {}
+    groups: list[tuple[ModelSpec, list[tuple[int, torch.Tensor]]]] = []
     for i, image in decoded:
-        spec = jobs[i].spec
-        groups.setdefault((id(spec), tuple(image.shape)), (spec, []))[1].append((i, image))
-    return list(groups.values())
+        spec, key = jobs[i].spec, (id(jobs[i].spec), tuple(image.shape))
+        group = open_groups.get(key)
+        if group is None or (len(group) + 1) * image.numel() > max_values:
+            group = open_groups[key] = []
+            groups.append((spec, group))
+        group.append((i, image))
+    return groups
 
 
 def _fail(jobs: list[_Job], error: BaseException) -> None:

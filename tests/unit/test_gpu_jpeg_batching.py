@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import io
 import sys
+import time
 import types
 from collections.abc import Iterator
 from enum import Enum
@@ -28,6 +29,7 @@ from app.codecs.bodies import decode_image
 from app.errors import GpuDecodeError
 from loadtest.photos import encode, synthetic_photo
 from tests.unit.test_image_upload import RESNET50
+from tests.unit.test_loop_lag import _count, _sum
 
 JPEGS = [encode(synthetic_photo(320, 240, seed=i), quality=90) for i in range(12)]
 BAD = JPEGS[0][:600] + b"\xff\xd0\xff\xc4" + bytes(len(JPEGS[0]) - 606) + JPEGS[0][-2:]  # Pillow refuses it
@@ -136,26 +138,40 @@ def test_a_batch_of_mixed_sizes_and_models_answers_each_upload_as_if_alone(calls
         np.testing.assert_array_equal(got, single)
 
 
-def _observed(histogram: Any) -> tuple[float, float]:
-    """(count, sum) so far of an unlabelled histogram."""
-    samples = {s.name: s.value for metric in histogram.collect() for s in metric.samples}
-    return next(v for k, v in samples.items() if k.endswith("_count")), next(
-        v for k, v in samples.items() if k.endswith("_sum")
-    )
-
-
-def test_each_upload_s_wait_and_each_batch_s_time_are_observed(calls: list[int]) -> None:
-    # Where an upload's time goes (issue 26): waiting for a launch, or in its batch.
+def test_an_upload_s_wait_for_its_launch_and_each_batch_s_time_are_observed(
+    calls: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Where an upload's time goes (issue 26). A clock that nvJPEG's stand-in moves on by 1 s a call:
+    # twelve uploads arrive at 0, batches of five launch at 0, 1 and 2 → waits 5 × 0 + 5 × 1 + 2 × 2.
     from app.ops import metrics
 
-    waits, batches = _observed(metrics.GPU_JPEG_WAIT), _observed(metrics.GPU_JPEG_BATCH_SECONDS)
-    _, decoder = decode_together(JPEGS, max_batch=5)  # three batches, one after the other
+    clock = [0.0]
+    decode_jpeg = sys.modules["torchvision"].io.decode_jpeg
+
+    def slow_decode_jpeg(encoded: list[torch.Tensor], **options: Any) -> list[torch.Tensor]:
+        clock[0] += 1.0
+        return decode_jpeg(encoded, **options)
+
+    monkeypatch.setattr(sys.modules["torchvision"].io, "decode_jpeg", slow_decode_jpeg)
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])  # before gpu_jpeg is imported: _Job reads it
+    waits, batches = metrics.GPU_JPEG_WAIT, metrics.GPU_JPEG_BATCH_SECONDS
+    before = (_count(waits), _sum(waits), _count(batches), _sum(batches))
+    _, decoder = decode_together(JPEGS, max_batch=5)
     assert list(decoder.batch_sizes) == [5, 5, 2]
-    waited, took = _observed(metrics.GPU_JPEG_WAIT), _observed(metrics.GPU_JPEG_BATCH_SECONDS)
-    assert waited[0] - waits[0] == 12 and took[0] - batches[0] == 3
-    # The last two batches' uploads waited for the first batch's launch (a Pillow decode of five
-    # photos here): the waits add up to more than nothing, and so do the batches.
-    assert waited[1] > waits[1] and took[1] > batches[1]
+    assert (_count(waits) - before[0], _sum(waits) - before[1]) == (12, 9.0)
+    assert _count(batches) - before[2] == 3 and _sum(batches) - before[3] >= 3.0  # each took its 1 s at least
+
+
+def test_a_size_s_images_are_resized_in_groups_of_at_most_the_budget(calls: list[int]) -> None:
+    from app.codecs.gpu_jpeg import _by_model_and_size, _Job
+
+    jobs = [_Job(b"", RESNET50, None) for _ in range(6)]  # type: ignore[arg-type]
+    small, large = torch.zeros(3, 4, 4, dtype=torch.uint8), torch.zeros(3, 8, 8, dtype=torch.uint8)
+    decoded = [(0, small), (1, large), (2, small), (3, small), (4, small), (5, small)]
+    groups = _by_model_and_size(jobs, decoded, max_values=2 * small.numel())
+    assert [[i for i, _ in group] for _, group in groups] == [[0, 2], [1], [3, 4], [5]]
+    # An image over the budget on its own is still one group of one.
+    assert [len(g) for _, g in _by_model_and_size(jobs, decoded[:2], max_values=1)] == [1, 1]
 
 
 def test_one_refused_upload_is_retried_alone_and_only_it_falls_back(calls: list[int]) -> None:
