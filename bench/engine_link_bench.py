@@ -12,6 +12,12 @@ GPU finishing a batch would. No HTTP, no torch: what is measured is the design.
     link_us_per_request    this process's (the worker's side of the link, and the clients)
     requests_per_s         closed loop, --concurrency requests in flight
 
+--flow jpeg sends each request as a worker sends a JPEG upload when the engine process owns the
+GPU's decoder: its encoded bytes (a 500×375 photo, quality 90) to the host's decoder, which a
+stand-in plays (batches every --tick-ms like the batcher; per upload it copies the bytes as
+nvJPEG's input and hands back a fresh (1, 3, 224, 224) array as the real one does), then the
+pixels that came back as any request's rows: the engine process's cost an upload, without the GPU.
+
 --tree runs both sides from a copy of the repository (the code before a change), so before and
 after are measured on one machine in one run (`git archive <commit> | tar -x -C DIR`).
 
@@ -74,6 +80,41 @@ class StandInBatcher:
                     future.set_result(np.zeros((k, CLASSES), np.float32))
 
 
+class StandInDecoder:
+    """The GPU JPEG decoder as the host sees it (app/codecs/uploads.py's JpegBatchDecoder): uploads
+    queue, and every tick_s all of them are "decoded" together. Per upload the copies the real one
+    makes on the host: its bytes into a writable buffer (torch.frombuffer's input) and the pixels
+    out of the pinned block into a new array."""
+
+    def __init__(self, tick_s: float) -> None:
+        self.tick_s = tick_s
+        self.pixels = np.random.default_rng(1).integers(0, 256, (1, *SHAPE), dtype=np.uint8)
+        self.waiting: list[tuple[Any, np.ndarray | None, asyncio.Future[np.ndarray]]] = []
+
+    async def decode(self, data: Any, spec: Any, out: np.ndarray | None = None) -> np.ndarray:
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        self.waiting.append((data, out, future))
+        return await future
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_s)
+            batch, self.waiting = self.waiting, []
+            for data, out, future in batch:
+                if not (isinstance(data, memoryview) and not data.readonly):  # as gpu_jpeg's _writable
+                    bytearray(data)
+                if future.done():
+                    continue
+                if out is not None:  # the code since the decoder writes into the caller's buffer
+                    np.copyto(out, self.pixels)
+                    future.set_result(out)
+                else:
+                    future.set_result(np.array(self.pixels))
+
+    def close(self) -> None:
+        pass
+
+
 class StandInModel(SimpleNamespace):
     """A served model's stand-in, hashable by identity as ServedModel is (the host keys its ids by it)."""
 
@@ -95,11 +136,12 @@ async def host(socket_path: str, tick_s: float) -> None:
         pass
 
     settings = SimpleNamespace(queue_limit=10**9, model_control="none", model_repository=Path("."))
+    decoder = StandInDecoder(tick_s)
     service = SimpleNamespace(models={"m": served}, versions={"m": {"1": served}}, failure=None, on_install=[],
-                              wait_started=started, jpeg_decoder=None, settings=settings)  # fmt: skip
+                              wait_started=started, jpeg_decoder=decoder, settings=settings)  # fmt: skip
     # Since model control, a connection belongs to the engine process's host (its table of served models).
     owner = engine_host.EngineHost(service) if hasattr(engine_host, "EngineHost") else service
-    ticker = asyncio.create_task(batcher.run())
+    tickers = [asyncio.create_task(batcher.run()), asyncio.create_task(decoder.run())]
 
     async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await engine_host.WorkerConnection(owner, reader, writer).run()
@@ -109,7 +151,8 @@ async def host(socket_path: str, tick_s: float) -> None:
     try:
         await asyncio.Event().wait()
     finally:
-        ticker.cancel()
+        for ticker in tickers:
+            ticker.cancel()
         server.close()
 
 
@@ -123,20 +166,27 @@ def own_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def drive(socket_path: str, segments: str, concurrency: int, seconds: float, host_pid: int) -> dict[str, Any]:
+async def drive(socket_path: str, segments: str, concurrency: int, seconds: float, host_pid: int, flow: str
+                ) -> dict[str, Any]:  # fmt: skip
     from app.engine_process.client import EngineLink
+    from loadtest.photos import encode, synthetic_photo
 
     link = EngineLink(socket_path, segments, on_dead=lambda why: None)
     await link.connect(timeout_s=30)
     image = np.random.default_rng(0).integers(0, 256, (1, *SHAPE), dtype=np.uint8)
     table = getattr(link, "table", None)  # the served model's id; before model control, its index 0
     model = int(table["m"]["1"]["id"]) if table else 0
+    photo = encode(synthetic_photo(500, 375), quality=90)
     answered = 0
 
     async def client(until: float) -> None:
         nonlocal answered
         while time.monotonic() < until:
-            await link.send(model, image, float("inf"))
+            if flow == "jpeg":  # as RemoteJpegDecoder, then the route's submit, do it
+                pixels = await link.decode(model, photo, image.nbytes)
+                await link.send(model, pixels, float("inf"))
+            else:
+                await link.send(model, image, float("inf"))
             answered += 1
 
     await asyncio.gather(*(client(time.monotonic() + 1.0) for _ in range(concurrency)))  # warm-up
@@ -147,6 +197,7 @@ async def drive(socket_path: str, segments: str, concurrency: int, seconds: floa
     host_s, own_s = cpu_seconds(host_pid) - host_before, own_cpu_seconds() - own_before
     await link.close()
     return {
+        "flow": flow,
         "concurrency": concurrency,
         "requests_per_s": round(answered / elapsed, 1),
         "host_us_per_request": round(host_s / answered * 1e6, 1),
@@ -162,7 +213,8 @@ def main() -> None:
     p.add_argument("--label", default="this checkout")
     p.add_argument("--concurrencies", default="1,8,64,256")
     p.add_argument("--seconds", type=float, default=3.0)
-    p.add_argument("--tick-ms", type=float, default=2.0, help="the stand-in's batch time (default %(default)s)")
+    p.add_argument("--tick-ms", type=float, default=2.0, help="the stand-ins' batch time (default %(default)s)")
+    p.add_argument("--flows", default="raw", help="raw (pixels a request) and/or jpeg (an upload: decode, then infer)")
     p.add_argument("--role", choices=("driver", "host"), default="driver", help=argparse.SUPPRESS)
     p.add_argument("--socket", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -180,12 +232,13 @@ def main() -> None:
                               "tree": str(tree), "points": []}  # fmt: skip
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "listening"
-        for concurrency in (int(c) for c in args.concurrencies.split(",")):
-            (work / f"segments-{concurrency}").mkdir()
-            point = asyncio.run(drive(socket_path, str(work / f"segments-{concurrency}"), concurrency, args.seconds,
-                                      child.pid))  # fmt: skip
-            record["points"].append(point)
-            print(f"{args.label}: {point}", flush=True)
+        for flow in args.flows.split(","):
+            for concurrency in (int(c) for c in args.concurrencies.split(",")):
+                segments = work / f"segments-{flow}-{concurrency}"
+                segments.mkdir()
+                point = asyncio.run(drive(socket_path, str(segments), concurrency, args.seconds, child.pid, flow))
+                record["points"].append(point)
+                print(f"{args.label}: {point}", flush=True)
     finally:
         child.kill()
     if args.out is not None:

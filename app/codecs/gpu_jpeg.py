@@ -55,9 +55,10 @@ READ_MODES = {"RGB": torchvision.io.ImageReadMode.RGB, "L": torchvision.io.Image
 
 @dataclass(eq=False)
 class _Job:
-    data: bytes
+    data: bytes | memoryview
     spec: ModelSpec
     future: asyncio.Future[np.ndarray]
+    out: np.ndarray | None  # where the caller wants the (1, C, h, w) pixels written, or None: a new array
     arrived: float = field(default_factory=time.perf_counter)
 
 
@@ -89,12 +90,17 @@ class GpuJpegDecoder:
         self._collector: asyncio.Task[None] | None = None
         self._handing_back: set[asyncio.Task[None]] = set()
 
-    async def decode(self, data: bytes, spec: ModelSpec) -> np.ndarray:
-        """A JPEG → (1, C, h, w) uint8 per the spec's [preprocess]; GpuDecodeError if nvJPEG refused it."""
+    async def decode(self, data: bytes | memoryview, spec: ModelSpec, out: np.ndarray | None = None) -> np.ndarray:
+        """A JPEG → (1, C, h, w) uint8 per the spec's [preprocess]; GpuDecodeError if nvJPEG refused it.
+
+        `data` is read until the decode is launched; a writable memoryview is read in place (the
+        engine process passes the worker's segment), anything else is copied once. `out`, a
+        (1, C, h, w) uint8 array, receives the pixels and is returned (it may share `data`'s memory:
+        it is written after the decode has read it); without it a new array is."""
         if self._collector is None or self._collector.done():  # first upload (or a collector that died)
             self._collector = asyncio.create_task(self._collect(), name="gpu-jpeg-collector")
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Job(data, spec, future))
+        self._pending.append(_Job(data, spec, future, out))
         self._arrived.set()
         return await future
 
@@ -155,8 +161,7 @@ class GpuJpegDecoder:
         self, jobs: list[_Job], indices: list[int], color: str, errors: list[str]
     ) -> list[tuple[int, torch.Tensor]]:
         """(job index, (C, H, W) uint8 on the GPU) for each image nvJPEG decodes; its refusals in `errors`."""
-        # bytearray: torch.frombuffer wants a writable buffer; the copy is small beside the decode.
-        encoded = [torch.frombuffer(bytearray(jobs[i].data), dtype=torch.uint8) for i in indices]
+        encoded = [torch.frombuffer(_writable(jobs[i].data), dtype=torch.uint8) for i in indices]
         try:
             decoded = torchvision.io.decode_jpeg(encoded, mode=READ_MODES[color], device=self.device)
             return list(zip(indices, decoded, strict=True))
@@ -180,8 +185,16 @@ class GpuJpegDecoder:
                 continue
             if host is None:
                 job.future.set_exception(GpuDecodeError(refused or "nvJPEG did not decode this image"))
+            elif job.out is not None:  # the caller's buffer: the engine process's segment for the worker
+                np.copyto(job.out, host.numpy()[None])
+                job.future.set_result(job.out)
             else:  # a copy: the group's pinned block goes back to torch's host cache once its last row is let go
                 job.future.set_result(np.array(host.numpy())[None])  # (1, C, h, w)
+
+
+def _writable(data: bytes | memoryview) -> bytearray | memoryview:
+    """What torch.frombuffer takes without a warning: a writable buffer, `data` itself where it is one."""
+    return data if isinstance(data, memoryview) and not data.readonly else bytearray(data)
 
 
 def _by_color(jobs: list[_Job]) -> dict[str, list[int]]:

@@ -33,8 +33,9 @@ JPEG_END = b"\xff\xd9"  # EOI; byte stuffing keeps it out of the entropy-coded d
 
 
 class JpegBatchDecoder(Protocol):
-    async def decode(self, data: bytes, spec: ModelSpec) -> np.ndarray:
-        """A JPEG → (1, C, H, W) uint8 per the spec's [preprocess]; GpuDecodeError if nvJPEG refused it."""
+    async def decode(self, data: bytes | memoryview, spec: ModelSpec, out: np.ndarray | None = None) -> np.ndarray:
+        """A JPEG → (1, C, H, W) uint8 per the spec's [preprocess], written into `out` where given;
+        GpuDecodeError if nvJPEG refused it."""
         ...
 
     def close(self) -> None: ...

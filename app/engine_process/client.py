@@ -224,7 +224,7 @@ class EngineLink:
         header = frames.INFER_HEADER.pack(frame_id, deadline, dtype, model, *shape, segment.index)
         writer.write(frames.frame(frames.INFER, header))
 
-    def decode(self, model: int, data: bytes, pixel_bytes: int) -> asyncio.Future[np.ndarray]:
+    def decode(self, model: int, data: bytes | memoryview, pixel_bytes: int) -> asyncio.Future[np.ndarray]:
         """Send an upload's encoded bytes to the engine process's GPU decoder; the future of its
         (1, C, H, W) uint8 pixels, or GpuDecodeError where nvJPEG refused it (Pillow decodes it here).
         `pixel_bytes`: what the model's input takes, so that the segment can carry the pixels back."""
@@ -373,12 +373,16 @@ class RemoteJpegDecoder:
     def __init__(self, link: EngineLink) -> None:
         self.link = link
 
-    async def decode(self, data: bytes, spec: ModelSpec) -> np.ndarray:
+    async def decode(self, data: bytes | memoryview, spec: ModelSpec, out: np.ndarray | None = None) -> np.ndarray:
         """A JPEG → (1, C, H, W) uint8 per the spec's [preprocess]; GpuDecodeError if nvJPEG refused it."""
         info = self.link.table.get(spec.name, {}).get(spec.version)
         if info is None:  # unloaded meanwhile: the route's Pillow decodes it, its submit says what happened
             raise GpuDecodeError(f"{spec.name} version {spec.version} is not served by the engine process now")
-        return await self.link.decode(int(info["id"]), data, math.prod(spec.input_shape))
+        pixels = await self.link.decode(int(info["id"]), data, math.prod(spec.input_shape))
+        if out is None:
+            return pixels
+        np.copyto(out, pixels)
+        return out
 
     def close(self) -> None:
         pass  # the decoder is the engine process's

@@ -23,6 +23,7 @@ import contextlib
 import ctypes
 import itertools
 import logging
+import math
 import mmap
 import os
 import signal
@@ -197,8 +198,8 @@ class WorkerConnection:
             self.writer.write(frames.json_frame(frames.CONTROLLED, answer))
 
     async def decode(self, payload: bytes) -> None:
-        """An upload's bytes → its pixels on this process's GPU decoder, written back into the worker's
-        segment (the worker copies them out, then sends them as any request's rows)."""
+        """An upload's bytes → its pixels on this process's GPU decoder, read from and written back into
+        the worker's segment (the worker copies them out, then sends them as any request's rows)."""
         decode_id, model, length, segment = frames.DECODE_HEADER.unpack(payload)
         outcome, shape, error = frames.DECODED_OK, (0, 0, 0), b""
         try:
@@ -207,10 +208,12 @@ class WorkerConnection:
             decoder = self.service.jpeg_decoder
             if decoder is None:  # the worker asks only where HELLO said there is one
                 raise ServiceError("this engine process has no GPU JPEG decoder")
-            pixels = await decoder.decode(bytes(memory[:length]), spec)  # (1, C, H, W)
-            if pixels.nbytes > len(memory):
-                raise GpuDecodeError(f"{pixels.shape} pixels do not fit the {len(memory)}-byte segment")
-            np.copyto(np.ndarray(pixels.shape, np.uint8, buffer=memory), pixels)
+            wanted = (1, *spec.input_shape)  # (1, C, h, w) uint8: what the decoder writes
+            if math.prod(wanted) > len(memory):
+                raise GpuDecodeError(f"{wanted} pixels do not fit the {len(memory)}-byte segment")
+            # Read in place and written back in place: the worker keeps the segment until DECODED.
+            out = np.ndarray(wanted, np.uint8, buffer=memory)
+            pixels = await decoder.decode(memoryview(memory)[:length], spec, out=out)
             shape = pixels.shape[1:]
         except GpuDecodeError:
             outcome = frames.DECODE_REFUSED  # the worker's Pillow decodes it, as a refusal in-process is

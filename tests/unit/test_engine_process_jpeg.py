@@ -40,11 +40,15 @@ class PillowAsGpu:
     def __init__(self) -> None:
         self.decoded = 0
 
-    async def decode(self, data: bytes, spec: ModelSpec) -> np.ndarray:
+    async def decode(self, data: bytes | memoryview, spec: ModelSpec, out: np.ndarray | None = None) -> np.ndarray:
         if Image.open(io.BytesIO(data)).mode == "CMYK":
             raise GpuDecodeError("CMYK")
         self.decoded += 1
-        return decode_image(data, max_pixels=MAX_PIXELS, spec=spec)
+        pixels = decode_image(bytes(data), max_pixels=MAX_PIXELS, spec=spec)
+        if out is None:
+            return pixels
+        np.copyto(out, pixels)  # as the GPU decoder: into the worker's segment, which `data` is part of
+        return out
 
     def close(self) -> None:
         pass

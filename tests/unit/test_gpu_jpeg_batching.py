@@ -165,13 +165,36 @@ def test_an_upload_s_wait_for_its_launch_and_each_batch_s_time_are_observed(
 def test_a_size_s_images_are_resized_in_groups_of_at_most_the_budget(calls: list[int]) -> None:
     from app.codecs.gpu_jpeg import _by_model_and_size, _Job
 
-    jobs = [_Job(b"", RESNET50, None) for _ in range(6)]  # type: ignore[arg-type]
+    jobs = [_Job(b"", RESNET50, None, None) for _ in range(6)]  # type: ignore[arg-type]
     small, large = torch.zeros(3, 4, 4, dtype=torch.uint8), torch.zeros(3, 8, 8, dtype=torch.uint8)
     decoded = [(0, small), (1, large), (2, small), (3, small), (4, small), (5, small)]
     groups = _by_model_and_size(jobs, decoded, max_values=2 * small.numel())
     assert [[i for i, _ in group] for _, group in groups] == [[0, 2], [1], [3, 4], [5]]
     # An image over the budget on its own is still one group of one.
     assert [len(g) for _, g in _by_model_and_size(jobs, decoded[:2], max_values=1)] == [1, 1]
+
+
+def test_pixels_go_into_the_caller_s_buffer_from_bytes_read_in_place(calls: list[int]) -> None:
+    # The engine process hands the worker's segment: the upload's bytes are read from it and its
+    # pixels written back over them, (1, C, h, w) at its start.
+    from app.codecs.gpu_jpeg import GpuJpegDecoder
+
+    segment = bytearray(max(len(JPEGS[0]), 3 * 224 * 224))
+    segment[: len(JPEGS[0])] = JPEGS[0]
+    out = np.ndarray((1, 3, 224, 224), np.uint8, buffer=segment)
+
+    async def run() -> tuple[np.ndarray, np.ndarray]:
+        decoder = GpuJpegDecoder("cpu")
+        try:
+            return await decoder.decode(memoryview(segment)[: len(JPEGS[0])], RESNET50, out=out), await decoder.decode(
+                JPEGS[0], RESNET50
+            )
+        finally:
+            decoder.close()
+
+    written, alone = asyncio.run(run())
+    assert written is out
+    np.testing.assert_array_equal(np.frombuffer(segment, np.uint8, out.size).reshape(out.shape), alone)
 
 
 def test_one_refused_upload_is_retried_alone_and_only_it_falls_back(calls: list[int]) -> None:
