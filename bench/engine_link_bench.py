@@ -12,11 +12,12 @@ GPU finishing a batch would. No HTTP, no torch: what is measured is the design.
     link_us_per_request    this process's (the worker's side of the link, and the clients)
     requests_per_s         closed loop, --concurrency requests in flight
 
---flow jpeg sends each request as a worker sends a JPEG upload when the engine process owns the
+--flows jpeg sends each request as a worker sends a JPEG upload when the engine process owns the
 GPU's decoder: its encoded bytes (a 500×375 photo, quality 90) to the host's decoder, which a
 stand-in plays (batches every --tick-ms like the batcher; per upload it copies the bytes as
-nvJPEG's input and hands back a fresh (1, 3, 224, 224) array as the real one does), then the
-pixels that came back as any request's rows: the engine process's cost an upload, without the GPU.
+nvJPEG's input unless handed a writable buffer, and writes the (1, 3, 224, 224) pixels into the
+caller's buffer or a new array, as the real one does), then the pixels that came back as any
+request's rows: the engine process's cost an upload, without the GPU.
 
 --tree runs both sides from a copy of the repository (the code before a change), so before and
 after are measured on one machine in one run (`git archive <commit> | tar -x -C DIR`).

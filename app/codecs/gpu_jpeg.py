@@ -181,15 +181,19 @@ class GpuJpegDecoder:
         metrics.GPU_JPEG_BATCH_SECONDS.observe(time.perf_counter() - launched.started)
         refused = "; ".join(launched.errors)
         for job, host in zip(launched.jobs, launched.hosts, strict=True):
-            if job.future.done():
+            if job.future.done():  # cancelled meanwhile: its `out` is not written (the worker may be gone)
                 continue
             if host is None:
                 job.future.set_exception(GpuDecodeError(refused or "nvJPEG did not decode this image"))
-            elif job.out is not None:  # the caller's buffer: the engine process's segment for the worker
-                np.copyto(job.out, host.numpy()[None])
-                job.future.set_result(job.out)
-            else:  # a copy: the group's pinned block goes back to torch's host cache once its last row is let go
-                job.future.set_result(np.array(host.numpy())[None])  # (1, C, h, w)
+                continue
+            try:
+                if job.out is not None:  # the caller's buffer: the engine process's segment for the worker
+                    np.copyto(job.out, host.numpy()[None])
+                    job.future.set_result(job.out)
+                else:  # a copy: the group's pinned block goes back to torch's host cache once its last row is let go
+                    job.future.set_result(np.array(host.numpy())[None])  # (1, C, h, w)
+            except Exception as error:  # an `out` of another shape: this upload's 500, not its batch-mates' hang
+                job.future.set_exception(error)
 
 
 def _writable(data: bytes | memoryview) -> bytearray | memoryview:

@@ -225,7 +225,7 @@ class EngineLink:
         writer.write(frames.frame(frames.INFER, header))
 
     def decode(self, model: int, data: bytes | memoryview, pixel_bytes: int) -> asyncio.Future[np.ndarray]:
-        """Send an upload's encoded bytes to the engine process's GPU decoder; the future of its
+        """Send an upload's encoded bytes (a byte buffer) to the engine process's GPU decoder; the future of its
         (1, C, H, W) uint8 pixels, or GpuDecodeError where nvJPEG refused it (Pillow decodes it here).
         `pixel_bytes`: what the model's input takes, so that the segment can carry the pixels back."""
         if self.dead is not None or self._writer is None:
@@ -379,9 +379,9 @@ class RemoteJpegDecoder:
         if info is None:  # unloaded meanwhile: the route's Pillow decodes it, its submit says what happened
             raise GpuDecodeError(f"{spec.name} version {spec.version} is not served by the engine process now")
         pixels = await self.link.decode(int(info["id"]), data, math.prod(spec.input_shape))
-        if out is None:
+        if out is None:  # the routes' case: they pass none
             return pixels
-        np.copyto(out, pixels)
+        np.copyto(out, pixels)  # the Protocol's contract, at one copy more
         return out
 
     def close(self) -> None:

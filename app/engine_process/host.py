@@ -214,6 +214,8 @@ class WorkerConnection:
             # Read in place and written back in place: the worker keeps the segment until DECODED.
             out = np.ndarray(wanted, np.uint8, buffer=memory)
             pixels = await decoder.decode(memoryview(memory)[:length], spec, out=out)
+            if pixels is not out:  # a decoder that gave its own array: the worker reads the segment
+                np.copyto(out, pixels)
             shape = pixels.shape[1:]
         except GpuDecodeError:
             outcome = frames.DECODE_REFUSED  # the worker's Pillow decodes it, as a refusal in-process is

@@ -37,15 +37,16 @@ def jpeg(seed: int, mode: str = "RGB") -> bytes:
 class PillowAsGpu:
     """The engine process's decoder: Pillow's pixels, GpuDecodeError for CMYK (as nvJPEG), counted."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, writes_out: bool = True) -> None:
         self.decoded = 0
+        self.writes_out = writes_out  # False: a decoder that answers with an array of its own
 
     async def decode(self, data: bytes | memoryview, spec: ModelSpec, out: np.ndarray | None = None) -> np.ndarray:
         if Image.open(io.BytesIO(data)).mode == "CMYK":
             raise GpuDecodeError("CMYK")
         self.decoded += 1
         pixels = decode_image(bytes(data), max_pixels=MAX_PIXELS, spec=spec)
-        if out is None:
+        if out is None or not self.writes_out:
             return pixels
         np.copyto(out, pixels)  # as the GPU decoder: into the worker's segment, which `data` is part of
         return out
@@ -85,6 +86,17 @@ def test_uploads_are_decoded_by_the_engine_process_into_the_pixels_pillow_gives(
             made = len(link.pool.segments)
             await asyncio.gather(*(remote.decode(data, SPEC) for data in uploads))  # the same again
             assert len(link.pool.segments) == made  # given back and reused: no new segment for the second five
+
+    asyncio.run(scenario())
+
+
+def test_a_decoder_that_answers_with_its_own_array_still_fills_the_segment(tmp_path: Path) -> None:
+    # The worker reads the pixels from its segment: whatever array the decoder returns, they go there.
+    async def scenario() -> None:
+        async with engine_process(tmp_path, PillowAsGpu(writes_out=False)) as link:
+            data = jpeg(7)
+            pixels = await RemoteJpegDecoder(link).decode(data, SPEC)
+            np.testing.assert_array_equal(pixels, decode_image(data, max_pixels=MAX_PIXELS, spec=SPEC))
 
     asyncio.run(scenario())
 

@@ -197,6 +197,52 @@ def test_pixels_go_into_the_caller_s_buffer_from_bytes_read_in_place(calls: list
     np.testing.assert_array_equal(np.frombuffer(segment, np.uint8, out.size).reshape(out.shape), alone)
 
 
+def test_a_writable_view_is_read_in_place_and_anything_else_copied_once(calls: list[int]) -> None:
+    from app.codecs.gpu_jpeg import _writable
+
+    segment = bytearray(JPEGS[0])
+    view = memoryview(segment)
+    assert _writable(view) is view  # the engine process's segment: no copy
+    assert isinstance(_writable(JPEGS[0]), bytearray)  # bytes: one copy, writable
+    assert isinstance(_writable(memoryview(JPEGS[0])), bytearray)  # a read-only view: one copy
+
+
+def test_an_upload_cancelled_after_its_launch_leaves_its_buffer_unwritten(calls: list[int]) -> None:
+    # The worker gave up (disconnected) while its batch ran: its segment may be reused, not written.
+    from app.codecs.gpu_jpeg import GpuJpegDecoder
+
+    decode_jpeg = sys.modules["torchvision"].io.decode_jpeg
+    out = np.zeros((1, 3, 224, 224), np.uint8)
+
+    async def run() -> Any:
+        loop = asyncio.get_running_loop()
+        decoder = GpuJpegDecoder("cpu")
+        task: asyncio.Task[np.ndarray] | None = None
+
+        def cancel_while_decoding(encoded: list[torch.Tensor], **options: Any) -> list[torch.Tensor]:
+            assert task is not None
+            loop.call_soon_threadsafe(task.cancel)  # before the hand-back, which runs on the loop after
+            return decode_jpeg(encoded, **options)
+
+        sys.modules["torchvision"].io.decode_jpeg = cancel_while_decoding
+        try:
+            task = asyncio.ensure_future(decoder.decode(JPEGS[0], RESNET50, out=out))
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            for _ in range(200):  # its launch returns on the collector, then its hand-back runs
+                if decoder.batches_launched and not decoder._handing_back:
+                    break
+                await asyncio.sleep(0.01)
+            return decoder
+        finally:
+            sys.modules["torchvision"].io.decode_jpeg = decode_jpeg
+            decoder.close()
+
+    decoder = asyncio.run(run())
+    assert list(decoder.batch_sizes) == [1]  # it was launched
+    assert not out.any()
+
+
 def test_one_refused_upload_is_retried_alone_and_only_it_falls_back(calls: list[int]) -> None:
     results, decoder = decode_together([JPEGS[1], BAD, JPEGS[2]])
     assert list(decoder.batch_sizes) == [3] and calls == [3, 1, 1, 1]  # the batch, then one image at a time
