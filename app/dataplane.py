@@ -75,6 +75,11 @@ class NowCodec(Codec[WireIn, AnswerOut], Protocol[WireIn, AnswerOut]):
 
     def decode_now(self, request: WireIn, spec: ModelSpec) -> tuple[np.ndarray, Any]: ...
 
+    def decode_cheaply(self, request: WireIn, spec: ModelSpec) -> tuple[np.ndarray, Any] | None:
+        """A large request decoded at once where that costs little (a binary tensor: a view of its bytes
+        under a small header); None where the async `decode` must take it (large JSON, encoded images)."""
+        ...
+
 
 class DataPlane:
     def __init__(self, service: Service) -> None:

@@ -14,8 +14,9 @@
 # fashion-cnn: UINT8 data as a JSON list, or the binary tensor extension).
 # Needs valgrind and hey (HEY=…, default .gpu/bin/hey); bodies: one image (loadtest/payloads.py),
 # written by PYTHON (default python3; the project's venv where python3 lacks its packages).
-# IMAGE_SHAPE=C,H,W: the raw form's body is one uint8 image of that shape instead (random pixels),
-# for a server whose default model takes it (bench/grpc_cost.py's stand-in repository, say).
+# IMAGE_SHAPE=C,H,W: the raw and v2-binary forms' body is one uint8 image of that shape instead
+# (random pixels), for a server whose default model takes it (bench/grpc_cost.py's stand-in
+# repository, say); V2_MODEL names the model the v2 forms call (default fashion-cnn).
 set -u
 name=$1; port=$2; form=$3; conc=$4; n=$5; shift 5
 hey=${HEY:-.gpu/bin/hey}
@@ -36,7 +37,12 @@ shape = '${IMAGE_SHAPE:-}'
 if shape:
     import numpy as np
     dims = [1, *map(int, shape.split(','))]
-    open('$work/body.raw', 'wb').write(np.random.default_rng(0).integers(0, 256, dims, dtype=np.uint8).tobytes())" || exit 1
+    raw = np.random.default_rng(0).integers(0, 256, dims, dtype=np.uint8).tobytes()
+    open('$work/body.raw', 'wb').write(raw)
+    tensor = {'name': 'input', 'datatype': 'UINT8', 'shape': dims, 'parameters': {'binary_data_size': len(raw)}}
+    header = orjson.dumps({'inputs': [tensor]})
+    open('$work/body.v2-binary', 'wb').write(header + raw)
+    open('$work/header-length', 'w').write(str(len(header)))" || exit 1
 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/cg.out" -q "$@" > "$work/server.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 300); do curl -sf "http://127.0.0.1:$port/readyz" > /dev/null && break; sleep 0.5; done
@@ -44,8 +50,8 @@ sleep 20  # whatever the server starts in the background after it is ready (the 
 type=application/json; path=/predict; extra=()
 case $form in
   raw) type=application/octet-stream ;;
-  v2-json) path=/v2/models/fashion-cnn/infer ;;
-  v2-binary) path=/v2/models/fashion-cnn/infer; type=application/octet-stream
+  v2-json) path=/v2/models/${V2_MODEL:-fashion-cnn}/infer ;;
+  v2-binary) path=/v2/models/${V2_MODEL:-fashion-cnn}/infer; type=application/octet-stream
     extra=(-H "Inference-Header-Content-Length: $(cat "$work/header-length")") ;;
 esac
 send() { "$hey" -n "$1" -c "$conc" -m POST -T "$type" "${extra[@]}" -D "$work/body.$form" "http://127.0.0.1:$port$path"; }

@@ -65,7 +65,8 @@ class InlineRequest:
 
 # A body up to this is decoded on the loop as it completes; a larger one (up to INLINE_BODY_LIMIT) in
 # a task by the codec's async decode, where JSON and encoded images (v2 BYTES tensors) may leave the
-# loop. A raw /predict body is a view of its bytes whatever its size: always decoded at once.
+# loop. A raw /predict body is a view of its bytes whatever its size: always decoded at once, as is a
+# v2 binary tensor under a small JSON header (the codec's decode_cheaply).
 DECODE_NOW_BYTES = 64 * 1024
 
 
@@ -122,13 +123,16 @@ class InlinePredict:
         header_length = None if request.header_length is None else request.header_length.decode("latin-1")
         wire = HttpBody(body, media, scope["query_string"].decode("latin-1"), header_length)
         batcher, served = request.batcher, request.served
-        if request.form != "raw" and len(body) > DECODE_NOW_BYTES:  # JSON, or encoded images in a v2 tensor
-            request.decoding = asyncio.get_running_loop().create_task(
-                self._decode_and_queue(request, wire, batcher, served)
-            )
-            return
-        try:  # the codec's own decode, here and now
-            images, request.asked = request.codec.decode_now(wire, served.spec)
+        try:  # the codec's own decode, here and now where it is cheap
+            if request.form == "raw" or len(body) <= DECODE_NOW_BYTES:
+                images, request.asked = request.codec.decode_now(wire, served.spec)
+            elif (decoded := request.codec.decode_cheaply(wire, served.spec)) is not None:  # a v2 binary tensor
+                images, request.asked = decoded
+            else:  # JSON, or encoded images in a v2 tensor: off the loop where the codec takes them
+                request.decoding = asyncio.get_running_loop().create_task(
+                    self._decode_and_queue(request, wire, batcher, served)
+                )
+                return
         except Exception as error:
             self._refuse(request, error)
             return

@@ -50,6 +50,7 @@ def v2_binary(raw: bytes, **document: object) -> tuple[bytes, dict[str, str]]:
 
 
 BINARY_BODY, BINARY_HEADERS = v2_binary(RAW * 2, parameters={"binary_data_output": True})
+LARGE_BINARY = v2_binary(RAW * 100, parameters={"binary_data_output": True})
 
 # (path, content type, body, extra headers): answered inline where the default allows, and refused alike.
 CASES = [
@@ -92,6 +93,10 @@ CASES = [
     (V2, JSON, v2_json(data=[1, 2]), {}),  # 400: too few elements
     (V2, JSON, v2_json(outputs=[{"name": "logits"}]), {}),  # 400, after the batch: no such output
     (V2, OCTETS, BINARY_BODY, {"inference-header-content-length": "999999"}),  # 400: past the body
+    # Past 64 KiB a binary tensor under a small header is decoded at once (decode_cheaply): the same answers.
+    (V2, OCTETS, *v2_binary(RAW * 100)),  # 78 KB, 100 images
+    (V2, OCTETS, LARGE_BINARY[0][:-1], LARGE_BINARY[1]),  # 400: binary_data_size past the section
+    (V2, OCTETS, LARGE_BINARY[0], {"inference-header-content-length": "x"}),  # 400: not a length
 ]
 
 

@@ -57,6 +57,10 @@ class PredictCodec:
         """A small JSON or raw body, here and now."""
         return decode_bytes(request, spec, self.max_instances), None
 
+    def decode_cheaply(self, request: HttpBody, spec: ModelSpec) -> None:
+        """A large JSON body or an upload: the async decode's (a raw body is decoded now whatever its size)."""
+        return None
+
     def encode(self, scores: np.ndarray, asked: None, served: ServedModel, engine: str) -> HttpAnswer:
         return HttpAnswer(200, encode_predictions(scores, model=served.spec.name, engine=engine, spec=served.spec))
 

@@ -100,7 +100,7 @@ def json_elements(datatype: str, data: object, spec: ModelSpec) -> np.ndarray:
     return array.reshape(-1).astype(DATATYPES.get(datatype, np.dtype("<f4")))
 
 
-def binary_elements(datatype: str, raw: bytes) -> np.ndarray:
+def binary_elements(datatype: str, raw: bytes | memoryview) -> np.ndarray:
     """Raw little-endian bytes (binary_tensor_data, raw_input_contents) → a flat array, no copy."""
     dtype = DATATYPES.get(datatype, np.dtype(np.uint8))
     if len(raw) % dtype.itemsize:
