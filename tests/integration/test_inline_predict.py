@@ -52,6 +52,21 @@ def v2_binary(raw: bytes, **document: object) -> tuple[bytes, dict[str, str]]:
 BINARY_BODY, BINARY_HEADERS = v2_binary(RAW * 2, parameters={"binary_data_output": True})
 LARGE_BINARY = v2_binary(RAW * 100, parameters={"binary_data_output": True})
 
+
+def v2_binary_of(datatype: str, shape: list[int], section: bytes) -> tuple[bytes, dict[str, str]]:
+    """The binary tensor extension for any datatype: FP32 values, or BYTES (length-prefixed encoded images)."""
+    tensor = {"name": "input", "datatype": datatype, "shape": shape, "parameters": {"binary_data_size": len(section)}}
+    header = orjson.dumps({"inputs": [tensor]})
+    return header + section, {"inference-header-content-length": str(len(header))}
+
+
+def png_of(seed: int) -> bytes:
+    buffer = io.BytesIO()
+    noise = np.random.default_rng(seed).integers(0, 256, (150, 150, 3), dtype=np.uint8)  # ~68 KB as a PNG
+    Image.fromarray(noise).save(buffer, format="PNG")
+    return len(buffer.getvalue()).to_bytes(4, "little") + buffer.getvalue()
+
+
 # (path, content type, body, extra headers): answered inline where the default allows, and refused alike.
 CASES = [
     ("/predict", JSON, JSON_BODY, {}),
@@ -97,6 +112,8 @@ CASES = [
     (V2, OCTETS, *v2_binary(RAW * 100)),  # 78 KB, 100 images
     (V2, OCTETS, LARGE_BINARY[0][:-1], LARGE_BINARY[1]),  # 400: binary_data_size past the section
     (V2, OCTETS, LARGE_BINARY[0], {"inference-header-content-length": "x"}),  # 400: not a length
+    (V2, OCTETS, *v2_binary_of("FP32", [30, 1, 28, 28], np.tile(IMAGE / 255, 30).astype(np.float32).tobytes())),
+    (V2, OCTETS, *v2_binary_of("BYTES", [2], png_of(1) + png_of(2))),  # encoded images: the task, the uploads' decoder
 ]
 
 

@@ -40,8 +40,6 @@ router = APIRouter(prefix="/v2", tags=["Open Inference Protocol (KServe v2)"])
 HEADER_LENGTH = "inference-header-content-length"
 JSON = "application/json"
 MAX_LENGTH_DIGITS = 12  # Inference-Header-Content-Length: a terabyte; int() of 5,000 digits raises
-# A binary request's JSON header up to this is parsed on the event loop whatever the body's size.
-CHEAP_HEADER_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,16 +165,21 @@ class V2Codec:
         return images, asked
 
     def decode_cheaply(self, request: HttpBody, spec: ModelSpec) -> tuple[np.ndarray, Asked] | None:
-        """A binary-extension request whose JSON header is small and whose input is pixels or values (a
-        view of the body: one 224×224 UINT8 image is 150 KB behind ~100 bytes of JSON), here and now;
-        None for a large header, a JSON body or encoded images (BYTES), which the async decode takes."""
+        """A binary-extension request whose input is pixels or values (a view of the body: one 224×224
+        UINT8 image is 150 KB behind ~100 bytes of JSON), here and now; None for JSON tensors and for
+        encoded images (BYTES), which the async decode takes to the uploads' decoder. Its header is
+        parsed here as the async decode would parse it on the loop too (the inline path's bodies are
+        under LARGE_JSON_BYTES)."""
         length = request.header_length
-        if length is None or not (length.isascii() and length.isdigit() and len(length) <= MAX_LENGTH_DIGITS):
-            return None  # JSON tensors, or a header length parse_infer refuses (in the async decode)
-        if int(length) > CHEAP_HEADER_BYTES:
+        if length is None:
             return None
-        asked, images = parse_infer(request.body, request.header_length, spec, self.max_instances)
-        return None if isinstance(images, list) else (images, asked)  # encoded images: the uploads' decoder
+        document, binary = _split_body(request.body, length)  # InputError: what the async decode says
+        if _declares_bytes(document):
+            return None
+        images = _input(document, binary, spec, self.max_instances)
+        if isinstance(images, list):  # only a BYTES input gives encoded images, and it went above
+            return None
+        return images, asked_outputs(document, spec)
 
     def encode(self, scores: np.ndarray, asked: Asked, served: ServedModel, engine: str) -> HttpAnswer:
         content, header_length = infer_answer(asked, served.spec, scores)
@@ -317,6 +320,12 @@ def _base64_elements(data: object, spec: ModelSpec) -> list[bytes]:
         return [base64.b64decode(text, validate=True) for text in strings]
     except binascii.Error:
         raise InputError("a BYTES element is not base64", expected=tensors.expected(spec)) from None
+
+
+def _declares_bytes(document: dict[str, Any]) -> bool:
+    """Whether the request's input is encoded images (BYTES), read off its parsed header alone."""
+    inputs = document.get("inputs")
+    return isinstance(inputs, list) and any(isinstance(t, dict) and t.get("datatype") == "BYTES" for t in inputs)
 
 
 def _input(
