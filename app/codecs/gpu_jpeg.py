@@ -39,6 +39,7 @@ from app.codecs.preprocess import preprocess_batch
 from app.engines.event_waiter import EventWaiter
 from app.errors import GpuDecodeError
 from app.ops import metrics
+from app.ops.metric_buffers import BufferedHistogram
 from app.repository.model_spec import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -112,30 +113,35 @@ class GpuJpegDecoder:
 
     async def _collect(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
-            await self._arrived.wait()
-            self._arrived.clear()
-            while self._pending:
-                jobs = [job for job in self._pending[: self.max_batch] if not job.future.done()]
-                del self._pending[: self.max_batch]
-                if not jobs:  # all cancelled (their deadline passed while queued)
-                    continue
-                now = time.perf_counter()
-                for job in jobs:
-                    metrics.GPU_JPEG_WAIT.observe(now - job.arrived)
-                try:
-                    launched = await loop.run_in_executor(self._worker, self._launch, jobs)
-                except Exception as error:  # not nvJPEG's refusal (that is per job): a fault, 500
-                    log.exception("GPU JPEG batch of %d failed", len(jobs))
-                    _fail(jobs, error)
-                    continue
-                self.batch_sizes.append(len(jobs))
-                self.batches_launched += 1
-                self.images_launched += len(jobs)
-                metrics.GPU_JPEG_BATCH_IMAGES.observe(len(jobs))
-                task = asyncio.create_task(self._hand_back(launched))
-                self._handing_back.add(task)
-                task.add_done_callback(self._handing_back.discard)
+        # An observation an upload: buffered on the loop (app/ops/metric_buffers.py), made here, on it.
+        waits = BufferedHistogram(metrics.GPU_JPEG_WAIT)
+        try:
+            while True:
+                await self._arrived.wait()
+                self._arrived.clear()
+                while self._pending:
+                    jobs = [job for job in self._pending[: self.max_batch] if not job.future.done()]
+                    del self._pending[: self.max_batch]
+                    if not jobs:  # all cancelled (their deadline passed while queued)
+                        continue
+                    now = time.perf_counter()
+                    for job in jobs:
+                        waits.observe(now - job.arrived)
+                    try:
+                        launched = await loop.run_in_executor(self._worker, self._launch, jobs)
+                    except Exception as error:  # not nvJPEG's refusal (that is per job): a fault, 500
+                        log.exception("GPU JPEG batch of %d failed", len(jobs))
+                        _fail(jobs, error)
+                        continue
+                    self.batch_sizes.append(len(jobs))
+                    self.batches_launched += 1
+                    self.images_launched += len(jobs)
+                    metrics.GPU_JPEG_BATCH_IMAGES.observe(len(jobs))
+                    task = asyncio.create_task(self._hand_back(launched))
+                    self._handing_back.add(task)
+                    task.add_done_callback(self._handing_back.discard)
+        finally:
+            waits.flush()  # what it holds when the decoder closes
 
     def _launch(self, jobs: list[_Job]) -> _Launched:
         """On the worker thread: decode, resize and start the copies out; returns before they finish."""
