@@ -27,7 +27,17 @@ def test_length_prefixed_bytes_elements() -> None:
     from app.protocols.v2.tensors import length_prefixed
 
     raw = b"".join(len(e).to_bytes(4, "little") + e for e in (b"png", b"", b"jpeg!"))
-    assert length_prefixed(raw) == [b"png", b"", b"jpeg!"]
+    assert length_prefixed(raw, most=3) == [b"png", b"", b"jpeg!"]
     for broken in (raw[:-1], raw + b"\x01\x00"):
         with pytest.raises(InputError):
-            length_prefixed(broken)
+            length_prefixed(broken, most=3)
+
+
+def test_more_bytes_elements_than_a_request_may_hold_are_refused_before_they_are_split() -> None:
+    from app.errors import InputError
+    from app.protocols.v2.tensors import length_prefixed
+
+    flood = bytes(4 * 65_536)  # 65,536 empty elements in 256 KB
+    with pytest.raises(InputError) as refused:
+        length_prefixed(flood, most=1024)
+    assert refused.value.status == 413 and "more than 1024 elements" in str(refused.value)

@@ -245,7 +245,7 @@ def _input(request: Any, spec: ModelSpec, max_instances: int) -> np.ndarray | li
     tensor = request.inputs[0]
     if tensor.datatype == "BYTES":  # encoded images, decoded as uploads are
         if request.raw_input_contents:
-            elements = tensors.length_prefixed(request.raw_input_contents[0])
+            elements = tensors.length_prefixed(request.raw_input_contents[0], most=max_instances)
         else:
             elements = list(tensor.contents.bytes_contents)
         shape = list(tensor.shape)

@@ -347,7 +347,11 @@ def _input(
     if datatype == "BYTES":  # encoded images, decoded as uploads are
         binary_form = size is not None
         # bytes: each element is an upload, which the decoders read as bytes (one copy of the section)
-        elements = tensors.length_prefixed(bytes(binary)) if binary_form else _base64_elements(tensor.get("data"), spec)
+        elements = (
+            tensors.length_prefixed(bytes(binary), most=max_instances)
+            if binary_form
+            else _base64_elements(tensor.get("data"), spec)
+        )
         name = str(tensor.get("name"))
         return tensors.encoded_images(spec, name=name, shape=shape, elements=elements, max_instances=max_instances)
     if size is not None:

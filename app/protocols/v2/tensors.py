@@ -53,11 +53,20 @@ def encoded_images(
     return elements
 
 
-def length_prefixed(raw: bytes) -> list[bytes]:
+def length_prefixed(raw: bytes, *, most: int) -> list[bytes]:
     """BYTES elements as the binary extension and raw_input_contents carry them: each a 4-byte
-    little-endian length, then that many bytes."""
-    elements, at = [], 0
+    little-endian length, then that many bytes. More than `most` (the images a request may hold) is
+    refused as soon as it is seen: 256 KB of empty elements would be 65,536 slices to make first."""
+    elements: list[bytes] = []
+    at = 0
     while at < len(raw):
+        if len(elements) == most:  # the 413 of too many images, as check_count gives it for a shape
+            raise InputError(
+                f"the BYTES input holds more than {most} elements; at most {most} images are allowed in one request",
+                expected=f"one encoded image an element; at most {most} images a request (CGSERVE_MAX_INSTANCES)",
+                status=413,
+                code="too_many_instances",
+            )
         if at + 4 > len(raw):
             raise InputError("the BYTES input ends inside an element's length", expected="4-byte lengths, then bytes")
         length = int.from_bytes(raw[at : at + 4], "little")
