@@ -8,8 +8,10 @@
 #     STEPS="gpu-tests one-image" ONE_IMAGE_ARGS="--profile raw" bash bench/run_h200.sh
 #   What run 21 left (issue 26): where JPEG uploads wait, from the decoder's own histograms (jpeg_wait_ms,
 #   jpeg_batch_ms beside every point; py-spy gave no profile of the engine process in 21a or 21d),
-#   then the GPU tests not run on the last tree:
-#     STEPS="one-image" ONE_IMAGE_S=300 ONE_IMAGE_BUDGET_S=250 ONE_IMAGE_ARGS="--kinds jpeg --concurrencies 256,1024 --p99-fraction 0" \
+#   and the v2 binary and JPEG paths changed since run 21 (in-place DECODE, decode_cheaply), then the GPU
+#   tests not run on the last tree, JPEG's and the engine's first:
+#     STEPS="gpu-tests one-image" GPU_TESTS_S=240 GPU_TESTS="tests/gpu/test_gpu_jpeg.py tests/gpu/test_cuda_engine.py" \
+#       ONE_IMAGE_S=330 ONE_IMAGE_BUDGET_S=270 ONE_IMAGE_ARGS="--kinds jpeg,v2-http,raw --concurrencies 256,1024 --p99-fraction 0" \
 #       bash bench/run_h200.sh
 #     STEPS=gpu-tests GPU_TESTS_S=560 GPU_TESTS="tests/gpu/test_model_control_gpu.py tests/gpu/test_capture_while_serving.py \
 #       tests/gpu/test_model_control_engine_process_gpu.py tests/gpu/test_device_faults.py tests/gpu/test_model_formats_gpu.py \
