@@ -133,15 +133,15 @@ class OneImage:
         on the H200's Python 3.12 it kept 15 samples of 9 processes in 3 s (run 19). Non-blocking over
         nine processes kept 55 samples in 3 s and none of the engine process (run 21a): with
         --profile-engine, the engine process alone, native frames too, pausing it for each sample
-        (py-spy's native unwinding needs the process stopped): its figures fall while it is watched."""
+        (py-spy's native unwinding needs the process stopped): its figures fall while it is watched,
+        and it kept 12 samples in 3 s (run 21d): the decoder's histograms say more (jpeg_wait_ms)."""
         raw = self.args.out / f"profile-{tag}.txt"
-        if self.args.profile_engine:
-            engine = [p for p in tree(pid) if role(p, pid) == "engine-process"]
-            target = f"--pid {engine[0]} --native" if engine else f"--pid {pid} --subprocesses --nonblocking"
-        else:
-            target = f"--pid {pid} --subprocesses --nonblocking"
-        spy = f"sleep 1.5; exec {self.args.py_spy} record {target} "
-        spy += f"--duration 3 --rate {100 if self.args.profile_engine else 250} --format raw --output {raw}"
+        target, rate = f"--pid {pid} --subprocesses --nonblocking", 250
+        engine = [p for p in tree(pid) if role(p, pid) == "engine-process"] if self.args.profile_engine else []
+        if engine:
+            target, rate = f"--pid {engine[0]} --native", 100
+        spy = f"sleep 1.5; exec {self.args.py_spy} record {target} --duration 3 --rate {rate} "
+        spy += f"--format raw --output {raw}"
         return subprocess.Popen(["sh", "-c", spy], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), raw
 
     @staticmethod

@@ -197,12 +197,17 @@ def check_count(count: int, max_instances: int, expected: str) -> None:
     if count == 0:
         raise InputError("the request holds no images", expected=expected)
     if count > max_instances:
-        raise InputError(
-            f"the request holds {count} images; at most {max_instances} are allowed in one request",
-            expected=f"{expected}; at most {max_instances} images a request (CGSERVE_MAX_INSTANCES)",
-            status=413,
-            code="too_many_instances",
-        )
+        raise too_many_images(f"{count} images", max_instances, expected)
+
+
+def too_many_images(held: str, max_instances: int, expected: str) -> InputError:
+    """The 413 of a request holding `held` (e.g. "300 images") where at most max_instances are allowed."""
+    return InputError(
+        f"the request holds {held}; at most {max_instances} are allowed in one request",
+        expected=f"{expected}; at most {max_instances} images a request (CGSERVE_MAX_INSTANCES)",
+        status=413,
+        code="too_many_instances",
+    )
 
 
 def checked_intensities(batch: np.ndarray, expected: str) -> np.ndarray:

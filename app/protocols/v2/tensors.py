@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from app import __version__
-from app.codecs.bodies import check_count, checked_intensities
+from app.codecs.bodies import check_count, checked_intensities, too_many_images
 from app.errors import InputError
 from app.repository.model_spec import ModelSpec
 from app.repository.outputs import DATATYPES as OUTPUT_DATATYPES
@@ -60,13 +60,8 @@ def length_prefixed(raw: bytes, *, most: int) -> list[bytes]:
     elements: list[bytes] = []
     at = 0
     while at < len(raw):
-        if len(elements) == most:  # the 413 of too many images, as check_count gives it for a shape
-            raise InputError(
-                f"the BYTES input holds more than {most} elements; at most {most} images are allowed in one request",
-                expected=f"one encoded image an element; at most {most} images a request (CGSERVE_MAX_INSTANCES)",
-                status=413,
-                code="too_many_instances",
-            )
+        if len(elements) == most:  # the 413 check_count gives a shape of too many images
+            raise too_many_images(f"more than {most} elements", most, "one encoded image a BYTES element")
         if at + 4 > len(raw):
             raise InputError("the BYTES input ends inside an element's length", expected="4-byte lengths, then bytes")
         length = int.from_bytes(raw[at : at + 4], "little")
