@@ -5,7 +5,8 @@ same run, same generator, JSON and raw bodies (issue 12, deliverable 2).
 
 On a 16-core machine the servers get cores 0-7 and the load generator (one lean-driver process per
 core) 8-15. For each N of --workers (8, 1, 4), in turn:
-  noop-N  loadtest/servers/noop.py --workers N (--lean: the plain route the service runs): the ceiling
+  noop-N  loadtest/servers/raw_noop.py --workers N: a raw ASGI app answering a fixed body, the server's own
+          ceiling (--ceiling lean or fastapi: the no-op behind a plain or FastAPI route, as before run 22)
   ours-N  app.cli serve --workers N --engine cuda-graph --device cuda --compile none (capture in
           seconds, where inductor compiles per worker; the service's default is --compile inductor,
           the record says which ran)
@@ -43,7 +44,13 @@ from loadtest.payloads import PayloadOptions, Payloads
 from loadtest.server_process import ServerProcess, free_port
 
 SCHEMA = "cgserve-bench-whole-machine/1"
-NOOP = "{python} -m loadtest.servers.noop --host {host} --port {port} --workers {workers}"
+# The ceiling each N is measured against (--ceiling): the server's own limit by default (issue 26, item 5).
+CEILINGS = {
+    "raw": ("{python} -m loadtest.servers.raw_noop", "loadtest/servers/raw_noop.py: a raw ASGI app, no route"),
+    "lean": ("{python} -m loadtest.servers.noop --lean", "loadtest/servers/noop.py --lean: the plain route"),
+    "fastapi": ("{python} -m loadtest.servers.noop", "loadtest/servers/noop.py: a FastAPI route"),
+}
+LISTEN = " --host {host} --port {port} --workers {workers}"
 OURS = (
     "{python} -m app.cli serve --host {host} --port {port} --grpc-port 0 --log-level warning "
     "--workers {workers} --engine {engine} --device {device} --compile {compile} --drain-seconds 0"
@@ -86,7 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
         "routes: CGSERVE_INLINE_PREDICT=false), spin or block (per-process, CGSERVE_EVENT_WAIT), comma-separated "
         "(default %(default)s)",
     )
-    add("--ceiling", choices=("lean", "fastapi"), default="lean", help="no-op behind the plain route (default)")
+    add(
+        "--ceiling",
+        choices=tuple(CEILINGS),
+        default="raw",
+        help="the no-op: a raw ASGI app, the server's own limit (default), or behind a plain or FastAPI route",
+    )
     add_run_args(p, warmup=1.0, step_duration=3.0)
     add(
         "--p99-repeats",
@@ -211,8 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     run = WholeMachine(args, pin)
     if args.hey and run.hey is None:
         run.notes.append(f"hey cross-check skipped: {args.hey} not found")
-    lean = args.ceiling == "lean"
-    noop = NOOP + (" --lean" if lean else "")
+    noop = CEILINGS[args.ceiling][0] + LISTEN
     servers: dict[str, dict[str, Any]] = {}
     designs = [d.strip() for d in args.designs.split(",") if d.strip()]
     if unknown := set(designs) - set(DESIGNS):
@@ -237,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             "workers": args.workers,
             "concurrency_per_worker": args.per_worker,
             "forms": run.forms,
-            "ceiling": "loadtest/servers/noop.py" + (" --lean: the plain route the service runs" if lean else ""),
+            "ceiling": CEILINGS[args.ceiling][1],
             "ours": {"engine": args.engine, "device": args.device, "compile": args.compile},
             "designs": designs,
             "warmup_s": args.warmup,

@@ -41,8 +41,8 @@ def scrape(url: str, timeout_s: float = 5.0) -> Snapshot | None:
         response = httpx.get(f"{url}/metrics", timeout=timeout_s)
     except httpx.HTTPError:
         return None
-    if response.status_code != 200:
-        return None
+    if response.status_code != 200 or not response.headers.get("content-type", "").startswith("text/plain"):
+        return None  # no Prometheus text here (a no-op answers every GET with its readiness JSON)
     out: Snapshot = {}
     for family in text_string_to_metric_families(response.text):
         if family.name not in FAMILIES:

@@ -39,8 +39,10 @@ def test_one_worker_no_op_and_ours_with_ratio_p99_and_hey(tmp_path: Path, hey: s
         assert half["mode"] == "open" and half["target_rate_rps"] == pytest.approx(step["throughput_rps"] / 2, abs=0.1)
     assert ours["closed_loop"][0]["labels_checked"] and ours["closed_loop"][0]["server"]["engine"] == "eager"
     assert "--compile none" in report["servers"]["ours-1"]["command"]
+    assert "loadtest.servers.raw_noop" in report["servers"]["noop-1"]["command"]  # the server's own ceiling
     checks = {c["what"]: c for c in report["checks"]}
     ratio = checks["1 worker(s), raw: ours ÷ no-op"]["value"]
+    assert checks["1 worker(s), raw: ours ÷ no-op"]["target"] == "≥ 0.7"  # issue 26's, against a raw ASGI no-op
     assert ratio == round(ours["saturation"]["throughput_rps"] / noop["saturation"]["throughput_rps"], 3)
     assert checks["ours-1 raw: p99 at half saturation (ms)"]["value"] == ours["half_saturation"]["latency_ms"]["p99"]
     assert sorted(ours["half_saturation_p99s_ms"]) == ours["half_saturation_p99s_ms"]
@@ -88,3 +90,35 @@ def test_the_designs_side_by_side(tmp_path: Path) -> None:
     assert checks["2 worker(s), raw: ours ÷ no-op (engine-process)"] == expected
     assert "| 2 (engine-process) | raw |" in (tmp_path / "whole-machine.md").read_text()
     assert "2 worker(s), raw: ours ÷ no-op (asgi)" in checks
+
+
+def test_eight_in_flight_a_worker_is_judged_at_that_step_not_at_saturation() -> None:
+    """Issue 26, item 4: ours at 64 connections over 8 workers against the no-op at 64 connections,
+    whatever either reaches with more in flight."""
+    from bench.harness.whole_machine_report import checks
+
+    def server(rps_by_c: dict[int, float], errors_at: int | None = None) -> dict[str, object]:
+        steps = [
+            {"concurrency": c, "throughput_rps": r, "counts": {"errors": int(c == errors_at)}}
+            for c, r in rps_by_c.items()
+        ]
+        saturation = {"throughput_rps": max(rps_by_c.values()), "loadgen_cpu_busy": 0.3}
+        return {"forms": {"raw": {"closed_loop": steps, "saturation": saturation}}}
+
+    settings = {
+        "workers": [8], "forms": ["raw"], "concurrency_per_worker": [8, 32],
+        "designs": ["per-process", "engine-process"],
+        "ceiling": "loadtest/servers/raw_noop.py: a raw ASGI app, no route",
+    }  # fmt: skip
+    servers = {
+        "noop-8": server({64: 100_000.0, 256: 150_000.0}),
+        "ours-8": server({64: 81_000.0, 256: 90_000.0}),
+        "ours-ep-8": server({64: 99_000.0, 256: 140_000.0}, errors_at=64),
+    }
+    got = {c["what"]: c for c in checks({"settings": settings, "servers": servers})}
+    moderate = got["8 worker(s), raw, 64 connections: ours ÷ no-op"]
+    assert (moderate["value"], moderate["met"], moderate["target"]) == (0.81, True, "≥ 0.8")
+    assert got["8 worker(s), raw: ours ÷ no-op"]["value"] == 0.6  # at saturation: 90,000 ÷ 150,000
+    assert got["8 worker(s), raw: ours ÷ no-op"]["met"] is False  # under 0.7
+    erred = got["8 worker(s), raw, 64 connections: ours ÷ no-op (engine-process)"]
+    assert erred["value"] is None and erred["met"] is None  # a step with errors is no figure
