@@ -255,6 +255,20 @@ class Settings(BaseSettings):
         "models' CUDA device, cpu decodes each with Pillow on the decode pool. auto: gpu where the device is CUDA "
         "and torchvision imports, else cpu. PNG, CMYK JPEGs and what nvJPEG rejects always take Pillow.",
     )
+    jpeg_max_batch: int = Field(
+        32,
+        ge=1,
+        le=1024,
+        description="GPU decoder: uploads decoded in one nvJPEG call at most (its decoded pixels are on the device "
+        "at once: 32 photos of 1024² are 100 MB).",
+    )
+    jpeg_launches: int = Field(
+        2,
+        ge=1,
+        le=8,
+        description="GPU decoder: batches being launched at once, so that one batch's host work (reading its "
+        "uploads, torchvision's calls) overlaps the previous one's decode. 1: one after the other.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log verbosity.")
     auth_tokens: Tokens = Field(
         None,

@@ -239,7 +239,10 @@ class Service:
             # while they already served, at a fraction of their rate.
             devices = [device for _, options in prepared for device in options.devices]
             device = next((d for d in devices if d.startswith("cuda")), "cpu")
-            self.jpeg_decoder = await asyncio.to_thread(start_jpeg_decoder, self.settings.jpeg_decoder, device)
+            s = self.settings
+            self.jpeg_decoder = await asyncio.to_thread(
+                start_jpeg_decoder, s.jpeg_decoder, device, max_batch=s.jpeg_max_batch, launches=s.jpeg_launches
+            )
             use_compile_cache(self.settings)
             gpu_dtypes = [options.dtype for _, options in prepared if options.devices[0].startswith("cuda")]
             if gpu_dtypes:  # TF32 is the process's: decided from every model, before any engine is built

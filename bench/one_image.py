@@ -64,7 +64,8 @@ def perf_analyzer(binary: str, model: str, protocol: str, address: str, concurre
     except (OSError, subprocess.TimeoutExpired) as error:
         return {"error": f"{type(error).__name__}: {error}", "command": shlex.join(argv)}
     if done.returncode != 0 or not out.exists():
-        return {"error": (done.stdout + done.stderr)[-1500:], "command": shlex.join(argv)}
+        # rc too: in run 22a it ended (rc unrecorded) after printing its settings, with no error of its own
+        return {"error": (done.stdout + done.stderr)[-1500:], "rc": done.returncode, "command": shlex.join(argv)}
     (row,) = list(csv.DictReader(out.open()))
     return {
         "images_per_s": float(row["Inferences/Second"]),

@@ -1,8 +1,11 @@
 """JPEG uploads decoded together on the GPU: nvJPEG through torchvision, resized there, handed back.
 
 Concurrent uploads queue here; one collector task takes everything waiting (up to `max_batch`)
-as soon as the previous batch has been launched, so the window is the previous launch itself:
+as soon as fewer than `launches` batches are being launched, so the window is a launch itself:
 a lone upload goes at once, and under load batches grow with the load (continuous batching).
+Two launches at once (the default) let one batch's host work (tensors over the uploads,
+torchvision's Python, the pinned buffer) run while the previous one is in nvJPEG, which
+torchvision serialises behind its decoder's lock; the GPU work stays on one stream, in order.
 
 One batch, on a worker thread (torchvision's batched decode does host work, the Huffman phase
 for progressive JPEGs, and ends in a cudaStreamSynchronize of its own decoder stream: it must
@@ -46,6 +49,7 @@ log = logging.getLogger(__name__)
 
 # 32 × a 1024² RGB JPEG (the default pixel limit) is 100 MB of decoded pixels on the device.
 MAX_BATCH = 32
+LAUNCHES = 2  # batches being launched at once (their worker threads)
 # Values a group resizes at once: its stack and float copy take 5 bytes a value on the device
 # (uint8 + float32), so 2^25 is 168 MB: 59 photos of 500×375, 10 of 1024², where one image
 # at a time took 15 MB. Past it a size's images are resized in several groups.
@@ -74,9 +78,9 @@ class _Launched:
 
 
 class GpuJpegDecoder:
-    def __init__(self, device: str, *, max_batch: int = MAX_BATCH) -> None:
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be at least 1; got {max_batch}")
+    def __init__(self, device: str, *, max_batch: int = MAX_BATCH, launches: int = LAUNCHES) -> None:
+        if max_batch < 1 or launches < 1:
+            raise ValueError(f"max_batch and launches must be at least 1; got {max_batch} and {launches}")
         self.device = torch.device(device)
         self.max_batch = max_batch
         # The latest launched batches' sizes, for tests (bounded: a server launches batches for ever);
@@ -84,12 +88,13 @@ class GpuJpegDecoder:
         self.batch_sizes: deque[int] = deque(maxlen=RECENT_BATCHES)
         self.batches_launched = self.images_launched = 0
         self._stream = torch.cuda.Stream(self.device)
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpu-jpeg")
+        self._worker = ThreadPoolExecutor(max_workers=launches, thread_name_prefix="gpu-jpeg")
+        self._launch_slots = asyncio.Semaphore(launches)
         self._waiter = EventWaiter("gpu-jpeg-event-waiter")
         self._pending: list[_Job] = []
         self._arrived = asyncio.Event()
         self._collector: asyncio.Task[None] | None = None
-        self._handing_back: set[asyncio.Task[None]] = set()
+        self._batches: set[asyncio.Task[None]] = set()  # launching or handing back (asyncio keeps weak references)
 
     async def decode(self, data: bytes | memoryview, spec: ModelSpec, out: np.ndarray | None = None) -> np.ndarray:
         """A JPEG → (1, C, h, w) uint8 per the spec's [preprocess]; GpuDecodeError if nvJPEG refused it.
@@ -112,7 +117,6 @@ class GpuJpegDecoder:
         self._waiter.close()
 
     async def _collect(self) -> None:
-        loop = asyncio.get_running_loop()
         # An observation an upload: buffered on the loop (app/ops/metric_buffers.py), made here, on it.
         waits = BufferedHistogram(metrics.GPU_JPEG_WAIT)
         try:
@@ -120,28 +124,35 @@ class GpuJpegDecoder:
                 await self._arrived.wait()
                 self._arrived.clear()
                 while self._pending:
+                    await self._launch_slots.acquire()  # taken here, given back once its batch is launched
                     jobs = [job for job in self._pending[: self.max_batch] if not job.future.done()]
                     del self._pending[: self.max_batch]
                     if not jobs:  # all cancelled (their deadline passed while queued)
+                        self._launch_slots.release()
                         continue
                     now = time.perf_counter()
                     for job in jobs:
                         waits.observe(now - job.arrived)
-                    try:
-                        launched = await loop.run_in_executor(self._worker, self._launch, jobs)
-                    except Exception as error:  # not nvJPEG's refusal (that is per job): a fault, 500
-                        log.exception("GPU JPEG batch of %d failed", len(jobs))
-                        _fail(jobs, error)
-                        continue
-                    self.batch_sizes.append(len(jobs))
-                    self.batches_launched += 1
-                    self.images_launched += len(jobs)
-                    metrics.GPU_JPEG_BATCH_IMAGES.observe(len(jobs))
-                    task = asyncio.create_task(self._hand_back(launched))
-                    self._handing_back.add(task)
-                    task.add_done_callback(self._handing_back.discard)
+                    task = asyncio.create_task(self._launch_and_hand_back(jobs))
+                    self._batches.add(task)
+                    task.add_done_callback(self._batches.discard)
         finally:
             waits.flush()  # what it holds when the decoder closes
+
+    async def _launch_and_hand_back(self, jobs: list[_Job]) -> None:
+        try:
+            launched = await asyncio.get_running_loop().run_in_executor(self._worker, self._launch, jobs)
+        except Exception as error:  # not nvJPEG's refusal (that is per job): a fault, 500
+            log.exception("GPU JPEG batch of %d failed", len(jobs))
+            _fail(jobs, error)
+            return
+        finally:
+            self._launch_slots.release()
+        self.batch_sizes.append(len(jobs))
+        self.batches_launched += 1
+        self.images_launched += len(jobs)
+        metrics.GPU_JPEG_BATCH_IMAGES.observe(len(jobs))
+        await self._hand_back(launched)
 
     def _launch(self, jobs: list[_Job]) -> _Launched:
         """On the worker thread: decode, resize and start the copies out; returns before they finish."""

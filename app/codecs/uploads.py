@@ -56,15 +56,16 @@ def choose_jpeg_decoder(setting: str, device: str, *, torchvision_imports: bool)
     return "gpu" if setting == "gpu" or (setting == "auto" and cuda and torchvision_imports) else "cpu"
 
 
-def start_jpeg_decoder(setting: str, device: str) -> JpegBatchDecoder | None:
-    """The GPU decoder the setting and device call for, or None for Pillow alone."""
+def start_jpeg_decoder(setting: str, device: str, *, max_batch: int, launches: int) -> JpegBatchDecoder | None:
+    """The GPU decoder the setting and device call for (batches of at most `max_batch` uploads, `launches`
+    of them launched at once), or None for Pillow alone."""
     torchvision_imports = device.startswith("cuda") and _imports("torchvision.io")
     if choose_jpeg_decoder(setting, device, torchvision_imports=torchvision_imports) == "cpu":
         return None
     from app.codecs.gpu_jpeg import GpuJpegDecoder  # torchvision and CUDA only from here on
 
     log.info("JPEG uploads are decoded on %s (nvJPEG, batched)", device)
-    return GpuJpegDecoder(device)
+    return GpuJpegDecoder(device, max_batch=max_batch, launches=launches)
 
 
 def _imports(module: str) -> bool:

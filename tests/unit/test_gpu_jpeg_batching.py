@@ -13,7 +13,9 @@ import asyncio
 import contextlib
 import dataclasses
 import io
+import itertools
 import sys
+import threading
 import time
 import types
 from collections.abc import Iterator
@@ -86,11 +88,13 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
             sys.modules["app.codecs.gpu_jpeg"] = real
 
 
-def decode_together(uploads: list[bytes], *, max_batch: int = 32, cancel: int | None = None) -> tuple[list[Any], Any]:
+def decode_together(
+    uploads: list[bytes], *, max_batch: int = 32, launches: int = 2, cancel: int | None = None
+) -> tuple[list[Any], Any]:
     from app.codecs.gpu_jpeg import GpuJpegDecoder
 
     async def run() -> tuple[list[Any], Any]:
-        decoder = GpuJpegDecoder("cpu", max_batch=max_batch)
+        decoder = GpuJpegDecoder("cpu", max_batch=max_batch, launches=launches)
         try:
             tasks = [asyncio.ensure_future(decoder.decode(data, RESNET50)) for data in uploads]
             if cancel is not None:
@@ -142,7 +146,8 @@ def test_an_upload_s_wait_for_its_launch_and_each_batch_s_time_are_observed(
     calls: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Where an upload's time goes (issue 26). A clock that nvJPEG's stand-in moves on by 1 s a call:
-    # twelve uploads arrive at 0, batches of five launch at 0, 1 and 2 → waits 5 × 0 + 5 × 1 + 2 × 2.
+    # twelve uploads arrive at 0, batches of five launch one after the other (one launch at a time) at
+    # 0, 1 and 2 → waits 5 × 0 + 5 × 1 + 2 × 2.
     from app.ops import metrics
 
     clock = [0.0]
@@ -156,10 +161,31 @@ def test_an_upload_s_wait_for_its_launch_and_each_batch_s_time_are_observed(
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])  # before gpu_jpeg is imported: _Job reads it
     waits, batches = metrics.GPU_JPEG_WAIT, metrics.GPU_JPEG_BATCH_SECONDS
     before = (_count(waits), _sum(waits), _count(batches), _sum(batches))
-    _, decoder = decode_together(JPEGS, max_batch=5)
+    _, decoder = decode_together(JPEGS, max_batch=5, launches=1)
     assert list(decoder.batch_sizes) == [5, 5, 2]
     assert (_count(waits) - before[0], _sum(waits) - before[1]) == (12, 9.0)
     assert _count(batches) - before[2] == 3 and _sum(batches) - before[3] >= 3.0  # each took its 1 s at least
+
+
+def test_a_second_batch_is_launched_while_the_first_is_still_in_nvjpeg(
+    calls: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two launches at once (the default): the first batch's decode returns only once the second's has
+    # begun. One launch at a time, the first would wait its 5 s out alone.
+    decode_jpeg = sys.modules["torchvision"].io.decode_jpeg
+    second_began, first_saw_it, order = threading.Event(), [], itertools.count()
+
+    def decode_awaiting_the_next(encoded: list[torch.Tensor], **options: Any) -> list[torch.Tensor]:
+        if next(order) == 0:  # the first call (next() is atomic under the GIL)
+            first_saw_it.append(second_began.wait(timeout=5))
+        else:
+            second_began.set()
+        return decode_jpeg(encoded, **options)
+
+    monkeypatch.setattr(sys.modules["torchvision"].io, "decode_jpeg", decode_awaiting_the_next)
+    results, _ = decode_together(JPEGS, max_batch=6)
+    assert first_saw_it == [True] and sorted(calls) == [6, 6]
+    assert all(isinstance(r, np.ndarray) and r.shape == (1, 3, 224, 224) for r in results)
 
 
 def test_a_size_s_images_are_resized_in_groups_of_at_most_the_budget(calls: list[int]) -> None:
@@ -230,7 +256,7 @@ def test_an_upload_cancelled_after_its_launch_leaves_its_buffer_unwritten(calls:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             for _ in range(200):  # its launch returns on the collector, then its hand-back runs
-                if decoder.batches_launched and not decoder._handing_back:
+                if decoder.batches_launched and not decoder._batches:
                     break
                 await asyncio.sleep(0.01)
             return decoder
