@@ -255,6 +255,12 @@ class Settings(BaseSettings):
         "models' CUDA device, cpu decodes each with Pillow on the decode pool. auto: gpu where the device is CUDA "
         "and torchvision imports, else cpu. PNG, CMYK JPEGs and what nvJPEG rejects always take Pillow.",
     )
+    jpeg_decode_in_workers: bool = Field(
+        False,
+        description="With engine_process: each HTTP worker decodes its own JPEG uploads on the GPU (its own CUDA "
+        "context, some hundreds of MB of device memory a worker) and hands the engine process their pixels as a raw "
+        "request's; false: the engine process decodes every worker's uploads, one decoder beside its batchers.",
+    )
     jpeg_max_batch: int = Field(
         32,
         ge=1,

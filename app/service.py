@@ -270,7 +270,9 @@ class Service:
             link.on_models = self.apply_table
             await link.connect()
             await self.apply_table(link.table)
-            if link.decodes_jpeg:  # JPEG uploads go to the GPU's decoder, in the engine process
+            if link.decodes_jpeg and self.settings.jpeg_decode_in_workers:  # on the GPU, from this process
+                self.jpeg_decoder = await self._own_jpeg_decoder(link)
+            elif link.decodes_jpeg:  # JPEG uploads go to the GPU's decoder, in the engine process
                 self.jpeg_decoder = RemoteJpegDecoder(link)
         except Exception as error:
             self._start_failed(error)
@@ -279,6 +281,19 @@ class Service:
         metrics.READY.set(1)
         self._on_ready()
         log.info("ready: serving %s through the engine process", ", ".join(self.models))
+
+    async def _own_jpeg_decoder(self, link: EngineLink) -> JpegBatchDecoder | None:
+        """A worker's own GPU decoder, on the first CUDA device the engine process serves a model on (it said
+        it decodes JPEGs: that device and torchvision work); its uploads' pixels go there as raw requests'.
+        No model on a CUDA device in the table yet: the engine process's decoder, as without the setting."""
+        devices = [d for versions in link.table.values() for info in versions.values() for d in info["devices"]]
+        device = next((d for d in devices if d.startswith("cuda")), None)
+        if device is None:
+            return RemoteJpegDecoder(link)
+        s = self.settings
+        return await asyncio.to_thread(
+            start_jpeg_decoder, "gpu", device, max_batch=s.jpeg_max_batch, launches=s.jpeg_launches
+        )
 
     async def apply_table(self, table: dict[str, dict[str, dict[str, Any]]]) -> None:
         """Serve what the engine process serves: each (model, version) of its table, by its id. A version

@@ -130,7 +130,12 @@ def test_one_bad_jpeg_does_not_cost_its_batch_mates() -> None:
 
 
 # The decoder lives with the GPU: in each worker, or in the engine process that the workers send uploads to.
-DESIGNS = {"per-process": {}, "engine-process": {"workers": "2", "engine_process": "true"}}
+DESIGNS = {
+    "per-process": {},
+    "engine-process": {"workers": "2", "engine_process": "true"},
+    # each worker decodes its own uploads on the GPU and sends the engine process their pixels
+    "engine-process-workers-decode": {"workers": "2", "engine_process": "true", "jpeg_decode_in_workers": "true"},
+}
 
 
 @pytest.mark.parametrize("design", list(DESIGNS))

@@ -131,3 +131,32 @@ def test_without_a_gpu_decoder_the_workers_are_told_so(tmp_path: Path) -> None:
             assert not link.decodes_jpeg
 
     asyncio.run(scenario())
+
+
+def test_with_decode_in_workers_a_worker_decodes_on_the_engine_process_s_cuda_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CGSERVE_JPEG_DECODE_IN_WORKERS: the worker starts its own GPU decoder, on the first CUDA device of
+    the engine process's table, with the decoder's settings; with no CUDA model in the table yet it keeps
+    the engine process's. (The decoder itself runs on the H200: tests/gpu/test_gpu_jpeg.py.)"""
+    from types import SimpleNamespace
+
+    from app import service as service_module
+    from app.config import Settings
+    from app.service import Service
+
+    started: list[tuple[object, ...]] = []
+
+    def start_jpeg_decoder(setting: str, device: str, *, max_batch: int, launches: int) -> PillowAsGpu:
+        started.append((setting, device, max_batch, launches))
+        return PillowAsGpu()
+
+    monkeypatch.setattr(service_module, "start_jpeg_decoder", start_jpeg_decoder)
+    settings = Settings(model_repository=tmp_path, device="cpu", jpeg_decode_in_workers=True, jpeg_max_batch=48)
+    worker = Service(settings)
+    on_gpu = SimpleNamespace(table={"a": {"1": {"devices": ["cpu"]}}, "b": {"1": {"devices": ["cuda:1", "cuda:0"]}}})
+    own = asyncio.run(worker._own_jpeg_decoder(on_gpu))  # type: ignore[arg-type]
+    assert isinstance(own, PillowAsGpu) and started == [("gpu", "cuda:1", 48, 2)]
+    on_cpu = SimpleNamespace(table={"a": {"1": {"devices": ["cpu"]}}})
+    assert isinstance(asyncio.run(worker._own_jpeg_decoder(on_cpu)), RemoteJpegDecoder)  # type: ignore[arg-type]
+    assert len(started) == 1
