@@ -43,6 +43,7 @@ from loadtest.hey import hey_command, resolve_hey, run_hey
 from loadtest.server_process import free_port, running, service_env
 
 ROOT = Path(__file__).resolve().parents[1]
+ASYNC_ABOVE = 64  # perf_analyzer's synchronous mode up to this many requests in flight
 
 
 def taskset(cores: str | None, argv: list[str]) -> list[str]:
@@ -52,12 +53,15 @@ def taskset(cores: str | None, argv: list[str]) -> list[str]:
 def perf_analyzer(binary: str, model: str, protocol: str, address: str, concurrency: int, seconds: float,
                   work: Path, cores: str | None, shape: str = "3,224,224") -> dict[str, Any]:  # fmt: skip
     """perf_analyzer at one concurrency, one image a request, UINT8 as the model's metadata declares.
-    Windows within 100 % of each other count as stable: at 60 % it found none in 72 s at 256 (run 19b)."""
+    Windows within 100 % of each other count as stable: at 60 % it found none in 72 s at 256 (run 19b).
+    Past ASYNC_ABOVE requests in flight, its asynchronous mode (16 threads, each with many requests
+    out): synchronously, a thread a request, it ended without a figure at 256 (runs 20a, 22a)."""
     out = work / f"pa-{protocol}-{concurrency}.csv"
+    mode = ["--async", "--max-threads", "16"] if concurrency > ASYNC_ABOVE else []
     argv = taskset(cores, [
         binary, "-m", model, "-u", address, "-i", protocol, "-b", "1", "--shape", f"input:{shape}",
         "--concurrency-range", f"{concurrency}:{concurrency}", "--measurement-interval", str(int(seconds * 1000)),
-        "--stability-percentage", "100", "--max-trials", "4", "-f", str(out),
+        "--stability-percentage", "100", "--max-trials", "4", "-f", str(out), *mode,
     ])  # fmt: skip
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60 + 6 * seconds)

@@ -6,16 +6,16 @@
 #   STEPS=profile PROFILES="noop-json=--target noop;ours-json=--compile none": py-spy per server (bench/profile_server.py)
 #   Issue 26 (ResNet-50, one image a request; py-spy on every server process during the raw points):
 #     STEPS="gpu-tests one-image" ONE_IMAGE_ARGS="--profile raw" bash bench/run_h200.sh
-#   What run 21 left (issue 26): where JPEG uploads wait, from the decoder's own histograms (jpeg_wait_ms,
-#   jpeg_batch_ms beside every point; py-spy gave no profile of the engine process in 21a or 21d),
-#   and the v2 binary and JPEG paths changed since run 21 (in-place DECODE, decode_cheaply), then the GPU
-#   tests not run on the last tree, JPEG's and the engine's first:
-#     STEPS="gpu-tests one-image" GPU_TESTS_S=240 GPU_TESTS="tests/gpu/test_gpu_jpeg.py tests/gpu/test_cuda_engine.py" \
-#       ONE_IMAGE_S=330 ONE_IMAGE_BUDGET_S=270 ONE_IMAGE_ARGS="--kinds jpeg,v2-http,raw --concurrencies 256,1024 --p99-fraction 0" \
+#   What run 22 left (issue 26): JPEG uploads decoded by each HTTP worker against the engine process's one
+#   decoder (same run), raw beside them; then v2 HTTP and gRPC through perf_analyzer (asynchronous past 64
+#   in flight); then one worker against the raw no-op (item 5's other half):
+#     STEPS=one-image ONE_IMAGE_S=420 ONE_IMAGE_BUDGET_S=360 ONE_IMAGE_ARGS="--kinds jpeg,raw --variant-kinds jpeg \
+#       --concurrencies 256,1024 --p99-fraction 0 --variants workers-decode=CGSERVE_JPEG_DECODE_IN_WORKERS=true" \
 #       bash bench/run_h200.sh
-#     STEPS=gpu-tests GPU_TESTS_S=560 GPU_TESTS="tests/gpu/test_model_control_gpu.py tests/gpu/test_capture_while_serving.py \
-#       tests/gpu/test_model_control_engine_process_gpu.py tests/gpu/test_device_faults.py tests/gpu/test_model_formats_gpu.py \
-#       tests/gpu/test_gpu_metrics_nvml.py tests/gpu/test_named_outputs_gpu.py" bash bench/run_h200.sh
+#     STEPS="one-image whole-machine" ONE_IMAGE_S=300 ONE_IMAGE_ARGS="--kinds v2-http,v2-grpc --concurrencies 64,256 \
+#       --p99-fraction 0" WHOLE_MACHINE_S=200 WHOLE_MACHINE_WORKERS=1 WHOLE_MACHINE_ARGS="--designs per-process \
+#       --p99-repeats 1 --budget-s 170" bash bench/run_h200.sh
+#   GPU tests last run on run 21's or 22's trees: all of tests/gpu (runs 21b, 22a, 22c, 22d)
 #   The decoder's stages on the device: STEPS=jpeg-stages bash bench/run_h200.sh
 #   STEPS=multi-gpu on the two-GPU machine (nvidia-h200-x2): tests/gpu/test_multi_gpu.py, bench/multi_gpu_bench.py
 #   What issue 12 still lacks after run 13 (one call, ~8 minutes):
