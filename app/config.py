@@ -257,9 +257,11 @@ class Settings(BaseSettings):
     )
     jpeg_decode_in_workers: bool = Field(
         False,
-        description="With engine_process: each HTTP worker decodes its own JPEG uploads on the GPU (its own CUDA "
-        "context, some hundreds of MB of device memory a worker) and hands the engine process their pixels as a raw "
-        "request's; false: the engine process decodes every worker's uploads, one decoder beside its batchers.",
+        description="With engine_process: each HTTP worker decodes its own JPEG uploads on the GPU and hands the "
+        "engine process their pixels as a raw request's; false: the engine process decodes every worker's uploads, "
+        "one decoder beside its batchers. Each worker then holds a CUDA context (some hundreds of MB of device "
+        "memory the engine process does not count) that time-slices the GPU with the engine's (no MPS); a worker "
+        "that cannot start one logs why and sends its uploads to the engine process.",
     )
     jpeg_max_batch: int = Field(
         32,

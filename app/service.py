@@ -285,15 +285,23 @@ class Service:
     async def _own_jpeg_decoder(self, link: EngineLink) -> JpegBatchDecoder | None:
         """A worker's own GPU decoder, on the first CUDA device the engine process serves a model on (it said
         it decodes JPEGs: that device and torchvision work); its uploads' pixels go there as raw requests'.
-        No model on a CUDA device in the table yet: the engine process's decoder, as without the setting."""
+        No model on a CUDA device in the table yet, or a decoder this process cannot start (no CUDA context
+        to be had, torchvision not importing here): the engine process's decoder, as without the setting."""
         devices = [d for versions in link.table.values() for info in versions.values() for d in info["devices"]]
         device = next((d for d in devices if d.startswith("cuda")), None)
         if device is None:
             return RemoteJpegDecoder(link)
         s = self.settings
-        return await asyncio.to_thread(
-            start_jpeg_decoder, "gpu", device, max_batch=s.jpeg_max_batch, launches=s.jpeg_launches
-        )
+        try:
+            return await asyncio.to_thread(
+                start_jpeg_decoder, "gpu", device, max_batch=s.jpeg_max_batch, launches=s.jpeg_launches
+            )
+        except Exception as error:
+            log.warning(
+                "CGSERVE_JPEG_DECODE_IN_WORKERS: this worker cannot decode on %s (%s: %s); its JPEG uploads go "
+                "to the engine process's decoder", device, type(error).__name__, error,
+            )  # fmt: skip
+            return RemoteJpegDecoder(link)
 
     async def apply_table(self, table: dict[str, dict[str, dict[str, Any]]]) -> None:
         """Serve what the engine process serves: each (model, version) of its table, by its id. A version

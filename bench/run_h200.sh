@@ -35,6 +35,9 @@ STEPS=${STEPS:-"gpu-tests torchvision engine e2e stalls protocols jpeg"}
   nvidia-smi -L
   python3 -c "import torch, torchvision, triton, grpc, google.protobuf as pb; print('torch', torch.__version__, 'torchvision', torchvision.__version__, 'triton', triton.__version__, 'grpcio', grpc.__version__, 'protobuf', pb.__version__)"
   git log -1 --format='commit %H %s' 2>/dev/null || true
+  # The copy of the working tree differs from that commit by what was not yet landed: name it, so that
+  # the record's tree is the local commit whose `git diff <landed> <commit> | sha256sum` gives this hash.
+  echo "tree: $(git diff HEAD --shortstat 2>/dev/null), diff sha256 $(git diff HEAD 2>/dev/null | sha256sum | cut -c1-16)"
   echo "STEPS=$STEPS"
 } > "$OUT/env.txt" 2>&1
 step() { [[ " $STEPS " == *" $1 "* ]]; }

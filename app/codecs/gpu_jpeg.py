@@ -5,7 +5,8 @@ as soon as fewer than `launches` batches are being launched, so the window is a 
 a lone upload goes at once, and under load batches grow with the load (continuous batching).
 Two launches at once (the default) let one batch's host work (tensors over the uploads,
 torchvision's Python, the pinned buffer) run while the previous one is in nvJPEG, which
-torchvision serialises behind its decoder's lock; the GPU work stays on one stream, in order.
+torchvision serialises behind its decoder's lock. Their resizes and copies share one stream,
+interleaved in whatever order the two threads queue them: each batch waits on its own event.
 
 One batch, on a worker thread (torchvision's batched decode does host work, the Huffman phase
 for progressive JPEGs, and ends in a cudaStreamSynchronize of its own decoder stream: it must
@@ -16,8 +17,12 @@ not run on the event loop):
         uint8 → pinned host (g, C, h, w), non_blocking
     done.record(stream)
 
-torchvision makes the current stream (ours) wait for its decoder stream, so the resize and
-the copies are ordered after the decode. The event loop awaits `done` through an EventWaiter
+nvJPEG writes on torchvision's own decoder stream, which waits for nothing of ours; torchvision
+then makes the calling thread's current stream wait for it. So the decoded images are allocated
+under a stream of their own that nothing else uses (`_decode_stream`): allocated under ours, they
+could take memory a batch freed while its resize, still queued on ours, reads it, and nvJPEG would
+overwrite it first. Ours waits for that stream, and each decoded image is recorded as used on ours,
+so that its memory is not reused before our resize of it has run. The event loop awaits `done` through an EventWaiter
 (a thread sleeping in that one event's synchronize, never the device's), then copies each row
 out of its pinned buffer into the request's (1, C, h, w) array. The batcher sees what Pillow
 would have given it. A batch nvJPEG refuses as a whole (one CMYK or corrupt image fails the
@@ -40,7 +45,7 @@ import torchvision.io
 
 from app.codecs.preprocess import preprocess_batch
 from app.engines.event_waiter import EventWaiter
-from app.errors import GpuDecodeError
+from app.errors import GpuDecodeError, NotReadyError
 from app.ops import metrics
 from app.ops.metric_buffers import BufferedHistogram
 from app.repository.model_spec import ModelSpec
@@ -87,7 +92,8 @@ class GpuJpegDecoder:
         # the running totals, for the benchmark's mean batch.
         self.batch_sizes: deque[int] = deque(maxlen=RECENT_BATCHES)
         self.batches_launched = self.images_launched = 0
-        self._stream = torch.cuda.Stream(self.device)
+        self._stream = torch.cuda.Stream(self.device)  # resizes and copies out
+        self._decode_stream = torch.cuda.Stream(self.device)  # nvJPEG's outputs are allocated under it (above)
         self._worker = ThreadPoolExecutor(max_workers=launches, thread_name_prefix="gpu-jpeg")
         self._launch_slots = asyncio.Semaphore(launches)
         self._waiter = EventWaiter("gpu-jpeg-event-waiter")
@@ -111,8 +117,14 @@ class GpuJpegDecoder:
         return await future
 
     def close(self) -> None:
+        """Stop. Uploads queued or in a batch not yet handed back get 503 (the server is stopping); a
+        launch already on its thread finishes first."""
         if self._collector is not None:
             self._collector.cancel()
+        _fail(self._pending, _closed())
+        self._pending.clear()
+        for task in self._batches:  # each fails its own uploads when its cancellation reaches it
+            task.cancel()
         self._worker.shutdown(wait=True, cancel_futures=True)
         self._waiter.close()
 
@@ -141,18 +153,22 @@ class GpuJpegDecoder:
 
     async def _launch_and_hand_back(self, jobs: list[_Job]) -> None:
         try:
-            launched = await asyncio.get_running_loop().run_in_executor(self._worker, self._launch, jobs)
-        except Exception as error:  # not nvJPEG's refusal (that is per job): a fault, 500
-            log.exception("GPU JPEG batch of %d failed", len(jobs))
-            _fail(jobs, error)
-            return
-        finally:
-            self._launch_slots.release()
-        self.batch_sizes.append(len(jobs))
-        self.batches_launched += 1
-        self.images_launched += len(jobs)
-        metrics.GPU_JPEG_BATCH_IMAGES.observe(len(jobs))
-        await self._hand_back(launched)
+            try:
+                launched = await asyncio.get_running_loop().run_in_executor(self._worker, self._launch, jobs)
+            except Exception as error:  # not nvJPEG's refusal (that is per job): a fault, 500
+                log.exception("GPU JPEG batch of %d failed", len(jobs))
+                _fail(jobs, error)
+                return
+            finally:
+                self._launch_slots.release()
+            self.batch_sizes.append(len(jobs))
+            self.batches_launched += 1
+            self.images_launched += len(jobs)
+            metrics.GPU_JPEG_BATCH_IMAGES.observe(len(jobs))
+            await self._hand_back(launched)
+        except asyncio.CancelledError:  # close(): nobody will hand these back
+            _fail(jobs, _closed())
+            raise
 
     def _launch(self, jobs: list[_Job]) -> _Launched:
         """On the worker thread: decode, resize and start the copies out; returns before they finish."""
@@ -180,14 +196,18 @@ class GpuJpegDecoder:
         """(job index, (C, H, W) uint8 on the GPU) for each image nvJPEG decodes; its refusals in `errors`."""
         encoded = [torch.frombuffer(_writable(jobs[i].data), dtype=torch.uint8) for i in indices]
         try:
-            decoded = torchvision.io.decode_jpeg(encoded, mode=READ_MODES[color], device=self.device)
-            return list(zip(indices, decoded, strict=True))
+            with torch.cuda.stream(self._decode_stream):
+                decoded = torchvision.io.decode_jpeg(encoded, mode=READ_MODES[color], device=self.device)
         except RuntimeError as error:  # nvJPEG refused one of them, and so the whole call
             if len(indices) == 1:
                 errors.append(str(error))
                 return []
-        # One at a time, so that one bad upload sends only itself to Pillow, not its batch-mates.
-        return [pair for i in indices for pair in self._decode(jobs, [i], color, errors)]
+            # One at a time, so that one bad upload sends only itself to Pillow, not its batch-mates.
+            return [pair for i in indices for pair in self._decode(jobs, [i], color, errors)]
+        self._stream.wait_stream(self._decode_stream)  # which waits for torchvision's decoder stream
+        for image in decoded:
+            image.record_stream(self._stream)  # its memory is ours to read until our queued work has run
+        return list(zip(indices, decoded, strict=True))
 
     async def _hand_back(self, launched: _Launched) -> None:
         try:
@@ -241,6 +261,10 @@ def _by_model_and_size(
             groups.append((spec, group))
         group.append((i, image))
     return groups
+
+
+def _closed() -> NotReadyError:
+    return NotReadyError("the GPU JPEG decoder has closed: the server is stopping")
 
 
 def _fail(jobs: list[_Job], error: BaseException) -> None:

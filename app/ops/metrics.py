@@ -81,7 +81,8 @@ GPU_JPEG_WAIT = Histogram(
 )
 GPU_JPEG_BATCH_SECONDS = Histogram(
     "cgserve_gpu_jpeg_batch_seconds",
-    "One GPU JPEG batch from its launch to its pixels in host memory: decode, resize, copy out.",
+    "One GPU JPEG batch from its launch to its pixels in host memory: decode, resize, copy out, and any wait "
+    "for the other batch being launched (torchvision decodes one batch at a time).",
     buckets=LATENCY_BUCKETS,
 )
 # multiprocess_mode says how /metrics merges a gauge across workers (ignored with one process).

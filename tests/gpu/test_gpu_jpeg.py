@@ -44,11 +44,13 @@ def grey_jpeg(garment: np.ndarray, quality: int = 90) -> bytes:
     return encode(np.asarray(Image.fromarray(garment).resize((280, 280))), quality=quality)
 
 
-def decode_all(items: list[tuple[bytes, ModelSpec]], *, max_batch: int = 32) -> tuple[list[object], list[int]]:
+def decode_all(
+    items: list[tuple[bytes, ModelSpec]], *, max_batch: int = 32, launches: int = 2
+) -> tuple[list[object], list[int]]:
     """Decode concurrently on one decoder: each result (array or exception) and the batch sizes it launched."""
 
     async def run() -> tuple[list[object], list[int]]:
-        decoder = GpuJpegDecoder("cuda:0", max_batch=max_batch)
+        decoder = GpuJpegDecoder("cuda:0", max_batch=max_batch, launches=launches)
         try:
             tasks = [decoder.decode(data, spec) for data, spec in items]
             return list(await asyncio.gather(*tasks, return_exceptions=True)), list(decoder.batch_sizes)
@@ -116,6 +118,21 @@ def test_concurrent_uploads_are_decoded_together_and_each_as_if_alone() -> None:
         np.testing.assert_array_equal(split[i], alone[i])  # type: ignore[arg-type]
 
 
+def test_two_launches_at_once_give_every_upload_the_pixels_it_gets_alone() -> None:
+    """Batches of mixed photo sizes launched two at a time, their device memory freed and reused while the
+    other batch's resize is still queued (run 22's review: nvJPEG's outputs, once allocated under the
+    stream the resizes run on, could take memory a queued resize still read): each of 200 uploads equals
+    its own photo decoded one at a time."""
+    sizes = [(500, 375), (640, 480), (375, 500), (320, 240), (1024, 768)]
+    jpegs = [encode(synthetic_photo(*sizes[i % len(sizes)], seed=i), quality=90) for i in range(40)]
+    alone, _ = decode_all([(data, RESNET50) for data in jpegs], max_batch=1, launches=1)
+    together, batch_sizes = decode_all([(jpegs[i % 40], RESNET50) for i in range(200)], max_batch=7)
+    assert sum(batch_sizes) == 200 and len(batch_sizes) >= 29
+    for i, got in enumerate(together):
+        assert isinstance(got, np.ndarray), got
+        np.testing.assert_array_equal(got, alone[i % 40], err_msg=f"upload {i}")  # type: ignore[arg-type]
+
+
 def test_one_bad_jpeg_does_not_cost_its_batch_mates() -> None:
     good = [encode(synthetic_photo(500, 375, seed=i), quality=90) for i in range(3)]
     bad = good[0][:1000] + bytes(len(good[0]) - 1002) + good[0][-2:]  # scan zeroed, markers intact
@@ -172,6 +189,10 @@ def test_the_http_path_with_the_gpu_decoder(design: str, tmp_path: Path) -> None
         seed = httpx.post(f"{url}/v1/models/fashion-cnn/predict", files={"file": ("g.jpg", grey, "image/jpeg")})
         assert seed.status_code == 200 and seed.json()["predictions"][0]["label"] == 9  # an ankle boot
         exposition = httpx.get(f"{url}/metrics").text
+    # Who started a GPU decoder: the one process, the engine process, or it and each of the two workers
+    # (the metrics below merge every process's, so they cannot tell the designs apart).
+    starts = (tmp_path / "server.log").read_text().count("JPEG uploads are decoded on cuda")
+    assert starts == (3 if settings.get("jpeg_decode_in_workers") == "true" else 1)
     gpu_count = _sample(exposition, 'cgserve_image_decodes_total{decoder="gpu"}')
     assert gpu_count == len(jpegs) + 1 and _sample(exposition, 'cgserve_image_decodes_total{decoder="cpu"}') >= 2
     assert _sample(exposition, "cgserve_gpu_jpeg_batch_images_count") >= 1

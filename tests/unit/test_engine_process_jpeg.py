@@ -136,9 +136,10 @@ def test_without_a_gpu_decoder_the_workers_are_told_so(tmp_path: Path) -> None:
 def test_with_decode_in_workers_a_worker_decodes_on_the_engine_process_s_cuda_device(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """CGSERVE_JPEG_DECODE_IN_WORKERS: the worker starts its own GPU decoder, on the first CUDA device of
-    the engine process's table, with the decoder's settings; with no CUDA model in the table yet it keeps
-    the engine process's. (The decoder itself runs on the H200: tests/gpu/test_gpu_jpeg.py.)"""
+    """CGSERVE_JPEG_DECODE_IN_WORKERS: real workers of a (stand-in) engine process whose model runs on
+    cuda:1 start their own GPU decoder there, with the decoder's settings; a worker that cannot (its CUDA
+    context refused) logs why and keeps the engine process's; so does one whose table has no CUDA model.
+    (The decoder itself runs on the H200: tests/gpu/test_gpu_jpeg.py.)"""
     from types import SimpleNamespace
 
     from app import service as service_module
@@ -149,14 +150,32 @@ def test_with_decode_in_workers_a_worker_decodes_on_the_engine_process_s_cuda_de
 
     def start_jpeg_decoder(setting: str, device: str, *, max_batch: int, launches: int) -> PillowAsGpu:
         started.append((setting, device, max_batch, launches))
+        if len(started) == 2:
+            raise RuntimeError("CUDA error: out of memory")
         return PillowAsGpu()
 
     monkeypatch.setattr(service_module, "start_jpeg_decoder", start_jpeg_decoder)
     settings = Settings(model_repository=tmp_path, device="cpu", jpeg_decode_in_workers=True, jpeg_max_batch=48)
-    worker = Service(settings)
-    on_gpu = SimpleNamespace(table={"a": {"1": {"devices": ["cpu"]}}, "b": {"1": {"devices": ["cuda:1", "cuda:0"]}}})
-    own = asyncio.run(worker._own_jpeg_decoder(on_gpu))  # type: ignore[arg-type]
-    assert isinstance(own, PillowAsGpu) and started == [("gpu", "cuda:1", 48, 2)]
-    on_cpu = SimpleNamespace(table={"a": {"1": {"devices": ["cpu"]}}})
-    assert isinstance(asyncio.run(worker._own_jpeg_decoder(on_cpu)), RemoteJpegDecoder)  # type: ignore[arg-type]
-    assert len(started) == 1
+    socket_path = str(tmp_path / "engine.sock")
+    on_gpu = stand_in(SPEC)
+    on_gpu.options = SimpleNamespace(devices=("cpu", "cuda:1"))
+
+    async def scenario() -> list[object]:
+        decoders = []
+        async with serving_host(socket_path, {SPEC.name: {SPEC.version: on_gpu}}, repository=tmp_path,
+                                jpeg_decoder=PillowAsGpu()):  # fmt: skip
+            for name in ("a", "b"):
+                (tmp_path / f"segments-{name}").mkdir()
+                worker = Service(settings, engine_process=(socket_path, str(tmp_path / f"segments-{name}")))
+                worker.start()
+                await worker.wait_started()
+                decoders.append(worker.jpeg_decoder)
+                await worker.stop()
+        no_cuda = SimpleNamespace(table={"a": {"1": {"devices": ["cpu"]}}})
+        decoders.append(await Service(settings)._own_jpeg_decoder(no_cuda))  # type: ignore[arg-type]
+        return decoders
+
+    first, second, third = asyncio.run(scenario())
+    assert isinstance(first, PillowAsGpu) and started[0] == ("gpu", "cuda:1", 48, 2)
+    assert isinstance(second, RemoteJpegDecoder) and len(started) == 2  # its start failed: the engine process's
+    assert isinstance(third, RemoteJpegDecoder) and len(started) == 2
