@@ -22,7 +22,9 @@ then makes the calling thread's current stream wait for it. So the decoded image
 under a stream of their own that nothing else uses (`_decode_stream`): allocated under ours, they
 could take memory a batch freed while its resize, still queued on ours, reads it, and nvJPEG would
 overwrite it first. Ours waits for that stream, and each decoded image is recorded as used on ours,
-so that its memory is not reused before our resize of it has run. The event loop awaits `done` through an EventWaiter
+so that its memory is not reused before our resize of it has run.
+
+The event loop awaits `done` through an EventWaiter
 (a thread sleeping in that one event's synchronize, never the device's), then copies each row
 out of its pinned buffer into the request's (1, C, h, w) array. The batcher sees what Pillow
 would have given it. A batch nvJPEG refuses as a whole (one CMYK or corrupt image fails the
