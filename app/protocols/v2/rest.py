@@ -177,8 +177,7 @@ class V2Codec:
         if _declares_bytes(document):
             return None
         images = _input(document, binary, spec, self.max_instances)
-        if isinstance(images, list):  # only a BYTES input gives encoded images, and it went above
-            return None
+        assert not isinstance(images, list), "only a BYTES input gives encoded images, and it returned above"
         return images, asked_outputs(document, spec)
 
     def encode(self, scores: np.ndarray, asked: Asked, served: ServedModel, engine: str) -> HttpAnswer:
