@@ -8,7 +8,10 @@ on --loadgen-cores:
   raw      our generator (python -m loadtest), POST /v1/models/resnet50/predict, 150 KB uint8 bodies
   hey      hey, the same body and route (a second opinion on the generator)
   v2-http  perf_analyzer, Open Inference Protocol over HTTP, binary UINT8 (what the metadata declares)
-  v2-grpc  perf_analyzer, over gRPC, UINT8
+  v2-grpc  perf_analyzer, over gRPC, UINT8: its client shares one channel (one TCP connection, so one of
+           our workers) among up to 6 of its contexts, as Triton's clients do by default
+  v2-grpc-channels  the same with a channel per context (TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT=1),
+           so that its connections can spread over every worker
   jpeg     our generator, multipart uploads of photo-like JPEGs (~500×375), --form photo
 
 each at every --concurrencies, then open loop at 70 % of the best raw figure for its p99. Beside
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -51,12 +55,16 @@ def taskset(cores: str | None, argv: list[str]) -> list[str]:
 
 
 def perf_analyzer(binary: str, model: str, protocol: str, address: str, concurrency: int, seconds: float,
-                  work: Path, cores: str | None, shape: str = "3,224,224") -> dict[str, Any]:  # fmt: skip
+                  work: Path, cores: str | None, shape: str = "3,224,224",
+                  share_count: int | None = None) -> dict[str, Any]:  # fmt: skip
     """perf_analyzer at one concurrency, one image a request, UINT8 as the model's metadata declares.
     Windows within 100 % of each other count as stable: at 60 % it found none in 72 s at 256 (run 19b).
     Past ASYNC_ABOVE requests in flight, its asynchronous mode (16 threads, each with many requests
     out): synchronously, a thread a request, it ended without a figure at 256 (runs 20a, 22a)."""
-    out = work / f"pa-{protocol}-{concurrency}.csv"
+    out = work / f"pa-{protocol}{share_count or ''}-{concurrency}.csv"
+    env = dict(os.environ)
+    if share_count is not None:  # contexts a gRPC channel is shared among (Triton's client library: 6)
+        env["TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT"] = str(share_count)
     mode = ["--async", "--max-threads", "16"] if concurrency > ASYNC_ABOVE else []
     argv = taskset(cores, [
         binary, "-m", model, "-u", address, "-i", protocol, "-b", "1", "--shape", f"input:{shape}",
@@ -64,7 +72,7 @@ def perf_analyzer(binary: str, model: str, protocol: str, address: str, concurre
         "--stability-percentage", "100", "--max-trials", "4", "-f", str(out), *mode,
     ])  # fmt: skip
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=60 + 6 * seconds)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60 + 6 * seconds, env=env)
     except (OSError, subprocess.TimeoutExpired) as error:
         return {"error": f"{type(error).__name__}: {error}", "command": shlex.join(argv)}
     if done.returncode != 0 or not out.exists():
@@ -75,6 +83,7 @@ def perf_analyzer(binary: str, model: str, protocol: str, address: str, concurre
         "images_per_s": float(row["Inferences/Second"]),
         "latency_ms": {q: int(row[f"{q} latency"]) / 1000 for q in ("p50", "p90", "p99")},
         "command": shlex.join(argv),
+        **({"env": f"TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT={share_count}"} if share_count is not None else {}),
     }
 
 
@@ -127,10 +136,10 @@ class OneImage:
             result = run_hey(taskset(a.loadgen_cores, argv), timeout_s=60 + 2 * a.seconds)
             result["images_per_s"] = result.pop("requests_per_s", None)
             return result
-        protocol = kind.removeprefix("v2-")
+        protocol, _, channels = kind.removeprefix("v2-").partition("-")
         address = f"127.0.0.1:{ports[protocol]}"
         return perf_analyzer(a.perf_analyzer, self.model, protocol, address, concurrency, a.seconds, self.work,
-                             a.loadgen_cores, a.image_shape)  # fmt: skip
+                             a.loadgen_cores, a.image_shape, share_count=1 if channels else None)  # fmt: skip
 
     def profile(self, pid: int, tag: str) -> tuple[subprocess.Popen[str], Path]:
         """py-spy on the server and its children (the workers, the engine process), from 1.5 s into a

@@ -37,6 +37,7 @@ import orjson
 from bench.harness.machine import machine_info
 from bench.harness.measure import Bench, add_run_args, best_closed_loop
 from bench.harness.pinning import pin_generator, plan_pinning
+from bench.harness.process_cpu import TreeCpu
 from bench.harness.server_histograms import scrape, step_view
 from bench.harness.whole_machine_report import DESIGNS, checks, markdown
 from loadtest.hey import hey_command, run_hey
@@ -143,7 +144,9 @@ class WholeMachine:
                 if self.over_budget(f"{name} {form}"):
                     continue
                 payloads = bench.payloads if labels else replace(bench.payloads, expected=None)
-                out["forms"][form] = self.form(name, server.url, bench, payloads, workers, p99=p99, hey=hey)
+                out["forms"][form] = self.form(
+                    name, server.url, bench, payloads, workers, pid=server.proc.pid, p99=p99, hey=hey
+                )
         except Exception as error:  # one server failing must not lose the others' figures
             out["error"] = f"{type(error).__name__}: {error}"
             print(f"  {name} failed: {out['error']}", flush=True)
@@ -155,10 +158,10 @@ class WholeMachine:
         return out
 
     def form(
-        self, name: str, url: str, bench: Bench, payloads: Payloads, workers: int, *, p99: bool, hey: bool
+        self, name: str, url: str, bench: Bench, payloads: Payloads, workers: int, *, pid: int, p99: bool, hey: bool
     ) -> dict[str, Any]:
         label = f"{name} {payloads.form}"
-        closed = [bench.step(label, url, payloads, concurrency=workers * c) for c in self.args.per_worker]
+        closed = [self.observed_step(bench, label, url, payloads, workers * c, pid) for c in self.args.per_worker]
         best = best_closed_loop(closed)
         out: dict[str, Any] = {
             "closed_loop": closed,
@@ -182,6 +185,24 @@ class WholeMachine:
         if hey and self.hey is not None and not self.over_budget(f"{label} hey"):
             out["hey"] = self.cross_check(bench, url, best)
         return out
+
+    @staticmethod
+    def observed_step(
+        bench: Bench, label: str, url: str, payloads: Payloads, concurrency: int, pid: int
+    ) -> dict[str, Any]:
+        """One closed-loop step, with each server process's cores busy and (ours) what its own histograms
+        saw: where a request's time goes at that concurrency (issue 26, item 4: 8 a worker)."""
+        before = scrape(url)
+        cpu = TreeCpu(pid)
+        record = bench.step(label, url, payloads, concurrency=concurrency)
+        record["server_cpu"] = cpu.stop()
+        after = scrape(url) if before is not None else None
+        if before is not None and after is not None:
+            record["server_side"] = view = step_view(before, after)
+            means = {k: v["mean"] for k, v in view.items() if k != "gc_pause_ms"}
+            print(f"    server means {means}", flush=True)
+        print(f"    cores busy, busiest 2 s: {record['server_cpu']['cores_busy_peak_2s']}", flush=True)
+        return record
 
     @staticmethod
     def half_load_step(bench: Bench, label: str, url: str, payloads: Payloads, rate: float) -> dict[str, Any]:

@@ -53,6 +53,12 @@ def test_one_worker_no_op_and_ours_with_ratio_p99_and_hey(tmp_path: Path, hey: s
     assert 0 < inside["handler_ms"]["p50"] <= inside["handler_ms"]["p99"]
     assert inside["batch_rows"]["mean"] >= 1
     assert "server_side" not in noop["half_saturation"]  # the no-op has no /metrics
+    # each closed-loop step too: ours' histograms (every answer through the handler) and each process's cores
+    closed = ours["closed_loop"][0]
+    assert closed["server_side"]["handler_ms"]["count"] >= closed["counts"]["ok"] > 0
+    assert "server_side" not in noop["closed_loop"][0]
+    for step in (closed, noop["closed_loop"][0]):
+        assert step["server_cpu"]["cores_busy_peak_2s"]["supervisor"][0] > 0  # one worker: the root serves
     assert "The same median step seen by the server's own histograms" in (tmp_path / "whole-machine.md").read_text()
     if hey is not None:  # the largest worker count's no-op, at its saturation concurrency
         assert noop["hey"]["concurrency"] == 2 and noop["hey"]["requests_per_s"] > 0
