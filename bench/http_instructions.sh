@@ -11,7 +11,8 @@
 #   CGSERVE_INLINE_PREDICT=false bash bench/http_instructions.sh asgi 8103 raw 16 2000 $PYTHON bench/proxy_server.py --port 8103
 #   bash bench/http_instructions.sh noop 8101 raw 16 2000 $PYTHON -m loadtest.servers.noop --port 8101 --lean
 # FORM: json or raw (POST /predict), v2-json or v2-binary (the Open Inference Protocol's infer of
-# fashion-cnn: UINT8 data as a JSON list, or the binary tensor extension).
+# fashion-cnn: UINT8 data as a JSON list, or the binary tensor extension), upload (a 28×28 JPEG as a
+# multipart field) or jpeg (the same JPEG as the whole body, Content-Type image/jpeg).
 # Needs valgrind and hey (HEY=…, default .gpu/bin/hey); bodies: one image (loadtest/payloads.py),
 # written by PYTHON (default python3; the project's venv where python3 lacks its packages).
 # IMAGE_SHAPE=C,H,W: the raw and v2-binary forms' body is one uint8 image of that shape instead
@@ -33,6 +34,15 @@ open('$work/body.v2-json', 'wb').write(orjson.dumps({'inputs': [{**tensor, 'data
 header = orjson.dumps({'inputs': [{**tensor, 'parameters': {'binary_data_size': len(raw)}}]})
 open('$work/body.v2-binary', 'wb').write(header + raw)
 open('$work/header-length', 'w').write(str(len(header)))
+# upload: one 28×28 JPEG of that image as a multipart/form-data field `file` (the browser's and curl -F's
+# way), what the framework costs around an upload's decode (a photo's decode would dwarf it)
+import io
+from PIL import Image
+jpeg = io.BytesIO()
+Image.fromarray(images[0].reshape(28, 28).astype('uint8')).save(jpeg, 'JPEG', quality=90)
+part = b'--cgserve\r\nContent-Disposition: form-data; name="file"; filename="x.jpg"\r\nContent-Type: image/jpeg\r\n\r\n'
+open('$work/body.upload', 'wb').write(part + jpeg.getvalue() + b'\r\n--cgserve--\r\n')
+open('$work/body.jpeg', 'wb').write(jpeg.getvalue())
 shape = '${IMAGE_SHAPE:-}'
 if shape:
     import numpy as np
@@ -50,6 +60,8 @@ sleep 20  # whatever the server starts in the background after it is ready (the 
 type=application/json; path=/predict; extra=()
 case $form in
   raw) type=application/octet-stream ;;
+  upload) type='multipart/form-data; boundary=cgserve' ;;
+  jpeg) type=image/jpeg ;;
   v2-json) path=/v2/models/${V2_MODEL:-fashion-cnn}/infer ;;
   v2-binary) path=/v2/models/${V2_MODEL:-fashion-cnn}/infer; type=application/octet-stream
     extra=(-H "Inference-Header-Content-Length: $(cat "$work/header-length")") ;;

@@ -13,6 +13,7 @@ on --loadgen-cores:
   v2-grpc-channels  the same with a channel per context (TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT=1),
            so that its connections can spread over every worker
   jpeg     our generator, multipart uploads of photo-like JPEGs (~500×375), --form photo
+  jpeg-body  the same photos, each the whole body (Content-Type image/jpeg), --form jpeg
 
 each at every --concurrencies, then open loop at 70 % of the best raw figure for its p99. Beside
 every point: the rows per batch and queue wait the server's own histograms saw.
@@ -125,8 +126,9 @@ class OneImage:
         if kind == "raw":
             return self.generator(url, f"raw-{concurrency}", "--form", "raw", "--concurrency", str(concurrency),
                                   "--processes", processes)  # fmt: skip
-        if kind == "jpeg":
-            return self.generator(url, f"jpeg-{concurrency}", "--form", "photo", "--concurrency", str(concurrency),
+        if kind in ("jpeg", "jpeg-body"):
+            form = "photo" if kind == "jpeg" else "jpeg"
+            return self.generator(url, f"{kind}-{concurrency}", "--form", form, "--concurrency", str(concurrency),
                                   "--processes", processes)  # fmt: skip
         if kind == "hey":
             if self.hey is None:

@@ -6,6 +6,7 @@ Four forms, as the service accepts them:
   raw   N×28×28 uint8 (or float32 in [0, 1], ?dtype=float32) application/octet-stream
   photo one 500×375 photo-like JPEG in field `file`        multipart/form-data (labels not checked:
         what a camera client sends; the server decodes and resizes it to the model's input)
+  jpeg  the same photos, each the whole body                 image/jpeg
 
 Each body carries the labels the eager model gives its images on the CPU (not the data set's
 ground truth: the model is ~90% right, and the server must agree with the model, not the data).
@@ -25,7 +26,7 @@ import httpx
 import numpy as np
 import orjson
 
-FORMS = ("json", "png", "raw", "photo")
+FORMS = ("json", "png", "raw", "photo", "jpeg")
 RAW_DTYPES = ("uint8", "float32")
 # A fixed boundary: the bodies are built once, and it cannot occur inside a PNG's bytes by
 # chance often enough to matter (each body is checked anyway).
@@ -140,8 +141,8 @@ def build_payloads(
 
     `image_shape` (C, H, W) other than the seed CNN's: raw bodies of random pixels for another
     model of the repository (e.g. resnet50's 3×224×224), its labels not checked."""
-    if form == "photo":
-        return photo_payloads(path)
+    if form in ("photo", "jpeg"):
+        return photo_payloads(path, multipart=form == "photo")
     if image_shape is not None and tuple(image_shape) != (1, 28, 28):
         return random_raw_payloads(image_shape, images_per_request, path)
     if form not in FORMS:
@@ -210,8 +211,11 @@ def random_raw_payloads(shape: tuple[int, int, int], images_per_request: int, pa
     return Payloads("raw", path, "application/octet-stream", encoded, None, images_per_request, info)
 
 
-def photo_payloads(path: str, bodies: int = 16, width: int = 500, height: int = 375) -> Payloads:
-    """Multipart uploads of `bodies` photo-like JPEGs (loadtest/photos.py, quality 90), seeded."""
+def photo_payloads(
+    path: str, bodies: int = 16, width: int = 500, height: int = 375, *, multipart: bool = True
+) -> Payloads:
+    """`bodies` photo-like JPEGs (loadtest/photos.py, quality 90), seeded: multipart uploads, or each the
+    whole body."""
     from PIL import Image
 
     from loadtest.photos import synthetic_photo
@@ -220,10 +224,15 @@ def photo_payloads(path: str, bodies: int = 16, width: int = 500, height: int = 
     for seed in range(bodies):
         buffer = io.BytesIO()
         Image.fromarray(synthetic_photo(width, height, seed)).save(buffer, format="JPEG", quality=90)
-        encoded.append(multipart_body(buffer.getvalue(), filename=f"photo-{seed}.jpg", content_type="image/jpeg"))
+        jpeg = buffer.getvalue()
+        encoded.append(
+            multipart_body(jpeg, filename=f"photo-{seed}.jpg", content_type="image/jpeg") if multipart else jpeg
+        )
     info = {"source": f"synthetic photos {width}×{height}, JPEG quality 90, seeds 0-{bodies - 1}",
             "body_bytes_mean": round(float(np.mean([len(b) for b in encoded])), 1)}  # fmt: skip
-    return Payloads("photo", path, MULTIPART_CONTENT_TYPE, tuple(encoded), None, 1, info)
+    if multipart:
+        return Payloads("photo", path, MULTIPART_CONTENT_TYPE, tuple(encoded), None, 1, info)
+    return Payloads("jpeg", path, "image/jpeg", tuple(encoded), None, 1, info)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,10 @@ from PIL import Image, UnidentifiedImageError
 from app.errors import InputError
 from app.repository.model_spec import ModelSpec
 
-IMAGE_EXPECTED = "a multipart/form-data upload of one PNG or JPEG image in the field `file`"
+IMAGE_EXPECTED = (
+    "one PNG or JPEG image: the whole body (Content-Type image/jpeg or image/png) or a multipart/form-data "
+    "upload in the field `file`"
+)
 RAW_DTYPES: dict[str, np.dtype[Any]] = {"uint8": np.dtype(np.uint8), "float32": np.dtype("<f4")}
 RAW_LAYOUTS = ("nchw", "nhwc")
 # Large downscales first shrink by a whole factor (a box filter, cheap), then resample: a 1024×1024
@@ -44,7 +47,7 @@ def raw_expected(spec: ModelSpec) -> str:
     )
 
 
-def decode_json(body: bytes, *, max_instances: int, spec: ModelSpec) -> np.ndarray:
+def decode_json(body: bytes | bytearray, *, max_instances: int, spec: ModelSpec) -> np.ndarray:
     """{"instances": [...]} → (k, C, H, W) float32."""
     expected = json_expected(spec)
     try:
@@ -82,7 +85,7 @@ def decode_json(body: bytes, *, max_instances: int, spec: ModelSpec) -> np.ndarr
 
 
 def decode_raw(
-    body: bytes, *, dtype: str = "uint8", layout: str = "nchw", max_instances: int, spec: ModelSpec
+    body: bytes | bytearray, *, dtype: str = "uint8", layout: str = "nchw", max_instances: int, spec: ModelSpec
 ) -> np.ndarray:
     """N packed images → (N, C, H, W): uint8 pixels as they came (no copy for NCHW), or float32."""
     expected = raw_expected(spec)
@@ -105,7 +108,7 @@ def decode_raw(
     return images if dtype == "uint8" else checked_intensities(images, expected)
 
 
-def decode_image(data: bytes, *, max_pixels: int, spec: ModelSpec) -> np.ndarray:
+def decode_image(data: bytes | bytearray, *, max_pixels: int, spec: ModelSpec) -> np.ndarray:
     """A PNG or JPEG → (1, C, H, W) uint8: the model's colour, resized and cropped per its [preprocess]."""
     if not data:
         raise InputError("the uploaded file is empty", expected=IMAGE_EXPECTED)
@@ -131,7 +134,11 @@ def decode_image(data: bytes, *, max_pixels: int, spec: ModelSpec) -> np.ndarray
         raise InputError(
             str(error), expected=_too_large(max_pixels, spec), status=413, code="image_too_large"
         ) from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
+    except UnidentifiedImageError:  # its text names a BytesIO's address: nothing the client can use
+        raise InputError(
+            "the upload could not be decoded as PNG or JPEG: it is neither", expected=IMAGE_EXPECTED
+        ) from None
+    except (OSError, SyntaxError, ValueError) as error:
         raise InputError(
             f"the upload could not be decoded as PNG or JPEG ({type(error).__name__}: {error})",
             expected=IMAGE_EXPECTED,

@@ -67,7 +67,7 @@ READ_MODES = {"RGB": torchvision.io.ImageReadMode.RGB, "L": torchvision.io.Image
 
 @dataclass(eq=False)
 class _Job:
-    data: bytes | memoryview
+    data: bytes | bytearray | memoryview
     spec: ModelSpec
     future: asyncio.Future[np.ndarray]
     out: np.ndarray | None  # where the caller wants the (1, C, h, w) pixels written, or None: a new array
@@ -104,7 +104,9 @@ class GpuJpegDecoder:
         self._collector: asyncio.Task[None] | None = None
         self._batches: set[asyncio.Task[None]] = set()  # launching or handing back (asyncio keeps weak references)
 
-    async def decode(self, data: bytes | memoryview, spec: ModelSpec, out: np.ndarray | None = None) -> np.ndarray:
+    async def decode(
+        self, data: bytes | bytearray | memoryview, spec: ModelSpec, out: np.ndarray | None = None
+    ) -> np.ndarray:
         """A JPEG → (1, C, h, w) uint8 per the spec's [preprocess]; GpuDecodeError if nvJPEG refused it.
 
         `data` is read until the decode is launched; a writable memoryview is read in place (the
@@ -235,9 +237,11 @@ class GpuJpegDecoder:
                 job.future.set_exception(error)
 
 
-def _writable(data: bytes | memoryview) -> bytearray | memoryview:
+def _writable(data: bytes | bytearray | memoryview) -> bytearray | memoryview:
     """What torch.frombuffer takes without a warning: a writable buffer, `data` itself where it is one."""
-    return data if isinstance(data, memoryview) and not data.readonly else bytearray(data)
+    if isinstance(data, bytearray) or (isinstance(data, memoryview) and not data.readonly):
+        return data
+    return bytearray(data)
 
 
 def _by_color(jobs: list[_Job]) -> dict[str, list[int]]:

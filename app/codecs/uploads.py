@@ -33,7 +33,9 @@ JPEG_END = b"\xff\xd9"  # EOI; byte stuffing keeps it out of the entropy-coded d
 
 
 class JpegBatchDecoder(Protocol):
-    async def decode(self, data: bytes | memoryview, spec: ModelSpec, out: np.ndarray | None = None) -> np.ndarray:
+    async def decode(
+        self, data: bytes | bytearray | memoryview, spec: ModelSpec, out: np.ndarray | None = None
+    ) -> np.ndarray:
         """A JPEG → (1, C, H, W) uint8 per the spec's [preprocess], written into `out` where given;
         GpuDecodeError if nvJPEG refused it."""
         ...
@@ -77,7 +79,7 @@ def _imports(module: str) -> bool:
     return True
 
 
-def gpu_decodable(data: bytes, *, max_pixels: int, spec: ModelSpec) -> bool:
+def gpu_decodable(data: bytes | bytearray, *, max_pixels: int, spec: ModelSpec) -> bool:
     """Whether the header says nvJPEG can take this upload; raises the 413 of an oversized image."""
     try:
         with Image.open(io.BytesIO(data), formats=("PNG", "JPEG")) as image:
@@ -89,7 +91,9 @@ def gpu_decodable(data: bytes, *, max_pixels: int, spec: ModelSpec) -> bool:
         return False  # Pillow's decode_image says what is wrong with it
 
 
-async def decode_upload(data: bytes, *, max_pixels: int, spec: ModelSpec, gpu: JpegBatchDecoder | None) -> np.ndarray:
+async def decode_upload(
+    data: bytes | bytearray, *, max_pixels: int, spec: ModelSpec, gpu: JpegBatchDecoder | None
+) -> np.ndarray:
     """An uploaded image → (1, C, H, W) uint8, on the GPU where it can be, else with Pillow."""
     if gpu is not None and data and gpu_decodable(data, max_pixels=max_pixels, spec=spec):
         try:

@@ -224,7 +224,7 @@ class EngineLink:
         header = frames.INFER_HEADER.pack(frame_id, deadline, dtype, model, *shape, segment.index)
         writer.write(frames.frame(frames.INFER, header))
 
-    def decode(self, model: int, data: bytes | memoryview, pixel_bytes: int) -> asyncio.Future[np.ndarray]:
+    def decode(self, model: int, data: bytes | bytearray | memoryview, pixel_bytes: int) -> asyncio.Future[np.ndarray]:
         """Send an upload's encoded bytes (a byte buffer) to the engine process's GPU decoder; the future of its
         (1, C, H, W) uint8 pixels, or GpuDecodeError where nvJPEG refused it (Pillow decodes it here).
         `pixel_bytes`: what the model's input takes, so that the segment can carry the pixels back."""
@@ -373,7 +373,9 @@ class RemoteJpegDecoder:
     def __init__(self, link: EngineLink) -> None:
         self.link = link
 
-    async def decode(self, data: bytes | memoryview, spec: ModelSpec, out: np.ndarray | None = None) -> np.ndarray:
+    async def decode(
+        self, data: bytes | bytearray | memoryview, spec: ModelSpec, out: np.ndarray | None = None
+    ) -> np.ndarray:
         """A JPEG → (1, C, H, W) uint8 per the spec's [preprocess]; GpuDecodeError if nvJPEG refused it."""
         info = self.link.table.get(spec.name, {}).get(spec.version)
         if info is None:  # unloaded meanwhile: the route's Pillow decodes it, its submit says what happened

@@ -20,7 +20,7 @@ JSON_TYPE = (b"content-type", b"application/json")
 
 @dataclass(slots=True)
 class HttpBody:
-    body: bytes
+    body: bytes | bytearray  # the connection's buffer itself on the inline path (not copied)
     media: str  # the Content-Type without parameters, lower case ("" where absent)
     query: str  # the raw query string
     header_length: str | None = None  # the v2 binary extension's Inference-Header-Content-Length

@@ -68,6 +68,13 @@ def predict_operation(summary: str, parameters: list[dict[str, Any]]) -> dict[st
                     },
                     "description": "One PNG or JPEG in the field `file`: made the model's colour and size.",
                 },
+                **{
+                    media: {
+                        "schema": {"type": "string", "format": "binary"},
+                        "description": "One PNG or JPEG as the whole body: made the model's colour and size.",
+                    }
+                    for media in ("image/jpeg", "image/png")
+                },
                 "application/octet-stream": {
                     "schema": {"type": "string", "format": "binary"},
                     "description": "N packed images: uint8 pixels (default) or little-endian float32 in [0, 1].",

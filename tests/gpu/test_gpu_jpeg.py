@@ -155,6 +155,9 @@ DESIGNS = {
 }
 
 
+JPEG_TYPE = {"content-type": "image/jpeg"}
+
+
 @pytest.mark.parametrize("design", list(DESIGNS))
 def test_the_http_path_with_the_gpu_decoder(design: str, tmp_path: Path) -> None:
     command = (sys.executable, "-m", "app.cli", "serve")
@@ -185,6 +188,10 @@ def test_the_http_path_with_the_gpu_decoder(design: str, tmp_path: Path) -> None
         assert refused.status_code == 422 and "could not be decoded as PNG or JPEG" in refused.text
         junk = upload(b"\xff\xd8\xff" + b"junk" * 100)
         assert junk.status_code == 422
+        # The same photos each as the whole body (image/jpeg, answered inline): the same decoder, the same answer.
+        with ThreadPoolExecutor(len(jpegs)) as pool:
+            bodies = list(pool.map(lambda data: httpx.post(resnet, content=data, headers=JPEG_TYPE, timeout=60), jpegs))
+        assert [b.json() for b in bodies] == [a.json() for a in answers]
         grey = grey_jpeg(GARMENTS[0], quality=95)
         seed = httpx.post(f"{url}/v1/models/fashion-cnn/predict", files={"file": ("g.jpg", grey, "image/jpeg")})
         assert seed.status_code == 200 and seed.json()["predictions"][0]["label"] == 9  # an ankle boot
@@ -194,7 +201,7 @@ def test_the_http_path_with_the_gpu_decoder(design: str, tmp_path: Path) -> None
     starts = (tmp_path / "server.log").read_text().count("JPEG uploads are decoded on cuda")
     assert starts == (3 if settings.get("jpeg_decode_in_workers") == "true" else 1)
     gpu_count = _sample(exposition, 'cgserve_image_decodes_total{decoder="gpu"}')
-    assert gpu_count == len(jpegs) + 1 and _sample(exposition, 'cgserve_image_decodes_total{decoder="cpu"}') >= 2
+    assert gpu_count == 2 * len(jpegs) + 1 and _sample(exposition, 'cgserve_image_decodes_total{decoder="cpu"}') >= 2
     assert _sample(exposition, "cgserve_gpu_jpeg_batch_images_count") >= 1
 
 

@@ -67,6 +67,15 @@ def png_of(seed: int) -> bytes:
     return len(buffer.getvalue()).to_bytes(4, "little") + buffer.getvalue()
 
 
+def jpeg_of(pixels: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
+    return buffer.getvalue()
+
+
+JPEG = jpeg_of(IMAGE.reshape(28, 28))
+PHOTO = jpeg_of(np.random.default_rng(3).integers(0, 256, (300, 400, 3), dtype=np.uint8))  # past 64 KiB
+
 # (path, content type, body, extra headers): answered inline where the default allows, and refused alike.
 CASES = [
     ("/predict", JSON, JSON_BODY, {}),
@@ -114,6 +123,13 @@ CASES = [
     (V2, OCTETS, LARGE_BINARY[0], {"inference-header-content-length": "x"}),  # 400: not a length
     (V2, OCTETS, *v2_binary_of("FP32", [30, 1, 28, 28], np.tile(IMAGE / 255, 30).astype(np.float32).tobytes())),
     (V2, OCTETS, *v2_binary_of("BYTES", [2], png_of(1) + png_of(2))),  # encoded images: the task, the uploads' decoder
+    # One image as the whole body: the uploads' decoder, as a multipart upload's file.
+    ("/predict", "image/jpeg", JPEG, {}),
+    ("/v1/models/fashion-cnn/predict", "image/jpeg", PHOTO, {}),
+    ("/predict", "image/png", png_of(4)[4:], {}),
+    ("/predict", "image/jpeg", JPEG[: len(JPEG) // 2], {}),  # 422: cut short
+    ("/predict", "image/png", b"", {}),  # 422: empty
+    ("/predict", "image/jpeg", RAW, {}),  # 422: not an image
 ]
 
 
@@ -252,6 +268,19 @@ def test_encoded_images_past_64_kib_are_decoded_by_the_uploads_decoder(servers: 
     assert answer.status_code == 200, answer.text
     assert answer.json()["outputs"][0]["shape"][0] == 2
     assert image_decodes(inline) - before == 2
+
+
+def test_an_image_body_answers_as_its_multipart_upload(servers: tuple[str, str]) -> None:
+    """`curl --data-binary @photo.jpg -H 'content-type: image/jpeg'` and `curl -F file=@photo.jpg`: one
+    answer, each through the uploads' decoder, the body form served inline."""
+    inline, asgi = servers
+    for body, media in ((JPEG, "image/jpeg"), (PHOTO, "image/jpeg"), (png_of(5)[4:], "image/png")):
+        before = image_decodes(inline)
+        whole = httpx.post(inline + "/predict", content=body, headers={"content-type": media})
+        upload = httpx.post(asgi + "/predict", files={"file": ("image", body, media)})
+        assert whole.status_code == upload.status_code == 200, (whole.text, upload.text)
+        assert whole.json() == upload.json()
+        assert image_decodes(inline) - before == 1
 
 
 def test_pipelined_requests_come_back_in_order(servers: tuple[str, str]) -> None:

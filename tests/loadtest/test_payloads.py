@@ -84,6 +84,16 @@ async def test_multipart_bodies_parse_back_to_their_png_with_one_shared_header(i
         assert np.array_equal(np.asarray(Image.open(io.BytesIO(png))), images[i])
 
 
+@pytest.mark.anyio
+async def test_photo_forms_carry_the_same_jpegs_as_an_upload_and_as_the_body() -> None:
+    photo, jpeg = build_payloads("photo", check_labels=False), build_payloads("jpeg", check_labels=False)
+    assert (photo.content_type, jpeg.content_type) == (MULTIPART_CONTENT_TYPE, "image/jpeg")
+    assert len(photo.bodies) == len(jpeg.bodies) == 16 and len(set(jpeg.bodies)) == 16
+    for upload, body in zip(photo.bodies, jpeg.bodies, strict=True):
+        assert await parse_multipart(upload, photo.content_type) == body
+        assert Image.open(io.BytesIO(body)).size == (500, 375)
+
+
 def test_payloads_carry_the_eager_labels_of_unambiguous_images() -> None:
     payloads = build_payloads("json", images_per_request=4, limit=200)
     assert payloads.expected is not None and len(payloads.expected) == len(payloads.bodies)

@@ -30,8 +30,15 @@ from app.service import ServedModel, Service
 
 log = logging.getLogger(__name__)
 
-ACCEPTED = "application/json, multipart/form-data (field `file`) or application/octet-stream"
-FORMAT_OF = {"application/json": "json", "multipart/form-data": "image", "application/octet-stream": "raw"}
+ACCEPTED = "application/json, application/octet-stream, image/jpeg, image/png or multipart/form-data (field `file`)"
+# Every form an image arrives in, one encoded image a body: an upload (multipart) or the body itself.
+FORMAT_OF = {
+    "application/json": "json",
+    "application/octet-stream": "raw",
+    "image/jpeg": "image",
+    "image/png": "image",
+    "multipart/form-data": "image",
+}
 
 
 class PredictCodec:
@@ -58,7 +65,7 @@ class PredictCodec:
         return decode_bytes(request, spec, self.max_instances), None
 
     def decode_cheaply(self, request: HttpBody, spec: ModelSpec) -> None:
-        """A large JSON body or an upload: the async decode's (a raw body is decoded now whatever its size)."""
+        """A large JSON body or an image: the async decode's (a raw body is decoded now whatever its size)."""
         return None
 
     def encode(self, scores: np.ndarray, asked: None, served: ServedModel, engine: str) -> HttpAnswer:
@@ -79,6 +86,8 @@ async def decode_body(
     The benchmarks' no-op ceiling (loadtest/servers/) calls this too, so it decodes as the service does."""
     if request.upload is not None:
         return await decode_upload(await request.upload(), max_pixels=max_pixels, spec=spec, gpu=jpeg)
+    if FORMAT_OF.get(request.media) == "image":  # the body is the image (curl --data-binary @photo.jpg)
+        return await decode_upload(request.body, max_pixels=max_pixels, spec=spec, gpu=jpeg)
     if len(request.body) >= LARGE_JSON_BYTES:
         return await off_loop(decode_bytes, request, spec, max_instances)
     return decode_bytes(request, spec, max_instances)
@@ -110,6 +119,7 @@ def http_body(request: Request, media: str) -> Callable[[], Awaitable[HttpBody]]
             raise unsupported(media)
         if media == "multipart/form-data":
             return HttpBody(b"", media, "", upload=lambda: read_upload(request))
+        # JSON, raw, or one encoded image as the whole body: read whole, within the body limit
         return HttpBody(await whole_body(request), media, request.url.query)
 
     return read
@@ -131,7 +141,9 @@ async def predict(request: Request) -> Response:
     return answer.response()  # type: ignore[no-any-return]
 
 
-def decode_octets(body: bytes, query: Mapping[str, str], *, max_instances: int, spec: ModelSpec) -> np.ndarray:
+def decode_octets(
+    body: bytes | bytearray, query: Mapping[str, str], *, max_instances: int, spec: ModelSpec
+) -> np.ndarray:
     """Packed images, in the dtype and layout the query names (uint8 NCHW unless told)."""
     dtype, layout = query.get("dtype", "uint8"), query.get("layout", "nchw")
     return decode_raw(body, dtype=dtype, layout=layout, max_instances=max_instances, spec=spec)

@@ -222,7 +222,7 @@ INFER_ROUTES = [
 
 
 def parse_infer(
-    body: bytes, header_length: str | None, spec: ModelSpec, max_instances: int
+    body: bytes | bytearray, header_length: str | None, spec: ModelSpec, max_instances: int
 ) -> tuple[Asked, np.ndarray | list[bytes]]:
     """What the answer should hold and the input: (k, C, H, W) pixels or intensities, or a BYTES input's
     encoded images (still to decode): the whole request, checked."""
@@ -285,7 +285,7 @@ def asked_outputs(document: dict[str, Any], spec: ModelSpec) -> Asked:
     return Asked(request_id if isinstance(request_id, str) else None, tuple(wanted))
 
 
-def _split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes | memoryview]:
+def _split_body(body: bytes | bytearray, header_length: str | None) -> tuple[dict[str, Any], memoryview]:
     """The JSON inference header and the binary section after it, a view of the body (150 KB for one
     224×224 UINT8 image: not copied); empty without the extension."""
     header, binary = body, memoryview(b"")
