@@ -7,7 +7,6 @@ codec as an HttpBody: what was read, whichever front end read it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from starlette.requests import ClientDisconnect, Request
@@ -24,7 +23,7 @@ class HttpBody:
     media: str  # the Content-Type without parameters, lower case ("" where absent)
     query: str  # the raw query string
     header_length: str | None = None  # the v2 binary extension's Inference-Header-Content-Length
-    upload: Callable[[], Awaitable[bytes]] | None = None  # multipart/form-data: the `file` field, read on demand
+    content_type: bytes = b""  # the first Content-Type whole: a multipart body's boundary is in it
 
 
 @dataclass(slots=True)

@@ -1,10 +1,10 @@
 """The inference routes as one raw ASGI callable in front of the app's router.
 
-A POST to /predict, /v1/models/{name}/predict or /v2/models/{name}[/versions/{v}]/infer with a JSON or
-raw body is answered here, on the request's one task: its body read from `receive`, the data plane's
-`infer` with the route's own codec, the answer written with two `send`s. No Starlette routing, no
-exception or exit-stack middleware, no Request or Response objects. Everything else (uploads, a 415,
-every other path) goes on to the app. It stands inside the request guard (app/http/limits.py), so the
+A POST to /predict, /v1/models/{name}/predict or /v2/models/{name}[/versions/{v}]/infer with a body
+the route takes is answered here, on the request's one task: its body read from `receive`, the data
+plane's `infer` with the route's own codec, the answer written with two `send`s. No Starlette routing,
+no exception or exit-stack middleware, no Request or Response objects. Everything else (a 415, every
+other path) goes on to the app. It stands inside the request guard (app/http/limits.py), so the
 body limits, the bytes-in-flight budget and the deadline hold here as everywhere; only public,
 versioned interfaces are used: ASGI's scope, receive and send.
 """
@@ -35,7 +35,7 @@ class FastPath:
         head = scope.get(HEAD_KEY) or read_head(scope["headers"])  # the guard's, read once
         media, header_length = head.media, head.header_length
         form = form_of(route, media, header_length)
-        if form is None:  # an upload, or a body the route refuses (415)
+        if form is None:  # a body the route refuses (415)
             await self.app(scope, receive, send)
             return
 
@@ -49,9 +49,8 @@ class FastPath:
                 if not message.get("more_body", False):
                     break
             length = None if header_length is None else header_length.decode("latin-1")
-            return HttpBody(
-                b"".join(chunks), (media or b"").decode("latin-1"), scope["query_string"].decode("latin-1"), length
-            )
+            media_text, query = (media or b"").decode("latin-1"), scope["query_string"].decode("latin-1")
+            return HttpBody(b"".join(chunks), media_text, query, length, head.content_type)
 
         state = scope["app"].state  # set by the app the request came in through, for every ASGI request
         answer = await state.plane.infer(

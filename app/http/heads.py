@@ -20,6 +20,7 @@ MAX_TIMEOUT_DIGITS = 12  # X-Request-Timeout-Ms: 31 years
 class Head:
     length: int | None = None  # Content-Length; -1 where given twice or not a number
     media: bytes | None = None  # the first Content-Type, without parameters, lower case
+    content_type: bytes = b""  # the first Content-Type whole (a multipart body's boundary is in it)
     header_length: bytes | None = None  # the first Inference-Header-Content-Length
     timeout_ms: int | None = None  # X-Request-Timeout-Ms (the shortest); -1 where one is not 1 to 12 digits above 0
     streamed: bool = False  # Transfer-Encoding or Expect: the body does not simply follow the head
@@ -31,7 +32,7 @@ def read_head(headers: Iterable[tuple[bytes, bytes]]) -> Head:
         if name == b"content-length":
             head.length = int(value) if value.isdigit() and head.length is None else -1
         elif name == b"content-type" and head.media is None:
-            head.media = value.partition(b";")[0].strip().lower()
+            head.media, head.content_type = value.partition(b";")[0].strip().lower(), value
         elif name == V2_HEADER_LENGTH and head.header_length is None:
             head.header_length = value
         elif name == TIMEOUT_HEADER and head.timeout_ms != -1:  # one bad value refuses the request

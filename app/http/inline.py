@@ -8,8 +8,8 @@ and never for the wait. Here the protocol (app/http/protocol.py) hands over a sm
 its body is whole it is decoded as the route decodes it, queued with the batcher's `enqueue`,
 and the answer is written from the future's callback, in one write: no task, no coroutine.
 
-Taken here: the routes of app/http/inline_routes.py (POST /predict with a JSON, octet-stream or image body,
-the Open Inference Protocol's infer with JSON or binary tensors) with a Content-Length of at most
+Taken here: the routes of app/http/inline_routes.py (POST /predict with a JSON, octet-stream, image or
+multipart body, the Open Inference Protocol's infer with JSON or binary tensors) with a Content-Length of at most
 256 KiB (INLINE_BODY_LIMIT: a 150 KB ResNet-50 image is taken), no Transfer-Encoding or Expect,
 while CGSERVE_INLINE_PREDICT is on and no access layer (tokens, CORS, request ids, access log) is.
 Everything else takes the ASGI routes and both doors answer alike: the same
@@ -50,6 +50,7 @@ class InlineRequest:
     form: str  # "json" or "raw" (/predict), "json" or "binary" (v2 infer)
     header_length: bytes | None  # the v2 binary extension's Inference-Header-Content-Length
     media: bytes | None  # the Content-Type, without parameters
+    content_type: bytes  # the Content-Type whole (a multipart body's boundary)
     reserved: int  # bytes held in the budget until the answer is written
     deadline: float  # time.monotonic()
     started: float  # time.perf_counter(), for the latency histogram
@@ -102,7 +103,10 @@ class InlinePredict:
         extensions: dict[str, Any] = scope["extensions"]  # the first byte's time, stamped by the guarded protocol
         deadline = extensions[FIRST_BYTE_KEY] + timeout_s
         codec = self.codecs[route]
-        request = InlineRequest(cycle, codec, "", form, header_length, media, length, deadline, time.perf_counter())
+        started = time.perf_counter()
+        request = InlineRequest(
+            cycle, codec, "", form, header_length, media, head.content_type, length, deadline, started
+        )
         try:  # as the data plane does, before a byte of the body is read: the model, its readiness, admission
             request.served = codec.served(model, version)
             request.model = request.served.spec.name  # refusals below are counted under it
@@ -124,7 +128,7 @@ class InlinePredict:
         scope = request.cycle.scope
         media = (request.media or b"").decode("latin-1")
         header_length = None if request.header_length is None else request.header_length.decode("latin-1")
-        wire = HttpBody(body, media, scope["query_string"].decode("latin-1"), header_length)
+        wire = HttpBody(body, media, scope["query_string"].decode("latin-1"), header_length, request.content_type)
         batcher, served = request.batcher, request.served
         try:  # the codec's own decode, here and now where it is cheap
             if request.form == "raw" or (request.form != "image" and len(body) <= DECODE_NOW_BYTES):

@@ -1,7 +1,7 @@
 """The inference paths a front end below Starlette's router answers itself, and their bodies' forms.
 
-    POST /predict, /v1/models/{name}/predict                 JSON, raw bytes or one JPEG/PNG as the whole
-                                                             body: PredictCodec
+    POST /predict, /v1/models/{name}/predict                 JSON, raw bytes, one JPEG/PNG as the whole
+                                                             body or a multipart upload: PredictCodec
     POST /v2/models/{name}[/versions/{version}]/infer        JSON tensors or the binary tensor
                                                              extension: V2Codec
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from app.http.routes.predict import FORMAT_OF
 
-# /predict's media types whose body is read whole here (not a multipart upload, which the route parses).
-PREDICT_FORMS = {media.encode(): form for media, form in FORMAT_OF.items() if media != "multipart/form-data"}
+# /predict's media types: every one it takes, read whole here (bodies up to INLINE_BODY_LIMIT).
+PREDICT_FORMS = {media.encode(): form for media, form in FORMAT_OF.items()}
 
 
 def form_of(route: str, media: bytes | None, header_length: bytes | None) -> str | None:

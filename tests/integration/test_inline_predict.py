@@ -73,6 +73,12 @@ def jpeg_of(pixels: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
+def upload_of(data: bytes, field: str = "file", **fields: str) -> tuple[str, bytes, dict[str, str]]:
+    """(content type, body, no extra headers) of a multipart upload as httpx sends it."""
+    request = httpx.Request("POST", "http://x/", files={field: ("photo.jpg", data, "image/jpeg")}, data=fields)
+    return request.headers["content-type"], request.read(), {}
+
+
 JPEG = jpeg_of(IMAGE.reshape(28, 28))
 PHOTO = jpeg_of(np.random.default_rng(3).integers(0, 256, (300, 400, 3), dtype=np.uint8))  # past 64 KiB
 
@@ -130,6 +136,13 @@ CASES = [
     ("/predict", "image/jpeg", JPEG[: len(JPEG) // 2], {}),  # 422: cut short
     ("/predict", "image/png", b"", {}),  # 422: empty
     ("/predict", "image/jpeg", RAW, {}),  # 422: not an image
+    # Multipart uploads, read inline too: the common shape directly, the rest by Starlette's parser.
+    ("/predict", *upload_of(JPEG)),
+    ("/v1/models/fashion-cnn/predict", *upload_of(PHOTO)),
+    ("/predict", *upload_of(JPEG, note="a field beside the file")),
+    ("/predict", *upload_of(JPEG, field="image")),  # 422: no file in the field `file`
+    ("/predict", "multipart/form-data", upload_of(JPEG)[1], {}),  # 400: no boundary
+    ("/predict", upload_of(JPEG)[0], b"--nope\r\n\r\n", {}),  # 400 or 422, as Starlette's parser says
 ]
 
 

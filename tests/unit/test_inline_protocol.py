@@ -57,7 +57,7 @@ class StubInline:
         if cycle.scope["method"] != "POST" or cycle.scope["path"] != "/predict":
             return None
         deadline = cycle.scope["extensions"][FIRST_BYTE_KEY] + 10
-        return InlineRequest(cycle, PREDICT, "", "raw", None, None, 0, deadline, 0.0)  # type: ignore[arg-type]
+        return InlineRequest(cycle, PREDICT, "", "raw", None, None, b"", 0, deadline, 0.0)  # type: ignore[arg-type]
 
     def body_complete(self, request: InlineRequest) -> None:
         self.pending.append(request)

@@ -13,17 +13,16 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 
 import numpy as np
-from starlette.datastructures import QueryParams, UploadFile
-from starlette.exceptions import HTTPException
-from starlette.formparsers import MultiPartException
-from starlette.requests import ClientDisconnect, Request
+from starlette.datastructures import QueryParams
+from starlette.requests import Request
 from starlette.responses import Response
 
-from app.codecs.bodies import IMAGE_EXPECTED, decode_json, decode_raw, encode_predictions
+from app.codecs.bodies import decode_json, decode_raw, encode_predictions
 from app.codecs.uploads import JpegBatchDecoder, decode_upload
 from app.errors import ClientClosedError, InputError, ServiceError
 from app.http.answer import HttpAnswer, HttpBody, error_answer, whole_body
 from app.http.limits import deadline_of
+from app.http.multipart import upload_in
 from app.ops.off_loop import LARGE_JSON_BYTES, off_loop
 from app.repository.model_spec import ModelSpec
 from app.service import ServedModel, Service
@@ -84,8 +83,9 @@ async def decode_body(
     """The body as (k, C, H, W) uint8 pixels or float32 intensities, by its content type; large bodies
     decode off the event loop. `jpeg`: the service's batched GPU JPEG decoder, None for Pillow alone.
     The benchmarks' no-op ceiling (loadtest/servers/) calls this too, so it decodes as the service does."""
-    if request.upload is not None:
-        return await decode_upload(await request.upload(), max_pixels=max_pixels, spec=spec, gpu=jpeg)
+    if request.media == "multipart/form-data":  # an upload in the field `file` (curl -F file=@photo.jpg)
+        upload = await upload_in(request.content_type, request.body)
+        return await decode_upload(upload, max_pixels=max_pixels, spec=spec, gpu=jpeg)
     if FORMAT_OF.get(request.media) == "image":  # the body is the image (curl --data-binary @photo.jpg)
         return await decode_upload(request.body, max_pixels=max_pixels, spec=spec, gpu=jpeg)
     if len(request.body) >= LARGE_JSON_BYTES:
@@ -112,15 +112,13 @@ def unsupported(media: str) -> InputError:
 
 
 def http_body(request: Request, media: str) -> Callable[[], Awaitable[HttpBody]]:
-    """How a Starlette request's body is read, once admitted: whole, or an upload's `file` on demand."""
+    """How a Starlette request's body is read, once admitted: whole, within the body limit, whatever its form."""
 
     async def read() -> HttpBody:
         if media not in FORMAT_OF:  # refused on its Content-Type, before a byte of it is read
             raise unsupported(media)
-        if media == "multipart/form-data":
-            return HttpBody(b"", media, "", upload=lambda: read_upload(request))
-        # JSON, raw, or one encoded image as the whole body: read whole, within the body limit
-        return HttpBody(await whole_body(request), media, request.url.query)
+        content_type = request.headers.get("content-type", "").encode("latin-1")
+        return HttpBody(await whole_body(request), media, request.url.query, content_type=content_type)
 
     return read
 
@@ -147,22 +145,3 @@ def decode_octets(
     """Packed images, in the dtype and layout the query names (uint8 NCHW unless told)."""
     dtype, layout = query.get("dtype", "uint8"), query.get("layout", "nchw")
     return decode_raw(body, dtype=dtype, layout=layout, max_instances=max_instances, spec=spec)
-
-
-async def read_upload(request: Request) -> bytes:
-    try:
-        async with request.form(max_files=1, max_fields=8) as form:
-            upload = form.get("file")
-            if not isinstance(upload, UploadFile):
-                raise InputError("the multipart body has no file in the field `file`", expected=IMAGE_EXPECTED)
-            return await upload.read()
-    except ClientDisconnect:
-        raise ClientClosedError("the client went away before its answer") from None
-    except (MultiPartException, HTTPException) as error:
-        detail = getattr(error, "detail", None) or getattr(error, "message", str(error))
-        raise InputError(
-            f"the multipart body could not be parsed: {detail}",
-            expected=IMAGE_EXPECTED,
-            status=400,
-            code="invalid_multipart",
-        ) from None

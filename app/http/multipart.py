@@ -1,0 +1,106 @@
+"""The image in a multipart/form-data body's field `file`, the one way both HTTP doors read an upload.
+
+Nearly every upload is what curl -F, httpx and browsers send: one part, named `file`, with a
+filename, between the opening and the closing boundary. That shape is read here directly, a few
+searches over bytes already in memory (a 500×375 photo's upload cost a worker about twice a
+whole-body image's CPU through Starlette's form parser, which spools each file and calls back per
+chunk). Every other body — a preamble, several parts, a part header other than Content-Disposition
+and Content-Type (a Content-Transfer-Encoding, say), an epilogue, anything cut short — goes to
+Starlette's parser (python-multipart) with the route's limits, so the answer is what that parser
+says, refusals included: the direct read only takes bodies it reads the same way (the boundary and
+the part's name read by python-multipart's own parse_options_header, as Starlette reads them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+
+from python_multipart.multipart import parse_options_header
+from starlette.datastructures import Headers, UploadFile
+from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException, MultiPartParser
+
+from app.codecs.bodies import IMAGE_EXPECTED
+from app.errors import InputError
+
+FIELD = b"file"
+MAX_FILES, MAX_FIELDS = 1, 8  # the parser's limits: one upload, a few other fields at most
+PART_HEADERS = (b"content-disposition", b"content-type")  # what a part may carry to be read directly
+
+
+async def upload_in(content_type: bytes, body: bytes | bytearray) -> bytes:
+    """The bytes of the file in field `file`; InputError (400) where the body is not multipart with one."""
+    found = one_file_part(content_type, body)
+    if found is not None:
+        return found
+    return await _parsed_by_starlette(content_type, body)
+
+
+def one_file_part(content_type: bytes, body: bytes | bytearray) -> bytes | None:
+    """The file of a body that is exactly one part named `file` with a filename; None for any other body.
+
+    Layout read (RFC 7578; CRLF line ends):
+        --BOUNDARY\\r\\n
+        Content-Disposition: form-data; name="file"; filename="photo.jpg"\\r\\n
+        Content-Type: image/jpeg\\r\\n            (optional)
+        \\r\\n
+        <file bytes>\\r\\n--BOUNDARY--[\\r\\n]
+    """
+    _, options = parse_options_header(content_type)
+    boundary = options.get(b"boundary")
+    if not boundary:
+        return None
+    opening, delimiter = b"--" + boundary + b"\r\n", b"\r\n--" + boundary
+    if not body.startswith(opening):
+        return None
+    head_end = body.find(b"\r\n\r\n", len(opening) - 2)
+    if head_end < 0:
+        return None
+    disposition = None
+    for line in bytes(body[len(opening) : head_end]).split(b"\r\n"):
+        name, colon, value = line.partition(b": ")
+        if not colon or name.lower() not in PART_HEADERS or value[:1] in (b" ", b"\t"):
+            return None
+        if name.lower() == b"content-disposition":
+            if disposition is not None:
+                return None
+            disposition = value
+    if disposition is None:
+        return None
+    _, params = parse_options_header(disposition)
+    if params.get(b"name") != FIELD or b"filename" not in params:
+        return None
+    start = head_end + 4
+    end = body.find(delimiter, start)  # the first delimiter after the part's head must close the body
+    tail = bytes(body[end:]) if end >= 0 else b""
+    if tail not in (delimiter + b"--", delimiter + b"--\r\n"):
+        return None
+    return bytes(body[start:end])
+
+
+async def _parsed_by_starlette(content_type: bytes, body: bytes | bytearray) -> bytes:
+    """What the route's Starlette parser makes of `body`, with its limits and its refusals."""
+
+    async def chunks() -> AsyncGenerator[bytes, None]:
+        yield bytes(body)
+
+    parser = MultiPartParser(
+        Headers(raw=[(b"content-type", content_type)]), chunks(), max_files=MAX_FILES, max_fields=MAX_FIELDS
+    )
+    try:
+        form = await parser.parse()
+    except (MultiPartException, HTTPException) as error:
+        detail = getattr(error, "detail", None) or getattr(error, "message", str(error))
+        raise InputError(
+            f"the multipart body could not be parsed: {detail}",
+            expected=IMAGE_EXPECTED,
+            status=400,
+            code="invalid_multipart",
+        ) from None
+    try:
+        upload = form.get(FIELD.decode())
+        if not isinstance(upload, UploadFile):
+            raise InputError("the multipart body has no file in the field `file`", expected=IMAGE_EXPECTED)
+        return await upload.read()
+    finally:
+        await form.close()

@@ -1,0 +1,102 @@
+"""An upload's file read directly where the body is the common one-part shape, and by Starlette's
+parser otherwise: the same bytes, or the same refusal, either way (app/http/multipart.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from app.errors import InputError
+from app.http.multipart import _parsed_by_starlette, one_file_part, upload_in
+
+FILE = bytes(range(256)) * 40 + b"\r\n--not-the-boundary\r\n\r\n"  # CRLFs and dashes inside the file too
+TYPE = b"multipart/form-data; boundary=b0undary"
+
+
+def built_by_httpx(data: bytes = FILE, field: str = "file", **extra: str) -> tuple[bytes, bytes]:
+    """(Content-Type, body) as httpx (and so most Python clients) send an upload."""
+    request = httpx.Request("POST", "http://x/", files={field: ("photo.jpg", data, "image/jpeg")}, data=extra)
+    return request.headers["content-type"].encode(), request.read()
+
+
+def body(*lines: bytes, boundary: bytes = b"b0undary", data: bytes = FILE, end: bytes = b"--\r\n") -> bytes:
+    """One part with these header lines, as curl -F writes it (its closing CRLF after `end`)."""
+    return (
+        b"--"
+        + boundary
+        + b"\r\n"
+        + b"".join(line + b"\r\n" for line in lines)
+        + b"\r\n"
+        + data
+        + b"\r\n--"
+        + boundary
+        + end
+    )
+
+
+DISPOSITION = b'Content-Disposition: form-data; name="file"; filename="photo.jpg"'
+# Bodies read directly: what clients send.
+DIRECT = {
+    "curl": (TYPE, body(DISPOSITION, b"Content-Type: image/jpeg")),
+    "no part content type": (TYPE, body(DISPOSITION)),
+    "no closing CRLF": (TYPE, body(DISPOSITION, end=b"--")),
+    "quoted boundary": (b'multipart/form-data; boundary="b0undary"', body(DISPOSITION)),
+    "header names in any case": (TYPE, body(DISPOSITION.lower(), b"CONTENT-TYPE: image/jpeg")),
+    "empty file": (TYPE, body(DISPOSITION, data=b"")),
+    "httpx": built_by_httpx(),
+}
+# Bodies left to Starlette's parser: its answer, whatever it is.
+ELSEWHERE = {
+    "two fields": built_by_httpx(note="hello"),
+    "another field's name": built_by_httpx(field="image"),
+    "no filename: a field, not a file": (TYPE, body(b'Content-Disposition: form-data; name="file"')),
+    "a transfer encoding": (TYPE, body(DISPOSITION, b"Content-Transfer-Encoding: base64", data=b"aGVsbG8=")),
+    "no boundary": (b"multipart/form-data", body(DISPOSITION)),
+    "a preamble": (TYPE, b"hello\r\n" + body(DISPOSITION)),
+    "an epilogue": (TYPE, body(DISPOSITION, end=b"--\r\nbye")),
+    "cut short": (TYPE, body(DISPOSITION)[:-40]),
+    "the delimiter inside the file": (TYPE, body(DISPOSITION, data=b"x\r\n--b0undaryx")),
+    "two parts": (TYPE, body(DISPOSITION)[: -len(b"--\r\n")] + b"\r\n" + body(DISPOSITION)[len(b"--b0undary\r\n") :]),
+    "not multipart at all": (TYPE, b"{}"),
+    "header without a space": (TYPE, body(b'Content-Disposition:form-data; name="file"; filename="a"')),
+}
+
+
+def starlette(content_type: bytes, data: bytes) -> bytes | tuple[int, str]:
+    try:
+        return asyncio.run(_parsed_by_starlette(content_type, data))
+    except InputError as error:
+        return error.status, str(error)
+
+
+@pytest.mark.parametrize("name", list(DIRECT))
+def test_what_clients_send_is_read_directly_as_starlette_reads_it(name: str) -> None:
+    content_type, data = DIRECT[name]
+    found = one_file_part(content_type, data)
+    assert found is not None, name
+    assert found == starlette(content_type, data)
+    assert one_file_part(content_type, bytearray(data)) == found  # the inline path hands over its bytearray
+
+
+@pytest.mark.parametrize("name", list(ELSEWHERE))
+def test_every_other_body_is_left_to_starlette(name: str) -> None:
+    content_type, data = ELSEWHERE[name]
+    assert one_file_part(content_type, data) is None
+    try:
+        got: bytes | tuple[int, str] = asyncio.run(upload_in(content_type, data))
+    except InputError as error:
+        got = error.status, str(error)
+    assert got == starlette(content_type, data)
+
+
+def test_refusals_say_what_was_wrong_and_what_is_expected() -> None:
+    with pytest.raises(InputError, match="no file in the field `file`") as no_file:
+        asyncio.run(upload_in(*ELSEWHERE["another field's name"]))
+    with pytest.raises(InputError, match="could not be parsed: Missing boundary") as no_boundary:
+        asyncio.run(upload_in(*ELSEWHERE["no boundary"]))
+    with pytest.raises(InputError, match="Too many files") as two_files:
+        asyncio.run(upload_in(*ELSEWHERE["two parts"]))
+    for refused in (no_file, no_boundary, two_files):
+        assert refused.value.status in (400, 422) and "multipart/form-data" in refused.value.expected
