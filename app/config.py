@@ -184,9 +184,10 @@ class Settings(BaseSettings):
     body_rate_window_s: float = Field(5.0, gt=0.0, description="The window over which the minimum body rate is judged.")
     inline_predict: bool = Field(
         True,
-        description="Answer small inference bodies (POST /predict JSON or raw, Open Inference Protocol infer JSON or "
-        "binary; up to 256 KiB) inside the HTTP protocol, below the ASGI stack; off whenever an access layer (tokens, "
-        "CORS, request ids, access log) or tracing is on. false: every request through the ASGI routes.",
+        description="Answer small inference bodies (POST /predict JSON, raw, an image or a multipart upload, Open "
+        "Inference Protocol infer JSON or binary; up to 256 KiB) inside the HTTP protocol, below the ASGI stack; off "
+        "whenever an access layer (tokens, CORS, request ids, access log) or tracing is on. false: every request "
+        "through the ASGI routes.",
     )
     keepalive_timeout_s: float = Field(5.0, gt=0.0, description="An idle keep-alive connection is closed after this.")
     drain_seconds: float = Field(

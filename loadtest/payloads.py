@@ -1,6 +1,6 @@
 """Request bodies built from real Fashion-MNIST test images, encoded once before a run.
 
-Four forms, as the service accepts them:
+Five forms, as the service accepts them:
   json  {"instances": [[784 floats in [0, 1]], ...]}      application/json
   png   one 28×28 grayscale PNG in multipart field `file`  multipart/form-data
   raw   N×28×28 uint8 (or float32 in [0, 1], ?dtype=float32) application/octet-stream

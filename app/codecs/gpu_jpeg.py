@@ -109,8 +109,8 @@ class GpuJpegDecoder:
     ) -> np.ndarray:
         """A JPEG → (1, C, h, w) uint8 per the spec's [preprocess]; GpuDecodeError if nvJPEG refused it.
 
-        `data` is read until the decode is launched; a writable memoryview is read in place (the
-        engine process passes the worker's segment), anything else is copied once. `out`, a
+        `data` is read until the decode is launched; a bytearray or writable memoryview is read in place
+        (an inline body, the worker's segment in the engine process), bytes are copied once. `out`, a
         (1, C, h, w) uint8 array, receives the pixels and is returned (it may share `data`'s memory:
         it is written after the decode has read it); without it a new array is."""
         if self._collector is None or self._collector.done():  # first upload (or a collector that died)

@@ -20,7 +20,7 @@ PREDICT_FORMS = {media.encode(): form for media, form in FORMAT_OF.items()}
 
 def form_of(route: str, media: bytes | None, header_length: bytes | None) -> str | None:
     """The body's form from its Content-Type and Inference-Header-Content-Length (the first of each, None
-    where absent); None where the Starlette route answers it (an upload, a 415)."""
+    where absent); None where the Starlette route answers it (a 415)."""
     if route == PREDICT:
         return PREDICT_FORMS.get(media or b"")
     return "json" if header_length is None else "binary"  # the v2 route reads no Content-Type

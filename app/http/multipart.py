@@ -5,17 +5,25 @@ filename, between the opening and the closing boundary. That shape is read here 
 searches over bytes already in memory (a 500×375 photo's upload cost a worker about twice a
 whole-body image's CPU through Starlette's form parser, which spools each file and calls back per
 chunk). Every other body — a preamble, several parts, a part header other than Content-Disposition
-and Content-Type (a Content-Transfer-Encoding, say), an epilogue, anything cut short — goes to
-Starlette's parser (python-multipart) with the route's limits, so the answer is what that parser
-says, refusals included: the direct read only takes bodies it reads the same way (the boundary and
-the part's name read by python-multipart's own parse_options_header, as Starlette reads them).
+and Content-Type (a Content-Transfer-Encoding, say), a CR inside a header, headers or a boundary
+past python-multipart's limits, a charset on the Content-Type, an epilogue, anything cut short —
+goes to Starlette's parser (python-multipart) with the route's limits, fed in pieces so that a
+large body does not hold the event loop, and the answer is what that parser says, refusals
+included: the direct read only takes bodies it reads the same way (the boundary and the part's
+name read by python-multipart's own parse_options_header, as Starlette reads them).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator
 
-from python_multipart.multipart import parse_options_header
+from python_multipart.multipart import (
+    DEFAULT_MAX_HEADER_COUNT,
+    DEFAULT_MAX_HEADER_SIZE,
+    MAX_BOUNDARY_LENGTH,
+    parse_options_header,
+)
 from starlette.datastructures import Headers, UploadFile
 from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException, MultiPartParser
@@ -26,6 +34,7 @@ from app.errors import InputError
 FIELD = b"file"
 MAX_FILES, MAX_FIELDS = 1, 8  # the parser's limits: one upload, a few other fields at most
 PART_HEADERS = (b"content-disposition", b"content-type")  # what a part may carry to be read directly
+PIECE_BYTES = 64 * 1024  # what Starlette's parser is fed at a time, as a connection's reads would come
 
 
 async def upload_in(content_type: bytes, body: bytes | bytearray) -> bytes:
@@ -48,7 +57,8 @@ def one_file_part(content_type: bytes, body: bytes | bytearray) -> bytes | None:
     """
     _, options = parse_options_header(content_type)
     boundary = options.get(b"boundary")
-    if not boundary:
+    # A charset makes Starlette decode the part's name with it (utf-16: no longer `file`).
+    if not boundary or len(boundary) > MAX_BOUNDARY_LENGTH or b"charset" in options:
         return None
     opening, delimiter = b"--" + boundary + b"\r\n", b"\r\n--" + boundary
     if not body.startswith(opening):
@@ -56,10 +66,15 @@ def one_file_part(content_type: bytes, body: bytes | bytearray) -> bytes | None:
     head_end = body.find(b"\r\n\r\n", len(opening) - 2)
     if head_end < 0:
         return None
+    lines = bytes(body[len(opening) : head_end]).split(b"\r\n")
+    if len(lines) > DEFAULT_MAX_HEADER_COUNT:
+        return None
     disposition = None
-    for line in bytes(body[len(opening) : head_end]).split(b"\r\n"):
+    for line in lines:
         name, colon, value = line.partition(b": ")
         if not colon or name.lower() not in PART_HEADERS or value[:1] in (b" ", b"\t"):
+            return None
+        if b"\r" in line or len(line) > DEFAULT_MAX_HEADER_SIZE:  # python-multipart refuses both
             return None
         if name.lower() == b"content-disposition":
             if disposition is not None:
@@ -72,17 +87,23 @@ def one_file_part(content_type: bytes, body: bytes | bytearray) -> bytes | None:
         return None
     start = head_end + 4
     end = body.find(delimiter, start)  # the first delimiter after the part's head must close the body
-    tail = bytes(body[end:]) if end >= 0 else b""
-    if tail not in (delimiter + b"--", delimiter + b"--\r\n"):
+    closing = delimiter + b"--"
+    after = len(body) - end - len(closing)  # 0, or 2 for a final CRLF
+    if end < 0 or not body.startswith(closing, end) or after not in (0, 2):
         return None
-    return bytes(body[start:end])
+    if after == 2 and not body.endswith(b"\r\n"):
+        return None
+    return bytes(memoryview(body)[start:end])
 
 
 async def _parsed_by_starlette(content_type: bytes, body: bytes | bytearray) -> bytes:
     """What the route's Starlette parser makes of `body`, with its limits and its refusals."""
 
     async def chunks() -> AsyncGenerator[bytes, None]:
-        yield bytes(body)
+        view = memoryview(body)
+        for at in range(0, len(body), PIECE_BYTES):
+            yield bytes(view[at : at + PIECE_BYTES])
+            await asyncio.sleep(0)  # other requests' turn between pieces
 
     parser = MultiPartParser(
         Headers(raw=[(b"content-type", content_type)]), chunks(), max_files=MAX_FILES, max_fields=MAX_FIELDS

@@ -3,8 +3,8 @@ the plain Starlette route that hands it every body form.
 
 FastAPI's per-route machinery (exit stacks, dependency solving, response-model plumbing) costs a
 large share of each request under load and this route uses none of it; app/http/openapi.py
-documents it. Small JSON and raw bodies usually take a faster front end (app/http/fast_path.py,
-app/http/inline.py) with the same codec.
+documents it. Inference bodies usually take a faster front end (app/http/fast_path.py,
+app/http/inline.py) with the same codec; this route answers the rest (a 415).
 """
 
 from __future__ import annotations
