@@ -1,7 +1,7 @@
 """Profile a server under closed-loop load on the GPU machine: where does a request's CPU go?
 
     PYTHONPATH=. python3 bench/profile_server.py OUT_DIR [--target ours|noop] [--form json|raw]
-        [--concurrency 32] [--tag NAME] [server flags...]
+        [--concurrency 32] [--tag NAME] [--process server|engine-process] [server flags...]
 
 The server (ours: `app.cli serve` with the server flags; noop: loadtest/servers/noop.py --lean) on
 --server-cores, hey (one body of one image, 12 s) on --loadgen-cores, and py-spy sampling the
@@ -26,6 +26,7 @@ import httpx
 import numpy as np
 import orjson
 
+from bench.harness.process_cpu import role, tree
 from loadtest.hey import hey_command, parse_hey_csv, resolve_hey
 from loadtest.server_process import HOST, free_port, running
 
@@ -72,6 +73,12 @@ def main() -> int:
     p.add_argument("--loadgen-cores", default="8-15", help="taskset list for hey (default %(default)s)")
     p.add_argument("--hey", default=".gpu/bin/hey")
     p.add_argument("--py-spy", default="py-spy")
+    p.add_argument(
+        "--process",
+        choices=("server", "engine-process"),
+        default="server",
+        help="the process sampled: the one started (one worker's) or, with --engine-process, the engine process",
+    )
     args, server_flags = p.parse_known_args()
     hey = resolve_hey(args.hey)
     if hey is None:
@@ -104,7 +111,10 @@ def main() -> int:
             load = subprocess.Popen(["taskset", "-c", args.loadgen_cores, *load_argv], stdout=csv_out)
             time.sleep(PROFILE_FROM_S)
             raw_path = prefix.with_name(f"{args.tag}-raw.txt")
-            spy = [args.py_spy, "record", "--gil", "--nonblocking", "--pid", str(server.proc.pid)]
+            pid = server.proc.pid
+            if args.process == "engine-process":
+                (pid,) = (c for c in tree(server.proc.pid) if role(c, server.proc.pid) == "engine-process")
+            spy = [args.py_spy, "record", "--gil", "--nonblocking", "--pid", str(pid)]
             spy += ["--duration", str(PROFILE_S), "--rate", "500", "--format", "raw", "--output", str(raw_path)]
             profiled = subprocess.run(spy, capture_output=True, text=True)
             load.wait(timeout=HEY_S + 60)
