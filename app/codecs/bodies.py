@@ -8,6 +8,7 @@ in [0, 1]. The hot path is orjson + numpy: no per-element Python or pydantic val
 
 from __future__ import annotations
 
+import functools
 import io
 from typing import Any
 
@@ -30,20 +31,31 @@ REDUCING_GAP = 3.0
 
 
 def json_expected(spec: ModelSpec) -> str:
-    c, h, w = spec.input_shape
-    shapes = f"a {h}×{w} nested list, " if c == 1 else ""
-    return (
-        f'a JSON object {{"instances": [...]}} whose instances are each {shapes}a {c}×{h}×{w} nested list or a '
-        f"flat list of {spec.pixels} numbers, pixel intensities scaled to [0, 1]"
-    )
+    return _json_expected(spec.input_shape)
 
 
 def raw_expected(spec: ModelSpec) -> str:
-    c, h, w = spec.input_shape
+    return _raw_expected(spec.input_shape)
+
+
+# What every request's decode passes along for its errors: built once per input shape, not per request.
+@functools.lru_cache(maxsize=256)
+def _json_expected(shape: tuple[int, int, int]) -> str:
+    c, h, w = shape
+    shapes = f"a {h}×{w} nested list, " if c == 1 else ""
     return (
-        f"application/octet-stream: N×{c}×{h}×{w} uint8 pixels 0–255 (N×{spec.pixels} bytes; ?layout=nhwc for "
+        f'a JSON object {{"instances": [...]}} whose instances are each {shapes}a {c}×{h}×{w} nested list or a '
+        f"flat list of {c * h * w} numbers, pixel intensities scaled to [0, 1]"
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _raw_expected(shape: tuple[int, int, int]) -> str:
+    c, h, w = shape
+    return (
+        f"application/octet-stream: N×{c}×{h}×{w} uint8 pixels 0–255 (N×{c * h * w} bytes; ?layout=nhwc for "
         f"N×{h}×{w}×{c}), or with ?dtype=float32 little-endian float32 intensities in [0, 1] "
-        f"(N×{spec.pixels * 4} bytes)"
+        f"(N×{c * h * w * 4} bytes)"
     )
 
 
