@@ -49,6 +49,11 @@ from loadtest.server_process import free_port, running, service_env
 
 ROOT = Path(__file__).resolve().parents[1]
 ASYNC_ABOVE = 64  # perf_analyzer's synchronous mode up to this many requests in flight
+SHARE_COUNT = "TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT"  # contexts a gRPC channel serves (Triton's client: 6)
+# Each perf_analyzer kind: its protocol, and the share count it sets (None: the client's default).
+PERF_ANALYZER_KINDS = {"v2-http": ("http", None), "v2-grpc": ("grpc", None), "v2-grpc-channels": ("grpc", 1)}
+GENERATOR_FORMS = {"raw": "raw", "jpeg": "photo", "jpeg-body": "jpeg"}  # our generator's kinds: its --form
+KINDS = (*GENERATOR_FORMS, "hey", *PERF_ANALYZER_KINDS)
 
 
 def taskset(cores: str | None, argv: list[str]) -> list[str]:
@@ -63,11 +68,11 @@ def perf_analyzer(binary: str, model: str, protocol: str, address: str, concurre
     Past ASYNC_ABOVE requests in flight, its asynchronous mode (16 threads, each with many requests
     out): synchronously, a thread a request, it ended without a figure at 256 (runs 20a, 22a)."""
     out = work / f"pa-{protocol}{share_count or ''}-{concurrency}.csv"
-    env = dict(os.environ)
-    if share_count is not None:  # contexts a gRPC channel is shared among (Triton's client library: 6)
-        env["TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT"] = str(share_count)
+    # The share count is set (or left at the client's default) on the command line, so the record says it.
+    env = {k: v for k, v in os.environ.items() if k != SHARE_COUNT}
+    share = ["env", f"{SHARE_COUNT}={share_count}"] if share_count is not None else []
     mode = ["--async", "--max-threads", "16"] if concurrency > ASYNC_ABOVE else []
-    argv = taskset(cores, [
+    argv = share + taskset(cores, [
         binary, "-m", model, "-u", address, "-i", protocol, "-b", "1", "--shape", f"input:{shape}",
         "--concurrency-range", f"{concurrency}:{concurrency}", "--measurement-interval", str(int(seconds * 1000)),
         "--stability-percentage", "100", "--max-trials", "4", "-f", str(out), *mode,
@@ -84,7 +89,6 @@ def perf_analyzer(binary: str, model: str, protocol: str, address: str, concurre
         "images_per_s": float(row["Inferences/Second"]),
         "latency_ms": {q: int(row[f"{q} latency"]) / 1000 for q in ("p50", "p90", "p99")},
         "command": shlex.join(argv),
-        **({"env": f"TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT={share_count}"} if share_count is not None else {}),
     }
 
 
@@ -123,13 +127,9 @@ class OneImage:
     def point(self, url: str, kind: str, concurrency: int, ports: dict[str, int]) -> dict[str, Any]:
         a = self.args
         processes = str(min(a.processes, concurrency))
-        if kind == "raw":
-            return self.generator(url, f"raw-{concurrency}", "--form", "raw", "--concurrency", str(concurrency),
-                                  "--processes", processes)  # fmt: skip
-        if kind in ("jpeg", "jpeg-body"):
-            form = "photo" if kind == "jpeg" else "jpeg"
-            return self.generator(url, f"{kind}-{concurrency}", "--form", form, "--concurrency", str(concurrency),
-                                  "--processes", processes)  # fmt: skip
+        if kind in GENERATOR_FORMS:
+            return self.generator(url, f"{kind}-{concurrency}", "--form", GENERATOR_FORMS[kind], "--concurrency",
+                                  str(concurrency), "--processes", processes)  # fmt: skip
         if kind == "hey":
             if self.hey is None:
                 return {"error": f"no hey at {a.hey}"}
@@ -138,10 +138,10 @@ class OneImage:
             result = run_hey(taskset(a.loadgen_cores, argv), timeout_s=60 + 2 * a.seconds)
             result["images_per_s"] = result.pop("requests_per_s", None)
             return result
-        protocol, _, channels = kind.removeprefix("v2-").partition("-")
+        protocol, share_count = PERF_ANALYZER_KINDS[kind]
         address = f"127.0.0.1:{ports[protocol]}"
         return perf_analyzer(a.perf_analyzer, self.model, protocol, address, concurrency, a.seconds, self.work,
-                             a.loadgen_cores, a.image_shape, share_count=1 if channels else None)  # fmt: skip
+                             a.loadgen_cores, a.image_shape, share_count=share_count)  # fmt: skip
 
     def profile(self, pid: int, tag: str) -> tuple[subprocess.Popen[str], Path]:
         """py-spy on the server and its children (the workers, the engine process), from 1.5 s into a
@@ -269,6 +269,10 @@ def main() -> None:
     add("--variant-kinds", default="raw", help="load kinds run against each variant")
     add("--budget-s", type=float, default=400.0, help="start no point after this many seconds")
     args = p.parse_args()
+    for option in ("kinds", "variant_kinds"):
+        unknown = sorted(set(getattr(args, option).split(",")) - set(KINDS))
+        if unknown:  # refused here, not as a KeyError after minutes of start-up
+            p.error(f"--{option.replace('_', '-')}: unknown kinds {unknown}; known: {', '.join(KINDS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     OneImage(args, Path(tempfile.mkdtemp(prefix="one-image-"))).run()
 

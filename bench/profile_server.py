@@ -77,7 +77,8 @@ def main() -> int:
         "--process",
         choices=("server", "engine-process"),
         default="server",
-        help="the process sampled: the one started (one worker's) or, with --engine-process, the engine process",
+        help="the process sampled: the one started (with --workers 1, the one that serves) or the engine process "
+        "(the server needs its own --engine-process flag)",
     )
     args, server_flags = p.parse_known_args()
     hey = resolve_hey(args.hey)
@@ -102,6 +103,12 @@ def main() -> int:
     server_argv = ["taskset", "-c", args.server_cores, *serve, *server_flags]  # taskset execs: same pid
     log = prefix.with_name(f"{args.tag}-server.log")
     with running(server_argv, log, port=port, ready_timeout_s=180) as server:
+        pid = server.proc.pid
+        if args.process == "engine-process":  # found before any load starts: no hey left behind
+            engines = [c for c in tree(server.proc.pid) if role(c, server.proc.pid) == "engine-process"]
+            if len(engines) != 1:
+                p.error(f"--process engine-process: the server has {len(engines)} engine processes (--engine-process?)")
+            pid = engines[0]
         load_argv = hey_command(
             hey, f"{server.url}/predict", body_path, content_type=content_type,
             concurrency=args.concurrency, duration_s=HEY_S,
@@ -111,9 +118,6 @@ def main() -> int:
             load = subprocess.Popen(["taskset", "-c", args.loadgen_cores, *load_argv], stdout=csv_out)
             time.sleep(PROFILE_FROM_S)
             raw_path = prefix.with_name(f"{args.tag}-raw.txt")
-            pid = server.proc.pid
-            if args.process == "engine-process":
-                (pid,) = (c for c in tree(server.proc.pid) if role(c, server.proc.pid) == "engine-process")
             spy = [args.py_spy, "record", "--gil", "--nonblocking", "--pid", str(pid)]
             spy += ["--duration", str(PROFILE_S), "--rate", "500", "--format", "raw", "--output", str(raw_path)]
             profiled = subprocess.run(spy, capture_output=True, text=True)

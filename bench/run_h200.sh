@@ -6,17 +6,19 @@
 #   STEPS=profile PROFILES="noop-json=--target noop;ours-json=--compile none": py-spy per server (bench/profile_server.py)
 #   Issue 26 (ResNet-50, one image a request; py-spy on every server process during the raw points):
 #     STEPS="gpu-tests one-image" ONE_IMAGE_ARGS="--profile raw" bash bench/run_h200.sh
-#   What run 23 left (issue 26): the HTTP path's GPU test as mended in 2a97e56 (it failed in 23c on a
-#   byte-equal assertion across batches, details cut); each worker decoding with uploads read inline; gRPC with a
-#   channel per perf_analyzer context; a py-spy profile of the engine process at 8 in flight a worker (its
-#   interpreter is the limit for JPEG and for item 4):
-#     STEPS="gpu-tests one-image" GPU_TESTS_S=170 GPU_TESTS="tests/gpu/test_gpu_jpeg.py::test_the_http_path_with_the_gpu_decoder" \
-#       ONE_IMAGE_S=240 ONE_IMAGE_BUDGET_S=200 ONE_IMAGE_ARGS="--kinds v2-grpc-channels --variant-kinds jpeg-body,jpeg \
-#       --concurrencies 1024 --p99-fraction 0 --variants workers-decode=CGSERVE_JPEG_DECODE_IN_WORKERS=true" bash bench/run_h200.sh
+#   What run 23 left (issue 26), one call each (~8 minutes with a cold start): the HTTP path's GPU test as
+#   mended after 23c (it failed there, details cut), then each worker decoding now that uploads are read inline;
+#   gRPC with a channel per perf_analyzer context beside plain gRPC and v2 HTTP at the same concurrencies; a
+#   py-spy profile of the engine process at 8 in flight a worker (its interpreter is the limit for JPEG and item 4):
+#     STEPS="gpu-tests one-image" GPU_TESTS_S=150 GPU_TESTS="tests/gpu/test_gpu_jpeg.py::test_the_http_path_with_the_gpu_decoder" \
+#       ONE_IMAGE_S=330 ONE_IMAGE_BUDGET_S=290 ONE_IMAGE_ARGS="--kinds jpeg --variant-kinds jpeg,jpeg-body \
+#       --concurrencies 256,1024 --p99-fraction 0 --variants workers-decode=CGSERVE_JPEG_DECODE_IN_WORKERS=true" bash bench/run_h200.sh
+#     STEPS=one-image ONE_IMAGE_S=420 ONE_IMAGE_BUDGET_S=360 ONE_IMAGE_ARGS="--kinds v2-http,v2-grpc,v2-grpc-channels \
+#       --concurrencies 64,256 --p99-fraction 0" bash bench/run_h200.sh
 #     STEPS=profile PROFILES="ep-raw-c64=--form raw --concurrency 64 --process engine-process --workers 8 --engine-process \
 #       --device cuda --compile none" bash bench/run_h200.sh
 #   GPU tests last run: all of tests/gpu on run 21's or 22's trees (21b, 22a, 22c, 22d); tests/gpu/test_gpu_jpeg.py
-#   on 23a's; the HTTP path's test as 2a97e56 has it on none
+#   on 23a's; the HTTP path's test as it is now on none
 #   The decoder's stages on the device: STEPS=jpeg-stages bash bench/run_h200.sh
 #   STEPS=multi-gpu on the two-GPU machine (nvidia-h200-x2): tests/gpu/test_multi_gpu.py, bench/multi_gpu_bench.py
 #   What issue 12 still lacks after run 13 (one call, ~8 minutes):
@@ -38,9 +40,12 @@ STEPS=${STEPS:-"gpu-tests torchvision engine e2e stalls protocols jpeg"}
   git log -1 --format='commit %H %s' 2>/dev/null || true
   # The copy of the working tree differs from that commit by what was not yet landed: name it, so that
   # the record's tree is the local commit whose `git diff <landed> <commit> | sha256sum` gives this hash.
-  # New files count too (intent-to-add, on this copy only): the hash is `git diff <landed> <commit> | sha256sum`.
-  git add --intent-to-add . 2>/dev/null
-  echo "tree: $(git diff HEAD --shortstat 2>/dev/null), diff sha256 $(git diff HEAD 2>/dev/null | sha256sum | cut -c1-16)"
+  # New files count too (intent-to-add in a throwaway index, the checkout's own untouched): the hash is
+  # `git diff <landed> <commit> | sha256sum`.
+  index=$(mktemp); cp "$(git rev-parse --git-dir 2>/dev/null)/index" "$index" 2>/dev/null
+  GIT_INDEX_FILE=$index git add --intent-to-add . 2>/dev/null
+  echo "tree: $(GIT_INDEX_FILE=$index git diff HEAD --shortstat 2>/dev/null), diff sha256 $(GIT_INDEX_FILE=$index git diff HEAD 2>/dev/null | sha256sum | cut -c1-16)"
+  rm -f "$index"
   echo "STEPS=$STEPS"
 } > "$OUT/env.txt" 2>&1
 step() { [[ " $STEPS " == *" $1 "* ]]; }
@@ -51,7 +56,8 @@ if step jpeg-stages; then  # issue 26: the GPU JPEG decoder's stages, one batch 
   echo "jpeg stages: rc=$? at $((SECONDS - started)) s"; cat "$OUT/jpeg-stages.log" | cut -c1-400
 fi
 if step gpu-tests; then  # tests/gpu only: the CPU suite's protocol tests need tritonclient, which that machine lacks
-  timeout "${GPU_TESTS_S:-290}" python3 -m pytest -m gpu -v -p no:cacheprovider --durations=20 ${GPU_TESTS:-tests/gpu} \
+  # SIGINT at the limit: pytest stops and still prints which tests failed and why (run 23c lost that to SIGTERM)
+  timeout -s INT -k 30 "${GPU_TESTS_S:-290}" python3 -m pytest -m gpu -v -p no:cacheprovider --durations=20 ${GPU_TESTS:-tests/gpu} \
     > "$OUT/pytest-gpu.log" 2>&1
   echo "pytest -m gpu: rc=$? at $((SECONDS - started)) s"; tail -3 "$OUT/pytest-gpu.log"
 fi

@@ -47,7 +47,7 @@ class InlineRequest:
     cycle: RequestResponseCycle  # uvicorn's: its scope and the body read so far; answered through write_answer
     codec: NowCodec[HttpBody, HttpAnswer]
     model: str  # the served model's name once looked up; "" before (the metrics' label: never a client's name)
-    form: str  # "json" or "raw" (/predict), "json" or "binary" (v2 infer)
+    form: str  # "json", "raw" or "image" (/predict), "json" or "binary" (v2 infer)
     header_length: bytes | None  # the v2 binary extension's Inference-Header-Content-Length
     media: bytes | None  # the Content-Type, without parameters
     content_type: bytes  # the Content-Type whole (a multipart body's boundary)

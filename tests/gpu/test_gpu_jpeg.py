@@ -191,10 +191,14 @@ def test_the_http_path_with_the_gpu_decoder(design: str, tmp_path: Path) -> None
         # The same photos each as the whole body (image/jpeg, answered inline): the same decoder, the same answer.
         with ThreadPoolExecutor(len(jpegs)) as pool:
             bodies = list(pool.map(lambda data: httpx.post(resnet, content=data, headers=JPEG_TYPE, timeout=60), jpegs))
-        for body, upload in zip(bodies, answers, strict=True):  # other batch mates: equal up to the kernels' sums
-            got, want = body.json()["predictions"][0], upload.json()["predictions"][0]
-            assert body.status_code == 200 and got["label"] == want["label"]
-            np.testing.assert_allclose(got["scores"], want["scores"], atol=1e-4)
+        # Other batch mates, so other buckets of an fp16 model: labels equal where not a near tie, scores close.
+        for body, multipart in zip(bodies, answers, strict=True):
+            assert body.status_code == 200, body.text
+            got, want = body.json()["predictions"][0], multipart.json()["predictions"][0]
+            top2 = sorted(want["scores"])[-2:]
+            if top2[1] - top2[0] > 0.01:
+                assert got["label"] == want["label"]
+            np.testing.assert_allclose(got["scores"], want["scores"], atol=1e-2)
         grey = grey_jpeg(GARMENTS[0], quality=95)
         seed = httpx.post(f"{url}/v1/models/fashion-cnn/predict", files={"file": ("g.jpg", grey, "image/jpeg")})
         assert seed.status_code == 200 and seed.json()["predictions"][0]["label"] == 9  # an ankle boot

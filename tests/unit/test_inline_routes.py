@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.http.inline_routes import PREDICT, V2_INFER, route_of
+from app.http.inline_routes import PREDICT, PREDICT_FORMS, V2_INFER, form_of, route_of
+from app.http.routes.predict import FORMAT_OF
 
 
 @pytest.mark.parametrize(
@@ -33,3 +34,25 @@ def test_the_inference_paths_are_taken_with_their_parameters(path: str, expected
 )  # fmt: skip
 def test_other_paths_are_left_to_the_router(path: str) -> None:
     assert route_of(path) is None
+
+
+@pytest.mark.parametrize(
+    ("media", "form"),
+    [
+        (b"application/json", "json"),
+        (b"application/octet-stream", "raw"),
+        (b"image/jpeg", "image"),
+        (b"image/png", "image"),
+        (b"multipart/form-data", "image"),  # uploads too: read inline since 61188db
+        (b"text/plain", None),  # the route's 415
+        (None, None),
+    ],
+)
+def test_every_body_form_the_route_takes_is_taken_inline(media: bytes | None, form: str | None) -> None:
+    assert form_of(PREDICT, media, None) == form
+    assert {m.decode() for m in PREDICT_FORMS} == set(FORMAT_OF)  # nothing the route takes is left to it
+
+
+def test_the_v2_infer_form_comes_from_its_header_length_alone() -> None:
+    assert form_of(V2_INFER, b"text/plain", None) == "json"
+    assert form_of(V2_INFER, None, b"120") == "binary"
