@@ -2,15 +2,15 @@
 
 Nearly every upload is what curl -F, httpx and browsers send: one part, named `file`, with a
 filename, between the opening and the closing boundary. That shape is read here directly, a few
-searches over bytes already in memory (a 500×375 photo's upload cost a worker about twice a
-whole-body image's CPU through Starlette's form parser, which spools each file and calls back per
-chunk). Every other body — a preamble, several parts, a part header other than Content-Disposition
-and Content-Type (a Content-Transfer-Encoding, say), a CR inside a header, headers or a boundary
-past python-multipart's limits, a charset on the Content-Type, an epilogue, anything cut short —
-goes to Starlette's parser (python-multipart) with the route's limits, fed in pieces so that a
-large body does not hold the event loop, and the answer is what that parser says, refusals
-included: the direct read only takes bodies it reads the same way (the boundary and the part's
-name read by python-multipart's own parse_options_header, as Starlette reads them).
+searches over bytes already in memory (through Starlette's form parser, which spools each file and
+calls back per chunk, a small JPEG's upload cost the server 1.8 times the instructions of the same
+JPEG sent as the whole body). Every other body — a preamble, several parts, a part header other
+than Content-Disposition and Content-Type (a Content-Transfer-Encoding, say), a CR inside a header,
+headers or a boundary past python-multipart's limits, a charset on the Content-Type, an epilogue,
+anything cut short — goes to Starlette's parser (python-multipart) with the route's limits, fed in
+pieces so that a large body does not hold the event loop, and the answer is what that parser says,
+refusals included: the direct read only takes bodies it reads the same way (the boundary and the
+part's name read by python-multipart's own parse_options_header, as Starlette reads them).
 """
 
 from __future__ import annotations
