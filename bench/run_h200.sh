@@ -17,6 +17,10 @@
 #       --concurrencies 64,256 --p99-fraction 0" bash bench/run_h200.sh
 #     STEPS=profile PROFILES="ep-raw-c64=--form raw --concurrency 64 --process engine-process --workers 8 --engine-process \
 #       --device cuda --compile none" bash bench/run_h200.sh
+#   Item 4's per-process design with CUDA MPS (eight contexts then share the device instead of taking turns):
+#     nvidia-cuda-mps-control -d; STEPS=whole-machine WHOLE_MACHINE_S=200 WHOLE_MACHINE_WORKERS=8 \
+#       WHOLE_MACHINE_ARGS="--designs per-process --per-worker 8,32 --p99-repeats 0 --budget-s 170" bash bench/run_h200.sh; \
+#       echo quit | nvidia-cuda-mps-control
 #   GPU tests last run: all of tests/gpu on run 21's or 22's trees (21b, 22a, 22c, 22d); tests/gpu/test_gpu_jpeg.py
 #   on 23a's; the HTTP path's test as it is now on none
 #   The decoder's stages on the device: STEPS=jpeg-stages bash bench/run_h200.sh
