@@ -206,10 +206,14 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._in_headers and self._first_byte is None:
+        first = self._in_headers and self._first_byte is None
+        if first:
             self._first_byte = time.monotonic()
-            self._arm(self.header_timeout_s, self._header_timeout)
         super().data_received(data)
+        if first and self._in_headers and self._first_byte is not None and not self.transport.is_closing():
+            # The head's timeout, armed only where the head did not come whole in its first read (most do:
+            # no timer to arm and cancel for them); it runs from the first byte, a parse's µs ago.
+            self._arm(self.header_timeout_s, self._header_timeout)
         if self._in_headers and self._first_byte is not None:  # all of `data` belonged to the head
             self._header_bytes += len(data)
             if self._header_bytes > self.max_header_bytes and not self.transport.is_closing():
