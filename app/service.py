@@ -239,10 +239,7 @@ class Service:
             # while they already served, at a fraction of their rate.
             devices = [device for _, options in prepared for device in options.devices]
             device = next((d for d in devices if d.startswith("cuda")), "cpu")
-            s = self.settings
-            self.jpeg_decoder = await asyncio.to_thread(
-                start_jpeg_decoder, s.jpeg_decoder, device, max_batch=s.jpeg_max_batch, launches=s.jpeg_launches
-            )
+            self.jpeg_decoder = await self._start_jpeg_decoder(self.settings.jpeg_decoder, device)
             use_compile_cache(self.settings)
             gpu_dtypes = [options.dtype for _, options in prepared if options.devices[0].startswith("cuda")]
             if gpu_dtypes:  # TF32 is the process's: decided from every model, before any engine is built
@@ -282,6 +279,13 @@ class Service:
         self._on_ready()
         log.info("ready: serving %s through the engine process", ", ".join(self.models))
 
+    async def _start_jpeg_decoder(self, setting: str, device: str) -> JpegBatchDecoder | None:
+        """The uploads' decoder `setting` calls for on `device`, with the decoder settings; started on a thread."""
+        s = self.settings
+        return await asyncio.to_thread(
+            start_jpeg_decoder, setting, device, max_batch=s.jpeg_max_batch, launches=s.jpeg_launches
+        )
+
     async def _own_jpeg_decoder(self, link: EngineLink) -> JpegBatchDecoder | None:
         """A worker's own GPU decoder, on the first CUDA device the engine process serves a model on (it said
         it decodes JPEGs: that device and torchvision work); its uploads' pixels go there as raw requests'.
@@ -291,11 +295,8 @@ class Service:
         device = next((d for d in devices if d.startswith("cuda")), None)
         if device is None:
             return RemoteJpegDecoder(link)
-        s = self.settings
         try:
-            return await asyncio.to_thread(
-                start_jpeg_decoder, "gpu", device, max_batch=s.jpeg_max_batch, launches=s.jpeg_launches
-            )
+            return await self._start_jpeg_decoder("gpu", device)
         except Exception as error:
             log.warning(
                 "CGSERVE_JPEG_DECODE_IN_WORKERS: this worker cannot decode on %s (%s: %s); its JPEG uploads go "

@@ -46,6 +46,7 @@ import torch
 import torchvision.io
 
 from app.codecs.preprocess import preprocess_batch
+from app.config import Settings
 from app.engines.event_waiter import EventWaiter
 from app.errors import GpuDecodeError, NotReadyError
 from app.ops import metrics
@@ -54,9 +55,10 @@ from app.repository.model_spec import ModelSpec
 
 log = logging.getLogger(__name__)
 
-# 32 × a 1024² RGB JPEG (the default pixel limit) is 100 MB of decoded pixels on the device.
-MAX_BATCH = 32
-LAUNCHES = 2  # batches being launched at once (their worker threads)
+# The settings' defaults (CGSERVE_JPEG_MAX_BATCH, CGSERVE_JPEG_LAUNCHES: the reasons are there), one source for
+# both, for the benches and tests that build a decoder directly.
+MAX_BATCH: int = Settings.model_fields["jpeg_max_batch"].default
+LAUNCHES: int = Settings.model_fields["jpeg_launches"].default
 # Values a group resizes at once: its stack and float copy take 5 bytes a value on the device
 # (uint8 + float32), so 2^25 is 168 MB: 59 photos of 500×375, 10 of 1024², where one image
 # at a time took 15 MB. Past it a size's images are resized in several groups.
