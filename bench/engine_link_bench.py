@@ -42,6 +42,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import uvloop
 
 SHAPE = (3, 224, 224)  # ResNet-50's input, uint8: 150,528 bytes an image
 CLASSES = 10
@@ -216,21 +217,25 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--tick-ms", type=float, default=2.0, help="the stand-ins' batch time (default %(default)s)")
     p.add_argument("--flows", default="raw", help="raw (pixels a request) and/or jpeg (an upload: decode, then infer)")
+    loop_help = "the host's event loop: the engine process's (uvloop) or the one it ran before (asyncio)"
+    p.add_argument("--host-loop", choices=("asyncio", "uvloop"), default="uvloop", help=loop_help)
     p.add_argument("--role", choices=("driver", "host"), default="driver", help=argparse.SUPPRESS)
     p.add_argument("--socket", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.role == "host":
-        asyncio.run(host(args.socket, args.tick_ms / 1000))
+        run = asyncio.run if args.host_loop == "asyncio" else uvloop.run
+        run(host(args.socket, args.tick_ms / 1000))
         return
     work = Path(tempfile.mkdtemp(prefix="engine-link-"))
     socket_path = str(work / "engine.sock")
     tree = (args.tree or Path(__file__).resolve().parents[1]).resolve()
     sys.path.insert(0, str(tree))  # this process's link from the tree measured, as the child's host
     env = os.environ | {"PYTHONPATH": f"{tree}:{os.environ.get('PYTHONPATH', '')}"}
-    argv = [sys.executable, __file__, "--role", "host", "--socket", socket_path, "--tick-ms", str(args.tick_ms)]
+    host_args = ["--socket", socket_path, "--tick-ms", str(args.tick_ms), "--host-loop", args.host_loop]
+    argv = [sys.executable, __file__, "--role", "host", *host_args]
     child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
     record: dict[str, Any] = {"command": shlex.join(["python3", *sys.argv]), "label": args.label,
-                              "tree": str(tree), "points": []}  # fmt: skip
+                              "host_loop": args.host_loop, "tree": str(tree), "points": []}  # fmt: skip
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "listening"
         for flow in args.flows.split(","):

@@ -27,7 +27,7 @@ import math
 import mmap
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import numpy as np
@@ -337,4 +337,16 @@ def engine_process_main(on_ready: Callable[[], None], on_fatal: Callable[[], Non
     # it: only the parent's STOP_SIGNAL, sent after the last worker has exited, stops it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    asyncio.run(serve_engines(settings, os.environ[SOCKET_ENV], on_ready, on_fatal))
+    run_loop(serve_engines(settings, os.environ[SOCKET_ENV], on_ready, on_fatal))
+
+
+def run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """uvloop where installed, as the workers run (uvicorn's loop "auto"): this one loop wakes for every
+    worker's frames, and uvloop's wake-ups are shorter (bench/engine_link_bench.py --host-loop: 64 in
+    flight, 17.6k → 22.5k requests/s at the same CPU a request)."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+    else:
+        uvloop.run(main)
