@@ -21,8 +21,9 @@ nvJPEG writes on torchvision's own decoder stream, which waits for nothing of ou
 then makes the calling thread's current stream wait for it. So the decoded images are allocated
 under a stream of their own that nothing else uses (`_decode_stream`): allocated under ours, they
 could take memory a batch freed while its resize, still queued on ours, reads it, and nvJPEG would
-overwrite it first. Ours waits for that stream, and each decoded image is recorded as used on ours,
-so that its memory is not reused before our resize of it has run.
+overwrite it first. Ours waits for that stream, and the batch holds its decoded images until `done`
+has completed, so that their memory is not reused before our resize of them has run (one reference
+kept, where a record_stream an image was a torch call, and a wait for the GIL, an image).
 
 The event loop awaits `done` through an EventWaiter
 (a thread sleeping in that one event's synchronize, never the device's), then copies each row
@@ -84,6 +85,8 @@ class _Launched:
     done: torch.cuda.Event
     started: float  # perf_counter at the launch, for cgserve_gpu_jpeg_batch_seconds
     errors: list[str] = field(default_factory=list)
+    # nvJPEG's (C, H_i, W_i) outputs, read by the resize queued on our stream: let go once `done` has completed
+    decoded: list[torch.Tensor] = field(default_factory=list)
 
 
 class GpuJpegDecoder:
@@ -181,9 +184,11 @@ class GpuJpegDecoder:
         started = time.perf_counter()
         hosts: list[torch.Tensor | None] = [None] * len(jobs)
         errors: list[str] = []
+        kept: list[torch.Tensor] = []
         with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
             for color, indices in _by_color(jobs).items():
                 decoded = self._decode(jobs, indices, color, errors)  # [(job index, (C, H_i, W_i) uint8 on the GPU)]
+                kept.extend(image for _, image in decoded)
                 for spec, group in _by_model_and_size(jobs, decoded):
                     # Photos from one camera or one client share a size: one resize for all of them.
                     images = torch.stack([image for _, image in group])  # (k, C, H, W) uint8
@@ -194,7 +199,7 @@ class GpuJpegDecoder:
                         hosts[i] = host[row]
             done = torch.cuda.Event(blocking=True)  # its waiter thread sleeps instead of spinning a core
             done.record(self._stream)
-        return _Launched(jobs, hosts, done, started, errors)
+        return _Launched(jobs, hosts, done, started, errors, kept)
 
     def _decode(
         self, jobs: list[_Job], indices: list[int], color: str, errors: list[str]
@@ -211,9 +216,7 @@ class GpuJpegDecoder:
             # One at a time, so that one bad upload sends only itself to Pillow, not its batch-mates.
             return [pair for i in indices for pair in self._decode(jobs, [i], color, errors)]
         self._stream.wait_stream(self._decode_stream)  # which waits for torchvision's decoder stream
-        for image in decoded:
-            image.record_stream(self._stream)  # its memory is ours to read until our queued work has run
-        return list(zip(indices, decoded, strict=True))
+        return list(zip(indices, decoded, strict=True))  # held by the batch until `done` (above)
 
     async def _hand_back(self, launched: _Launched) -> None:
         try:
@@ -221,6 +224,7 @@ class GpuJpegDecoder:
         except Exception as error:  # a CUDA error: every request of the batch gets it (500)
             _fail(launched.jobs, error)
             return
+        launched.decoded.clear()  # the resize has read them: their memory may go to the next decode
         metrics.GPU_JPEG_BATCH_SECONDS.observe(time.perf_counter() - launched.started)
         refused = "; ".join(launched.errors)
         for job, host in zip(launched.jobs, launched.hosts, strict=True):

@@ -74,7 +74,6 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     monkeypatch.setitem(sys.modules, "torchvision", torchvision)
     monkeypatch.setitem(sys.modules, "torchvision.io", torchvision.io)
     monkeypatch.setattr(torch.cuda, "Stream", lambda device: types.SimpleNamespace(wait_stream=lambda other: None))
-    monkeypatch.setattr(torch.Tensor, "record_stream", lambda tensor, stream: None)  # CPU tensors have no stream
     monkeypatch.setattr(torch.cuda, "Event", NoEvent)
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
