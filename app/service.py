@@ -47,6 +47,7 @@ from app.engines.memory import close_and_release
 from app.errors import NotReadyError, UnknownModelError
 from app.ops import metric_buffers, metrics
 from app.ops.heap import freeze_startup_heap
+from app.ops.switch_interval import set_switch_interval
 from app.repository import LoadedModel, ModelConfigError, load_model, read_repository
 from app.repository.model_spec import ModelSpec
 from app.repository.versions import UNVERSIONED
@@ -194,6 +195,7 @@ class Service:
 
     def start(self) -> None:
         metrics.READY.set(0)
+        set_switch_interval(self.settings.switch_interval_ms)  # this process's helper threads (the module says why)
         self._startup = asyncio.create_task(self._start(), name="engine-startup")
         # The hot path's buffered metrics into Prometheus (app/ops/metric_buffers.py), here because the
         # engine process runs a Service without HTTP, and its batchers' metrics count too.
