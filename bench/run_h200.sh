@@ -6,23 +6,23 @@
 #   STEPS=profile PROFILES="noop-json=--target noop;ours-json=--compile none": py-spy per server (bench/profile_server.py)
 #   Issue 26 (ResNet-50, one image a request; py-spy on every server process during the raw points):
 #     STEPS="gpu-tests one-image" ONE_IMAGE_ARGS="--profile raw" bash bench/run_h200.sh
-#   What run 23 left (issue 26), one call each (~8 minutes with a cold start): the HTTP path's GPU test as
-#   mended after 23c (it failed there, details cut), then each worker decoding now that uploads are read inline;
-#   gRPC with a channel per perf_analyzer context beside plain gRPC and v2 HTTP at the same concurrencies; a
-#   py-spy profile of the engine process at 8 in flight a worker (its interpreter is the limit for JPEG and item 4):
-#     STEPS="gpu-tests one-image" GPU_TESTS_S=150 GPU_TESTS="tests/gpu/test_gpu_jpeg.py::test_the_http_path_with_the_gpu_decoder" \
-#       ONE_IMAGE_S=330 ONE_IMAGE_BUDGET_S=290 ONE_IMAGE_ARGS="--kinds jpeg --variant-kinds jpeg,jpeg-body \
-#       --concurrencies 256,1024 --p99-fraction 0 --variants workers-decode=CGSERVE_JPEG_DECODE_IN_WORKERS=true" bash bench/run_h200.sh
+#   What run 24 left (issue 26), one call each (~8 minutes with a cold start): the whole GPU suite on this tree
+#   (the engine process on uvloop, the 1 ms switch interval); raw and JPEG with the 1 ms default beside 5 ms and
+#   bigger decoder batches; gRPC with a channel per perf_analyzer context beside plain gRPC and v2 HTTP:
+#     STEPS=gpu-tests bash bench/run_h200.sh
+#     STEPS=one-image ONE_IMAGE_S=420 ONE_IMAGE_BUDGET_S=380 ONE_IMAGE_ARGS="--kinds raw,jpeg --variant-kinds raw,jpeg \
+#       --concurrencies 256,1024 --p99-fraction 0 --variants switch5ms=CGSERVE_SWITCH_INTERVAL_MS=5;batch64=CGSERVE_JPEG_MAX_BATCH=64" \
+#       bash bench/run_h200.sh
 #     STEPS=one-image ONE_IMAGE_S=420 ONE_IMAGE_BUDGET_S=360 ONE_IMAGE_ARGS="--kinds v2-http,v2-grpc,v2-grpc-channels \
 #       --concurrencies 64,256 --p99-fraction 0" bash bench/run_h200.sh
-#     STEPS=profile PROFILES="ep-raw-c64=--form raw --concurrency 64 --process engine-process --workers 8 --engine-process \
-#       --device cuda --compile none" bash bench/run_h200.sh
-#   Item 4's per-process design with CUDA MPS (eight contexts then share the device instead of taking turns):
-#     nvidia-cuda-mps-control -d; STEPS=whole-machine WHOLE_MACHINE_S=200 WHOLE_MACHINE_WORKERS=8 \
-#       WHOLE_MACHINE_ARGS="--designs per-process --per-worker 8,32 --p99-repeats 0 --budget-s 170" bash bench/run_h200.sh; \
-#       echo quit | nvidia-cuda-mps-control
-#   GPU tests last run: all of tests/gpu on run 21's or 22's trees (21b, 22a, 22c, 22d); tests/gpu/test_gpu_jpeg.py
-#   on 23a's; the HTTP path's test as it is now on none
+#   Each worker decoding JPEG under CUDA MPS (24b ran this variant's raw kind by mistake; MPS took the per-process
+#   seed CNN at 8 a worker from 29,843 to 45,907 raw req/s):
+#     export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log; mkdir -p $CUDA_MPS_PIPE_DIRECTORY \
+#       $CUDA_MPS_LOG_DIRECTORY; nvidia-cuda-mps-control -d; STEPS=one-image ONE_IMAGE_S=300 ONE_IMAGE_BUDGET_S=260 \
+#       ONE_IMAGE_ARGS="--kinds jpeg --variant-kinds jpeg --concurrencies 256,1024 --p99-fraction 0 \
+#       --variants workers-decode=CGSERVE_JPEG_DECODE_IN_WORKERS=true" bash bench/run_h200.sh; echo quit | nvidia-cuda-mps-control
+#   GPU tests last run: all of tests/gpu on run 21's or 22's trees (21b, 22a, 22c, 22d); on 24c's tree (ec5e43e) the
+#   JPEG stream race, concurrent uploads and the HTTP path through the engine process; run 24d's in its record
 #   The decoder's stages on the device: STEPS=jpeg-stages bash bench/run_h200.sh
 #   STEPS=multi-gpu on the two-GPU machine (nvidia-h200-x2): tests/gpu/test_multi_gpu.py, bench/multi_gpu_bench.py
 #   What issue 12 still lacks after run 13 (one call, ~8 minutes):
