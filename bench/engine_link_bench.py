@@ -93,10 +93,11 @@ class StandInDecoder:
         self.pixels = np.random.default_rng(1).integers(0, 256, (1, *SHAPE), dtype=np.uint8)
         self.waiting: list[tuple[Any, np.ndarray | None, asyncio.Future[np.ndarray]]] = []
 
-    async def decode(self, data: Any, spec: Any, out: np.ndarray | None = None) -> np.ndarray:
+    def decode(self, data: Any, spec: Any, out: np.ndarray | None = None) -> asyncio.Future[np.ndarray]:
+        """A future, as the real decoder answers (a host from before awaits it in a task of its own)."""
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
         self.waiting.append((data, out, future))
-        return await future
+        return future
 
     async def run(self) -> None:
         while True:

@@ -109,21 +109,23 @@ class GpuJpegDecoder:
         self._collector: asyncio.Task[None] | None = None
         self._batches: set[asyncio.Task[None]] = set()  # launching or handing back (asyncio keeps weak references)
 
-    async def decode(
+    def decode(
         self, data: bytes | bytearray | memoryview, spec: ModelSpec, out: np.ndarray | None = None
-    ) -> np.ndarray:
-        """A JPEG → (1, C, h, w) uint8 per the spec's [preprocess]; GpuDecodeError if nvJPEG refused it.
+    ) -> asyncio.Future[np.ndarray]:
+        """A JPEG → the future of its (1, C, h, w) uint8 pixels per the spec's [preprocess]; GpuDecodeError
+        if nvJPEG refused it. A future, not a coroutine: the engine process answers from its callback,
+        with no task an upload. Cancelling it leaves `out` unwritten.
 
         `data` is read until the decode is launched; a bytearray or writable memoryview is read in place
         (an inline body, the worker's segment in the engine process), bytes are copied once. `out`, a
-        (1, C, h, w) uint8 array, receives the pixels and is returned (it may share `data`'s memory:
+        (1, C, h, w) uint8 array, receives the pixels and is the result (it may share `data`'s memory:
         it is written after the decode has read it); without it a new array is."""
         if self._collector is None or self._collector.done():  # first upload (or a collector that died)
             self._collector = asyncio.create_task(self._collect(), name="gpu-jpeg-collector")
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
         self._pending.append(_Job(data, spec, future, out))
         self._arrived.set()
-        return await future
+        return future
 
     def close(self) -> None:
         """Stop. Uploads queued or in a batch not yet handed back get 503 (the server is stopping); a

@@ -14,6 +14,7 @@ import asyncio
 import importlib
 import io
 import logging
+from collections.abc import Awaitable
 from typing import Literal, Protocol
 
 import numpy as np
@@ -33,11 +34,11 @@ JPEG_END = b"\xff\xd9"  # EOI; byte stuffing keeps it out of the entropy-coded d
 
 
 class JpegBatchDecoder(Protocol):
-    async def decode(
+    def decode(
         self, data: bytes | bytearray | memoryview, spec: ModelSpec, out: np.ndarray | None = None
-    ) -> np.ndarray:
+    ) -> Awaitable[np.ndarray]:
         """A JPEG → (1, C, H, W) uint8 per the spec's [preprocess], written into `out` where given;
-        GpuDecodeError if nvJPEG refused it."""
+        GpuDecodeError if nvJPEG refused it. A future (the GPU decoder's) or a coroutine."""
         ...
 
     def close(self) -> None: ...

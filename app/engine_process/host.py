@@ -130,8 +130,8 @@ class WorkerConnection:
     def __init__(self, host: EngineHost, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.host, self.service, self.reader, self.writer = host, host.service, reader, writer
         self.segments: dict[int, mmap.mmap] = {}
-        self.waiting: set[asyncio.Future[np.ndarray]] = set()  # frames enqueued, not answered
-        self.tasks: set[asyncio.Task[None]] = set()  # uploads being decoded, control calls
+        self.waiting: set[asyncio.Future[np.ndarray]] = set()  # INFER and DECODE frames not answered
+        self.tasks: set[asyncio.Task[None]] = set()  # control calls
         self.applied = 0  # the generation of the latest table this worker said it serves
 
     async def run(self) -> None:
@@ -140,8 +140,10 @@ class WorkerConnection:
                 kind, payload = await frames.read_frame(self.reader)
                 if kind == frames.INFER:
                     self.infer(payload)
-                elif kind in (frames.DECODE, frames.CONTROL):
-                    task = asyncio.create_task(self.decode(payload) if kind == frames.DECODE else self.control(payload))
+                elif kind == frames.DECODE:
+                    self.decode(payload)
+                elif kind == frames.CONTROL:
+                    task = asyncio.create_task(self.control(payload))
                     self.tasks.add(task)
                     task.add_done_callback(self.tasks.discard)
                 elif kind == frames.SEGMENT:
@@ -156,7 +158,7 @@ class WorkerConnection:
         finally:
             await self.host.left(self)
             for future in self.waiting:
-                future.cancel()  # the batcher drops the rows it has not launched
+                future.cancel()  # the batcher drops the rows it has not launched; the decoder, its uploads
             for task in self.tasks:
                 task.cancel()  # a load it asked for goes on: it is the control's own task
             self.writer.close()
@@ -197,11 +199,11 @@ class WorkerConnection:
         if not self.writer.is_closing():
             self.writer.write(frames.json_frame(frames.CONTROLLED, answer))
 
-    async def decode(self, payload: bytes) -> None:
+    def decode(self, payload: bytes) -> None:
         """An upload's bytes → its pixels on this process's GPU decoder, read from and written back into
-        the worker's segment (the worker copies them out, then sends them as any request's rows)."""
+        the worker's segment (the worker copies them out, then sends them as any request's rows). The
+        DECODED frame is written from the decode's callback: no task a frame, as for INFER."""
         decode_id, model, length, segment = frames.DECODE_HEADER.unpack(payload)
-        outcome, shape, error = frames.DECODED_OK, (0, 0, 0), b""
         try:
             memory = self.segments[segment]
             spec = self.host.served(model).spec
@@ -213,20 +215,41 @@ class WorkerConnection:
                 raise GpuDecodeError(f"{wanted} pixels do not fit the {len(memory)}-byte segment")
             # Read in place and written back in place: the worker keeps the segment until DECODED.
             out = np.ndarray(wanted, np.uint8, buffer=memory)
-            pixels = await decoder.decode(memoryview(memory)[:length], spec, out=out)
-            if pixels is not out:  # a decoder that gave its own array: the worker reads the segment
-                np.copyto(out, pixels)
-            shape = pixels.shape[1:]
-        except GpuDecodeError:
-            outcome = frames.DECODE_REFUSED  # the worker's Pillow decodes it, as a refusal in-process is
-        except Exception as failure:
-            if not isinstance(failure, ServiceError):
-                log.error("unexpected error decoding an upload in the engine process", exc_info=failure)
-                failure = ServiceError("unexpected server error; it is logged with its traceback")
-            outcome, error = frames.DECODE_FAILED, frames.error_payload(failure)
-        header = frames.DECODED_HEADER.pack(decode_id, outcome, *shape)
+            # The GPU decoder answers a future (no task); a decoder whose decode is a coroutine gets one.
+            future = asyncio.ensure_future(decoder.decode(memoryview(memory)[:length], spec, out=out))
+        except Exception as error:
+            self.decoded(decode_id, None, error=error)
+            return
+        self.waiting.add(future)  # cancelled if the worker goes: the decoder then leaves its segment alone
+        future.add_done_callback(lambda done: self.decode_done(decode_id, out, done))
+
+    def decode_done(self, decode_id: int, out: np.ndarray, future: asyncio.Future[np.ndarray]) -> None:
+        self.waiting.discard(future)
+        if future.cancelled():
+            return  # the worker is gone: nobody to answer
+        error = future.exception()
+        if error is not None:
+            self.decoded(decode_id, None, error=error)
+            return
+        pixels = future.result()
+        if pixels is not out:  # a decoder that gave its own array: the worker reads the segment
+            np.copyto(out, pixels)
+        self.decoded(decode_id, pixels.shape[1:])
+
+    def decoded(self, decode_id: int, shape: tuple[int, ...] | None, error: BaseException | None = None) -> None:
+        """Write the DECODED frame: the pixels' (C, H, W) in the segment, nvJPEG's refusal (the worker's
+        Pillow decodes it, as a refusal in-process is), or the error's JSON."""
+        outcome, body = frames.DECODED_OK, b""
+        if isinstance(error, GpuDecodeError):
+            outcome = frames.DECODE_REFUSED
+        elif error is not None:
+            if not isinstance(error, ServiceError):
+                log.error("unexpected error decoding an upload in the engine process", exc_info=error)
+                error = ServiceError("unexpected server error; it is logged with its traceback")
+            outcome, body = frames.DECODE_FAILED, frames.error_payload(error)
+        header = frames.DECODED_HEADER.pack(decode_id, outcome, *(shape or (0, 0, 0)))
         if not self.writer.is_closing():
-            self.writer.write(frames.PREFIX.pack(frames.DECODED, len(header) + len(error)) + header + error)
+            self.writer.write(frames.PREFIX.pack(frames.DECODED, len(header) + len(body)) + header + body)
 
     def infer(self, payload: bytes) -> None:
         """Enqueue a frame's rows; answer it now if refused, else from its future's callback."""

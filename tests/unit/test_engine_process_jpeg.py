@@ -55,6 +55,39 @@ class PillowAsGpu:
         pass
 
 
+class HeldFutures:
+    """The engine process's decoder as the GPU's answers: a future an upload (no coroutine, so the host
+    runs no task), held until `finish` fills each with Pillow's pixels as the GPU decoder does: into
+    `out`, only where the future is not done (cancelled: the worker is gone, its segment with it)."""
+
+    def __init__(self) -> None:
+        self.held: list[tuple[bytes, ModelSpec, np.ndarray | None, asyncio.Future[np.ndarray]]] = []
+        self.arrived = asyncio.Event()
+
+    def decode(self, data: memoryview, spec: ModelSpec, out: np.ndarray | None = None) -> asyncio.Future[np.ndarray]:
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        self.held.append((bytes(data), spec, out, future))  # read at once, as a launch reads the segment
+        self.arrived.set()
+        return future
+
+    def finish(self) -> int:
+        """Answer everything held; how many were still wanted."""
+        wanted = 0
+        for data, spec, out, future in self.held:
+            if future.done():
+                continue
+            wanted += 1
+            pixels = decode_image(data, max_pixels=MAX_PIXELS, spec=spec)
+            if out is not None:
+                np.copyto(out, pixels)
+            future.set_result(out if out is not None else pixels)
+        self.held.clear()
+        return wanted
+
+    def close(self) -> None:
+        pass
+
+
 @asynccontextmanager
 async def engine_process(tmp_path: Path, decoder: PillowAsGpu | None) -> AsyncIterator[EngineLink]:
     socket_path = str(tmp_path / "engine.sock")
@@ -121,6 +154,45 @@ def test_a_bad_upload_is_the_same_clear_error_through_the_engine_process(tmp_pat
             truncated = jpeg(2)[:200]  # no end-of-image marker: decode_upload sends it to Pillow, which refuses it
             with pytest.raises(InputError):
                 await decode_upload(truncated, max_pixels=MAX_PIXELS, spec=SPEC, gpu=RemoteJpegDecoder(link))
+
+    asyncio.run(scenario())
+
+
+def test_a_decoder_that_answers_futures_is_answered_from_their_callbacks(tmp_path: Path) -> None:
+    # The GPU decoder's decode is a future: the host answers DECODED from its callback, each upload its own pixels.
+    decoder = HeldFutures()
+
+    async def scenario() -> None:
+        async with engine_process(tmp_path, decoder) as link:  # type: ignore[arg-type]
+            remote = RemoteJpegDecoder(link)
+            uploads = [jpeg(seed) for seed in range(3)]
+            answers = asyncio.gather(*(remote.decode(data, SPEC) for data in uploads))
+            while len(decoder.held) < 3:
+                await decoder.arrived.wait()
+                decoder.arrived.clear()
+            assert decoder.finish() == 3
+            for data, pixels in zip(uploads, await answers, strict=True):
+                np.testing.assert_array_equal(pixels, decode_image(data, max_pixels=MAX_PIXELS, spec=SPEC))
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_gone_mid_decode_has_its_decode_cancelled_so_its_segment_is_not_written(tmp_path: Path) -> None:
+    decoder = HeldFutures()
+
+    async def scenario() -> None:
+        async with engine_process(tmp_path, decoder) as link:  # type: ignore[arg-type]
+            pending = asyncio.ensure_future(RemoteJpegDecoder(link).decode(jpeg(3), SPEC))
+            await decoder.arrived.wait()
+            (_, _, _, future), = decoder.held
+            await link.close()  # the worker goes while its upload is being decoded
+            for _ in range(100):
+                if future.done():
+                    break
+                await asyncio.sleep(0.01)
+            assert future.cancelled()  # so the decoder skips it: nothing writes into the gone worker's segment
+            assert decoder.finish() == 0
+            pending.cancel()
 
     asyncio.run(scenario())
 
