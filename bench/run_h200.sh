@@ -15,6 +15,11 @@
 #       bash bench/run_h200.sh
 #     STEPS=one-image ONE_IMAGE_S=420 ONE_IMAGE_BUDGET_S=360 ONE_IMAGE_ARGS="--kinds v2-http,v2-grpc,v2-grpc-channels \
 #       --concurrencies 64,256 --p99-fraction 0" bash bench/run_h200.sh
+#   The branch jpeg-launch-on-loop (b457394: only nvJPEG's call on the decoder's thread, the resizes queued from the
+#   loop; not landed, never run on a GPU): `git checkout jpeg-launch-on-loop`, then the JPEG GPU tests and a JPEG point
+#   beside main's in the same call (two checkouts: `git worktree add /tmp/main main`, PYTHONPATH and cwd per server):
+#     STEPS="gpu-tests one-image" GPU_TESTS=tests/gpu/test_gpu_jpeg.py ONE_IMAGE_ARGS="--kinds jpeg --concurrencies 256,1024 \
+#       --p99-fraction 0" bash bench/run_h200.sh
 #   Each worker decoding JPEG under CUDA MPS (24b ran this variant's raw kind by mistake; MPS took the per-process
 #   seed CNN at 8 a worker from 29,843 to 45,907 raw req/s):
 #     export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log; mkdir -p $CUDA_MPS_PIPE_DIRECTORY \
