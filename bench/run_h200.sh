@@ -16,8 +16,8 @@
 #     STEPS=one-image ONE_IMAGE_S=420 ONE_IMAGE_BUDGET_S=360 ONE_IMAGE_ARGS="--kinds v2-http,v2-grpc,v2-grpc-channels \
 #       --concurrencies 64,256 --p99-fraction 0" bash bench/run_h200.sh
 #   The branch jpeg-launch-on-loop (b457394: only nvJPEG's call on the decoder's thread, the resizes queued from the
-#   loop; not landed, never run on a GPU): `git checkout jpeg-launch-on-loop`, then the JPEG GPU tests and a JPEG point
-#   beside main's in the same call (two checkouts: `git worktree add /tmp/main main`, PYTHONPATH and cwd per server):
+#   loop; not landed, never run on a GPU): check it out here (the device tool copies the working tree), then the
+#   JPEG GPU tests and JPEG points; the same command from main in the next call gives the figures to compare:
 #     STEPS="gpu-tests one-image" GPU_TESTS=tests/gpu/test_gpu_jpeg.py ONE_IMAGE_ARGS="--kinds jpeg --concurrencies 256,1024 \
 #       --p99-fraction 0" bash bench/run_h200.sh
 #   Each worker decoding JPEG under CUDA MPS (24b ran this variant's raw kind by mistake; MPS took the per-process
