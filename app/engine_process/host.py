@@ -232,8 +232,12 @@ class WorkerConnection:
             self.decoded(decode_id, None, error=error)
             return
         pixels = future.result()
-        if pixels is not out:  # a decoder that gave its own array: the worker reads the segment
-            np.copyto(out, pixels)
+        try:
+            if pixels is not out:  # a decoder that gave its own array: the worker reads the segment
+                np.copyto(out, pixels)
+        except Exception as failure:  # pixels of another shape: this upload's 500, not a worker left waiting
+            self.decoded(decode_id, None, error=failure)
+            return
         self.decoded(decode_id, pixels.shape[1:])
 
     def decoded(self, decode_id: int, shape: tuple[int, ...] | None, error: BaseException | None = None) -> None:

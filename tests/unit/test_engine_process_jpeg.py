@@ -10,6 +10,7 @@ import io
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from PIL import Image
 from app.codecs.bodies import decode_image
 from app.codecs.uploads import decode_upload
 from app.engine_process.client import EngineLink, RemoteJpegDecoder
-from app.errors import GpuDecodeError, InputError
+from app.errors import GpuDecodeError, InputError, ServiceError
 from app.repository import read_repository
 from app.repository.model_spec import ModelSpec
 from tests.unit.stand_in_engine_host import serving_host, stand_in
@@ -184,7 +185,7 @@ def test_a_worker_gone_mid_decode_has_its_decode_cancelled_so_its_segment_is_not
         async with engine_process(tmp_path, decoder) as link:  # type: ignore[arg-type]
             pending = asyncio.ensure_future(RemoteJpegDecoder(link).decode(jpeg(3), SPEC))
             await decoder.arrived.wait()
-            (_, _, _, future), = decoder.held
+            ((_, _, _, future),) = decoder.held
             await link.close()  # the worker goes while its upload is being decoded
             for _ in range(100):
                 if future.done():
@@ -193,6 +194,22 @@ def test_a_worker_gone_mid_decode_has_its_decode_cancelled_so_its_segment_is_not
             assert future.cancelled()  # so the decoder skips it: nothing writes into the gone worker's segment
             assert decoder.finish() == 0
             pending.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_a_decoder_answering_pixels_of_another_shape_is_a_clear_500_not_a_wait(tmp_path: Path) -> None:
+    class WrongShape(HeldFutures):
+        def decode(self, data: memoryview, spec: ModelSpec, out: np.ndarray | None = None) -> asyncio.Future[Any]:
+            future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            future.set_result(np.zeros((1, 3, 5, 5), np.uint8))  # not the model's (1, 1, 28, 28)
+            return future
+
+    async def scenario() -> None:
+        async with engine_process(tmp_path, WrongShape()) as link:  # type: ignore[arg-type]
+            with pytest.raises(ServiceError) as caught:
+                await asyncio.wait_for(RemoteJpegDecoder(link).decode(jpeg(4), SPEC), timeout=5)
+            assert caught.value.status == 500
 
     asyncio.run(scenario())
 
