@@ -15,7 +15,7 @@
 #       bash bench/run_h200.sh
 #     STEPS=one-image ONE_IMAGE_S=420 ONE_IMAGE_BUDGET_S=360 ONE_IMAGE_ARGS="--kinds v2-http,v2-grpc,v2-grpc-channels \
 #       --concurrencies 64,256 --p99-fraction 0" bash bench/run_h200.sh
-#   The branch jpeg-launch-on-loop (b457394: only nvJPEG's call on the decoder's thread, the resizes queued from the
+#   The branch jpeg-launch-on-loop (1885a12: only nvJPEG's call on the decoder's thread, the resizes queued from the
 #   loop; not landed, never run on a GPU): check it out here (the device tool copies the working tree), then the
 #   JPEG GPU tests and JPEG points; the same command from main in the next call gives the figures to compare:
 #     STEPS="gpu-tests one-image" GPU_TESTS=tests/gpu/test_gpu_jpeg.py ONE_IMAGE_ARGS="--kinds jpeg --concurrencies 256,1024 \
@@ -27,7 +27,8 @@
 #       ONE_IMAGE_ARGS="--kinds jpeg --variant-kinds jpeg --concurrencies 256,1024 --p99-fraction 0 \
 #       --variants workers-decode=CGSERVE_JPEG_DECODE_IN_WORKERS=true" bash bench/run_h200.sh; echo quit | nvidia-cuda-mps-control
 #   GPU tests last run: all of tests/gpu on run 21's or 22's trees (21b, 22a, 22c, 22d); on 24c's tree (ec5e43e) the
-#   JPEG stream race, concurrent uploads and the HTTP path through the engine process; run 24d's in its record
+#   JPEG stream race, concurrent uploads and the HTTP path through the engine process; on 84bd9bb's code (24d) the
+#   2,000-request test through per-process engines (its engine-process case cut)
 #   The decoder's stages on the device: STEPS=jpeg-stages bash bench/run_h200.sh
 #   STEPS=multi-gpu on the two-GPU machine (nvidia-h200-x2): tests/gpu/test_multi_gpu.py, bench/multi_gpu_bench.py
 #   What issue 12 still lacks after run 13 (one call, ~8 minutes):
