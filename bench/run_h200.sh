@@ -6,13 +6,16 @@
 #   STEPS=profile PROFILES="noop-json=--target noop;ours-json=--compile none": py-spy per server (bench/profile_server.py)
 #   Issue 26 (ResNet-50, one image a request; py-spy on every server process during the raw points):
 #     STEPS="gpu-tests one-image" ONE_IMAGE_ARGS="--profile raw" bash bench/run_h200.sh
-#   What run 24 left (issue 26), one call each (~8 minutes with a cold start): the whole GPU suite on this tree
-#   (the engine process on uvloop, the 1 ms switch interval); raw and JPEG with the 1 ms default beside 5 ms and
-#   bigger decoder batches; gRPC with a channel per perf_analyzer context beside plain gRPC and v2 HTTP:
-#     STEPS=gpu-tests bash bench/run_h200.sh
-#     STEPS=one-image ONE_IMAGE_S=420 ONE_IMAGE_BUDGET_S=380 ONE_IMAGE_ARGS="--kinds raw,jpeg --variant-kinds raw,jpeg \
-#       --concurrencies 256,1024 --p99-fraction 0 --variants switch5ms=CGSERVE_SWITCH_INTERVAL_MS=5;batch64=CGSERVE_JPEG_MAX_BATCH=64" \
+#   What run 24 left (issue 26), one call each (~10 minutes with a cold start): the whole GPU suite on this tree (the
+#   engine process on uvloop, the 1 ms switch interval) in two calls (it took 493 s whole in 18b); raw and JPEG with
+#   the 1 ms default beside 5 ms, 1024 first; bigger decoder batches; gRPC with a channel per perf_analyzer context:
+#     STEPS=gpu-tests GPU_TESTS_S=540 GPU_TESTS="tests/gpu/test_cuda_engine.py tests/gpu/test_gpu_jpeg.py" bash bench/run_h200.sh
+#     STEPS=gpu-tests GPU_TESTS_S=540 GPU_TESTS="$(ls tests/gpu/test_*.py | grep -v -e test_cuda_engine -e test_gpu_jpeg)" \
 #       bash bench/run_h200.sh
+#     STEPS=one-image ONE_IMAGE_S=540 ONE_IMAGE_BUDGET_S=500 ONE_IMAGE_ARGS="--kinds raw,jpeg --variant-kinds raw,jpeg \
+#       --concurrencies 1024,256 --p99-fraction 0 --variants switch5ms=CGSERVE_SWITCH_INTERVAL_MS=5" bash bench/run_h200.sh
+#     STEPS=one-image ONE_IMAGE_S=400 ONE_IMAGE_BUDGET_S=360 ONE_IMAGE_ARGS="--kinds jpeg --variant-kinds jpeg \
+#       --concurrencies 1024,256 --p99-fraction 0 --variants batch64=CGSERVE_JPEG_MAX_BATCH=64" bash bench/run_h200.sh
 #     STEPS=one-image ONE_IMAGE_S=420 ONE_IMAGE_BUDGET_S=360 ONE_IMAGE_ARGS="--kinds v2-http,v2-grpc,v2-grpc-channels \
 #       --concurrencies 64,256 --p99-fraction 0" bash bench/run_h200.sh
 #   The branch jpeg-launch-on-loop (1885a12: only nvJPEG's call on the decoder's thread, the resizes queued from the
@@ -23,8 +26,8 @@
 #   Each worker decoding JPEG under CUDA MPS (24b ran this variant's raw kind by mistake; MPS took the per-process
 #   seed CNN at 8 a worker from 29,843 to 45,907 raw req/s):
 #     export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log; mkdir -p $CUDA_MPS_PIPE_DIRECTORY \
-#       $CUDA_MPS_LOG_DIRECTORY; nvidia-cuda-mps-control -d; STEPS=one-image ONE_IMAGE_S=300 ONE_IMAGE_BUDGET_S=260 \
-#       ONE_IMAGE_ARGS="--kinds jpeg --variant-kinds jpeg --concurrencies 256,1024 --p99-fraction 0 \
+#       $CUDA_MPS_LOG_DIRECTORY; nvidia-cuda-mps-control -d; STEPS=one-image ONE_IMAGE_S=420 ONE_IMAGE_BUDGET_S=380 \
+#       ONE_IMAGE_ARGS="--kinds jpeg --variant-kinds jpeg --concurrencies 1024,256 --p99-fraction 0 \
 #       --variants workers-decode=CGSERVE_JPEG_DECODE_IN_WORKERS=true" bash bench/run_h200.sh; echo quit | nvidia-cuda-mps-control
 #   GPU tests last run: all of tests/gpu on run 21's or 22's trees (21b, 22a, 22c, 22d); on 24c's tree (ec5e43e) the
 #   JPEG stream race, concurrent uploads and the HTTP path through the engine process; on 84bd9bb's code (24d) the
