@@ -219,8 +219,8 @@ class Settings(BaseSettings):
         le=100,
         description="Every server process's GIL switch interval: how long a helper thread (the CUDA event waiter, "
         "the GPU JPEG decoder's launches, grpcio's poller) waits for the GIL while the event loop holds it before "
-        "the loop must hand it over (CPython's default: 5). 1 ms: +37-41 % JPEG photos a second through the "
-        "engine process (run 24c); raw pixels are not yet measured with it.",
+        "the loop must hand it over (CPython's default: 5). Shorter: the GPU JPEG decoder's batches wait less "
+        "(bench/results/HISTORY.md, run 24).",
     )
     host_io: Literal["auto", "copy", "mapped"] = Field(
         "auto",

@@ -369,10 +369,9 @@ def engine_process_main(on_ready: Callable[[], None], on_fatal: Callable[[], Non
 
 def run_loop(main: Coroutine[Any, Any, None]) -> None:
     """uvloop where installed, as the workers run (uvicorn's loop "auto"): this one loop reads every
-    worker's frames, and on uvloop it spends less CPU a request (bench/engine_link_bench.py --host-loop,
-    64 in flight: raw 14.5 → 13.4 µs, JPEG 40.6 → 36.7 µs). As in the workers, its timers then have
-    uvloop's 1 ms resolution (the batchers' windows below a millisecond end at once), and it gives the
-    GIL up around its poll and takes it back in every callback."""
+    worker's frames, and on uvloop it spends less CPU a request (bench/engine_link_bench.py --host-loop).
+    As in the workers, its timers then have uvloop's 1 ms resolution (the batchers' windows below a
+    millisecond end at once), and it gives the GIL up around its poll and takes it back in every callback."""
     try:
         import uvloop
     except ImportError:
