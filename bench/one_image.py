@@ -29,6 +29,7 @@ import argparse
 import csv
 import json
 import os
+import resource
 import shlex
 import shutil
 import subprocess
@@ -66,7 +67,11 @@ def perf_analyzer(binary: str, model: str, protocol: str, address: str, concurre
     """perf_analyzer at one concurrency, one image a request, UINT8 as the model's metadata declares.
     Windows within 100 % of each other count as stable: at 60 % it found none in 72 s at 256 (run 19b).
     Past ASYNC_ABOVE requests in flight, its asynchronous mode (16 threads, each with many requests
-    out): synchronously, a thread a request, it ended without a figure at 256 (runs 20a, 22a)."""
+    out): synchronously, a thread a request, it ended without a figure at 256 (runs 20a, 22a). Over
+    HTTP at 256 the asynchronous mode was killed (rc −9) after ~70 s, three times: perf_analyzer's
+    memory is known to grow through a session at high rates until the kernel kills it
+    (triton-inference-server/perf_analyzer#84), so each point records the largest resident size of
+    this process's finished children, perf_analyzer's among them."""
     out = work / f"pa-{protocol}{share_count or ''}-{concurrency}.csv"
     # The share count is set (or left at the client's default) on the command line, so the record says it.
     env = {k: v for k, v in os.environ.items() if k != SHARE_COUNT}
@@ -81,14 +86,18 @@ def perf_analyzer(binary: str, model: str, protocol: str, address: str, concurre
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60 + 6 * seconds, env=env)
     except (OSError, subprocess.TimeoutExpired) as error:
         return {"error": f"{type(error).__name__}: {error}", "command": shlex.join(argv)}
+    # Linux: kB. The largest of every child waited for so far: an rc −9 beside tens of GB is the kernel's OOM kill.
+    children_max_rss_mb = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
     if done.returncode != 0 or not out.exists():
         # rc too: in run 22a it ended (rc unrecorded) after printing its settings, with no error of its own
-        return {"error": (done.stdout + done.stderr)[-1500:], "rc": done.returncode, "command": shlex.join(argv)}
+        return {"error": (done.stdout + done.stderr)[-1500:], "rc": done.returncode, "command": shlex.join(argv),
+                "children_max_rss_mb": children_max_rss_mb}  # fmt: skip
     (row,) = list(csv.DictReader(out.open()))
     return {
         "images_per_s": float(row["Inferences/Second"]),
         "latency_ms": {q: int(row[f"{q} latency"]) / 1000 for q in ("p50", "p90", "p99")},
         "command": shlex.join(argv),
+        "children_max_rss_mb": children_max_rss_mb,
     }
 
 
