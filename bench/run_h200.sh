@@ -18,7 +18,7 @@
 #       --concurrencies 1024,256 --p99-fraction 0 --variants batch64=CGSERVE_JPEG_MAX_BATCH=64" bash bench/run_h200.sh
 #     STEPS=one-image ONE_IMAGE_S=420 ONE_IMAGE_BUDGET_S=360 ONE_IMAGE_ARGS="--kinds v2-http,v2-grpc,v2-grpc-channels \
 #       --concurrencies 64,256 --p99-fraction 0" bash bench/run_h200.sh
-#   The branch jpeg-launch-on-loop (one commit on main: only nvJPEG's call on the decoder's thread, the resizes queued from the
+#   The branch jpeg-launch-on-loop (off main, with its test: only nvJPEG's call on the decoder's thread, the resizes queued from the
 #   loop; not landed, never run on a GPU): check it out here (the device tool copies the working tree), then the
 #   JPEG GPU tests and JPEG points; the same command from main in the next call gives the figures to compare:
 #     STEPS="gpu-tests one-image" GPU_TESTS=tests/gpu/test_gpu_jpeg.py ONE_IMAGE_ARGS="--kinds jpeg --concurrencies 256,1024 \
