@@ -218,7 +218,7 @@ def main() -> None:
     p.add_argument("--tick-ms", type=float, default=2.0, help="the stand-ins' batch time (default %(default)s)")
     p.add_argument("--flows", default="raw", help="raw (pixels a request) and/or jpeg (an upload: decode, then infer)")
     # Compare loops by host_us_per_request only: the stand-ins tick with asyncio.sleep on the host's own
-    # loop, whose timers differ (uvloop's sleep(2 ms) ~2.2 ms, asyncio's ~2.8), so requests/s follows the tick.
+    # loop, whose timers behave differently under load on each loop, so requests/s follows the tick.
     loop_help = "the host's event loop: the engine process's (uvloop) or the one it ran before (asyncio)"
     p.add_argument("--host-loop", choices=("asyncio", "uvloop"), default="uvloop", help=loop_help)
     p.add_argument("--role", choices=("driver", "host"), default="driver", help=argparse.SUPPRESS)
