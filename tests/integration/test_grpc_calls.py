@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -45,7 +46,8 @@ WAIT_S = 30.0
 
 @pytest.fixture(scope="module")
 def gates(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(started, release): the gated model's forward touches `started`, then waits for `release`."""
+    """(started, release): the gated model's forward creates `started`, waits for `release`, then removes
+    `started` as it returns, so `started` exists exactly while a batch is held."""
     folder = tmp_path_factory.mktemp("gates")
     started, release = folder / "started", folder / "release"
     release.touch()  # open while the engine warms up
@@ -57,7 +59,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, gates: tuple[Path, Path]) -
     started, release = gates
     forward = (
         f"import os\nopen({str(started)!r}, 'w').close()\n"
-        f"while not os.path.exists({str(release)!r}):\n    time.sleep(0.002)"
+        f"while not os.path.exists({str(release)!r}):\n    time.sleep(0.002)\n"
+        f"os.remove({str(started)!r})"
     )
     repository = seed_with_forward(tmp_path_factory.mktemp("repo"), "gated", forward)
     (repository / "wide").mkdir()
@@ -91,6 +94,24 @@ def wait_for_count(url: str, model: str, code: str, want: float) -> dict[str, fl
     return seen
 
 
+@contextmanager
+def batches_held(gates: tuple[Path, Path]) -> Iterator[None]:
+    """The gated model holds each batch it starts until the block ends; the block's end releases the
+    held batch and waits for it to return. Without that wait the next test's hold could begin before a
+    slow machine's held forward saw the release, so that batch stayed held and the next call never
+    started (a CI run)."""
+    started, release = gates
+    release.unlink()
+    try:
+        yield
+    finally:
+        release.touch()
+        give_up = time.monotonic() + WAIT_S
+        while started.exists() and time.monotonic() < give_up:  # a file offers nothing to await: poll
+            time.sleep(0.005)
+    assert not started.exists(), "the held batch did not return once released"
+
+
 def one_image() -> triton_grpc.InferInput:
     tensor = triton_grpc.InferInput("input", [1, 1, 28, 28], "UINT8")
     tensor.set_data_from_numpy(np.zeros((1, 1, 28, 28), np.uint8))
@@ -100,22 +121,16 @@ def one_image() -> triton_grpc.InferInput:
 def test_a_call_past_its_deadline_is_counted_deadline_exceeded(
     server: dict[str, str], gates: tuple[Path, Path]
 ) -> None:
-    release = gates[1]
-    release.unlink()
-    try:
+    with batches_held(gates):
         with pytest.raises(InferenceServerException) as raised:
             triton_grpc.InferenceServerClient(server["grpc"]).infer("gated", [one_image()], client_timeout=0.5)
         assert raised.value.status() == "StatusCode.DEADLINE_EXCEEDED", raised.value
         seen = wait_for_count(server["url"], "gated", "DEADLINE_EXCEEDED", 1)  # its batch still held, as below
-    finally:
-        release.touch()
     assert seen.get("DEADLINE_EXCEEDED") == 1 and "200" not in seen, seen
 
 
 def test_a_call_the_client_cancels_is_counted_cancelled(server: dict[str, str], gates: tuple[Path, Path]) -> None:
-    started, release = gates
-    started.unlink(missing_ok=True)
-    release.unlink()
+    started = gates[0]
     ended = threading.Event()
     errors: list[object] = []
 
@@ -123,7 +138,7 @@ def test_a_call_the_client_cancels_is_counted_cancelled(server: dict[str, str], 
         errors.append(error)
         ended.set()
 
-    try:
+    with batches_held(gates):
         call = triton_grpc.InferenceServerClient(server["grpc"]).async_infer("gated", [one_image()], callback=finished)
         give_up = time.monotonic() + WAIT_S
         while not started.exists() and time.monotonic() < give_up:  # a file offers nothing to await: poll
@@ -136,8 +151,6 @@ def test_a_call_the_client_cancels_is_counted_cancelled(server: dict[str, str], 
         # not answered. Released only after, so a slow machine cannot let the batch answer it first (a CI
         # run counted it "200" when `release` came before the server had read the cancellation).
         seen = wait_for_count(server["url"], "gated", "CANCELLED", 1)
-    finally:
-        release.touch()
     assert seen.get("CANCELLED") == 1 and "200" not in seen, seen
 
 
