@@ -5,8 +5,9 @@ The issue asks gRPC for ≥ 0.9× v2 HTTP binary's throughput with the same work
 is the inverse of its CPU a request, so the ratio of the two protocols' CPU a request, measured on
 any machine, is what the H200 will show as a throughput ratio. One server (the seed CNN on the
 CPU, one worker, gRPC on), then for each protocol and concurrency a driver process that sends one
-prebuilt request over and over (a bare asyncio HTTP/1.1 client for HTTP; grpc.aio for gRPC) and
-the server's CPU seconds from /proc:
+prebuilt request over and over (a bare asyncio HTTP/1.1 client for HTTP; grpc.aio for gRPC, a
+ModelInfer call a request, and for grpc-stream a ModelStreamInfer stream a concurrent client, its
+requests one after another on it) and the server's CPU seconds from /proc:
 
     server_us_per_request   every server process's CPU ÷ requests answered
     p50_ms                  the driver's own latency (its CPU is not the server's)
@@ -134,9 +135,42 @@ async def grpc_driver(port: int, concurrency: int, seconds: float, shape: tuple[
     return latencies
 
 
+async def grpc_stream_driver(port: int, concurrency: int, seconds: float, shape: tuple[int, ...]) -> list[float]:
+    """`concurrency` ModelStreamInfer streams on one channel, each with one request in flight (as
+    perf_analyzer --streaming keeps each context's): a request written, its answer read, the next."""
+    import grpc
+
+    from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
+    from app.protocols.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+
+    tensor = pb.ModelInferRequest.InferInputTensor(name="input", datatype="UINT8", shape=[1, *shape])
+    request = pb.ModelInferRequest(model_name=model_of(shape), inputs=[tensor], raw_input_contents=[pixels_of(shape)])
+    latencies: list[float] = []
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+
+        async def one_stream(until: float) -> None:
+            stream = stub.ModelStreamInfer()
+            while time.perf_counter() < until:
+                started = time.perf_counter()
+                await stream.write(request)
+                answer = await stream.read()
+                if answer.error_message:
+                    raise RuntimeError(answer.error_message)
+                latencies.append(time.perf_counter() - started)
+            await stream.done_writing()
+
+        until = time.perf_counter() + seconds
+        await asyncio.gather(*(one_stream(until) for _ in range(concurrency)))
+    return latencies
+
+
+DRIVERS = {"http": http_driver, "grpc": grpc_driver, "grpc-stream": grpc_stream_driver}
+
+
 def drive(protocol: str, port: int, concurrency: int, seconds: float, shape: tuple[int, ...]) -> None:
     """The driver process: warm up, measure, print the latencies (s) as JSON."""
-    driver = http_driver if protocol == "http" else grpc_driver
+    driver = DRIVERS[protocol]
     asyncio.run(driver(port, concurrency, 0.5, shape))
     print(json.dumps(asyncio.run(driver(port, concurrency, seconds, shape))))
 
@@ -168,7 +202,7 @@ def main() -> None:
     p.add_argument("--concurrencies", default="1,8,32")
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--image-shape", default="1,28,28", help="one image's C,H,W (not the seed CNN's: a stand-in model)")
-    p.add_argument("--drive", choices=("http", "grpc"), help=argparse.SUPPRESS)
+    p.add_argument("--drive", choices=tuple(DRIVERS), help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--concurrency", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -188,17 +222,17 @@ def main() -> None:
     with running(serve, work / "server.log", port=port, env=env, cwd=args.tree, ready_timeout_s=120) as server:
         processes = [server.proc.pid, *descendants(server.proc.pid)]
         for concurrency in (int(c) for c in args.concurrencies.split(",")):
-            for protocol, target in (("http", port), ("grpc", grpc_port)):
+            for protocol, target in (("http", port), ("grpc", grpc_port), ("grpc-stream", grpc_port)):
                 result = point(protocol, target, concurrency, args.seconds, processes, args.image_shape)
                 record["points"].append(result)
                 print(f"{args.label}: {result}", flush=True)
     for concurrency in {p["concurrency"] for p in record["points"]}:
-        http, grpc = (next(p for p in record["points"] if p["concurrency"] == concurrency and p["protocol"] == name)
-                      for name in ("http", "grpc"))  # fmt: skip
-        record[f"grpc_over_http_cpu_c{concurrency}"] = round(
-            grpc["server_us_per_request"] / http["server_us_per_request"], 2
-        )
-    print({k: v for k, v in record.items() if k.startswith("grpc_over")})
+        cost = {p["protocol"]: p["server_us_per_request"] for p in record["points"] if p["concurrency"] == concurrency}
+        for protocol in ("grpc", "grpc-stream"):
+            record[f"{protocol.replace('-', '_')}_over_http_cpu_c{concurrency}"] = round(
+                cost[protocol] / cost["http"], 2
+            )
+    print({k: v for k, v in record.items() if "_over_http_" in k})
     if args.out is not None:
         args.out.write_text(json.dumps(record, indent=2) + "\n")
 

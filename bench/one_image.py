@@ -12,6 +12,8 @@ on --loadgen-cores:
            our workers) among up to 6 of its contexts, as Triton's clients do by default
   v2-grpc-channels  the same with a channel per context (TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT=1),
            so that its connections can spread over every worker
+  v2-grpc-stream  the same over ModelStreamInfer (--streaming, asynchronous): a stream a context, its
+           requests one after another on it, not a gRPC call each
   jpeg     our generator, multipart uploads of photo-like JPEGs (~500×375), --form photo
   jpeg-body  the same photos, each the whole body (Content-Type image/jpeg), --form jpeg
 
@@ -51,8 +53,14 @@ from loadtest.server_process import free_port, running, service_env
 ROOT = Path(__file__).resolve().parents[1]
 ASYNC_ABOVE = 64  # perf_analyzer's synchronous mode up to this many requests in flight
 SHARE_COUNT = "TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT"  # contexts a gRPC channel serves (Triton's client: 6)
-# Each perf_analyzer kind: its protocol, and the share count it sets (None: the client's default).
-PERF_ANALYZER_KINDS = {"v2-http": ("http", None), "v2-grpc": ("grpc", None), "v2-grpc-channels": ("grpc", 1)}
+# Each perf_analyzer kind: its protocol, the share count it sets (None: the client's default), and
+# whether it streams (ModelStreamInfer).
+PERF_ANALYZER_KINDS = {
+    "v2-http": ("http", None, False),
+    "v2-grpc": ("grpc", None, False),
+    "v2-grpc-channels": ("grpc", 1, False),
+    "v2-grpc-stream": ("grpc", 1, True),
+}
 GENERATOR_FORMS = {"raw": "raw", "jpeg": "photo", "jpeg-body": "jpeg"}  # our generator's kinds: its --form
 KINDS = (*GENERATOR_FORMS, "hey", *PERF_ANALYZER_KINDS)
 
@@ -63,7 +71,7 @@ def taskset(cores: str | None, argv: list[str]) -> list[str]:
 
 def perf_analyzer(binary: str, model: str, protocol: str, address: str, concurrency: int, seconds: float,
                   work: Path, cores: str | None, shape: str = "3,224,224",
-                  share_count: int | None = None) -> dict[str, Any]:  # fmt: skip
+                  share_count: int | None = None, streaming: bool = False) -> dict[str, Any]:  # fmt: skip
     """perf_analyzer at one concurrency, one image a request, UINT8 as the model's metadata declares.
     Windows within 100 % of each other count as stable: at 60 % it found none in 72 s at 256 (run 19b).
     Past ASYNC_ABOVE requests in flight, its asynchronous mode (16 threads, each with many requests
@@ -72,11 +80,12 @@ def perf_analyzer(binary: str, model: str, protocol: str, address: str, concurre
     memory is known to grow through a session at high rates until the kernel kills it
     (triton-inference-server/perf_analyzer#84), so each point records the largest resident size of
     this process's finished children, perf_analyzer's among them."""
-    out = work / f"pa-{protocol}{share_count or ''}-{concurrency}.csv"
+    out = work / f"pa-{protocol}{share_count or ''}{'-stream' if streaming else ''}-{concurrency}.csv"
     # The share count is set (or left at the client's default) on the command line, so the record says it.
     env = {k: v for k, v in os.environ.items() if k != SHARE_COUNT}
     share = ["env", f"{SHARE_COUNT}={share_count}"] if share_count is not None else []
-    mode = ["--async", "--max-threads", "16"] if concurrency > ASYNC_ABOVE else []
+    mode = ["--async", "--max-threads", "16"] if concurrency > ASYNC_ABOVE or streaming else []
+    mode += ["--streaming"] if streaming else []  # streams are answered asynchronously whatever the concurrency
     argv = share + taskset(cores, [
         binary, "-m", model, "-u", address, "-i", protocol, "-b", "1", "--shape", f"input:{shape}",
         "--concurrency-range", f"{concurrency}:{concurrency}", "--measurement-interval", str(int(seconds * 1000)),
@@ -147,10 +156,11 @@ class OneImage:
             result = run_hey(taskset(a.loadgen_cores, argv), timeout_s=60 + 2 * a.seconds)
             result["images_per_s"] = result.pop("requests_per_s", None)
             return result
-        protocol, share_count = PERF_ANALYZER_KINDS[kind]
+        protocol, share_count, streaming = PERF_ANALYZER_KINDS[kind]
         address = f"127.0.0.1:{ports[protocol]}"
         return perf_analyzer(a.perf_analyzer, self.model, protocol, address, concurrency, a.seconds, self.work,
-                             a.loadgen_cores, a.image_shape, share_count=share_count)  # fmt: skip
+                             a.loadgen_cores, a.image_shape, share_count=share_count,
+                             streaming=streaming)  # fmt: skip
 
     def profile(self, pid: int, tag: str) -> tuple[subprocess.Popen[str], Path]:
         """py-spy on the server and its children (the workers, the engine process), from 1.5 s into a

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -37,6 +37,7 @@ OPEN = frozenset(
         "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
     )
 )
+STREAM_INFER = _INFERENCE_SERVICE + "ModelStreamInfer"  # inference, many requests a call
 # The model repository extension (app/model_control.py): the admin tokens', or the inference tokens'
 # where no admin token is set — never less guarded than inference (app/access/auth.py's "repository").
 REPOSITORY = frozenset(
@@ -106,10 +107,17 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     f"with one of the {kind} tokens ({SETTING[kind]})"
                 )
                 log.debug("refused %s: no %s token", method, "accepted" if token is not None else kind)
+                if method == STREAM_INFER:  # refused as the stream it is, before a message is read
+                    refusal = grpc.stream_stream_rpc_method_handler(_stream_refusal(message))
+                    return self._traced_stream(method, request_id, refusal, carrier)
                 return self._traced(method, request_id, _refusal(message), None, carrier)
         handler = await continuation(details)
-        if request_id is None or handler is None or handler.unary_unary is None:
-            return handler  # streaming (health Watch, reflection): left as they are
+        if request_id is None or handler is None:
+            return handler
+        if method == STREAM_INFER:
+            return self._traced_stream(method, request_id, handler, carrier)
+        if handler.unary_unary is None:
+            return handler  # the other streams (health Watch, reflection): left as they are
         return self._traced(method, request_id, handler.unary_unary, handler, carrier)
 
     def _traced(
@@ -134,31 +142,88 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 response = await behavior(request, context)
                 return response
             finally:
-                code = context.code() or grpc.StatusCode.OK
-                fields = {
-                    "request_id": request_id,
-                    "protocol": "grpc",
-                    "method": "POST",
-                    "path": method,
-                    "status": getattr(code, "name", str(code)),
-                    "duration_ms": round((time.perf_counter() - started) * 1000, 3),
-                    "bytes_in": _size(request),
-                    "bytes_out": _size(response),
-                    "client": _peer_host(context.peer()),
-                    "model": getattr(request, "model_name", None) or getattr(request, "name", None) or None,
-                }
-                if carrier is not None:  # tracing on: the request span's ids (None where none was made)
-                    fields["trace_id"], fields["span_id"] = carrier.trace_id, carrier.span_id
-                log.write(arrived, fields)
+                model = getattr(request, "model_name", None) or getattr(request, "name", None) or None
+                sizes = (_size(request), _size(response))
+                log.write(arrived, _fields(method, request_id, context, started, sizes, model, carrier))
 
         if handler is None:  # a refusal: the request is never deserialized
             return grpc.unary_unary_rpc_method_handler(traced)
         return grpc.unary_unary_rpc_method_handler(traced, handler.request_deserializer, handler.response_serializer)
 
+    def _traced_stream(
+        self, method: str, request_id: str | None, handler: grpc.RpcMethodHandler, carrier: Carrier | None
+    ) -> grpc.RpcMethodHandler:
+        """ModelStreamInfer's handler (or its refusal), sending the id back; with the access log on, one line
+        for the whole stream as it ends (its status, bytes both ways, the model its first request named)."""
+        log, behavior = self.log, handler.stream_stream
+
+        async def traced(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            if request_id is not None:
+                context.set_trailing_metadata(((HEADER, request_id),))
+            if log is None:
+                async for response in behavior(requests, context):
+                    yield response
+                return
+            arrived, started = time.time(), time.perf_counter()
+            bytes_in, bytes_out, model = 0, 0, None
+
+            async def counted(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+                nonlocal bytes_in, model
+                async for request in requests:
+                    bytes_in += _size(request)
+                    model = model or getattr(request, "model_name", None) or None
+                    yield request
+
+            try:
+                async for response in behavior(counted(requests), context):
+                    bytes_out += _size(response)
+                    yield response
+            finally:
+                sizes = (bytes_in, bytes_out)
+                log.write(arrived, _fields(method, request_id, context, started, sizes, model, carrier))
+
+        return grpc.stream_stream_rpc_method_handler(traced, handler.request_deserializer, handler.response_serializer)
+
+
+def _fields(
+    method: str,
+    request_id: str | None,
+    context: grpc.aio.ServicerContext,
+    started: float,
+    sizes: tuple[int, int],
+    model: object,
+    carrier: Carrier | None,
+) -> dict[str, object]:
+    """A call's access-log line as it ends: `started` a time.perf_counter(), `sizes` its bytes in and out."""
+    code = context.code() or grpc.StatusCode.OK
+    fields = {
+        "request_id": request_id,
+        "protocol": "grpc",
+        "method": "POST",
+        "path": method,
+        "status": getattr(code, "name", str(code)),
+        "duration_ms": round((time.perf_counter() - started) * 1000, 3),
+        "bytes_in": sizes[0],
+        "bytes_out": sizes[1],
+        "client": _peer_host(context.peer()),
+        "model": model,
+    }
+    if carrier is not None:  # tracing on: the request span's ids (None where none was made)
+        fields["trace_id"], fields["span_id"] = carrier.trace_id, carrier.span_id
+    return fields
+
 
 def _refusal(message: str) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
     async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    return refuse
+
+
+def _stream_refusal(message: str) -> Callable[[AsyncIterator[Any], grpc.aio.ServicerContext], AsyncIterator[Any]]:
+    async def refuse(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        yield  # never reached (abort raises): it makes this a stream's handler
 
     return refuse
 

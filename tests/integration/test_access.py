@@ -192,3 +192,34 @@ def test_grpc_request_ids_come_back_in_the_trailing_metadata_and_the_access_log(
         "DEBUG app.access.grpc_interceptor: [it-grpc-refused] refused /inference.GRPCInferenceService/ModelMetadata"
     )
     assert any(line.endswith(f"{refusal}: no inference token") for line in log_lines(server, refusal))
+
+
+def test_a_grpc_stream_takes_the_inference_token_and_is_logged_as_one_call(
+    server: dict[str, Any], images: np.ndarray
+) -> None:
+    """ModelStreamInfer: refused whole without the token (no request on it answered), served with it, its id
+    in the trailing metadata and one access-log line for the stream."""
+    tensor = service_pb2.ModelInferRequest.InferInputTensor(name="input", datatype="UINT8", shape=[1, 1, 28, 28])
+    requests = [
+        service_pb2.ModelInferRequest(
+            model_name=MODEL, id=str(n), inputs=[tensor], raw_input_contents=[image.tobytes()]
+        )
+        for n, image in enumerate(images)
+    ]
+    with grpc.insecure_channel(server["grpc"]) as channel:
+        stream = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer
+        refused = stream(iter(requests), metadata=(("x-request-id", "it-stream-refused"),))
+        with pytest.raises(grpc.RpcError) as raised:
+            list(refused)
+        assert raised.value.code() == grpc.StatusCode.UNAUTHENTICATED and "bearer token" in raised.value.details()
+        metadata = (("authorization", f"Bearer {INFERENCE}"), ("x-request-id", "it-stream-1"))
+        served = stream(iter(requests), metadata=metadata)
+        answers = list(served)
+        assert ("x-request-id", "it-stream-1") in served.trailing_metadata()
+    assert sorted(answer.infer_response.id for answer in answers) == ["0", "1", "2"]
+    assert all(not answer.error_message for answer in answers)
+    record = access_record(server, "it-stream-1")
+    assert record["path"] == "/inference.GRPCInferenceService/ModelStreamInfer" and record["status"] == "OK"
+    assert record["model"] == MODEL and record["bytes_in"] == sum(r.ByteSize() for r in requests)
+    assert record["bytes_out"] == sum(answer.ByteSize() for answer in answers)
+    assert access_record(server, "it-stream-refused")["status"] == "UNAUTHENTICATED"

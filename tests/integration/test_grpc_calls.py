@@ -1,5 +1,6 @@
 """gRPC calls as Triton's client makes them (issue 23.5): a call the client cancels or whose deadline
-passes is counted as CANCELLED or DEADLINE_EXCEEDED, not OK; and a message as large as a served
+passes is counted as CANCELLED or DEADLINE_EXCEEDED, not OK, and so is a request in flight on a
+stream the client cancels; and a message as large as a served
 model's largest bucket of FP32 images (perf_analyzer's 32 ResNet-50 images: 19,267,681 bytes)
 is taken in though CGSERVE_MAX_BODY_BYTES is 16 MiB.
 """
@@ -131,6 +132,7 @@ def test_a_call_past_its_deadline_is_counted_deadline_exceeded(
 
 def test_a_call_the_client_cancels_is_counted_cancelled(server: dict[str, str], gates: tuple[Path, Path]) -> None:
     started = gates[0]
+    before = counts(server["url"], "gated").get("CANCELLED", 0)  # the stream's test may have run first
     ended = threading.Event()
     errors: list[object] = []
 
@@ -150,8 +152,28 @@ def test_a_call_the_client_cancels_is_counted_cancelled(server: dict[str, str], 
         # Counted while its batch is still held (the forward waits for `release`): the handler is cancelled,
         # not answered. Released only after, so a slow machine cannot let the batch answer it first (a CI
         # run counted it "200" when `release` came before the server had read the cancellation).
-        seen = wait_for_count(server["url"], "gated", "CANCELLED", 1)
-    assert seen.get("CANCELLED") == 1 and "200" not in seen, seen
+        seen = wait_for_count(server["url"], "gated", "CANCELLED", before + 1)
+    assert seen.get("CANCELLED") == before + 1 and "200" not in seen, seen
+
+
+def test_a_stream_the_client_cancels_counts_its_request_in_flight_cancelled(
+    server: dict[str, str], gates: tuple[Path, Path]
+) -> None:
+    started = gates[0]
+    before = counts(server["url"], "gated").get("CANCELLED", 0)
+    triton = triton_grpc.InferenceServerClient(server["grpc"])
+    with batches_held(gates):
+        triton.start_stream(callback=lambda result, error: None)
+        try:
+            triton.async_stream_infer("gated", [one_image()], request_id="held")
+            give_up = time.monotonic() + WAIT_S
+            while not started.exists() and time.monotonic() < give_up:  # a file offers nothing to await: poll
+                time.sleep(0.005)
+            assert started.exists()
+        finally:
+            triton.stop_stream(cancel_requests=True)
+        seen = wait_for_count(server["url"], "gated", "CANCELLED", before + 1)  # while its batch is held
+    assert seen.get("CANCELLED") == before + 1 and "200" not in seen, seen
 
 
 def test_perf_analyzers_32_fp32_resnet_images_fit_one_message(server: dict[str, str]) -> None:

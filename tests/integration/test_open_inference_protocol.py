@@ -6,6 +6,7 @@ Every answer of the Open Inference Protocol must equal POST /predict's for the s
 from __future__ import annotations
 
 import io
+import queue
 import sys
 import threading
 from collections.abc import Iterator
@@ -240,3 +241,35 @@ def test_bytes_in_json_are_base64(server: dict[str, str], images: np.ndarray) ->
     body["inputs"][0]["data"] = ["not base64!"]
     refused = httpx.post(f"{server['url']}/v2/models/{MODEL}/infer", json=body)
     assert refused.status_code == 400 and "base64" in refused.json()["error"]
+
+
+def test_a_stream_answers_every_request_it_carries_as_single_calls_do(
+    server: dict[str, str], images: np.ndarray, predicted: np.ndarray
+) -> None:
+    """Triton's streaming extension (ModelStreamInfer), as tritonclient's start_stream uses it: every request
+    sent at once, each answered on the stream with its id; a refused one with its error, the stream going on."""
+    triton = triton_grpc.InferenceServerClient(server["grpc"])
+    answers: queue.Queue[tuple[object, object]] = queue.Queue()
+    triton.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for index, image in enumerate(images):  # one image a request, all in flight together
+            tensor = triton_grpc.InferInput("input", [1, 1, 28, 28], "UINT8")
+            tensor.set_data_from_numpy(image[None])
+            triton.async_stream_infer(MODEL, [tensor], request_id=str(index))
+        wrong = triton_grpc.InferInput("input", [1, 1, 28, 27], "UINT8")
+        wrong.set_data_from_numpy(np.zeros((1, 1, 28, 27), np.uint8))
+        triton.async_stream_infer(MODEL, [wrong], request_id="wrong")
+        both = triton_grpc.InferInput("input", list(images[:2].shape), "UINT8")
+        both.set_data_from_numpy(images[:2])
+        triton.async_stream_infer(MODEL, [both], request_id="two")
+        got = [answers.get(timeout=30) for _ in range(len(images) + 2)]
+    finally:
+        triton.stop_stream()
+    errors = [str(error) for _, error in got if error is not None]
+    assert len(errors) == 1 and "shape is [1, 1, 28, 27]" in errors[0], errors
+    results = {result.get_response().id: result for result, error in got if error is None}  # type: ignore[attr-defined]
+    assert sorted(results) == sorted([*map(str, range(len(images))), "two"])
+    for index in range(len(images)):
+        answer = results[str(index)].as_numpy("probabilities")  # type: ignore[attr-defined]
+        np.testing.assert_allclose(answer, predicted[index : index + 1], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(results["two"].as_numpy("probabilities"), predicted[:2], rtol=1e-5, atol=1e-7)  # type: ignore[attr-defined]

@@ -4,6 +4,7 @@ open, and that a call with two `authorization` entries is refused whichever of t
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -15,6 +16,7 @@ from app.access.tokens import TokenSet
 TOKEN = "inference-token-0123456789abcdef"
 WRONG = "not-a-token-of-this-server-01234"
 INFER = "/inference.GRPCInferenceService/ModelInfer"
+STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 
 class Details:
@@ -44,17 +46,27 @@ async def outcome(method: str, *metadata: tuple[str, str]) -> str:
     handler = await interceptor.intercept_service(continuation, Details(method, metadata))
     if handler == "served":
         return "served"
+    assert (handler.stream_stream is not None) == (method == STREAM)  # a stream is refused as a stream
     with pytest.raises(Aborted) as refused:
-        await handler.unary_unary(b"", Context())
+        if method == STREAM:  # its messages never read
+            await anext(handler.stream_stream(unread(), Context()))
+        else:
+            await handler.unary_unary(b"", Context())
     code, message = refused.value.args
     return f"{code.name}: {message}"
 
 
+async def unread() -> AsyncIterator[bytes]:
+    raise AssertionError("a refused stream's messages were read")
+    yield b""  # a stream of requests, as grpc.aio hands a stream's handler
+
+
 @pytest.mark.anyio
-async def test_one_right_token_is_served_and_none_or_a_wrong_one_refused() -> None:
-    assert await outcome(INFER, ("authorization", f"Bearer {TOKEN}")) == "served"
-    assert (await outcome(INFER)).startswith("UNAUTHENTICATED")
-    assert (await outcome(INFER, ("authorization", f"Bearer {WRONG}"))).startswith("UNAUTHENTICATED")
+@pytest.mark.parametrize("method", [INFER, STREAM])
+async def test_one_right_token_is_served_and_none_or_a_wrong_one_refused(method: str) -> None:
+    assert await outcome(method, ("authorization", f"Bearer {TOKEN}")) == "served"
+    assert (await outcome(method)).startswith("UNAUTHENTICATED")
+    assert (await outcome(method, ("authorization", f"Bearer {WRONG}"))).startswith("UNAUTHENTICATED")
 
 
 @pytest.mark.anyio

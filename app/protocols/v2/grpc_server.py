@@ -2,12 +2,15 @@
 
 It runs on the same event loop as the HTTP server and submits to the same batchers, so both
 protocols share engines, graphs, limits and metrics (protocol "grpc"). Beside it: the standard
-gRPC health service (SERVING once every model is ready) and server reflection. A client's
-deadline bounds the wait for its answer; a call the client cancels, or whose deadline passes, is
-counted as CANCELLED or DEADLINE_EXCEEDED. Messages may be as large as CGSERVE_MAX_BODY_BYTES or
-a served model's largest bucket of FP32 images, whichever is larger (`message_limit`).
-Connections are bounded as HTTP's are (`connection_options`): their number, their streams, how
-long one may sit idle (CGSERVE_KEEPALIVE_TIMEOUT_S, as an idle HTTP keep-alive) and its age.
+gRPC health service (SERVING once every model is ready) and server reflection. ModelInfer answers
+one call; ModelStreamInfer (Triton's streaming extension) answers every request a stream carries,
+so a client that keeps many in flight on one stream pays grpcio's cost of a call once, not per
+request (`bench/grpc_cost.py` measures both). A client's deadline bounds the wait for its answer;
+a call the client cancels, or whose deadline passes, is counted as CANCELLED or DEADLINE_EXCEEDED.
+Messages may be as large as CGSERVE_MAX_BODY_BYTES or a served model's largest bucket of FP32
+images, whichever is larger (`message_limit`). Connections are bounded as HTTP's are
+(`connection_options`): their number, their streams, how long one may sit idle
+(CGSERVE_KEEPALIVE_TIMEOUT_S, as an idle HTTP keep-alive) and its age.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,6 +118,26 @@ class GrpcCodec:
         return code.name, reason
 
 
+class StreamCodec(GrpcCodec):
+    """One request on a ModelStreamInfer stream: answered, or refused, with a ModelStreamInferResponse; a
+    refusal is an error_message on the stream, which goes on (as Triton's does), not the call's status."""
+
+    def __init__(self, service: Service, context: Any, request: Any) -> None:
+        super().__init__(service, context)
+        self.request = request
+
+    def encode(
+        self, scores: np.ndarray, asked: tuple[tuple[tensors.Wanted, ...], str], served: ServedModel, engine: str
+    ) -> Any:
+        return pb.ModelStreamInferResponse(infer_response=super().encode(scores, asked, served, engine))
+
+    def failure(self, error: ServiceError) -> tuple[Any, str]:
+        abort, status = super().failure(error)
+        request = self.request  # the refused request's model and id, for the client to pair the answer with
+        which = pb.ModelInferResponse(model_name=request.model_name, model_version=request.model_version, id=request.id)
+        return pb.ModelStreamInferResponse(error_message=abort.text, infer_response=which), status
+
+
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, plane: DataPlane, control: RepositoryControl) -> None:
         self.plane = plane
@@ -146,6 +169,53 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelConfigResponse(config=pb.ModelConfig(**config))
 
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
+        answer = await self._infer(GrpcCodec(self.service, context), request, context, "ModelInfer")
+        if isinstance(answer, Abort):
+            await context.abort(answer.code, answer.text)
+        response: pb.ModelInferResponse = answer
+        return response
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+        """Every request the stream carries, answered on it as soon as its batch is done: in that order, not
+        the order they came in (each answer holds its request's `id`), so that one stream keeps many in
+        flight. The client's end of the stream ends it once its last answer is sent. At most MAX_STREAMS of
+        a stream's requests are in flight, as on a connection of single calls: past that it is not read, and
+        HTTP/2's flow control holds the client back."""
+        answers: asyncio.Queue[Any] = asyncio.Queue()  # ModelStreamInferResponse, then None: the end
+        room = asyncio.Semaphore(MAX_STREAMS)
+        in_flight: set[asyncio.Task[None]] = set()
+
+        async def answer(request: Any) -> None:
+            try:
+                codec = StreamCodec(self.service, context, request)
+                answers.put_nowait(await self._infer(codec, request, context, "ModelStreamInfer"))
+            finally:
+                room.release()
+
+        async def read_all() -> None:
+            try:
+                async for request in requests:
+                    await room.acquire()
+                    task = asyncio.create_task(answer(request))
+                    in_flight.add(task)
+                    task.add_done_callback(in_flight.discard)
+                if in_flight:  # the client has sent its last request: its answers still come
+                    await asyncio.wait(in_flight)
+            finally:
+                answers.put_nowait(None)
+
+        reader = asyncio.create_task(read_all(), name="grpc-stream-reader")
+        try:
+            while (response := await answers.get()) is not None:
+                yield response
+            await reader  # raises what ended the reading, if anything did
+        finally:  # the client cancelled, or its deadline passed: each request in flight is counted so
+            reader.cancel()
+            for task in list(in_flight):
+                task.cancel()
+
+    async def _infer(self, codec: GrpcCodec, request: Any, context: Any, path: str) -> Any:
+        """One ModelInferRequest through the data plane: `codec`'s answer or refusal."""
         # The end to end: the service's timeout, or less if the client's gRPC deadline is nearer.
         timeout_s = self.service.settings.request_timeout_s
         remaining = context.time_remaining()
@@ -154,19 +224,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         async def read() -> Any:
             return request  # the whole message is here already
 
-        answer = await self.plane.infer(
-            GrpcCodec(self.service, context),
+        return await self.plane.infer(
+            codec,
             read,
             model=request.model_name,
             version=request.model_version or None,
             form="raw" if request.raw_input_contents else "typed",
             deadline=deadline,
-            path="ModelInfer",
+            path=path,
         )
-        if isinstance(answer, Abort):
-            await context.abort(answer.code, answer.text)
-        response: pb.ModelInferResponse = answer
-        return response
 
     # Triton's model repository extension (app/model_control.py); admin tokens where they are set.
 

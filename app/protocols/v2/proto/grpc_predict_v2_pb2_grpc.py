@@ -64,6 +64,11 @@ class GRPCInferenceServiceStub:
                 request_serializer=app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelInferRequest.SerializeToString,
                 response_deserializer=app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelInferResponse.FromString,
                 _registered_method=True)
+        self.ModelStreamInfer = channel.stream_stream(
+                '/inference.GRPCInferenceService/ModelStreamInfer',
+                request_serializer=app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelInferRequest.SerializeToString,
+                response_deserializer=app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelStreamInferResponse.FromString,
+                _registered_method=True)
         self.ModelConfig = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelConfig',
                 request_serializer=app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelConfigRequest.SerializeToString,
@@ -121,6 +126,14 @@ class GRPCInferenceServiceServicer:
 
     def ModelInfer(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ModelStreamInfer(self, request_iterator, context):
+        """Triton's streaming inference: each request on the stream is answered on it, in the order the
+        answers are ready (`id` tells them apart); a refused one with its error_message.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -183,6 +196,11 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.ModelInfer,
                     request_deserializer=app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelInferRequest.FromString,
                     response_serializer=app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelInferResponse.SerializeToString,
+            ),
+            'ModelStreamInfer': grpc.stream_stream_rpc_method_handler(
+                    servicer.ModelStreamInfer,
+                    request_deserializer=app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelInferRequest.FromString,
+                    response_serializer=app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelStreamInferResponse.SerializeToString,
             ),
             'ModelConfig': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelConfig,
@@ -367,6 +385,33 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/ModelInfer',
             app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelInferRequest.SerializeToString,
             app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelInferResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelStreamInfer(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/inference.GRPCInferenceService/ModelStreamInfer',
+            app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelInferRequest.SerializeToString,
+            app_dot_protocols_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelStreamInferResponse.FromString,
             options,
             channel_credentials,
             insecure,
