@@ -10,6 +10,7 @@ classification extension becomes Triton's top-k strings "score:index:label".
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,7 +86,7 @@ def decode_input(
     if len(shape) != 4 or list(shape[1:]) != [c, h, w]:
         raise InputError(f"the input's shape is {list(shape)}", expected=want)
     check_count(shape[0], max_instances, want)
-    if data.size != int(np.prod(shape)):
+    if data.size != math.prod(shape):
         raise InputError(f"the input holds {data.size} elements for a shape of {list(shape)}", expected=want)
     images = data.reshape(shape)
     return images if datatype == "UINT8" else checked_intensities(images, want)
