@@ -12,9 +12,11 @@ come back in a Carrier (app/ops/tracing.py) for the access-log line.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -136,15 +138,16 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 context.set_trailing_metadata(((HEADER, request_id),))  # kept by abort() too
             if log is None:
                 return await behavior(request, context)
-            arrived, started = time.time(), time.perf_counter()
-            response = None
+            call, response, ended = _Call(method, request_id, context.peer(), carrier), None, None
             try:
                 response = await behavior(request, context)
                 return response
+            except BaseException as error:  # cancelled (the client left, its deadline passed) or failed
+                ended = error
+                raise
             finally:
                 model = getattr(request, "model_name", None) or getattr(request, "name", None) or None
-                sizes = (_size(request), _size(response))
-                log.write(arrived, _fields(method, request_id, context, started, sizes, model, carrier))
+                log.write(call.arrived, call.fields(context, (_size(request), _size(response)), model, ended))
 
         if handler is None:  # a refusal: the request is never deserialized
             return grpc.unary_unary_rpc_method_handler(traced)
@@ -164,7 +167,7 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 async for response in behavior(requests, context):
                     yield response
                 return
-            arrived, started = time.time(), time.perf_counter()
+            call, ended = _Call(method, request_id, context.peer(), carrier), None
             bytes_in, bytes_out, model = 0, 0, None
 
             async def counted(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
@@ -178,39 +181,59 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 async for response in behavior(counted(requests), context):
                     bytes_out += _size(response)
                     yield response
+            except BaseException as error:  # cancelled, closed early or failed (a message it could not read)
+                ended = error
+                raise
             finally:
-                sizes = (bytes_in, bytes_out)
-                log.write(arrived, _fields(method, request_id, context, started, sizes, model, carrier))
+                log.write(call.arrived, call.fields(context, (bytes_in, bytes_out), model, ended))
 
         return grpc.stream_stream_rpc_method_handler(traced, handler.request_deserializer, handler.response_serializer)
 
 
-def _fields(
-    method: str,
-    request_id: str | None,
-    context: grpc.aio.ServicerContext,
-    started: float,
-    sizes: tuple[int, int],
-    model: object,
-    carrier: Carrier | None,
-) -> dict[str, object]:
-    """A call's access-log line as it ends: `started` a time.perf_counter(), `sizes` its bytes in and out."""
-    code = context.code() or grpc.StatusCode.OK
-    fields = {
-        "request_id": request_id,
-        "protocol": "grpc",
-        "method": "POST",
-        "path": method,
-        "status": getattr(code, "name", str(code)),
-        "duration_ms": round((time.perf_counter() - started) * 1000, 3),
-        "bytes_in": sizes[0],
-        "bytes_out": sizes[1],
-        "client": _peer_host(context.peer()),
-        "model": model,
-    }
-    if carrier is not None:  # tracing on: the request span's ids (None where none was made)
-        fields["trace_id"], fields["span_id"] = carrier.trace_id, carrier.span_id
-    return fields
+@dataclass(slots=True)
+class _Call:
+    """What a call's access-log line takes from its start: the peer is gone once the call has ended."""
+
+    method: str
+    request_id: str | None
+    peer: str
+    carrier: Carrier | None
+    arrived: float = field(default_factory=time.time)
+    started: float = field(default_factory=time.perf_counter)
+
+    def fields(
+        self, context: grpc.aio.ServicerContext, sizes: tuple[int, int], model: object, ended: BaseException | None
+    ) -> dict[str, object]:
+        """The line as the call ends: `sizes` its bytes in and out, `ended` what ended it early, if anything did
+        (then not OK: the context holds a code only where the handler set one)."""
+        code = context.code()
+        if code is None and ended is not None:
+            cancelled = isinstance(ended, asyncio.CancelledError | GeneratorExit)
+            code = ended_by_client(context) if cancelled else grpc.StatusCode.UNKNOWN
+        code = code or grpc.StatusCode.OK
+        fields = {
+            "request_id": self.request_id,
+            "protocol": "grpc",
+            "method": "POST",
+            "path": self.method,
+            "status": getattr(code, "name", str(code)),
+            "duration_ms": round((time.perf_counter() - self.started) * 1000, 3),
+            "bytes_in": sizes[0],
+            "bytes_out": sizes[1],
+            "client": _peer_host(self.peer),
+            "model": model,
+        }
+        if self.carrier is not None:  # tracing on: the request span's ids (None where none was made)
+            fields["trace_id"], fields["span_id"] = self.carrier.trace_id, self.carrier.span_id
+        return fields
+
+
+def ended_by_client(context: grpc.aio.ServicerContext) -> grpc.StatusCode:
+    """Why a call's handler was cancelled: its deadline passed, or the client cancelled it."""
+    remaining = context.time_remaining()
+    return (
+        grpc.StatusCode.DEADLINE_EXCEEDED if remaining is not None and remaining < 0.01 else grpc.StatusCode.CANCELLED
+    )
 
 
 def _refusal(message: str) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:

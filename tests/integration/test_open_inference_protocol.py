@@ -260,8 +260,8 @@ def test_a_stream_answers_every_request_it_carries_as_single_calls_do(
         wrong.set_data_from_numpy(np.zeros((1, 1, 28, 27), np.uint8))
         triton.async_stream_infer(MODEL, [wrong], request_id="wrong")
         both = triton_grpc.InferInput("input", list(images[:2].shape), "UINT8")
-        both.set_data_from_numpy(images[:2])
-        triton.async_stream_infer(MODEL, [both], request_id="two")
+        both.set_data_from_numpy(images[:2])  # its answer marked as its last, as asked (Triton's flag)
+        triton.async_stream_infer(MODEL, [both], request_id="two", enable_empty_final_response=True)
         got = [answers.get(timeout=30) for _ in range(len(images) + 2)]
     finally:
         triton.stop_stream()
@@ -273,3 +273,5 @@ def test_a_stream_answers_every_request_it_carries_as_single_calls_do(
         answer = results[str(index)].as_numpy("probabilities")  # type: ignore[attr-defined]
         np.testing.assert_allclose(answer, predicted[index : index + 1], rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(results["two"].as_numpy("probabilities"), predicted[:2], rtol=1e-5, atol=1e-7)  # type: ignore[attr-defined]
+    flags = {id_: result.get_response().parameters.get("triton_final_response") for id_, result in results.items()}  # type: ignore[attr-defined]
+    assert flags["two"].bool_param and flags["0"] is None

@@ -28,7 +28,7 @@ import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from app.access.grpc_interceptor import server_interceptors
+from app.access.grpc_interceptor import ended_by_client, server_interceptors
 from app.codecs.uploads import decode_uploads
 from app.config import Settings
 from app.dataplane import DataPlane
@@ -39,6 +39,7 @@ from app.ops.off_loop import LARGE_JSON_BYTES, off_loop
 from app.protocols.v2 import tensors
 from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
 from app.protocols.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from app.protocols.v2.stream_answers import answer_stream
 from app.repository import ModelConfigError, read_repository
 from app.repository.model_spec import ModelSpec
 from app.service import ServedModel, Service
@@ -64,6 +65,8 @@ FRAMING_BYTES = 2**20
 # across replicas and nothing holds a descriptor for ever.
 MAX_CONNECTION_AGE_S = 30 * 60
 MAX_STREAMS = 256  # concurrent calls on one connection; a client queues more until some end
+# Triton's streaming parameters: a request that sets the first true is told which answer is its last.
+FINAL_RESPONSE_ASKED, FINAL_RESPONSE = "triton_enable_empty_final_response", "triton_final_response"
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +116,7 @@ class GrpcCodec:
     def cancelled(self) -> tuple[str, str]:
         """grpc.aio cancels the handler when the client cancels the call or its deadline passes: nobody is
         left to answer, and it is not an OK."""
-        code = _ended_by_client(self.context)
+        code = ended_by_client(self.context)
         reason = DeadlineExceededError.reason if code is grpc.StatusCode.DEADLINE_EXCEEDED else ClientClosedError.reason
         return code.name, reason
 
@@ -129,13 +132,22 @@ class StreamCodec(GrpcCodec):
     def encode(
         self, scores: np.ndarray, asked: tuple[tuple[tensors.Wanted, ...], str], served: ServedModel, engine: str
     ) -> Any:
-        return pb.ModelStreamInferResponse(infer_response=super().encode(scores, asked, served, engine))
+        return self._streamed(super().encode(scores, asked, served, engine))
 
     def failure(self, error: ServiceError) -> tuple[Any, str]:
         abort, status = super().failure(error)
         request = self.request  # the refused request's model and id, for the client to pair the answer with
         which = pb.ModelInferResponse(model_name=request.model_name, model_version=request.model_version, id=request.id)
-        return pb.ModelStreamInferResponse(error_message=abort.text, infer_response=which), status
+        return self._streamed(which, error_message=abort.text), status
+
+    def _streamed(self, response: Any, error_message: str = "") -> Any:
+        """`response` on the stream. Each request has one answer, so it is its last: marked so where the request
+        asks for Triton's final-response flag (tritonclient's enable_empty_final_response), whose clients
+        otherwise wait for a last answer that never comes."""
+        asked = self.request.parameters.get(FINAL_RESPONSE_ASKED)
+        if asked is not None and asked.bool_param:
+            response.parameters[FINAL_RESPONSE].bool_param = True
+        return pb.ModelStreamInferResponse(error_message=error_message, infer_response=response)
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -178,41 +190,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
         """Every request the stream carries, answered on it as soon as its batch is done: in that order, not
         the order they came in (each answer holds its request's `id`), so that one stream keeps many in
-        flight. The client's end of the stream ends it once its last answer is sent. At most MAX_STREAMS of
-        a stream's requests are in flight, as on a connection of single calls: past that it is not read, and
-        HTTP/2's flow control holds the client back."""
-        answers: asyncio.Queue[Any] = asyncio.Queue()  # ModelStreamInferResponse, then None: the end
-        room = asyncio.Semaphore(MAX_STREAMS)
-        in_flight: set[asyncio.Task[None]] = set()
+        flight; at most MAX_STREAMS held, as on a connection of single calls (app/protocols/v2/stream_answers.py)."""
 
-        async def answer(request: Any) -> None:
-            try:
-                codec = StreamCodec(self.service, context, request)
-                answers.put_nowait(await self._infer(codec, request, context, "ModelStreamInfer"))
-            finally:
-                room.release()
+        async def answer(request: Any) -> Any:
+            return await self._infer(StreamCodec(self.service, context, request), request, context, "ModelStreamInfer")
 
-        async def read_all() -> None:
-            try:
-                async for request in requests:
-                    await room.acquire()
-                    task = asyncio.create_task(answer(request))
-                    in_flight.add(task)
-                    task.add_done_callback(in_flight.discard)
-                if in_flight:  # the client has sent its last request: its answers still come
-                    await asyncio.wait(in_flight)
-            finally:
-                answers.put_nowait(None)
-
-        reader = asyncio.create_task(read_all(), name="grpc-stream-reader")
-        try:
-            while (response := await answers.get()) is not None:
+        # An async generator itself, as grpc.aio requires of an async stream handler; closed with it.
+        async with contextlib.aclosing(answer_stream(requests, answer, MAX_STREAMS)) as answers:
+            async for response in answers:
                 yield response
-            await reader  # raises what ended the reading, if anything did
-        finally:  # the client cancelled, or its deadline passed: each request in flight is counted so
-            reader.cancel()
-            for task in list(in_flight):
-                task.cancel()
 
     async def _infer(self, codec: GrpcCodec, request: Any, context: Any, path: str) -> Any:
         """One ModelInferRequest through the data plane: `codec`'s answer or refusal."""
@@ -267,14 +253,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
 def _platform(served: ServedModel) -> str:
     return f"cudagraph-serve_{served.options.engine}"
-
-
-def _ended_by_client(context: Any) -> grpc.StatusCode:
-    """Why a call's handler was cancelled: its deadline passed, or the client cancelled it."""
-    remaining = context.time_remaining()
-    return (
-        grpc.StatusCode.DEADLINE_EXCEEDED if remaining is not None and remaining < 0.01 else grpc.StatusCode.CANCELLED
-    )
 
 
 def _payload_bytes(request: Any) -> int:

@@ -1,0 +1,126 @@
+"""A stream's requests answered concurrently (app/protocols/v2/stream_answers.py, ModelStreamInfer's core):
+how many requests it holds when the client does not read its answers, answers in the order they are ready,
+and what closing it early or a failed read does to the requests in flight."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from app.protocols.v2.stream_answers import answer_stream
+
+LIMIT = 16
+
+
+async def settle() -> None:
+    """Let every task run as far as it can."""
+    for _ in range(100):
+        await asyncio.sleep(0)
+
+
+@pytest.mark.anyio
+async def test_a_stream_whose_answers_are_not_read_is_not_read_either() -> None:
+    """An answer holds its request's slot until it is sent: a client that writes and never reads has LIMIT
+    requests taken (and one more read, waiting for a slot), not all it wrote."""
+    read = 0
+
+    async def requests() -> AsyncIterator[int]:
+        nonlocal read
+        for n in range(10 * LIMIT):
+            read += 1
+            yield n
+
+    async def at_once(request: int) -> int:
+        return request
+
+    stream = answer_stream(requests(), at_once, LIMIT)
+    assert await anext(stream) == 0  # sent; the client reads nothing more
+    await settle()
+    assert read == LIMIT + 1
+    assert [await anext(stream) for _ in range(3)] == [1, 2, 3]  # each answer sent frees a slot
+    await settle()
+    assert read == LIMIT + 4
+    await stream.aclose()
+
+
+@pytest.mark.anyio
+async def test_answers_come_as_they_are_ready_and_the_stream_ends_after_the_last() -> None:
+    gates = {n: asyncio.Event() for n in range(3)}
+
+    async def requests() -> AsyncIterator[int]:
+        for n in range(3):
+            yield n
+
+    async def held(request: int) -> int:
+        await gates[request].wait()
+        return request
+
+    answers: list[int] = []
+
+    async def read_all() -> None:
+        async for answer in answer_stream(requests(), held, LIMIT):
+            answers.append(answer)
+
+    reading = asyncio.create_task(read_all())
+    for n in (2, 0, 1):
+        gates[n].set()
+        await settle()
+    await asyncio.wait_for(reading, 5)  # the client's stream ended: so does ours, every answer out
+    assert answers == [2, 0, 1]
+
+
+@pytest.mark.anyio
+async def test_closing_the_stream_cancels_the_requests_in_flight() -> None:
+    cancelled: list[int] = []
+
+    async def requests() -> AsyncIterator[int]:
+        for n in range(3):
+            yield n
+        await asyncio.Event().wait()  # the client keeps the stream open
+
+    async def stuck(request: int) -> int:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(request)
+            raise
+        return request
+
+    stream = answer_stream(requests(), stuck, LIMIT)
+    waiting = asyncio.ensure_future(anext(stream))
+    await settle()
+    waiting.cancel()  # the client cancelled: grpc.aio cancels the handler, then closes the generator
+    await settle()
+    await stream.aclose()
+    await settle()
+    assert sorted(cancelled) == [0, 1, 2]
+
+
+@pytest.mark.anyio
+async def test_a_request_that_cannot_be_read_ends_the_stream_after_those_in_flight_are_answered() -> None:
+    release = asyncio.Event()
+
+    async def requests() -> AsyncIterator[int]:
+        yield 0
+        await asyncio.sleep(0)
+        raise ValueError("a malformed message")
+
+    async def held(request: int) -> int:
+        await release.wait()
+        return request
+
+    answers: list[int] = []
+
+    async def read_all() -> None:
+        async for answer in answer_stream(requests(), held, LIMIT):
+            answers.append(answer)
+
+    reading = asyncio.create_task(read_all())
+    await settle()
+    assert not reading.done()  # the failed read waits for the request in flight
+    release.set()
+    with pytest.raises(ValueError, match="malformed"):
+        await asyncio.wait_for(reading, 5)
+    assert answers == [0]
