@@ -7,8 +7,8 @@
 #   Issue 26 (ResNet-50, one image a request; py-spy on every server process during the raw points):
 #     STEPS="gpu-tests one-image" ONE_IMAGE_ARGS="--profile raw" bash bench/run_h200.sh
 #   What run 24 left (issue 26), one call each (~10 minutes with a cold start): the whole GPU suite on this tree (the
-#   engine process on uvloop, the 1 ms switch interval) in two calls (it took 493 s whole in 18b); raw and JPEG with
-#   the 1 ms default beside 5 ms, 1024 first; bigger decoder batches; gRPC with a channel per perf_analyzer context:
+#   engine process on uvloop, the 1 ms switch interval, gRPC streams) in two calls (it took 493 s whole in 18b); raw
+#   and JPEG with the 1 ms default beside 5 ms, 1024 first; bigger decoder batches:
 #     STEPS=gpu-tests GPU_TESTS_S=540 GPU_TESTS="tests/gpu/test_cuda_engine.py tests/gpu/test_gpu_jpeg.py" bash bench/run_h200.sh
 #     STEPS=gpu-tests GPU_TESTS_S=540 GPU_TESTS="$(ls tests/gpu/test_*.py | grep -v -e test_cuda_engine -e test_gpu_jpeg)" \
 #       bash bench/run_h200.sh
@@ -16,7 +16,9 @@
 #       --concurrencies 1024,256 --p99-fraction 0 --variants switch5ms=CGSERVE_SWITCH_INTERVAL_MS=5" bash bench/run_h200.sh
 #     STEPS=one-image ONE_IMAGE_S=400 ONE_IMAGE_BUDGET_S=360 ONE_IMAGE_ARGS="--kinds jpeg --variant-kinds jpeg \
 #       --concurrencies 1024,256 --p99-fraction 0 --variants batch64=CGSERVE_JPEG_MAX_BATCH=64" bash bench/run_h200.sh
-#     STEPS=one-image ONE_IMAGE_S=420 ONE_IMAGE_BUDGET_S=360 ONE_IMAGE_ARGS="--kinds v2-http,v2-grpc,v2-grpc-channels \
+#   v2 HTTP beside gRPC single calls (a channel per context) and gRPC streams (ModelStreamInfer, perf_analyzer
+#   --streaming; on the CPU a streamed request cost the server 0.55-0.87 of a call's CPU, 2026-12-02-cpu-grpc-stream-cost.md):
+#     STEPS=one-image ONE_IMAGE_S=480 ONE_IMAGE_BUDGET_S=420 ONE_IMAGE_ARGS="--kinds v2-http,v2-grpc-channels,v2-grpc-stream \
 #       --concurrencies 64,256 --p99-fraction 0" bash bench/run_h200.sh
 #   The branch jpeg-launch-on-loop (off main, with its test: only nvJPEG's call on the decoder's thread, the resizes queued from the
 #   loop; not landed, never run on a GPU): check it out here (the device tool copies the working tree), then the
