@@ -16,6 +16,9 @@ on --loadgen-cores:
            requests one after another on it, not a gRPC call each
   jpeg     our generator, multipart uploads of photo-like JPEGs (~500×375), --form photo
   jpeg-body  the same photos, each the whole body (Content-Type image/jpeg), --form jpeg
+  gen-v2-http, gen-v2-grpc, gen-v2-grpc-stream  our generator over the Open Inference Protocol, UINT8
+           (--form v2): binary tensors over HTTP, ModelInfer calls, ModelStreamInfer streams (a
+           channel, so a connection, per request in flight)
 
 each at every --concurrencies, then open loop at 70 % of the best raw figure for its p99. Beside
 every point: the rows per batch and queue wait the server's own histograms saw.
@@ -62,7 +65,8 @@ PERF_ANALYZER_KINDS = {
     "v2-grpc-stream": ("grpc", 1, True),
 }
 GENERATOR_FORMS = {"raw": "raw", "jpeg": "photo", "jpeg-body": "jpeg"}  # our generator's kinds: its --form
-KINDS = (*GENERATOR_FORMS, "hey", *PERF_ANALYZER_KINDS)
+GENERATOR_V2 = {"gen-v2-http": "lean", "gen-v2-grpc": "grpc", "gen-v2-grpc-stream": "grpc-stream"}  # its --client
+KINDS = (*GENERATOR_FORMS, *GENERATOR_V2, "hey", *PERF_ANALYZER_KINDS)
 
 
 def taskset(cores: str | None, argv: list[str]) -> list[str]:
@@ -136,9 +140,9 @@ class OneImage:
     def save(self) -> None:
         (self.args.out / "one-image.json").write_text(json.dumps(self.record, indent=2) + "\n")
 
-    def generator(self, url: str, name: str, *load: str) -> dict[str, Any]:
+    def generator(self, url: str, name: str, *load: str, path: str | None = None) -> dict[str, Any]:
         a = self.args
-        args = ["--warmup", "1", "--duration", str(a.seconds), "--path", self.route, "--no-check-labels",
+        args = ["--warmup", "1", "--duration", str(a.seconds), "--path", path or self.route, "--no-check-labels",
                 "--image-shape", a.image_shape, *load]  # fmt: skip
         return load_summary(url, self.work / f"{name}.json", *args, cores=a.loadgen_cores, timeout_s=120)
 
@@ -148,6 +152,12 @@ class OneImage:
         if kind in GENERATOR_FORMS:
             return self.generator(url, f"{kind}-{concurrency}", "--form", GENERATOR_FORMS[kind], "--concurrency",
                                   str(concurrency), "--processes", processes)  # fmt: skip
+        if kind in GENERATOR_V2:
+            client = GENERATOR_V2[kind]
+            target = url if client == "lean" else f"grpc://127.0.0.1:{ports['grpc']}"
+            return self.generator(target, f"{kind}-{concurrency}", "--form", "v2", "--client", client,
+                                  "--concurrency", str(concurrency), "--processes", processes,
+                                  path=f"/v2/models/{self.model}/infer")  # fmt: skip
         if kind == "hey":
             if self.hey is None:
                 return {"error": f"no hey at {a.hey}"}

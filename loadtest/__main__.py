@@ -1,14 +1,17 @@
-"""Load generator for cudagraph-serve (HTTP/1.1, httpx, several processes).
+"""Load generator for cudagraph-serve (HTTP/1.1, httpx, gRPC, several processes).
 
     python -m loadtest --url http://127.0.0.1:8000 --rate 500 --duration 10 --out run.json
     python -m loadtest --url http://127.0.0.1:8000 --concurrency 32 --processes 4 --form raw
+    python -m loadtest --url http://127.0.0.1:8000 --concurrency 32 --form v2      # Open Inference Protocol
+    python -m loadtest --url grpc://127.0.0.1:8001 --concurrency 32 --form v2 --client grpc-stream
     python -m loadtest sweep --url http://127.0.0.1:8000 --rates 100,200,400,800 --slo-p99-ms 5 \\
         --out sweep.json --plot sweep.png
 
 --rate: open loop, Poisson arrivals; latency counted from each request's scheduled send time.
 --concurrency: closed loop, that many requests in flight.
 Every answer is checked: HTTP status, shape, and each label against the eager CPU model.
-Only http:// URLs on 127.0.0.1, localhost or ::1 are accepted; every run ends by itself.
+Only http:// (grpc:// for the gRPC clients) URLs on 127.0.0.1, localhost or ::1 are accepted;
+every run ends by itself.
 """
 
 from __future__ import annotations
@@ -23,14 +26,16 @@ import orjson
 
 from loadtest.payloads import DEFAULT_MIN_MARGIN, FORMS, RAW_DTYPES, PayloadOptions
 from loadtest.runner import run_load
-from loadtest.spec import CLIENTS, LoadSpec
+from loadtest.spec import CLIENTS, GRPC_CLIENTS, LoadSpec
 from loadtest.sweep import plot_sweep, run_sweep, sweep_summary
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("--url", default="http://127.0.0.1:8000", help="server base URL, local only (default %(default)s)")
-    add("--path", default="/predict", help="request path (default %(default)s)")
+    add("--url", default="http://127.0.0.1:8000", help="server base URL, local only; grpc://host:port for the gRPC "
+        "clients (default %(default)s)")  # fmt: skip
+    add("--path", default="/predict", help="request path; the v2 form names its model by it, over gRPC too "
+        "(default %(default)s; the v2 form's: /v2/models/fashion-cnn/infer)")  # fmt: skip
     add("--form", choices=FORMS, default="json", help="request body form (default %(default)s)")
     add("--batch", type=int, default=1, help="images per request, json and raw forms (default 1)")
     add("--raw-dtype", choices=RAW_DTYPES, default="uint8", help="raw form's element type (default uint8)")
@@ -48,7 +53,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--client",
         choices=CLIENTS,
         default="lean",
-        help="lean: a bare HTTP/1.1 client, 4-8x less CPU a request; httpx: the full client, to check it "
+        help="lean: a bare HTTP/1.1 client, 4-8x less CPU a request; httpx: the full client, to check it; "
+        "grpc, grpc-stream: the v2 form over gRPC, a ModelInfer call a request or ModelStreamInfer streams "
         "(default %(default)s)",
     )
     add("--seed", type=int, default=0, help="seed of the Poisson schedule (default 0)")
@@ -144,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(sweep=sweep)
     args = parser.parse_args(argv[1:] if argv[:1] in (["sweep"], ["run"]) else argv)
     options = _options(args)
+    if args.client in GRPC_CLIENTS and args.form != "v2":
+        parser.error(f"--client {args.client} sends the v2 form: add --form v2")
     try:
         if sweep:
             return _sweep(args, options, command)

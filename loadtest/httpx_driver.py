@@ -45,7 +45,7 @@ class HttpxDriver:
 
     def __init__(self, base_url: str, payloads: Payloads, *, connections: int, timeout_s: float) -> None:
         url = httpx.URL(base_url + payloads.path)
-        headers = {"content-type": payloads.content_type, "accept": "application/json"}
+        headers = {"content-type": payloads.content_type, "accept": "application/json", **dict(payloads.headers)}
         timeout = {"timeout": httpx.Timeout(timeout_s).as_dict()}  # connect, read, write, pool
         # Built once and sent again and again: httpx streams bytes bodies anew on each send.
         self.requests = [

@@ -38,11 +38,15 @@ class ResponseHeadError(ValueError):
     """An answer whose head the lean client cannot frame."""
 
 
-def request_bytes(method: str, host: str, port: int, path: str, content_type: str, body: bytes) -> bytes:
-    """One whole HTTP/1.1 request as it goes on the wire."""
+def request_bytes(
+    method: str, host: str, port: int, path: str, content_type: str, body: bytes,
+    headers: tuple[tuple[str, str], ...] = (),
+) -> bytes:  # fmt: skip
+    """One whole HTTP/1.1 request as it goes on the wire (`headers`: more besides the ones every request has)."""
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 literal in brackets
+    more = "".join(f"{name}: {value}\r\n" for name, value in headers)
     head = (
-        f"{method} {path} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: {content_type}\r\n"
+        f"{method} {path} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: {content_type}\r\n{more}"
         f"Accept: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
     )
     return head.encode("latin-1") + body
@@ -190,7 +194,8 @@ class LeanDriver:
         self.host, self.port, self.timeout_s = parts.hostname, parts.port or 80, timeout_s
         ctype = payloads.content_type
         self.stale_idle_s = stale_idle_s
-        self.requests = [request_bytes("POST", self.host, self.port, payloads.path, ctype, b) for b in payloads.bodies]
+        path, more = payloads.path, payloads.headers
+        self.requests = [request_bytes("POST", self.host, self.port, path, ctype, b, more) for b in payloads.bodies]
         self.pool: LifoPool[LeanConnection] = LifoPool(connections, self._open, timeout_s)
         self.stale_retries = 0
 

@@ -1,9 +1,12 @@
 """Request bodies built from real Fashion-MNIST test images, encoded once before a run.
 
-Five forms, as the service accepts them:
+Six forms, as the service accepts them:
   json  {"instances": [[784 floats in [0, 1]], ...]}      application/json
   png   one 28×28 grayscale PNG in multipart field `file`  multipart/form-data
   raw   N×28×28 uint8 (or float32 in [0, 1], ?dtype=float32) application/octet-stream
+  v2    the Open Inference Protocol's infer request, one UINT8 tensor [N, 1, 28, 28]: over HTTP the
+        binary tensor extension (a JSON header, then the pixels; the answer's probabilities in JSON),
+        over gRPC a ModelInferRequest with the pixels as raw_input_contents (loadtest/grpc_driver.py)
   photo one 500×375 photo-like JPEG in field `file`        multipart/form-data (labels not checked:
         what a camera client sends; the server decodes and resizes it to the model's input)
   jpeg  the same photos, each the whole body                 image/jpeg
@@ -26,7 +29,8 @@ import httpx
 import numpy as np
 import orjson
 
-FORMS = ("json", "png", "raw", "photo", "jpeg")
+FORMS = ("json", "png", "raw", "photo", "jpeg", "v2")
+V2_PATH = "/v2/models/fashion-cnn/infer"  # the v2 form's path where --path is left at /predict
 RAW_DTYPES = ("uint8", "float32")
 # A fixed boundary: the bodies are built once, and it cannot occur inside a PNG's bytes by
 # chance often enough to matter (each body is checked anyway).
@@ -44,6 +48,18 @@ class Payloads:
     expected: tuple[tuple[int, ...], ...] | None  # eager labels per body; None: not checked
     images_per_request: int
     info: dict[str, Any] = field(default_factory=dict)  # what the record says about the payloads
+    headers: tuple[tuple[str, str], ...] = ()  # sent with every body besides Content-Type
+    # The v2 form: each body's uint8 pixels and one image's (C, H, W), from which gRPC builds its messages.
+    pixels: tuple[bytes, ...] = ()
+    image_shape: tuple[int, int, int] = (1, 28, 28)
+
+    @property
+    def model(self) -> str:
+        """The model a v2 path names (/v2/models/<model>[/versions/<v>]/infer)."""
+        parts = self.path.split("?")[0].strip("/").split("/")
+        if len(parts) < 4 or parts[:2] != ["v2", "models"] or parts[-1] != "infer":
+            raise ValueError(f"the v2 form's path is /v2/models/<model>/infer, got {self.path!r}")
+        return parts[2]
 
 
 def to_unit_float(images: np.ndarray) -> np.ndarray:
@@ -69,6 +85,37 @@ def encode_raw(images: np.ndarray, dtype: str) -> bytes:
     if dtype == "float32":
         return to_unit_float(images).astype("<f4").tobytes()
     raise ValueError(f"raw dtype must be one of {RAW_DTYPES}, got {dtype!r}")
+
+
+def v2_header(shape: tuple[int, ...], pixel_bytes: int) -> bytes:
+    """The JSON header of a binary-tensor v2 infer request carrying `pixel_bytes` of UINT8 `shape`; the answer's
+    probabilities asked for in JSON (ten floats an image: the client parses no binary output)."""
+    tensor = {
+        "name": "input",
+        "datatype": "UINT8",
+        "shape": list(shape),
+        "parameters": {"binary_data_size": pixel_bytes},
+    }
+    return orjson.dumps({"inputs": [tensor], "outputs": [{"name": "probabilities"}]})
+
+
+def v2_payloads(
+    pixels: tuple[bytes, ...],
+    image_shape: tuple[int, int, int],
+    k: int,
+    path: str,
+    expected: tuple[tuple[int, ...], ...] | None,
+    info: dict[str, Any],
+) -> Payloads:
+    """Bodies of the v2 form: each a header and its images' pixels, sent as the binary tensor extension."""
+    header = v2_header((k, *image_shape), len(pixels[0]))
+    bodies = tuple(header + p for p in pixels)
+    path = V2_PATH if path == "/predict" else path
+    headers = (("Inference-Header-Content-Length", str(len(header))),)
+    info = info | {"bodies": len(bodies), "body_bytes_mean": round(float(np.mean([len(b) for b in bodies])), 1)}
+    payloads = Payloads("v2", path, "application/octet-stream", bodies, expected, k, info, headers, pixels, image_shape)
+    info["model"] = payloads.model  # a path that names no model fails here, before the run
+    return payloads
 
 
 def encode_png(image: np.ndarray) -> bytes:
@@ -144,7 +191,7 @@ def build_payloads(
     if form in ("photo", "jpeg"):
         return photo_payloads(path, multipart=form == "photo")
     if image_shape is not None and tuple(image_shape) != (1, 28, 28):
-        return random_raw_payloads(image_shape, images_per_request, path)
+        return random_raw_payloads(image_shape, images_per_request, path, v2=form == "v2")
     if form not in FORMS:
         raise ValueError(f"form must be one of {FORMS}, got {form!r}")
     if images_per_request < 1:
@@ -172,6 +219,8 @@ def build_payloads(
     if labels is not None:
         expected = tuple(tuple(int(v) for v in labels[i * k : (i + 1) * k]) for i in range(n_bodies))
 
+    if form == "v2":
+        return v2_payloads(tuple(encode_raw(g, "uint8") for g in groups), (1, 28, 28), k, path, expected, info)
     if form == "json":
         bodies = tuple(encode_json(g) for g in groups)
         content_type = "application/json"
@@ -203,11 +252,15 @@ def build_payloads(
     )
 
 
-def random_raw_payloads(shape: tuple[int, int, int], images_per_request: int, path: str, bodies: int = 16) -> Payloads:
-    """Raw uint8 bodies of `images_per_request` random (C, H, W) images each, seeded."""
+def random_raw_payloads(
+    shape: tuple[int, int, int], images_per_request: int, path: str, bodies: int = 16, *, v2: bool = False
+) -> Payloads:
+    """Raw uint8 bodies of `images_per_request` random (C, H, W) images each, seeded (or v2's of the same)."""
     rng = np.random.default_rng(0)
     encoded = tuple(rng.integers(0, 256, (images_per_request, *shape), dtype=np.uint8).tobytes() for _ in range(bodies))
     info = {"source": f"random uint8 pixels, {'×'.join(map(str, shape))} per image, seed 0"}
+    if v2:
+        return v2_payloads(encoded, shape, images_per_request, path, None, info)
     return Payloads("raw", path, "application/octet-stream", encoded, None, images_per_request, info)
 
 

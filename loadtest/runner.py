@@ -18,7 +18,7 @@ import numpy as np
 
 from loadtest.payloads import Payloads
 from loadtest.record import build_record
-from loadtest.spec import LoadSpec, validate_url
+from loadtest.spec import LoadSpec
 from loadtest.stats import WorkerResult, merge_results, split_evenly
 from loadtest.worker import PROGRESS_SLOTS, WorkerSpec, worker_main
 
@@ -37,7 +37,7 @@ def worker_specs(spec: LoadSpec, payloads: Payloads) -> list[WorkerSpec]:
     return [
         WorkerSpec(
             index=i,
-            base_url=validate_url(spec.url),
+            base_url=spec.base_url,
             payloads=payloads,
             mode=spec.mode,
             rate=(spec.rate or 0.0) / processes,

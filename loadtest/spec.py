@@ -11,14 +11,17 @@ ALLOWED_HOSTS = ("127.0.0.1", "localhost", "::1")
 MAX_DURATION_S = 3600.0  # a run always ends by itself
 MAX_RATE = 200_000.0
 MAX_CONCURRENCY = 4096
-CLIENTS = ("lean", "httpx")  # --client: the bare load driver, and the full client that checks it
+# --client: the bare HTTP driver, the full HTTP client that checks it, and gRPC (the v2 form: a
+# ModelInfer call a request, or ModelStreamInfer streams, one request in flight on each)
+GRPC_CLIENTS = ("grpc", "grpc-stream")
+CLIENTS = ("lean", "httpx", *GRPC_CLIENTS)
 
 
-def validate_url(url: str) -> str:
-    """The base URL (scheme://host:port), if it points at this machine over plain HTTP."""
+def validate_url(url: str, scheme: str = "http") -> str:
+    """The base URL (scheme://host:port), if it points at this machine over plain HTTP (or gRPC, grpc://)."""
     parts = urlsplit(url)
-    if parts.scheme != "http" or parts.hostname not in ALLOWED_HOSTS:
-        raise ValueError(f"--url must be http:// on {', '.join(ALLOWED_HOSTS)}, got {url!r}")
+    if parts.scheme != scheme or parts.hostname not in ALLOWED_HOSTS:
+        raise ValueError(f"--url must be {scheme}:// on {', '.join(ALLOWED_HOSTS)}, got {url!r}")
     if parts.path not in ("", "/") or parts.query:
         raise ValueError(f"--url is the server's base URL (no path); got {url!r} — use --path")
     return f"{parts.scheme}://{parts.netloc}"
@@ -38,11 +41,20 @@ class LoadSpec:
     client: str = "lean"  # one of CLIENTS
 
     @property
+    def scheme(self) -> str:
+        """What --url must start with: grpc:// for the gRPC clients, http:// for the others."""
+        return "grpc" if self.client in GRPC_CLIENTS else "http"
+
+    @property
+    def base_url(self) -> str:
+        return validate_url(self.url, self.scheme)
+
+    @property
     def mode(self) -> str:
         return "open" if self.rate is not None else "closed"
 
     def validate(self) -> None:
-        validate_url(self.url)
+        validate_url(self.url, self.scheme)
         if (self.rate is None) == (self.concurrency is None):
             raise ValueError("give exactly one of --rate (open loop) or --concurrency (closed loop)")
         if self.rate is not None and not 0 < self.rate <= MAX_RATE:

@@ -3,7 +3,8 @@ open-loop Poisson arrivals or a closed loop of fixed concurrency, and every requ
 
 Drivers: loadtest/lean_driver.py (a bare HTTP/1.1 asyncio Protocol client, `--client lean`) and
 loadtest/httpx_driver.py (`--client httpx`); both lend `connections` keep-alive connections last
-in, first out, and report the same failure kinds.
+in, first out, and report the same failure kinds. The v2 form also goes over gRPC
+(loadtest/grpc_driver.py, `--client grpc` or `grpc-stream`).
 
 Open loop: every send time is drawn before the run; a request's latency runs from its
 scheduled send time, so a slow server (or a busy generator, or a full connection pool) cannot
@@ -21,6 +22,7 @@ import gc
 import itertools
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +33,7 @@ from loadtest.connections import Driver, TransportFailure
 from loadtest.httpx_driver import HttpxDriver
 from loadtest.lean_driver import LeanDriver
 from loadtest.payloads import Payloads
-from loadtest.spec import CLIENTS
+from loadtest.spec import CLIENTS, GRPC_CLIENTS
 from loadtest.stats import WorkerResult, poisson_schedule, window_result
 
 try:
@@ -90,12 +92,55 @@ def check_answer(
     return None, "", answer
 
 
-def open_driver(spec: WorkerSpec) -> Driver:
-    """The driver `spec.client` names, for this process's connections."""
+def check_v2_answer(
+    status: int, body: bytes, expected: tuple[int, ...] | None, n_images: int
+) -> tuple[str | None, str, dict[str, Any] | None]:
+    """check_answer for the Open Inference Protocol over HTTP: the `probabilities` output, asked for in JSON;
+    an error is {"error": "…"}."""
+    if status != 200:
+        try:
+            message = str(orjson.loads(body)["error"])
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            message = body[:200].decode(errors="replace")
+        return f"http_{status}", message, None
+    try:
+        answer = orjson.loads(body)
+        (output,) = (o for o in answer["outputs"] if o["name"] == "probabilities")
+        probabilities = np.asarray(output["data"], dtype=np.float32).reshape(output["shape"])
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        return "bad_response", f"{type(exc).__name__}: {body[:200]!r}", None
+    return check_probabilities(probabilities, expected, n_images, {"model": answer.get("model_name")})
+
+
+def check_probabilities(
+    probabilities: np.ndarray, expected: tuple[int, ...] | None, n_images: int, answer: dict[str, Any]
+) -> tuple[str | None, str, dict[str, Any] | None]:
+    """(k, 10) probabilities of a v2 answer (HTTP or gRPC) against the eager model's labels."""
+    if probabilities.shape != (n_images, 10):
+        return "bad_response", f"probabilities of shape {probabilities.shape} for {n_images} images", None
+    labels = tuple(int(v) for v in probabilities.argmax(axis=1))
+    if expected is not None and labels != expected:
+        return "wrong_label", f"labels {list(labels)}, the eager model says {list(expected)}", answer
+    return None, "", answer
+
+
+Check = Callable[[int, bytes, "tuple[int, ...] | None", int], "tuple[str | None, str, dict[str, Any] | None]"]
+
+
+def open_driver(spec: WorkerSpec) -> tuple[Driver, Check]:
+    """The driver `spec.client` names, for this process's connections, and the check of its answers."""
     if spec.client not in CLIENTS:
         raise ValueError(f"client must be one of {CLIENTS}, got {spec.client!r}")
+    options = {"connections": spec.connections, "timeout_s": spec.timeout_s}
+    if spec.client in GRPC_CLIENTS:  # grpcio and the protobuf modules load only here
+        from loadtest.grpc_driver import GrpcDriver, check_grpc_answer, check_grpc_stream_answer
+
+        stream = spec.client == "grpc-stream"
+        driver = GrpcDriver(spec.base_url, spec.payloads, stream=stream, **options)
+        return driver, check_grpc_stream_answer if stream else check_grpc_answer
     driver = LeanDriver if spec.client == "lean" else HttpxDriver
-    return driver(spec.base_url, spec.payloads, connections=spec.connections, timeout_s=spec.timeout_s)
+    check = check_v2_answer if spec.payloads.form == "v2" else check_answer
+    return driver(spec.base_url, spec.payloads, **options), check
 
 
 class _Run:
@@ -105,7 +150,7 @@ class _Run:
         self.spec, self.t0, self.progress = spec, t0, progress
         self.slot = spec.index * PROGRESS_SLOTS
         p = spec.payloads
-        self.driver = open_driver(spec)  # each request's bytes built once, before the run
+        self.driver, self.check = open_driver(spec)  # each request's bytes built once, before the run
         # Processes start at different images, so together they cycle through all of them.
         self.cursor = itertools.count(spec.index * 7919 % len(p.bodies))
         # One row per request: scheduled, sent, done (perf_counter s), error kind (None = ok).
@@ -124,7 +169,7 @@ class _Run:
         kind, message = None, ""
         try:
             status, body = await self.driver.send(j)
-            kind, message, answer = check_answer(status, body, expected, p.images_per_request)
+            kind, message, answer = self.check(status, body, expected, p.images_per_request)
             if answer is not None and not self.server:
                 self.server = {k: str(answer.get(k)) for k in ("model", "engine")}
         except TransportFailure as failure:

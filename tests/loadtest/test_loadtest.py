@@ -6,10 +6,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from loadtest.server_process import free_port
+from tests.integration.server_process import running_server
+from tests.reliability.common import SERVE
 
 pytestmark = pytest.mark.integration
 
@@ -113,3 +118,43 @@ def test_both_clients_count_the_same_closed_loop_alike(server_url: str, tmp_path
         assert record["client"] == client and f"--client {client}" in record["command"]
         assert record["server"]["engine"] == "eager" and record["loadgen_cpu_us_per_request"] > 0
         assert record["counts"]["waited_for_connection"] == 0  # one connection per client in flight
+
+
+@pytest.fixture(scope="module")
+def v2_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The real service on the CPU with gRPC on a free port: its HTTP and gRPC base URLs."""
+    grpc_port = free_port()
+    log = tmp_path_factory.mktemp("v2") / "server.log"
+    with running_server(log, command=SERVE, device="cpu", grpc_port=str(grpc_port)) as url:
+        yield {"http": url, "grpc": f"grpc://127.0.0.1:{grpc_port}"}
+
+
+@pytest.mark.parametrize("client", ["lean", "httpx", "grpc", "grpc-stream"])
+def test_the_v2_form_over_http_and_grpc_is_answered_right(
+    v2_server: dict[str, str], tmp_path: Path, client: str
+) -> None:
+    """The Open Inference Protocol as our generator sends it (issue 26.1): binary UINT8 over HTTP, ModelInfer
+    calls and ModelStreamInfer streams over gRPC, three images a request, every label checked."""
+    url = v2_server["grpc" if client.startswith("grpc") else "http"]
+    record = loadtest(
+        "--url", url, "--client", client, "--form", "v2", "--batch", "3", "--concurrency", "4", "--processes", "2",
+        "--duration", "1.5", "--warmup", "0.3", out=tmp_path / f"{client}.json",
+    )  # fmt: skip
+    assert_all_correct(record)
+    assert record["labels_checked"] is True and record["client"] == client
+    assert record["server"]["model"] == "fashion-cnn" and record["images_per_request"] == 3
+
+
+@pytest.mark.parametrize(("client", "kind"), [("lean", "http_404"), ("grpc", "grpc_NOT_FOUND"),
+                                              ("grpc-stream", "grpc_stream_error")])  # fmt: skip
+def test_v2_requests_the_server_refuses_are_counted_as_errors(
+    v2_server: dict[str, str], tmp_path: Path, client: str, kind: str
+) -> None:
+    url = v2_server["grpc" if client.startswith("grpc") else "http"]
+    argv = [sys.executable, "-m", "loadtest", "--url", url, "--client", client, "--form", "v2", "--concurrency", "2",
+            "--duration", "0.5", "--warmup", "0", "--path", "/v2/models/nope/infer", "--no-check-labels",
+            "--out", str(tmp_path / "refused.json"), "--quiet"]  # fmt: skip
+    subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    record = json.loads((tmp_path / "refused.json").read_text())
+    assert record["counts"]["ok"] == 0 and set(record["errors"]) == {kind}, record["errors"]
+    assert "nope" in record["error_examples"][kind]

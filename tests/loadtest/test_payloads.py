@@ -9,6 +9,7 @@ import zlib
 from collections.abc import AsyncIterator
 
 import numpy as np
+import orjson
 import pytest
 from PIL import Image
 from starlette.datastructures import Headers, UploadFile
@@ -114,3 +115,19 @@ def test_payload_options_reject_bad_combinations() -> None:
         build_payloads("xml", check_labels=False)
     raw = PayloadOptions(form="raw", raw_dtype="float32", check_labels=False, images=4).build()
     assert raw.path == "/predict?dtype=float32" and len(raw.bodies[0]) == 28 * 28 * 4
+
+
+def test_the_v2_form_is_a_binary_tensor_request_of_the_pixels(images: np.ndarray) -> None:
+    payloads = build_payloads("v2", images_per_request=2, check_labels=False, limit=6)
+    ((name, length),) = payloads.headers
+    assert name == "Inference-Header-Content-Length" and payloads.path == "/v2/models/fashion-cnn/infer"
+    body = payloads.bodies[1]
+    header = orjson.loads(body[: int(length)])
+    assert header["inputs"] == [
+        {"name": "input", "datatype": "UINT8", "shape": [2, 1, 28, 28], "parameters": {"binary_data_size": 2 * 784}}
+    ]
+    assert body[int(length) :] == payloads.pixels[1] == images[2:4].tobytes()
+    assert payloads.model == "fashion-cnn" and payloads.image_shape == (1, 28, 28)
+    assert build_payloads("v2", check_labels=False, limit=2, path="/v2/models/m/versions/3/infer").model == "m"
+    with pytest.raises(ValueError, match="/v2/models/<model>/infer"):
+        build_payloads("v2", check_labels=False, limit=2, path="/v1/models/m/predict")

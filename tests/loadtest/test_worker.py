@@ -53,7 +53,7 @@ def test_open_loop_raises_a_crash_of_a_request_that_ended_long_before_the_drain(
 ) -> None:
     """The first request's task crashes and leaves the in-flight set at once; the run must still
     fail with its error rather than report the other requests as if nothing happened."""
-    monkeypatch.setattr(worker, "open_driver", lambda spec: CrashOnFirstSend())
+    monkeypatch.setattr(worker, "open_driver", lambda spec: (CrashOnFirstSend(), worker.check_answer))
     payloads = Payloads("raw", "/predict", "application/octet-stream", (b"x",), None, 1)
     spec = WorkerSpec(
         0,
