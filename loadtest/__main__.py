@@ -37,7 +37,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     add("--path", default="/predict", help="request path; the v2 form names its model by it, over gRPC too "
         "(default %(default)s; the v2 form's: /v2/models/fashion-cnn/infer)")  # fmt: skip
     add("--form", choices=FORMS, default="json", help="request body form (default %(default)s)")
-    add("--batch", type=int, default=1, help="images per request, json and raw forms (default 1)")
+    add("--batch", type=int, default=1, help="images per request, json, raw and v2 forms (default 1)")
     add("--raw-dtype", choices=RAW_DTYPES, default="uint8", help="raw form's element type (default uint8)")
     add("--processes", type=int, default=1, help="load-generator processes, each with rate/N (default 1)")
     add("--connections", type=int, help="total connection limit (default: concurrency, or 64 per process)")

@@ -1,9 +1,10 @@
-"""What both HTTP drivers of a generator process share: the failure they raise and the pool that
-lends their connections.
+"""What the drivers of a generator process share: the failure they raise and the pool that lends
+their connections.
 
-A driver (loadtest/lean_driver.py, loadtest/httpx_driver.py) sends body j of the payloads and
-returns (status, body); anything that is not an HTTP answer is a `TransportFailure` whose kind
-names it the same way in both (connect, timeout, protocol, network, pool_timeout).
+A driver (loadtest/lean_driver.py, loadtest/httpx_driver.py; loadtest/grpc_driver.py for gRPC) sends
+body j of the payloads and returns (status, body); anything that is not an answer is a
+`TransportFailure` whose kind names it the same way in every driver (connect, timeout, protocol,
+network, pool_timeout; grpc_<STATUS> and grpc_stream_ended for gRPC).
 """
 
 from __future__ import annotations

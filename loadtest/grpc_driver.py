@@ -2,29 +2,34 @@
 a time on ModelStreamInfer streams (`--client grpc-stream`, as perf_analyzer --streaming sends).
 
 Each request's message is serialized once, before the run, and sent as bytes (grpcio passes bytes
-through where a method has no serializer); answers are parsed only to check them. The process opens
-`connections` channels, each on a TCP connection of its own (a local subchannel pool: channels with
-the same arguments would otherwise share one connection), so that a server's workers, which share
-the port connection by connection, each get some; Triton's client shares one channel among up to 6
-of its contexts. Calls go to the channels in turn; streams are opened on them in turn and lent last
-in, first out, as the HTTP drivers lend connections. A call or stream that ends without an answer
-is a TransportFailure of kind grpc_<STATUS> (an answer refused on a stream: grpc_stream_error).
+through where a method has no serializer); answers are parsed only to check them. A process has at
+most `connections` lanes, each a channel on a TCP connection of its own (a local subchannel pool:
+channels with the same arguments would otherwise share one connection) carrying one request at a
+time, lent last in, first out as the HTTP drivers lend connections: so a server's workers, which
+share the port connection by connection, each get some (Triton's client shares one channel among up
+to 6 of its contexts). A stream lane keeps its stream open between requests and opens a new one on
+the same channel when it ended or failed.
+
+The deadline is the client's own, as over HTTP (no gRPC deadline is sent, so the server does not
+refuse work for it): past `timeout_s` a request is cancelled and counted `timeout`. A call or stream
+that ends without an answer is a TransportFailure of kind grpc_<STATUS>, or grpc_stream_ended; a
+request refused on a stream (its error_message) is checked as grpc_stream_error.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 import grpc
-import numpy as np
 from google.protobuf.message import DecodeError
 
 from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
 from loadtest.connections import LifoPool, TransportFailure
 from loadtest.payloads import Payloads
+from loadtest.worker import check_outputs
 
 SERVICE = "/inference.GRPCInferenceService/"
 # A channel's own connection; messages as large as the service takes (perf_analyzer's 32 FP32 images).
@@ -43,8 +48,18 @@ def infer_request(payloads: Payloads, j: int) -> bytes:
     return message.SerializeToString()
 
 
+@dataclass
+class Lane:
+    """One channel (one connection), its ModelInfer, and for streams the stream open on it (None: none yet,
+    or it ended)."""
+
+    channel: grpc.aio.Channel
+    infer: Any = None
+    stream: Any = None
+
+
 class GrpcDriver:
-    """Sends the v2 form's requests to `base_url` (grpc://host:port) over `connections` channels."""
+    """Sends the v2 form's requests to `base_url` (grpc://host:port) over at most `connections` lanes."""
 
     def __init__(
         self, base_url: str, payloads: Payloads, *, connections: int, timeout_s: float, stream: bool = False
@@ -54,60 +69,63 @@ class GrpcDriver:
             raise ValueError(f"the gRPC client takes grpc://host:port, got {base_url!r}")
         if payloads.form != "v2":
             raise ValueError(f"gRPC sends the v2 form (--form v2), not {payloads.form!r}")
-        target = f"[{parts.hostname}]:{parts.port}" if ":" in parts.hostname else f"{parts.hostname}:{parts.port}"
-        self.timeout_s = timeout_s
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        self.target, self.timeout_s, self.streams = f"{host}:{parts.port}", timeout_s, stream
         self.requests = [infer_request(payloads, j) for j in range(len(payloads.bodies))]
-        self.channels = [grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) for _ in range(connections)]
-        self.calls = [channel.unary_unary(SERVICE + "ModelInfer") for channel in self.channels]
-        self.turn = itertools.count()
-        self.streams: LifoPool[Any] | None = None
-        if stream:
-            opens = [channel.stream_stream(SERVICE + "ModelStreamInfer") for channel in self.channels]
+        self.lanes: LifoPool[Lane] = LifoPool(connections, self._open, timeout_s)
+        self.stale_retries = 0  # no keep-alive race to retry: a channel reconnects by itself
 
-            async def open_stream() -> Any:
-                return opens[next(self.turn) % len(opens)](timeout=None)
-
-            self.streams = LifoPool(connections, open_stream, timeout_s)
-        self.stale_retries = 0  # no keep-alive race to retry: gRPC reconnects by itself
+    async def _open(self) -> Lane:
+        channel = grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
+        return Lane(channel, channel.unary_unary(SERVICE + "ModelInfer"))
 
     @property
     def connection_waits(self) -> int:
-        return self.streams.waits if self.streams is not None else 0
+        return self.lanes.waits
 
     async def send(self, j: int) -> tuple[int, bytes]:
         """(200, the answer's serialized message): a ModelInferResponse, or on a stream a ModelStreamInferResponse."""
-        if self.streams is not None:
-            return 200, await self._on_stream(self.requests[j])
-        call = self.calls[next(self.turn) % len(self.calls)]
-        try:
-            answer: bytes = await call(self.requests[j], timeout=self.timeout_s)
-        except grpc.aio.AioRpcError as error:
-            raise TransportFailure(f"grpc_{error.code().name}", error.details() or "") from None
-        return 200, answer
-
-    async def _on_stream(self, request: bytes) -> bytes:
-        assert self.streams is not None
-        stream = await self.streams.take()
+        lane = await self.lanes.take()
         try:
             async with asyncio.timeout(self.timeout_s):
-                await stream.write(request)
-                answer = await stream.read()
+                answer = await (self._on_stream(lane, self.requests[j]) if self.streams else self._call(lane, j))
         except TimeoutError:
-            stream.cancel()  # its answer may still come: the stream cannot carry the next request
-            self.streams.give_back(None)
-            raise TransportFailure("timeout", f"no answer on the stream within {self.timeout_s:g} s") from None
+            self._drop_stream(lane)  # its answer may still come: the stream cannot carry the next request
+            raise TransportFailure("timeout", f"no answer within {self.timeout_s:g} s") from None
         except grpc.aio.AioRpcError as error:
-            self.streams.give_back(None)
+            self._drop_stream(lane)
             raise TransportFailure(f"grpc_{error.code().name}", error.details() or "") from None
+        except (asyncio.InvalidStateError, grpc.aio.UsageError) as error:  # the stream had ended meanwhile
+            self._drop_stream(lane)
+            raise TransportFailure("grpc_stream_ended", f"the stream had ended: {error}") from None
+        finally:
+            self.lanes.give_back(lane)
+        return 200, answer
+
+    async def _call(self, lane: Lane, j: int) -> bytes:
+        answer: bytes = await lane.infer(self.requests[j])
+        return answer
+
+    async def _on_stream(self, lane: Lane, request: bytes) -> bytes:
+        if lane.stream is None or lane.stream.done():  # none yet, or the server ended it (its connection's age)
+            lane.stream = lane.channel.stream_stream(SERVICE + "ModelStreamInfer")()
+        await lane.stream.write(request)
+        answer = await lane.stream.read()
         if answer is grpc.aio.EOF:
-            self.streams.give_back(None)
+            self._drop_stream(lane)
             raise TransportFailure("grpc_stream_ended", "the server ended the stream without an answer")
-        self.streams.give_back(stream)
         return bytes(answer)
 
+    @staticmethod
+    def _drop_stream(lane: Lane) -> None:
+        if lane.stream is not None:
+            lane.stream.cancel()
+            lane.stream = None
+
     async def aclose(self) -> None:
-        for channel in self.channels:
-            await channel.close()
+        for lane in self.lanes.opened:
+            self._drop_stream(lane)
+            await lane.channel.close()
 
 
 def check_grpc_answer(
@@ -115,9 +133,10 @@ def check_grpc_answer(
 ) -> tuple[str | None, str, dict[str, Any] | None]:
     """check_answer for a ModelInferResponse: its `probabilities` output (raw float32) against the labels."""
     try:
-        return _check(pb.ModelInferResponse.FromString(body), expected, n_images)
+        response = pb.ModelInferResponse.FromString(body)
     except DecodeError as error:
         return "bad_response", f"not a ModelInferResponse: {error}", None
+    return _check(response, expected, n_images)
 
 
 def check_grpc_stream_answer(
@@ -136,13 +155,5 @@ def check_grpc_stream_answer(
 def _check(
     response: Any, expected: tuple[int, ...] | None, n_images: int
 ) -> tuple[str | None, str, dict[str, Any] | None]:
-    from loadtest.worker import check_probabilities
-
     names = [output.name for output in response.outputs]
-    if "probabilities" not in names or len(response.raw_output_contents) != len(names):
-        return "bad_response", f"outputs {names} with {len(response.raw_output_contents)} raw contents", None
-    raw = response.raw_output_contents[names.index("probabilities")]
-    probabilities = np.frombuffer(raw, dtype="<f4")
-    if probabilities.size != n_images * 10:
-        return "bad_response", f"{probabilities.size} probabilities for {n_images} images", None
-    return check_probabilities(probabilities.reshape(n_images, 10), expected, n_images, {"model": response.model_name})
+    return check_outputs(names, list(response.raw_output_contents), response.model_name, expected, n_images)

@@ -196,6 +196,10 @@ def build_payloads(
         raise ValueError(f"form must be one of {FORMS}, got {form!r}")
     if images_per_request < 1:
         raise ValueError(f"images per request must be ≥ 1, got {images_per_request}")
+    if form == "v2" and raw_dtype != "uint8":
+        raise ValueError(
+            "the v2 form sends UINT8 pixels, as the models' metadata declares; --raw-dtype is the raw form's"
+        )
     if form == "png" and images_per_request != 1:
         raise ValueError("the png form carries one image per request; use --batch 1")
     images = load_images(limit)

@@ -124,6 +124,19 @@ def check_probabilities(
     return None, "", answer
 
 
+def check_outputs(
+    names: list[str], raw: list[bytes], model: str, expected: tuple[int, ...] | None, n_images: int
+) -> tuple[str | None, str, dict[str, Any] | None]:
+    """A gRPC answer's outputs (`names`, each one's raw little-endian bytes in `raw`): its `probabilities`,
+    float32 (k, 10), against the labels."""
+    if "probabilities" not in names or len(raw) != len(names):
+        return "bad_response", f"outputs {names} with {len(raw)} raw contents", None
+    probabilities = np.frombuffer(raw[names.index("probabilities")], dtype="<f4")
+    if probabilities.size != n_images * 10:
+        return "bad_response", f"{probabilities.size} probabilities for {n_images} images", None
+    return check_probabilities(probabilities.reshape(n_images, 10), expected, n_images, {"model": model})
+
+
 Check = Callable[[int, bytes, "tuple[int, ...] | None", int], "tuple[str | None, str, dict[str, Any] | None]"]
 
 
@@ -211,12 +224,14 @@ class _Run:
                 await self.request(t)
 
         tasks = {asyncio.create_task(client_loop()) for _ in range(self.spec.concurrency)}
-        await self._drain(tasks)
+        await self._drain(tasks, t_end)
 
-    async def _drain(self, tasks: set[asyncio.Task[None]]) -> None:
-        """Wait for the last answers (bounded: httpx's timeout, plus slack), cancel the rest."""
+    async def _drain(self, tasks: set[asyncio.Task[None]], t_end: float | None = None) -> None:
+        """Wait for the last answers (bounded: the run's end `t_end`, if it is still to come, then the request
+        timeout, plus slack), cancel the rest."""
         if tasks:
-            done, pending = await asyncio.wait(set(tasks), timeout=self.spec.timeout_s * 2 + 1)
+            last = self.spec.timeout_s * 2 + 1 + max(0.0, (t_end or 0.0) - clock())
+            done, pending = await asyncio.wait(set(tasks), timeout=last)
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)

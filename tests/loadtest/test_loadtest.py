@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from loadtest.server_process import free_port
+from loadtest.server_process import free_port, running, service_env
 from tests.integration.server_process import running_server
 from tests.reliability.common import SERVE
 
@@ -151,10 +153,30 @@ def test_v2_requests_the_server_refuses_are_counted_as_errors(
     v2_server: dict[str, str], tmp_path: Path, client: str, kind: str
 ) -> None:
     url = v2_server["grpc" if client.startswith("grpc") else "http"]
-    argv = [sys.executable, "-m", "loadtest", "--url", url, "--client", client, "--form", "v2", "--concurrency", "2",
-            "--duration", "0.5", "--warmup", "0", "--path", "/v2/models/nope/infer", "--no-check-labels",
-            "--out", str(tmp_path / "refused.json"), "--quiet"]  # fmt: skip
-    subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    record = json.loads((tmp_path / "refused.json").read_text())
+    record = loadtest(
+        "--url", url, "--client", client, "--form", "v2", "--concurrency", "2", "--duration", "0.5", "--warmup", "0",
+        "--path", "/v2/models/nope/infer", "--no-check-labels", out=tmp_path / "refused.json",
+    )  # fmt: skip
     assert record["counts"]["ok"] == 0 and set(record["errors"]) == {kind}, record["errors"]
     assert "nope" in record["error_examples"][kind]
+
+
+def test_a_grpc_stream_run_ends_with_its_record_when_the_server_goes_away(tmp_path: Path) -> None:
+    """Streams the server ended while they waited for their next request are opened again (or counted), and
+    the run ends by itself with its record: not a crash of the generator."""
+    port, grpc_port = free_port(), free_port()
+    env = service_env(port, device="cpu", grpc_port=grpc_port)
+    out = tmp_path / "gone.json"
+    argv = [sys.executable, "-m", "loadtest", "--url", f"grpc://127.0.0.1:{grpc_port}", "--client", "grpc-stream",
+            "--form", "v2", "--rate", "100", "--duration", "4", "--warmup", "0", "--timeout", "1",
+            "--no-check-labels", "--out", str(out), "--quiet"]  # fmt: skip
+    with running(SERVE, tmp_path / "server.log", port=port, env=env, ready_timeout_s=90) as server:
+        generator = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        give_up = time.monotonic() + 60
+        while 'protocol="grpc"' not in httpx.get(f"{server.url}/metrics").text and time.monotonic() < give_up:
+            time.sleep(0.1)  # until the streams have answered (a figure to poll, not to await)
+        server.proc.kill()
+        _, stderr = generator.communicate(timeout=RUN_TIMEOUT_S)
+    assert generator.returncode == 0, stderr
+    record = json.loads(out.read_text())
+    assert record["counts"]["ok"] > 0 and record["errors"], record["counts"]

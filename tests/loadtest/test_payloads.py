@@ -129,5 +129,7 @@ def test_the_v2_form_is_a_binary_tensor_request_of_the_pixels(images: np.ndarray
     assert body[int(length) :] == payloads.pixels[1] == images[2:4].tobytes()
     assert payloads.model == "fashion-cnn" and payloads.image_shape == (1, 28, 28)
     assert build_payloads("v2", check_labels=False, limit=2, path="/v2/models/m/versions/3/infer").model == "m"
+    with pytest.raises(ValueError, match="UINT8"):
+        build_payloads("v2", raw_dtype="float32", check_labels=False, limit=2)
     with pytest.raises(ValueError, match="/v2/models/<model>/infer"):
         build_payloads("v2", check_labels=False, limit=2, path="/v1/models/m/predict")

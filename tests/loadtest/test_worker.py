@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import time
 
+import numpy as np
 import orjson
 import pytest
 
 from loadtest import worker
 from loadtest.payloads import Payloads
-from loadtest.worker import WorkerSpec, check_answer
+from loadtest.worker import WorkerSpec, check_answer, check_outputs, check_v2_answer
 
 
 def answer(labels: list[int]) -> bytes:
@@ -27,6 +28,37 @@ def test_check_answer_kinds() -> None:
     error = orjson.dumps({"error": {"code": "overloaded", "message": "queue full", "expected": "retry"}})
     assert check_answer(503, error, (3,), 1)[:2] == ("http_503:overloaded", "queue full")
     assert check_answer(502, b"<html>bad gateway</html>", (3,), 1)[0] == "http_502"
+
+
+def probabilities(labels: list[int]) -> np.ndarray:
+    """(k, 10) float32 rows whose argmax is each label."""
+    rows = np.full((len(labels), 10), 0.05, np.float32)
+    rows[np.arange(len(labels)), labels] = 0.55
+    return rows
+
+
+def v2_answer(labels: list[int]) -> bytes:
+    rows = probabilities(labels)
+    output = {"name": "probabilities", "datatype": "FP32", "shape": list(rows.shape), "data": rows.reshape(-1)}
+    return orjson.dumps({"model_name": "fashion-cnn", "outputs": [output]}, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def test_check_v2_answer_kinds() -> None:
+    assert check_v2_answer(200, v2_answer([3, 1]), (3, 1), 2) == (None, "", {"model": "fashion-cnn"})
+    assert check_v2_answer(200, v2_answer([3, 2]), (3, 1), 2)[0] == "wrong_label"
+    assert check_v2_answer(200, v2_answer([3]), (3, 1), 2)[0] == "bad_response"
+    assert check_v2_answer(200, b'{"outputs": [{"name": "other"}]}', (3,), 1)[0] == "bad_response"
+    assert check_v2_answer(404, b'{"error": "no model named nope"}', (3,), 1)[:2] == ("http_404", "no model named nope")
+
+
+def test_check_outputs_of_a_grpc_answer_kinds() -> None:
+    raw = probabilities([3, 1]).tobytes()
+    assert check_outputs(["probabilities"], [raw], "m", (3, 1), 2) == (None, "", {"model": "m"})
+    assert check_outputs(["other", "probabilities"], [b"", raw], "m", (3, 1), 2)[0] is None
+    assert check_outputs(["probabilities"], [raw], "m", (1, 3), 2)[0] == "wrong_label"
+    assert check_outputs(["probabilities"], [raw[:40]], "m", (3, 1), 2)[0] == "bad_response"
+    assert check_outputs(["probabilities"], [], "m", (3, 1), 2)[0] == "bad_response"
+    assert check_outputs(["scores"], [raw], "m", None, 2)[0] == "bad_response"
 
 
 class CrashOnFirstSend:
