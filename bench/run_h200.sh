@@ -17,9 +17,12 @@
 #     STEPS=one-image ONE_IMAGE_S=400 ONE_IMAGE_BUDGET_S=360 ONE_IMAGE_ARGS="--kinds jpeg --variant-kinds jpeg \
 #       --concurrencies 1024,256 --p99-fraction 0 --variants batch64=CGSERVE_JPEG_MAX_BATCH=64" bash bench/run_h200.sh
 #   v2 HTTP beside gRPC single calls (a channel per context) and gRPC streams (ModelStreamInfer, perf_analyzer
-#   --streaming; on the CPU a streamed request cost the server 0.55-0.87 of a call's CPU, 2026-12-02-cpu-grpc-stream-cost.md):
+#   --streaming; on the CPU a streamed request cost the server 0.55-0.87 of a call's CPU, 2026-12-02-cpu-grpc-stream-cost.md),
+#   then the same three from our generator (--form v2; a connection per request in flight):
 #     STEPS=one-image ONE_IMAGE_S=480 ONE_IMAGE_BUDGET_S=420 ONE_IMAGE_ARGS="--kinds v2-http,v2-grpc-channels,v2-grpc-stream \
 #       --concurrencies 64,256 --p99-fraction 0" bash bench/run_h200.sh
+#     STEPS=one-image ONE_IMAGE_S=480 ONE_IMAGE_BUDGET_S=420 ONE_IMAGE_ARGS="--kinds gen-v2-http,gen-v2-grpc,gen-v2-grpc-stream \
+#       --concurrencies 256,1024 --p99-fraction 0" bash bench/run_h200.sh
 #   The branch jpeg-launch-on-loop (off main, with its test: only nvJPEG's call on the decoder's thread, the resizes queued from the
 #   loop; not landed, never run on a GPU): check it out here (the device tool copies the working tree), then the
 #   JPEG GPU tests and JPEG points; the same command from main in the next call gives the figures to compare:
