@@ -5,7 +5,7 @@ and what closing it early or a failed read does to the requests in flight."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
@@ -18,6 +18,19 @@ async def settle() -> None:
     """Let every task run as far as it can."""
     for _ in range(100):
         await asyncio.sleep(0)
+
+
+def collect(
+    requests: AsyncIterator[int], answer: Callable[[int], Awaitable[int]]
+) -> tuple[asyncio.Task[None], list[int]]:
+    """The client reading the stream to its end: its task, and the answers it has read so far."""
+    answers: list[int] = []
+
+    async def read_all() -> None:
+        async for one in answer_stream(requests, answer, LIMIT):
+            answers.append(one)
+
+    return asyncio.create_task(read_all()), answers
 
 
 @pytest.mark.anyio
@@ -57,13 +70,7 @@ async def test_answers_come_as_they_are_ready_and_the_stream_ends_after_the_last
         await gates[request].wait()
         return request
 
-    answers: list[int] = []
-
-    async def read_all() -> None:
-        async for answer in answer_stream(requests(), held, LIMIT):
-            answers.append(answer)
-
-    reading = asyncio.create_task(read_all())
+    reading, answers = collect(requests(), held)
     for n in (2, 0, 1):
         gates[n].set()
         await settle()
@@ -111,13 +118,7 @@ async def test_a_request_that_cannot_be_read_ends_the_stream_after_those_in_flig
         await release.wait()
         return request
 
-    answers: list[int] = []
-
-    async def read_all() -> None:
-        async for answer in answer_stream(requests(), held, LIMIT):
-            answers.append(answer)
-
-    reading = asyncio.create_task(read_all())
+    reading, answers = collect(requests(), held)
     await settle()
     assert not reading.done()  # the failed read waits for the request in flight
     release.set()
