@@ -13,6 +13,7 @@ come back in a Carrier (app/ops/tracing.py) for the access-log line.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -163,9 +164,12 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         async def traced(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             if request_id is not None:
                 context.set_trailing_metadata(((HEADER, request_id),))
+            # The handler's generator is closed with this one (aclosing), not whenever it is collected: a
+            # stream the client cancels cancels its requests in flight at once.
             if log is None:
-                async for response in behavior(requests, context):
-                    yield response
+                async with contextlib.aclosing(behavior(requests, context)) as responses:
+                    async for response in responses:
+                        yield response
                 return
             call, ended = _Call(method, request_id, context.peer(), carrier), None
             bytes_in, bytes_out, model = 0, 0, None
@@ -178,9 +182,10 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     yield request
 
             try:
-                async for response in behavior(counted(requests), context):
-                    bytes_out += _size(response)
-                    yield response
+                async with contextlib.aclosing(behavior(counted(requests), context)) as responses:
+                    async for response in responses:
+                        bytes_out += _size(response)
+                        yield response
             except BaseException as error:  # cancelled, closed early or failed (a message it could not read)
                 ended = error
                 raise

@@ -55,8 +55,9 @@ def gates(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return started, release
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, gates: tuple[Path, Path]) -> Iterator[dict[str, str]]:
+def serve_gated(
+    tmp_path_factory: pytest.TempPathFactory, gates: tuple[Path, Path], **settings: str
+) -> Iterator[dict[str, str]]:
     started, release = gates
     forward = (
         f"import os\nopen({str(started)!r}, 'w').close()\n"
@@ -70,9 +71,20 @@ def server(tmp_path_factory: pytest.TempPathFactory, gates: tuple[Path, Path]) -
     grpc_port = free_port()
     log = tmp_path_factory.mktemp("grpc") / "server.log"
     with running_server(
-        log, command=SERVE, device="cpu", grpc_port=str(grpc_port), model_repository=str(repository)
+        log, command=SERVE, device="cpu", grpc_port=str(grpc_port), model_repository=str(repository), **settings
     ) as url:
         yield {"url": url, "grpc": f"127.0.0.1:{grpc_port}"}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, gates: tuple[Path, Path]) -> Iterator[dict[str, str]]:
+    yield from serve_gated(tmp_path_factory, gates)
+
+
+@pytest.fixture(scope="module")
+def server_with_ids(tmp_path_factory: pytest.TempPathFactory, gates: tuple[Path, Path]) -> Iterator[dict[str, str]]:
+    """The same with request ids on: the access interceptor wraps every call, streams too."""
+    yield from serve_gated(tmp_path_factory, gates, request_ids="true")
 
 
 def counts(url: str, model: str) -> dict[str, float]:
@@ -156,9 +168,11 @@ def test_a_call_the_client_cancels_is_counted_cancelled(server: dict[str, str], 
     assert seen.get("CANCELLED") == before + 1 and "200" not in seen, seen
 
 
+@pytest.mark.parametrize("served", ["server", "server_with_ids"])
 def test_a_stream_the_client_cancels_counts_its_request_in_flight_cancelled(
-    server: dict[str, str], gates: tuple[Path, Path]
+    served: str, gates: tuple[Path, Path], request: pytest.FixtureRequest
 ) -> None:
+    server: dict[str, str] = request.getfixturevalue(served)
     started = gates[0]
     before = counts(server["url"], "gated").get("CANCELLED", 0)
     triton = triton_grpc.InferenceServerClient(server["grpc"])
