@@ -163,12 +163,13 @@ def test_v2_requests_the_server_refuses_are_counted_as_errors(
 
 def test_a_grpc_stream_run_ends_with_its_record_when_the_server_goes_away(tmp_path: Path) -> None:
     """Streams the server ended while they waited for their next request are opened again (or counted), and
-    the run ends by itself with its record: not a crash of the generator."""
+    the run ends by itself with its record: not a crash of the generator. The server is killed once it has
+    answered over gRPC; the run's 8 s leave a slow machine room to start the generator first."""
     port, grpc_port = free_port(), free_port()
     env = service_env(port, device="cpu", grpc_port=grpc_port)
     out = tmp_path / "gone.json"
     argv = [sys.executable, "-m", "loadtest", "--url", f"grpc://127.0.0.1:{grpc_port}", "--client", "grpc-stream",
-            "--form", "v2", "--rate", "100", "--duration", "4", "--warmup", "0", "--timeout", "1",
+            "--form", "v2", "--rate", "100", "--duration", "8", "--warmup", "0", "--timeout", "1",
             "--no-check-labels", "--out", str(out), "--quiet"]  # fmt: skip
     with running(SERVE, tmp_path / "server.log", port=port, env=env, ready_timeout_s=90) as server:
         generator = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
