@@ -7,11 +7,14 @@ is taken in though CGSERVE_MAX_BODY_BYTES is 16 MiB.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -21,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from loadtest.server_process import free_port
+from loadtest.server_process import free_port, running, service_env
 from tests.integration.server_process import running_server, settled_metrics
 from tests.reliability.common import SERVE, seed_with_forward
 
@@ -55,16 +58,19 @@ def gates(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return started, release
 
 
-def serve_gated(
-    tmp_path_factory: pytest.TempPathFactory, gates: tuple[Path, Path], **settings: str
-) -> Iterator[dict[str, str]]:
-    started, release = gates
-    forward = (
+def gated_forward(started: Path, release: Path) -> str:
+    """The gated model's forward: creates `started`, waits for `release`, removes `started` as it returns."""
+    return (
         f"import os\nopen({str(started)!r}, 'w').close()\n"
         f"while not os.path.exists({str(release)!r}):\n    time.sleep(0.002)\n"
         f"os.remove({str(started)!r})"
     )
-    repository = seed_with_forward(tmp_path_factory.mktemp("repo"), "gated", forward)
+
+
+def serve_gated(
+    tmp_path_factory: pytest.TempPathFactory, gates: tuple[Path, Path], **settings: str
+) -> Iterator[dict[str, str]]:
+    repository = seed_with_forward(tmp_path_factory.mktemp("repo"), "gated", gated_forward(*gates))
     (repository / "wide").mkdir()
     (repository / "wide" / "model.py").write_text(WIDE_MODEL)
     (repository / "wide" / "model.toml").write_text(WIDE_TOML)
@@ -188,6 +194,49 @@ def test_a_stream_the_client_cancels_counts_its_request_in_flight_cancelled(
             triton.stop_stream(cancel_requests=True)
         seen = wait_for_count(server["url"], "gated", "CANCELLED", before + 1)  # while its batch is held
     assert seen.get("CANCELLED") == before + 1 and "200" not in seen, seen
+
+
+def test_a_stopping_server_answers_what_a_stream_read_then_ends_it_unavailable(tmp_path: Path) -> None:
+    """SIGTERM with a request of a stream in flight: its answer comes, then the stream ends UNAVAILABLE
+    saying why (not cut when the grace ends, and not left open reading requests it will not answer)."""
+    started, release = tmp_path / "started", tmp_path / "release"
+    release.touch()  # open while the engine warms up
+    repository = seed_with_forward(tmp_path / "repo", "gated", gated_forward(started, release))
+    port, grpc_port = free_port(), free_port()
+    env = service_env(port, device="cpu", grpc_port=grpc_port, model_repository=repository, drain_seconds=0.2)
+    log = tmp_path / "server.log"
+    more = threading.Event()
+    tensor = service_pb2.ModelInferRequest.InferInputTensor(name="input", datatype="UINT8", shape=[1, 1, 28, 28])
+    held = service_pb2.ModelInferRequest(
+        model_name="gated", id="held", inputs=[tensor], raw_input_contents=[bytes(784)]
+    )
+
+    def requests() -> Iterator[Any]:
+        yield held
+        more.wait(WAIT_S)  # the client keeps its stream open
+
+    with running(SERVE, log, port=port, env=env | {"CGSERVE_LOG_LEVEL": "info"}, ready_timeout_s=90) as server:
+        release.unlink()
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            stream = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(requests())
+            poll_until(started.exists)
+            os.kill(server.proc.pid, signal.SIGTERM)
+            poll_until(lambda: "gRPC stopping" in log.read_text(errors="replace"))
+            release.touch()  # the held request's batch ends now, while the server stops
+            answers = []
+            with pytest.raises(grpc.RpcError) as ended:
+                for answer in stream:
+                    answers.append(answer)
+            more.set()
+    assert [(a.infer_response.id, a.error_message) for a in answers] == [("held", "")]
+    assert ended.value.code() == grpc.StatusCode.UNAVAILABLE and "the server is stopping" in ended.value.details()
+
+
+def poll_until(done: Callable[[], bool]) -> None:
+    give_up = time.monotonic() + WAIT_S
+    while not done() and time.monotonic() < give_up:  # a file offers nothing to await: poll
+        time.sleep(0.01)
+    assert done()
 
 
 def test_perf_analyzers_32_fp32_resnet_images_fit_one_message(server: dict[str, str]) -> None:

@@ -1,6 +1,6 @@
 """A stream's requests answered concurrently (app/protocols/v2/stream_answers.py, ModelStreamInfer's core):
 how many requests it holds when the client does not read its answers, answers in the order they are ready,
-and what closing it early or a failed read does to the requests in flight."""
+and what closing it early, a failed read or the server stopping does to the requests in flight."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from app.protocols.v2.stream_answers import answer_stream
+from app.protocols.v2.stream_answers import StreamStopped, answer_stream
 
 LIMIT = 16
 
@@ -21,13 +21,13 @@ async def settle() -> None:
 
 
 def collect(
-    requests: AsyncIterator[int], answer: Callable[[int], Awaitable[int]]
+    requests: AsyncIterator[int], answer: Callable[[int], Awaitable[int]], stop: asyncio.Event | None = None
 ) -> tuple[asyncio.Task[None], list[int]]:
     """The client reading the stream to its end: its task, and the answers it has read so far."""
     answers: list[int] = []
 
     async def read_all() -> None:
-        async for one in answer_stream(requests, answer, LIMIT):
+        async for one in answer_stream(requests, answer, LIMIT, stop):
             answers.append(one)
 
     return asyncio.create_task(read_all()), answers
@@ -36,7 +36,7 @@ def collect(
 @pytest.mark.anyio
 async def test_a_stream_whose_answers_are_not_read_is_not_read_either() -> None:
     """An answer holds its request's slot until it is sent: a client that writes and never reads has LIMIT
-    requests taken (and one more read, waiting for a slot), not all it wrote."""
+    requests taken, not all it wrote."""
     read = 0
 
     async def requests() -> AsyncIterator[int]:
@@ -51,10 +51,10 @@ async def test_a_stream_whose_answers_are_not_read_is_not_read_either() -> None:
     stream = answer_stream(requests(), at_once, LIMIT)
     assert await anext(stream) == 0  # sent; the client reads nothing more
     await settle()
-    assert read == LIMIT + 1
+    assert read == LIMIT
     assert [await anext(stream) for _ in range(3)] == [1, 2, 3]  # each answer sent frees a slot
     await settle()
-    assert read == LIMIT + 4
+    assert read == LIMIT + 3
     await stream.aclose()
 
 
@@ -124,4 +124,52 @@ async def test_a_request_that_cannot_be_read_ends_the_stream_after_those_in_flig
     release.set()
     with pytest.raises(ValueError, match="malformed"):
         await asyncio.wait_for(reading, 5)
+    assert answers == [0]
+
+
+@pytest.mark.anyio
+async def test_a_stopping_server_answers_what_it_read_and_reads_no_more() -> None:
+    release, stop = asyncio.Event(), asyncio.Event()
+    read: list[int] = []
+
+    async def requests() -> AsyncIterator[int]:
+        for n in range(10):  # the client would send more
+            read.append(n)
+            yield n
+            if n == 1:
+                await asyncio.Event().wait()  # its third request is not sent yet
+
+    async def held(request: int) -> int:
+        await release.wait()
+        return request
+
+    stream = answer_stream(requests(), held, LIMIT, stop)
+    waiting = asyncio.ensure_future(anext(stream))
+    await settle()
+    stop.set()  # the server stops with two requests in flight
+    await settle()
+    assert not waiting.done() and read == [0, 1]
+    release.set()
+    assert {await waiting, await anext(stream)} == {0, 1}  # what it read is answered
+    with pytest.raises(StreamStopped):
+        await anext(stream)
+    assert read == [0, 1]
+
+
+@pytest.mark.anyio
+async def test_a_stream_whose_client_had_sent_its_last_request_ends_as_usual_when_the_server_stops() -> None:
+    release, stop = asyncio.Event(), asyncio.Event()
+
+    async def requests() -> AsyncIterator[int]:
+        yield 0
+
+    async def held(request: int) -> int:
+        await release.wait()
+        return request
+
+    reading, answers = collect(requests(), held, stop)
+    await settle()
+    stop.set()
+    release.set()
+    await asyncio.wait_for(reading, 5)  # no StreamStopped: nothing was left unread
     assert answers == [0]

@@ -39,7 +39,7 @@ from app.ops.off_loop import LARGE_JSON_BYTES, off_loop
 from app.protocols.v2 import tensors
 from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
 from app.protocols.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
-from app.protocols.v2.stream_answers import answer_stream
+from app.protocols.v2.stream_answers import StreamStopped, answer_stream
 from app.repository import ModelConfigError, read_repository
 from app.repository.model_spec import ModelSpec
 from app.service import ServedModel, Service
@@ -65,6 +65,10 @@ FRAMING_BYTES = 2**20
 # across replicas and nothing holds a descriptor for ever.
 MAX_CONNECTION_AGE_S = 30 * 60
 MAX_STREAMS = 256  # concurrent calls on one connection; a client queues more until some end
+STOPPED = (
+    "the server is stopping: every request of this stream it read has its answer above; "
+    "send the ones after them again (another server, or this one once it is back)"
+)
 # Triton's streaming parameters: a request that sets the first true is told which answer is its last.
 FINAL_RESPONSE_ASKED, FINAL_RESPONSE = "triton_enable_empty_final_response", "triton_final_response"
 
@@ -155,6 +159,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self.plane = plane
         self.service = plane.service
         self.control = control
+        self.stopping = asyncio.Event()  # set as the server stops: every stream stops reading
 
     async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
@@ -190,15 +195,19 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
         """Every request the stream carries, answered on it as soon as its batch is done: in that order, not
         the order they came in (each answer holds its request's `id`), so that one stream keeps many in
-        flight; at most MAX_STREAMS held, as on a connection of single calls (app/protocols/v2/stream_answers.py)."""
+        flight; at most MAX_STREAMS held, as on a connection of single calls (app/protocols/v2/stream_answers.py).
+        As the server stops, a stream answers what it read and ends UNAVAILABLE, saying so."""
 
         async def answer(request: Any) -> Any:
             return await self._infer(StreamCodec(self.service, context, request), request, context, "ModelStreamInfer")
 
         # An async generator itself, as grpc.aio requires of an async stream handler; closed with it.
-        async with contextlib.aclosing(answer_stream(requests, answer, MAX_STREAMS)) as answers:
-            async for response in answers:
-                yield response
+        try:
+            async with contextlib.aclosing(answer_stream(requests, answer, MAX_STREAMS, self.stopping)) as answers:
+                async for response in answers:
+                    yield response
+        except StreamStopped:  # what it read is answered; the client sends the rest again, elsewhere
+            await context.abort(grpc.StatusCode.UNAVAILABLE, STOPPED)
 
     async def _infer(self, codec: GrpcCodec, request: Any, context: Any, path: str) -> Any:
         """One ModelInferRequest through the data plane: `codec`'s answer or refusal."""
@@ -397,7 +406,8 @@ class GrpcServer:
         ]
         self.server = grpc.aio.server(options=options, interceptors=server_interceptors(settings))
         self.health = HealthServicer(service)
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane, control), self.server)  # type: ignore[no-untyped-call]
+        self.inference = InferenceServicer(plane, control)
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(self.inference, self.server)  # type: ignore[no-untyped-call]
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, self.server)
@@ -421,6 +431,10 @@ class GrpcServer:
         log.info("gRPC (Open Inference Protocol) on %s%s", self.address, self.security)
 
     async def stop(self, grace_s: float = 5.0) -> None:
+        """New calls are refused; calls in flight get `grace_s`; streams stop reading, answer what they read
+        and end UNAVAILABLE, so that none is cut with requests in flight when the grace ends."""
+        self.inference.stopping.set()
+        log.info("gRPC stopping: new calls refused; streams answer what they read, then end")
         if self._watch is not None:
             self._watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -3,7 +3,9 @@
 One request's answer does not wait for the one before it: a client keeps many in flight on one
 stream, as it would with many calls. `limit` bounds what a stream holds, counting a request from
 the moment it is read until its answer is sent, so a client that writes without reading its
-answers is held back too (the stream is not read; HTTP/2's flow control stops the client).
+answers is held back too (the stream is not read; HTTP/2's flow control stops the client). When
+the server stops, a stream stops reading, sends the answers of the requests it holds, and ends
+with StreamStopped: nothing it read is lost, and the client knows which requests to send again.
 """
 
 from __future__ import annotations
@@ -16,17 +18,25 @@ Request = TypeVar("Request")
 Answer = TypeVar("Answer")
 
 
+class StreamStopped(Exception):
+    """The server stopped the stream: every request it read was answered, none after them was read."""
+
+
 async def answer_stream(
-    requests: AsyncIterator[Request], answer: Callable[[Request], Awaitable[Answer]], limit: int
+    requests: AsyncIterator[Request],
+    answer: Callable[[Request], Awaitable[Answer]],
+    limit: int,
+    stop: asyncio.Event | None = None,
 ) -> AsyncGenerator[Answer, None]:
     """Each of `requests` answered by `answer` (which answers errors too: only cancelling raises), yielded in
     the order the answers are ready. The stream ends once the client has sent its last request and every
     answer is out; a request that cannot be read (malformed, too large) ends it with that error once the
-    requests in flight are answered. Closed early (the client cancelled, its deadline passed), it cancels
-    every request in flight."""
+    requests in flight are answered; `stop` set (the server stopping) ends it so too, with StreamStopped.
+    Closed early (the client cancelled, its deadline passed), it cancels every request in flight."""
     answers: asyncio.Queue[Answer | None] = asyncio.Queue()  # None: the end
     room = asyncio.Semaphore(limit)  # a slot a request, freed once its answer is sent
     in_flight: set[asyncio.Task[None]] = set()
+    reading, stopped = True, False  # still reading the client's requests; stopped doing so for `stop`
 
     async def one(request: Request) -> None:
         try:
@@ -36,24 +46,49 @@ async def answer_stream(
             raise
 
     async def read_all() -> None:
+        nonlocal reading
+        reads = aiter(requests)
         try:
-            async for request in requests:
-                await room.acquire()
+            while True:
+                await room.acquire()  # a slot first, then the next request: none is read that cannot be held
+                try:
+                    request = await anext(reads)
+                except StopAsyncIteration:
+                    room.release()
+                    break
                 task = asyncio.create_task(one(request))
                 in_flight.add(task)
                 task.add_done_callback(in_flight.discard)
+        except asyncio.CancelledError:
+            if not stopped:  # the stream is closing: cancelled with it
+                raise
         finally:
-            if in_flight:  # the last request read (or a read failed): those in flight still get answered
+            reading = False
+            if in_flight:  # the last request read (or a read failed, or the server stops): still answered
                 await asyncio.wait(in_flight)
             answers.put_nowait(None)
 
+    def stop_reading(_: object) -> None:
+        nonlocal stopped
+        if reading:  # else the client has sent its last request already: the stream ends as it would
+            stopped = True
+            reader.cancel()  # a read waiting for the client's next request ends; nothing read is dropped
+
     reader = asyncio.create_task(read_all(), name="stream-reader")
+    stopping = asyncio.ensure_future(stop.wait()) if stop is not None else None
+    if stopping is not None:
+        stopping.add_done_callback(stop_reading)
     try:
         while (response := await answers.get()) is not None:
             yield response
             room.release()
         await reader  # raises what ended the reading, if anything did
+        if stopped:
+            raise StreamStopped
     finally:  # a no-op where the stream ended by itself
+        if stopping is not None:
+            stopping.remove_done_callback(stop_reading)
+            stopping.cancel()
         reader.cancel()
         for task in list(in_flight):
             task.cancel()
