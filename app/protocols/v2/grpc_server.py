@@ -66,8 +66,8 @@ FRAMING_BYTES = 2**20
 MAX_CONNECTION_AGE_S = 30 * 60
 MAX_STREAMS = 256  # concurrent calls on one connection; a client queues more until some end
 STOPPED = (
-    "the server is stopping: every request of this stream it read has its answer above; "
-    "send the ones after them again (another server, or this one once it is back)"
+    "the server is stopping: it answered the requests of this stream it held; send again every request "
+    "that has no answer (to another server, or this one once it is back)"
 )
 # Triton's streaming parameters: a request that sets the first true is told which answer is its last.
 FINAL_RESPONSE_ASKED, FINAL_RESPONSE = "triton_enable_empty_final_response", "triton_final_response"
@@ -196,7 +196,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """Every request the stream carries, answered on it as soon as its batch is done: in that order, not
         the order they came in (each answer holds its request's `id`), so that one stream keeps many in
         flight; at most MAX_STREAMS held, as on a connection of single calls (app/protocols/v2/stream_answers.py).
-        As the server stops, a stream answers what it read and ends UNAVAILABLE, saying so."""
+        As the server stops, a stream answers the requests it holds and ends UNAVAILABLE, saying so."""
 
         async def answer(request: Any) -> Any:
             return await self._infer(StreamCodec(self.service, context, request), request, context, "ModelStreamInfer")
@@ -206,7 +206,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             async with contextlib.aclosing(answer_stream(requests, answer, MAX_STREAMS, self.stopping)) as answers:
                 async for response in answers:
                     yield response
-        except StreamStopped:  # what it read is answered; the client sends the rest again, elsewhere
+        except StreamStopped:  # what it held is answered; the client sends the rest again, elsewhere
             await context.abort(grpc.StatusCode.UNAVAILABLE, STOPPED)
 
     async def _infer(self, codec: GrpcCodec, request: Any, context: Any, path: str) -> Any:
@@ -431,14 +431,14 @@ class GrpcServer:
         log.info("gRPC (Open Inference Protocol) on %s%s", self.address, self.security)
 
     async def stop(self, grace_s: float = 5.0) -> None:
-        """New calls are refused; calls in flight get `grace_s`; streams stop reading, answer what they read
-        and end UNAVAILABLE, so that none is cut with requests in flight when the grace ends."""
+        """New calls are refused; calls in flight get `grace_s`; streams stop reading, answer the requests they
+        hold and end UNAVAILABLE, so that none is cut with requests in flight when the grace ends."""
         self.inference.stopping.set()
-        log.info("gRPC stopping: new calls refused; streams answer what they read, then end")
         if self._watch is not None:
             self._watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watch
+        log.info("gRPC stopping: streams answer the requests they hold, then end; new calls are refused")
         await self.server.stop(grace_s)
 
     async def _report_health(self) -> None:

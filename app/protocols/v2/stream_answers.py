@@ -5,7 +5,9 @@ stream, as it would with many calls. `limit` bounds what a stream holds, countin
 the moment it is read until its answer is sent, so a client that writes without reading its
 answers is held back too (the stream is not read; HTTP/2's flow control stops the client). When
 the server stops, a stream stops reading, sends the answers of the requests it holds, and ends
-with StreamStopped: nothing it read is lost, and the client knows which requests to send again.
+with StreamStopped: the client sends again every request that has no answer. (A request whose read
+completes just as the stop cancels it is dropped unanswered: a pending read cannot be withdrawn
+without that chance, and the client resends it with the others.)
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ Answer = TypeVar("Answer")
 
 
 class StreamStopped(Exception):
-    """The server stopped the stream: every request it read was answered, none after them was read."""
+    """The server stopped the stream after answering the requests it held; the rest are the client's to resend."""
 
 
 async def answer_stream(
@@ -37,6 +39,7 @@ async def answer_stream(
     room = asyncio.Semaphore(limit)  # a slot a request, freed once its answer is sent
     in_flight: set[asyncio.Task[None]] = set()
     reading, stopped = True, False  # still reading the client's requests; stopped doing so for `stop`
+    closing = False  # the stream is being closed (its client left): a stop no longer applies
 
     async def one(request: Request) -> None:
         try:
@@ -70,7 +73,7 @@ async def answer_stream(
 
     def stop_reading(_: object) -> None:
         nonlocal stopped
-        if reading:  # else the client has sent its last request already: the stream ends as it would
+        if reading and not closing:  # else the client sent its last request, or left: the stream ends as it would
             stopped = True
             reader.cancel()  # a read waiting for the client's next request ends; nothing read is dropped
 
@@ -86,6 +89,7 @@ async def answer_stream(
         if stopped:
             raise StreamStopped
     finally:  # a no-op where the stream ended by itself
+        closing = True  # a stop_reading already queued must not take the close's cancel for its own
         if stopping is not None:
             stopping.remove_done_callback(stop_reading)
             stopping.cancel()
