@@ -7,6 +7,7 @@ is taken in though CGSERVE_MAX_BODY_BYTES is 16 MiB.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -79,7 +80,7 @@ def serve_gated(
     with running_server(
         log, command=SERVE, device="cpu", grpc_port=str(grpc_port), model_repository=str(repository), **settings
     ) as url:
-        yield {"url": url, "grpc": f"127.0.0.1:{grpc_port}"}
+        yield {"url": url, "grpc": f"127.0.0.1:{grpc_port}", "log": str(log)}
 
 
 @pytest.fixture(scope="module")
@@ -88,9 +89,11 @@ def server(tmp_path_factory: pytest.TempPathFactory, gates: tuple[Path, Path]) -
 
 
 @pytest.fixture(scope="module")
-def server_with_ids(tmp_path_factory: pytest.TempPathFactory, gates: tuple[Path, Path]) -> Iterator[dict[str, str]]:
-    """The same with request ids on: the access interceptor wraps every call, streams too."""
-    yield from serve_gated(tmp_path_factory, gates, request_ids="true")
+def server_with_access_log(
+    tmp_path_factory: pytest.TempPathFactory, gates: tuple[Path, Path]
+) -> Iterator[dict[str, str]]:
+    """The same with the access log on: the access interceptor wraps every call, streams too."""
+    yield from serve_gated(tmp_path_factory, gates, access_log="true")
 
 
 def counts(url: str, model: str) -> dict[str, float]:
@@ -174,16 +177,20 @@ def test_a_call_the_client_cancels_is_counted_cancelled(server: dict[str, str], 
     assert seen.get("CANCELLED") == before + 1 and "200" not in seen, seen
 
 
-@pytest.mark.parametrize("served", ["server", "server_with_ids"])
+@pytest.mark.parametrize("served", ["server", "server_with_access_log"])
 def test_a_stream_the_client_cancels_counts_its_request_in_flight_cancelled(
     served: str, gates: tuple[Path, Path], request: pytest.FixtureRequest
 ) -> None:
+    """Counted CANCELLED while its batch is held, and, with the access log on, the stream's line says
+    CANCELLED. (A request in flight makes the cancel certain: grpc.aio hands a client's cancel to a
+    stream's handler as the end of its requests first, so a stream with nothing in flight may end OK.)"""
     server: dict[str, str] = request.getfixturevalue(served)
     started = gates[0]
     before = counts(server["url"], "gated").get("CANCELLED", 0)
     triton = triton_grpc.InferenceServerClient(server["grpc"])
+    stream_id = f"cancelled-stream-{served}"
     with batches_held(gates):
-        triton.start_stream(callback=lambda result, error: None)
+        triton.start_stream(callback=lambda result, error: None, headers={"x-request-id": stream_id})
         try:
             triton.async_stream_infer("gated", [one_image()], request_id="held")
             give_up = time.monotonic() + WAIT_S
@@ -194,6 +201,11 @@ def test_a_stream_the_client_cancels_counts_its_request_in_flight_cancelled(
             triton.stop_stream(cancel_requests=True)
         seen = wait_for_count(server["url"], "gated", "CANCELLED", before + 1)  # while its batch is held
     assert seen.get("CANCELLED") == before + 1 and "200" not in seen, seen
+    if served == "server_with_access_log":
+        log = Path(server["log"])
+        poll_until(lambda: stream_id in log.read_text(errors="replace"))  # the access log's thread writes it
+        (line,) = (json.loads(t) for t in log.read_text(errors="replace").splitlines() if stream_id in t)
+        assert line["status"] == "CANCELLED" and line["path"].endswith("/ModelStreamInfer"), line
 
 
 def test_a_stopping_server_answers_what_a_stream_read_then_ends_it_unavailable(tmp_path: Path) -> None:
