@@ -112,14 +112,20 @@ async def http_driver(port: int, concurrency: int, seconds: float, shape: tuple[
     return latencies
 
 
+def infer_request(shape: tuple[int, ...]) -> Any:
+    """One image's ModelInferRequest for the served model: its pixels as one UINT8 raw input."""
+    from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
+
+    tensor = pb.ModelInferRequest.InferInputTensor(name="input", datatype="UINT8", shape=[1, *shape])
+    return pb.ModelInferRequest(model_name=model_of(shape), inputs=[tensor], raw_input_contents=[pixels_of(shape)])
+
+
 async def grpc_driver(port: int, concurrency: int, seconds: float, shape: tuple[int, ...]) -> list[float]:
     import grpc
 
-    from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
     from app.protocols.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 
-    tensor = pb.ModelInferRequest.InferInputTensor(name="input", datatype="UINT8", shape=[1, *shape])
-    request = pb.ModelInferRequest(model_name=model_of(shape), inputs=[tensor], raw_input_contents=[pixels_of(shape)])
+    request = infer_request(shape)
     latencies: list[float] = []
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         infer = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer
@@ -140,11 +146,9 @@ async def grpc_stream_driver(port: int, concurrency: int, seconds: float, shape:
     perf_analyzer --streaming keeps each context's): a request written, its answer read, the next."""
     import grpc
 
-    from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
     from app.protocols.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 
-    tensor = pb.ModelInferRequest.InferInputTensor(name="input", datatype="UINT8", shape=[1, *shape])
-    request = pb.ModelInferRequest(model_name=model_of(shape), inputs=[tensor], raw_input_contents=[pixels_of(shape)])
+    request = infer_request(shape)
     latencies: list[float] = []
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = pb_grpc.GRPCInferenceServiceStub(channel)

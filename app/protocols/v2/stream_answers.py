@@ -75,7 +75,7 @@ async def answer_stream(
         nonlocal stopped
         if reading and not closing:  # else the client sent its last request, or left: the stream ends as it would
             stopped = True
-            reader.cancel()  # a read waiting for the client's next request ends; nothing read is dropped
+            reader.cancel()  # a read waiting for the client's next request ends (see the module's note)
 
     reader = asyncio.create_task(read_all(), name="stream-reader")
     stopping = asyncio.ensure_future(stop.wait()) if stop is not None else None
