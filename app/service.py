@@ -378,6 +378,7 @@ class Service:
             version=served.spec.version,
             on_dead=lambda reason: self._device_died(name, reason),
             just_in_time=settings.batch_launch == "just-in-time",
+            fastest_bucket=settings.busy_batch == "fastest-bucket",
         )
         batcher.start()
         served.batcher = batcher

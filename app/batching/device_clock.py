@@ -10,7 +10,8 @@ never waits (bench/results/2026-12-01-cpu-sim-gpu-launch.md).
 The estimates are moving averages of what the batches measured: each bucket's device seconds
 (engine.run's figure) and the seconds from a batch's launch until it is queued on the device
 (staging its rows). Until a bucket has been measured its batches count for nothing, and the
-batcher falls back to its `max_delay_s` rule alone.
+batcher falls back to its `max_delay_s` rule alone. The same figures tell the batcher which bucket
+a busy device computes the most rows a second with (`estimate_s`, app/batching/batcher.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,19 @@ class DeviceClock:
 
     def expected_s(self, bucket: int) -> float:
         return self._compute_s.get(bucket, 0.0)
+
+    def estimate_s(self, bucket: int) -> float:
+        """A bucket's device seconds, for comparing buckets: measured, or else a hopeful guess from
+        the nearest measured bucket (no slower if larger, faster by its rows if smaller), so that
+        the batcher tries it once and then knows; 0 before any batch."""
+        measured = self._compute_s.get(bucket)
+        if measured is not None:
+            return measured
+        if not self._compute_s:
+            return 0.0
+        nearest = min(self._compute_s, key=lambda b: abs(b - bucket))
+        seconds = self._compute_s[nearest]
+        return seconds * bucket / nearest if bucket < nearest else seconds
 
     def longest_s(self) -> float:
         """The longest batch measured (0 before the first): the most a wrong estimate may hold one back."""

@@ -7,6 +7,7 @@ each request its own constant image can check that every request got its own row
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import numpy as np
 
@@ -36,7 +37,7 @@ class FakeEngine:
         in_flight: int = 2,
         device: str = "cpu",
         sticky: bool = False,
-        seconds: float = 0.001,
+        seconds: float | Callable[[int], float] = 0.001,  # or bucket → seconds
     ) -> None:
         self.buckets = buckets
         self.device = device
@@ -45,7 +46,7 @@ class FakeEngine:
         self.slots = tuple(host_slot(i, buckets[-1], SHAPE, CLASSES) for i in range(in_flight))
         self.report = EngineReport()
         self.poison = poison  # a batch holding this value fails
-        self.seconds = seconds  # the device time each batch reports
+        self.seconds = seconds  # the device time each batch reports, the same for every bucket or by bucket
         self.launches: list[tuple[int, np.ndarray]] = []  # (bucket, a copy of the real+padding inputs)
         self.gate = asyncio.Event()  # closed: run() waits, as a busy device would
         self.gate.set()
@@ -67,7 +68,7 @@ class FakeEngine:
             raise RuntimeError("poisoned batch")
         means = batch.reshape(bucket, -1).mean(axis=1)
         slot.outputs[:bucket] = means[:, None] * np.array([1, 2, 3], dtype=np.float32)
-        return self.seconds
+        return self.seconds(bucket) if callable(self.seconds) else self.seconds
 
     def launched_values(self) -> list[list[float]]:
         """Per launch, the first pixel of every row (padding included)."""

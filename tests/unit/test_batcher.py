@@ -32,6 +32,7 @@ async def running(engine: FakeEngine, **options: Any) -> AsyncIterator[Batcher]:
         request_timeout_s=settings["request_timeout_s"],
         on_dead=settings.get("on_dead", lambda reason: None),
         just_in_time=settings.get("just_in_time", False),
+        fastest_bucket=settings.get("fastest_bucket", False),
     )
     batcher.start()
     try:
@@ -402,3 +403,46 @@ async def test_before_any_batch_is_measured_a_partial_batch_goes_after_max_delay
         await until(lambda: len(engine.launches) == 2)  # alone, at once, while the first is on the device
         engine.gate.set()
         await asyncio.wait_for(asyncio.gather(first, second), timeout=10)
+
+
+@pytest.mark.parametrize(
+    ("fastest_bucket", "seconds", "first_batch"),
+    [
+        (True, lambda bucket: 1.0 + bucket, [3, 4, 5, 6]),  # 4 a full bucket: 4 rows in 5 s beat 5 in 9
+        (False, lambda bucket: 1.0 + bucket, [3, 4, 5, 6, 7]),  # all-queued: padded to 8
+        (True, 1.0, [3, 4, 5, 6, 7]),  # a batch's time flat in its rows: padding all of them wins
+    ],
+)
+async def test_a_busy_device_gets_the_bucket_that_computes_most_rows_a_second(
+    fastest_bucket: bool, seconds: Any, first_batch: list[float]
+) -> None:
+    """Every bucket measured first; then five requests queue behind a held batch (0 s of delay).
+    With a batch's device time growing with its rows, a full 4 goes and the fifth leads the next."""
+    engine = FakeEngine((1, 2, 4, 8), seconds=seconds)
+    async with running(engine, max_delay_s=0.0, fastest_bucket=fastest_bucket) as batcher:
+        for bucket in engine.buckets:  # an idle device takes them all: a batch of each bucket
+            await asyncio.wait_for(asyncio.gather(*(batcher.enqueue(images(1)) for _ in range(bucket))), 10)
+        measured = len(engine.launches)
+        engine.gate.clear()
+        busy = asyncio.ensure_future(batcher.submit(images(2)))  # held on the device
+        await until(lambda: len(engine.launches) == measured + 1)
+        queued = [batcher.enqueue(images(v)) for v in (3, 4, 5, 6, 7)]
+        await until(lambda: len(engine.launches) == measured + 2)
+        engine.gate.set()
+        answers = await asyncio.wait_for(asyncio.gather(busy, *queued), timeout=10)
+    for value, answer in zip((3, 4, 5, 6, 7), answers[1:], strict=True):
+        np.testing.assert_array_equal(answer, expected(value))
+    assert [bucket for bucket, _ in engine.launches[:measured]] == [1, 2, 4, 8]
+    launched = engine.launched_values()[measured + 1 :]
+    assert launched[0][: len(first_batch)] == first_batch
+    assert len(launched[0]) == (4 if len(first_batch) == 4 else 8)  # a full bucket, or 5 rows padded to 8
+    assert [row for batch in launched[1:] for row in batch[:1]] == ([7] if len(first_batch) == 4 else [])
+
+
+async def test_an_idle_device_takes_every_queued_row_whatever_the_bucket_times() -> None:
+    engine = FakeEngine((1, 2, 4, 8), seconds=lambda bucket: 1.0 + bucket)
+    async with running(engine, max_delay_s=0.0, fastest_bucket=True) as batcher:
+        await submit_all(batcher, images(1))
+        queued = [batcher.enqueue(images(v)) for v in (3, 4, 5, 6, 7)]  # nothing in flight
+        await asyncio.wait_for(asyncio.gather(*queued), timeout=10)
+    assert engine.launched_values()[1][:5] == [3, 4, 5, 6, 7]
