@@ -12,12 +12,14 @@ batch is padded to the smallest bucket ≥ its rows; requests are packed row by 
 larger than the largest bucket (or one that straddles a full batch) is split and reassembled
 (app/batching/shares.py).
 
-How many rows a batch takes: everything queued, up to the largest bucket, when a device is idle.
-When every device is busy (`fastest_bucket`), only as many as the bucket that computes the most
-rows a device second holds, by the batches measured (DeviceClock.estimate_s): on the H200 80
-queued ResNet-50 rows padded to 128 take 5.96 ms (13 rows a ms), a full 64 takes 3.27 ms (20 a
-ms), so 64 go and the 16 left lead the next batch, as Triton's preferred batch sizes would have
-it. Where a batch's time hardly grows with its rows (the seed CNN), the largest bucket still wins.
+How many rows a batch takes: everything queued, up to the largest bucket. With `fastest_bucket`
+(opt-in), a batch for a busy device takes only as many as the bucket that computes the most rows a
+device second holds, by the batches measured (DeviceClock.estimate_s): on the H200 80 queued
+ResNet-50 rows padded to 128 take 5.96 ms (13 rows a ms), a full 64 takes 3.27 ms (20 a ms), so 64
+go and the 16 left lead the next batch, as Triton's preferred batch sizes would have it. Where a
+batch's time hardly grows with its rows (the seed CNN), the largest bucket still wins. It pays
+only where the device is the limit: +10-17 % on a simulated device, nothing on the H200, whose
+front end was the limit (bench/results/2026-12-02-cpu-sim-busy-batch.md, run 25b).
 
 Pipelining and devices: one task collects and launches while a free Slot exists; each engine
 (one per device, all of the same model and buckets) has one Slot per batch in flight (its
