@@ -6,23 +6,20 @@
 #   STEPS=profile PROFILES="noop-json=--target noop;ours-json=--compile none": py-spy per server (bench/profile_server.py)
 #   Issue 26 (ResNet-50, one image a request; py-spy on every server process during the raw points):
 #     STEPS="gpu-tests one-image" ONE_IMAGE_ARGS="--profile raw" bash bench/run_h200.sh
-#   What run 24 left (issue 26), one call each (~10 minutes with a cold start): the whole GPU suite on this tree (the
-#   engine process on uvloop, the 1 ms switch interval, gRPC streams) in two calls (it took 493 s whole in 18b); raw
-#   and JPEG with the 1 ms default beside 5 ms, 1024 first; bigger decoder batches:
-#     STEPS=gpu-tests GPU_TESTS_S=540 GPU_TESTS="tests/gpu/test_cuda_engine.py tests/gpu/test_gpu_jpeg.py" bash bench/run_h200.sh
-#     STEPS=gpu-tests GPU_TESTS_S=540 GPU_TESTS="$(ls tests/gpu/test_*.py | grep -v -e test_cuda_engine -e test_gpu_jpeg)" \
-#       bash bench/run_h200.sh
+#   What run 25 left (issue 26), one call each (~10 minutes with a cold start). The Open Inference Protocol's clients
+#   where raw pixels reach 0.95x (1024 connections; at 256 a closed loop of 150 KB requests is latency-bound, 0.63-0.66x):
+#     STEPS=one-image ONE_IMAGE_S=540 ONE_IMAGE_BUDGET_S=470 ONE_IMAGE_ARGS="--kinds gen-v2-http,gen-v2-grpc-stream,raw \
+#       --concurrencies 1024 --p99-fraction 0" bash bench/run_h200.sh
+#   perf_analyzer past 256 in flight was OOM-killed over HTTP (117 GB, run 25b); its gRPC streams at 1024 are worth a try:
+#     STEPS=one-image ONE_IMAGE_S=400 ONE_IMAGE_BUDGET_S=340 ONE_IMAGE_ARGS="--kinds v2-grpc-stream --concurrencies 512,1024 \
+#       --p99-fraction 0" bash bench/run_h200.sh
+#   Raw and JPEG with the 1 ms switch-interval default beside 5 ms; bigger decoder batches:
 #     STEPS=one-image ONE_IMAGE_S=540 ONE_IMAGE_BUDGET_S=500 ONE_IMAGE_ARGS="--kinds raw,jpeg --variant-kinds raw,jpeg \
 #       --concurrencies 1024,256 --p99-fraction 0 --variants switch5ms=CGSERVE_SWITCH_INTERVAL_MS=5" bash bench/run_h200.sh
 #     STEPS=one-image ONE_IMAGE_S=400 ONE_IMAGE_BUDGET_S=360 ONE_IMAGE_ARGS="--kinds jpeg --variant-kinds jpeg \
 #       --concurrencies 1024,256 --p99-fraction 0 --variants batch64=CGSERVE_JPEG_MAX_BATCH=64" bash bench/run_h200.sh
-#   v2 HTTP beside gRPC single calls (a channel per context) and gRPC streams (ModelStreamInfer, perf_analyzer
-#   --streaming; on the CPU a streamed request cost the server 0.55-0.87 of a call's CPU, 2026-12-02-cpu-grpc-stream-cost.md),
-#   then the same three from our generator (--form v2; a connection per request in flight):
-#     STEPS=one-image ONE_IMAGE_S=480 ONE_IMAGE_BUDGET_S=420 ONE_IMAGE_ARGS="--kinds v2-http,v2-grpc-channels,v2-grpc-stream \
-#       --concurrencies 64,256 --p99-fraction 0" bash bench/run_h200.sh
-#     STEPS=one-image ONE_IMAGE_S=480 ONE_IMAGE_BUDGET_S=420 ONE_IMAGE_ARGS="--kinds gen-v2-http,gen-v2-grpc,gen-v2-grpc-stream \
-#       --concurrencies 256,1024 --p99-fraction 0" bash bench/run_h200.sh
+#   The whole GPU suite fits one call as two pytest processes side by side (run 25c: 303 s and 522 s); see
+#   bench/results/README.md's run 25c for the command.
 #   JPEG decoder batches (10 ms for 2.3 ms of work): the idea of the lost branch jpeg-launch-on-loop (HISTORY.md) is
 #   still to build and measure; its JPEG points, this command on main first for the figures to compare:
 #     STEPS="gpu-tests one-image" GPU_TESTS=tests/gpu/test_gpu_jpeg.py ONE_IMAGE_ARGS="--kinds jpeg --concurrencies 256,1024 \
@@ -33,9 +30,7 @@
 #       $CUDA_MPS_LOG_DIRECTORY; nvidia-cuda-mps-control -d; STEPS=one-image ONE_IMAGE_S=420 ONE_IMAGE_BUDGET_S=380 \
 #       ONE_IMAGE_ARGS="--kinds jpeg --variant-kinds jpeg --concurrencies 1024,256 --p99-fraction 0 \
 #       --variants workers-decode=CGSERVE_JPEG_DECODE_IN_WORKERS=true" bash bench/run_h200.sh; echo quit | nvidia-cuda-mps-control
-#   GPU tests last run: all of tests/gpu on run 21's or 22's trees (21b, 22a, 22c, 22d); on 24c's tree (ec5e43e) the
-#   JPEG stream race, concurrent uploads and the HTTP path through the engine process; on 84bd9bb's code (24d) the
-#   2,000-request test through per-process engines (its engine-process case cut)
+#   GPU tests last run: all of tests/gpu on run 25c's tree (d86cf99)
 #   The decoder's stages on the device: STEPS=jpeg-stages bash bench/run_h200.sh
 #   STEPS=multi-gpu on the two-GPU machine (nvidia-h200-x2): tests/gpu/test_multi_gpu.py, bench/multi_gpu_bench.py
 #   What issue 12 still lacks after run 13 (one call, ~8 minutes):
