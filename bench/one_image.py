@@ -123,6 +123,14 @@ def line(result: dict[str, Any]) -> str:
     lags = "/".join(str(server.get(f"loop_lag_ms_{p}", {}).get("mean")) for p in ("worker", "engines"))
     text = f"{result.get('images_per_s')} img/s, {result.get('ratio_to_engine_peak')} of peak, {rows} rows a batch"
     text += f", p99 {p99} ms, loop lag workers/engines {lags} ms"
+    # Where a request's time in the server went, means in ms: the worker's whole (handler), its wait to be
+    # sent and its frame's round trip to the engine process; in there the queue and the batch's launch to
+    # answers (device time beside it). Not additive: a frame's figures are its oldest request's.
+    mean = {k: server.get(k, {}).get("mean") for k in ("handler_ms", "engine_link_ms_outbox",
+            "engine_link_ms_round_trip", "queue_wait_ms", "batch_wall_ms", "batch_compute_ms")}  # fmt: skip
+    text += (f"; ms: handler {mean['handler_ms']}, outbox {mean['engine_link_ms_outbox']}, round trip "
+             f"{mean['engine_link_ms_round_trip']} (queued {mean['queue_wait_ms']}, batch {mean['batch_wall_ms']}, "
+             f"device {mean['batch_compute_ms']})")  # fmt: skip
     return text + (f" ERROR {str(result['error'])[:300]}" if "error" in result else "")
 
 

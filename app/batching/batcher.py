@@ -125,6 +125,7 @@ class Batcher:
         self._queue_depth = BufferedValue(metrics.QUEUE_DEPTH.labels(model=model, version=version))
         self._queue_wait = BufferedHistogram(metrics.QUEUE_WAIT.labels(model=model))
         self._batch_rows = BufferedHistogram(metrics.BATCH_ROWS.labels(model=model))
+        self._batch_wall = BufferedHistogram(metrics.BATCH_WALL.labels(model=model))
         self._in_flight = BufferedSum(metrics.IN_FLIGHT.labels(model=model))
         # Per device, by SlotPool index: (batches, rows, in flight).
         self._device_metrics = [metrics.device_children(model, engine.device) for engine in self.engines]
@@ -429,6 +430,7 @@ class Batcher:
                 rate = rows / seconds * len(self.engines)  # the devices run side by side
                 self.rows_per_s = rate if not self.rows_per_s else self.rows_per_s + 0.05 * (rate - self.rows_per_s)
             answer(shares, slot.outputs)
+            self._batch_wall.observe(time.monotonic() - launched)
             if span is not None:
                 span.add_event("handed back")
         finally:

@@ -35,6 +35,8 @@ import orjson
 from app.engine_process import frames
 from app.engine_process.segments import Segment, SegmentPool
 from app.errors import GpuDecodeError, NotReadyError, QueueFullError
+from app.ops import metrics
+from app.ops.metric_buffers import BufferedHistogram
 from app.repository.model_spec import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,7 @@ class Outgoing:
     images: np.ndarray
     deadline: float
     future: asyncio.Future[np.ndarray]
+    queued: float  # time.monotonic() at send(): its wait in the outbox is measured
 
 
 @dataclass(slots=True, eq=False)
@@ -68,6 +71,7 @@ class SentFrame:
     segment: Segment
     model: int
     requests: list[tuple[asyncio.Future[np.ndarray], int]]
+    sent: float  # time.monotonic() when written: its round trip is measured
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,9 @@ class EngineLink:
         self._ids = itertools.count()
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
+        # Where a request's time goes between this worker and the engine process, a figure a frame.
+        self._outbox_wait = BufferedHistogram(metrics.ENGINE_LINK.labels(stage="outbox"))
+        self._round_trip = BufferedHistogram(metrics.ENGINE_LINK.labels(stage="round_trip"))
 
     async def connect(self, timeout_s: float = LISTEN_TIMEOUT_S) -> None:
         """Connect (the engine process may not listen yet) and wait for its models: its whole start-up."""
@@ -155,7 +162,7 @@ class EngineLink:
         if self.dead is not None or self._writer is None:
             raise NotReadyError(f"the engine process is gone ({self.dead}); the service is restarting")
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        self._outbox.append(Outgoing(model, images, deadline, future))
+        self._outbox.append(Outgoing(model, images, deadline, future, time.monotonic()))
         self._schedule_flush()
         return future
 
@@ -216,7 +223,9 @@ class EngineLink:
             writer.write(frames.json_frame(frames.SEGMENT, where))
         frame_id = next(self._ids)
         model = requests[0].model
-        self._pending[frame_id] = SentFrame(segment, model, [(r.future, len(r.images)) for r in requests])
+        now = time.monotonic()
+        self._outbox_wait.observe(now - requests[0].queued)  # the oldest: the outbox keeps arrival order
+        self._pending[frame_id] = SentFrame(segment, model, [(r.future, len(r.images)) for r in requests], now)
         # The latest deadline: the engine drops a frame's rows only once none of its requests can use
         # them; each request's own deadline is kept by its route (504 here, whatever the engine does).
         deadline = max(request.deadline for request in requests)
@@ -280,6 +289,7 @@ class EngineLink:
                     continue
                 frame_id, ok, rows, classes, queued, rate = frames.RESULT_HEADER.unpack_from(payload)
                 sent = self._pending.pop(frame_id)
+                self._round_trip.observe(time.monotonic() - sent.sent)
                 self.pool.give_back(sent.segment)  # the engine process is done with its pixels
                 self.queue_figures[sent.model] = (queued, rate)
                 if ok:  # read-only views of the frame, no copy: the routes only read scores

@@ -52,6 +52,22 @@ BATCH_COMPUTE = Histogram(
     ["model", "bucket"],
     buckets=LATENCY_BUCKETS,
 )
+BATCH_WALL = Histogram(
+    "cgserve_batch_wall_seconds",
+    "One batch from its launch to its answers handed back: staging its rows, waiting on the device for the "
+    "batch before it, the device's own time (cgserve_batch_compute_seconds) and the copy back.",
+    ["model"],
+    buckets=LATENCY_BUCKETS,
+)
+ENGINE_LINK = Histogram(
+    "cgserve_engine_link_seconds",
+    "A worker's frames to the engine process (CGSERVE_ENGINE_PROCESS=true), by stage. outbox: how long a "
+    "frame's oldest request waited in the worker before the frame was written (engine_frames_in_flight "
+    "frames were out); round_trip: from the frame written to its answer read (the engine process's queue "
+    "wait and batch, its loop, and the socket both ways).",
+    ["stage"],
+    buckets=LATENCY_BUCKETS,
+)
 BATCH_ROWS = Histogram(
     "cgserve_batch_rows",
     "Real (non-padding) rows in one launched batch.",

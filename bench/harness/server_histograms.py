@@ -25,12 +25,14 @@ FAMILIES = {
     "cgserve_gc_pause_seconds": "gc_pause_ms",
     "cgserve_batch_rows": "batch_rows",
     "cgserve_batch_compute_seconds": "batch_compute_ms",
+    "cgserve_batch_wall_seconds": "batch_wall_ms",
+    "cgserve_engine_link_seconds": "engine_link_ms",
     "cgserve_gpu_jpeg_wait_seconds": "jpeg_wait_ms",
     "cgserve_gpu_jpeg_batch_seconds": "jpeg_batch_ms",
 }
 # Families read apart by one label's value, each value its own key (`key`_`value`): the workers'
-# loops and the engine process's loop lag for different reasons.
-SPLIT_BY = {"cgserve_event_loop_lag_seconds": "process"}
+# loops and the engine process's loop lag for different reasons; the engine link's stages.
+SPLIT_BY = {"cgserve_event_loop_lag_seconds": "process", "cgserve_engine_link_seconds": "stage"}
 
 Snapshot = dict[str, dict[str, Any]]  # family → {"buckets": {le: cumulative count}, "sum": s, "count": n}
 

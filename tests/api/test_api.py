@@ -222,6 +222,7 @@ def probes_model_card_and_metrics(client: TestClient) -> None:
         "cgserve_request_duration_seconds_bucket",
         "cgserve_queue_wait_seconds_bucket",
         "cgserve_batch_compute_seconds_bucket",
+        "cgserve_batch_wall_seconds_bucket",
         "cgserve_batch_rows_bucket",
         "cgserve_padding_rows_total",
         "cgserve_queue_depth_rows",
