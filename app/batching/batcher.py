@@ -256,7 +256,7 @@ class Batcher:
             future.add_done_callback(self._links.pop)
         return future
 
-    async def _traced_run_batch(self, lease: Lease, shares: list[Share], rows: int) -> None:
+    async def _traced_run_batch(self, lease: Lease, shares: list[Share], rows: int, launched: float) -> None:
         """`_run_batch` inside a batch span linked to each of its requests' spans."""
         links = [ids for ids in (self._links.get(request.future) for request, _, _ in shares) if ids is not None]
         queued_since = min(request.enqueued for request, _, _ in shares)
@@ -264,7 +264,7 @@ class Batcher:
             links, model=self.model, rows=rows, bucket=lease.rows, device=lease.engine.device, queued_since=queued_since
         )
         try:
-            await Batcher._run_batch(self, lease, shares, rows, span)
+            await Batcher._run_batch(self, lease, shares, rows, launched, span)
         finally:
             span.end()
 
@@ -280,7 +280,7 @@ class Batcher:
             lease = self.pool.take(self.pad_to[rows])
             now = time.monotonic()
             self.clock.launched(lease.device, lease.rows, now)
-            task = asyncio.create_task(self._run_batch(lease, shares, rows))
+            task = asyncio.create_task(self._run_batch(lease, shares, rows, now))
             self._batches[task] = (now, lease, shares)
             task.add_done_callback(self._batches.pop)
 
@@ -310,9 +310,15 @@ class Batcher:
     def _batch_limit(self) -> int:
         """The most rows the next batch takes: the largest bucket, unless every device is busy and a
         smaller full bucket computes more of the queued rows a device second than the one that
-        pads them all (module docstring). Nothing measured yet: the largest bucket."""
+        pads them all (module docstring). Nothing measured yet: the largest bucket. A request whose
+        rows cross the limit is split, its rest leading the next batch."""
+        if not self.fastest_bucket or self._queued_rows >= 2 * self.max_bucket or self.pool.idle():
+            return self.max_bucket  # (twice: a full batch unless most of those rows' clients left)
+        # The rows of clients that left still count until something drops them: here they would make a
+        # larger bucket look full. At most 2 × max_bucket rows' requests to look through.
+        self._drop_answered(every=0.0)
         queued = self._queued_rows
-        if not self.fastest_bucket or queued >= self.max_bucket or self.pool.idle():
+        if queued >= self.max_bucket:
             return self.max_bucket
         best, best_rate = self.max_bucket, 0.0
         for bucket in self.buckets:
@@ -389,8 +395,9 @@ class Batcher:
         self._queue_depth.set(self._queued_rows)
         return shares, rows
 
-    async def _run_batch(self, lease: Lease, shares: list[Share], rows: int, span: Any = None) -> None:
-        """Stage, replay and hand back one batch; `span` (tracing on) gets an event at each step's end."""
+    async def _run_batch(self, lease: Lease, shares: list[Share], rows: int, launched: float, span: Any = None) -> None:
+        """Stage, replay and hand back one batch (`launched`: the collector's time.monotonic() as it took the
+        slot); `span` (tracing on) gets an event at each step's end."""
         engine, slot, bucket = lease.engine, lease.slot, lease.rows
         batches, padding, compute = self._bucket_metrics[bucket]
         device_batches, device_rows, device_in_flight = self._device_metrics[lease.device]
@@ -404,9 +411,9 @@ class Batcher:
         finished = False  # the device (and the staging thread) is done with the slot's memory
         seconds: float | None = None
         try:
-            launched = time.monotonic()
+            staging = time.monotonic()
             dtype = await stage_rows(shares, slot)
-            self.clock.staged(time.monotonic() - launched)
+            self.clock.staged(time.monotonic() - staging)
             if span is not None:
                 span.add_event("staged")
             seconds = await engine.run(slot, bucket, dtype)
@@ -430,10 +437,11 @@ class Batcher:
                 rate = rows / seconds * len(self.engines)  # the devices run side by side
                 self.rows_per_s = rate if not self.rows_per_s else self.rows_per_s + 0.05 * (rate - self.rows_per_s)
             answer(shares, slot.outputs)
-            self._batch_wall.observe(time.monotonic() - launched)
             if span is not None:
                 span.add_event("handed back")
         finally:
+            if finished:  # answered, or failed with the device well: its requests have their answers or errors
+                self._batch_wall.observe(time.monotonic() - launched)
             # The batches still on this device (a task done, its entry not yet popped, is not).
             still_there = [
                 other.rows

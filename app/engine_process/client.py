@@ -223,14 +223,14 @@ class EngineLink:
             writer.write(frames.json_frame(frames.SEGMENT, where))
         frame_id = next(self._ids)
         model = requests[0].model
-        now = time.monotonic()
-        self._outbox_wait.observe(now - requests[0].queued)  # the oldest: the outbox keeps arrival order
-        self._pending[frame_id] = SentFrame(segment, model, [(r.future, len(r.images)) for r in requests], now)
         # The latest deadline: the engine drops a frame's rows only once none of its requests can use
         # them; each request's own deadline is kept by its route (504 here, whatever the engine does).
         deadline = max(request.deadline for request in requests)
         dtype = frames.DTYPES.index(first.dtype)
         header = frames.INFER_HEADER.pack(frame_id, deadline, dtype, model, *shape, segment.index)
+        now = time.monotonic()
+        self._outbox_wait.observe(now - requests[0].queued)  # the oldest: the outbox keeps arrival order
+        self._pending[frame_id] = SentFrame(segment, model, [(r.future, len(r.images)) for r in requests], now)
         writer.write(frames.frame(frames.INFER, header))
 
     def decode(self, model: int, data: bytes | bytearray | memoryview, pixel_bytes: int) -> asyncio.Future[np.ndarray]:

@@ -54,8 +54,9 @@ BATCH_COMPUTE = Histogram(
 )
 BATCH_WALL = Histogram(
     "cgserve_batch_wall_seconds",
-    "One batch from its launch to its answers handed back: staging its rows, waiting on the device for the "
-    "batch before it, the device's own time (cgserve_batch_compute_seconds) and the copy back.",
+    "One batch from its launch by the batcher to its answers (or its error) handed back: the wait for the "
+    "event loop, staging its rows, waiting on the device for the batch before it, the device's own time "
+    "(cgserve_batch_compute_seconds) and the copy back. Not a batch whose device broke.",
     ["model"],
     buckets=LATENCY_BUCKETS,
 )

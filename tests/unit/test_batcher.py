@@ -420,9 +420,7 @@ async def test_a_busy_device_gets_the_bucket_that_computes_most_rows_a_second(
     With a batch's device time growing with its rows, a full 4 goes and the fifth leads the next."""
     engine = FakeEngine((1, 2, 4, 8), seconds=seconds)
     async with running(engine, max_delay_s=0.0, fastest_bucket=fastest_bucket) as batcher:
-        for bucket in engine.buckets:  # an idle device takes them all: a batch of each bucket
-            await asyncio.wait_for(asyncio.gather(*(batcher.enqueue(images(1)) for _ in range(bucket))), 10)
-        measured = len(engine.launches)
+        measured = await measure_every_bucket(engine, batcher)
         engine.gate.clear()
         busy = asyncio.ensure_future(batcher.submit(images(2)))  # held on the device
         await until(lambda: len(engine.launches) == measured + 1)
@@ -432,17 +430,43 @@ async def test_a_busy_device_gets_the_bucket_that_computes_most_rows_a_second(
         answers = await asyncio.wait_for(asyncio.gather(busy, *queued), timeout=10)
     for value, answer in zip((3, 4, 5, 6, 7), answers[1:], strict=True):
         np.testing.assert_array_equal(answer, expected(value))
-    assert [bucket for bucket, _ in engine.launches[:measured]] == [1, 2, 4, 8]
     launched = engine.launched_values()[measured + 1 :]
     assert launched[0][: len(first_batch)] == first_batch
     assert len(launched[0]) == (4 if len(first_batch) == 4 else 8)  # a full bucket, or 5 rows padded to 8
     assert [row for batch in launched[1:] for row in batch[:1]] == ([7] if len(first_batch) == 4 else [])
 
 
+async def measure_every_bucket(engine: FakeEngine, batcher: Batcher) -> int:
+    """A batch of each bucket, each taken whole by the idle device: the clock knows them all. The launches."""
+    for bucket in engine.buckets:
+        await asyncio.wait_for(asyncio.gather(*(batcher.enqueue(images(1)) for _ in range(bucket))), 10)
+    assert [bucket for bucket, _ in engine.launches] == list(engine.buckets)
+    return len(engine.launches)
+
+
 async def test_an_idle_device_takes_every_queued_row_whatever_the_bucket_times() -> None:
     engine = FakeEngine((1, 2, 4, 8), seconds=lambda bucket: 1.0 + bucket)
     async with running(engine, max_delay_s=0.0, fastest_bucket=True) as batcher:
-        await submit_all(batcher, images(1))
+        measured = await measure_every_bucket(engine, batcher)  # busy, 5 rows would go as a full 4
         queued = [batcher.enqueue(images(v)) for v in (3, 4, 5, 6, 7)]  # nothing in flight
         await asyncio.wait_for(asyncio.gather(*queued), timeout=10)
-    assert engine.launched_values()[1][:5] == [3, 4, 5, 6, 7]
+    assert engine.launched_values()[measured][:5] == [3, 4, 5, 6, 7]
+
+
+async def test_rows_whose_clients_left_do_not_make_a_larger_bucket_look_full() -> None:
+    """Five live requests and three cancelled ones queue behind a held batch: counted, the eight would
+    fill bucket 8; the five live ones go as a full 4 and the fifth leads the next batch."""
+    engine = FakeEngine((1, 2, 4, 8), seconds=lambda bucket: 1.0 + bucket)
+    async with running(engine, max_delay_s=0.0, fastest_bucket=True) as batcher:
+        measured = await measure_every_bucket(engine, batcher)
+        engine.gate.clear()
+        busy = asyncio.ensure_future(batcher.submit(images(2)))
+        await until(lambda: len(engine.launches) == measured + 1)
+        live = [batcher.enqueue(images(v)) for v in (3, 4)]
+        for left in [batcher.enqueue(images(9)) for _ in range(3)]:
+            left.cancel()
+        live += [batcher.enqueue(images(v)) for v in (5, 6, 7)]
+        await until(lambda: len(engine.launches) == measured + 2)
+        engine.gate.set()
+        await asyncio.wait_for(asyncio.gather(busy, *live), timeout=10)
+    assert engine.launched_values()[measured + 1] == [3, 4, 5, 6]
