@@ -146,8 +146,8 @@ class Settings(BaseSettings):
         description="While every device is busy, a batch takes every queued row up to the largest bucket (all-queued), "
         "or as many as the bucket that computes the most of them a device second holds, by the batches measured "
         "(fastest-bucket: 80 ResNet-50 rows go as a full 64 and 16 lead the next batch, not padded to 128). "
-        "fastest-bucket helps where the device is the limit (+10-17 % on a simulated one); on the H200, where the "
-        "front end was, it gave smaller batches and no more images a second. An idle device always takes everything.",
+        "fastest-bucket helps where the device is the limit; where the front end is, it only makes the batches "
+        "smaller (docs/tuning.md). An idle device always takes everything.",
     )
     queue_limit: int = Field(4096, ge=1, description="Rows allowed to wait per model; more are shed with 503.")
     in_flight: int = Field(

@@ -18,8 +18,8 @@ device second holds, by the batches measured (DeviceClock.estimate_s): on the H2
 ResNet-50 rows padded to 128 take 5.96 ms (13 rows a ms), a full 64 takes 3.27 ms (20 a ms), so 64
 go and the 16 left lead the next batch, as Triton's preferred batch sizes would have it. Where a
 batch's time hardly grows with its rows (the seed CNN), the largest bucket still wins. It pays
-only where the device is the limit: +10-17 % on a simulated device, nothing on the H200, whose
-front end was the limit (bench/results/2026-12-02-cpu-sim-busy-batch.md, run 25b).
+only where the device is the limit; where the front end is, it only makes the batches smaller
+(docs/tuning.md), hence opt-in.
 
 Pipelining and devices: one task collects and launches while a free Slot exists; each engine
 (one per device, all of the same model and buckets) has one Slot per batch in flight (its
