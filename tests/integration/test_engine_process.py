@@ -18,6 +18,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.engine_process import SEGMENTS_ENV
 from app.runtime.workers import segment_root
 from tests.integration.server_process import running_server, settled_metrics
 
@@ -41,8 +42,8 @@ def metric_sum(exposition: str, name: str, **labels: str) -> float:
     )
 
 
-def engine_process_pid(port: str) -> int:
-    """The engine process: the spawned child whose environment names this server's port."""
+def engine_process(port: str) -> tuple[int, dict[str, str]]:
+    """The engine process, the spawned child whose environment names this server's port: its pid and environment."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -52,15 +53,20 @@ def engine_process_pid(port: str) -> int:
         except OSError:
             continue
         if b"spawn_main" in cmdline and f"CGSERVE_PORT={port}".encode() in environ:
-            return int(entry.name)
+            pairs = (item.decode(errors="replace").partition("=") for item in environ if b"=" in item)
+            return int(entry.name), {name: value for name, _, value in pairs}
     raise AssertionError(f"no engine process for port {port}")
+
+
+def engine_process_pid(port: str) -> int:
+    return engine_process(port)[0]
 
 
 def test_workers_feed_one_engine_process_every_answer_right(tmp_path: Path) -> None:
     shm = segment_root(fallback="")  # "" where /dev/shm is too small: the metrics folder, removed anyway
-    # Another server's, killed before it could clean up, are not this one's.
-    earlier = set(Path(shm).glob("cgserve-segments-*")) if shm else set()
     with running_server(tmp_path / "server.log", workers="2", engine_process="true") as url:
+        # This server's segments (not another's on the machine, nor one killed before it could clean up).
+        segments = Path(engine_process(url.rsplit(":", 1)[1])[1][SEGMENTS_ENV])
         assert httpx.get(f"{url}/readyz").json()["status"] == "ready"
         for form in ("raw", "json"):
             record = loadtest(
@@ -70,8 +76,8 @@ def test_workers_feed_one_engine_process_every_answer_right(tmp_path: Path) -> N
             assert record["counts"]["ok"] == record["counts"]["measured"] > 0, record["error_examples"]
             assert record["labels_checked"] is True
         exposition = settled_metrics(url)  # several processes: each flushes its own
-        before = set(Path(shm).glob("cgserve-segments-*")) - earlier if shm else set()
-        assert before or not shm, "the workers' shared-memory segments are not under /dev/shm"
+        assert segments.is_dir() and any(segments.iterdir()), "the workers' segments are not where the server said"
+        assert segments.parent == Path(shm) or not shm, "the workers' shared-memory segments are not under /dev/shm"
     # The engine process launched the batches (the workers have no batcher); the workers counted requests.
     assert metric_sum(exposition, "cgserve_batch_rows_sum") >= metric_sum(exposition, "cgserve_requests_total")
     assert metric_sum(exposition, "cgserve_batches_total") > 0
@@ -87,7 +93,7 @@ def test_workers_feed_one_engine_process_every_answer_right(tmp_path: Path) -> N
         assert metric_sum(exposition, "cgserve_event_loop_lag_seconds_count", process=process) > 0, process
     # The engine process's collections are a series of their own (two loads make young ones).
     assert metric_sum(exposition, "cgserve_gc_pause_seconds_count", process="engines") > 0
-    assert not before & set(Path(shm or ".").glob("cgserve-segments-*")), "the segments outlived the server"
+    assert not segments.exists(), "the segments outlived the server"
     # The harness stops the server with SIGTERM to its whole process group: the engine process
     # must outlive the workers' drain, not leave them to find it gone.
     assert "the engine process is gone" not in (tmp_path / "server.log").read_text()
