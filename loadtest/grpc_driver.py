@@ -54,7 +54,7 @@ class Lane:
     or it ended)."""
 
     channel: grpc.aio.Channel
-    infer: Any = None
+    infer: Any  # the channel's ModelInfer
     stream: Any = None
 
 

@@ -102,7 +102,7 @@ class Batcher:
         self.buckets = tuple(engine.buckets)
         self.max_bucket = engine.buckets[-1]
         # pad_to[rows] = smallest bucket ≥ rows, for 1 ≤ rows ≤ max_bucket (the padding table).
-        buckets = list(engine.buckets)
+        buckets = self.buckets
         self.pad_to = [0] + [buckets[bisect.bisect_left(buckets, rows)] for rows in range(1, self.max_bucket + 1)]
         self._queue: deque[PendingRequest] = deque()
         self._purged_at = 0.0  # time.monotonic() of the last look for requests answered while queued

@@ -58,10 +58,6 @@ def engine_process(port: str) -> tuple[int, dict[str, str]]:
     raise AssertionError(f"no engine process for port {port}")
 
 
-def engine_process_pid(port: str) -> int:
-    return engine_process(port)[0]
-
-
 def test_workers_feed_one_engine_process_every_answer_right(tmp_path: Path) -> None:
     shm = segment_root(fallback="")  # "" where /dev/shm is too small: the metrics folder, removed anyway
     with running_server(tmp_path / "server.log", workers="2", engine_process="true") as url:
@@ -103,7 +99,7 @@ def test_a_dead_engine_process_fails_the_service_fast(tmp_path: Path) -> None:
     with running_server(tmp_path / "server.log", workers="2", engine_process="true") as url:
         port = url.rsplit(":", 1)[1]
         assert httpx.post(f"{url}/predict", json={"instances": [[0.0] * 784]}).status_code == 200
-        os.kill(engine_process_pid(port), signal.SIGKILL)
+        os.kill(engine_process(port)[0], signal.SIGKILL)
         deadline, answered = time.monotonic() + 20, []
         while time.monotonic() < deadline:  # 503 while the workers go down, then nothing listens
             try:
