@@ -4,10 +4,11 @@ The issue asks gRPC for ≥ 0.9× v2 HTTP binary's throughput with the same work
 ≤ 0.5 ms at concurrency 1 with one worker, seed CNN. Where the server is CPU-bound, throughput
 is the inverse of its CPU a request, so the ratio of the two protocols' CPU a request, measured on
 any machine, is what the H200 will show as a throughput ratio. One server (the seed CNN on the
-CPU, one worker, gRPC on), then for each protocol and concurrency a driver process that sends one
-prebuilt request over and over (a bare asyncio HTTP/1.1 client for HTTP; grpc.aio for gRPC, a
-ModelInfer call a request, and for grpc-stream a ModelStreamInfer stream a concurrent client, its
-requests one after another on it) and the server's CPU seconds from /proc:
+CPU, or with --device cuda on the GPU, one worker, gRPC on), then for each protocol and
+concurrency a driver process that sends one prebuilt request over and over (a bare asyncio
+HTTP/1.1 client for HTTP; grpc.aio for gRPC, a ModelInfer call a request, and for grpc-stream a
+ModelStreamInfer stream a concurrent client, its requests one after another on it) and the
+server's CPU seconds from /proc:
 
     server_us_per_request   every server process's CPU ÷ requests answered
     p50_ms                  the driver's own latency (its CPU is not the server's)
@@ -182,7 +183,9 @@ def drive(protocol: str, port: int, concurrency: int, seconds: float, shape: tup
 def point(protocol: str, port: int, concurrency: int, seconds: float, server: list[int], shape: str) -> dict[str, Any]:
     argv = [sys.executable, __file__, "--drive", protocol, "--port", str(port), "--concurrency", str(concurrency),
             "--seconds", str(seconds), "--image-shape", shape]  # fmt: skip
-    driver = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=os.environ | {"PYTHONPATH": os.getcwd()})
+    # This checkout first, then whatever the caller's path holds (the H200's wheels: orjson, grpcio's extras).
+    path = os.pathsep.join(filter(None, (os.getcwd(), os.environ.get("PYTHONPATH"))))
+    driver = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=os.environ | {"PYTHONPATH": path})
     time.sleep(0.5)  # its warm-up: left out of the CPU figures
     before = sum(cpu_seconds(pid) for pid in server)
     output, _ = driver.communicate(timeout=60 + seconds)
@@ -205,6 +208,7 @@ def main() -> None:
     p.add_argument("--label", default="this checkout")
     p.add_argument("--concurrencies", default="1,8,32")
     p.add_argument("--seconds", type=float, default=4.0)
+    p.add_argument("--device", default="cpu", help="the server's CGSERVE_DEVICE (cuda: its graphs, on the H200)")
     p.add_argument("--image-shape", default="1,28,28", help="one image's C,H,W (not the seed CNN's: a stand-in model)")
     p.add_argument("--drive", choices=tuple(DRIVERS), help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -216,7 +220,7 @@ def main() -> None:
         return
     port, grpc_port = free_port(), free_port()
     work = Path(tempfile.mkdtemp(prefix="grpc-cost-"))
-    env = service_env(port, device="cpu", grpc_port=grpc_port) | {"OMP_NUM_THREADS": "1"}
+    env = service_env(port, device=args.device, grpc_port=grpc_port) | {"OMP_NUM_THREADS": "1"}
     if shape != SEED_SHAPE:
         env["CGSERVE_MODEL_REPOSITORY"] = str(stand_in_repository(work, shape))
     if args.tree is not None:
