@@ -24,13 +24,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from app.batching.queue import BatchQueue
-from app.errors import ClientClosedError, DeadlineExceededError, ServiceError, within
-from app.ops import metrics, timers, tracing
+from app.errors import ClientClosedError, ServiceError, within
+from app.ops import metrics, tracing
 from app.repository.model_spec import ModelSpec
 from app.service import ServedModel, Service
 
@@ -70,19 +70,15 @@ class Codec(Protocol[WireIn, AnswerOut]):
         ...
 
 
-class CheapCodec(Codec[WireIn, AnswerOut], Protocol[WireIn, AnswerOut]):
-    """A codec that can decode a request at once where that costs little, for a caller that waits by callback."""
-
-    def decode_cheaply(self, request: WireIn, spec: ModelSpec) -> tuple[np.ndarray, Any] | None:
-        """A request decoded at once where that costs little (a binary tensor: a view of its bytes under a
-        small header); None where the async `decode` must take it (large JSON, encoded images)."""
-        ...
-
-
-class NowCodec(CheapCodec[WireIn, AnswerOut], Protocol[WireIn, AnswerOut]):
-    """A codec that can also decode any small request at once (app/http/inline.py's)."""
+class NowCodec(Codec[WireIn, AnswerOut], Protocol[WireIn, AnswerOut]):
+    """A codec that can also decode a small request at once, for a caller that waits by callback."""
 
     def decode_now(self, request: WireIn, spec: ModelSpec) -> tuple[np.ndarray, Any]: ...
+
+    def decode_cheaply(self, request: WireIn, spec: ModelSpec) -> tuple[np.ndarray, Any] | None:
+        """A large request decoded at once where that costs little (a binary tensor: a view of its bytes
+        under a small header); None where the async `decode` must take it (large JSON, encoded images)."""
+        ...
 
 
 class DataPlane:
@@ -147,31 +143,6 @@ class DataPlane:
             observe(label, codec.protocol, form, status, started)
         return answer
 
-    def infer_message(
-        self,
-        codec: CheapCodec[Wire, Answer],
-        message: Wire,
-        *,
-        model: str,
-        version: str | None,
-        form: str,
-        deadline: float,
-        path: str,
-    ) -> asyncio.Future[Answer]:
-        """`infer` for a request already read whole (a gRPC message), by callbacks: where its decode is cheap
-        (`codec.decode_cheaply`) no task and no coroutine runs for it, only the batcher's future and a
-        callback on it. The same steps, limits, deadline and counting as `infer`; the future's result is
-        the codec's answer or refusal. Cancelling it (a stream closed, a call cancelled) drops the rows not
-        yet launched and counts the request as `codec.cancelled` says. With tracing on: `infer` in a task."""
-        if tracing.active():
-
-            async def read() -> Wire:
-                return message
-
-            coroutine = self.infer(codec, read, model=model, version=version, form=form, deadline=deadline, path=path)
-            return asyncio.ensure_future(coroutine)
-        return _Answering(self, codec, form, deadline, path).start(message, model, version)
-
     async def traced_infer(
         self,
         codec: Codec[Wire, Answer],
@@ -194,116 +165,6 @@ class DataPlane:
             )
         finally:
             tracing.end_request(span, token, watched.model, watched.status)
-
-
-class _Answering(Generic[Wire, Answer]):
-    """One request through `DataPlane.infer_message`: its state between the callbacks."""
-
-    __slots__ = ("answer", "codec", "deadline", "decoding", "form", "label", "left_s", "path", "plane", "rows",
-                 "served", "started", "timer")  # fmt: skip
-
-    def __init__(
-        self, plane: DataPlane, codec: CheapCodec[Wire, Answer], form: str, deadline: float, path: str
-    ) -> None:
-        self.plane, self.codec, self.form, self.deadline, self.path = plane, codec, form, deadline, path
-        self.started = time.perf_counter()
-        self.left_s = max(0.0, deadline - time.monotonic())  # what the 504 says it had, as `within` does
-        self.label = ""  # the served model's name once looked up (never what the client wrote)
-        self.served: ServedModel | None = None  # once admitted, until answered
-        self.rows: asyncio.Future[np.ndarray] | None = None  # the batcher's, once queued
-        self.decoding: asyncio.Task[None] | None = None  # an async decode (encoded images, large contents)
-        self.timer: timers.Armed | None = None  # the deadline's, while the answer is owed
-        self.answer: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
-
-    def start(self, message: Wire, model: str, version: str | None) -> asyncio.Future[Answer]:
-        try:
-            served = self.codec.served(model, version)
-            self.label = served.spec.name
-            queue = self.plane.admit(served, self.deadline)
-            self.served = served
-            decoded = self.codec.decode_cheaply(message, served.spec)
-        except Exception as error:
-            self._fail(error)
-            return self.answer
-        self.answer.add_done_callback(self._ended)  # only cancelling ends it from outside
-        self.timer = timers.call_at(self.deadline, self._expire)
-        if decoded is None:
-            self.decoding = asyncio.get_running_loop().create_task(self._decode_and_queue(message, queue, served))
-        else:
-            self._queue(queue, served, *decoded)
-        return self.answer
-
-    async def _decode_and_queue(self, message: Wire, queue: BatchQueue, served: ServedModel) -> None:
-        try:
-            images, asked = await self.codec.decode(message, served.spec)
-        except Exception as error:
-            self._fail(error)
-            return
-        self._queue(queue, served, images, asked)
-
-    def _queue(self, queue: BatchQueue, served: ServedModel, images: np.ndarray, asked: Any) -> None:
-        if self.answer.done():  # its deadline passed while it decoded
-            return
-        try:
-            self.rows = queue.enqueue(images, self.deadline)
-        except Exception as error:
-            self._fail(error)
-            return
-        engine = queue.engines[0].name
-        self.rows.add_done_callback(lambda rows: self._answered(rows, asked, served, engine))
-
-    def _answered(self, rows: asyncio.Future[np.ndarray], asked: Any, served: ServedModel, engine: str) -> None:
-        if self.answer.done():  # cancelled, or answered 504 (which cancelled `rows`)
-            return
-        try:
-            answer = self.codec.encode(rows.result(), asked, served, engine)
-        except Exception as error:  # the batch failed (EngineError, 504 from the batcher), or the encode did
-            self._fail(error)
-            return
-        self._settle(answer, "200")
-
-    def _expire(self) -> None:
-        """Its deadline passed unanswered: 504. Rows not yet launched are dropped (a cancelled future is
-        skipped by the batcher; an engine process drops them at the same deadline, which they carry)."""
-        self.timer = None
-        if self.rows is not None:
-            if self.rows.done():  # the answer is in, its callback queued: it wins
-                return
-            self.rows.cancel()
-        if self.decoding is not None:
-            self.decoding.cancel()
-        self._fail(DeadlineExceededError(self.left_s))
-
-    def _fail(self, error: Exception) -> None:
-        answer, status = self.codec.failure(counted(error, self.label, self.path))
-        self._settle(answer, status)
-
-    def _settle(self, answer: Answer, status: str) -> None:
-        if self.answer.done():
-            return
-        self._finish(status)
-        self.answer.set_result(answer)
-
-    def _ended(self, answer: asyncio.Future[Answer]) -> None:
-        """Cancelled from outside (the client left or ran out of time): no answer is sent."""
-        if not answer.cancelled():
-            return
-        if self.rows is not None:
-            self.rows.cancel()
-        if self.decoding is not None:
-            self.decoding.cancel()
-        status, reason = self.codec.cancelled()
-        metrics.reject(self.label, reason)
-        self._finish(status)
-
-    def _finish(self, status: str) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        if self.served is not None:
-            self.plane.answered(self.served)
-            self.served = None
-        observe(self.label, self.codec.protocol, self.form, status, self.started)
 
 
 class _Watched(Codec[Wire, Answer]):

@@ -173,29 +173,3 @@ async def test_a_stream_whose_client_had_sent_its_last_request_ends_as_usual_whe
     release.set()
     await asyncio.wait_for(reading, 5)  # no StreamStopped: nothing was left unread
     assert answers == [0]
-
-
-@pytest.mark.anyio
-async def test_answers_that_are_futures_are_sent_as_they_complete_and_cancelled_when_the_stream_closes() -> None:
-    """The data plane answers a streamed request with a future (its callbacks, no task): sent once set, in
-    the order set; the ones still pending when the client leaves are cancelled, which drops their rows."""
-    futures: list[asyncio.Future[int]] = []
-
-    async def requests() -> AsyncIterator[int]:
-        for n in range(3):
-            yield n
-        await asyncio.Event().wait()  # the client keeps the stream open
-
-    def pending(request: int) -> asyncio.Future[int]:
-        futures.append(asyncio.get_running_loop().create_future())
-        return futures[-1]
-
-    stream = answer_stream(requests(), pending, LIMIT)
-    waiting = asyncio.ensure_future(anext(stream))
-    await settle()
-    assert len(futures) == 3 and not waiting.done()
-    futures[1].set_result(1)
-    assert await asyncio.wait_for(waiting, 5) == 1
-    await stream.aclose()  # the client left with two requests unanswered
-    await settle()
-    assert futures[0].cancelled() and futures[2].cancelled()

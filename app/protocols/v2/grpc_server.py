@@ -106,17 +106,6 @@ class GrpcCodec:
             images = await decode_uploads(images, max_pixels=pixels, spec=spec, gpu=self.service.jpeg_decoder)
         return images, asked
 
-    def decode_cheaply(
-        self, request: Any, spec: ModelSpec
-    ) -> tuple[np.ndarray, tuple[tuple[tensors.Wanted, ...], str]] | None:
-        """The call decoded at once where `decode` would do it on the loop too (its tensor's bytes, or small
-        typed contents); None for encoded images and large contents, which `decode` takes off the loop."""
-        if _payload_bytes(request) >= LARGE_JSON_BYTES or any(t.datatype == "BYTES" for t in request.inputs):
-            return None
-        asked = _asked_outputs(request, spec), request.id
-        images = _input(request, spec, self.service.settings.max_instances)
-        return None if isinstance(images, list) else (images, asked)  # (a list: encoded images, never here)
-
     def encode(
         self, scores: np.ndarray, asked: tuple[tuple[tensors.Wanted, ...], str], served: ServedModel, engine: str
     ) -> Any:
@@ -197,8 +186,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelConfigResponse(config=pb.ModelConfig(**config))
 
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
-        # grpc.aio cancels this coroutine when the client cancels or its deadline passes: the await passes
-        # that on to the data plane's future, which counts it and drops the request's rows.
         answer = await self._infer(GrpcCodec(self.service, context), request, context, "ModelInfer")
         if isinstance(answer, Abort):
             await context.abort(answer.code, answer.text)
@@ -211,8 +198,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         flight; at most MAX_STREAMS held, as on a connection of single calls (app/protocols/v2/stream_answers.py).
         As the server stops, a stream answers the requests it holds and ends UNAVAILABLE, saying so."""
 
-        def answer(request: Any) -> asyncio.Future[Any]:
-            return self._infer(StreamCodec(self.service, context, request), request, context, "ModelStreamInfer")
+        async def answer(request: Any) -> Any:
+            return await self._infer(StreamCodec(self.service, context, request), request, context, "ModelStreamInfer")
 
         # An async generator itself, as grpc.aio requires of an async stream handler; closed with it.
         try:
@@ -222,16 +209,19 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         except StreamStopped:  # what it held is answered; the client sends the rest again, elsewhere
             await context.abort(grpc.StatusCode.UNAVAILABLE, STOPPED)
 
-    def _infer(self, codec: GrpcCodec, request: Any, context: Any, path: str) -> asyncio.Future[Any]:
-        """One ModelInferRequest through the data plane: the future of `codec`'s answer or refusal (by
-        callbacks, no task, where its tensor's bytes need no decoding off the loop)."""
+    async def _infer(self, codec: GrpcCodec, request: Any, context: Any, path: str) -> Any:
+        """One ModelInferRequest through the data plane: `codec`'s answer or refusal."""
         # The end to end: the service's timeout, or less if the client's gRPC deadline is nearer.
         timeout_s = self.service.settings.request_timeout_s
         remaining = context.time_remaining()
         deadline = time.monotonic() + (timeout_s if remaining is None else min(timeout_s, remaining))
-        return self.plane.infer_message(
+
+        async def read() -> Any:
+            return request  # the whole message is here already
+
+        return await self.plane.infer(
             codec,
-            request,
+            read,
             model=request.model_name,
             version=request.model_version or None,
             form="raw" if request.raw_input_contents else "typed",

@@ -13,11 +13,8 @@ without that chance, and the client resends it with the others.)
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import TypeVar
-
-log = logging.getLogger(__name__)
 
 Request = TypeVar("Request")
 Answer = TypeVar("Answer")
@@ -33,29 +30,23 @@ async def answer_stream(
     limit: int,
     stop: asyncio.Event | None = None,
 ) -> AsyncGenerator[Answer, None]:
-    """Each of `requests` answered by `answer` (a coroutine, run as a task, or a future: the data plane's
-    callbacks, no task; either answers errors too: only cancelling raises), yielded in the order the
-    answers are ready. The stream ends once the client has sent its last request and every answer is
-    out; a request that cannot be read (malformed, too large) ends it with that error once the requests
-    in flight are answered; `stop` set (the server stopping) ends it so too, with StreamStopped. Closed
-    early (the client cancelled, its deadline passed), it cancels every request in flight."""
+    """Each of `requests` answered by `answer` (which answers errors too: only cancelling raises), yielded in
+    the order the answers are ready. The stream ends once the client has sent its last request and every
+    answer is out; a request that cannot be read (malformed, too large) ends it with that error once the
+    requests in flight are answered; `stop` set (the server stopping) ends it so too, with StreamStopped.
+    Closed early (the client cancelled, its deadline passed), it cancels every request in flight."""
     answers: asyncio.Queue[Answer | None] = asyncio.Queue()  # None: the end
     room = asyncio.Semaphore(limit)  # a slot a request, freed once its answer is sent
-    in_flight: set[asyncio.Future[Answer]] = set()
+    in_flight: set[asyncio.Task[None]] = set()
     reading, stopped = True, False  # still reading the client's requests; stopped doing so for `stop`
     closing = False  # the stream is being closed (its client left): a stop no longer applies
 
-    def answered(pending: asyncio.Future[Answer]) -> None:
-        in_flight.discard(pending)
-        if pending.cancelled():  # cancelled with its stream: no answer to send, its slot is free
+    async def one(request: Request) -> None:
+        try:
+            answers.put_nowait(await answer(request))
+        except BaseException:  # cancelled with its stream: no answer to send, its slot is free
             room.release()
-            return
-        error = pending.exception()
-        if error is not None:  # `answer` answers errors itself: this is a fault, logged; its slot is freed
-            log.error("a streamed request failed without an answer", exc_info=error)
-            room.release()
-            return
-        answers.put_nowait(pending.result())
+            raise
 
     async def read_all() -> None:
         nonlocal reading
@@ -68,9 +59,9 @@ async def answer_stream(
                 except StopAsyncIteration:
                     room.release()
                     break
-                pending = asyncio.ensure_future(answer(request))  # a future as it is; a coroutine in a task
-                in_flight.add(pending)
-                pending.add_done_callback(answered)
+                task = asyncio.create_task(one(request))
+                in_flight.add(task)
+                task.add_done_callback(in_flight.discard)
         except asyncio.CancelledError:
             if not stopped:  # the stream is closing: cancelled with it
                 raise
@@ -103,5 +94,5 @@ async def answer_stream(
             stopping.remove_done_callback(stop_reading)
             stopping.cancel()
         reader.cancel()
-        for pending in list(in_flight):
-            pending.cancel()
+        for task in list(in_flight):
+            task.cancel()
