@@ -6,16 +6,11 @@
 #   STEPS=profile PROFILES="noop-json=--target noop;ours-json=--compile none": py-spy per server (bench/profile_server.py)
 #   Issue 26 (ResNet-50, one image a request; py-spy on every server process during the raw points):
 #     STEPS="gpu-tests one-image" ONE_IMAGE_ARGS="--profile raw" bash bench/run_h200.sh
-#   What run 25 left (issue 26), one call each (~10 minutes with a cold start). The Open Inference Protocol's clients
-#   where raw pixels reach 0.95x (1024 connections; at 256 a closed loop of 150 KB requests is latency-bound, 0.63-0.66x):
-#     STEPS=one-image ONE_IMAGE_S=540 ONE_IMAGE_BUDGET_S=470 ONE_IMAGE_ARGS="--kinds gen-v2-http,gen-v2-grpc-stream,raw \
-#       --concurrencies 1024 --p99-fraction 0" bash bench/run_h200.sh
-#   perf_analyzer past 256 in flight was OOM-killed over HTTP (117 GB, run 25b); its gRPC streams at 1024 are worth a try:
-#     STEPS=one-image ONE_IMAGE_S=400 ONE_IMAGE_BUDGET_S=340 ONE_IMAGE_ARGS="--kinds v2-grpc-stream --concurrencies 512,1024 \
-#       --p99-fraction 0" bash bench/run_h200.sh
-#   Raw and JPEG with the 1 ms switch-interval default beside 5 ms; bigger decoder batches:
-#     STEPS=one-image ONE_IMAGE_S=540 ONE_IMAGE_BUDGET_S=500 ONE_IMAGE_ARGS="--kinds raw,jpeg --variant-kinds raw,jpeg \
-#       --concurrencies 1024,256 --p99-fraction 0 --variants switch5ms=CGSERVE_SWITCH_INTERVAL_MS=5" bash bench/run_h200.sh
+#   What run 26 left (issue 26), one call each (~10 minutes with a cold start). Run 26 measured the protocol's clients at
+#   1024 in flight (v2 HTTP 0.84-0.96x, gRPC streams 0.62-0.67x: the workers' CPU), the switch interval (no effect on
+#   them) and nvImageCodec (no better than torchvision's nvJPEG). perf_analyzer past 256 in flight runs out of memory
+#   (~120 GB: it keeps a request's input per request), so its gRPC figures stay at 256 (run 25a).
+#   Bigger decoder batches (the switch interval's run for JPEG: run 24c; for raw, v2 and gRPC: run 26e):
 #     STEPS=one-image ONE_IMAGE_S=400 ONE_IMAGE_BUDGET_S=360 ONE_IMAGE_ARGS="--kinds jpeg --variant-kinds jpeg \
 #       --concurrencies 1024,256 --p99-fraction 0 --variants batch64=CGSERVE_JPEG_MAX_BATCH=64" bash bench/run_h200.sh
 #   The whole GPU suite fits one call as two pytest processes side by side (run 25c: 303 s and 522 s); see
@@ -30,7 +25,13 @@
 #       $CUDA_MPS_LOG_DIRECTORY; nvidia-cuda-mps-control -d; STEPS=one-image ONE_IMAGE_S=420 ONE_IMAGE_BUDGET_S=380 \
 #       ONE_IMAGE_ARGS="--kinds jpeg --variant-kinds jpeg --concurrencies 1024,256 --p99-fraction 0 \
 #       --variants workers-decode=CGSERVE_JPEG_DECODE_IN_WORKERS=true" bash bench/run_h200.sh; echo quit | nvidia-cuda-mps-control
-#   GPU tests last run: all of tests/gpu on run 25c's tree (d86cf99)
+#   GPU tests last run: all of tests/gpu on run 25c's tree (d86cf99); the code since adds two histograms' observations
+#   (run 26's servers recorded them) and bench scripts
+#   Where the engine process's time goes per JPEG upload (the decode is 34 us of CPU a photo, run 26d): py-spy on the
+#   engine process alone, native frames, during the JPEG points:
+#     STEPS=one-image ONE_IMAGE_ARGS="--kinds jpeg --concurrencies 1024 --p99-fraction 0 --profile jpeg --profile-engine" \
+#       bash bench/run_h200.sh
+#   nvImageCodec beside torchvision (run 26d's command is in bench/results/README.md): STEPS none, bench/jpeg_hw_decode.py
 #   The decoder's stages on the device: STEPS=jpeg-stages bash bench/run_h200.sh
 #   STEPS=multi-gpu on the two-GPU machine (nvidia-h200-x2): tests/gpu/test_multi_gpu.py, bench/multi_gpu_bench.py
 #   What issue 12 still lacks after run 13 (one call, ~8 minutes):
