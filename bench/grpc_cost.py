@@ -10,7 +10,9 @@ HTTP/1.1 client for HTTP; grpc.aio for gRPC, a ModelInfer call a request, and fo
 ModelStreamInfer stream a concurrent client, its requests one after another on it) and the
 server's CPU seconds from /proc:
 
-    server_us_per_request   every server process's CPU ÷ requests answered
+    server_us_per_request   every server process's CPU ÷ requests answered (with --device cuda it counts
+                            the event waiter polling while a batch runs, CGSERVE_EVENT_WAIT's default:
+                            cores busy ÷ rate there, not a request's own work)
     p50_ms                  the driver's own latency (its CPU is not the server's)
 
     PYTHONPATH=. python3 bench/grpc_cost.py --out bench/results/<name>.json [--tree DIR --label before]

@@ -12,10 +12,13 @@ meanwhile). This times one batch of k photos (loadtest/photos.py, 500×375, qual
                    kinds: hw (HW_GPU_ONLY: the GPU's JPEG engines), gpu (GPU_ONLY: CUDA Huffman),
                    hybrid (HYBRID_CPU_GPU)
 
-and for each: the wall-clock median ms (the device synchronized after each batch: a benchmark's
-own synchronize), the process's CPU µs a photo (every thread: time.process_time), the share of
-the batch a Python thread counting beside it could not run (the GIL held), and the
-largest difference from torchvision's pixels (two IDCTs round differently: a few levels).
+and for each: the wall-clock median ms until the batch's work on the device is done (waited for on
+a blocking event: the thread sleeps), the process's CPU µs a photo (every thread, time.process_time),
+the ms of the batch a Python thread counting beside it could not run (the GIL held by the call, or
+the main thread's wait to take it back), and the largest difference from torchvision's pixels
+(run 26d: 93–130 levels for nvImageCodec, whose colour conversion or upsampling differs; not studied).
+Run 26d's figures came from an earlier version whose torch.cuda.synchronize spun a core: its CPU a
+photo was wall time ÷ k, and its GIL shares were diluted by the probe.
 
 nvImageCodec is not a dependency: `pip install nvidia-nvimgcodec-cu13 nvidia-nvjpeg` (the H200
 has no network: wheels carried, bench/results/README.md's run 26d says how). Without it only
@@ -73,33 +76,43 @@ class GilProbe:
         self._thread.join()
 
 
+def finished(stream: torch.cuda.Stream) -> None:
+    """Wait for `stream`'s work asleep: torch.cuda.synchronize spins a core (run 26d's CPU figures were
+    its spinning, wall time ÷ k), a blocking event's wait does not."""
+    done = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
+    done.record(stream)
+    done.synchronize()
+
+
 def measured(run: Callable[[], object], k: int, repeats: int, probe: GilProbe, idle_rate: float) -> dict[str, float]:
-    """Median wall ms of `run` (synchronized after), CPU µs a photo (the probe off), and the share of a
-    batch the probe was held off (a second pass, the probe on)."""
+    """Median wall ms of `run` (until its work on the device is done), CPU µs a photo (the probe off), and
+    the ms of a batch the probe could not run (a second pass, the probe on: the GIL held by the call, or
+    the time the main thread waited to take it back from the probe)."""
+    stream = torch.cuda.current_stream()
     walls, cpus, held = [], [], []
     for i in range(repeats + 2):  # two warm-ups
-        torch.cuda.synchronize()
+        finished(stream)
         cpu, started = time.process_time(), time.perf_counter()
         run()
-        torch.cuda.synchronize()
+        finished(stream)
         if i >= 2:
             walls.append((time.perf_counter() - started) * 1000)
             cpus.append((time.process_time() - cpu) / k * 1e6)
     probe.on.set()
     try:
         for _ in range(repeats):
-            torch.cuda.synchronize()
+            finished(stream)
             count, started = probe.count, time.perf_counter()
             run()
-            torch.cuda.synchronize()
+            finished(stream)
             ran = (probe.count - count) / idle_rate
-            held.append(max(0.0, 1 - ran / (time.perf_counter() - started)))
+            held.append(max(0.0, time.perf_counter() - started - ran) * 1000)
     finally:
         probe.on.clear()
     return {
         "wall_ms": round(statistics.median(walls), 3),
         "cpu_us_a_photo": round(statistics.median(cpus), 1),
-        "gil_held_share": round(statistics.median(held), 3),
+        "probe_held_off_ms": round(statistics.median(held), 3),
     }
 
 
@@ -130,6 +143,14 @@ def nvimgcodec_decode(kind: str, device: torch.device) -> Callable[[list[bytes]]
     return decode
 
 
+def nvimgcodec_version() -> str | None:
+    try:
+        from nvidia import nvimgcodec
+    except ImportError:
+        return None
+    return str(nvimgcodec.__version__)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
@@ -148,6 +169,8 @@ def main() -> None:
         "gpu": torch.cuda.get_device_name(device),
         "torch": torch.__version__,
         "photos": "loadtest/photos.py synthetic_photo 500×375, quality 90, 16 seeds",
+        "torchvision": torchvision.__version__,
+        "nvimgcodec": nvimgcodec_version(),
         "points": {},
     }
     sys.setswitchinterval(0.001)  # the service's (CGSERVE_SWITCH_INTERVAL_MS): how long a thread holds the GIL

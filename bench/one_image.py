@@ -83,7 +83,8 @@ def perf_analyzer(binary: str, model: str, protocol: str, address: str, concurre
     HTTP at 256 the asynchronous mode was killed (rc −9) after ~70 s, three times: perf_analyzer's
     memory is known to grow through a session at high rates until the kernel kills it
     (triton-inference-server/perf_analyzer#84), so each point records the largest resident size of
-    this process's finished children, perf_analyzer's among them."""
+    this process's finished children, perf_analyzer's among them (a running maximum: a point after a
+    larger one repeats its figure)."""
     out = work / f"pa-{protocol}{share_count or ''}{'-stream' if streaming else ''}-{concurrency}.csv"
     # The share count is set (or left at the client's default) on the command line, so the record says it.
     env = {k: v for k, v in os.environ.items() if k != SHARE_COUNT}
@@ -293,8 +294,9 @@ def main() -> None:
     add("--workers", type=int, default=8)
     add("--buckets", default="1,8,32,64,128")
     add("--seconds", type=float, default=4.0, help="measured seconds a point")
-    # perf_analyzer keeps about a request's input for every request it sends (run 26b: 119 GB after ~40 s at
-    # ~18,000 requests a second of 150 KB, rc -9): shorter windows end it before the kernel does.
+    # perf_analyzer keeps about a request's input for every request it sends (runs 26b and 26c: ~120 GB and killed
+    # at 1024 in flight, with 4 s windows and 2 s alike): its window on its own, for loads where a shorter one ends
+    # it in time. A point's timeout is 60 s + 6 windows.
     add("--pa-seconds", type=float, default=0.0, help="perf_analyzer's window (0: --seconds)")
     add("--peak-seconds", type=float, default=4.0)
     add("--processes", type=int, default=8, help="our generator's processes")

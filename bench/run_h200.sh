@@ -8,8 +8,9 @@
 #     STEPS="gpu-tests one-image" ONE_IMAGE_ARGS="--profile raw" bash bench/run_h200.sh
 #   What run 26 left (issue 26), one call each (~10 minutes with a cold start). Run 26 measured the protocol's clients at
 #   1024 in flight (v2 HTTP 0.84-0.96x, gRPC streams 0.62-0.67x: the workers' CPU), the switch interval (no effect on
-#   them) and nvImageCodec (no better than torchvision's nvJPEG). perf_analyzer past 256 in flight runs out of memory
-#   (~120 GB: it keeps a request's input per request), so its gRPC figures stay at 256 (run 25a).
+#   them) and nvImageCodec (no faster than torchvision's nvJPEG). perf_analyzer at 1024 in flight runs out of memory
+#   (~120 GB: it keeps a request's input per request; over HTTP at 256 too in 23b and 25b), so its figures stay at 256
+#   (run 25a). bench/jpeg_hw_decode.py's CPU and GIL figures are still to measure (26d's synchronize spun a core).
 #   Bigger decoder batches (the switch interval's run for JPEG: run 24c; for raw, v2 and gRPC: run 26e):
 #     STEPS=one-image ONE_IMAGE_S=400 ONE_IMAGE_BUDGET_S=360 ONE_IMAGE_ARGS="--kinds jpeg --variant-kinds jpeg \
 #       --concurrencies 1024,256 --p99-fraction 0 --variants batch64=CGSERVE_JPEG_MAX_BATCH=64" bash bench/run_h200.sh
@@ -27,8 +28,8 @@
 #       --variants workers-decode=CGSERVE_JPEG_DECODE_IN_WORKERS=true" bash bench/run_h200.sh; echo quit | nvidia-cuda-mps-control
 #   GPU tests last run: all of tests/gpu on run 25c's tree (d86cf99); the code since adds two histograms' observations
 #   (run 26's servers recorded them) and bench scripts
-#   Where the engine process's time goes per JPEG upload (the decode is 34 us of CPU a photo, run 26d): py-spy on the
-#   engine process alone, native frames, during the JPEG points:
+#   Where the engine process's time goes per JPEG upload (the decode is 43 us of wall time a photo in batches of 32,
+#   run 26d): py-spy on the engine process alone, native frames, during the JPEG points:
 #     STEPS=one-image ONE_IMAGE_ARGS="--kinds jpeg --concurrencies 1024 --p99-fraction 0 --profile jpeg --profile-engine" \
 #       bash bench/run_h200.sh
 #   nvImageCodec beside torchvision (run 26d's command is in bench/results/README.md): STEPS none, bench/jpeg_hw_decode.py
