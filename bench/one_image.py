@@ -189,12 +189,16 @@ class OneImage:
         nine processes kept 55 samples in 3 s and none of the engine process (run 21a): with
         --profile-engine, the engine process alone, native frames too, pausing it for each sample
         (py-spy's native unwinding needs the process stopped): its figures fall while it is watched,
-        and it kept 12 samples in 3 s (run 21d): the decoder's histograms say more (jpeg_wait_ms)."""
+        and it kept 12 samples in 3 s (run 21d). So --profile-engine watches the engine process alone without
+        pausing it, every thread apart and idle ones too (--threads --idle: how much of the time its event
+        loop's thread has work), Python frames only; --profile-native adds the native frames and the pauses."""
         raw = self.args.out / f"profile-{tag}.txt"
         target, rate = f"--pid {pid} --subprocesses --nonblocking", 250
         engine = [p for p in tree(pid) if role(p, pid) == "engine-process"] if self.args.profile_engine else []
-        if engine:
+        if engine and self.args.profile_native:
             target, rate = f"--pid {engine[0]} --native", 100
+        elif engine:
+            target, rate = f"--pid {engine[0]} --nonblocking --threads --idle", 250
         spy = f"sleep 1.5; exec {self.args.py_spy} record {target} --duration 3 --rate {rate} "
         spy += f"--format raw --output {raw}"
         return subprocess.Popen(["sh", "-c", spy], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), raw
@@ -306,7 +310,8 @@ def main() -> None:
     add("--hey", default=".gpu/bin/hey")
     add("--perf-analyzer", default="/tmp/site/perf_analyzer/bin/perf_analyzer")
     add("--profile", default="", help="kinds whose points py-spy profiles (server and children), e.g. raw")
-    add("--profile-engine", action="store_true", help="profile the engine process alone, native frames too")
+    add("--profile-engine", action="store_true", help="profile the engine process alone, each thread, idle too")
+    add("--profile-native", action="store_true", help="with --profile-engine: native frames too (pauses it)")
     add("--py-spy", default="/tmp/site/bin/py-spy")
     add("--variants", default="", help="servers with other settings, 'name=CGSERVE_X=1,CGSERVE_Y=2;name2=…'")
     add("--variant-kinds", default="raw", help="load kinds run against each variant")
