@@ -282,11 +282,12 @@ class Settings(BaseSettings):
         "that cannot start one logs why and sends its uploads to the engine process.",
     )
     jpeg_max_batch: int = Field(
-        32,
+        128,
         ge=1,
         le=1024,
         description="GPU decoder: uploads decoded in one nvJPEG call at most (its decoded pixels are on the device "
-        "at once: 32 photos of 1024² are 100 MB).",
+        "at once: 128 photos of 1024² are 400 MB). 128 against 32: +25-30 % JPEG uploads a second at 1024 in flight "
+        "(bench/results/HISTORY.md, runs 27 and 28); a lone upload still goes at once.",
     )
     jpeg_launches: int = Field(
         2,

@@ -12,7 +12,11 @@ in flight:
   resize_batched   preprocess_batch on the stacked (k, C, H, W): what the decoder does now
   copy_out   (k, C, 224, 224) → pinned host
   decoder    GpuJpegDecoder.decode from --clients coroutines for --seconds: img/s and mean batch,
-             at each --max-batches
+             at each --max-batches, and at each --busy-gpu fraction: a thread keeping the device that
+             busy with ResNet-50 (torchvision's, fp16, batch 64, one CUDA graph replay at a time on a
+             stream of its own), as the engine's batches keep it in the server. In the server the
+             decoder's batches took 11 ms for ~32 photos (run 28a) where they take ~2.4 alone (run 21b):
+             is it the device the decoder shares?
 
 Stage times are wall-clock medians with the device synchronized around each (a benchmark's own
 synchronize; the service never calls one). Writes <out>/jpeg-stages.json.
@@ -24,8 +28,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -71,6 +77,50 @@ def stages(photos: list[bytes], spec: Any, device: torch.device, k: int, repeats
     return result
 
 
+class BusyGpu:
+    """A thread replaying ResNet-50 (fp16, (64, 3, 224, 224)) as one CUDA graph on its own stream, then
+    sleeping, so that the device is busy `fraction` of the time; waits on a blocking event (no spinning
+    core, no device-wide synchronize)."""
+
+    def __init__(self, device: torch.device, fraction: float, batch: int = 64) -> None:
+        import torchvision
+
+        model = torchvision.models.resnet50().to(device, torch.half).eval().to(memory_format=torch.channels_last)
+        images = torch.randn(batch, 3, 224, 224, device=device, dtype=torch.half)
+        images = images.contiguous(memory_format=torch.channels_last)
+        self.fraction, self.stream, self.graph = fraction, torch.cuda.Stream(device), torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.stream(self.stream):
+            for _ in range(3):  # cuDNN's choices before the capture
+                model(images)
+        self.stream.synchronize()
+        with torch.no_grad(), torch.cuda.graph(self.graph, stream=self.stream):
+            model(images)
+        self.stop, self.busy_s, self.replays = threading.Event(), 0.0, 0
+        self.thread = threading.Thread(target=self._run, name="busy-gpu", daemon=True)
+
+    def _run(self) -> None:
+        done = torch.cuda.Event(blocking=True)
+        while not self.stop.is_set():
+            started = time.perf_counter()
+            with torch.cuda.stream(self.stream):
+                self.graph.replay()
+                done.record(self.stream)
+            done.synchronize()
+            busy = time.perf_counter() - started
+            self.busy_s, self.replays = self.busy_s + busy, self.replays + 1
+            time.sleep(busy * (1 - self.fraction) / self.fraction)
+
+    def __enter__(self) -> BusyGpu:
+        self.started = time.perf_counter()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.duty = self.busy_s / (time.perf_counter() - self.started)
+
+
 async def decoder_rate(photos: list[bytes], spec: Any, device: str, clients: int, seconds: float, max_batch: int
                        ) -> dict[str, float]:  # fmt: skip
     from app.codecs.gpu_jpeg import GpuJpegDecoder
@@ -107,6 +157,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=256)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--max-batches", default="32,128")
+    parser.add_argument("--busy-gpu", default="0", help="fractions of the time the device is kept busy, e.g. 0,0.5")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     spec = next(s for s in read_repository(ROOT / "models/examples/repository") if s.name == "resnet50")
@@ -124,10 +175,16 @@ def main() -> None:
     for k in map(int, args.batches.split(",")):
         record["stages_ms"][f"k{k}"] = stages(photos, spec, device, k, args.repeats)
         print(f"k={k}: {record['stages_ms'][f'k{k}']}", flush=True)
-    for max_batch in map(int, args.max_batches.split(",")):
-        rate = asyncio.run(decoder_rate(photos, spec, args.device, args.clients, args.seconds, max_batch))
-        record["decoder"][f"max_batch_{max_batch}"] = rate
-        print(f"decoder, {args.clients} clients, max_batch {max_batch}: {rate}", flush=True)
+    for fraction in map(float, args.busy_gpu.split(",")):
+        for max_batch in map(int, args.max_batches.split(",")):
+            busy = BusyGpu(device, fraction) if fraction > 0 else None
+            with busy or contextlib.nullcontext():
+                rate = asyncio.run(decoder_rate(photos, spec, args.device, args.clients, args.seconds, max_batch))
+            if busy is not None:  # its whole time: the decoder's warm-up and the measured seconds
+                rate |= {"busy_duty": round(busy.duty, 3), "busy_replays": busy.replays}
+            key = f"max_batch_{max_batch}" + (f"_busy_{fraction}" if busy else "")
+            record["decoder"][key] = rate
+            print(f"decoder, {args.clients} clients, max_batch {max_batch}, device busy {fraction}: {rate}", flush=True)
     (args.out / "jpeg-stages.json").write_text(json.dumps(record, indent=1))
 
 
