@@ -10,26 +10,24 @@
 #   1024 in flight (v2 HTTP 0.84-0.96x, gRPC streams 0.62-0.67x: the workers' CPU), the switch interval (no effect on
 #   them) and nvImageCodec (no faster than torchvision's nvJPEG). perf_analyzer at 1024 in flight runs out of memory
 #   (~120 GB: it keeps a request's input per request; over HTTP at 256 too in 23b and 25b), so its figures stay at 256
-#   (run 25a). bench/jpeg_hw_decode.py's CPU and GIL figures are still to measure (26d's synchronize spun a core).
-#   Bigger decoder batches (the switch interval's run for JPEG: run 24c; for raw, v2 and gRPC: run 26e):
-#     STEPS=one-image ONE_IMAGE_S=400 ONE_IMAGE_BUDGET_S=360 ONE_IMAGE_ARGS="--kinds jpeg --variant-kinds jpeg \
-#       --concurrencies 1024,256 --p99-fraction 0 --variants batch64=CGSERVE_JPEG_MAX_BATCH=64" bash bench/run_h200.sh
+#   (run 25a). bench/jpeg_hw_decode.py's CPU and GIL figures: run 27a (41 us of CPU a photo in batches of 32).
 #   The whole GPU suite fits one call as two pytest processes side by side (run 25c: 303 s and 522 s); see
 #   bench/results/README.md's run 25c for the command.
-#   JPEG decoder batches (10 ms for 2.3 ms of work): the idea of the lost branch jpeg-launch-on-loop (HISTORY.md) is
-#   still to build and measure; its JPEG points, this command on main first for the figures to compare:
-#     STEPS="gpu-tests one-image" GPU_TESTS=tests/gpu/test_gpu_jpeg.py ONE_IMAGE_ARGS="--kinds jpeg --concurrencies 256,1024 \
-#       --p99-fraction 0" bash bench/run_h200.sh
+#   JPEG uploads (runs 27, 28: 0.43x with batches of 128; the GIL on the decoder's thread was not the limit, the
+#   device it shares with the engine is part of it): the decoder's rate beside a busy device, and the JPEG points:
+#     STEPS=jpeg-stages JPEG_STAGES_ARGS="--batches 32,128 --clients 512 --max-batches 32,128 --busy-gpu 0,0.5,0.9" \
+#       bash bench/run_h200.sh
+#     STEPS=one-image ONE_IMAGE_S=300 ONE_IMAGE_BUDGET_S=260 ONE_IMAGE_ARGS="--kinds jpeg --concurrencies 1024,256 \
+#       --p99-fraction 0.7" bash bench/run_h200.sh
 #   Each worker decoding JPEG under CUDA MPS (24b ran this variant's raw kind by mistake; MPS took the per-process
 #   seed CNN at 8 a worker from 29,843 to 45,907 raw req/s):
 #     export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log; mkdir -p $CUDA_MPS_PIPE_DIRECTORY \
 #       $CUDA_MPS_LOG_DIRECTORY; nvidia-cuda-mps-control -d; STEPS=one-image ONE_IMAGE_S=420 ONE_IMAGE_BUDGET_S=380 \
 #       ONE_IMAGE_ARGS="--kinds jpeg --variant-kinds jpeg --concurrencies 1024,256 --p99-fraction 0 \
 #       --variants workers-decode=CGSERVE_JPEG_DECODE_IN_WORKERS=true" bash bench/run_h200.sh; echo quit | nvidia-cuda-mps-control
-#   GPU tests last run: all of tests/gpu on run 25c's tree (d86cf99); the code since adds two histograms' observations
-#   (run 26's servers recorded them) and bench scripts
-#   Where the engine process's time goes per JPEG upload (the decode is 43 us of wall time a photo in batches of 32,
-#   run 26d): py-spy on the engine process alone, native frames, during the JPEG points:
+#   GPU tests last run: all of tests/gpu on 8d74532 (run 28c, run 25c's two pytest processes side by side)
+#   py-spy on the engine process alone during the JPEG points (--profile-engine; Python frames do not show uvloop's
+#   callbacks, run 27b: add --profile-native, which pauses the process):
 #     STEPS=one-image ONE_IMAGE_ARGS="--kinds jpeg --concurrencies 1024 --p99-fraction 0 --profile jpeg --profile-engine" \
 #       bash bench/run_h200.sh
 #   nvImageCodec beside torchvision (run 26d's command is in bench/results/README.md): STEPS none, bench/jpeg_hw_decode.py
