@@ -1,21 +1,21 @@
 """JPEG uploads decoded together on the GPU: nvJPEG through torchvision, resized there, handed back.
 
 Concurrent uploads queue here; one collector task takes everything waiting (up to `max_batch`)
-as soon as fewer than `launches` batches are in nvJPEG, so the window is a decode itself: a lone
-upload goes at once, and under load batches grow with the load (continuous batching). Two launches
-at once (the default) keep nvJPEG, which torchvision serialises behind its decoder's lock, busy:
-one batch waits at that lock with its uploads read while the previous one decodes.
+as soon as fewer than `launches` batches are being launched, so the window is a launch itself:
+a lone upload goes at once, and under load batches grow with the load (continuous batching).
+Two launches at once (the default) let one batch's host work (tensors over the uploads,
+torchvision's Python, the pinned buffer) run while the previous one is in nvJPEG, which
+torchvision serialises behind its decoder's lock. Their resizes and copies share one stream,
+interleaved in whatever order the two threads queue them: each batch waits on its own event.
 
-Only nvJPEG's call runs on a worker thread (torchvision's batched decode does host work, the Huffman
-phase for progressive JPEGs, and ends in a cudaStreamSynchronize of its own decoder stream: it must
-not run on the event loop). The dozen kernel launches after it are queued from the loop, which holds
-the GIL anyway: on the thread, each torch call (which lets the GIL go) waited up to a switch interval
-for a busy loop to hand it back, and a batch's launch took 10 ms for 2.3 ms of work (run 27):
+One batch, on a worker thread (torchvision's batched decode does host work, the Huffman phase
+for progressive JPEGs, and ends in a cudaStreamSynchronize of its own decoder stream: it must
+not run on the event loop):
 
-    thread: decode_jpeg([k encoded (bytes,) uint8 tensors], device) → k (C, H_i, W_i) uint8 on the GPU
-    loop, per model and decoded size, on our stream: stack → (g, C, H, W) → preprocess_batch → (g, C, h, w)
+    decode_jpeg([k encoded (bytes,) uint8 tensors], device) → k (C, H_i, W_i) uint8 on the GPU
+    per model and decoded size, on our stream: stack → (g, C, H, W) → preprocess_batch → (g, C, h, w)
         uint8 → pinned host (g, C, h, w), non_blocking
-    loop: done.record(stream)
+    done.record(stream)
 
 nvJPEG writes on torchvision's own decoder stream, which waits for nothing of ours; torchvision
 then makes the calling thread's current stream wait for it. So the decoded images are allocated
@@ -23,7 +23,7 @@ under a stream of their own that nothing else uses (`_decode_stream`): allocated
 could take memory a batch freed while its resize, still queued on ours, reads it, and nvJPEG would
 overwrite it first. Ours waits for that stream, and the batch holds its decoded images until `done`
 has completed, so that their memory is not reused before our resize of them has run (one reference
-kept, where a record_stream an image was a torch call an image).
+kept, where a record_stream an image was a torch call, and a wait for the GIL, an image).
 
 The event loop awaits `done` through an EventWaiter
 (a thread sleeping in that one event's synchronize, never the device's), then copies each row
@@ -81,7 +81,7 @@ class _Job:
 class _Launched:
     jobs: list[_Job]
     # per job: its row, (C, h, w) uint8, of its group's pinned (g, C, h, w) block; None where nvJPEG refused it
-    hosts: list[np.ndarray | None]
+    hosts: list[torch.Tensor | None]
     done: torch.cuda.Event
     started: float  # perf_counter at the launch, for cgserve_gpu_jpeg_batch_seconds
     errors: list[str] = field(default_factory=list)
@@ -147,7 +147,7 @@ class GpuJpegDecoder:
                 await self._arrived.wait()
                 self._arrived.clear()
                 while self._pending:
-                    await self._launch_slots.acquire()  # taken here, given back once its batch is decoded
+                    await self._launch_slots.acquire()  # taken here, given back once its batch is launched
                     jobs = [job for job in self._pending[: self.max_batch] if not job.future.done()]
                     del self._pending[: self.max_batch]
                     if not jobs:  # all cancelled (their deadline passed while queued)
@@ -163,57 +163,45 @@ class GpuJpegDecoder:
             waits.flush()  # what it holds when the decoder closes
 
     async def _launch_and_hand_back(self, jobs: list[_Job]) -> None:
-        started = time.perf_counter()
         try:
             try:
-                errors: list[str] = []
-                decoded = await asyncio.get_running_loop().run_in_executor(self._worker, self._decode_all, jobs, errors)
+                launched = await asyncio.get_running_loop().run_in_executor(self._worker, self._launch, jobs)
+            except Exception as error:  # not nvJPEG's refusal (that is per job): a fault, 500
+                log.exception("GPU JPEG batch of %d failed", len(jobs))
+                _fail(jobs, error)
+                return
             finally:
                 self._launch_slots.release()
-            launched = self._resize_and_copy_out(jobs, decoded, errors, started)
+            self.batch_sizes.append(len(jobs))
+            self.batches_launched += 1
+            self.images_launched += len(jobs)
+            metrics.GPU_JPEG_BATCH_IMAGES.observe(len(jobs))
+            await self._hand_back(launched)
         except asyncio.CancelledError:  # close(): nobody will hand these back
             _fail(jobs, _closed())
             raise
-        except Exception as error:  # not nvJPEG's refusal (that is per job): a fault, 500
-            log.exception("GPU JPEG batch of %d failed", len(jobs))
-            _fail(jobs, error)
-            return
-        self.batch_sizes.append(len(jobs))
-        self.batches_launched += 1
-        self.images_launched += len(jobs)
-        metrics.GPU_JPEG_BATCH_IMAGES.observe(len(jobs))
-        try:
-            await self._hand_back(launched)
-        except asyncio.CancelledError:
-            _fail(jobs, _closed())
-            raise
 
-    def _decode_all(self, jobs: list[_Job], errors: list[str]) -> list[tuple[int, torch.Tensor]]:
-        """On the worker thread: nvJPEG's call for each colour the jobs want; (job index, (C, H_i, W_i) uint8
-        on the GPU) for each image it decodes, its refusals in `errors`."""
-        with torch.cuda.device(self.device):
-            by_color = _by_color(jobs).items()
-            return [pair for color, indices in by_color for pair in self._decode(jobs, indices, color, errors)]
-
-    def _resize_and_copy_out(
-        self, jobs: list[_Job], decoded: list[tuple[int, torch.Tensor]], errors: list[str], started: float
-    ) -> _Launched:
-        """On the loop: queue the resizes and the copies out behind nvJPEG's work; returns before they run."""
-        hosts: list[np.ndarray | None] = [None] * len(jobs)
+    def _launch(self, jobs: list[_Job]) -> _Launched:
+        """On the worker thread: decode, resize and start the copies out; returns before they finish."""
+        started = time.perf_counter()
+        hosts: list[torch.Tensor | None] = [None] * len(jobs)
+        errors: list[str] = []
+        kept: list[torch.Tensor] = []
         with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
-            self._stream.wait_stream(self._decode_stream)  # which waits for torchvision's decoder stream
-            for spec, group in _by_model_and_size(jobs, decoded):
-                # Photos from one camera or one client share a size: one resize for all of them.
-                images = torch.stack([image for _, image in group])  # (g, C, H, W) uint8
-                pixels = preprocess_batch(images, spec)  # (g, C, h, w) uint8 on the GPU
-                host = torch.empty(pixels.shape, dtype=torch.uint8, pin_memory=True)
-                host.copy_(pixels, non_blocking=True)  # one copy out for the group
-                block = host.numpy()  # its rows keep the pinned block alive until the last is let go
-                for row, (i, _) in enumerate(group):
-                    hosts[i] = block[row]  # (C, h, w)
+            for color, indices in _by_color(jobs).items():
+                decoded = self._decode(jobs, indices, color, errors)  # [(job index, (C, H_i, W_i) uint8 on the GPU)]
+                kept.extend(image for _, image in decoded)
+                for spec, group in _by_model_and_size(jobs, decoded):
+                    # Photos from one camera or one client share a size: one resize for all of them.
+                    images = torch.stack([image for _, image in group])  # (k, C, H, W) uint8
+                    pixels = preprocess_batch(images, spec)  # (k, C, h, w) uint8 on the GPU
+                    host = torch.empty(pixels.shape, dtype=torch.uint8, pin_memory=True)
+                    host.copy_(pixels, non_blocking=True)  # one copy out for the group
+                    for row, (i, _) in enumerate(group):
+                        hosts[i] = host[row]
             done = torch.cuda.Event(blocking=True)  # its waiter thread sleeps instead of spinning a core
             done.record(self._stream)
-        return _Launched(jobs, hosts, done, started, errors, [image for _, image in decoded])
+        return _Launched(jobs, hosts, done, started, errors, kept)
 
     def _decode(
         self, jobs: list[_Job], indices: list[int], color: str, errors: list[str]
@@ -229,6 +217,7 @@ class GpuJpegDecoder:
                 return []
             # One at a time, so that one bad upload sends only itself to Pillow, not its batch-mates.
             return [pair for i in indices for pair in self._decode(jobs, [i], color, errors)]
+        self._stream.wait_stream(self._decode_stream)  # which waits for torchvision's decoder stream
         return list(zip(indices, decoded, strict=True))  # held by the batch until `done` (above)
 
     async def _hand_back(self, launched: _Launched) -> None:
@@ -248,10 +237,10 @@ class GpuJpegDecoder:
                 continue
             try:
                 if job.out is not None:  # the caller's buffer: the engine process's segment for the worker
-                    np.copyto(job.out, host[None])
+                    np.copyto(job.out, host.numpy()[None])
                     job.future.set_result(job.out)
                 else:  # a copy: the group's pinned block goes back to torch's host cache once its last row is let go
-                    job.future.set_result(np.array(host)[None])  # (1, C, h, w)
+                    job.future.set_result(np.array(host.numpy())[None])  # (1, C, h, w)
             except Exception as error:  # an `out` of another shape: this upload's 500, not its batch-mates' hang
                 job.future.set_exception(error)
 

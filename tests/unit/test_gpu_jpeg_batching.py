@@ -188,32 +188,6 @@ def test_a_second_batch_is_launched_while_the_first_is_still_in_nvjpeg(
     assert all(isinstance(r, np.ndarray) and r.shape == (1, 3, 224, 224) for r in results)
 
 
-def test_only_nvjpeg_s_call_runs_on_the_decoder_s_thread_and_the_resizes_on_the_loop(
-    calls: list[int], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Each torch call lets the GIL go: on a thread beside a busy loop, each waited up to a switch interval
-    # to get it back (run 27: a batch's launch took 10 ms for 2.3 ms of work). The loop holds it anyway.
-    import app.codecs.gpu_jpeg as gpu_jpeg
-
-    decode_jpeg, preprocess_batch = sys.modules["torchvision"].io.decode_jpeg, gpu_jpeg.preprocess_batch
-    threads: dict[str, set[str]] = {"decode": set(), "resize": set()}
-
-    def decode_on(encoded: list[torch.Tensor], **options: Any) -> list[torch.Tensor]:
-        threads["decode"].add(threading.current_thread().name)
-        return decode_jpeg(encoded, **options)
-
-    def resize_on(images: torch.Tensor, spec: Any) -> torch.Tensor:
-        threads["resize"].add(threading.current_thread().name)
-        return preprocess_batch(images, spec)
-
-    monkeypatch.setattr(sys.modules["torchvision"].io, "decode_jpeg", decode_on)
-    monkeypatch.setattr(gpu_jpeg, "preprocess_batch", resize_on)
-    results, _ = decode_together(JPEGS, max_batch=4)
-    assert all(isinstance(r, np.ndarray) for r in results)
-    assert threads["decode"] and all(name.startswith("gpu-jpeg") for name in threads["decode"])
-    assert threads["resize"] == {threading.current_thread().name}  # asyncio.run's loop, on this thread
-
-
 def test_a_size_s_images_are_resized_in_groups_of_at_most_the_budget(calls: list[int]) -> None:
     from app.codecs.gpu_jpeg import _by_model_and_size, _Job
 
