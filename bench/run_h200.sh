@@ -14,18 +14,20 @@
 #   The whole GPU suite fits one call as two pytest processes side by side (run 25c: 303 s and 522 s); see
 #   bench/results/README.md's run 25c for the command.
 #   JPEG uploads (runs 27, 28: 0.43x with batches of 128; the GIL on the decoder's thread was not the limit, the
-#   device it shares with the engine is part of it): the decoder's rate beside a busy device, and the JPEG points:
+#   device it shares with the engine is part of it): the decoder's rate beside a busy device:
 #     STEPS=jpeg-stages JPEG_STAGES_ARGS="--batches 32,128 --clients 512 --max-batches 32,128 --busy-gpu 0,0.5,0.9" \
 #       bash bench/run_h200.sh
-#     STEPS=one-image ONE_IMAGE_S=300 ONE_IMAGE_BUDGET_S=260 ONE_IMAGE_ARGS="--kinds jpeg --concurrencies 1024,256 \
-#       --p99-fraction 0.7" bash bench/run_h200.sh
 #   Each worker decoding JPEG under CUDA MPS (24b ran this variant's raw kind by mistake; MPS took the per-process
 #   seed CNN at 8 a worker from 29,843 to 45,907 raw req/s):
 #     export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log; mkdir -p $CUDA_MPS_PIPE_DIRECTORY \
 #       $CUDA_MPS_LOG_DIRECTORY; nvidia-cuda-mps-control -d; STEPS=one-image ONE_IMAGE_S=420 ONE_IMAGE_BUDGET_S=380 \
 #       ONE_IMAGE_ARGS="--kinds jpeg --variant-kinds jpeg --concurrencies 1024,256 --p99-fraction 0 \
 #       --variants workers-decode=CGSERVE_JPEG_DECODE_IN_WORKERS=true" bash bench/run_h200.sh; echo quit | nvidia-cuda-mps-control
-#   GPU tests last run: all of tests/gpu on 8d74532 (run 28c, run 25c's two pytest processes side by side)
+#   GPU tests last run: all of tests/gpu on 8d74532 (run 28c, run 25c's two pytest processes side by side); the decoder
+#   since is 85b3eb1's again (d6d5ff9). JPEG at 256 connections on the landed tree is still to measure (28d: 5,992 on
+#   28a's decoder, 27a: 7,667 on this one with batches of 32):
+#     STEPS=one-image ONE_IMAGE_S=300 ONE_IMAGE_BUDGET_S=260 ONE_IMAGE_ARGS="--kinds jpeg --concurrencies 256,1024 \
+#       --p99-fraction 0.7" bash bench/run_h200.sh
 #   py-spy on the engine process alone during the JPEG points (--profile-engine; Python frames do not show uvloop's
 #   callbacks, run 27b: add --profile-native, which pauses the process):
 #     STEPS=one-image ONE_IMAGE_ARGS="--kinds jpeg --concurrencies 1024 --p99-fraction 0 --profile jpeg --profile-engine" \
