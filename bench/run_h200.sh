@@ -24,7 +24,7 @@
 #       ONE_IMAGE_ARGS="--kinds jpeg --variant-kinds jpeg --concurrencies 1024,256 --p99-fraction 0 \
 #       --variants workers-decode=CGSERVE_JPEG_DECODE_IN_WORKERS=true" bash bench/run_h200.sh; echo quit | nvidia-cuda-mps-control
 #   GPU tests last run: all of tests/gpu on 8d74532 (run 28c, run 25c's two pytest processes side by side); the decoder
-#   since is 85b3eb1's again (d6d5ff9). JPEG at 256 connections on the landed tree is still to measure (28d: 5,992 on
+#   since is 85b3eb1's again (7154286). JPEG at 256 connections on the landed tree is still to measure (28d: 5,992 on
 #   28a's decoder, 27a: 7,667 on this one with batches of 32):
 #     STEPS=one-image ONE_IMAGE_S=300 ONE_IMAGE_BUDGET_S=260 ONE_IMAGE_ARGS="--kinds jpeg --concurrencies 256,1024 \
 #       --p99-fraction 0.7" bash bench/run_h200.sh
