@@ -28,7 +28,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from app.batching.queue import BatchQueue
+from app.batching.queue import BatchQueue, Images, enqueue
 from app.errors import ClientClosedError, ServiceError, within
 from app.ops import metrics, tracing
 from app.repository.model_spec import ModelSpec
@@ -51,9 +51,10 @@ class Codec(Protocol[WireIn, AnswerOut]):
         """The model the request names ("" for the default); UnknownModelError, or a 404 for its version."""
         ...
 
-    async def decode(self, request: WireIn, spec: ModelSpec) -> tuple[np.ndarray, Any]:
-        """(k, C, H, W) uint8 or float32 images, and what the answer needs to know of the request. The
-        whole request is checked here, before its batch runs; a large one decodes off the event loop."""
+    async def decode(self, request: WireIn, spec: ModelSpec) -> tuple[Images, Any]:
+        """(k, C, H, W) uint8 or float32 images (or JPEGs the engine process decodes, app/batching/queue.py),
+        and what the answer needs to know of the request. The whole request is checked here, before its
+        batch runs; a large one decodes off the event loop."""
         ...
 
     def encode(self, scores: np.ndarray, asked: Any, served: ServedModel, engine: str) -> AnswerOut:
@@ -129,7 +130,7 @@ class DataPlane:
             admitted = served
             async with within(deadline):
                 images, asked = await codec.decode(await read(), served.spec)
-                scores = await queue.submit(images, deadline)
+                scores = await enqueue(queue, images, deadline)
             answer, status = codec.encode(scores, asked, served, queue.engines[0].name), "200"
         except asyncio.CancelledError:
             status, reason = codec.cancelled()
@@ -180,7 +181,7 @@ class _Watched(Codec[Wire, Answer]):
         self.model = served.spec.name
         return served
 
-    async def decode(self, request: Wire, spec: ModelSpec) -> tuple[np.ndarray, Any]:
+    async def decode(self, request: Wire, spec: ModelSpec) -> tuple[Images, Any]:
         return await self.codec.decode(request, spec)
 
     def encode(self, scores: np.ndarray, asked: Any, served: ServedModel, engine: str) -> Answer:

@@ -30,7 +30,7 @@ from typing import Any
 
 from app.batching.batcher import Batcher
 from app.batching.queue import BatchQueue
-from app.codecs.uploads import JpegBatchDecoder, start_jpeg_decoder
+from app.codecs.uploads import DeferringDecoder, JpegBatchDecoder, start_jpeg_decoder
 from app.config import Settings
 from app.engine_process.client import EngineLink, RemoteBatcher, RemoteJpegDecoder
 from app.engines.base import Engine
@@ -185,7 +185,8 @@ class Service:
         self.failure: str | None = None  # why start-up failed or the device died
         self.draining = False
         self.device_dead = False
-        self.jpeg_decoder: JpegBatchDecoder | None = None  # None: Pillow decodes every upload
+        # None: Pillow decodes every upload. A worker of the engine process: that process's (DeferringDecoder).
+        self.jpeg_decoder: JpegBatchDecoder | DeferringDecoder | None = None
         self._prepared = prepared
         self._on_fatal = on_fatal
         self._on_ready = on_ready
@@ -288,7 +289,7 @@ class Service:
             start_jpeg_decoder, setting, device, max_batch=s.jpeg_max_batch, launches=s.jpeg_launches
         )
 
-    async def _own_jpeg_decoder(self, link: EngineLink) -> JpegBatchDecoder | None:
+    async def _own_jpeg_decoder(self, link: EngineLink) -> JpegBatchDecoder | DeferringDecoder | None:
         """A worker's own GPU decoder, on the first CUDA device the engine process serves a model on (it said
         it decodes JPEGs: that device and torchvision work); its uploads' pixels go there as raw requests'.
         No model on a CUDA device in the table yet, or a decoder this process cannot start (no CUDA context

@@ -13,11 +13,12 @@ GPU finishing a batch would. No HTTP, no torch: what is measured is the design.
     requests_per_s         closed loop, --concurrency requests in flight
 
 --flows jpeg sends each request as a worker sends a JPEG upload when the engine process owns the
-GPU's decoder: its encoded bytes (a 500×375 photo, quality 90) to the host's decoder, which a
-stand-in plays (batches every --tick-ms like the batcher; per upload it copies the bytes as
-nvJPEG's input unless handed a writable buffer, and writes the (1, 3, 224, 224) pixels into the
-caller's buffer or a new array, as the real one does), then the pixels that came back as any
-request's rows: the engine process's cost an upload, without the GPU.
+GPU's decoder: its encoded bytes (a 500×375 photo, quality 90) in an UPLOADS frame to the host's
+decoder, which a stand-in plays (batches every --tick-ms like the batcher; per upload it copies
+the bytes as nvJPEG's input unless handed a writable buffer and hands back a view of its pixels,
+as the real one hands a row of its pinned block), and the host enqueues the pixels and answers the
+scores; a tree from before UPLOADS (`--tree`) decodes in a DECODE frame and sends the pixels back
+as any request's rows in an INFER frame. The engine process's cost an upload, without the GPU.
 
 --tree runs both sides from a copy of the repository (the code before a change), so before and
 after are measured on one machine in one run (`git archive <commit> | tar -x -C DIR`).
@@ -107,11 +108,11 @@ class StandInDecoder:
                     bytearray(data)
                 if future.done():
                     continue
-                if out is not None:  # the code since the decoder writes into the caller's buffer
+                if out is not None:  # the DECODE frame's: written into the worker's segment
                     np.copyto(out, self.pixels)
                     future.set_result(out)
-                else:
-                    future.set_result(np.array(self.pixels))
+                else:  # the UPLOADS frame's: a view of the pinned block, as the real decoder hands back its rows
+                    future.set_result(self.pixels)
 
     def close(self) -> None:
         pass
@@ -170,8 +171,13 @@ def own_cpu_seconds() -> float:
 
 async def drive(socket_path: str, segments: str, concurrency: int, seconds: float, host_pid: int, flow: str
                 ) -> dict[str, Any]:  # fmt: skip
-    from app.engine_process.client import EngineLink
+    from app.engine_process import client as engine_client
     from loadtest.photos import encode, synthetic_photo
+
+    EngineLink, EngineUploads = engine_client.EngineLink, getattr(engine_client, "EngineUploads", None)
+
+    async def no_fallback() -> np.ndarray:
+        raise AssertionError("the stand-in decoder refuses nothing")
 
     link = EngineLink(socket_path, segments, on_dead=lambda why: None)
     await link.connect(timeout_s=30)
@@ -184,7 +190,9 @@ async def drive(socket_path: str, segments: str, concurrency: int, seconds: floa
     async def client(until: float) -> None:
         nonlocal answered
         while time.monotonic() < until:
-            if flow == "jpeg":  # as RemoteJpegDecoder, then the route's submit, do it
+            if flow == "jpeg" and EngineUploads is not None:  # in an UPLOADS frame: decoded and inferred there
+                await link.send(model, EngineUploads(link, model, [photo], no_fallback), float("inf"))
+            elif flow == "jpeg":  # the code before: a DECODE frame, then its pixels as any request's rows
                 pixels = await link.decode(model, photo, image.nbytes)
                 await link.send(model, pixels, float("inf"))
             else:

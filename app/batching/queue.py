@@ -3,6 +3,10 @@
 Satisfied by app/batching/batcher.py's Batcher (the engines in this process) and by
 app/engine_process/client.py's RemoteBatcher (the engines in the engine process): the layers above
 hold a BatchQueue and never ask which.
+
+What a request brings is `Images`: (k, C, H, W) pixels, or `Uploads`, encoded images that the process
+holding the batcher decodes itself (a worker's JPEGs, decoded on the engine process's GPU and
+inferred there in one trip, app/engine_process/client.py's EngineUploads). `enqueue` takes either.
 """
 
 from __future__ import annotations
@@ -56,3 +60,22 @@ class BatchQueue(Protocol):
         ...
 
     async def stop(self) -> None: ...
+
+
+class Uploads(Protocol):
+    """Encoded images that go to their batcher undecoded, to be decoded where it runs."""
+
+    def enqueue(self, deadline: float) -> asyncio.Future[np.ndarray]:
+        """The future of their (k, classes) float32 scores."""
+        ...
+
+
+Images = np.ndarray | Uploads  # what a codec's decode gives the data plane
+
+
+def enqueue(queue: BatchQueue, images: Images, deadline: float) -> asyncio.Future[np.ndarray]:
+    """A request's images onto its model's queue (admitted there already): pixels as they are, uploads by
+    the way to where they are decoded (that process's queue admits them again on arrival)."""
+    if isinstance(images, np.ndarray):
+        return queue.enqueue(images, deadline)
+    return images.enqueue(deadline)

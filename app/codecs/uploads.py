@@ -6,6 +6,11 @@ progressive JPEG in YCbCr or grey goes to the GPU; PNG, CMYK/YCCK JPEGs, anythin
 identify, JPEGs cut short, and every JPEG the GPU decoder gives back (nvJPEG refused it) go to Pillow, which
 answers them exactly as before: pixels, or the same 413/422. The pixel limit is checked from
 the header before either decoder sees a pixel.
+
+Where the GPU is another process's (an HTTP worker of the engine process), a request whose images
+are all JPEGs the GPU takes is not decoded here: its encoded images go to the engine process with
+the request (`upload_images` gives the data plane an Uploads in place of pixels), to be decoded and
+inferred there in one trip; the engine process's refusal sends them back to Pillow here.
 """
 
 from __future__ import annotations
@@ -14,12 +19,13 @@ import asyncio
 import importlib
 import io
 import logging
-from collections.abc import Awaitable
-from typing import Literal, Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from app.batching.queue import Images, Uploads
 from app.codecs.bodies import check_image_size, decode_image
 from app.errors import GpuDecodeError
 from app.ops import metrics
@@ -39,6 +45,21 @@ class JpegBatchDecoder(Protocol):
     ) -> Awaitable[np.ndarray]:
         """A JPEG → (1, C, H, W) uint8 per the spec's [preprocess], written into `out` where given;
         GpuDecodeError if nvJPEG refused it. A future (the GPU decoder's) or a coroutine."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class DeferringDecoder(Protocol):
+    """The GPU decoder of the process that runs the batches (app/engine_process/client.py's
+    RemoteJpegDecoder): a request's JPEGs are decoded there with its inference."""
+
+    def defer(
+        self, encoded: Sequence[bytes | bytearray], spec: ModelSpec, decode_here: Callable[[], Awaitable[np.ndarray]]
+    ) -> Uploads | None:
+        """The JPEGs as Uploads (None where that process cannot take them now: decode them here);
+        `decode_here` gives their pixels where it refuses one."""
         ...
 
     def close(self) -> None: ...
@@ -111,9 +132,34 @@ async def decode_upload(
 
 
 async def decode_uploads(
-    encoded: list[bytes], *, max_pixels: int, spec: ModelSpec, gpu: JpegBatchDecoder | None
+    encoded: Sequence[bytes | bytearray], *, max_pixels: int, spec: ModelSpec, gpu: JpegBatchDecoder | None
 ) -> np.ndarray:
     """Several encoded images (a v2 BYTES input) → (k, C, H, W) uint8, each as an upload is decoded; the
     GPU decoder batches those that arrive together."""
     pixels = await asyncio.gather(*(decode_upload(data, max_pixels=max_pixels, spec=spec, gpu=gpu) for data in encoded))
-    return np.concatenate(pixels)
+    return pixels[0] if len(pixels) == 1 else np.concatenate(pixels)
+
+
+async def upload_images(
+    encoded: Sequence[bytes | bytearray],
+    *,
+    max_pixels: int,
+    spec: ModelSpec,
+    gpu: JpegBatchDecoder | DeferringDecoder | None,
+) -> Images:
+    """A request's encoded images (an upload, a v2 BYTES input) → (k, C, H, W) uint8 decoded here; or,
+    where the GPU decoder is the engine process's and every image is a JPEG it takes, the images
+    themselves for it to decode and infer (one trip there, not one to decode and one to infer)."""
+    if isinstance(gpu, DeferringDecoder):
+        if encoded and all(data and gpu_decodable(data, max_pixels=max_pixels, spec=spec) for data in encoded):
+
+            async def decode_here() -> np.ndarray:  # the engine process's nvJPEG refused one of them
+                metrics.IMAGE_DECODES.labels(decoder="cpu_fallback").inc(len(encoded))
+                pixels = [await off_loop(decode_image, data, max_pixels=max_pixels, spec=spec) for data in encoded]
+                return np.concatenate(pixels)
+
+            deferred = gpu.defer(encoded, spec, decode_here)
+            if deferred is not None:
+                return deferred
+        gpu = None  # the rest, Pillow's here
+    return await decode_uploads(encoded, max_pixels=max_pixels, spec=spec, gpu=gpu)

@@ -25,7 +25,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +34,7 @@ import orjson
 
 from app.engine_process import frames
 from app.engine_process.segments import Segment, SegmentPool
-from app.errors import GpuDecodeError, NotReadyError, QueueFullError
+from app.errors import NotReadyError, QueueFullError
 from app.ops import metrics
 from app.ops.metric_buffers import BufferedHistogram
 from app.repository.model_spec import ModelSpec
@@ -55,10 +55,10 @@ Table = dict[str, dict[str, dict[str, Any]]]  # model → version → its id, en
 
 @dataclass(slots=True, eq=False)
 class Outgoing:
-    """A request in the outbox: its model index, (k, C, H, W) pixels, deadline and answer."""
+    """A request in the outbox: its model index, (k, C, H, W) pixels or k JPEGs, deadline and answer."""
 
     model: int
-    images: np.ndarray
+    images: np.ndarray | EngineUploads
     deadline: float
     future: asyncio.Future[np.ndarray]
     queued: float  # time.monotonic() at send(): its wait in the outbox is measured
@@ -72,6 +72,7 @@ class SentFrame:
     model: int
     requests: list[tuple[asyncio.Future[np.ndarray], int]]
     sent: float  # time.monotonic() when written: its round trip is measured
+    uploads: list[Outgoing] | None = None  # an UPLOADS frame's requests: decoded here if nvJPEG refused one
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,8 @@ class EngineLink:
         self.queue_figures: dict[int, tuple[int, float]] = {}  # by served model id: queued rows, rows/s
         self._frame_rows: dict[int, int] = {}  # by served model id: a frame's rows at most
         self._pending: dict[int, SentFrame] = {}  # frame id → what it carries
-        self._decoding: dict[int, tuple[asyncio.Future[np.ndarray], Segment]] = {}  # DECODE id → answer, segment
+        self._decoding_here: set[asyncio.Task[None]] = set()  # uploads nvJPEG refused, decoded with Pillow here
+        self._gpu_decodes = metrics.IMAGE_DECODES.labels(decoder="gpu")
         self._controls: dict[int, asyncio.Future[dict[str, Any]]] = {}  # CONTROL id → its answer
         self.decodes_jpeg = False  # the engine process decodes JPEG uploads on its GPU (nvJPEG)
         self._outbox: list[Outgoing] = []  # requests for the next frames
@@ -156,9 +158,10 @@ class EngineLink:
         self._writer.write(frames.json_frame(frames.CONTROL, {"id": call_id, **call}))
         return await future
 
-    def send(self, model: int, images: np.ndarray, deadline: float) -> asyncio.Future[np.ndarray]:
-        """Put the request in the outbox; the future of its answer. Sent within the loop iteration
-        unless FRAMES_IN_FLIGHT frames are out; then with the others when an answer comes back."""
+    def send(self, model: int, images: np.ndarray | EngineUploads, deadline: float) -> asyncio.Future[np.ndarray]:
+        """Put the request (pixels, or JPEGs for the engine process to decode) in the outbox; the future of
+        its answer. Sent within the loop iteration unless FRAMES_IN_FLIGHT frames are out; then with the
+        others when an answer comes back."""
         if self.dead is not None or self._writer is None:
             raise NotReadyError(f"the engine process is gone ({self.dead}); the service is restarting")
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
@@ -172,14 +175,17 @@ class EngineLink:
             self._flush = asyncio.get_running_loop().call_soon(self._send_outbox)
 
     def _send_outbox(self) -> None:
-        """Every waiting request in frames: one per model and image shape, FRAME_ROWS rows at most."""
+        """Every waiting request in frames: one per model and image shape (JPEGs: one per model), FRAME_ROWS
+        rows at most."""
         self._flush = None
         if self.dead is not None:
             return  # _lost answered them
-        groups: dict[tuple[int, np.dtype[Any], tuple[int, ...]], list[Outgoing]] = {}
+        groups: dict[tuple[int, Any, tuple[int, ...]], list[Outgoing]] = {}
         for request in self._outbox:
             if not request.future.done():  # a client that left before its rows were sent costs nothing
-                key = (request.model, request.images.dtype, request.images.shape[1:])
+                images = request.images
+                key = (request.model, images.dtype, images.shape[1:]) if isinstance(images, np.ndarray) else (
+                    request.model, None, ())  # fmt: skip
                 groups.setdefault(key, []).append(request)
         self._outbox.clear()
         writer = self._writer
@@ -210,13 +216,16 @@ class EngineLink:
     def _send_frame(self, writer: asyncio.StreamWriter, requests: list[Outgoing], rows: int) -> None:
         """Copy the requests' pixels into one segment, one after the other, and send one INFER frame."""
         first = requests[0].images
+        if not isinstance(first, np.ndarray):
+            self._send_uploads(writer, requests)
+            return
         shape = (rows, *first.shape[1:])  # (rows, C, H, W)
         segment, new = self.pool.take(rows * first.itemsize * math.prod(shape[1:]))
         staged = np.ndarray(shape, first.dtype, buffer=segment.memory)
         offset = 0
         for request in requests:  # one copy each, whatever the strides (an nhwc body is a transposed view)
             k = len(request.images)
-            np.copyto(staged[offset : offset + k], request.images)
+            np.copyto(staged[offset : offset + k], request.images)  # type: ignore[arg-type]  # pixels, all of them
             offset += k
         if new:
             where = {"index": segment.index, "path": segment.path, "size": segment.size}
@@ -233,46 +242,55 @@ class EngineLink:
         self._pending[frame_id] = SentFrame(segment, model, [(r.future, len(r.images)) for r in requests], now)
         writer.write(frames.frame(frames.INFER, header))
 
-    def decode(self, model: int, data: bytes | bytearray | memoryview, pixel_bytes: int) -> asyncio.Future[np.ndarray]:
-        """Send an upload's encoded bytes (a byte buffer) to the engine process's GPU decoder; the future of its
-        (1, C, H, W) uint8 pixels, or GpuDecodeError where nvJPEG refused it (Pillow decodes it here).
-        `pixel_bytes`: what the model's input takes, so that the segment can carry the pixels back."""
-        if self.dead is not None or self._writer is None:
-            raise NotReadyError(f"the engine process is gone ({self.dead}); the service is restarting")
-        segment, new = self.pool.take(max(len(data), pixel_bytes))
-        segment.memory[: len(data)] = data
+    def _send_uploads(self, writer: asyncio.StreamWriter, requests: list[Outgoing]) -> None:
+        """The requests' JPEGs one after the other in one segment, in one UPLOADS frame: decoded on the
+        engine process's GPU and inferred there, answered by one RESULT as an INFER frame is."""
+        uploads = [request.images for request in requests]
+        encoded = [data for upload in uploads if isinstance(upload, EngineUploads) for data in upload.encoded]
+        segment, new = self.pool.take(sum(len(data) for data in encoded))
+        offset = 0
+        for data in encoded:
+            segment.memory[offset : offset + len(data)] = data
+            offset += len(data)
         if new:
             where = {"index": segment.index, "path": segment.path, "size": segment.size}
-            self._writer.write(frames.json_frame(frames.SEGMENT, where))
-        decode_id = next(self._ids)
-        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        self._decoding[decode_id] = (future, segment)
-        header = frames.DECODE_HEADER.pack(decode_id, model, len(data), segment.index)
-        self._writer.write(frames.frame(frames.DECODE, header))
-        return future
+            writer.write(frames.json_frame(frames.SEGMENT, where))
+        frame_id = next(self._ids)
+        model = requests[0].model
+        deadline = max(request.deadline for request in requests)  # as an INFER frame's
+        header = frames.UPLOADS_HEADER.pack(frame_id, deadline, model, len(encoded), segment.index)
+        header += frames.upload_lengths(len(encoded)).pack(*(len(data) for data in encoded))
+        now = time.monotonic()
+        self._outbox_wait.observe(now - requests[0].queued)
+        answers = [(r.future, len(r.images)) for r in requests]
+        self._pending[frame_id] = SentFrame(segment, model, answers, now, requests)
+        writer.write(frames.frame(frames.UPLOADS, header))
 
-    def _decoded(self, payload: bytes) -> None:
-        decode_id, outcome, c, h, w = frames.DECODED_HEADER.unpack_from(payload)
-        future, segment = self._decoding.pop(decode_id)
+    def _refused(self, sent: SentFrame) -> None:
+        """The engine process's nvJPEG refused an image of an UPLOADS frame: each of its requests is
+        decoded here (Pillow) and sent again as pixels."""
+        for request in sent.uploads or ():
+            if not request.future.done() and isinstance(request.images, EngineUploads):
+                task = asyncio.create_task(self._decode_here_and_send(request.images, request.future, request.deadline))
+                self._decoding_here.add(task)
+                task.add_done_callback(self._decoding_here.discard)
+
+    async def _decode_here_and_send(self, uploads: EngineUploads, future: asyncio.Future[np.ndarray],
+                                    deadline: float) -> None:  # fmt: skip
         try:
-            if future.done():
-                return
-            if outcome == frames.DECODED_OK:  # copied out: the segment goes back to the pool now
-                future.set_result(np.ndarray((1, c, h, w), np.uint8, buffer=segment.memory).copy())
-            elif outcome == frames.DECODE_REFUSED:
-                future.set_exception(GpuDecodeError("the engine process's nvJPEG refused the image"))
-            else:
-                future.set_exception(frames.EngineProcessError(payload[frames.DECODED_HEADER.size :]))
-        finally:
-            self.pool.give_back(segment)
+            pixels = await uploads.decode_here()
+            scores = await self.send(uploads.model, pixels, deadline)
+        except Exception as error:
+            if not future.done():
+                future.set_exception(error)
+        else:
+            if not future.done():
+                future.set_result(scores)
 
     async def _read_results(self, reader: asyncio.StreamReader) -> None:
         try:
             while True:
                 kind, payload = await frames.read_frame(reader)
-                if kind == frames.DECODED:
-                    self._decoded(payload)
-                    continue
                 if kind == frames.MODELS:  # a load or an unload changed them: applied before anything after it
                     table = orjson.loads(payload)
                     self._take_table(table)
@@ -287,19 +305,24 @@ class EngineLink:
                     if not control.done():
                         control.set_result(answer)
                     continue
-                frame_id, ok, rows, classes, queued, rate = frames.RESULT_HEADER.unpack_from(payload)
+                frame_id, outcome, rows, classes, queued, rate = frames.RESULT_HEADER.unpack_from(payload)
+                # Read-only views of the frame, no copy: the routes only read scores.
+                scores = np.frombuffer(payload, np.float32, rows * classes, frames.RESULT_HEADER.size)
+                scores = scores.reshape(rows, classes)
                 sent = self._pending.pop(frame_id)
                 self._round_trip.observe(time.monotonic() - sent.sent)
                 self.pool.give_back(sent.segment)  # the engine process is done with its pixels
                 self.queue_figures[sent.model] = (queued, rate)
-                if ok:  # read-only views of the frame, no copy: the routes only read scores
-                    scores = np.frombuffer(payload, np.float32, rows * classes, frames.RESULT_HEADER.size)
-                    scores = scores.reshape(rows, classes)
+                if outcome == frames.ANSWERED:
                     offset = 0
                     for future, k in sent.requests:
                         if not future.done():
                             future.set_result(scores[offset : offset + k])
                         offset += k
+                    if sent.uploads is not None:
+                        self._gpu_decodes.inc(rows)
+                elif outcome == frames.REFUSED:
+                    self._refused(sent)
                 else:
                     error = payload[frames.RESULT_HEADER.size :]
                     for future, _ in sent.requests:
@@ -316,7 +339,6 @@ class EngineLink:
         self.dead = why
         waiting: list[asyncio.Future[Any]] = [future for sent in self._pending.values() for future, _ in sent.requests]
         waiting += [request.future for request in self._outbox]
-        waiting += [future for future, _ in self._decoding.values()]
         waiting += self._controls.values()
         log.critical("the engine process is gone: %s; failing %d requests", why, len(waiting))
         for future in waiting:
@@ -324,7 +346,6 @@ class EngineLink:
                 future.set_exception(NotReadyError(f"the engine process is gone ({why})"))
         self._pending.clear()
         self._outbox.clear()
-        self._decoding.clear()
         self._controls.clear()
         self.on_dead(why)
 
@@ -377,24 +398,39 @@ class RemoteBatcher:
 
 class RemoteJpegDecoder:
     """The engine process's nvJPEG decoder as a worker's routes see it (app/codecs/uploads.py's
-    JpegBatchDecoder): an upload's bytes go to the process that owns the GPU and its pixels come
-    back, so that JPEG uploads are decoded on the GPU with the engine process as without it."""
+    upload_images): a request's JPEGs go to the process that owns the GPU with the request itself, to be
+    decoded and inferred there in one trip, so that JPEG uploads are decoded on the GPU with the engine
+    process as without it."""
 
     def __init__(self, link: EngineLink) -> None:
         self.link = link
 
-    async def decode(
-        self, data: bytes | bytearray | memoryview, spec: ModelSpec, out: np.ndarray | None = None
-    ) -> np.ndarray:
-        """A JPEG → (1, C, H, W) uint8 per the spec's [preprocess]; GpuDecodeError if nvJPEG refused it."""
+    def defer(
+        self, encoded: Sequence[bytes | bytearray], spec: ModelSpec, decode_here: Callable[[], Awaitable[np.ndarray]]
+    ) -> EngineUploads | None:
+        """The request's JPEGs, for the data plane to enqueue in place of pixels; None where the engine
+        process does not serve this version now (the caller decodes them here; its enqueue says why)."""
         info = self.link.table.get(spec.name, {}).get(spec.version)
-        if info is None:  # unloaded meanwhile: the route's Pillow decodes it, its submit says what happened
-            raise GpuDecodeError(f"{spec.name} version {spec.version} is not served by the engine process now")
-        pixels = await self.link.decode(int(info["id"]), data, math.prod(spec.input_shape))
-        if out is None:  # the routes' case: they pass none
-            return pixels
-        np.copyto(out, pixels)  # the Protocol's contract, at one copy more
-        return out
+        if info is None:
+            return None
+        return EngineUploads(self.link, int(info["id"]), encoded, decode_here)
 
     def close(self) -> None:
         pass  # the decoder is the engine process's
+
+
+@dataclass(slots=True, eq=False)
+class EngineUploads:
+    """A request's encoded JPEGs on their way to the engine process's GPU decoder and batcher: what a
+    codec's decode gives the data plane in place of pixels (app/batching/queue.py's Uploads)."""
+
+    link: EngineLink
+    model: int  # the served version's id
+    encoded: Sequence[bytes | bytearray]
+    decode_here: Callable[[], Awaitable[np.ndarray]]  # their (k, C, H, W) pixels by Pillow, where nvJPEG refuses one
+
+    def __len__(self) -> int:
+        return len(self.encoded)  # the rows it becomes
+
+    def enqueue(self, deadline: float) -> asyncio.Future[np.ndarray]:
+        return self.link.send(self.model, self, deadline)

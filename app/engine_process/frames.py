@@ -1,15 +1,15 @@
 """The engine process's socket: length-prefixed frames, one kind byte each.
 
 worker → engine: HELLO (nothing), SEGMENT (JSON: index, path, size), INFER (a fixed header),
-                 DECODE (a fixed header: an upload's encoded bytes in a segment, for the GPU's decoder),
+                 UPLOADS (a fixed header, then each image's length: a request's encoded JPEGs, one after
+                 the other in a segment, decoded by the GPU's decoder and inferred, one trip),
                  CONTROL (JSON: a model control call, index, load or unload, and its id),
                  APPLIED (JSON: the generation of the latest MODELS frame this worker now serves)
 engine → worker: MODELS (JSON: the models and versions served, each with the id its INFER frames
                  name, whether JPEGs are decoded on the GPU here; or the start-up failure), at
                  HELLO and again to every worker whenever a load or unload changed them,
-                 RESULT (a fixed header, then float32 probabilities or a JSON error),
-                 DECODED (a fixed header: the pixels' shape, written into the DECODE's segment; or
-                 nvJPEG refused the image; or a JSON error),
+                 RESULT (a fixed header, then float32 probabilities or a JSON error; for UPLOADS
+                 also "nvJPEG refused one of them": the worker decodes them with Pillow),
                  CONTROLLED (JSON: the control call's id and its answer or error), once every
                  worker has APPLIED the MODELS frame its change sent
 """
@@ -25,18 +25,22 @@ import orjson
 
 from app.errors import ServiceError
 
-HELLO, MODELS, SEGMENT, INFER, RESULT, DECODE, DECODED, CONTROL, CONTROLLED, APPLIED = range(10)
+HELLO, MODELS, SEGMENT, INFER, RESULT, UPLOADS, CONTROL, CONTROLLED, APPLIED = range(9)
 PREFIX = struct.Struct("<BI")  # kind, payload length
 # id, deadline (time.monotonic(), system-wide on Linux), dtype, served model's id, (k, C, H, W), segment
 INFER_HEADER = struct.Struct("<QdBxxxIIIIII")
-# id, ok, rows, classes, the engine's queued rows and rows/s for the model (the workers' admission)
+# id, outcome, rows, classes, the engine's queued rows and rows/s for the model (the workers' admission)
 RESULT_HEADER = struct.Struct("<QBxxxIIId")
-# id, served model's id, encoded bytes, segment
-DECODE_HEADER = struct.Struct("<QIII")
-# id, outcome (DECODED_OK, DECODE_REFUSED: nvJPEG refused it, Pillow decodes it; DECODE_FAILED: a JSON
-# error follows), the (1, C, H, W) pixels' C, H, W
-DECODED_HEADER = struct.Struct("<QBxxxIII")
-DECODED_OK, DECODE_REFUSED, DECODE_FAILED = range(3)
+# RESULT's outcome: a JSON error follows; the (rows, classes) scores follow; UPLOADS nvJPEG refused (nothing follows)
+FAILED, ANSWERED, REFUSED = range(3)
+# id, deadline, served model's id, images k, segment; then the k images' byte lengths, upload_lengths(k)
+UPLOADS_HEADER = struct.Struct("<QdIII")
+
+
+def upload_lengths(k: int) -> struct.Struct:  # a struct, named as the others
+    return struct.Struct(f"<{k}I")  # struct caches the compiled format
+
+
 DTYPES = (np.dtype(np.uint8), np.dtype(np.float32))
 
 

@@ -6,8 +6,8 @@ connection; every INFER frame (one or many of the worker's requests, app/engine_
 becomes one batcher.enqueue on a view of the worker's segment (zero copy until the batch is
 staged), answered by a RESULT frame from the answer's callback: no task a frame, since this one
 event loop's time a frame is the whole service's ceiling. Where the GPU decodes JPEGs (nvJPEG,
-app/codecs/gpu_jpeg.py) its decoder is here too: a worker's upload comes as a DECODE frame, its
-pixels go back in the same segment.
+app/codecs/gpu_jpeg.py) its decoder is here too: a worker's JPEG upload comes as an UPLOADS frame,
+is decoded and inferred here, and its scores go back as any request's (one trip, not two).
 
 Model control (app/model_control.py) runs here too, where the models are built and freed: a worker
 forwards a repository call as a CONTROL frame; every change (a load, an unload, a poll's) is sent to
@@ -23,7 +23,6 @@ import contextlib
 import ctypes
 import itertools
 import logging
-import math
 import mmap
 import os
 import signal
@@ -34,6 +33,8 @@ import numpy as np
 import orjson
 
 from app.batching.batcher import Batcher
+from app.batching.queue import BatchQueue
+from app.codecs.uploads import DeferringDecoder
 from app.config import Settings
 from app.engine_process import SOCKET_ENV, frames
 from app.engine_process.segments import map_file
@@ -130,7 +131,7 @@ class WorkerConnection:
     def __init__(self, host: EngineHost, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.host, self.service, self.reader, self.writer = host, host.service, reader, writer
         self.segments: dict[int, mmap.mmap] = {}
-        self.waiting: set[asyncio.Future[np.ndarray]] = set()  # INFER and DECODE frames not answered
+        self.waiting: set[asyncio.Future[np.ndarray]] = set()  # INFER and UPLOADS frames' answers and decodes
         self.tasks: set[asyncio.Task[None]] = set()  # control calls
         self.applied = 0  # the generation of the latest table this worker said it serves
 
@@ -140,8 +141,8 @@ class WorkerConnection:
                 kind, payload = await frames.read_frame(self.reader)
                 if kind == frames.INFER:
                     self.infer(payload)
-                elif kind == frames.DECODE:
-                    self.decode(payload)
+                elif kind == frames.UPLOADS:
+                    self.uploads(payload)
                 elif kind == frames.CONTROL:
                     task = asyncio.create_task(self.control(payload))
                     self.tasks.add(task)
@@ -199,61 +200,73 @@ class WorkerConnection:
         if not self.writer.is_closing():
             self.writer.write(frames.json_frame(frames.CONTROLLED, answer))
 
-    def decode(self, payload: bytes) -> None:
-        """An upload's bytes → its pixels on this process's GPU decoder, read from and written back into
-        the worker's segment (the worker copies them out, then sends them as any request's rows). The
-        DECODED frame is written from the decode's callback: no task a frame, as for INFER."""
-        decode_id, model, length, segment = frames.DECODE_HEADER.unpack(payload)
+    def uploads(self, payload: bytes) -> None:
+        """A frame of JPEGs (one request's or several's), decoded on this process's GPU and inferred here:
+        one trip a request, where decoding in one frame and inferring in the next took two (issue 26).
+        Each image goes to the decoder as a view of the worker's segment (read when its decode is
+        launched; the worker keeps the segment until RESULT), its pixels written into its row of one
+        (k, C, h, w) array, which is enqueued as an INFER frame's rows once the last is decoded. No
+        task: the decoder's futures and the batcher's answer by callback."""
+        frame_id, deadline, model, k, segment = frames.UPLOADS_HEADER.unpack_from(payload)
+        served = self.host.by_id.get(model)
         try:
-            memory = self.segments[segment]
-            spec = self.host.served(model).spec
+            if served is None:
+                served = self.host.served(model)  # NotReadyError: freed since the worker's table
             decoder = self.service.jpeg_decoder
-            if decoder is None:  # the worker asks only where HELLO said there is one
+            if decoder is None or isinstance(decoder, DeferringDecoder):  # UPLOADS come only where HELLO said so
                 raise ServiceError("this engine process has no GPU JPEG decoder")
-            wanted = (1, *spec.input_shape)  # (1, C, h, w) uint8: what the decoder writes
-            if math.prod(wanted) > len(memory):
-                raise GpuDecodeError(f"{wanted} pixels do not fit the {len(memory)}-byte segment")
-            # Read in place and written back in place: the worker keeps the segment until DECODED.
-            out = np.ndarray(wanted, np.uint8, buffer=memory)
-            # The GPU decoder answers a future (no task); a decoder whose decode is a coroutine gets one.
-            future = asyncio.ensure_future(decoder.decode(memoryview(memory)[:length], spec, out=out))
+            if k == 0:
+                raise ServiceError("an UPLOADS frame of no images")
+            batcher = served.ready_batcher()
+            batcher.admit(deadline)  # as for INFER: refused before its images are decoded
+            memory = memoryview(self.segments[segment])
+            images = np.empty((k, *served.spec.input_shape), np.uint8)  # (k, C, h, w): the frame's rows
+            lengths = frames.upload_lengths(k).unpack_from(payload, frames.UPLOADS_HEADER.size)
+            decodes: list[asyncio.Future[np.ndarray]] = []
+            start = 0
+            for row, length in enumerate(lengths):
+                data, start = memory[start : start + length], start + length
+                # The GPU decoder answers a future (no task); a decoder whose decode is a coroutine gets one.
+                decodes.append(asyncio.ensure_future(decoder.decode(data, served.spec, out=images[row : row + 1])))
         except Exception as error:
-            self.decoded(decode_id, None, error=error)
+            self.answer(frame_id, served, error=error)
             return
-        self.waiting.add(future)  # cancelled if the worker goes: the decoder then leaves its segment alone
-        future.add_done_callback(lambda done: self.decode_done(decode_id, out, done))
+        left = len(decodes)
 
-    def decode_done(self, decode_id: int, out: np.ndarray, future: asyncio.Future[np.ndarray]) -> None:
-        self.waiting.discard(future)
-        if future.cancelled():
+        def decoded(future: asyncio.Future[np.ndarray]) -> None:
+            nonlocal left
+            self.waiting.discard(future)
+            left -= 1
+            if left == 0:
+                self.infer_decoded(frame_id, served, batcher, deadline, images, decodes)
+
+        for future in decodes:
+            self.waiting.add(future)  # cancelled if the worker goes: the decoder then skips it
+            future.add_done_callback(decoded)
+
+    def infer_decoded(self, frame_id: int, served: ServedModel, batcher: BatchQueue, deadline: float,
+                      images: np.ndarray, decodes: list[asyncio.Future[np.ndarray]]) -> None:  # fmt: skip
+        """A frame's images all decoded into `images`, (k, C, h, w), or some refused: the rows to the
+        batcher, or the refusal answered (the worker decodes the frame's requests with Pillow, as a
+        refusal in-process is decoded)."""
+        if any(future.cancelled() for future in decodes):
             return  # the worker is gone: nobody to answer
-        error = future.exception()
+        errors = [error for error in (future.exception() for future in decodes) if error is not None]
+        error = next((e for e in errors if not isinstance(e, GpuDecodeError)), errors[0] if errors else None)
+        if error is None:
+            try:
+                for row, future in enumerate(decodes):
+                    pixels = future.result()
+                    if pixels.base is not images:  # a decoder that gave its own array: into its row
+                        images[row : row + 1] = pixels
+                future = batcher.enqueue(images, deadline)
+            except Exception as failure:  # pixels of another shape, the queue full meanwhile: this frame's answer
+                error = failure
         if error is not None:
-            self.decoded(decode_id, None, error=error)
+            self.answer(frame_id, served, error=error)
             return
-        pixels = future.result()
-        try:
-            if pixels is not out:  # a decoder that gave its own array: the worker reads the segment
-                np.copyto(out, pixels)
-        except Exception as failure:  # pixels of another shape: this upload's 500, not a worker left waiting
-            self.decoded(decode_id, None, error=failure)
-            return
-        self.decoded(decode_id, pixels.shape[1:])
-
-    def decoded(self, decode_id: int, shape: tuple[int, ...] | None, error: BaseException | None = None) -> None:
-        """Write the DECODED frame: the pixels' (C, H, W) in the segment, nvJPEG's refusal (the worker's
-        Pillow decodes it, as a refusal in-process is), or the error's JSON."""
-        outcome, body = frames.DECODED_OK, b""
-        if isinstance(error, GpuDecodeError):
-            outcome = frames.DECODE_REFUSED
-        elif error is not None:
-            if not isinstance(error, ServiceError):
-                log.error("unexpected error decoding an upload in the engine process", exc_info=error)
-                error = ServiceError("unexpected server error; it is logged with its traceback")
-            outcome, body = frames.DECODE_FAILED, frames.error_payload(error)
-        header = frames.DECODED_HEADER.pack(decode_id, outcome, *(shape or (0, 0, 0)))
-        if not self.writer.is_closing():
-            self.writer.write(frames.PREFIX.pack(frames.DECODED, len(header) + len(body)) + header + body)
+        self.waiting.add(future)
+        future.add_done_callback(lambda done: self.answered(frame_id, served, done))
 
     def infer(self, payload: bytes) -> None:
         """Enqueue a frame's rows; answer it now if refused, else from its future's callback."""
@@ -287,19 +300,23 @@ class WorkerConnection:
 
     def answer(self, frame_id: int, served: ServedModel | None, *, scores: np.ndarray | None = None,
                error: BaseException | None = None) -> None:  # fmt: skip
-        """Write the RESULT frame: the (rows, classes) float32 scores as they are, or the error's JSON."""
+        """Write the RESULT frame: the (rows, classes) float32 scores as they are, nvJPEG's refusal of an
+        upload (the worker's Pillow decodes it, as a refusal in-process is), or the error's JSON."""
         body: bytes | memoryview
+        rows = classes = 0
         if scores is not None:
-            (rows, classes), ok, body = scores.shape, 1, scores.data.cast("B")
+            (rows, classes), outcome, body = scores.shape, frames.ANSWERED, scores.data.cast("B")
+        elif isinstance(error, GpuDecodeError):
+            outcome, body = frames.REFUSED, b""
         else:
             if not isinstance(error, ServiceError):
                 log.error("unexpected error in the engine process", exc_info=error)
                 error = ServiceError("unexpected server error; it is logged with its traceback")
-            ok, rows, classes, body = 0, 0, 0, frames.error_payload(error)
+            outcome, body = frames.FAILED, frames.error_payload(error)
         # The queue's figures ride on every answer, a refusal's too: the workers admit with them.
         batcher = served.batcher if served is not None else None
         queued, rate = (batcher.queued_rows, batcher.rows_per_s) if isinstance(batcher, Batcher) else (0, 0.0)
-        header = frames.RESULT_HEADER.pack(frame_id, ok, rows, classes, queued, rate)
+        header = frames.RESULT_HEADER.pack(frame_id, outcome, rows, classes, queued, rate)
         # No drain: the worker reads its answers as they come, and one that stops reading is gone
         # (its connection closes, run() ends). The transport buffers what the socket cannot take yet.
         if not self.writer.is_closing():
@@ -310,7 +327,7 @@ class WorkerConnection:
 async def serve_engines(settings: Settings, socket_path: str, on_ready: Callable[[], None],
                         on_fatal: Callable[[], None]) -> None:  # fmt: skip
     """Build the engines and answer the workers until STOP_SIGNAL (or the parent process is gone)."""
-    # The GPU's JPEG decoder lives here, with the GPU: the workers send it their uploads (DECODE).
+    # The GPU's JPEG decoder lives here, with the GPU: the workers send it their uploads (UPLOADS).
     service = Service(settings, on_fatal=on_fatal, on_ready=on_ready)
     host = EngineHost(service)
     service.start()

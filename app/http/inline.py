@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from app.batching.queue import BatchQueue
+from app.batching.queue import BatchQueue, Images, enqueue
 from app.dataplane import DataPlane, NowCodec, counted, observe
 from app.errors import ClientClosedError, DeadlineExceededError
 from app.http.answer import HttpAnswer, HttpBody
@@ -157,9 +157,9 @@ class InlinePredict:
         if not request.answered:  # not meanwhile answered 504, nor left by its client
             self._queue(request, images, batcher, served)
 
-    def _queue(self, request: InlineRequest, images: np.ndarray, batcher: BatchQueue, served: ServedModel) -> None:
+    def _queue(self, request: InlineRequest, images: Images, batcher: BatchQueue, served: ServedModel) -> None:
         try:
-            request.future = batcher.enqueue(images, request.deadline)
+            request.future = enqueue(batcher, images, request.deadline)
         except Exception as error:
             self._refuse(request, error)
             return

@@ -1,12 +1,15 @@
-"""JPEG uploads decoded where the GPU is: a worker's upload goes to the engine process's decoder
-(a DECODE frame) and its pixels come back in the same segment. The real link and the real host
-code over a real Unix socket; the engine process's service is a stand-in whose "GPU decoder" is
-Pillow (no GPU here), refusing what a test tells it to, as nvJPEG refuses a CMYK JPEG."""
+"""JPEG uploads decoded where the GPU is: a worker's request goes to the engine process with its JPEGs
+still encoded (an UPLOADS frame, several requests' together), is decoded there and inferred, and its
+scores come back as any request's: one trip. The real link and the real host code over a real Unix
+socket; the engine process's service is a stand-in whose "GPU decoder" is Pillow (no GPU here),
+refusing what a test tells it to, as nvJPEG refuses an image, and whose batcher answers each row's
+pixel sum, so that a score says which pixels were inferred."""
 
 from __future__ import annotations
 
 import asyncio
 import io
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -16,9 +19,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from app.batching.queue import enqueue
 from app.codecs.bodies import decode_image
-from app.codecs.uploads import decode_upload
-from app.engine_process.client import EngineLink, RemoteJpegDecoder
+from app.codecs.uploads import upload_images
+from app.engine_process.client import EngineLink, EngineUploads, RemoteBatcher, RemoteJpegDecoder
 from app.errors import GpuDecodeError, InputError, ServiceError
 from app.repository import read_repository
 from app.repository.model_spec import ModelSpec
@@ -36,20 +40,22 @@ def jpeg(seed: int, mode: str = "RGB") -> bytes:
 
 
 class PillowAsGpu:
-    """The engine process's decoder: Pillow's pixels, GpuDecodeError for CMYK (as nvJPEG), counted."""
+    """The engine process's decoder: Pillow's pixels, GpuDecodeError for the images it is told to refuse
+    (as nvJPEG refuses what its header did not show), counted."""
 
-    def __init__(self, *, writes_out: bool = True) -> None:
+    def __init__(self, *, writes_out: bool = True, refuses: tuple[bytes, ...] = ()) -> None:
         self.decoded = 0
         self.writes_out = writes_out  # False: a decoder that answers with an array of its own
+        self.refuses = refuses
 
     async def decode(self, data: bytes | memoryview, spec: ModelSpec, out: np.ndarray | None = None) -> np.ndarray:
-        if Image.open(io.BytesIO(data)).mode == "CMYK":
-            raise GpuDecodeError("CMYK")
+        if bytes(data) in self.refuses:
+            raise GpuDecodeError("refused")
         self.decoded += 1
         pixels = decode_image(bytes(data), max_pixels=MAX_PIXELS, spec=spec)
         if out is None or not self.writes_out:
             return pixels
-        np.copyto(out, pixels)  # as the GPU decoder: into the worker's segment, which `data` is part of
+        np.copyto(out, pixels)  # as the GPU decoder: into the caller's row
         return out
 
     def close(self) -> None:
@@ -89,101 +95,168 @@ class HeldFutures:
         pass
 
 
+class PixelSums:
+    """The engine process's batcher: each row's score is the sum of its pixels, answered at once; the
+    rows of every enqueue are kept, to tell frames apart."""
+
+    def __init__(self) -> None:
+        self.enqueued: list[int] = []  # rows an enqueue
+
+    def admit(self, deadline: float) -> None:
+        pass
+
+    def enqueue(self, images: np.ndarray, deadline: float | None = None) -> asyncio.Future[np.ndarray]:
+        self.enqueued.append(len(images))
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        future.set_result(images.reshape(len(images), -1).sum(axis=1, dtype=np.float32)[:, None])  # (k, 1)
+        return future
+
+
+def pixel_sums(uploads: list[bytes]) -> np.ndarray:
+    """What PixelSums answers for these JPEGs decoded by Pillow: (k, 1)."""
+    pixels = np.concatenate([decode_image(data, max_pixels=MAX_PIXELS, spec=SPEC) for data in uploads])
+    return pixels.reshape(len(uploads), -1).sum(axis=1, dtype=np.float32)[:, None]
+
+
 @asynccontextmanager
-async def engine_process(tmp_path: Path, decoder: PillowAsGpu | None) -> AsyncIterator[EngineLink]:
+async def engine_process(tmp_path: Path, decoder: Any, *, frames_in_flight: int = 4
+                         ) -> AsyncIterator[tuple[EngineLink, PixelSums]]:  # fmt: skip
     socket_path = str(tmp_path / "engine.sock")
-    versions = {SPEC.name: {SPEC.version: stand_in(SPEC)}}
-    async with serving_host(socket_path, versions, repository=tmp_path, jpeg_decoder=decoder):
+    batcher = PixelSums()
+    served = stand_in(SPEC)
+    served.ready_batcher = lambda: batcher
+    async with serving_host(socket_path, {SPEC.name: {SPEC.version: served}}, repository=tmp_path,
+                            jpeg_decoder=decoder):  # fmt: skip
         (tmp_path / "segments").mkdir()
-        link = EngineLink(socket_path, str(tmp_path / "segments"), on_dead=lambda why: None)
+        link = EngineLink(socket_path, str(tmp_path / "segments"), on_dead=lambda why: None,
+                          frames_in_flight=frames_in_flight)  # fmt: skip
         await link.connect(timeout_s=5)
         try:
-            yield link
+            yield link, batcher
         finally:
             await link.close()
 
 
-def test_uploads_are_decoded_by_the_engine_process_into_the_pixels_pillow_gives(tmp_path: Path) -> None:
+async def infer(link: EngineLink, uploads: list[bytes]) -> np.ndarray:
+    """A request's JPEGs as a route takes them (upload_images, then the data plane's enqueue): (k, 1) sums."""
+    images = await upload_images(uploads, max_pixels=MAX_PIXELS, spec=SPEC, gpu=RemoteJpegDecoder(link))
+    return await enqueue(link_queue(link), images, math.inf)
+
+
+async def in_flight(link: EngineLink, uploads: list[bytes]) -> asyncio.Future[np.ndarray]:
+    """A request sent, its frame written: the answer's future."""
+    answer = asyncio.ensure_future(infer(link, uploads))
+    while not link._pending:
+        await asyncio.sleep(0)
+    return answer
+
+
+def link_queue(link: EngineLink) -> RemoteBatcher:
+    return RemoteBatcher(link, link.table[SPEC.name][SPEC.version])
+
+
+def test_uploads_go_undecoded_and_are_inferred_on_the_pixels_pillow_gives(tmp_path: Path) -> None:
     decoder = PillowAsGpu()
 
     async def scenario() -> None:
-        async with engine_process(tmp_path, decoder) as link:
+        async with engine_process(tmp_path, decoder) as (link, _):
             assert link.decodes_jpeg
-            remote = RemoteJpegDecoder(link)
             uploads = [jpeg(seed) for seed in range(5)]
-            got = await asyncio.gather(*(remote.decode(data, SPEC) for data in uploads))
-            for data, pixels in zip(uploads, got, strict=True):
-                expected = decode_image(data, max_pixels=MAX_PIXELS, spec=SPEC)
-                assert pixels.shape == expected.shape == (1, *SPEC.input_shape)
-                np.testing.assert_array_equal(pixels, expected)
+            images = await upload_images(uploads[:1], max_pixels=MAX_PIXELS, spec=SPEC, gpu=RemoteJpegDecoder(link))
+            assert isinstance(images, EngineUploads) and len(images) == 1  # not decoded in the worker
+            got = await asyncio.gather(*(infer(link, [data]) for data in uploads))
+            for data, scores in zip(uploads, got, strict=True):
+                np.testing.assert_array_equal(scores, pixel_sums([data]))
             assert decoder.decoded == 5
             made = len(link.pool.segments)
-            await asyncio.gather(*(remote.decode(data, SPEC) for data in uploads))  # the same again
+            await asyncio.gather(*(infer(link, [data]) for data in uploads))  # the same again
             assert len(link.pool.segments) == made  # given back and reused: no new segment for the second five
 
     asyncio.run(scenario())
 
 
-def test_a_decoder_that_answers_with_its_own_array_still_fills_the_segment(tmp_path: Path) -> None:
-    # The worker reads the pixels from its segment: whatever array the decoder returns, they go there.
+def test_uploads_waiting_together_go_in_one_frame_and_one_enqueue_each_answered_its_own_rows(tmp_path: Path) -> None:
     async def scenario() -> None:
-        async with engine_process(tmp_path, PillowAsGpu(writes_out=False)) as link:
-            data = jpeg(7)
-            pixels = await RemoteJpegDecoder(link).decode(data, SPEC)
-            np.testing.assert_array_equal(pixels, decode_image(data, max_pixels=MAX_PIXELS, spec=SPEC))
+        async with engine_process(tmp_path, PillowAsGpu(), frames_in_flight=1) as (link, batcher):
+            requests = [[jpeg(1)], [jpeg(2), jpeg(3), jpeg(4)], [jpeg(5)]]  # the second: a v2 BYTES input of 3
+            first = await in_flight(link, [jpeg(0)])  # the one frame in flight: the rest wait for it
+            got = await asyncio.gather(*(infer(link, uploads) for uploads in requests))
+            await first
+            assert batcher.enqueued == [1, 5]  # the waiting three requests' five images: one frame, one enqueue
+            for uploads, scores in zip(requests, got, strict=True):
+                np.testing.assert_array_equal(scores, pixel_sums(uploads))
 
     asyncio.run(scenario())
 
 
-def test_an_image_the_gpu_refuses_is_decoded_by_the_workers_pillow(tmp_path: Path) -> None:
+def test_an_image_the_gpu_refuses_sends_its_frame_s_requests_to_the_worker_s_pillow(tmp_path: Path) -> None:
+    refused = jpeg(9)
+    decoder = PillowAsGpu(refuses=(refused,))
+
     async def scenario() -> None:
-        async with engine_process(tmp_path, PillowAsGpu()) as link:
-            remote = RemoteJpegDecoder(link)
-            cmyk = jpeg(1, mode="CMYK")
-            with pytest.raises(GpuDecodeError):
-                await remote.decode(cmyk, SPEC)
-            # What a route calls: the refusal goes to Pillow in the worker, the answer is Pillow's.
-            pixels = await decode_upload(cmyk, max_pixels=MAX_PIXELS, spec=SPEC, gpu=remote)
-            np.testing.assert_array_equal(pixels, decode_image(cmyk, max_pixels=MAX_PIXELS, spec=SPEC))
+        async with engine_process(tmp_path, decoder, frames_in_flight=1) as (link, batcher):
+            fallbacks = metrics_value("cpu_fallback")
+            first = await in_flight(link, [jpeg(0)])
+            requests = [[jpeg(1)], [refused], [jpeg(2), jpeg(3)]]  # one frame: the refusal is its whole answer
+            got = await asyncio.gather(*(infer(link, uploads) for uploads in requests))
+            await first
+            for uploads, scores in zip(requests, got, strict=True):
+                np.testing.assert_array_equal(scores, pixel_sums(uploads))
+            assert metrics_value("cpu_fallback") - fallbacks == 4  # each of the frame's images, by Pillow here
+            assert batcher.enqueued[0] == 1 and sum(batcher.enqueued[1:]) == 4  # the four sent again as pixels
 
     asyncio.run(scenario())
+
+
+def metrics_value(decoder: str) -> float:
+    from app.ops import metrics
+
+    return metrics.IMAGE_DECODES.labels(decoder=decoder)._value.get()
 
 
 def test_a_bad_upload_is_the_same_clear_error_through_the_engine_process(tmp_path: Path) -> None:
     async def scenario() -> None:
-        async with engine_process(tmp_path, PillowAsGpu()) as link:
-            truncated = jpeg(2)[:200]  # no end-of-image marker: decode_upload sends it to Pillow, which refuses it
+        async with engine_process(tmp_path, PillowAsGpu()) as (link, _):
+            truncated = jpeg(2)[:200]  # no end-of-image marker: decoded here by Pillow, which refuses it
             with pytest.raises(InputError):
-                await decode_upload(truncated, max_pixels=MAX_PIXELS, spec=SPEC, gpu=RemoteJpegDecoder(link))
+                await infer(link, [truncated])
+
+    asyncio.run(scenario())
+
+
+def test_a_decoder_that_answers_with_its_own_array_is_still_inferred_on_its_pixels(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with engine_process(tmp_path, PillowAsGpu(writes_out=False)) as (link, _):
+            uploads = [jpeg(7), jpeg(8)]
+            np.testing.assert_array_equal(await infer(link, uploads), pixel_sums(uploads))
 
     asyncio.run(scenario())
 
 
 def test_a_decoder_that_answers_futures_is_answered_from_their_callbacks(tmp_path: Path) -> None:
-    # The GPU decoder's decode is a future: the host answers DECODED from its callback, each upload its own pixels.
+    # The GPU decoder's decode is a future: the host enqueues from the last one's callback, no task.
     decoder = HeldFutures()
 
     async def scenario() -> None:
-        async with engine_process(tmp_path, decoder) as link:  # type: ignore[arg-type]
-            remote = RemoteJpegDecoder(link)
+        async with engine_process(tmp_path, decoder) as (link, _):
             uploads = [jpeg(seed) for seed in range(3)]
-            answers = asyncio.gather(*(remote.decode(data, SPEC) for data in uploads))
+            answers = asyncio.gather(*(infer(link, [data]) for data in uploads))
             while len(decoder.held) < 3:
                 await decoder.arrived.wait()
                 decoder.arrived.clear()
             assert decoder.finish() == 3
-            for data, pixels in zip(uploads, await answers, strict=True):
-                np.testing.assert_array_equal(pixels, decode_image(data, max_pixels=MAX_PIXELS, spec=SPEC))
+            for data, scores in zip(uploads, await answers, strict=True):
+                np.testing.assert_array_equal(scores, pixel_sums([data]))
 
     asyncio.run(scenario())
 
 
-def test_a_worker_gone_mid_decode_has_its_decode_cancelled_so_its_segment_is_not_written(tmp_path: Path) -> None:
+def test_a_worker_gone_mid_decode_has_its_decode_cancelled(tmp_path: Path) -> None:
     decoder = HeldFutures()
 
     async def scenario() -> None:
-        async with engine_process(tmp_path, decoder) as link:  # type: ignore[arg-type]
-            pending = asyncio.ensure_future(RemoteJpegDecoder(link).decode(jpeg(3), SPEC))
+        async with engine_process(tmp_path, decoder) as (link, batcher):
+            pending = asyncio.ensure_future(infer(link, [jpeg(3)]))
             await decoder.arrived.wait()
             ((_, _, _, future),) = decoder.held
             await link.close()  # the worker goes while its upload is being decoded
@@ -191,8 +264,8 @@ def test_a_worker_gone_mid_decode_has_its_decode_cancelled_so_its_segment_is_not
                 if future.done():
                     break
                 await asyncio.sleep(0.01)
-            assert future.cancelled()  # so the decoder skips it: nothing writes into the gone worker's segment
-            assert decoder.finish() == 0
+            assert future.cancelled()  # so the decoder skips it, and nothing is enqueued for nobody
+            assert decoder.finish() == 0 and batcher.enqueued == []
             pending.cancel()
 
     asyncio.run(scenario())
@@ -206,9 +279,9 @@ def test_a_decoder_answering_pixels_of_another_shape_is_a_clear_500_not_a_wait(t
             return future
 
     async def scenario() -> None:
-        async with engine_process(tmp_path, WrongShape()) as link:  # type: ignore[arg-type]
+        async with engine_process(tmp_path, WrongShape()) as (link, _):
             with pytest.raises(ServiceError) as caught:
-                await asyncio.wait_for(RemoteJpegDecoder(link).decode(jpeg(4), SPEC), timeout=5)
+                await asyncio.wait_for(infer(link, [jpeg(4)]), timeout=5)
             assert caught.value.status == 500
 
     asyncio.run(scenario())
@@ -216,7 +289,7 @@ def test_a_decoder_answering_pixels_of_another_shape_is_a_clear_500_not_a_wait(t
 
 def test_without_a_gpu_decoder_the_workers_are_told_so(tmp_path: Path) -> None:
     async def scenario() -> None:
-        async with engine_process(tmp_path, None) as link:
+        async with engine_process(tmp_path, None) as (link, _):
             assert not link.decodes_jpeg
 
     asyncio.run(scenario())

@@ -17,8 +17,9 @@ from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import Response
 
+from app.batching.queue import Images
 from app.codecs.bodies import decode_json, decode_raw, encode_predictions
-from app.codecs.uploads import JpegBatchDecoder, decode_upload
+from app.codecs.uploads import DeferringDecoder, JpegBatchDecoder, upload_images
 from app.errors import ClientClosedError, InputError, ServiceError
 from app.http.answer import HttpAnswer, HttpBody, error_answer, whole_body
 from app.http.limits import deadline_of
@@ -54,7 +55,7 @@ class PredictCodec:
     def served(self, model: str, version: str | None) -> ServedModel:
         return self.service.model(model or None)
 
-    async def decode(self, request: HttpBody, spec: ModelSpec) -> tuple[np.ndarray, None]:
+    async def decode(self, request: HttpBody, spec: ModelSpec) -> tuple[Images, None]:
         settings = self.service.settings
         pixels = spec.max_image_pixels(settings.max_image_pixels)
         jpeg = self.service.jpeg_decoder
@@ -79,16 +80,22 @@ class PredictCodec:
 
 
 async def decode_body(
-    request: HttpBody, spec: ModelSpec, *, max_instances: int, max_pixels: int, jpeg: JpegBatchDecoder | None
-) -> np.ndarray:
+    request: HttpBody,
+    spec: ModelSpec,
+    *,
+    max_instances: int,
+    max_pixels: int,
+    jpeg: JpegBatchDecoder | DeferringDecoder | None,
+) -> Images:
     """The body as (k, C, H, W) uint8 pixels or float32 intensities, by its content type; large bodies
-    decode off the event loop. `jpeg`: the service's batched GPU JPEG decoder, None for Pillow alone.
+    decode off the event loop. `jpeg`: the service's batched GPU JPEG decoder, None for Pillow alone
+    (the engine process's: an image upload may stay encoded, for it to decode, app/codecs/uploads.py).
     The benchmarks' no-op ceiling (loadtest/servers/) calls this too, so it decodes as the service does."""
     if request.media == "multipart/form-data":  # an upload in the field `file` (curl -F file=@photo.jpg)
         upload = await upload_in(request.content_type, request.body)
-        return await decode_upload(upload, max_pixels=max_pixels, spec=spec, gpu=jpeg)
+        return await upload_images([upload], max_pixels=max_pixels, spec=spec, gpu=jpeg)
     if FORMAT_OF.get(request.media) == "image":  # the body is the image (curl --data-binary @photo.jpg)
-        return await decode_upload(request.body, max_pixels=max_pixels, spec=spec, gpu=jpeg)
+        return await upload_images([request.body], max_pixels=max_pixels, spec=spec, gpu=jpeg)
     if len(request.body) >= LARGE_JSON_BYTES:
         return await off_loop(decode_bytes, request, spec, max_instances)
     return decode_bytes(request, spec, max_instances)

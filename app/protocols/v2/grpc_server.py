@@ -29,7 +29,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from app.access.grpc_interceptor import ended_by_client, server_interceptors
-from app.codecs.uploads import decode_uploads
+from app.batching.queue import Images
+from app.codecs.uploads import upload_images
 from app.config import Settings
 from app.dataplane import DataPlane
 from app.errors import ClientClosedError, DeadlineExceededError, InputError, ServiceError
@@ -92,7 +93,7 @@ class GrpcCodec:
     def served(self, model: str, version: str | None) -> ServedModel:
         return self.service.model(model, version or None)
 
-    async def decode(self, request: Any, spec: ModelSpec) -> tuple[np.ndarray, tuple[tuple[tensors.Wanted, ...], str]]:
+    async def decode(self, request: Any, spec: ModelSpec) -> tuple[Images, tuple[tuple[tensors.Wanted, ...], str]]:
         """(k, C, H, W) images, and the outputs asked for (each with its top-k, 0: the values) with the call's
         id: the whole call, checked."""
         asked = _asked_outputs(request, spec), request.id
@@ -103,7 +104,8 @@ class GrpcCodec:
             images = await off_loop(_input, request, spec, settings.max_instances)
         if isinstance(images, list):  # encoded images: the uploads' decoder, on the GPU where it can be
             pixels = spec.max_image_pixels(settings.max_image_pixels)
-            images = await decode_uploads(images, max_pixels=pixels, spec=spec, gpu=self.service.jpeg_decoder)
+            gpu = self.service.jpeg_decoder
+            return await upload_images(images, max_pixels=pixels, spec=spec, gpu=gpu), asked
         return images, asked
 
     def encode(

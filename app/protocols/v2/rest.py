@@ -23,8 +23,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from app.batching.queue import Images
 from app.codecs.bodies import decode_image
-from app.codecs.uploads import decode_uploads
+from app.codecs.uploads import upload_images
 from app.errors import ClientClosedError, InputError, ServiceError
 from app.http.answer import HttpAnswer, HttpBody, error_answer, whole_body
 from app.http.limits import deadline_of
@@ -145,7 +146,7 @@ class V2Codec:
     def served(self, model: str, version: str | None) -> ServedModel:
         return served_model(self.service, model, version)
 
-    async def decode(self, request: HttpBody, spec: ModelSpec) -> tuple[np.ndarray, Asked]:
+    async def decode(self, request: HttpBody, spec: ModelSpec) -> tuple[Images, Asked]:
         parse = (request.body, request.header_length, spec, self.max_instances)
         if len(request.body) >= LARGE_JSON_BYTES:
             asked, images = await off_loop(parse_infer, *parse)
@@ -153,7 +154,8 @@ class V2Codec:
             asked, images = parse_infer(*parse)
         if isinstance(images, list):  # encoded images: the uploads' decoder, on the GPU where it can be
             pixels = spec.max_image_pixels(self.service.settings.max_image_pixels)
-            images = await decode_uploads(images, max_pixels=pixels, spec=spec, gpu=self.service.jpeg_decoder)
+            gpu = self.service.jpeg_decoder
+            return await upload_images(images, max_pixels=pixels, spec=spec, gpu=gpu), asked
         return images, asked
 
     def decode_now(self, request: HttpBody, spec: ModelSpec) -> tuple[np.ndarray, Asked]:
