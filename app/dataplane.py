@@ -28,7 +28,8 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from app.batching.queue import BatchQueue, Images, enqueue
+from app.batching.queue import BatchQueue, enqueue
+from app.codecs.uploads import Images
 from app.errors import ClientClosedError, ServiceError, within
 from app.ops import metrics, tracing
 from app.repository.model_spec import ModelSpec

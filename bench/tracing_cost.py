@@ -49,8 +49,10 @@ class Stub:
     def admit(self, deadline: float) -> None:
         pass
 
-    async def submit(self, images: np.ndarray, deadline: float) -> np.ndarray:
-        return images
+    def enqueue(self, images: np.ndarray, deadline: float) -> asyncio.Future[np.ndarray]:
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        future.set_result(images)
+        return future
 
     async def decode(self, request: Any, spec: Any) -> tuple[np.ndarray, Any]:
         return self.images, None

@@ -4,9 +4,10 @@ Satisfied by app/batching/batcher.py's Batcher (the engines in this process) and
 app/engine_process/client.py's RemoteBatcher (the engines in the engine process): the layers above
 hold a BatchQueue and never ask which.
 
-What a request brings is `Images`: (k, C, H, W) pixels, or `Uploads`, encoded images that the process
-holding the batcher decodes itself (a worker's JPEGs, decoded on the engine process's GPU and
-inferred there in one trip, app/engine_process/client.py's EngineUploads). `enqueue` takes either.
+What a request brings is `Images` (app/codecs/uploads.py): (k, C, H, W) pixels, or `Uploads`, encoded
+images that the process holding the batcher decodes itself (a worker's JPEGs, decoded on the engine
+process's GPU and inferred there in one trip, app/engine_process/client.py's EngineUploads).
+`enqueue` takes either.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import asyncio
 from typing import Any, Protocol
 
 import numpy as np
+
+from app.codecs.uploads import Images
 
 
 class NamedEngine(Protocol):
@@ -60,17 +63,6 @@ class BatchQueue(Protocol):
         ...
 
     async def stop(self) -> None: ...
-
-
-class Uploads(Protocol):
-    """Encoded images that go to their batcher undecoded, to be decoded where it runs."""
-
-    def enqueue(self, deadline: float) -> asyncio.Future[np.ndarray]:
-        """The future of their (k, classes) float32 scores."""
-        ...
-
-
-Images = np.ndarray | Uploads  # what a codec's decode gives the data plane
 
 
 def enqueue(queue: BatchQueue, images: Images, deadline: float) -> asyncio.Future[np.ndarray]:

@@ -25,7 +25,6 @@ from typing import Literal, Protocol, runtime_checkable
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from app.batching.queue import Images, Uploads
 from app.codecs.bodies import check_image_size, decode_image
 from app.errors import GpuDecodeError
 from app.ops import metrics
@@ -48,6 +47,17 @@ class JpegBatchDecoder(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class Uploads(Protocol):
+    """Encoded images that go to their batcher undecoded, to be decoded where it runs."""
+
+    def enqueue(self, deadline: float) -> asyncio.Future[np.ndarray]:
+        """The future of their (k, classes) float32 scores."""
+        ...
+
+
+Images = np.ndarray | Uploads  # what a codec's decode gives the data plane (app/batching/queue.py's enqueue)
 
 
 @runtime_checkable

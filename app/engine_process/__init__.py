@@ -8,8 +8,10 @@ engine process holds every engine and one batcher per model:
     HTTP worker ──(requests' images into a /dev/shm segment; a 45-byte frame on a Unix socket)──▶ engine process
                 ◀──(their probabilities, or the error, in a frame)──────────────────────────
 
-The engine process also decodes JPEG uploads on its GPU (DECODE frames) and runs model control:
-a load or unload made there reaches every worker as a new table of served (model, version)s.
+The engine process also decodes JPEG uploads on its GPU: a worker sends a request's JPEGs as they
+came (UPLOADS frames), they are decoded and inferred there, and the scores come back as for pixels.
+It runs model control too: a load or unload made there reaches every worker as a new table of
+served (model, version)s.
 
 - frames.py: the wire format of the socket.
 - segments.py: the shared-memory segments a worker writes its requests' pixels into.

@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from app.batching.queue import BatchQueue, Images, enqueue
+from app.batching.queue import BatchQueue, enqueue
+from app.codecs.uploads import Images
 from app.dataplane import DataPlane, NowCodec, counted, observe
 from app.errors import ClientClosedError, DeadlineExceededError
 from app.http.answer import HttpAnswer, HttpBody

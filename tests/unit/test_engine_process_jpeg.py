@@ -146,9 +146,11 @@ async def infer(link: EngineLink, uploads: list[bytes]) -> np.ndarray:
 async def in_flight(link: EngineLink, uploads: list[bytes]) -> asyncio.Future[np.ndarray]:
     """A request sent, its frame written: the answer's future."""
     answer = asyncio.ensure_future(infer(link, uploads))
-    while not link._pending:
+    for _ in range(1000):  # its task's step, then the outbox's flush: a few turns of the loop
+        if link._pending:
+            return answer
         await asyncio.sleep(0)
-    return answer
+    raise AssertionError("the request was not sent")
 
 
 def link_queue(link: EngineLink) -> RemoteBatcher:

@@ -42,7 +42,7 @@ def test_an_engine_error_reaches_the_worker_with_its_status_code_and_headers() -
 
 
 def test_the_engine_process_builds_the_jpeg_decoder_its_settings_ask_for(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The GPU's JPEG decoder lives with the GPU: the workers send it their uploads (DECODE frames)."""
+    """The GPU's JPEG decoder lives with the GPU: the workers send it their uploads (UPLOADS frames)."""
     decoders: list[str] = []
 
     class Recorder:

@@ -17,9 +17,8 @@ from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.batching.queue import Images
 from app.codecs.bodies import decode_json, decode_raw, encode_predictions
-from app.codecs.uploads import DeferringDecoder, JpegBatchDecoder, upload_images
+from app.codecs.uploads import DeferringDecoder, Images, JpegBatchDecoder, upload_images
 from app.errors import ClientClosedError, InputError, ServiceError
 from app.http.answer import HttpAnswer, HttpBody, error_answer, whole_body
 from app.http.limits import deadline_of

@@ -29,8 +29,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from app.access.grpc_interceptor import ended_by_client, server_interceptors
-from app.batching.queue import Images
-from app.codecs.uploads import upload_images
+from app.codecs.uploads import Images, upload_images
 from app.config import Settings
 from app.dataplane import DataPlane
 from app.errors import ClientClosedError, DeadlineExceededError, InputError, ServiceError

@@ -23,9 +23,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from app.batching.queue import Images
 from app.codecs.bodies import decode_image
-from app.codecs.uploads import upload_images
+from app.codecs.uploads import Images, upload_images
 from app.errors import ClientClosedError, InputError, ServiceError
 from app.http.answer import HttpAnswer, HttpBody, error_answer, whole_body
 from app.http.limits import deadline_of
