@@ -11,6 +11,7 @@ still fails a crop off by 4 pixels (7 levels on these photos) or a channel swap 
 from __future__ import annotations
 
 import asyncio
+import base64
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -199,6 +200,15 @@ def test_the_http_path_with_the_gpu_decoder(design: str, tmp_path: Path) -> None
             if top2[1] - top2[0] > 0.01:
                 assert got["label"] == want["label"]
             np.testing.assert_allclose(got["scores"], want["scores"], atol=1e-2)
+        # A v2 BYTES input of every photo, one request: decoded as uploads are (with the engine process, all in
+        # its UPLOADS frame), its rows in order.
+        encoded = [base64.b64encode(data).decode() for data in jpegs]
+        body = {"inputs": [{"name": "input", "datatype": "BYTES", "shape": [len(jpegs)], "data": encoded}]}
+        v2 = httpx.post(f"{url}/v2/models/resnet50/infer", json=body, timeout=60)
+        assert v2.status_code == 200, v2.text
+        rows = np.array(v2.json()["outputs"][0]["data"], np.float32).reshape(len(jpegs), -1)
+        for row, multipart in zip(rows, answers, strict=True):
+            np.testing.assert_allclose(row, multipart.json()["predictions"][0]["scores"], atol=1e-2)
         grey = grey_jpeg(GARMENTS[0], quality=95)
         seed = httpx.post(f"{url}/v1/models/fashion-cnn/predict", files={"file": ("g.jpg", grey, "image/jpeg")})
         assert seed.status_code == 200 and seed.json()["predictions"][0]["label"] == 9  # an ankle boot
@@ -208,7 +218,7 @@ def test_the_http_path_with_the_gpu_decoder(design: str, tmp_path: Path) -> None
     starts = (tmp_path / "server.log").read_text().count("JPEG uploads are decoded on cuda")
     assert starts == (3 if settings.get("jpeg_decode_in_workers") == "true" else 1)
     gpu_count = _sample(exposition, 'cgserve_image_decodes_total{decoder="gpu"}')
-    assert gpu_count == 2 * len(jpegs) + 1 and _sample(exposition, 'cgserve_image_decodes_total{decoder="cpu"}') >= 2
+    assert gpu_count == 3 * len(jpegs) + 1 and _sample(exposition, 'cgserve_image_decodes_total{decoder="cpu"}') >= 2
     assert _sample(exposition, "cgserve_gpu_jpeg_batch_images_count") >= 1
 
 
