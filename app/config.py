@@ -388,6 +388,8 @@ class Settings(BaseSettings):
         if self.device == "cpu" and self.jpeg_decoder == "gpu":
             raise ValueError("jpeg_decoder gpu needs a CUDA device; use device auto or cuda, or jpeg_decoder cpu")
         self._check_tls()
+        if self.grpc_port == self.port:  # both would listen (SO_REUSEPORT with workers), splitting the connections
+            raise ValueError(f"grpc_port and port are both {self.port}: give gRPC a port of its own, or 0 for none")
         if self.model_control != "none" and self.workers > 1 and not self.engine_process:
             raise ValueError(
                 f"model_control {self.model_control} with {self.workers} workers needs engine_process true: each "

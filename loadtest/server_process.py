@@ -34,9 +34,20 @@ def service_env(port: int, **settings: object) -> dict[str, str]:
 
 def free_port() -> int:
     """A TCP port no one listens on now (the kernel's pick); the server binds it moments later."""
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return int(probe.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct such ports: held together while picked, so that the kernel cannot pick one twice
+    (a server's HTTP and gRPC ports once came out equal, and both listened on it: SO_REUSEPORT)."""
+    probes = [socket.socket() for _ in range(count)]
+    try:
+        for probe in probes:
+            probe.bind((HOST, 0))
+        return [int(probe.getsockname()[1]) for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
 
 
 class ServerProcess:

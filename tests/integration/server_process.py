@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 
 from app.ops.metric_buffers import FLUSH_S
-from loadtest.server_process import HOST, free_port, running
+from loadtest.server_process import HOST, free_ports, running
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 120.0
@@ -21,9 +21,10 @@ README_COMMAND = ("make", "--no-print-directory", "serve")
 @contextmanager
 def running_server(log_path: Path, command: tuple[str, ...] = README_COMMAND, **settings: str) -> Iterator[str]:
     """Run `command` (README's by default) on a free loopback port; its URL once /readyz answers 200."""
-    port = free_port()
-    # gRPC on a port of its own too: servers that overlap in a test session must not share 8001.
-    env = {"CGSERVE_HOST": HOST, "CGSERVE_PORT": str(port), "CGSERVE_GRPC_PORT": str(free_port())}
+    # gRPC on a port of its own too: servers that overlap in a test session must not share 8001. A gRPC
+    # port the caller picked (settings' grpc_port) is not the HTTP port either.
+    port, grpc_port = [p for p in free_ports(3) if str(p) != settings.get("grpc_port")][:2]
+    env = {"CGSERVE_HOST": HOST, "CGSERVE_PORT": str(port), "CGSERVE_GRPC_PORT": str(grpc_port)}
     env |= {f"CGSERVE_{name.upper()}": value for name, value in settings.items()}
     with running(command, log_path, port=port, ready_timeout_s=START_TIMEOUT_S, env=env, cwd=ROOT) as server:
         yield server.url

@@ -25,7 +25,7 @@ import pytest
 import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
-from loadtest.server_process import HOST, POLL_S, ServerProcess, free_port
+from loadtest.server_process import HOST, POLL_S, ServerProcess, free_port, free_ports
 from tests.integration.server_process import ROOT, START_TIMEOUT_S
 from tests.reliability.common import SERVE
 
@@ -83,7 +83,7 @@ def client_context(pki: Path, *, certificate: bool = False, maximum: ssl.TLSVers
 def tls_server(log_path: Path, pki: Path, **settings: str) -> Iterator[tuple[str, str, ServerProcess]]:
     """The service with TLS on both ports: (https URL, gRPC address, its process) once /readyz answers 200
     over https (presenting the client certificate: it works with a client CA and without)."""
-    port, grpc_port = free_port(), free_port()
+    port, grpc_port = free_ports(2)
     env = {"CGSERVE_HOST": HOST, "CGSERVE_PORT": str(port), "CGSERVE_GRPC_PORT": str(grpc_port)}
     env |= {"CGSERVE_DEVICE": "cpu", "CGSERVE_BUCKETS": "1,2,4"}
     env |= {"CGSERVE_TLS_CERT_FILE": str(pki / "server.crt"), "CGSERVE_TLS_KEY_FILE": str(pki / "server.key")}

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from loadtest.server_process import free_port, running, service_env
+from loadtest.server_process import free_port, free_ports, running, service_env
 from tests.integration.server_process import running_server
 from tests.reliability.common import SERVE
 
@@ -165,7 +165,7 @@ def test_a_grpc_stream_run_ends_with_its_record_when_the_server_goes_away(tmp_pa
     """Streams the server ended while they waited for their next request are opened again (or counted), and
     the run ends by itself with its record: not a crash of the generator. The server is killed once it has
     answered over gRPC; the run's 8 s leave a slow machine room to start the generator first."""
-    port, grpc_port = free_port(), free_port()
+    port, grpc_port = free_ports(2)
     env = service_env(port, device="cpu", grpc_port=grpc_port)
     out = tmp_path / "gone.json"
     argv = [sys.executable, "-m", "loadtest", "--url", f"grpc://127.0.0.1:{grpc_port}", "--client", "grpc-stream",

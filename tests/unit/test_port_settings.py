@@ -1,0 +1,19 @@
+"""CGSERVE_PORT and CGSERVE_GRPC_PORT: two listeners, two ports, checked before the server listens."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from app.config import Settings
+
+
+def test_grpc_on_the_http_port_is_refused_with_what_to_change() -> None:
+    # With workers every listener sets SO_REUSEPORT: both would bind it and split its connections between them.
+    with pytest.raises(ValidationError, match="grpc_port and port are both 9000: give gRPC a port of its own, or 0"):
+        Settings(port=9000, grpc_port=9000)
+
+
+def test_grpc_off_or_on_a_port_of_its_own_is_accepted() -> None:
+    assert Settings(port=9000, grpc_port=0).grpc_port == 0
+    assert Settings(port=9000, grpc_port=9001).grpc_port == 9001
