@@ -26,7 +26,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -47,6 +47,10 @@ LISTEN_TIMEOUT_S = 120.0  # the engine process listens before it builds engines:
 # answer comes back. The engine runs one batch and has the next staged (two slots in flight) while a
 # third collects: a frame per worker in each keeps it fed, the fourth covers the answer on its way back.
 FRAMES_IN_FLIGHT = 4
+# The same for UPLOADS frames, apart from INFER's: an upload's round trip includes its decode (tens of ms
+# under load), so four frames in flight held a worker's 32 uploads at 256 connections back in its outbox
+# for 6 ms and fed the decoder in bursts (run 29a: 5,472 img/s against 6,108 with a frame an upload).
+UPLOAD_FRAMES_IN_FLIGHT = 16
 # A frame's largest share of requests, in rows: more would only wait for a later batch anyway. At most
 # a quarter of the model's queue limit too: the engine admits or refuses a frame whole.
 FRAME_ROWS = 128
@@ -62,6 +66,17 @@ class Outgoing:
     deadline: float
     future: asyncio.Future[np.ndarray]
     queued: float  # time.monotonic() at send(): its wait in the outbox is measured
+
+
+@dataclass(slots=True, eq=False)
+class Lane:
+    """One kind of frame's requests waiting to go and frames awaiting answers: pixels in INFER frames, JPEGs
+    in UPLOADS frames, each with its own limit of frames in flight."""
+
+    frames_in_flight: int
+    outbox: list[Outgoing] = field(default_factory=list)  # requests for the next frames
+    pending: dict[int, SentFrame] = field(default_factory=dict)  # frame id → what it carries
+    flush: asyncio.Handle | None = None  # the outbox's send, once scheduled
 
 
 @dataclass(slots=True, eq=False)
@@ -92,6 +107,7 @@ class EngineLink:
         segment_folder: str,
         on_dead: Callable[[str], None],
         frames_in_flight: int = FRAMES_IN_FLIGHT,
+        upload_frames_in_flight: int = UPLOAD_FRAMES_IN_FLIGHT,
     ) -> None:
         self.socket_path = socket_path
         self.frames_in_flight = frames_in_flight  # the setting engine_frames_in_flight
@@ -102,13 +118,12 @@ class EngineLink:
         self.on_models: Callable[[Table], Awaitable[None]] | None = None  # told of each change after connect
         self.queue_figures: dict[int, tuple[int, float]] = {}  # by served model id: queued rows, rows/s
         self._frame_rows: dict[int, int] = {}  # by served model id: a frame's rows at most
-        self._pending: dict[int, SentFrame] = {}  # frame id → what it carries
         self._decoding_here: set[asyncio.Task[None]] = set()  # uploads nvJPEG refused, decoded with Pillow here
         self._gpu_decodes = metrics.IMAGE_DECODES.labels(decoder="gpu")
         self._controls: dict[int, asyncio.Future[dict[str, Any]]] = {}  # CONTROL id → its answer
         self.decodes_jpeg = False  # the engine process decodes JPEG uploads on its GPU (nvJPEG)
-        self._outbox: list[Outgoing] = []  # requests for the next frames
-        self._flush: asyncio.Handle | None = None  # the outbox's send, once scheduled
+        self._pixels = Lane(frames_in_flight)  # INFER frames
+        self._jpegs = Lane(upload_frames_in_flight)  # UPLOADS frames
         self._ids = itertools.count()
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
@@ -165,29 +180,30 @@ class EngineLink:
         if self.dead is not None or self._writer is None:
             raise NotReadyError(f"the engine process is gone ({self.dead}); the service is restarting")
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        self._outbox.append(Outgoing(model, images, deadline, future, time.monotonic()))
-        self._schedule_flush()
+        lane = self._jpegs if isinstance(images, EngineUploads) else self._pixels
+        lane.outbox.append(Outgoing(model, images, deadline, future, time.monotonic()))
+        self._schedule_flush(lane)
         return future
 
-    def _schedule_flush(self) -> None:
-        if self._flush is None and self._outbox and len(self._pending) < self.frames_in_flight:
+    def _schedule_flush(self, lane: Lane) -> None:
+        if lane.flush is None and lane.outbox and len(lane.pending) < lane.frames_in_flight:
             # call_soon, not now: the requests that arrive in this loop iteration go in the same frame.
-            self._flush = asyncio.get_running_loop().call_soon(self._send_outbox)
+            lane.flush = asyncio.get_running_loop().call_soon(self._send_outbox, lane)
 
-    def _send_outbox(self) -> None:
+    def _send_outbox(self, lane: Lane) -> None:
         """Every waiting request in frames: one per model and image shape (JPEGs: one per model), FRAME_ROWS
         rows at most."""
-        self._flush = None
+        lane.flush = None
         if self.dead is not None:
             return  # _lost answered them
         groups: dict[tuple[int, Any, tuple[int, ...]], list[Outgoing]] = {}
-        for request in self._outbox:
+        for request in lane.outbox:
             if not request.future.done():  # a client that left before its rows were sent costs nothing
                 images = request.images
                 key = (request.model, images.dtype, images.shape[1:]) if isinstance(images, np.ndarray) else (
                     request.model, None, ())  # fmt: skip
                 groups.setdefault(key, []).append(request)
-        self._outbox.clear()
+        lane.outbox.clear()
         writer = self._writer
         assert writer is not None  # send() refuses until connect() set it
         for requests in groups.values():
@@ -196,28 +212,28 @@ class EngineLink:
             rows = 0
             for request in requests:
                 if frame and rows + len(request.images) > limit:
-                    self._send_or_fail(writer, frame, rows)
+                    self._send_or_fail(writer, frame, rows, lane)
                     frame, rows = [], 0
                 frame.append(request)
                 rows += len(request.images)
-            self._send_or_fail(writer, frame, rows)
+            self._send_or_fail(writer, frame, rows, lane)
 
-    def _send_or_fail(self, writer: asyncio.StreamWriter, requests: list[Outgoing], rows: int) -> None:
+    def _send_or_fail(self, writer: asyncio.StreamWriter, requests: list[Outgoing], rows: int, lane: Lane) -> None:
         """One frame; where it cannot be sent (no shared memory left for a segment), its requests get the
         error now, and the other frames of the flush still go."""
         try:
-            self._send_frame(writer, requests, rows)
+            self._send_frame(writer, requests, rows, lane)
         except Exception as error:
             log.error("could not send %d requests to the engine process", len(requests), exc_info=error)
             for request in requests:
                 if not request.future.done():
                     request.future.set_exception(NotReadyError(f"could not reach the engine process: {error}"))
 
-    def _send_frame(self, writer: asyncio.StreamWriter, requests: list[Outgoing], rows: int) -> None:
+    def _send_frame(self, writer: asyncio.StreamWriter, requests: list[Outgoing], rows: int, lane: Lane) -> None:
         """Copy the requests' pixels into one segment, one after the other, and send one INFER frame."""
         first = requests[0].images
         if not isinstance(first, np.ndarray):
-            self._send_uploads(writer, requests)
+            self._send_uploads(writer, requests, lane)
             return
         shape = (rows, *first.shape[1:])  # (rows, C, H, W)
         segment, new = self.pool.take(rows * first.itemsize * math.prod(shape[1:]))
@@ -239,10 +255,10 @@ class EngineLink:
         header = frames.INFER_HEADER.pack(frame_id, deadline, dtype, model, *shape, segment.index)
         now = time.monotonic()
         self._outbox_wait.observe(now - requests[0].queued)  # the oldest: the outbox keeps arrival order
-        self._pending[frame_id] = SentFrame(segment, model, [(r.future, len(r.images)) for r in requests], now)
+        lane.pending[frame_id] = SentFrame(segment, model, [(r.future, len(r.images)) for r in requests], now)
         writer.write(frames.frame(frames.INFER, header))
 
-    def _send_uploads(self, writer: asyncio.StreamWriter, requests: list[Outgoing]) -> None:
+    def _send_uploads(self, writer: asyncio.StreamWriter, requests: list[Outgoing], lane: Lane) -> None:
         """The requests' JPEGs one after the other in one segment, in one UPLOADS frame: decoded on the
         engine process's GPU and inferred there, answered by one RESULT as an INFER frame is."""
         uploads = [request.images for request in requests]
@@ -263,7 +279,7 @@ class EngineLink:
         now = time.monotonic()
         self._outbox_wait.observe(now - requests[0].queued)
         answers = [(r.future, len(r.images)) for r in requests]
-        self._pending[frame_id] = SentFrame(segment, model, answers, now, requests)
+        lane.pending[frame_id] = SentFrame(segment, model, answers, now, requests)
         writer.write(frames.frame(frames.UPLOADS, header))
 
     def _refused(self, sent: SentFrame) -> None:
@@ -309,7 +325,8 @@ class EngineLink:
                 # Read-only views of the frame, no copy: the routes only read scores.
                 scores = np.frombuffer(payload, np.float32, rows * classes, frames.RESULT_HEADER.size)
                 scores = scores.reshape(rows, classes)
-                sent = self._pending.pop(frame_id)
+                lane = self._pixels if frame_id in self._pixels.pending else self._jpegs
+                sent = lane.pending.pop(frame_id)
                 self._round_trip.observe(time.monotonic() - sent.sent)
                 self.pool.give_back(sent.segment)  # the engine process is done with its pixels
                 self.queue_figures[sent.model] = (queued, rate)
@@ -328,7 +345,7 @@ class EngineLink:
                     for future, _ in sent.requests:
                         if not future.done():  # an error object each: a raised one collects its awaiter's traceback
                             future.set_exception(frames.EngineProcessError(error))
-                self._schedule_flush()  # a frame fewer in flight: what waited goes now
+                self._schedule_flush(lane)  # a frame fewer in flight: what waited goes now
         except (asyncio.IncompleteReadError, ConnectionError) as error:
             self._lost(f"its connection closed ({type(error).__name__})")
         except Exception as error:  # a frame this worker cannot read: nothing after it can be trusted
@@ -337,15 +354,19 @@ class EngineLink:
 
     def _lost(self, why: str) -> None:
         self.dead = why
-        waiting: list[asyncio.Future[Any]] = [future for sent in self._pending.values() for future, _ in sent.requests]
-        waiting += [request.future for request in self._outbox]
+        lanes = (self._pixels, self._jpegs)
+        waiting: list[asyncio.Future[Any]] = [
+            future for lane in lanes for sent in lane.pending.values() for future, _ in sent.requests
+        ]
+        waiting += [request.future for lane in lanes for request in lane.outbox]
         waiting += self._controls.values()
         log.critical("the engine process is gone: %s; failing %d requests", why, len(waiting))
         for future in waiting:
             if not future.done():
                 future.set_exception(NotReadyError(f"the engine process is gone ({why})"))
-        self._pending.clear()
-        self._outbox.clear()
+        for lane in lanes:
+            lane.pending.clear()
+            lane.outbox.clear()
         self._controls.clear()
         self.on_dead(why)
 

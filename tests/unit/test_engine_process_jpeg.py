@@ -119,7 +119,7 @@ def pixel_sums(uploads: list[bytes]) -> np.ndarray:
 
 
 @asynccontextmanager
-async def engine_process(tmp_path: Path, decoder: Any, *, frames_in_flight: int = 4
+async def engine_process(tmp_path: Path, decoder: Any, *, frames_in_flight: int = 16
                          ) -> AsyncIterator[tuple[EngineLink, PixelSums]]:  # fmt: skip
     socket_path = str(tmp_path / "engine.sock")
     batcher = PixelSums()
@@ -129,7 +129,7 @@ async def engine_process(tmp_path: Path, decoder: Any, *, frames_in_flight: int 
                             jpeg_decoder=decoder):  # fmt: skip
         (tmp_path / "segments").mkdir()
         link = EngineLink(socket_path, str(tmp_path / "segments"), on_dead=lambda why: None,
-                          frames_in_flight=frames_in_flight)  # fmt: skip
+                          upload_frames_in_flight=frames_in_flight)  # fmt: skip
         await link.connect(timeout_s=5)
         try:
             yield link, batcher
@@ -147,7 +147,7 @@ async def in_flight(link: EngineLink, uploads: list[bytes]) -> asyncio.Future[np
     """A request sent, its frame written: the answer's future."""
     answer = asyncio.ensure_future(infer(link, uploads))
     for _ in range(1000):  # its task's step, then the outbox's flush: a few turns of the loop
-        if link._pending:
+        if link._jpegs.pending:
             return answer
         await asyncio.sleep(0)
     raise AssertionError("the request was not sent")
