@@ -12,6 +12,7 @@ import httpx
 
 from app.ops.metric_buffers import FLUSH_S
 from loadtest.server_process import HOST, free_ports, running
+from loadtest.server_process import free_port as free_port  # the tests' own picks import it from here
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 120.0
