@@ -23,10 +23,11 @@
 #       $CUDA_MPS_LOG_DIRECTORY; nvidia-cuda-mps-control -d; STEPS=one-image ONE_IMAGE_S=420 ONE_IMAGE_BUDGET_S=380 \
 #       ONE_IMAGE_ARGS="--kinds jpeg --variant-kinds jpeg --concurrencies 1024,256 --p99-fraction 0 \
 #       --variants workers-decode=CGSERVE_JPEG_DECODE_IN_WORKERS=true" bash bench/run_h200.sh; echo quit | nvidia-cuda-mps-control
-#   GPU tests last run: all of tests/gpu on 8d74532 (run 28c, run 25c's two pytest processes side by side); the decoder
-#   since is 85b3eb1's again (7154286). JPEG at 256 connections on the landed tree is still to measure (28d: 5,992 on
-#   28a's decoder, 27a: 7,667 on this one with batches of 32):
-#     STEPS=one-image ONE_IMAGE_S=300 ONE_IMAGE_BUDGET_S=260 ONE_IMAGE_ARGS="--kinds jpeg --concurrencies 256,1024 \
+#   GPU tests last run: all of tests/gpu on 8d74532 (run 28c); tests/gpu/test_gpu_jpeg.py on 3755684 (29a, 13 passed)
+#   and its engine-process designs on 4ab548f (29b). JPEG uploads go to the engine process in one trip since 4ba87ff
+#   (29a: 10,551 img/s at 1024, 5,472 at 256 with four UPLOADS frames in flight a worker); the limit of 16 since
+#   (a3a1dbc) is not measured yet, nor JPEG's p99 at 70 % (one call; run the whole GPU suite in another, run 25c):
+#     STEPS=one-image ONE_IMAGE_S=330 ONE_IMAGE_BUDGET_S=300 ONE_IMAGE_ARGS="--kinds jpeg --concurrencies 256,1024 \
 #       --p99-fraction 0.7" bash bench/run_h200.sh
 #   py-spy on the engine process alone during the JPEG points (--profile-engine; Python frames do not show uvloop's
 #   callbacks, run 27b: add --profile-native, which pauses the process):
