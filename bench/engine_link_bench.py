@@ -191,7 +191,7 @@ async def drive(socket_path: str, segments: str, concurrency: int, seconds: floa
         nonlocal answered
         while time.monotonic() < until:
             if flow == "jpeg" and EngineUploads is not None:  # in an UPLOADS frame: decoded and inferred there
-                await link.send(model, EngineUploads(link, model, [photo], no_fallback), float("inf"))
+                await link.send(model, EngineUploads(link, [photo], no_fallback), float("inf"))
             elif flow == "jpeg":  # the code before: a DECODE frame, then its pixels as any request's rows
                 pixels = await link.decode(model, photo, image.nbytes)
                 await link.send(model, pixels, float("inf"))

@@ -70,4 +70,4 @@ def enqueue(queue: BatchQueue, images: Images, deadline: float) -> asyncio.Futur
     the way to where they are decoded (that process's queue admits them again on arrival)."""
     if isinstance(images, np.ndarray):
         return queue.enqueue(images, deadline)
-    return images.enqueue(deadline)
+    return images.enqueue(queue, deadline)

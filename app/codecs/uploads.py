@@ -52,8 +52,8 @@ class JpegBatchDecoder(Protocol):
 class Uploads(Protocol):
     """Encoded images that go to their batcher undecoded, to be decoded where it runs."""
 
-    def enqueue(self, deadline: float) -> asyncio.Future[np.ndarray]:
-        """The future of their (k, classes) float32 scores."""
+    def enqueue(self, queue: object, deadline: float) -> asyncio.Future[np.ndarray]:
+        """The future of their (k, classes) float32 scores, from the model `queue` admitted them on."""
         ...
 
 

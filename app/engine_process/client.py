@@ -34,7 +34,7 @@ import orjson
 
 from app.engine_process import frames
 from app.engine_process.segments import Segment, SegmentPool
-from app.errors import NotReadyError, QueueFullError
+from app.errors import NotReadyError, QueueFullError, ServiceError
 from app.ops import metrics
 from app.ops.metric_buffers import BufferedHistogram
 from app.repository.model_spec import ModelSpec
@@ -283,19 +283,27 @@ class EngineLink:
         writer.write(frames.frame(frames.UPLOADS, header))
 
     def _refused(self, sent: SentFrame) -> None:
-        """The engine process's nvJPEG refused an image of an UPLOADS frame: each of its requests is
-        decoded here (Pillow) and sent again as pixels."""
-        for request in sent.uploads or ():
-            if not request.future.done() and isinstance(request.images, EngineUploads):
-                task = asyncio.create_task(self._decode_here_and_send(request.images, request.future, request.deadline))
+        """The engine process's nvJPEG refused an image of an UPLOADS frame: each of its requests still
+        wanted is decoded here (Pillow) and sent again as pixels."""
+        if sent.uploads is None:  # not an UPLOADS frame: nothing here to decode again
+            for future, _ in sent.requests:
+                if not future.done():
+                    future.set_exception(ServiceError("the engine process refused pixels as an undecodable image"))
+            return
+        for request in sent.uploads:
+            if not request.future.done():
+                task = asyncio.create_task(self._decode_here_and_send(request))
                 self._decoding_here.add(task)
                 task.add_done_callback(self._decoding_here.discard)
 
-    async def _decode_here_and_send(self, uploads: EngineUploads, future: asyncio.Future[np.ndarray],
-                                    deadline: float) -> None:  # fmt: skip
+    async def _decode_here_and_send(self, request: Outgoing) -> None:
+        future = request.future
         try:
-            pixels = await uploads.decode_here()
-            scores = await self.send(uploads.model, pixels, deadline)
+            assert isinstance(request.images, EngineUploads)  # an UPLOADS frame's request
+            pixels = await request.images.decode_here()
+            if future.done():  # its client left, or its deadline passed, meanwhile
+                return
+            scores = await self.send(request.model, pixels, request.deadline)
         except Exception as error:
             if not future.done():
                 future.set_exception(error)
@@ -431,10 +439,9 @@ class RemoteJpegDecoder:
     ) -> EngineUploads | None:
         """The request's JPEGs, for the data plane to enqueue in place of pixels; None where the engine
         process does not serve this version now (the caller decodes them here; its enqueue says why)."""
-        info = self.link.table.get(spec.name, {}).get(spec.version)
-        if info is None:
+        if spec.version not in self.link.table.get(spec.name, {}):
             return None
-        return EngineUploads(self.link, int(info["id"]), encoded, decode_here)
+        return EngineUploads(self.link, encoded, decode_here)
 
     def close(self) -> None:
         pass  # the decoder is the engine process's
@@ -446,12 +453,15 @@ class EngineUploads:
     codec's decode gives the data plane in place of pixels (app/batching/queue.py's Uploads)."""
 
     link: EngineLink
-    model: int  # the served version's id
     encoded: Sequence[bytes | bytearray]
     decode_here: Callable[[], Awaitable[np.ndarray]]  # their (k, C, H, W) pixels by Pillow, where nvJPEG refuses one
 
     def __len__(self) -> int:
         return len(self.encoded)  # the rows it becomes
 
-    def enqueue(self, deadline: float) -> asyncio.Future[np.ndarray]:
-        return self.link.send(self.model, self, deadline)
+    def enqueue(self, queue: object, deadline: float) -> asyncio.Future[np.ndarray]:
+        """To the served version `queue` admitted the request on (a reload meanwhile may have given the
+        name another), as its pixels would go."""
+        if not isinstance(queue, RemoteBatcher):  # a worker's queues all are
+            raise ServiceError(f"JPEGs for the engine process were queued on {type(queue).__name__}")
+        return self.link.send(queue.model_id, self, deadline)

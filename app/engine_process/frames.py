@@ -38,7 +38,7 @@ UPLOADS_HEADER = struct.Struct("<QdIII")
 
 
 def upload_lengths(k: int) -> struct.Struct:  # a struct, named as the others
-    return struct.Struct(f"<{k}I")  # struct caches the compiled format
+    return struct.Struct(f"<{k}I")  # compiled each frame: a fraction of a µs
 
 
 DTYPES = (np.dtype(np.uint8), np.dtype(np.float32))

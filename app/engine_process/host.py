@@ -33,7 +33,6 @@ import numpy as np
 import orjson
 
 from app.batching.batcher import Batcher
-from app.batching.queue import BatchQueue
 from app.codecs.uploads import DeferringDecoder
 from app.config import Settings
 from app.engine_process import SOCKET_ENV, frames
@@ -238,18 +237,18 @@ class WorkerConnection:
             self.waiting.discard(future)
             left -= 1
             if left == 0:
-                self.infer_decoded(frame_id, served, batcher, deadline, images, decodes)
+                self.infer_decoded(frame_id, served, deadline, images, decodes)
 
         for future in decodes:
             self.waiting.add(future)  # cancelled if the worker goes: the decoder then skips it
             future.add_done_callback(decoded)
 
-    def infer_decoded(self, frame_id: int, served: ServedModel, batcher: BatchQueue, deadline: float,
-                      images: np.ndarray, decodes: list[asyncio.Future[np.ndarray]]) -> None:  # fmt: skip
+    def infer_decoded(self, frame_id: int, served: ServedModel, deadline: float, images: np.ndarray,
+                      decodes: list[asyncio.Future[np.ndarray]]) -> None:  # fmt: skip
         """A frame's images all decoded into `images`, (k, C, h, w), or some refused: the rows to the
         batcher, or the refusal answered (the worker decodes the frame's requests with Pillow, as a
         refusal in-process is decoded)."""
-        if any(future.cancelled() for future in decodes):
+        if any(future.cancelled() for future in decodes) or self.writer.is_closing():
             return  # the worker is gone: nobody to answer
         errors = [error for error in (future.exception() for future in decodes) if error is not None]
         error = next((e for e in errors if not isinstance(e, GpuDecodeError)), errors[0] if errors else None)
@@ -259,7 +258,9 @@ class WorkerConnection:
                     pixels = future.result()
                     if pixels.base is not images:  # a decoder that gave its own array: into its row
                         images[row : row + 1] = pixels
-                future = batcher.enqueue(images, deadline)
+                # Its batcher again: the version may have retired while the frame was decoded (its batcher
+                # stopped, where an enqueue would never be answered): NotReadyError, as for INFER.
+                future = served.ready_batcher().enqueue(images, deadline)
             except Exception as failure:  # pixels of another shape, the queue full meanwhile: this frame's answer
                 error = failure
         if error is not None:

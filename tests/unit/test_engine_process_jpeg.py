@@ -23,7 +23,7 @@ from app.batching.queue import enqueue
 from app.codecs.bodies import decode_image
 from app.codecs.uploads import upload_images
 from app.engine_process.client import EngineLink, EngineUploads, RemoteBatcher, RemoteJpegDecoder
-from app.errors import GpuDecodeError, InputError, ServiceError
+from app.errors import GpuDecodeError, InputError, NotReadyError, ServiceError
 from app.repository import read_repository
 from app.repository.model_spec import ModelSpec
 from tests.unit.stand_in_engine_host import serving_host, stand_in
@@ -101,6 +101,12 @@ class PixelSums:
 
     def __init__(self) -> None:
         self.enqueued: list[int] = []  # rows an enqueue
+        self.retired = False  # its version retired: the served model's ready_batcher refuses
+
+    def ready(self) -> PixelSums:
+        if self.retired:
+            raise NotReadyError("this version was unloaded")
+        return self
 
     def admit(self, deadline: float) -> None:
         pass
@@ -124,7 +130,7 @@ async def engine_process(tmp_path: Path, decoder: Any, *, frames_in_flight: int 
     socket_path = str(tmp_path / "engine.sock")
     batcher = PixelSums()
     served = stand_in(SPEC)
-    served.ready_batcher = lambda: batcher
+    served.ready_batcher = batcher.ready
     async with serving_host(socket_path, {SPEC.name: {SPEC.version: served}}, repository=tmp_path,
                             jpeg_decoder=decoder):  # fmt: skip
         (tmp_path / "segments").mkdir()
@@ -269,6 +275,24 @@ def test_a_worker_gone_mid_decode_has_its_decode_cancelled(tmp_path: Path) -> No
             assert future.cancelled()  # so the decoder skips it, and nothing is enqueued for nobody
             assert decoder.finish() == 0 and batcher.enqueued == []
             pending.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_a_version_retired_while_its_uploads_decode_answers_them_503_not_a_hang(tmp_path: Path) -> None:
+    # Retiring stops the version's batcher once nothing is queued, and decoding rows are not queued yet: the
+    # host asks for the batcher again once they are decoded, as an INFER frame asks on arrival.
+    decoder = HeldFutures()
+
+    async def scenario() -> None:
+        async with engine_process(tmp_path, decoder) as (link, batcher):
+            pending = asyncio.ensure_future(infer(link, [jpeg(5)]))
+            await decoder.arrived.wait()
+            batcher.retired = True  # as Service.retire does meanwhile: ready_batcher refuses
+            assert decoder.finish() == 1
+            with pytest.raises(ServiceError) as caught:
+                await asyncio.wait_for(pending, timeout=5)
+            assert caught.value.status == 503
 
     asyncio.run(scenario())
 
