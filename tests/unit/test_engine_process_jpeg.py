@@ -297,6 +297,35 @@ def test_a_version_retired_while_its_uploads_decode_answers_them_503_not_a_hang(
     asyncio.run(scenario())
 
 
+def test_uploads_go_to_the_version_their_queue_admitted_them_on(tmp_path: Path) -> None:
+    # Two versions served at once (a reload's old and new): the frame names the admitting queue's version.
+    socket_path = str(tmp_path / "engine.sock")
+    batchers = {"1": PixelSums(), "2": PixelSums()}
+    versions = {}
+    for version, batcher in batchers.items():
+        served = stand_in(SPEC)
+        served.ready_batcher = batcher.ready
+        versions[version] = served
+
+    async def scenario() -> None:
+        async with serving_host(socket_path, {SPEC.name: versions}, repository=tmp_path, jpeg_decoder=PillowAsGpu()):
+            (tmp_path / "segments").mkdir()
+            link = EngineLink(socket_path, str(tmp_path / "segments"), on_dead=lambda why: None)
+            await link.connect(timeout_s=5)
+            try:
+                for version in ("1", "2", "1"):
+                    queue = RemoteBatcher(link, link.table[SPEC.name][version])
+                    images = await upload_images(
+                        [jpeg(6)], max_pixels=MAX_PIXELS, spec=SPEC, gpu=RemoteJpegDecoder(link)
+                    )
+                    np.testing.assert_array_equal(await enqueue(queue, images, math.inf), pixel_sums([jpeg(6)]))
+            finally:
+                await link.close()
+
+    asyncio.run(scenario())
+    assert batchers["1"].enqueued == [1, 1] and batchers["2"].enqueued == [1]
+
+
 def test_a_decoder_answering_pixels_of_another_shape_is_a_clear_500_not_a_wait(tmp_path: Path) -> None:
     class WrongShape(HeldFutures):
         def decode(self, data: memoryview, spec: ModelSpec, out: np.ndarray | None = None) -> asyncio.Future[Any]:
