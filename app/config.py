@@ -286,8 +286,8 @@ class Settings(BaseSettings):
         ge=1,
         le=1024,
         description="GPU decoder: uploads decoded in one nvJPEG call at most (its decoded pixels are on the device "
-        "at once: 128 photos of 1024² are 400 MB). 128 against 32: +25-30 % JPEG uploads a second at 1024 in flight "
-        "(bench/results/HISTORY.md, runs 27 and 28); a lone upload still goes at once.",
+        "at once: 128 photos of 1024² are 400 MB). Larger batches let the decoder keep up with many uploads in flight "
+        "(bench/results/HISTORY.md); a lone upload still goes at once.",
     )
     jpeg_launches: int = Field(
         2,

@@ -27,8 +27,8 @@ kept, where a record_stream an image was a torch call, and a wait for the GIL, a
 
 The event loop awaits `done` through an EventWaiter
 (a thread sleeping in that one event's synchronize, never the device's), then copies each row
-out of its pinned buffer into the caller's `out` or a new (1, C, h, w) array. The
-batcher sees what Pillow would have given it. A batch nvJPEG refuses as a whole (one CMYK or corrupt image fails the
+out of its pinned buffer into the caller's `out` or a new (1, C, h, w) array. The batcher sees
+what Pillow would have given it. A batch nvJPEG refuses as a whole (one CMYK or corrupt image fails the
 call) is decoded again image by image: those nvJPEG refuses alone answer GpuDecodeError, and
 app/codecs/uploads.py hands them to Pillow.
 """
@@ -236,11 +236,10 @@ class GpuJpegDecoder:
                 job.future.set_exception(GpuDecodeError(refused or "nvJPEG did not decode this image"))
                 continue
             try:
-                if job.out is not None:  # the caller's buffer: the engine process's segment for the worker
+                if job.out is not None:  # the caller's buffer: in the engine process, its UPLOADS frame's row
                     np.copyto(job.out, host.numpy()[None])
                     job.future.set_result(job.out)
-                else:  # a copy: the group's pinned block goes back to torch's host cache once its last row is
-                    # let go (a view held while queued would keep every group's block, and the cache grows)
+                else:  # a copy: the group's pinned block goes back to torch's host cache once its last row is let go
                     job.future.set_result(np.array(host.numpy())[None])  # (1, C, h, w)
             except Exception as error:  # an `out` of another shape: this upload's 500, not its batch-mates' hang
                 job.future.set_exception(error)

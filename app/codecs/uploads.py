@@ -20,7 +20,7 @@ import importlib
 import io
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, cast
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -60,7 +60,6 @@ class Uploads(Protocol):
 Images = np.ndarray | Uploads  # what a codec's decode gives the data plane (app/batching/queue.py's enqueue)
 
 
-@runtime_checkable
 class DeferringDecoder(Protocol):
     """The GPU decoder of the process that runs the batches (app/engine_process/client.py's
     RemoteJpegDecoder): a request's JPEGs are decoded there with its inference."""
@@ -160,7 +159,8 @@ async def upload_images(
     """A request's encoded images (an upload, a v2 BYTES input) → (k, C, H, W) uint8 decoded here; or,
     where the GPU decoder is the engine process's and every image is a JPEG it takes, the images
     themselves for it to decode and infer (one trip there, not one to decode and one to infer)."""
-    if isinstance(gpu, DeferringDecoder):
+    if hasattr(gpu, "defer"):  # a DeferringDecoder (isinstance on a runtime Protocol costs µs a request)
+        gpu = cast(DeferringDecoder, gpu)
         if encoded and all(data and gpu_decodable(data, max_pixels=max_pixels, spec=spec) for data in encoded):
 
             async def decode_here() -> np.ndarray:  # the engine process's nvJPEG refused one of them

@@ -9,13 +9,13 @@ back into each request's rows. Admission uses the engine's queue figures from th
 
 Why frames of many requests: the engine process is one event loop serving every worker, so
 what it spends per frame (read, admit, enqueue, answer, write: tens of µs) caps the service's
-requests per second, one-image requests most of all (issue 26: ResNet-50 traffic of one image a
-request got 0.4× of the engine's peak with a frame per request, batches of 33 rows, the GPU
-waiting). A worker keeps at most FRAMES_IN_FLIGHT frames unanswered: while that many are out,
-new requests wait in the outbox and go together when an answer comes back. At low load nothing
-waits (a lone request is sent in the loop iteration after it arrived); under load a frame grows
-with the time its predecessors take to come back, so the engine process's cost per request
-falls as the load rises, the way a batcher's batches grow.
+requests per second, one-image requests most of all: with a frame a request, that cost, not the
+GPU, keeps their batches small and the GPU waiting (bench/results/HISTORY.md). A worker keeps at
+most FRAMES_IN_FLIGHT frames unanswered: while that many are out, new requests wait in the outbox
+and go together when an answer comes back. At low load nothing waits (a lone request is sent in
+the loop iteration after it arrived); under load a frame grows with the time its predecessors
+take to come back, so the engine process's cost per request falls as the load rises, the way a
+batcher's batches grow. JPEGs go in UPLOADS frames, a lane of their own (Lane) with its own limit.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ LISTEN_TIMEOUT_S = 120.0  # the engine process listens before it builds engines:
 # third collects: a frame per worker in each keeps it fed, the fourth covers the answer on its way back.
 FRAMES_IN_FLIGHT = 4
 # The same for UPLOADS frames, apart from INFER's: an upload's round trip includes its decode (tens of ms
-# under load), so four frames in flight held a worker's 32 uploads at 256 connections back in its outbox
-# for 6 ms and fed the decoder in bursts (run 29a: 5,472 img/s against 6,108 with a frame an upload).
+# under load), so INFER's four would hold a worker's uploads back in its outbox at moderate load and feed
+# the decoder in bursts; more frames in flight keep it fed while frames still group uploads under load.
 UPLOAD_FRAMES_IN_FLIGHT = 16
 # A frame's largest share of requests, in rows: more would only wait for a later batch anyway. At most
 # a quarter of the model's queue limit too: the engine admits or refuses a frame whole.
@@ -81,7 +81,8 @@ class Lane:
 
 @dataclass(slots=True, eq=False)
 class SentFrame:
-    """An INFER frame awaiting its RESULT: the segment it lent, and each request's future and rows in order."""
+    """An INFER or UPLOADS frame awaiting its RESULT: the segment it lent, and each request's future and rows
+    in order."""
 
     segment: Segment
     model: int
@@ -230,57 +231,43 @@ class EngineLink:
                     request.future.set_exception(NotReadyError(f"could not reach the engine process: {error}"))
 
     def _send_frame(self, writer: asyncio.StreamWriter, requests: list[Outgoing], rows: int, lane: Lane) -> None:
-        """Copy the requests' pixels into one segment, one after the other, and send one INFER frame."""
-        first = requests[0].images
-        if not isinstance(first, np.ndarray):
-            self._send_uploads(writer, requests, lane)
-            return
-        shape = (rows, *first.shape[1:])  # (rows, C, H, W)
-        segment, new = self.pool.take(rows * first.itemsize * math.prod(shape[1:]))
-        staged = np.ndarray(shape, first.dtype, buffer=segment.memory)
-        offset = 0
-        for request in requests:  # one copy each, whatever the strides (an nhwc body is a transposed view)
-            k = len(request.images)
-            np.copyto(staged[offset : offset + k], request.images)  # type: ignore[arg-type]  # pixels, all of them
-            offset += k
-        if new:
-            where = {"index": segment.index, "path": segment.path, "size": segment.size}
-            writer.write(frames.json_frame(frames.SEGMENT, where))
-        frame_id = next(self._ids)
-        model = requests[0].model
+        """One frame of the requests, their pixels (INFER) or their JPEGs (UPLOADS: decoded on the engine
+        process's GPU and inferred there) one after the other in one segment; answered by one RESULT."""
+        frame_id, model, first = next(self._ids), requests[0].model, requests[0].images
         # The latest deadline: the engine drops a frame's rows only once none of its requests can use
         # them; each request's own deadline is kept by its route (504 here, whatever the engine does).
         deadline = max(request.deadline for request in requests)
-        dtype = frames.DTYPES.index(first.dtype)
-        header = frames.INFER_HEADER.pack(frame_id, deadline, dtype, model, *shape, segment.index)
-        now = time.monotonic()
-        self._outbox_wait.observe(now - requests[0].queued)  # the oldest: the outbox keeps arrival order
-        lane.pending[frame_id] = SentFrame(segment, model, [(r.future, len(r.images)) for r in requests], now)
-        writer.write(frames.frame(frames.INFER, header))
-
-    def _send_uploads(self, writer: asyncio.StreamWriter, requests: list[Outgoing], lane: Lane) -> None:
-        """The requests' JPEGs one after the other in one segment, in one UPLOADS frame: decoded on the
-        engine process's GPU and inferred there, answered by one RESULT as an INFER frame is."""
-        uploads = [request.images for request in requests]
-        encoded = [data for upload in uploads if isinstance(upload, EngineUploads) for data in upload.encoded]
-        segment, new = self.pool.take(sum(len(data) for data in encoded))
-        offset = 0
-        for data in encoded:
-            segment.memory[offset : offset + len(data)] = data
-            offset += len(data)
+        if isinstance(first, np.ndarray):
+            shape = (rows, *first.shape[1:])  # (rows, C, H, W)
+            segment, new = self.pool.take(rows * first.itemsize * math.prod(shape[1:]))
+            staged = np.ndarray(shape, first.dtype, buffer=segment.memory)
+            offset = 0
+            for request in requests:  # one copy each, whatever the strides (an nhwc body is a transposed view)
+                k = len(request.images)
+                np.copyto(staged[offset : offset + k], request.images)  # type: ignore[arg-type]  # the lane's: pixels
+                offset += k
+            dtype = frames.DTYPES.index(first.dtype)
+            frame = frames.frame(frames.INFER, frames.INFER_HEADER.pack(frame_id, deadline, dtype, model, *shape,
+                                                                        segment.index))  # fmt: skip
+            uploads = None
+        else:
+            encoded = [data for r in requests if isinstance(r.images, EngineUploads) for data in r.images.encoded]
+            segment, new = self.pool.take(sum(len(data) for data in encoded))
+            offset = 0
+            for data in encoded:
+                segment.memory[offset : offset + len(data)] = data
+                offset += len(data)
+            header = frames.UPLOADS_HEADER.pack(frame_id, deadline, model, len(encoded), segment.index)
+            frame = frames.frame(frames.UPLOADS, header + frames.upload_lengths(len(encoded)).pack(*map(len, encoded)))
+            uploads = requests
         if new:
             where = {"index": segment.index, "path": segment.path, "size": segment.size}
             writer.write(frames.json_frame(frames.SEGMENT, where))
-        frame_id = next(self._ids)
-        model = requests[0].model
-        deadline = max(request.deadline for request in requests)  # as an INFER frame's
-        header = frames.UPLOADS_HEADER.pack(frame_id, deadline, model, len(encoded), segment.index)
-        header += frames.upload_lengths(len(encoded)).pack(*(len(data) for data in encoded))
         now = time.monotonic()
-        self._outbox_wait.observe(now - requests[0].queued)
+        self._outbox_wait.observe(now - requests[0].queued)  # the oldest: the outbox keeps arrival order
         answers = [(r.future, len(r.images)) for r in requests]
-        lane.pending[frame_id] = SentFrame(segment, model, answers, now, requests)
-        writer.write(frames.frame(frames.UPLOADS, header))
+        lane.pending[frame_id] = SentFrame(segment, model, answers, now, uploads)
+        writer.write(frame)
 
     def _refused(self, sent: SentFrame) -> None:
         """The engine process's nvJPEG refused an image of an UPLOADS frame: each of its requests still

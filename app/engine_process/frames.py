@@ -37,7 +37,7 @@ FAILED, ANSWERED, REFUSED = range(3)
 UPLOADS_HEADER = struct.Struct("<QdIII")
 
 
-def upload_lengths(k: int) -> struct.Struct:  # a struct, named as the others
+def upload_lengths(k: int) -> struct.Struct:
     return struct.Struct(f"<{k}I")  # compiled each frame: a fraction of a µs
 
 

@@ -27,13 +27,13 @@ import mmap
 import os
 import signal
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import orjson
 
 from app.batching.batcher import Batcher
-from app.codecs.uploads import DeferringDecoder
+from app.codecs.uploads import JpegBatchDecoder
 from app.config import Settings
 from app.engine_process import SOCKET_ENV, frames
 from app.engine_process.segments import map_file
@@ -201,7 +201,7 @@ class WorkerConnection:
 
     def uploads(self, payload: bytes) -> None:
         """A frame of JPEGs (one request's or several's), decoded on this process's GPU and inferred here:
-        one trip a request, where decoding in one frame and inferring in the next took two (issue 26).
+        one trip a request, where decoding in one frame and inferring in the next would take two.
         Each image goes to the decoder as a view of the worker's segment (read when its decode is
         launched; the worker keeps the segment until RESULT), its pixels written into its row of one
         (k, C, h, w) array, which is enqueued as an INFER frame's rows once the last is decoded. No
@@ -211,8 +211,9 @@ class WorkerConnection:
         try:
             if served is None:
                 served = self.host.served(model)  # NotReadyError: freed since the worker's table
-            decoder = self.service.jpeg_decoder
-            if decoder is None or isinstance(decoder, DeferringDecoder):  # UPLOADS come only where HELLO said so
+            # This process's own decoder (a DeferringDecoder is a worker's), which HELLO said there is.
+            decoder = cast(JpegBatchDecoder | None, self.service.jpeg_decoder)
+            if decoder is None:
                 raise ServiceError("this engine process has no GPU JPEG decoder")
             if k == 0:
                 raise ServiceError("an UPLOADS frame of no images")

@@ -125,20 +125,25 @@ def pixel_sums(uploads: list[bytes]) -> np.ndarray:
 
 
 @asynccontextmanager
-async def engine_process(tmp_path: Path, decoder: Any, *, frames_in_flight: int = 16
+async def engine_process(tmp_path: Path, decoder: Any, *, frames_in_flight: int = 16,
+                         batchers: dict[str, PixelSums] | None = None
                          ) -> AsyncIterator[tuple[EngineLink, PixelSums]]:  # fmt: skip
+    """The host serving SPEC's versions (by default its own), each answered by its PixelSums, and a worker's
+    link to it; the link and the first version's batcher."""
+    batchers = batchers or {SPEC.version: PixelSums()}
+    versions = {}
+    for version, batcher in batchers.items():
+        served = stand_in(SPEC)
+        served.ready_batcher = batcher.ready
+        versions[version] = served
     socket_path = str(tmp_path / "engine.sock")
-    batcher = PixelSums()
-    served = stand_in(SPEC)
-    served.ready_batcher = batcher.ready
-    async with serving_host(socket_path, {SPEC.name: {SPEC.version: served}}, repository=tmp_path,
-                            jpeg_decoder=decoder):  # fmt: skip
+    async with serving_host(socket_path, {SPEC.name: versions}, repository=tmp_path, jpeg_decoder=decoder):
         (tmp_path / "segments").mkdir()
         link = EngineLink(socket_path, str(tmp_path / "segments"), on_dead=lambda why: None,
                           upload_frames_in_flight=frames_in_flight)  # fmt: skip
         await link.connect(timeout_s=5)
         try:
-            yield link, batcher
+            yield link, next(iter(batchers.values()))
         finally:
             await link.close()
 
@@ -299,28 +304,14 @@ def test_a_version_retired_while_its_uploads_decode_answers_them_503_not_a_hang(
 
 def test_uploads_go_to_the_version_their_queue_admitted_them_on(tmp_path: Path) -> None:
     # Two versions served at once (a reload's old and new): the frame names the admitting queue's version.
-    socket_path = str(tmp_path / "engine.sock")
     batchers = {"1": PixelSums(), "2": PixelSums()}
-    versions = {}
-    for version, batcher in batchers.items():
-        served = stand_in(SPEC)
-        served.ready_batcher = batcher.ready
-        versions[version] = served
 
     async def scenario() -> None:
-        async with serving_host(socket_path, {SPEC.name: versions}, repository=tmp_path, jpeg_decoder=PillowAsGpu()):
-            (tmp_path / "segments").mkdir()
-            link = EngineLink(socket_path, str(tmp_path / "segments"), on_dead=lambda why: None)
-            await link.connect(timeout_s=5)
-            try:
-                for version in ("1", "2", "1"):
-                    queue = RemoteBatcher(link, link.table[SPEC.name][version])
-                    images = await upload_images(
-                        [jpeg(6)], max_pixels=MAX_PIXELS, spec=SPEC, gpu=RemoteJpegDecoder(link)
-                    )
-                    np.testing.assert_array_equal(await enqueue(queue, images, math.inf), pixel_sums([jpeg(6)]))
-            finally:
-                await link.close()
+        async with engine_process(tmp_path, PillowAsGpu(), batchers=batchers) as (link, _):
+            for version in ("1", "2", "1"):
+                queue = RemoteBatcher(link, link.table[SPEC.name][version])
+                images = await upload_images([jpeg(6)], max_pixels=MAX_PIXELS, spec=SPEC, gpu=RemoteJpegDecoder(link))
+                np.testing.assert_array_equal(await enqueue(queue, images, math.inf), pixel_sums([jpeg(6)]))
 
     asyncio.run(scenario())
     assert batchers["1"].enqueued == [1, 1] and batchers["2"].enqueued == [1]
