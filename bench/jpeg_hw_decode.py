@@ -20,6 +20,11 @@ the main thread's wait to take it back), and the largest difference from torchvi
 Run 26d's figures came from an earlier version whose torch.cuda.synchronize spun a core: its CPU a
 photo was wall time ÷ k, and its GIL shares were diluted by the probe.
 
+--busy-gpu 0.5,0.9 times each decoder again beside a thread keeping the device that busy with ResNet-50,
+as the engine keeps it in the server: torchvision runs nvJPEG on a stream of PyTorch's low-priority
+pool (run 28b: a quarter of its rate lost at half duty), where the GPU's JPEG engines (hw) decode
+off the SMs and nvImageCodec takes a stream of ours (hw-high: torch's highest priority).
+
 nvImageCodec is not a dependency: `pip install nvidia-nvimgcodec-cu13 nvidia-nvjpeg` (the H200
 has no network: wheels carried, bench/results/README.md's run 26d says how). Without it only
 torchvision runs. Writes <out>/jpeg-hw-decode.json.
@@ -30,6 +35,7 @@ torchvision runs. Writes <out>/jpeg-hw-decode.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -42,6 +48,7 @@ from typing import Any
 
 import torch
 
+from bench.jpeg_stages import BusyGpu
 from loadtest.photos import encode, synthetic_photo
 
 
@@ -84,11 +91,12 @@ def finished(stream: torch.cuda.Stream) -> None:
     done.synchronize()
 
 
-def measured(run: Callable[[], object], k: int, repeats: int, probe: GilProbe, idle_rate: float) -> dict[str, float]:
-    """Median wall ms of `run` (until its work on the device is done), CPU µs a photo (the probe off), and
-    the ms of a batch the probe could not run (a second pass, the probe on: the GIL held by the call, or
-    the time the main thread waited to take it back from the probe)."""
-    stream = torch.cuda.current_stream()
+def measured(
+    run: Callable[[], object], stream: torch.cuda.Stream, k: int, repeats: int, probe: GilProbe, idle_rate: float
+) -> dict[str, float]:
+    """Median wall ms of `run` (until its work on `stream`, where it leaves its output, is done), CPU µs a
+    photo (the probe off), and the ms of a batch the probe could not run (a second pass, the probe on: the
+    GIL held by the call, or the time the main thread waited to take it back from the probe)."""
     walls, cpus, held = [], [], []
     for i in range(repeats + 2):  # two warm-ups
         finished(stream)
@@ -116,9 +124,11 @@ def measured(run: Callable[[], object], k: int, repeats: int, probe: GilProbe, i
     }
 
 
-def nvimgcodec_decode(kind: str, device: torch.device) -> Callable[[list[bytes]], list[torch.Tensor]] | str:
+def nvimgcodec_decode(
+    kind: str, device: torch.device, stream: torch.cuda.Stream
+) -> Callable[[list[bytes]], list[torch.Tensor]] | str:
     """A function decoding a batch to (3, H, W) uint8 tensors on `device` with nvImageCodec's `kind` backend,
-    or why there is none."""
+    its output ordered on `stream`, or why there is none."""
     try:
         from nvidia import nvimgcodec
     except ImportError as error:
@@ -127,7 +137,6 @@ def nvimgcodec_decode(kind: str, device: torch.device) -> Callable[[list[bytes]]
     backend = nvimgcodec.Backend(getattr(nvimgcodec.BackendKind, kinds[kind]))
     decoder = nvimgcodec.Decoder(device_id=device.index or 0, backends=[backend])
     params = nvimgcodec.DecodeParams(color_spec=nvimgcodec.ColorSpec.SRGB, sample_format=nvimgcodec.SampleFormat.P_RGB)
-    stream = torch.cuda.current_stream(device)
 
     def decode(photos: list[bytes]) -> list[torch.Tensor]:
         images = decoder.decode(
@@ -157,7 +166,10 @@ def main() -> None:
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--batches", default="1,32,128")
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--kinds", default="hw,gpu,hybrid")
+    parser.add_argument("--kinds", default="hw,gpu,hybrid", help="nvImageCodec's backends; hw-high: hw on a "
+                        "high-priority stream of ours, ahead of the busy device's kernels")  # fmt: skip
+    parser.add_argument("--busy-gpu", default="0", help="for each fraction, a thread keeps the device that "
+                        "busy with ResNet-50 meanwhile (jpeg_stages.py's BusyGpu), as the engine does")  # fmt: skip
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     import torchvision.io
@@ -177,39 +189,51 @@ def main() -> None:
     probe = GilProbe()
     idle_rate = probe.idle_rate(0.5)
     record["probe_idle_counts_a_s"] = round(idle_rate)
-    decoders: dict[str, Callable[[list[bytes]], list[torch.Tensor]]] = {}
+    # name → (decode, the stream its output is ordered on)
+    decoders: dict[str, tuple[Callable[[list[bytes]], list[torch.Tensor]], torch.cuda.Stream]] = {}
     mode = torchvision.io.ImageReadMode.RGB
+    current = torch.cuda.current_stream(device)
 
     def torchvision_decode(batch: list[bytes]) -> list[torch.Tensor]:
         encoded = [torch.frombuffer(bytearray(p), dtype=torch.uint8) for p in batch]
-        return list(torchvision.io.decode_jpeg(encoded, mode=mode, device=device))
+        return list(torchvision.io.decode_jpeg(encoded, mode=mode, device=device))  # the current stream waits
 
-    decoders["torchvision"] = torchvision_decode
-    for kind in args.kinds.split(","):
+    decoders["torchvision"] = (torchvision_decode, current)
+    high = torch.cuda.Stream(device, priority=-1)  # torch's highest: ahead of every stream at priority 0
+    for name in args.kinds.split(","):
+        kind, stream = (name.removesuffix("-high"), high) if name.endswith("-high") else (name, current)
         try:
-            made = nvimgcodec_decode(kind, device)
+            made = nvimgcodec_decode(kind, device, stream)
         except Exception as error:  # a backend this build or GPU does not offer
             made = f"{type(error).__name__}: {error}"[:500]
         if isinstance(made, str):
-            record["points"][f"nvimgcodec-{kind}"] = {"error": made}
+            record["points"][f"nvimgcodec-{name}"] = {"error": made}
             continue
-        decoders[f"nvimgcodec-{kind}"] = made
+        decoders[f"nvimgcodec-{name}"] = (made, stream)
     try:
-        for k in map(int, args.batches.split(",")):
-            batch = [photos[i % len(photos)] for i in range(k)]
-            reference = torchvision_decode(batch)
-            for name, decode in decoders.items():
-                key = f"{name}-k{k}"
-                try:
-                    out = decode(batch)
-                    point: dict[str, Any] = measured(partial(decode, batch), k, args.repeats, probe, idle_rate)
-                    point["max_level_difference"] = max(
-                        int((a.int() - b.int()).abs().max()) for a, b in zip(out, reference, strict=True)
-                    )
-                except Exception as error:  # a backend this GPU lacks, a refused photo: recorded, the rest go on
-                    point = {"error": f"{type(error).__name__}: {error}"[:500]}
-                record["points"][key] = point
-                print(f"{key}: {point}", flush=True)
+        for fraction in map(float, args.busy_gpu.split(",")):
+            busy = BusyGpu(device, fraction) if fraction > 0 else contextlib.nullcontext()
+            with busy:
+                for k in map(int, args.batches.split(",")):
+                    batch = [photos[i % len(photos)] for i in range(k)]
+                    reference = torchvision_decode(batch)
+                    for name, (decode, stream) in decoders.items():
+                        key = f"{name}-k{k}" + (f"-busy{fraction:g}" if fraction > 0 else "")
+                        try:
+                            out = decode(batch)
+                            point: dict[str, Any] = measured(
+                                partial(decode, batch), stream, k, args.repeats, probe, idle_rate
+                            )
+                            point["max_level_difference"] = max(
+                                int((a.int() - b.int()).abs().max()) for a, b in zip(out, reference, strict=True)
+                            )
+                        except Exception as error:  # a backend this GPU lacks, a refused photo: the rest go on
+                            point = {"error": f"{type(error).__name__}: {error}"[:500]}
+                        record["points"][key] = point
+                        print(f"{key}: {point}", flush=True)
+            if isinstance(busy, BusyGpu):
+                record[f"busy{fraction:g}_duty"] = round(busy.duty, 3)
+                print(f"busy {fraction:g}: device duty {busy.duty:.3f}", flush=True)
     finally:
         probe.close()
     (args.out / "jpeg-hw-decode.json").write_text(json.dumps(record, indent=1) + "\n")

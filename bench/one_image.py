@@ -20,7 +20,7 @@ on --loadgen-cores:
            (--form v2): binary tensors over HTTP, ModelInfer calls, ModelStreamInfer streams (a
            channel, so a connection, per request in flight)
 
-each at every --concurrencies, then open loop at 70 % of the best raw figure for its p99. Beside
+each at every --concurrencies, then open loop at 70 % of each generator kind's best figure for its p99. Beside
 every point: the rows per batch and queue wait the server's own histograms saw.
 
     PYTHONPATH=. python3 bench/one_image.py --out $OUT/one-image --designs engine-process,per-process
@@ -132,6 +132,11 @@ def line(result: dict[str, Any]) -> str:
     text += (f"; ms: handler {mean['handler_ms']}, outbox {mean['engine_link_ms_outbox']}, round trip "
              f"{mean['engine_link_ms_round_trip']} (queued {mean['queue_wait_ms']}, batch {mean['batch_wall_ms']}, "
              f"device {mean['batch_compute_ms']})")  # fmt: skip
+    if "jpeg_batch_ms" in server:  # the GPU decoder's: an upload's wait for a launch, then its batch by stage
+        stages = ", ".join(f"{stage} {server.get(f'jpeg_stage_ms_{stage}', {}).get('mean')}"
+                           for stage in ("decode", "prepare", "device", "hand_back"))  # fmt: skip
+        text += (f"; jpeg ms: wait {server.get('jpeg_wait_ms', {}).get('mean')}, batch "
+                 f"{server['jpeg_batch_ms'].get('mean')} ({stages})")  # fmt: skip
     return text + (f" ERROR {str(result['error'])[:300]}" if "error" in result else "")
 
 
@@ -250,15 +255,26 @@ class OneImage:
                     busy = result["server_cpu"]
                     print(f"  cores busy, mean: {busy['cores_busy']}; busiest 2 s: {busy['cores_busy_peak_2s']}")
                     self.save()
-            best = max((p.get("images_per_s") or 0 for k, p in points.items() if k.startswith("raw-")), default=0)
-            if best and a.p99_fraction and not variant and time.monotonic() < self.deadline:
-                rate = round(best * a.p99_fraction)
-                result = self.generator(server.url, "open-loop", "--form", "raw", "--rate", str(rate),
-                                        "--processes", str(a.processes))  # fmt: skip
-                result["rate"] = rate
-                points[f"raw-open-{a.p99_fraction:g}"] = result
-                print(f"{design} open loop at {rate} req/s: {line(result)}", flush=True)
+            for kind in kinds.split(",") if a.p99_fraction and not variant else ():
+                self.open_loop(server.url, design, kind, points)
             self.record["designs"][name]["log_tail"] = server.log_tail()[-3000:]
+        self.save()
+
+    def open_loop(self, url: str, design: str, kind: str, points: dict[str, Any]) -> None:
+        """Issue 26's p99 at --p99-fraction of a generator kind's best closed-loop figure: Poisson arrivals at
+        that rate, so that requests do not wait for one another's answers to be sent."""
+        a = self.args
+        if kind not in GENERATOR_FORMS:
+            return
+        best = max((p.get("images_per_s") or 0 for k, p in points.items() if k.startswith(f"{kind}-c")), default=0)
+        if not best or time.monotonic() > self.deadline:
+            return
+        rate = round(best * a.p99_fraction)
+        result = self.generator(url, f"{kind}-open-loop", "--form", GENERATOR_FORMS[kind], "--rate", str(rate),
+                                "--processes", str(a.processes))  # fmt: skip
+        result["rate"] = rate
+        points[f"{kind}-open-{a.p99_fraction:g}"] = result
+        print(f"{design} {kind} open loop at {rate} req/s: {line(result)}", flush=True)
         self.save()
 
     def run(self) -> None:
@@ -304,7 +320,7 @@ def main() -> None:
     add("--pa-seconds", type=float, default=0.0, help="perf_analyzer's window (0: --seconds)")
     add("--peak-seconds", type=float, default=4.0)
     add("--processes", type=int, default=8, help="our generator's processes")
-    add("--p99-fraction", type=float, default=0.7, help="open loop at this share of the best raw figure (0: none)")
+    add("--p99-fraction", type=float, default=0.7, help="open loop at this share of each kind's best (0: none)")
     add("--server-cores", default="0-7")
     add("--loadgen-cores", default="8-15")
     add("--hey", default=".gpu/bin/hey")

@@ -84,6 +84,8 @@ class _Launched:
     hosts: list[torch.Tensor | None]
     done: torch.cuda.Event
     started: float  # perf_counter at the launch, for cgserve_gpu_jpeg_batch_seconds
+    decode_s: float  # wall time in decode_jpeg, of the launch's started → launched (cgserve_gpu_jpeg_stage_seconds)
+    launched: float  # perf_counter once the resizes and copies out were queued
     errors: list[str] = field(default_factory=list)
     # nvJPEG's (C, H_i, W_i) outputs, read by the resize queued on our stream: let go once `done` has completed
     decoded: list[torch.Tensor] = field(default_factory=list)
@@ -187,9 +189,12 @@ class GpuJpegDecoder:
         hosts: list[torch.Tensor | None] = [None] * len(jobs)
         errors: list[str] = []
         kept: list[torch.Tensor] = []
+        decode_s = 0.0
         with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
             for color, indices in _by_color(jobs).items():
+                decode_started = time.perf_counter()
                 decoded = self._decode(jobs, indices, color, errors)  # [(job index, (C, H_i, W_i) uint8 on the GPU)]
+                decode_s += time.perf_counter() - decode_started
                 kept.extend(image for _, image in decoded)
                 for spec, group in _by_model_and_size(jobs, decoded):
                     # Photos from one camera or one client share a size: one resize for all of them.
@@ -201,7 +206,7 @@ class GpuJpegDecoder:
                         hosts[i] = host[row]
             done = torch.cuda.Event(blocking=True)  # its waiter thread sleeps instead of spinning a core
             done.record(self._stream)
-        return _Launched(jobs, hosts, done, started, errors, kept)
+        return _Launched(jobs, hosts, done, started, decode_s, time.perf_counter(), errors, kept)
 
     def _decode(
         self, jobs: list[_Job], indices: list[int], color: str, errors: list[str]
@@ -227,7 +232,8 @@ class GpuJpegDecoder:
             _fail(launched.jobs, error)
             return
         launched.decoded.clear()  # the resize has read them: their memory may go to the next decode
-        metrics.GPU_JPEG_BATCH_SECONDS.observe(time.perf_counter() - launched.started)
+        completed = time.perf_counter()
+        metrics.GPU_JPEG_BATCH_SECONDS.observe(completed - launched.started)
         refused = "; ".join(launched.errors)
         for job, host in zip(launched.jobs, launched.hosts, strict=True):
             if job.future.done():  # cancelled meanwhile: its `out` is not written (the worker may be gone)
@@ -243,6 +249,19 @@ class GpuJpegDecoder:
                     job.future.set_result(np.array(host.numpy())[None])  # (1, C, h, w)
             except Exception as error:  # an `out` of another shape: this upload's 500, not its batch-mates' hang
                 job.future.set_exception(error)
+        _observe_stages(launched, completed)
+
+
+def _observe_stages(launched: _Launched, completed: float) -> None:
+    """Where one batch's time went (cgserve_gpu_jpeg_stage_seconds): four observations a batch, not an upload."""
+    stages = {
+        "decode": launched.decode_s,
+        "prepare": launched.launched - launched.started - launched.decode_s,
+        "device": completed - launched.launched,
+        "hand_back": time.perf_counter() - completed,
+    }
+    for stage, seconds in stages.items():
+        metrics.GPU_JPEG_STAGE.labels(stage).observe(seconds)
 
 
 def _writable(data: bytes | bytearray | memoryview) -> bytearray | memoryview:

@@ -102,6 +102,16 @@ GPU_JPEG_BATCH_SECONDS = Histogram(
     "for the other batch being launched (torchvision decodes one batch at a time).",
     buckets=LATENCY_BUCKETS,
 )
+GPU_JPEG_STAGE = Histogram(
+    "cgserve_gpu_jpeg_stage_seconds",
+    "One GPU JPEG batch's time by stage, each batch once: decode (torchvision's decode_jpeg calls on the "
+    "launch thread: a wait for its decoder's lock, nvJPEG's host phase, its device phase and the wait for "
+    "it), prepare (the rest of the launch: stacking, resizing and the copy out queued), device (the "
+    "launch's return to its resize and copy out done on the device, and the loop's turn to see it), "
+    "hand_back (every upload's rows copied out of pinned memory and answered, on the loop).",
+    ["stage"],
+    buckets=LATENCY_BUCKETS,
+)
 # multiprocess_mode says how /metrics merges a gauge across workers (ignored with one process).
 # A model's versions each have their batcher and graphs: the gauges those set are per version (a name
 # the operator's repository chose, never a client's), and their sums stay the model's.

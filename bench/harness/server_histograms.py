@@ -29,11 +29,16 @@ FAMILIES = {
     "cgserve_engine_link_seconds": "engine_link_ms",
     "cgserve_gpu_jpeg_wait_seconds": "jpeg_wait_ms",
     "cgserve_gpu_jpeg_batch_seconds": "jpeg_batch_ms",
+    "cgserve_gpu_jpeg_stage_seconds": "jpeg_stage_ms",
 }
 # Families read apart by one label's value, each value its own key (`key`_`value`): the workers'
-# loops and the engine process's loop lag for different reasons; the engine link's stages.
-SPLIT_BY = {"cgserve_event_loop_lag_seconds": "process", "cgserve_engine_link_seconds": "stage"}
-ONLY_SPLIT = {"cgserve_engine_link_seconds"}  # stages of different things: no mean of them all together
+# loops and the engine process's loop lag for different reasons; the engine link's and the JPEG decoder's stages.
+SPLIT_BY = {
+    "cgserve_event_loop_lag_seconds": "process",
+    "cgserve_engine_link_seconds": "stage",
+    "cgserve_gpu_jpeg_stage_seconds": "stage",
+}
+ONLY_SPLIT = {"cgserve_engine_link_seconds", "cgserve_gpu_jpeg_stage_seconds"}  # stages: no mean of them all together
 
 Snapshot = dict[str, dict[str, Any]]  # family → {"buckets": {le: cumulative count}, "sum": s, "count": n}
 
