@@ -286,7 +286,12 @@ class Service:
         """The uploads' decoder `setting` calls for on `device`, with the decoder settings; started on a thread."""
         s = self.settings
         return await asyncio.to_thread(
-            start_jpeg_decoder, setting, device, max_batch=s.jpeg_max_batch, launches=s.jpeg_launches
+            start_jpeg_decoder,
+            setting,
+            device,
+            max_batch=s.jpeg_max_batch,
+            launches=s.jpeg_launches,
+            spill_backlog=s.jpeg_spill_backlog,
         )
 
     async def _own_jpeg_decoder(self, link: EngineLink) -> JpegBatchDecoder | DeferringDecoder | None:

@@ -23,12 +23,14 @@
 #       $CUDA_MPS_LOG_DIRECTORY; nvidia-cuda-mps-control -d; STEPS=one-image ONE_IMAGE_S=420 ONE_IMAGE_BUDGET_S=380 \
 #       ONE_IMAGE_ARGS="--kinds jpeg --variant-kinds jpeg --concurrencies 1024,256 --p99-fraction 0 \
 #       --variants workers-decode=CGSERVE_JPEG_DECODE_IN_WORKERS=true" bash bench/run_h200.sh; echo quit | nvidia-cuda-mps-control
-#   GPU tests last run: all of tests/gpu on 8d74532 (run 28c); tests/gpu/test_gpu_jpeg.py on 3755684 (29a, 13 passed)
-#   and its engine-process designs on 4ab548f (29b). JPEG uploads go to the engine process in one trip since 4ba87ff
-#   (29a: 10,551 img/s at 1024, 5,472 at 256 with four UPLOADS frames in flight a worker); the limit of 16 since
-#   (a3a1dbc) is not measured yet, nor JPEG's p99 at 70 % (one call; run the whole GPU suite in another, run 25c):
-#     STEPS=one-image ONE_IMAGE_S=330 ONE_IMAGE_BUDGET_S=300 ONE_IMAGE_ARGS="--kinds jpeg --concurrencies 256,1024 \
-#       --p99-fraction 0.7" bash bench/run_h200.sh
+#   GPU tests last run: all of tests/gpu on 7a1f1d2 (run 30a: 75 passed, 5 skipped), then test_gpu_jpeg.py's HTTP path
+#   (30c) and its spill test (30e) on the trees after. The limit of 16 UPLOADS frames a worker: 30b, 30d, 30e (0.33-0.38x
+#   at 256, 0.47-0.52x at 1024); JPEG's p99 at 70 %: 70.6 ms (30d). Not measured yet: CGSERVE_JPEG_SPILL_BACKLOG (uploads
+#   decoded by the workers' Pillow while the GPU decoder is behind), default off against 64 and 128 (~6 minutes warm;
+#   a cold machine spends ~75 s compiling ResNet-50 for the peak first):
+#     STEPS=one-image ONE_IMAGE_S=420 ONE_IMAGE_BUDGET_S=380 ONE_IMAGE_ARGS="--kinds jpeg --variant-kinds jpeg \
+#       --concurrencies 1024,256 --p99-fraction 0.7 --variants spill64=CGSERVE_JPEG_SPILL_BACKLOG=64;spill128=CGSERVE_JPEG_SPILL_BACKLOG=128" \
+#       bash bench/run_h200.sh
 #   py-spy on the engine process alone during the JPEG points (--profile-engine; Python frames do not show uvloop's
 #   callbacks, run 27b: add --profile-native, which pauses the process):
 #     STEPS=one-image ONE_IMAGE_ARGS="--kinds jpeg --concurrencies 1024 --p99-fraction 0 --profile jpeg --profile-engine" \

@@ -46,6 +46,10 @@ class JpegBatchDecoder(Protocol):
         GpuDecodeError if nvJPEG refused it. A future (the GPU decoder's) or a coroutine."""
         ...
 
+    def busy(self) -> bool:
+        """Behind by CGSERVE_JPEG_SPILL_BACKLOG uploads or more: a new one is decoded on the CPU instead."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -60,15 +64,18 @@ class Uploads(Protocol):
 Images = np.ndarray | Uploads  # what a codec's decode gives the data plane (app/batching/queue.py's enqueue)
 
 
+# Pillow's (k, C, H, W) pixels for a request's JPEGs the engine process handed back, counted under the
+# cgserve_image_decodes_total decoder label given: cpu_fallback (nvJPEG refused one), cpu_spill (it was behind).
+DecodeHere = Callable[[str], Awaitable[np.ndarray]]
+
+
 class DeferringDecoder(Protocol):
     """The GPU decoder of the process that runs the batches (app/engine_process/client.py's
     RemoteJpegDecoder): a request's JPEGs are decoded there with its inference."""
 
-    def defer(
-        self, encoded: Sequence[bytes | bytearray], spec: ModelSpec, decode_here: Callable[[], Awaitable[np.ndarray]]
-    ) -> Uploads | None:
+    def defer(self, encoded: Sequence[bytes | bytearray], spec: ModelSpec, decode_here: DecodeHere) -> Uploads | None:
         """The JPEGs as Uploads (None where that process cannot take them now: decode them here);
-        `decode_here` gives their pixels where it refuses one."""
+        `decode_here` gives their pixels where it hands them back (nvJPEG refused one, or it is behind)."""
         ...
 
     def close(self) -> None: ...
@@ -89,16 +96,18 @@ def choose_jpeg_decoder(setting: str, device: str, *, torchvision_imports: bool)
     return "gpu" if setting == "gpu" or (setting == "auto" and cuda and torchvision_imports) else "cpu"
 
 
-def start_jpeg_decoder(setting: str, device: str, *, max_batch: int, launches: int) -> JpegBatchDecoder | None:
+def start_jpeg_decoder(
+    setting: str, device: str, *, max_batch: int, launches: int, spill_backlog: int = 0
+) -> JpegBatchDecoder | None:
     """The GPU decoder the setting and device call for (batches of at most `max_batch` uploads, `launches`
-    of them launched at once), or None for Pillow alone."""
+    of them launched at once, busy from `spill_backlog` waiting), or None for Pillow alone."""
     torchvision_imports = device.startswith("cuda") and _imports("torchvision.io")
     if choose_jpeg_decoder(setting, device, torchvision_imports=torchvision_imports) == "cpu":
         return None
     from app.codecs.gpu_jpeg import GpuJpegDecoder  # torchvision and CUDA only from here on
 
     log.info("JPEG uploads are decoded on %s (nvJPEG, batched)", device)
-    return GpuJpegDecoder(device, max_batch=max_batch, launches=launches)
+    return GpuJpegDecoder(device, max_batch=max_batch, launches=launches, spill_backlog=spill_backlog)
 
 
 def _imports(module: str) -> bool:
@@ -125,8 +134,11 @@ def gpu_decodable(data: bytes | bytearray, *, max_pixels: int, spec: ModelSpec) 
 async def decode_upload(
     data: bytes | bytearray, *, max_pixels: int, spec: ModelSpec, gpu: JpegBatchDecoder | None
 ) -> np.ndarray:
-    """An uploaded image → (1, C, H, W) uint8, on the GPU where it can be, else with Pillow."""
+    """An uploaded image → (1, C, H, W) uint8, on the GPU where it can be and is not behind, else with Pillow."""
     if gpu is not None and data and gpu_decodable(data, max_pixels=max_pixels, spec=spec):
+        if gpu.busy():  # the GPU decoder is behind: a core of this process's pool decodes it meanwhile
+            metrics.IMAGE_DECODES.labels(decoder="cpu_spill").inc()
+            return await off_loop(decode_image, data, max_pixels=max_pixels, spec=spec)
         try:
             pixels = await gpu.decode(data, spec)
         except GpuDecodeError as error:
@@ -163,8 +175,8 @@ async def upload_images(
         gpu = cast(DeferringDecoder, gpu)
         if encoded and all(data and gpu_decodable(data, max_pixels=max_pixels, spec=spec) for data in encoded):
 
-            async def decode_here() -> np.ndarray:  # the engine process's nvJPEG refused one of them
-                metrics.IMAGE_DECODES.labels(decoder="cpu_fallback").inc(len(encoded))
+            async def decode_here(label: str) -> np.ndarray:  # the engine process handed them back
+                metrics.IMAGE_DECODES.labels(decoder=label).inc(len(encoded))
                 pixels = [await off_loop(decode_image, data, max_pixels=max_pixels, spec=spec) for data in encoded]
                 return np.concatenate(pixels)
 

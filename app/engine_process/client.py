@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from app.codecs.uploads import DecodeHere
 from app.engine_process import frames
 from app.engine_process.segments import Segment, SegmentPool
 from app.errors import NotReadyError, QueueFullError, ServiceError
@@ -269,9 +270,10 @@ class EngineLink:
         lane.pending[frame_id] = SentFrame(segment, model, answers, now, uploads)
         writer.write(frame)
 
-    def _refused(self, sent: SentFrame) -> None:
-        """The engine process's nvJPEG refused an image of an UPLOADS frame: each of its requests still
-        wanted is decoded here (Pillow) and sent again as pixels."""
+    def _refused(self, sent: SentFrame, label: str) -> None:
+        """The engine process handed an UPLOADS frame back (its nvJPEG refused an image, or its decoder is
+        behind): each of its requests still wanted is decoded here (Pillow, counted under `label`) and sent
+        again as pixels."""
         if sent.uploads is None:  # not an UPLOADS frame: nothing here to decode again
             for future, _ in sent.requests:
                 if not future.done():
@@ -279,15 +281,15 @@ class EngineLink:
             return
         for request in sent.uploads:
             if not request.future.done():
-                task = asyncio.create_task(self._decode_here_and_send(request))
+                task = asyncio.create_task(self._decode_here_and_send(request, label))
                 self._decoding_here.add(task)
                 task.add_done_callback(self._decoding_here.discard)
 
-    async def _decode_here_and_send(self, request: Outgoing) -> None:
+    async def _decode_here_and_send(self, request: Outgoing, label: str) -> None:
         future = request.future
         try:
             assert isinstance(request.images, EngineUploads)  # an UPLOADS frame's request
-            pixels = await request.images.decode_here()
+            pixels = await request.images.decode_here(label)
             if future.done():  # its client left, or its deadline passed, meanwhile
                 return
             scores = await self.send(request.model, pixels, request.deadline)
@@ -333,8 +335,8 @@ class EngineLink:
                         offset += k
                     if sent.uploads is not None:
                         self._gpu_decodes.inc(rows)
-                elif outcome == frames.REFUSED:
-                    self._refused(sent)
+                elif outcome in (frames.REFUSED, frames.SPILLED):
+                    self._refused(sent, "cpu_fallback" if outcome == frames.REFUSED else "cpu_spill")
                 else:
                     error = payload[frames.RESULT_HEADER.size :]
                     for future, _ in sent.requests:
@@ -422,7 +424,7 @@ class RemoteJpegDecoder:
         self.link = link
 
     def defer(
-        self, encoded: Sequence[bytes | bytearray], spec: ModelSpec, decode_here: Callable[[], Awaitable[np.ndarray]]
+        self, encoded: Sequence[bytes | bytearray], spec: ModelSpec, decode_here: DecodeHere
     ) -> EngineUploads | None:
         """The request's JPEGs, for the data plane to enqueue in place of pixels; None where the engine
         process does not serve this version now (the caller decodes them here; its enqueue says why)."""
@@ -441,7 +443,7 @@ class EngineUploads:
 
     link: EngineLink
     encoded: Sequence[bytes | bytearray]
-    decode_here: Callable[[], Awaitable[np.ndarray]]  # their (k, C, H, W) pixels by Pillow, where nvJPEG refuses one
+    decode_here: DecodeHere  # their (k, C, H, W) pixels by Pillow, where the engine process hands them back
 
     def __len__(self) -> int:
         return len(self.encoded)  # the rows it becomes

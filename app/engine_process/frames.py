@@ -31,8 +31,9 @@ PREFIX = struct.Struct("<BI")  # kind, payload length
 INFER_HEADER = struct.Struct("<QdBxxxIIIIII")
 # id, outcome, rows, classes, the engine's queued rows and rows/s for the model (the workers' admission)
 RESULT_HEADER = struct.Struct("<QBxxxIIId")
-# RESULT's outcome: a JSON error follows; the (rows, classes) scores follow; UPLOADS nvJPEG refused (nothing follows)
-FAILED, ANSWERED, REFUSED = range(3)
+# RESULT's outcome: a JSON error follows; the (rows, classes) scores follow; UPLOADS nvJPEG refused, or UPLOADS
+# handed back undecoded, its decoder behind (CGSERVE_JPEG_SPILL_BACKLOG): the worker decodes them (nothing follows)
+FAILED, ANSWERED, REFUSED, SPILLED = range(4)
 # id, deadline, served model's id, images k, segment; then the k images' byte lengths, upload_lengths(k)
 UPLOADS_HEADER = struct.Struct("<QdIII")
 
