@@ -4,13 +4,15 @@ Chosen once at start-up (CGSERVE_JPEG_DECODER), then per upload from its header 
 the event loop (Pillow's open() parses markers, no pixels: tens of µs): a baseline or
 progressive JPEG in YCbCr or grey goes to the GPU; PNG, CMYK/YCCK JPEGs, anything Pillow cannot
 identify, JPEGs cut short, and every JPEG the GPU decoder gives back (nvJPEG refused it) go to Pillow, which
-answers them exactly as before: pixels, or the same 413/422. The pixel limit is checked from
-the header before either decoder sees a pixel.
+answers them exactly as before: pixels, or the same 413/422. So do JPEGs arriving while the GPU
+decoder is CGSERVE_JPEG_SPILL_BACKLOG uploads behind, where spare cores decode them sooner. The pixel
+limit is checked from the header before either decoder sees a pixel.
 
 Where the GPU is another process's (an HTTP worker of the engine process), a request whose images
 are all JPEGs the GPU takes is not decoded here: its encoded images go to the engine process with
 the request (`upload_images` gives the data plane an Uploads in place of pixels), to be decoded and
-inferred there in one trip; the engine process's refusal sends them back to Pillow here.
+inferred there in one trip; the engine process sends them back to Pillow here where nvJPEG refuses
+one, or where its decoder is behind (then the whole frame they went in: the check is per frame).
 """
 
 from __future__ import annotations
@@ -177,7 +179,10 @@ async def upload_images(
 
             async def decode_here(label: str) -> np.ndarray:  # the engine process handed them back
                 metrics.IMAGE_DECODES.labels(decoder=label).inc(len(encoded))
-                pixels = [await off_loop(decode_image, data, max_pixels=max_pixels, spec=spec) for data in encoded]
+                # All at once on the decode pool, as decode_uploads does: handed back under load, not one by one.
+                pixels = await asyncio.gather(
+                    *(off_loop(decode_image, data, max_pixels=max_pixels, spec=spec) for data in encoded)
+                )
                 return np.concatenate(pixels)
 
             deferred = gpu.defer(encoded, spec, decode_here)
