@@ -41,6 +41,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -132,12 +134,25 @@ def line(result: dict[str, Any]) -> str:
     text += (f"; ms: handler {mean['handler_ms']}, outbox {mean['engine_link_ms_outbox']}, round trip "
              f"{mean['engine_link_ms_round_trip']} (queued {mean['queue_wait_ms']}, batch {mean['batch_wall_ms']}, "
              f"device {mean['batch_compute_ms']})")  # fmt: skip
-    if "jpeg_batch_ms" in server:  # the GPU decoder's: an upload's wait for a launch, then its batch by stage
+    if (server.get("jpeg_batch_ms") or {}).get("count"):  # the GPU decoder's: the wait for a launch, a batch by stage
         stages = ", ".join(f"{stage} {server.get(f'jpeg_stage_ms_{stage}', {}).get('mean')}"
                            for stage in ("decode", "prepare", "device", "hand_back"))  # fmt: skip
         text += (f"; jpeg ms: wait {server.get('jpeg_wait_ms', {}).get('mean')}, batch "
                  f"{server['jpeg_batch_ms'].get('mean')} ({stages})")  # fmt: skip
     return text + (f" ERROR {str(result['error'])[:300]}" if "error" in result else "")
+
+
+def observed(server: Any, load: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A load's result with the server's side of it: each process's cores busy and the step of its own
+    histograms over the load (queue wait, batch rows, the engine link's and the JPEG decoder's stages)."""
+    before = scrape(server.url)
+    cpu = TreeCpu(server.proc.pid)
+    result = load()
+    result["server_cpu"] = cpu.stop()
+    after = scrape(server.url)
+    if before is not None and after is not None:
+        result["server"] = step_view(before, after)
+    return result
 
 
 class OneImage:
@@ -236,18 +251,13 @@ class OneImage:
                     if time.monotonic() > self.deadline:
                         self.record["notes"].append(f"{name} {kind} c{concurrency} skipped: past the budget")
                         continue
-                    before = scrape(server.url)
                     tag = f"{name}-{kind}-c{concurrency}"
                     profiled = kind in a.profile.split(",") and not variant
                     spy = self.profile(server.proc.pid, tag) if profiled else None
-                    cpu = TreeCpu(server.proc.pid)
-                    result = self.point(server.url, kind, concurrency, {"http": port, "grpc": grpc_port})
-                    result["server_cpu"] = cpu.stop()
+                    ports = {"http": port, "grpc": grpc_port}
+                    result = observed(server, partial(self.point, server.url, kind, concurrency, ports))
                     if spy is not None:
                         result["profile"] = self.profiled(spy)
-                    after = scrape(server.url)
-                    if before is not None and after is not None:
-                        result["server"] = step_view(before, after)
                     figure = result.get("images_per_s")
                     result["ratio_to_engine_peak"] = round(figure / peak, 3) if figure else None
                     points[f"{kind}-c{concurrency}"] = result
@@ -256,11 +266,11 @@ class OneImage:
                     print(f"  cores busy, mean: {busy['cores_busy']}; busiest 2 s: {busy['cores_busy_peak_2s']}")
                     self.save()
             for kind in kinds.split(",") if a.p99_fraction and not variant else ():
-                self.open_loop(server.url, design, kind, points)
+                self.open_loop(server, design, kind, points)
             self.record["designs"][name]["log_tail"] = server.log_tail()[-3000:]
         self.save()
 
-    def open_loop(self, url: str, design: str, kind: str, points: dict[str, Any]) -> None:
+    def open_loop(self, server: Any, design: str, kind: str, points: dict[str, Any]) -> None:
         """Issue 26's p99 at --p99-fraction of a generator kind's best closed-loop figure: Poisson arrivals at
         that rate, so that requests do not wait for one another's answers to be sent."""
         a = self.args
@@ -270,8 +280,8 @@ class OneImage:
         if not best or time.monotonic() > self.deadline:
             return
         rate = round(best * a.p99_fraction)
-        result = self.generator(url, f"{kind}-open-loop", "--form", GENERATOR_FORMS[kind], "--rate", str(rate),
-                                "--processes", str(a.processes))  # fmt: skip
+        load = ("--form", GENERATOR_FORMS[kind], "--rate", str(rate), "--processes", str(a.processes))
+        result = observed(server, partial(self.generator, server.url, f"{kind}-open-loop", *load))
         result["rate"] = rate
         points[f"{kind}-open-{a.p99_fraction:g}"] = result
         print(f"{design} {kind} open loop at {rate} req/s: {line(result)}", flush=True)
