@@ -43,7 +43,7 @@ import orjson
 
 from bench.body_path_cost import descendants
 from bench.engine_link_bench import cpu_seconds
-from loadtest.server_process import free_port, running, service_env
+from loadtest.server_process import free_ports, running, service_env
 
 SEED_SHAPE = (1, 28, 28)
 STAND_IN = """import torch
@@ -220,7 +220,7 @@ def main() -> None:
     if args.drive:
         drive(args.drive, args.port, args.concurrency, args.seconds, shape)
         return
-    port, grpc_port = free_port(), free_port()
+    port, grpc_port = free_ports(2)
     work = Path(tempfile.mkdtemp(prefix="grpc-cost-"))
     env = service_env(port, device=args.device, grpc_port=grpc_port) | {"OMP_NUM_THREADS": "1"}
     if shape != SEED_SHAPE:

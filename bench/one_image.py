@@ -53,7 +53,7 @@ from bench.harness.server_histograms import scrape, step_view
 from bench.resnet50_e2e import EXAMPLE, engine_peak
 from loadtest.cli_run import load_summary
 from loadtest.hey import hey_command, resolve_hey, run_hey
-from loadtest.server_process import free_port, running, service_env
+from loadtest.server_process import free_ports, running, service_env
 
 ROOT = Path(__file__).resolve().parents[1]
 ASYNC_ABOVE = 64  # perf_analyzer's synchronous mode up to this many requests in flight
@@ -233,7 +233,7 @@ class OneImage:
         """Every kind and concurrency against one server of `design`; a variant: `settings` over the
         defaults (CGSERVE_… variables), its own kinds (--variant-kinds), the same run's peak."""
         a = self.args
-        port, grpc_port = free_port(), free_port()
+        port, grpc_port = free_ports(2)
         repository = self.work / "repository"
         env = service_env(port, device=a.device, model_repository=repository, buckets=a.buckets, workers=a.workers,
                           grpc_port=grpc_port, max_body_bytes=64 * 2**20, max_inflight_bytes=1024 * 2**20,
@@ -265,8 +265,8 @@ class OneImage:
                     busy = result["server_cpu"]
                     print(f"  cores busy, mean: {busy['cores_busy']}; busiest 2 s: {busy['cores_busy_peak_2s']}")
                     self.save()
-            for kind in kinds.split(",") if a.p99_fraction and not variant else ():
-                self.open_loop(server, design, kind, points)
+            for kind in kinds.split(",") if a.p99_fraction else ():
+                self.open_loop(server, name, kind, points)
             self.record["designs"][name]["log_tail"] = server.log_tail()[-3000:]
         self.save()
 
@@ -339,7 +339,12 @@ def main() -> None:
     add("--profile-engine", action="store_true", help="profile the engine process alone, each thread, idle too")
     add("--profile-native", action="store_true", help="with --profile-engine: native frames too (pauses it)")
     add("--py-spy", default="/tmp/site/bin/py-spy")
-    add("--variants", default="", help="servers with other settings, 'name=CGSERVE_X=1,CGSERVE_Y=2;name2=…'")
+    add(
+        "--variants",
+        default="",
+        help="servers with other settings, 'name=CGSERVE_X=1,CGSERVE_Y=2;name2=…', each "
+        "with its own points (open loop included)",
+    )
     add("--variant-kinds", default="raw", help="load kinds run against each variant")
     add("--budget-s", type=float, default=400.0, help="start no point after this many seconds")
     args = p.parse_args()

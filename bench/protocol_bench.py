@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.cli_run import load_summary
-from loadtest.server_process import free_port, running
+from loadtest.server_process import free_ports, running
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "models/examples/repository"
@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="protocol-bench-"))
-    port, grpc_port = free_port(), free_port()
+    port, grpc_port = free_ports(2)
     env = {
         "CGSERVE_HOST": "127.0.0.1", "CGSERVE_PORT": str(port), "CGSERVE_GRPC_PORT": str(grpc_port),
         "CGSERVE_DEVICE": args.device, "CGSERVE_MODEL_REPOSITORY": str(args.repository),

@@ -26,7 +26,8 @@
 #   GPU tests last run: all of tests/gpu on 7a1f1d2 (run 30a: 75 passed, 5 skipped), then test_gpu_jpeg.py's HTTP path
 #   (30c) and its spill test (30e) on the trees after. The limit of 16 UPLOADS frames a worker: 30b, 30d, 30e (0.33-0.38x
 #   at 256, 0.47-0.52x at 1024); JPEG's p99 at 70 %: 70.6 ms (30d). Not measured yet: CGSERVE_JPEG_SPILL_BACKLOG (uploads
-#   decoded by the workers' Pillow while the GPU decoder is behind), default off against 128 and 256 (~6 minutes warm;
+#   decoded by the workers' Pillow while the GPU decoder is behind), default off against 128 and 256, each with its p99
+#   at 70 % of its best (~6 minutes warm;
 #   a cold machine spends ~75 s compiling ResNet-50 for the peak first):
 #     STEPS=one-image ONE_IMAGE_S=420 ONE_IMAGE_BUDGET_S=380 ONE_IMAGE_ARGS="--kinds jpeg --variant-kinds jpeg \
 #       --concurrencies 1024,256 --p99-fraction 0.7 --variants spill128=CGSERVE_JPEG_SPILL_BACKLOG=128;spill256=CGSERVE_JPEG_SPILL_BACKLOG=256" \

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from loadtest.server_process import free_port, running, service_env
+from loadtest.server_process import free_port, free_ports, running, service_env
 from tests.integration.server_process import running_server, settled_metrics
 from tests.reliability.common import SERVE, seed_with_forward
 
@@ -214,7 +214,7 @@ def test_a_stopping_server_answers_what_a_stream_read_then_ends_it_unavailable(t
     started, release = tmp_path / "started", tmp_path / "release"
     release.touch()  # open while the engine warms up
     repository = seed_with_forward(tmp_path / "repo", "gated", gated_forward(started, release))
-    port, grpc_port = free_port(), free_port()
+    port, grpc_port = free_ports(2)
     env = service_env(port, device="cpu", grpc_port=grpc_port, model_repository=repository, drain_seconds=0.2)
     log = tmp_path / "server.log"
     more = threading.Event()
