@@ -12,7 +12,8 @@ Where the GPU is another process's (an HTTP worker of the engine process), a req
 are all JPEGs the GPU takes is not decoded here: its encoded images go to the engine process with
 the request (`upload_images` gives the data plane an Uploads in place of pixels), to be decoded and
 inferred there in one trip; the engine process sends them back to Pillow here where nvJPEG refuses
-one, or where its decoder is behind (then the whole frame they went in: the check is per frame).
+one of them (that request alone), or where its decoder is behind (every request of the frame they
+went in: that check is per frame).
 """
 
 from __future__ import annotations

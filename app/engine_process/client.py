@@ -270,8 +270,26 @@ class EngineLink:
         lane.pending[frame_id] = SentFrame(segment, model, answers, now, uploads)
         writer.write(frame)
 
+    def _partly_refused(self, sent: SentFrame, flags: bytes, scores: np.ndarray) -> None:
+        """nvJPEG refused some images of an UPLOADS frame: the requests of the others get their rows of
+        `scores` (the decoded images' in order), each with a refused image is decoded here as in `_refused`."""
+        if sent.uploads is None:
+            self._refused(sent, "cpu_fallback")
+            return
+        image = row = answered = 0
+        for (future, k), request in zip(sent.requests, sent.uploads, strict=True):
+            decoded = k - sum(flags[image : image + k])  # its images nvJPEG decoded: their rows were inferred
+            if decoded < k:  # all k decoded again here (and counted there)
+                self._decode_here(request, "cpu_fallback")
+            else:
+                answered += k
+                if not future.done():
+                    future.set_result(scores[row : row + k])
+            image, row = image + k, row + decoded
+        self._gpu_decodes.inc(answered)
+
     def _refused(self, sent: SentFrame, label: str) -> None:
-        """The engine process handed an UPLOADS frame back (its nvJPEG refused an image, or its decoder is
+        """The engine process handed an UPLOADS frame back (its nvJPEG refused every image, or its decoder is
         behind): each of its requests still wanted is decoded here (Pillow, counted under `label`) and sent
         again as pixels."""
         if sent.uploads is None:  # not an UPLOADS frame: nothing here to decode again
@@ -280,10 +298,13 @@ class EngineLink:
                     future.set_exception(ServiceError("the engine process refused pixels as an undecodable image"))
             return
         for request in sent.uploads:
-            if not request.future.done():
-                task = asyncio.create_task(self._decode_here_and_send(request, label))
-                self._decoding_here.add(task)
-                task.add_done_callback(self._decoding_here.discard)
+            self._decode_here(request, label)
+
+    def _decode_here(self, request: Outgoing, label: str) -> None:
+        if not request.future.done():
+            task = asyncio.create_task(self._decode_here_and_send(request, label))
+            self._decoding_here.add(task)
+            task.add_done_callback(self._decoding_here.discard)
 
     async def _decode_here_and_send(self, request: Outgoing, label: str) -> None:
         future = request.future
@@ -319,11 +340,14 @@ class EngineLink:
                         control.set_result(answer)
                     continue
                 frame_id, outcome, rows, classes, queued, rate = frames.RESULT_HEADER.unpack_from(payload)
-                # Read-only views of the frame, no copy: the routes only read scores.
-                scores = np.frombuffer(payload, np.float32, rows * classes, frames.RESULT_HEADER.size)
-                scores = scores.reshape(rows, classes)
                 lane = self._pixels if frame_id in self._pixels.pending else self._jpegs
                 sent = lane.pending.pop(frame_id)
+                start = frames.RESULT_HEADER.size  # PARTLY_REFUSED: the flags of the frame's images come first
+                images = sum(k for _, k in sent.requests)
+                flags = payload[start : start + images] if outcome == frames.PARTLY_REFUSED else None
+                start += frames.refusal_flags_size(images) if flags is not None else 0
+                # Read-only views of the frame, no copy: the routes only read scores.
+                scores = np.frombuffer(payload, np.float32, rows * classes, start).reshape(rows, classes)
                 self._round_trip.observe(time.monotonic() - sent.sent)
                 self.pool.give_back(sent.segment)  # the engine process is done with its pixels
                 self.queue_figures[sent.model] = (queued, rate)
@@ -335,6 +359,8 @@ class EngineLink:
                         offset += k
                     if sent.uploads is not None:
                         self._gpu_decodes.inc(rows)
+                elif outcome == frames.PARTLY_REFUSED and flags is not None:
+                    self._partly_refused(sent, flags, scores)
                 elif outcome in (frames.REFUSED, frames.SPILLED):
                     self._refused(sent, "cpu_fallback" if outcome == frames.REFUSED else "cpu_spill")
                 else:

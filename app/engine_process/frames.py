@@ -32,10 +32,17 @@ INFER_HEADER = struct.Struct("<QdBxxxIIIIII")
 # id, outcome, rows, classes, the engine's queued rows and rows/s for the model (the workers' admission)
 RESULT_HEADER = struct.Struct("<QBxxxIIId")
 # RESULT's outcome: a JSON error follows; the (rows, classes) scores follow; UPLOADS nvJPEG refused, or UPLOADS
-# handed back undecoded, its decoder behind (CGSERVE_JPEG_SPILL_BACKLOG): the worker decodes them (nothing follows)
-FAILED, ANSWERED, REFUSED, SPILLED = range(4)
+# handed back undecoded, its decoder behind (CGSERVE_JPEG_SPILL_BACKLOG): the worker decodes them (nothing follows);
+# UPLOADS of which nvJPEG refused some: refusal_flags(k) then the scores of the rest follow (PARTLY_REFUSED)
+FAILED, ANSWERED, REFUSED, SPILLED, PARTLY_REFUSED = range(5)
 # id, deadline, served model's id, images k, segment; then the k images' byte lengths, upload_lengths(k)
 UPLOADS_HEADER = struct.Struct("<QdIII")
+
+
+def refusal_flags_size(k: int) -> int:
+    """Bytes of a PARTLY_REFUSED answer's flags, one an image of the frame (1: nvJPEG refused it), padded to
+    8 so that the float32 scores after them are aligned."""
+    return -(-k // 8) * 8
 
 
 def upload_lengths(k: int) -> struct.Struct:

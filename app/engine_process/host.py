@@ -249,29 +249,34 @@ class WorkerConnection:
 
     def infer_decoded(self, frame_id: int, served: ServedModel, deadline: float, images: np.ndarray,
                       decodes: list[asyncio.Future[np.ndarray]]) -> None:  # fmt: skip
-        """A frame's images all decoded into `images`, (k, C, h, w), or some refused: the rows to the
-        batcher, or the refusal answered (the worker decodes the frame's requests with Pillow, as a
-        refusal in-process is decoded)."""
+        """A frame's images decoded into `images`, (k, C, h, w): the rows nvJPEG decoded to the batcher. The
+        images it refused are answered as such, each (PARTLY_REFUSED), or the frame's as a whole where it
+        refused them all (REFUSED): the worker decodes those requests with Pillow, as in-process, and one
+        bad upload costs its frame-mates nothing."""
         if any(future.cancelled() for future in decodes) or self.writer.is_closing():
             return  # the worker is gone: nobody to answer
-        errors = [error for error in (future.exception() for future in decodes) if error is not None]
-        error = next((e for e in errors if not isinstance(e, GpuDecodeError)), errors[0] if errors else None)
+        errors = [future.exception() for future in decodes]
+        refused = [isinstance(e, GpuDecodeError) for e in errors]
+        error = next((e for e in errors if e is not None and not isinstance(e, GpuDecodeError)), None)
+        if error is None and all(refused):
+            error = errors[0]  # REFUSED: nothing to infer
         if error is None:
             try:
                 for row, future in enumerate(decodes):
-                    pixels = future.result()
-                    if pixels.base is not images:  # a decoder that gave its own array: into its row
-                        images[row : row + 1] = pixels
+                    if not refused[row] and (pixels := future.result()).base is not images:
+                        images[row : row + 1] = pixels  # a decoder that gave its own array: into its row
+                rows = images[[not r for r in refused]] if any(refused) else images  # (decoded, C, h, w)
                 # Its batcher again: the version may have retired while the frame was decoded (its batcher
                 # stopped, where an enqueue would never be answered): NotReadyError, as for INFER.
-                future = served.ready_batcher().enqueue(images, deadline)
+                future = served.ready_batcher().enqueue(rows, deadline)
             except Exception as failure:  # pixels of another shape, the queue full meanwhile: this frame's answer
                 error = failure
         if error is not None:
             self.answer(frame_id, served, error=error)
             return
         self.waiting.add(future)
-        future.add_done_callback(lambda done: self.answered(frame_id, served, done))
+        flags = refused if any(refused) else None
+        future.add_done_callback(lambda done: self.answered(frame_id, served, done, flags))
 
     def infer(self, payload: bytes) -> None:
         """Enqueue a frame's rows; answer it now if refused, else from its future's callback."""
@@ -296,21 +301,28 @@ class WorkerConnection:
         self.waiting.add(future)
         future.add_done_callback(lambda done: self.answered(frame_id, served, done))
 
-    def answered(self, frame_id: int, served: ServedModel, future: asyncio.Future[np.ndarray]) -> None:
+    def answered(self, frame_id: int, served: ServedModel, future: asyncio.Future[np.ndarray],
+                 refused: list[bool] | None = None) -> None:  # fmt: skip
         self.waiting.discard(future)
         if future.cancelled():
             return  # the worker is gone (run() cancelled it): nobody to answer
         error = future.exception()
-        self.answer(frame_id, served, scores=future.result() if error is None else None, error=error)
+        self.answer(frame_id, served, scores=future.result() if error is None else None, error=error, refused=refused)
 
     def answer(self, frame_id: int, served: ServedModel | None, *, scores: np.ndarray | None = None,
-               error: BaseException | None = None, spilled: bool = False) -> None:  # fmt: skip
-        """Write the RESULT frame: the (rows, classes) float32 scores as they are, nvJPEG's refusal of an
-        upload or uploads `spilled` undecoded (the worker's Pillow decodes them, as in-process), or the
-        error's JSON."""
+               error: BaseException | None = None, spilled: bool = False,
+               refused: list[bool] | None = None) -> None:  # fmt: skip
+        """Write the RESULT frame: the (rows, classes) float32 scores as they are (with the flags of the
+        frame's images nvJPEG `refused` first, where it refused some), nvJPEG's refusal of an upload or
+        uploads `spilled` undecoded (the worker's Pillow decodes them, as in-process), or the error's JSON."""
         body: bytes | memoryview
         rows = classes = 0
-        if scores is not None:
+        if scores is not None and refused is not None:
+            (rows, classes), outcome = scores.shape, frames.PARTLY_REFUSED
+            flags = bytearray(frames.refusal_flags_size(len(refused)))
+            flags[: len(refused)] = bytes(refused)
+            body = bytes(flags) + scores.tobytes()  # a rare answer: one copy of its scores is nothing
+        elif scores is not None:
             (rows, classes), outcome, body = scores.shape, frames.ANSWERED, scores.data.cast("B")
         elif spilled:
             outcome, body = frames.SPILLED, b""

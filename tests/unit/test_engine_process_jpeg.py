@@ -209,23 +209,48 @@ def test_uploads_waiting_together_go_in_one_frame_and_one_enqueue_each_answered_
     asyncio.run(scenario())
 
 
-def test_an_image_the_gpu_refuses_sends_its_frame_s_requests_to_the_worker_s_pillow(tmp_path: Path) -> None:
-    refused = jpeg(9)
-    decoder = PillowAsGpu(refuses=(refused,))
+def refusals_in_one_frame(tmp_path: Path, requests: list[list[bytes]], refused: tuple[bytes, ...]
+                          ) -> tuple[list[np.ndarray], float, list[int], int]:  # fmt: skip
+    """`requests` sent together, in one UPLOADS frame (a first request holds the link's one frame in flight
+    meanwhile), to a decoder refusing `refused`: their scores, the images decoded here by Pillow, the
+    batcher's enqueues after the first request's, and the images the "GPU" decoded."""
+    decoder = PillowAsGpu(refuses=refused)
 
-    async def scenario() -> None:
+    async def scenario() -> tuple[list[np.ndarray], float, list[int], int]:
         async with engine_process(tmp_path, decoder, frames_in_flight=1) as (link, batcher):
             fallbacks = metrics_value("cpu_fallback")
             first = await in_flight(link, [jpeg(0)])
-            requests = [[jpeg(1)], [refused], [jpeg(2), jpeg(3)]]  # one frame: the refusal is its whole answer
             got = await asyncio.gather(*(infer(link, uploads) for uploads in requests))
             await first
-            for uploads, scores in zip(requests, got, strict=True):
-                np.testing.assert_array_equal(scores, pixel_sums(uploads))
-            assert metrics_value("cpu_fallback") - fallbacks == 4  # each of the frame's images, by Pillow here
-            assert batcher.enqueued[0] == 1 and sum(batcher.enqueued[1:]) == 4  # the four sent again as pixels
+            return got, metrics_value("cpu_fallback") - fallbacks, batcher.enqueued[1:], decoder.decoded - 1
 
-    asyncio.run(scenario())
+    got, here, enqueued, on_gpu = asyncio.run(scenario())
+    for uploads, scores in zip(requests, got, strict=True):
+        np.testing.assert_array_equal(scores, pixel_sums(uploads))
+    return got, here, enqueued, on_gpu
+
+
+def test_an_image_the_gpu_refuses_sends_only_its_own_request_to_the_worker_s_pillow(tmp_path: Path) -> None:
+    refused = jpeg(9)
+    requests = [[jpeg(1)], [refused], [jpeg(2), jpeg(3)]]  # one frame: its other requests stay on the GPU
+    _, here, enqueued, on_gpu = refusals_in_one_frame(tmp_path, requests, (refused,))
+    assert here == 1 and on_gpu == 3  # the refused image alone by Pillow here
+    assert enqueued == [3, 1]  # the three decoded rows, then the refused one sent again as pixels
+
+
+def test_a_request_with_one_refused_image_among_several_is_decoded_here_whole(tmp_path: Path) -> None:
+    refused = jpeg(9)
+    requests = [[jpeg(1)], [jpeg(5), refused]]  # a v2 BYTES input of two, one of them refused
+    _, here, enqueued, on_gpu = refusals_in_one_frame(tmp_path, requests, (refused,))
+    assert here == 2 and on_gpu == 2  # both of its images by Pillow (jpeg(5)'s decoded row goes unused)
+    assert enqueued == [2, 2]
+
+
+def test_a_frame_whose_images_are_all_refused_is_handed_back_whole(tmp_path: Path) -> None:
+    refused = (jpeg(8), jpeg(9))
+    requests = [[refused[0]], [refused[1]]]
+    _, here, enqueued, on_gpu = refusals_in_one_frame(tmp_path, requests, refused)
+    assert here == 2 and on_gpu == 0 and sum(enqueued) == 2  # nothing inferred there; both sent as pixels
 
 
 def test_a_decoder_behind_hands_uploads_back_to_the_worker_s_cores_and_takes_them_again_once_caught_up(
