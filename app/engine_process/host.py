@@ -340,9 +340,14 @@ class WorkerConnection:
         # No drain: the worker reads its answers as they come, and one that stops reading is gone
         # (its connection closes, run() ends). The transport buffers what the socket cannot take yet.
         # One writelines, not two writes: uvloop sends each write at once where nothing waits in the socket's
-        # queue (a syscall each); its writelines sends both in one writev, the scores as they are, uncopied.
+        # queue (a syscall each); its writelines sends both in one writev, the scores uncopied. No empty body
+        # in it: Python 3.12's own transport would keep an empty buffer queued and spin its write handler.
         if not self.writer.is_closing():
-            self.writer.writelines((frames.PREFIX.pack(frames.RESULT, len(header) + len(body)) + header, body))
+            head = frames.PREFIX.pack(frames.RESULT, len(header) + len(body)) + header
+            if body:
+                self.writer.writelines((head, body))
+            else:  # REFUSED, SPILLED
+                self.writer.write(head)
 
 
 async def serve_engines(settings: Settings, socket_path: str, on_ready: Callable[[], None],

@@ -1,16 +1,18 @@
-"""The engine process's parts that need no process: segments reused by size, errors kept whole."""
+"""The engine process's parts that need no process: segments reused by size, errors kept whole, answers
+written in whole buffers."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from app.config import Settings
 from app.engine_process import frames, host
 from app.engine_process.segments import MIN_SEGMENT_BYTES, SegmentPool, map_file
-from app.errors import QueueFullError
+from app.errors import GpuDecodeError, QueueFullError, ServiceError
 
 
 def test_segments_are_sized_by_power_of_two_reused_and_unlinked(tmp_path: Path) -> None:
@@ -57,3 +59,39 @@ def test_the_engine_process_builds_the_jpeg_decoder_its_settings_ask_for(monkeyp
     with pytest.raises(RuntimeError, match="recorded"):
         asyncio.run(host.serve_engines(Settings(jpeg_decoder="auto"), "unused.sock", lambda: None, lambda: None))
     assert decoders == ["auto"]
+
+
+class RecordingWriter:
+    """A StreamWriter's calls, as the transport would receive them."""
+
+    def __init__(self) -> None:
+        self.buffers: list[bytes] = []
+
+    def is_closing(self) -> bool:
+        return False
+
+    def write(self, data: bytes) -> None:
+        self.buffers.append(bytes(data))
+
+    def writelines(self, data: tuple[bytes | memoryview, ...]) -> None:
+        self.buffers.extend(bytes(item) for item in data)
+
+
+@pytest.mark.parametrize("outcome", ["spilled", "refused", "failed", "answered"])
+def test_a_result_frame_hands_the_transport_no_empty_buffer(outcome: str) -> None:
+    """Python 3.12's own socket transport keeps an empty buffer of a writelines queued and its write handler
+    spinning (a review of 3c3c799 reproduced it): every RESULT reaches the writer as whole buffers."""
+    writer = RecordingWriter()
+    connection = host.WorkerConnection.__new__(host.WorkerConnection)
+    connection.writer = writer  # type: ignore[assignment]
+    scores = np.ones((2, 10), np.float32)
+    answers = {
+        "spilled": {"spilled": True},
+        "refused": {"error": GpuDecodeError("refused")},
+        "failed": {"error": ServiceError("no")},
+        "answered": {"scores": scores},
+    }
+    connection.answer(7, None, **answers[outcome])  # type: ignore[arg-type]
+    assert writer.buffers and all(writer.buffers)
+    kind, length = frames.PREFIX.unpack_from(writer.buffers[0])
+    assert kind == frames.RESULT and length == sum(map(len, writer.buffers)) - frames.PREFIX.size
