@@ -270,12 +270,18 @@ class EngineLink:
         lane.pending[frame_id] = SentFrame(segment, model, answers, now, uploads)
         writer.write(frame)
 
-    def _partly_refused(self, sent: SentFrame, flags: bytes, scores: np.ndarray) -> None:
-        """nvJPEG refused some images of an UPLOADS frame: the requests of the others get their rows of
-        `scores` (the decoded images' in order), each with a refused image is decoded here as in `_refused`."""
+    def _partly_refused(self, sent: SentFrame, payload: bytes, rows: int, classes: int) -> None:
+        """nvJPEG refused some images of an UPLOADS frame: the requests of the others get their rows of the
+        scores (the decoded images' in order), each with a refused image is decoded here as in `_refused`.
+        The RESULT's payload: its header, a flag an image of the frame (padded), then the (rows, classes) scores."""
         if sent.uploads is None:
             self._refused(sent, "cpu_fallback")
             return
+        images = sum(k for _, k in sent.requests)
+        start = frames.RESULT_HEADER.size
+        flags = payload[start : start + images]
+        start += frames.refusal_flags_size(images)
+        scores = np.frombuffer(payload, np.float32, rows * classes, start).reshape(rows, classes)
         image = row = answered = 0
         for (future, k), request in zip(sent.requests, sent.uploads, strict=True):
             decoded = k - sum(flags[image : image + k])  # its images nvJPEG decoded: their rows were inferred
@@ -342,12 +348,9 @@ class EngineLink:
                 frame_id, outcome, rows, classes, queued, rate = frames.RESULT_HEADER.unpack_from(payload)
                 lane = self._pixels if frame_id in self._pixels.pending else self._jpegs
                 sent = lane.pending.pop(frame_id)
-                start = frames.RESULT_HEADER.size  # PARTLY_REFUSED: the flags of the frame's images come first
-                images = sum(k for _, k in sent.requests)
-                flags = payload[start : start + images] if outcome == frames.PARTLY_REFUSED else None
-                start += frames.refusal_flags_size(images) if flags is not None else 0
                 # Read-only views of the frame, no copy: the routes only read scores.
-                scores = np.frombuffer(payload, np.float32, rows * classes, start).reshape(rows, classes)
+                scores = np.frombuffer(payload, np.float32, rows * classes, frames.RESULT_HEADER.size)
+                scores = scores.reshape(rows, classes)
                 self._round_trip.observe(time.monotonic() - sent.sent)
                 self.pool.give_back(sent.segment)  # the engine process is done with its pixels
                 self.queue_figures[sent.model] = (queued, rate)
@@ -359,8 +362,8 @@ class EngineLink:
                         offset += k
                     if sent.uploads is not None:
                         self._gpu_decodes.inc(rows)
-                elif outcome == frames.PARTLY_REFUSED and flags is not None:
-                    self._partly_refused(sent, flags, scores)
+                elif outcome == frames.PARTLY_REFUSED:
+                    self._partly_refused(sent, payload, rows, classes)
                 elif outcome in (frames.REFUSED, frames.SPILLED):
                     self._refused(sent, "cpu_fallback" if outcome == frames.REFUSED else "cpu_spill")
                 else:
