@@ -296,14 +296,6 @@ class Settings(BaseSettings):
         description="GPU decoder: batches being launched at once, so that one batch's host work (reading its "
         "uploads, torchvision's calls) overlaps the previous one's decode. 1: one after the other.",
     )
-    jpeg_spill_backlog: int = Field(
-        0,
-        ge=0,
-        description="GPU decoder: uploads waiting for a launch from which a new JPEG upload is decoded on the CPU "
-        "with Pillow instead (with the engine process, by the worker that took it), so that spare cores add to "
-        "the GPU decoder's rate where it is behind. Pillow's pixels differ from nvJPEG's by a few levels, as for "
-        "the images nvJPEG refuses. 0: never; every JPEG the GPU decodes waits for it.",
-    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log verbosity.")
     auth_tokens: Tokens = Field(
         None,

@@ -291,7 +291,6 @@ class Service:
             device,
             max_batch=s.jpeg_max_batch,
             launches=s.jpeg_launches,
-            spill_backlog=s.jpeg_spill_backlog,
         )
 
     async def _own_jpeg_decoder(self, link: EngineLink) -> JpegBatchDecoder | DeferringDecoder | None:

@@ -114,9 +114,6 @@ class StandInDecoder:
                 else:  # the UPLOADS frame's: a view of the pinned block, as the real decoder hands back its rows
                     future.set_result(self.pixels)
 
-    def busy(self) -> bool:
-        return False  # never behind (CGSERVE_JPEG_SPILL_BACKLOG): every upload is decoded here
-
     def close(self) -> None:
         pass
 
@@ -179,7 +176,7 @@ async def drive(socket_path: str, segments: str, concurrency: int, seconds: floa
 
     EngineLink, EngineUploads = engine_client.EngineLink, getattr(engine_client, "EngineUploads", None)
 
-    async def no_fallback(label: str) -> np.ndarray:
+    async def no_fallback() -> np.ndarray:
         raise AssertionError("the stand-in decoder refuses nothing")
 
     link = EngineLink(socket_path, segments, on_dead=lambda why: None)

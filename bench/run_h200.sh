@@ -24,14 +24,9 @@
 #       ONE_IMAGE_ARGS="--kinds jpeg --variant-kinds jpeg --concurrencies 1024,256 --p99-fraction 0 \
 #       --variants workers-decode=CGSERVE_JPEG_DECODE_IN_WORKERS=true" bash bench/run_h200.sh; echo quit | nvidia-cuda-mps-control
 #   GPU tests last run: all of tests/gpu on 7a1f1d2 (run 30a: 75 passed, 5 skipped), then test_gpu_jpeg.py's HTTP path
-#   (30c) and its spill test (30e) on the trees after. The limit of 16 UPLOADS frames a worker: 30b, 30d, 30e (0.33-0.38x
-#   at 256, 0.47-0.52x at 1024); JPEG's p99 at 70 %: 70.6 ms (30d). Not measured yet: CGSERVE_JPEG_SPILL_BACKLOG (uploads
-#   decoded by the workers' Pillow while the GPU decoder is behind), default off against 128 and 256, each with its p99
-#   at 70 % of its best (~6 minutes warm;
-#   a cold machine spends ~75 s compiling ResNet-50 for the peak first):
-#     STEPS=one-image ONE_IMAGE_S=420 ONE_IMAGE_BUDGET_S=380 ONE_IMAGE_ARGS="--kinds jpeg --variant-kinds jpeg \
-#       --concurrencies 1024,256 --p99-fraction 0.7 --variants spill128=CGSERVE_JPEG_SPILL_BACKLOG=128;spill256=CGSERVE_JPEG_SPILL_BACKLOG=256" \
-#       bash bench/run_h200.sh
+#   (30c) on the trees after. The limit of 16 UPLOADS frames a worker: 30b, 30d, 30e, 31a (0.33-0.38x at 256,
+#   0.47-0.52x at 1024); JPEG's p99 at 70 %: 70.6 ms (30d), 86.7 ms (31a). Decoding uploads on the workers' Pillow while
+#   the GPU decoder was behind (CGSERVE_JPEG_SPILL_BACKLOG) lost 29-47 % at 1024 (31a) and was removed.
 #   py-spy on the engine process alone during the JPEG points (--profile-engine; Python frames do not show uvloop's
 #   callbacks, run 27b: add --profile-native, which pauses the process):
 #     STEPS=one-image ONE_IMAGE_ARGS="--kinds jpeg --concurrencies 1024 --p99-fraction 0 --profile jpeg --profile-engine" \

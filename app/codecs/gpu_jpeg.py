@@ -92,17 +92,11 @@ class _Launched:
 
 
 class GpuJpegDecoder:
-    def __init__(
-        self, device: str, *, max_batch: int = MAX_BATCH, launches: int = LAUNCHES, spill_backlog: int = 0
-    ) -> None:
-        if max_batch < 1 or launches < 1 or spill_backlog < 0:
-            raise ValueError(
-                f"max_batch and launches must be at least 1, spill_backlog at least 0; "
-                f"got {max_batch}, {launches} and {spill_backlog}"
-            )
+    def __init__(self, device: str, *, max_batch: int = MAX_BATCH, launches: int = LAUNCHES) -> None:
+        if max_batch < 1 or launches < 1:
+            raise ValueError(f"max_batch and launches must be at least 1; got {max_batch} and {launches}")
         self.device = torch.device(device)
         self.max_batch = max_batch
-        self.spill_backlog = spill_backlog
         # The latest launched batches' sizes, for tests (bounded: a server launches batches for ever);
         # the running totals, for the benchmark's mean batch.
         self.batch_sizes: deque[int] = deque(maxlen=RECENT_BATCHES)
@@ -134,11 +128,6 @@ class GpuJpegDecoder:
         self._pending.append(_Job(data, spec, future, out))
         self._arrived.set()
         return future
-
-    def busy(self) -> bool:
-        """`spill_backlog` uploads or more wait for a launch (0: never busy): a new one would wait behind
-        them for at least their decode, where a CPU core decodes it in a few milliseconds."""
-        return 0 < self.spill_backlog <= len(self._pending)
 
     def close(self) -> None:
         """Stop. Uploads queued or in a batch not yet handed back get 503 (the server is stopping); a

@@ -4,16 +4,14 @@ Chosen once at start-up (CGSERVE_JPEG_DECODER), then per upload from its header 
 the event loop (Pillow's open() parses markers, no pixels: tens of µs): a baseline or
 progressive JPEG in YCbCr or grey goes to the GPU; PNG, CMYK/YCCK JPEGs, anything Pillow cannot
 identify, JPEGs cut short, and every JPEG the GPU decoder gives back (nvJPEG refused it) go to Pillow, which
-answers them exactly as before: pixels, or the same 413/422. So do JPEGs arriving while the GPU
-decoder is CGSERVE_JPEG_SPILL_BACKLOG uploads behind, where spare cores decode them sooner. The pixel
-limit is checked from the header before either decoder sees a pixel.
+answers them exactly as before: pixels, or the same 413/422. The pixel limit is checked from the
+header before either decoder sees a pixel.
 
 Where the GPU is another process's (an HTTP worker of the engine process), a request whose images
 are all JPEGs the GPU takes is not decoded here: its encoded images go to the engine process with
 the request (`upload_images` gives the data plane an Uploads in place of pixels), to be decoded and
 inferred there in one trip; the engine process sends them back to Pillow here where nvJPEG refuses
-one of them (that request alone), or where its decoder is behind (every request of the frame they
-went in: that check is per frame).
+one of them (that request alone).
 """
 
 from __future__ import annotations
@@ -49,10 +47,6 @@ class JpegBatchDecoder(Protocol):
         GpuDecodeError if nvJPEG refused it. A future (the GPU decoder's) or a coroutine."""
         ...
 
-    def busy(self) -> bool:
-        """Behind by CGSERVE_JPEG_SPILL_BACKLOG uploads or more: a new one is decoded on the CPU instead."""
-        ...
-
     def close(self) -> None: ...
 
 
@@ -67,9 +61,8 @@ class Uploads(Protocol):
 Images = np.ndarray | Uploads  # what a codec's decode gives the data plane (app/batching/queue.py's enqueue)
 
 
-# Pillow's (k, C, H, W) pixels for a request's JPEGs the engine process handed back, counted under the
-# cgserve_image_decodes_total decoder label given: cpu_fallback (nvJPEG refused one), cpu_spill (it was behind).
-DecodeHere = Callable[[str], Awaitable[np.ndarray]]
+# Pillow's (k, C, H, W) pixels for a request's JPEGs the engine process handed back (nvJPEG refused one).
+DecodeHere = Callable[[], Awaitable[np.ndarray]]
 
 
 class DeferringDecoder(Protocol):
@@ -78,7 +71,7 @@ class DeferringDecoder(Protocol):
 
     def defer(self, encoded: Sequence[bytes | bytearray], spec: ModelSpec, decode_here: DecodeHere) -> Uploads | None:
         """The JPEGs as Uploads (None where that process cannot take them now: decode them here);
-        `decode_here` gives their pixels where it hands them back (nvJPEG refused one, or it is behind)."""
+        `decode_here` gives their pixels where it hands them back (nvJPEG refused one)."""
         ...
 
     def close(self) -> None: ...
@@ -99,18 +92,16 @@ def choose_jpeg_decoder(setting: str, device: str, *, torchvision_imports: bool)
     return "gpu" if setting == "gpu" or (setting == "auto" and cuda and torchvision_imports) else "cpu"
 
 
-def start_jpeg_decoder(
-    setting: str, device: str, *, max_batch: int, launches: int, spill_backlog: int = 0
-) -> JpegBatchDecoder | None:
+def start_jpeg_decoder(setting: str, device: str, *, max_batch: int, launches: int) -> JpegBatchDecoder | None:
     """The GPU decoder the setting and device call for (batches of at most `max_batch` uploads, `launches`
-    of them launched at once, busy from `spill_backlog` waiting), or None for Pillow alone."""
+    of them launched at once), or None for Pillow alone."""
     torchvision_imports = device.startswith("cuda") and _imports("torchvision.io")
     if choose_jpeg_decoder(setting, device, torchvision_imports=torchvision_imports) == "cpu":
         return None
     from app.codecs.gpu_jpeg import GpuJpegDecoder  # torchvision and CUDA only from here on
 
     log.info("JPEG uploads are decoded on %s (nvJPEG, batched)", device)
-    return GpuJpegDecoder(device, max_batch=max_batch, launches=launches, spill_backlog=spill_backlog)
+    return GpuJpegDecoder(device, max_batch=max_batch, launches=launches)
 
 
 def _imports(module: str) -> bool:
@@ -137,11 +128,8 @@ def gpu_decodable(data: bytes | bytearray, *, max_pixels: int, spec: ModelSpec) 
 async def decode_upload(
     data: bytes | bytearray, *, max_pixels: int, spec: ModelSpec, gpu: JpegBatchDecoder | None
 ) -> np.ndarray:
-    """An uploaded image → (1, C, H, W) uint8, on the GPU where it can be and is not behind, else with Pillow."""
+    """An uploaded image → (1, C, H, W) uint8, on the GPU where it can be, else with Pillow."""
     if gpu is not None and data and gpu_decodable(data, max_pixels=max_pixels, spec=spec):
-        if gpu.busy():  # the GPU decoder is behind: a core of this process's pool decodes it meanwhile
-            metrics.IMAGE_DECODES.labels(decoder="cpu_spill").inc()
-            return await off_loop(decode_image, data, max_pixels=max_pixels, spec=spec)
         try:
             pixels = await gpu.decode(data, spec)
         except GpuDecodeError as error:
@@ -178,8 +166,8 @@ async def upload_images(
         gpu = cast(DeferringDecoder, gpu)
         if encoded and all(data and gpu_decodable(data, max_pixels=max_pixels, spec=spec) for data in encoded):
 
-            async def decode_here(label: str) -> np.ndarray:  # the engine process handed them back
-                metrics.IMAGE_DECODES.labels(decoder=label).inc(len(encoded))
+            async def decode_here() -> np.ndarray:  # the engine process's nvJPEG refused one of them
+                metrics.IMAGE_DECODES.labels(decoder="cpu_fallback").inc(len(encoded))
                 # All at once on the decode pool, as decode_uploads does: handed back under load, not one by one.
                 pixels = await asyncio.gather(
                     *(off_loop(decode_image, data, max_pixels=max_pixels, spec=spec) for data in encoded)

@@ -275,7 +275,7 @@ class EngineLink:
         scores (the decoded images' in order), each with a refused image is decoded here as in `_refused`.
         The RESULT's payload: its header, a flag an image of the frame (padded), then the (rows, classes) scores."""
         if sent.uploads is None:
-            self._refused(sent, "cpu_fallback")
+            self._refused(sent)
             return
         images = sum(k for _, k in sent.requests)
         start = frames.RESULT_HEADER.size
@@ -286,7 +286,7 @@ class EngineLink:
         for (future, k), request in zip(sent.requests, sent.uploads, strict=True):
             decoded = k - sum(flags[image : image + k])  # its images nvJPEG decoded: their rows were inferred
             if decoded < k:  # all k decoded again here (and counted there)
-                self._decode_here(request, "cpu_fallback")
+                self._decode_here(request)
             else:
                 answered += k
                 if not future.done():
@@ -294,29 +294,28 @@ class EngineLink:
             image, row = image + k, row + decoded
         self._gpu_decodes.inc(answered)
 
-    def _refused(self, sent: SentFrame, label: str) -> None:
-        """The engine process handed an UPLOADS frame back (its nvJPEG refused every image, or its decoder is
-        behind): each of its requests still wanted is decoded here (Pillow, counted under `label`) and sent
-        again as pixels."""
+    def _refused(self, sent: SentFrame) -> None:
+        """The engine process's nvJPEG refused every image of an UPLOADS frame: each of its requests still
+        wanted is decoded here (Pillow) and sent again as pixels."""
         if sent.uploads is None:  # not an UPLOADS frame: nothing here to decode again
             for future, _ in sent.requests:
                 if not future.done():
                     future.set_exception(ServiceError("the engine process refused pixels as an undecodable image"))
             return
         for request in sent.uploads:
-            self._decode_here(request, label)
+            self._decode_here(request)
 
-    def _decode_here(self, request: Outgoing, label: str) -> None:
+    def _decode_here(self, request: Outgoing) -> None:
         if not request.future.done():
-            task = asyncio.create_task(self._decode_here_and_send(request, label))
+            task = asyncio.create_task(self._decode_here_and_send(request))
             self._decoding_here.add(task)
             task.add_done_callback(self._decoding_here.discard)
 
-    async def _decode_here_and_send(self, request: Outgoing, label: str) -> None:
+    async def _decode_here_and_send(self, request: Outgoing) -> None:
         future = request.future
         try:
             assert isinstance(request.images, EngineUploads)  # an UPLOADS frame's request
-            pixels = await request.images.decode_here(label)
+            pixels = await request.images.decode_here()
             if future.done():  # its client left, or its deadline passed, meanwhile
                 return
             scores = await self.send(request.model, pixels, request.deadline)
@@ -364,8 +363,8 @@ class EngineLink:
                         self._gpu_decodes.inc(rows)
                 elif outcome == frames.PARTLY_REFUSED:
                     self._partly_refused(sent, payload, rows, classes)
-                elif outcome in (frames.REFUSED, frames.SPILLED):
-                    self._refused(sent, "cpu_fallback" if outcome == frames.REFUSED else "cpu_spill")
+                elif outcome == frames.REFUSED:
+                    self._refused(sent)
                 else:
                     error = payload[frames.RESULT_HEADER.size :]
                     for future, _ in sent.requests:

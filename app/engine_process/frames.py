@@ -31,10 +31,10 @@ PREFIX = struct.Struct("<BI")  # kind, payload length
 INFER_HEADER = struct.Struct("<QdBxxxIIIIII")
 # id, outcome, rows, classes, the engine's queued rows and rows/s for the model (the workers' admission)
 RESULT_HEADER = struct.Struct("<QBxxxIIId")
-# RESULT's outcome: a JSON error follows; the (rows, classes) scores follow; UPLOADS nvJPEG refused, or UPLOADS
-# handed back undecoded, its decoder behind (CGSERVE_JPEG_SPILL_BACKLOG): the worker decodes them (nothing follows);
-# UPLOADS of which nvJPEG refused some: refusal_flags(k) then the scores of the rest follow (PARTLY_REFUSED)
-FAILED, ANSWERED, REFUSED, SPILLED, PARTLY_REFUSED = range(5)
+# RESULT's outcome: a JSON error follows; the (rows, classes) scores follow; UPLOADS nvJPEG refused every image of:
+# the worker decodes them (nothing follows); UPLOADS of which nvJPEG refused some: refusal_flags(k) then the
+# scores of the rest follow (PARTLY_REFUSED)
+FAILED, ANSWERED, REFUSED, PARTLY_REFUSED = range(4)
 # id, deadline, served model's id, images k, segment; then the k images' byte lengths, upload_lengths(k)
 UPLOADS_HEADER = struct.Struct("<QdIII")
 

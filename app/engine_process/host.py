@@ -219,9 +219,6 @@ class WorkerConnection:
                 raise ServiceError("an UPLOADS frame of no images")
             batcher = served.ready_batcher()
             batcher.admit(deadline)  # as for INFER: refused before its images are decoded
-            if decoder.busy():  # behind: the worker's cores decode these (Pillow) and send their pixels
-                self.answer(frame_id, served, spilled=True)
-                return
             memory = memoryview(self.segments[segment])
             images = np.empty((k, *served.spec.input_shape), np.uint8)  # (k, C, h, w): the frame's rows
             lengths = frames.upload_lengths(k).unpack_from(payload, frames.UPLOADS_HEADER.size)
@@ -310,11 +307,10 @@ class WorkerConnection:
         self.answer(frame_id, served, scores=future.result() if error is None else None, error=error, refused=refused)
 
     def answer(self, frame_id: int, served: ServedModel | None, *, scores: np.ndarray | None = None,
-               error: BaseException | None = None, spilled: bool = False,
-               refused: list[bool] | None = None) -> None:  # fmt: skip
+               error: BaseException | None = None, refused: list[bool] | None = None) -> None:  # fmt: skip
         """Write the RESULT frame: the (rows, classes) float32 scores as they are (with the flags of the
-        frame's images nvJPEG `refused` first, where it refused some), nvJPEG's refusal of an upload or
-        uploads `spilled` undecoded (the worker's Pillow decodes them, as in-process), or the error's JSON."""
+        frame's images nvJPEG `refused` first, where it refused some), nvJPEG's refusal of every upload
+        (the worker's Pillow decodes them, as in-process), or the error's JSON."""
         body: bytes | memoryview
         rows = classes = 0
         if scores is not None and refused is not None:
@@ -324,8 +320,6 @@ class WorkerConnection:
             body = bytes(flags) + scores.tobytes()  # a rare answer: one copy of its scores is nothing
         elif scores is not None:
             (rows, classes), outcome, body = scores.shape, frames.ANSWERED, scores.data.cast("B")
-        elif spilled:
-            outcome, body = frames.SPILLED, b""
         elif isinstance(error, GpuDecodeError):
             outcome, body = frames.REFUSED, b""
         else:
@@ -346,7 +340,7 @@ class WorkerConnection:
             head = frames.PREFIX.pack(frames.RESULT, len(header) + len(body)) + header
             if body:
                 self.writer.writelines((head, body))
-            else:  # REFUSED, SPILLED
+            else:  # REFUSED
                 self.writer.write(head)
 
 

@@ -83,8 +83,7 @@ PADDING_ROWS = Counter(
 )
 IMAGE_DECODES = Counter(
     "cgserve_image_decodes",
-    "Image uploads by decoder: gpu (nvJPEG, batched), cpu (Pillow), cpu_fallback (a JPEG nvJPEG refused), "
-    "cpu_spill (a JPEG Pillow decoded while the GPU decoder was CGSERVE_JPEG_SPILL_BACKLOG uploads behind).",
+    "Image uploads by decoder: gpu (nvJPEG, batched), cpu (Pillow), cpu_fallback (a JPEG nvJPEG refused).",
     ["decoder"],
 )
 GPU_JPEG_BATCH_IMAGES = Histogram(

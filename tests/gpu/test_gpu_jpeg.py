@@ -134,30 +134,6 @@ def test_two_launches_at_once_give_every_upload_the_pixels_it_gets_alone() -> No
         np.testing.assert_array_equal(got, alone[i % 40], err_msg=f"upload {i}")  # type: ignore[arg-type]
 
 
-def test_the_decoder_is_busy_from_its_spill_backlog_of_uploads_waiting_until_they_launch() -> None:
-    """CGSERVE_JPEG_SPILL_BACKLOG: uploads waiting for a launch from which a new one goes to Pillow instead."""
-    data = encode(synthetic_photo(500, 375), quality=90)
-
-    async def run() -> tuple[list[bool], bool, list[object]]:
-        decoder = GpuJpegDecoder("cuda:0", spill_backlog=3)
-        try:
-            busy, futures = [], []
-            for _ in range(4):  # queued synchronously: the collector has not run yet
-                busy.append(decoder.busy())
-                futures.append(decoder.decode(data, RESNET50))
-            results = list(await asyncio.gather(*futures, return_exceptions=True))
-            return busy, decoder.busy(), results
-        finally:
-            decoder.close()
-
-    busy, after, results = asyncio.run(run())
-    assert busy == [False, False, False, True] and not after  # decoded, nothing waits
-    assert all(isinstance(r, np.ndarray) and r.shape == (1, 3, 224, 224) for r in results)
-    default = GpuJpegDecoder("cuda:0")
-    assert default.spill_backlog == 0 and not default.busy()  # 0 (the default): never
-    default.close()
-
-
 def test_one_bad_jpeg_does_not_cost_its_batch_mates() -> None:
     good = [encode(synthetic_photo(500, 375, seed=i), quality=90) for i in range(3)]
     bad = good[0][:1000] + bytes(len(good[0]) - 1002) + good[0][-2:]  # scan zeroed, markers intact

@@ -47,10 +47,6 @@ class PillowAsGpu:
         self.decoded = 0
         self.writes_out = writes_out  # False: a decoder that answers with an array of its own
         self.refuses = refuses
-        self.behind = False  # as a decoder with CGSERVE_JPEG_SPILL_BACKLOG uploads waiting
-
-    def busy(self) -> bool:
-        return self.behind
 
     async def decode(self, data: bytes | memoryview, spec: ModelSpec, out: np.ndarray | None = None) -> np.ndarray:
         if bytes(data) in self.refuses:
@@ -74,9 +70,6 @@ class HeldFutures:
     def __init__(self) -> None:
         self.held: list[tuple[bytes, ModelSpec, np.ndarray | None, asyncio.Future[np.ndarray]]] = []
         self.arrived = asyncio.Event()
-
-    def busy(self) -> bool:
-        return False
 
     def decode(self, data: memoryview, spec: ModelSpec, out: np.ndarray | None = None) -> asyncio.Future[np.ndarray]:
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
@@ -253,28 +246,6 @@ def test_a_frame_whose_images_are_all_refused_is_handed_back_whole(tmp_path: Pat
     assert here == 2 and on_gpu == 0 and sum(enqueued) == 2  # nothing inferred there; both sent as pixels
 
 
-def test_a_decoder_behind_hands_uploads_back_to_the_worker_s_cores_and_takes_them_again_once_caught_up(
-    tmp_path: Path,
-) -> None:
-    decoder = PillowAsGpu()
-
-    async def scenario() -> None:
-        async with engine_process(tmp_path, decoder) as (link, batcher):
-            spilled = metrics_value("cpu_spill")
-            decoder.behind = True  # CGSERVE_JPEG_SPILL_BACKLOG uploads wait there
-            requests = [[jpeg(1)], [jpeg(2), jpeg(3)]]
-            got = await asyncio.gather(*(infer(link, uploads) for uploads in requests))
-            for uploads, scores in zip(requests, got, strict=True):
-                np.testing.assert_array_equal(scores, pixel_sums(uploads))  # Pillow's pixels here: the same sums
-            assert decoder.decoded == 0 and metrics_value("cpu_spill") - spilled == 3
-            assert sum(batcher.enqueued) == 3  # sent again as pixels, each inferred once
-            decoder.behind = False
-            np.testing.assert_array_equal(await infer(link, [jpeg(4)]), pixel_sums([jpeg(4)]))
-            assert decoder.decoded == 1 and metrics_value("cpu_spill") - spilled == 3
-
-    asyncio.run(scenario())
-
-
 def metrics_value(decoder: str) -> float:
     from app.ops import metrics
 
@@ -410,7 +381,7 @@ def test_with_decode_in_workers_a_worker_decodes_on_the_engine_process_s_cuda_de
 
     started: list[tuple[object, ...]] = []
 
-    def start_jpeg_decoder(setting: str, device: str, *, max_batch: int, launches: int, **_: int) -> PillowAsGpu:
+    def start_jpeg_decoder(setting: str, device: str, *, max_batch: int, launches: int) -> PillowAsGpu:
         started.append((setting, device, max_batch, launches))
         if len(started) == 2:
             raise RuntimeError("CUDA error: out of memory")
