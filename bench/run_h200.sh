@@ -17,15 +17,15 @@
 #   device it shares with the engine is part of it): the decoder's rate beside a busy device:
 #     STEPS=jpeg-stages JPEG_STAGES_ARGS="--batches 32,128 --clients 512 --max-batches 32,128 --busy-gpu 0,0.5,0.9" \
 #       bash bench/run_h200.sh
-#   Each worker decoding JPEG under CUDA MPS (24b ran this variant's raw kind by mistake; MPS took the per-process
-#   seed CNN at 8 a worker from 29,843 to 45,907 raw req/s):
+#   Each worker decoding JPEG under CUDA MPS (run 31b: 9,519 img/s at 256, 7,903 at 1024; without MPS 6,532 / 6,271
+#   against the engine process's decoder's 8,122 / 10,776; MPS took the per-process seed CNN at 8 a worker from 29,843
+#   to 45,907 raw req/s in 24b):
 #     export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log; mkdir -p $CUDA_MPS_PIPE_DIRECTORY \
 #       $CUDA_MPS_LOG_DIRECTORY; nvidia-cuda-mps-control -d; STEPS=one-image ONE_IMAGE_S=420 ONE_IMAGE_BUDGET_S=380 \
 #       ONE_IMAGE_ARGS="--kinds jpeg --variant-kinds jpeg --concurrencies 1024,256 --p99-fraction 0 \
 #       --variants workers-decode=CGSERVE_JPEG_DECODE_IN_WORKERS=true" bash bench/run_h200.sh; echo quit | nvidia-cuda-mps-control
-#   GPU tests last run: all of tests/gpu on 7a1f1d2 (run 30a: 75 passed, 5 skipped), then test_gpu_jpeg.py's HTTP path
-#   (30c) on the trees after. The limit of 16 UPLOADS frames a worker: 30b, 30d, 30e, 31a (0.33-0.38x at 256,
-#   0.47-0.52x at 1024); JPEG's p99 at 70 %: 70.6 ms (30d), 86.7 ms (31a). Decoding uploads on the workers' Pillow while
+#   GPU tests last run: all of tests/gpu on 4326b7f (run 31c: 75 passed, 5 skipped; run 30a's two-process command).
+#   The limit of 16 UPLOADS frames a worker: 30b, 30d, 30e, 31a (0.33-0.38x at 256, 0.47-0.52x at 1024); JPEG's p99 at 70 %: 70.6 ms (30d), 86.7 ms (31a). Decoding uploads on the workers' Pillow while
 #   the GPU decoder was behind (CGSERVE_JPEG_SPILL_BACKLOG) lost 29-47 % at 1024 (31a) and was removed.
 #   py-spy on the engine process alone during the JPEG points (--profile-engine; Python frames do not show uvloop's
 #   callbacks, run 27b: add --profile-native, which pauses the process):
