@@ -15,6 +15,14 @@ from starlette.responses import Response
 from app.ops.timers import timeout_at
 
 
+def quoted(text: object, most: int = 60) -> str:
+    """A client's string in an error message: its repr, cut after `most` characters. The client does not
+    choose the answer's size: a gRPC status travels in trailers of at most 16 KiB, and a 20,000-character
+    model name there lost the call's status code to RESOURCE_EXHAUSTED."""
+    shown = repr(text)
+    return shown if len(shown) <= most else f"{shown[: most - 3]}..."
+
+
 class ServiceError(Exception):
     status: int = 500
     code: str = "internal_error"
@@ -118,13 +126,13 @@ class UnknownModelError(ServiceError):
     ) -> None:
         served = ", ".join(names)
         if version is not None:  # the model is served, not this version of it
-            message = f"model {name} has no version {version[:40]!r} served"
+            message = f"model {name} has no version {quoted(version, 40)} served"
             expected = f"one of its versions: {', '.join(versions or []) or 'none is loaded'}"
         elif name is None:
             message = f"several models are served ({served}) and none is the default"
             expected = "POST /v1/models/{name}/predict, or CGSERVE_DEFAULT_MODEL set to one of them"
         else:
-            message = f"no model named {name!r} is served"
+            message = f"no model named {quoted(name)} is served"
             expected = f"one of: {served}"
         super().__init__(message, expected=expected)
 

@@ -65,7 +65,12 @@ MALFORMED = [
     ("header length of 5,000 digits", BINARY_HEADER + bytes(784), {"inference-header-content-length": "1" * 5000},
      "Inference-Header-Content-Length"),
     ("timeout of 312 digits", v2(), {"x-request-timeout-ms": "9" * 312}, "X-Request-Timeout-Ms"),
+    # base64's decoder raises a plain ValueError (not binascii.Error) for text outside ASCII: it was a 500
+    ("a BYTES element outside ASCII", v2({"datatype": "BYTES", "shape": [1], "data": ["iVBORé"]}), {}, "base64"),
+    ("an input name of 20,000 characters", v2({"name": "x" * 20_000}), {}, "the input is named 'xxx"),
+    ("a datatype of 20,000 characters", v2({"datatype": "F" * 20_000}), {}, "datatype is 'FFF"),
 ]  # fmt: skip
+LONGEST_ERROR = 2048  # bytes: no client string is echoed whole (a gRPC status travels in 16 KiB of trailers)
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +107,7 @@ def test_malformed_v2_requests_get_400_before_their_batch(
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
     assert isinstance(error, str) and words in error and "expected" in error, error
+    assert len(answer.content) < LONGEST_ERROR, len(answer.content)
     assert batches(url) == launched  # refused before its batch ran
     good = httpx.post(url + V2, content=v2(outputs=[CLASSIFY]), headers={"content-type": "application/json"})
     assert good.status_code == 200 and good.json()["outputs"][0]["shape"] == [1, 3]
@@ -133,8 +139,17 @@ def classified(parameter: service_pb2.InferParameter, repeats: int = 1) -> servi
 
 UNKNOWN_OUTPUT = grpc_request()
 UNKNOWN_OUTPUT.outputs.add(name="logits")
+TWO_RAW_TENSORS = grpc_request()  # one input, two raw tensors: the second was ignored
+TWO_RAW_TENSORS.raw_input_contents.append(b"not a tensor at all")
+CONTENTS_AND_RAW = grpc_request()  # typed contents beside the raw tensor: they were ignored
+CONTENTS_AND_RAW.inputs[0].contents.uint_contents.extend([0] * 784)
+LONG_INPUT_NAME = grpc_request()  # echoed whole, its status lost to RESOURCE_EXHAUSTED (trailers over 16 KiB)
+LONG_INPUT_NAME.inputs[0].name = "x" * 20_000
 GRPC_MALFORMED = [
     ("unknown output", UNKNOWN_OUTPUT, "logits"),
+    ("two raw tensors for one input", TWO_RAW_TENSORS, "raw_input_contents holds 2 tensors"),
+    ("contents and raw_input_contents", CONTENTS_AND_RAW, "both contents and raw_input_contents"),
+    ("an input name of 20,000 characters", LONG_INPUT_NAME, "the input is named 'xxx"),
     ("classification a string", classified(service_pb2.InferParameter(string_param="3")), "classification"),
     ("classification a bool", classified(service_pb2.InferParameter(bool_param=True)), "classification"),
     ("classification negative", classified(service_pb2.InferParameter(int64_param=-1)), "classification"),
@@ -153,7 +168,25 @@ def test_malformed_grpc_requests_get_invalid_argument(
             stub.ModelInfer(request_, timeout=30)
         assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT, raised.value
         assert words in str(raised.value.details()), raised.value.details()
+        assert len(raised.value.details()) < LONGEST_ERROR
         assert batches(servers["inline"]) == launched
         good = stub.ModelInfer(classified(service_pb2.InferParameter(int64_param=3)), timeout=30)
     assert list(good.outputs[0].shape) == [1, 3]
     assert np.frombuffer(good.raw_output_contents[0][:4], "<u4")[0] > 0  # a length-prefixed string
+
+
+def test_a_model_name_of_20000_characters_is_not_found_over_grpc(servers: dict[str, str]) -> None:
+    """Its status is NOT_FOUND with the name cut short, not RESOURCE_EXHAUSTED from trailers over 16 KiB."""
+    request = grpc_request()
+    request.model_name = "m" * 20_000
+    with grpc.insecure_channel(servers["grpc"]) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for call, message in (
+            (stub.ModelInfer, request),
+            (stub.ModelMetadata, service_pb2.ModelMetadataRequest(name="m" * 20_000)),
+        ):
+            with pytest.raises(grpc.RpcError) as raised:
+                call(message, timeout=30)
+            assert raised.value.code() == grpc.StatusCode.NOT_FOUND, raised.value
+            details = str(raised.value.details())
+            assert "no model named 'mmm" in details and len(details) < LONGEST_ERROR, details[:200]

@@ -32,7 +32,7 @@ from app.access.grpc_interceptor import ended_by_client, server_interceptors
 from app.codecs.uploads import Images, upload_images
 from app.config import Settings
 from app.dataplane import DataPlane
-from app.errors import ClientClosedError, DeadlineExceededError, InputError, ServiceError
+from app.errors import ClientClosedError, DeadlineExceededError, InputError, ServiceError, quoted
 from app.http.protocol import connection_budgets
 from app.model_control import IGNORED_LOAD_PARAMETERS, LOAD_EXPECTED, ControlError, RepositoryControl
 from app.ops.off_loop import LARGE_JSON_BYTES, off_loop
@@ -297,6 +297,17 @@ def _input(request: Any, spec: ModelSpec, max_instances: int) -> np.ndarray | li
     if len(request.inputs) != 1:
         raise InputError(f"the request has {len(request.inputs)} inputs", expected=tensors.expected(spec))
     tensor = request.inputs[0]
+    if request.raw_input_contents:  # one raw tensor an input, in place of its contents (Triton refuses either mix)
+        if len(request.raw_input_contents) != 1:
+            raise InputError(
+                f"raw_input_contents holds {len(request.raw_input_contents)} tensors for 1 input",
+                expected="one raw_input_contents entry an input, or typed contents and no raw_input_contents",
+            )
+        if tensor.HasField("contents"):
+            raise InputError(
+                "the input has both contents and raw_input_contents",
+                expected="its data in one of them: raw_input_contents, or contents and no raw_input_contents",
+            )
     if tensor.datatype == "BYTES":  # encoded images, decoded as uploads are
         if request.raw_input_contents:
             elements = tensors.length_prefixed(request.raw_input_contents[0], most=max_instances)
@@ -373,7 +384,7 @@ class HealthServicer(health.aio.HealthServicer):  # type: ignore[misc]
 
     async def Check(self, request: Any, context: Any) -> health_pb2.HealthCheckResponse:
         if request.service not in ("", SERVICE_NAME):
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no service named {request.service!r}")
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no service named {quoted(request.service)}")
         ready = self._service.readiness()[0]
         serving = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
         return health_pb2.HealthCheckResponse(status=serving)

@@ -11,7 +11,6 @@ and what its answer should hold) is checked before its batch runs: a malformed o
 from __future__ import annotations
 
 import base64
-import binascii
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -318,7 +317,7 @@ def _base64_elements(data: object, spec: ModelSpec) -> list[bytes]:
         raise InputError("the BYTES input's data is not a list of strings", expected=tensors.expected(spec))
     try:
         return [base64.b64decode(text, validate=True) for text in strings]
-    except binascii.Error:
+    except ValueError:  # binascii.Error, or a character outside ASCII (b64decode's own ValueError)
         raise InputError("a BYTES element is not base64", expected=tensors.expected(spec)) from None
 
 

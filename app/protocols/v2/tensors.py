@@ -18,7 +18,7 @@ import numpy as np
 
 from app import __version__
 from app.codecs.bodies import check_count, checked_intensities, too_many_images
-from app.errors import InputError
+from app.errors import InputError, quoted
 from app.repository.model_spec import ModelSpec
 from app.repository.outputs import DATATYPES as OUTPUT_DATATYPES
 from app.repository.outputs import Output
@@ -45,7 +45,7 @@ def encoded_images(
     (they go into the same decoder as POST /predict's uploads, on the GPU where it can be)."""
     want = expected(spec)
     if name != INPUT:
-        raise InputError(f'the input is named "{name}"', expected=want)
+        raise InputError(f"the input is named {quoted(name)}", expected=want)
     if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1):
         raise InputError(f"the BYTES input's shape is {list(shape)}", expected=want)
     check_count(shape[0], max_instances, want)
@@ -79,9 +79,9 @@ def decode_input(
     """The input tensor (its elements already in `data`, flat) → (k, C, H, W) uint8 or float32."""
     want = expected(spec)
     if name != INPUT:
-        raise InputError(f'the input is named "{name}"', expected=want)
+        raise InputError(f"the input is named {quoted(name)}", expected=want)
     if datatype not in DATATYPES:
-        raise InputError(f"the input's datatype is {datatype}", expected=want)
+        raise InputError(f"the input's datatype is {quoted(datatype)}", expected=want)
     c, h, w = spec.input_shape
     if len(shape) != 4 or list(shape[1:]) != [c, h, w]:
         raise InputError(f"the input's shape is {list(shape)}", expected=want)
@@ -109,7 +109,10 @@ def binary_elements(datatype: str, raw: bytes | memoryview) -> np.ndarray:
     """Raw little-endian bytes (binary_tensor_data, raw_input_contents) → a flat array, no copy where aligned."""
     dtype = DATATYPES.get(datatype, np.dtype(np.uint8))
     if len(raw) % dtype.itemsize:
-        raise InputError(f"{len(raw)} bytes of input are not whole {datatype} elements", expected="")
+        raise InputError(
+            f"{len(raw)} bytes of input are not whole {datatype} elements",
+            expected=f"{dtype.itemsize} bytes an element, little-endian",
+        )
     array = np.frombuffer(raw, dtype=dtype)
     # A view after a JSON header of any length: multi-byte values may start off their alignment, which
     # numpy reads at about half speed; one aligned copy then (UINT8, the images' form, never needs it).
@@ -137,8 +140,7 @@ def wanted_output(spec: ModelSpec, name: object, asked: list[object], seen: set[
     request gives, `seen`: those checked so far). 200,000 repeats made an answer of as many copies."""
     output = spec.layout.get(name) if isinstance(name, str) else None
     if output is None:
-        text = repr(name) if len(repr(name)) <= 60 else repr(name)[:57] + "..."
-        raise InputError(f"no output named {text}", expected=outputs_expected(spec))
+        raise InputError(f"no output named {quoted(name)}", expected=outputs_expected(spec))
     if output.name in seen:
         count = sum(1 for other in asked if other == output.name)
         raise InputError(f'the output "{output.name}" is asked for {count} times', expected="each output once")
