@@ -11,7 +11,13 @@
 - Heads that would be read two ways get 400 and the connection is closed, as nginx answers them:
   HTTP/1.1 without Host or with two (HTTP/1.0 with two), two Authorization headers (which one
   would the tokens check?), a path with a control character once percent-decoded (%0A: no route
-  has one, and a newline has fooled path patterns before, issue 24.1).
+  has one, and a newline has fooled path patterns before, issue 24.1), and a request asking to
+  upgrade the connection (Connection: upgrade, CONNECT) that carries a body: httptools stops at
+  such a head, so its body was never read as one and came in as the next request (smuggled past
+  a proxy that counted one). One without a body is answered, then the connection is closed:
+  httptools skipped whatever came after its head in that read.
+- A client that half-closes (shutdown(SHUT_WR), `nc -N`) after its request still gets the answer:
+  the connection closes once the last answer owed is written, not at the end of the client's bytes.
 - Bodies: a body that pauses longer than CGSERVE_BODY_TIMEOUT_S between two chunks is marked in
   its scope (extensions["cgserve.body_timed_out"]) and the app's waiting receive() is woken;
   app/http/limits.py then answers 408. The timer is armed only while part of a body is still
@@ -275,7 +281,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         elif not self.transport.is_closing():
             self._answer_and_close(self._refused)
 
-    def _check_head(self) -> None:
+    def _check_head(self, upgrade: bool) -> None:
         """Refuse a head that servers and proxies could read two ways."""
         version = self.parser.get_http_version()
         if self._hosts > 1 or (self._hosts == 0 and version == "1.1"):
@@ -300,6 +306,16 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                     "a path without control characters (%00-%1F, %7F)",
                 )
             )  # fmt: skip
+        if upgrade and any(
+            name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0")
+            for name, value in self.headers  # uvicorn's, names lowercased
+        ):
+            self._refuse(
+                _HeaderProblem(
+                    400, "bad_request", "a request asking to upgrade the connection carries a body",
+                    "the request without Connection: upgrade: this server speaks HTTP/1.1 and upgrades to nothing",
+                )
+            )  # fmt: skip
 
     def _refuse(self, error: ServiceError) -> NoReturn:
         self._refused = error
@@ -312,7 +328,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         )  # fmt: skip
 
     def on_headers_complete(self) -> None:
-        self._check_head()
+        upgrade = self.parser.should_upgrade()  # Connection: upgrade (h2c, websocket) or CONNECT
+        self._check_head(upgrade)
         self._disarm()
         self._in_headers = False
         self._header_bytes = 0
@@ -324,6 +341,21 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             super().on_headers_complete()  # the ASGI task starts, or is queued behind a pipelined request
         finally:
             self._starting = False
+        # A cycle of this head's (uvicorn made none for a websocket it takes over): answered, then closed, since
+        # httptools dropped the rest of this read, and would read what follows as a new request's head.
+        if upgrade and self.cycle is not None and self.cycle.scope is self.scope:
+            self.cycle.keep_alive = False
+
+    def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio.Protocol's: bool | None
+        """The client half-closed: where a request of it is whole and its answer still owed, the connection
+        stays open to write it (and those pipelined behind it) and closes after the last (True); otherwise it
+        closes now, as uvicorn's would (a body cut short will never be whole). Before, the transport closed at
+        once and the request in flight was cancelled unanswered."""
+        cycle = self.cycle
+        if self._in_headers and cycle is not None and not cycle.response_complete and not self.transport.is_closing():
+            cycle.keep_alive = False  # the newest request: its answer says Connection: close, then closes
+            return True
+        return None
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         inline = self._hooks.inline if self._hooks is not None else self.inline
