@@ -120,6 +120,10 @@ def create_app(
         lifespan=lifespan,
         telemetry=NO_TELEMETRY,
     )
+    # No 307 from /predict/ to /predict: Starlette builds its Location from the client's Host header
+    # (a redirect anywhere the client names), and a client that posts to a wrong path should learn
+    # the right one from a 404 that lists the routes, not have its body re-sent. Triton answers 404.
+    app.router.redirect_slashes = False
     app.include_router(probes.router)
     app.include_router(models.router)
     app.include_router(v2_rest.router)

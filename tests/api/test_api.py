@@ -350,9 +350,13 @@ def test_a_model_by_name_and_unknown_names_and_routes_get_the_error_envelope(cli
         (client.post("/v1/models/nope/predict", content=GOOD, headers=JSON), 404, "unknown_model", "fashion-cnn"),
         (client.get("/v1/models/nope"), 404, "unknown_model", "fashion-cnn"),
         (client.get("/no/such/route"), 404, "not_found", "/no/such/route"),
+        # Not a 307 to /predict built from the client's Host header (TestClient would follow it).
+        (client.post("/predict/", content=GOOD, headers=JSON), 404, "not_found", "/predict/"),
         (client.delete("/predict"), 405, "method_not_allowed", "DELETE"),
     ):
         assert answer.status_code == status, answer.text
         error = answer.json()["error"]
         assert error["code"] == code and error["expected"]
         assert words in error["message"] + error["expected"]
+    v2 = client.get("/v2/models/fashion-cnn/")  # the v2 protocol's own error form, {"error": "…"}
+    assert v2.status_code == 404 and "/v2/models/fashion-cnn/" in v2.json()["error"]
