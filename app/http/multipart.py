@@ -10,7 +10,9 @@ headers or a boundary past python-multipart's limits, a charset on the Content-T
 anything cut short — goes to Starlette's parser (python-multipart) with the route's limits, fed in
 pieces so that a large body does not hold the event loop, and the answer is what that parser says,
 refusals included: the direct read only takes bodies it reads the same way (the boundary and the
-part's name read by python-multipart's own parse_options_header, as Starlette reads them).
+part's name read by python-multipart's own parse_options_header, as Starlette reads them). One
+refusal is ours: a body that ends before its closing boundary, which that parser passes over in
+silence (the route would have said the field `file` was missing), gets 400 saying it was cut short.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException, MultiPartParser
 
 from app.codecs.bodies import IMAGE_EXPECTED
-from app.errors import InputError
+from app.errors import InputError, quoted
 
 FIELD = b"file"
 MAX_FILES, MAX_FIELDS = 1, 8  # the parser's limits: one upload, a few other fields at most
@@ -121,6 +123,17 @@ async def _parsed_by_starlette(content_type: bytes, body: bytes | bytearray) -> 
     try:
         upload = form.get(FIELD.decode())
         if not isinstance(upload, UploadFile):
+            # python-multipart keeps a part whose closing boundary never came to itself: say the body
+            # was cut short rather than that the field was missing.
+            boundary = parse_options_header(content_type)[1].get(b"boundary", b"")
+            if b"--" + boundary + b"--" not in body:
+                shown = quoted(boundary.decode("latin-1"))
+                raise InputError(
+                    f"the multipart body ends before its closing boundary (--BOUNDARY-- with boundary {shown})",
+                    expected=IMAGE_EXPECTED,
+                    status=400,
+                    code="invalid_multipart",
+                )
             raise InputError("the multipart body has no file in the field `file`", expected=IMAGE_EXPECTED)
         return await upload.read()
     finally:

@@ -128,5 +128,7 @@ def test_refusals_say_what_was_wrong_and_what_is_expected() -> None:
         asyncio.run(upload_in(*ELSEWHERE["no boundary"]))
     with pytest.raises(InputError, match="Too many files") as two_files:
         asyncio.run(upload_in(*ELSEWHERE["two parts"]))
-    for refused in (no_file, no_boundary, two_files):
+    with pytest.raises(InputError, match=r"ends before its closing boundary .* 'b0undary'") as cut_short:
+        asyncio.run(upload_in(*ELSEWHERE["cut short"]))
+    for refused in (no_file, no_boundary, two_files, cut_short):
         assert refused.value.status in (400, 422) and "multipart/form-data" in refused.value.expected
