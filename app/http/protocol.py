@@ -365,7 +365,23 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             if request is not None:
                 self._inline = (inline, request)  # answered when its body is whole (on_message_complete)
                 return
-        super()._start_asgi_task(cycle, app)
+        super()._start_asgi_task(cycle, self._quiet_on_reset(cycle, app))
+
+    def _quiet_on_reset(self, cycle: RequestResponseCycle, app: Any) -> Any:
+        """`app`, with a client's reset taken as its leaving, not as the app's error. uvloop closes the
+        transport at once on ECONNRESET and calls connection_lost a loop turn later; an answer sent in
+        between met a closed transport (RuntimeError: "the handler is closed"), which uvicorn logged as
+        "Exception in ASGI application" with a traceback, one per client that hung up under load."""
+
+        async def run(scope: Any, receive: Any, send: Any) -> None:
+            try:
+                await app(scope, receive, send)
+            except RuntimeError:
+                if not self.transport.is_closing():
+                    raise
+                cycle.disconnected = True  # as connection_lost will say: uvicorn writes no 500 after it
+
+        return run
 
     def on_message_complete(self) -> None:
         self._disarm()

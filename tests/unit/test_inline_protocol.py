@@ -218,3 +218,41 @@ async def test_a_connection_answered_before_its_body_came_keeps_an_idle_timer(in
     assert protocol.timeout_keep_alive_task is None  # cancelled by its bytes, as uvicorn does
     inline.answer_all()
     assert answers(transport.written) == [b"late", b"ba"]
+
+
+class ResetTransport(Transport):
+    """uvloop's transport after ECONNRESET: closed, and a write raises, before connection_lost is called."""
+
+    def write(self, data: bytes) -> None:
+        if self.closed:
+            raise RuntimeError("unable to perform operation on <TCPTransport closed=True>; the handler is closed")
+        super().write(data)
+
+
+@pytest.mark.anyio
+async def test_an_answer_sent_after_a_reset_is_not_logged_as_the_apps_error(
+    inline: StubInline, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The transport closed by a reset, connection_lost not yet called: the app's send meets the closed
+    transport. That is the client leaving: no "Exception in ASGI application", no 500 written after it."""
+    answered = asyncio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await answered.wait()  # the answer comes after the reset
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    config = Config(app=app, http=GuardedHttpProtocol, log_level="warning")
+    config.load()
+    protocol = GuardedHttpProtocol(config=config, server_state=ServerState(), app_state={})
+    transport = ResetTransport()
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    protocol.data_received(request("/other", b"ab"))
+    await settle()
+    transport.close()  # ECONNRESET: uvloop closes the transport; connection_lost comes a turn later
+    answered.set()
+    await settle()
+    assert not [r for r in caplog.records if "Exception in ASGI application" in r.getMessage()]
+    assert protocol.cycle is not None and protocol.cycle.disconnected
+    protocol.connection_lost(ConnectionResetError())
