@@ -195,6 +195,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._window_bytes = 0
         self._rate_timer: timers.Armed | None = None
         self._lingering: int | None = None  # bytes dropped since an answer written before its body was whole
+        self._last_words: bytes | None = None  # a refusal that waits for the answers owed before it
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -212,10 +213,14 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._last_words is not None:  # refused already, its answer waiting on an earlier one's: dropped
+            return
         first = self._in_headers and self._first_byte is None
         if first:
             self._first_byte = time.monotonic()
         super().data_received(data)
+        if self._last_words is not None:  # this read's head was refused: no timer for it
+            return
         if first and self._in_headers and self._first_byte is not None and not self.transport.is_closing():
             # The head's timeout, armed only where the head did not come whole in its first read (most do:
             # no timer to arm and cancel for them); it runs from the first byte, a parse's µs ago.
@@ -276,10 +281,18 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to a request httptools could not parse, or one a callback refused."""
-        if self._refused is None:
+        if self._refused is not None:
+            if not self.transport.is_closing():
+                self._answer_and_close(self._refused)
+        elif self._answer_owed():  # garbage pipelined behind a good request: that one is answered first
+            self._answer_and_close(
+                _HeaderProblem(
+                    400, "bad_request", "the bytes after this connection's last request are not an HTTP/1.1 request",
+                    "well-formed HTTP/1.1 requests (RFC 9112)",
+                )
+            )  # fmt: skip
+        else:
             super().send_400_response(msg)
-        elif not self.transport.is_closing():
-            self._answer_and_close(self._refused)
 
     def _check_head(self, upgrade: bool) -> None:
         """Refuse a head that servers and proxies could read two ways."""
@@ -396,6 +409,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        if self._last_words is not None and not self._answer_owed() and not self.transport.is_closing():
+            self.transport.write(self._last_words)  # the refusal of what followed the requests answered
+            self.transport.close()
+            return
         if not self._in_headers and not self.transport.is_closing():  # answered before its body was whole
             self._stop_rate()
             self._lingering = 0
@@ -478,13 +495,26 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         cycle.message_event.set()  # the app's receive() returns; app/http/limits.py raises the 408
 
     def _answer_and_close(self, error: ServiceError) -> None:
+        """Answer `error` and close; where a request before it is still owed its answer (pipelined, then a
+        head refused or not parseable), after that answer and those queued behind it, as nginx does."""
         self._disarm()
+        if self._last_words is not None:  # a refusal already waits to be written: it is the answer
+            return
         body = error_body(error)
         head = [b"HTTP/1.1 %d %s" % (error.status, REASONS.get(error.status, b"Error"))]
         head += [b"content-type: application/json", b"content-length: %d" % len(body), b"connection: close"]
         head += [f"{name}: {value}".encode() for name, value in error.headers.items()]
-        self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
+        last_words = b"\r\n".join(head) + b"\r\n\r\n" + body
+        if self._answer_owed():
+            self._last_words = last_words  # written by on_response_complete; what comes meanwhile is dropped
+            return
+        self.transport.write(last_words)
         self.transport.close()
+
+    def _answer_owed(self) -> bool:
+        """Between requests, with an earlier one's answer still to write (the refused head is not its own)."""
+        cycle = self.cycle
+        return self._in_headers and cycle is not None and not cycle.response_complete and not cycle.disconnected
 
 
 # What GuardedHttpProtocol overrides or calls of uvicorn's protocol: each must be there to be called.

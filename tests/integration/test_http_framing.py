@@ -7,6 +7,9 @@
   then its connection closed.
 - A client that half-closes after its request (shutdown(SHUT_WR), `nc -N`) got no answer: the
   connection closed at the client's end of bytes and the request in flight was cancelled.
+- A good request with bytes that are not HTTP pipelined behind it (in one write) got only uvicorn's
+  400: the connection closed at once and the good request went unanswered. It is answered first,
+  then the 400, then the connection closes, as nginx does.
 
 Against the real server on the CPU: the inline path (a whole raw body) and the ASGI route (chunked).
 """
@@ -101,3 +104,16 @@ def test_a_client_that_half_closes_after_its_request_gets_its_answer(server: tup
 def test_a_half_close_in_the_middle_of_a_body_closes_at_once(server: tuple[str, int]) -> None:
     answer = exchange(server, predict_head(len(IMAGE)) + IMAGE[:100], half_close=True)
     assert answer == b""  # the body will never be whole: nothing to answer, no wait for its timeout
+
+
+@pytest.mark.parametrize(
+    "after", [b"\x16\x03\x01 not http\r\n\r\n", b"GET / HTTP/1.1\r\n\r\n"], ids=["garbage", "no-host"]
+)
+def test_a_good_request_is_answered_before_the_refusal_of_what_follows_it(
+    server: tuple[str, int], after: bytes
+) -> None:
+    """Inline (a whole raw body) and then two pipelined: each good request answered, then one 400, then closed."""
+    inline = predict_head(len(IMAGE)) + IMAGE
+    for good in (inline, inline + inline, CHUNKED):
+        answer = exchange(server, good + after)
+        assert statuses(answer) == [200] * good.count(b"POST") + [400], answer[:400]
