@@ -190,3 +190,23 @@ def test_a_model_name_of_20000_characters_is_not_found_over_grpc(servers: dict[s
             assert raised.value.code() == grpc.StatusCode.NOT_FOUND, raised.value
             details = str(raised.value.details())
             assert "no model named 'mmm" in details and len(details) < LONGEST_ERROR, details[:200]
+
+
+NOT_PROTOBUF = b"\xff\xff\xff\xff"  # field 31, wire type 7: no such wire type
+
+
+@pytest.mark.parametrize("method", ["ModelInfer", "ModelMetadata", "ModelStreamInfer"])
+def test_bytes_that_are_not_a_protobuf_message_get_invalid_argument(servers: dict[str, str], method: str) -> None:
+    """grpcio's own answer to a request it cannot parse was UNKNOWN, "Exception deserializing request!"."""
+    path = f"/inference.GRPCInferenceService/{method}"
+    with grpc.insecure_channel(servers["grpc"]) as channel:
+        if method == "ModelStreamInfer":  # each message of a stream: an answer that says so, the stream goes on
+            stream = channel.stream_stream(path, response_deserializer=service_pb2.ModelStreamInferResponse.FromString)
+            answers = list(stream(iter([NOT_PROTOBUF, grpc_request().SerializeToString()]), timeout=30))
+            assert "not parse as a protobuf inference.ModelInferRequest" in answers[0].error_message, answers[0]
+            assert not answers[1].error_message and answers[1].infer_response.outputs
+            return
+        with pytest.raises(grpc.RpcError) as raised:
+            channel.unary_unary(path)(NOT_PROTOBUF, timeout=30)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT, raised.value
+    assert "do not parse as a protobuf inference.Model" in str(raised.value.details()), raised.value.details()

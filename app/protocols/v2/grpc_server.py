@@ -37,6 +37,7 @@ from app.http.protocol import connection_budgets
 from app.model_control import IGNORED_LOAD_PARAMETERS, LOAD_EXPECTED, ControlError, RepositoryControl
 from app.ops.off_loop import LARGE_JSON_BYTES, off_loop
 from app.protocols.v2 import tensors
+from app.protocols.v2.grpc_methods import Unparsed, add_inference_service
 from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
 from app.protocols.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from app.protocols.v2.stream_answers import StreamStopped, answer_stream
@@ -200,6 +201,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         As the server stops, a stream answers the requests it holds and ends UNAVAILABLE, saying so."""
 
         async def answer(request: Any) -> Any:
+            if isinstance(request, Unparsed):  # this message only: the stream goes on
+                return pb.ModelStreamInferResponse(error_message=request.text())
             return await self._infer(StreamCodec(self.service, context, request), request, context, "ModelStreamInfer")
 
         # An async generator itself, as grpc.aio requires of an async stream handler; closed with it.
@@ -419,7 +422,7 @@ class GrpcServer:
         self.server = grpc.aio.server(options=options, interceptors=server_interceptors(settings))
         self.health = HealthServicer(service)
         self.inference = InferenceServicer(plane, control)
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(self.inference, self.server)  # type: ignore[no-untyped-call]
+        add_inference_service(self.inference, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, self.server)
