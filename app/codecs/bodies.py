@@ -88,6 +88,8 @@ def decode_json(body: bytes | bytearray, *, max_instances: int, spec: ModelSpec)
             f"the instances hold non-numeric elements (decoded as {_kind_name(array.dtype)})",
             expected=expected,
         )
+    if writes_a_boolean(body) and holds_booleans(instances):
+        raise InputError("the instances hold true or false among their numbers", expected=expected)
     c, h, w = spec.input_shape
     shapes = [(spec.pixels,), (c, h, w), *([(h, w)] if c == 1 else [])]
     if array.shape[1:] not in shapes:
@@ -237,6 +239,27 @@ def checked_intensities(batch: np.ndarray, expected: str) -> np.ndarray:
         hint = " (to send 0–255 values, divide them by 255)" if high > 1.0 else ""
         raise InputError(f"pixel intensities range over [{low:g}, {high:g}], outside [0, 1]{hint}", expected=expected)
     return batch
+
+
+def writes_a_boolean(text: bytes | bytearray) -> bool:
+    """Whether a JSON text holds the letters `true` or `false` anywhere: a memchr for each `t` and `f`
+    (~0.5 µs for 784 floats, 15 KB; a search for b"true" took 20 µs). Most bodies do not, and their
+    numbers need no holds_booleans."""
+    for first, literal in ((b"t", b"true"), (b"f", b"false")):
+        at = text.find(first)
+        while at >= 0:
+            if text.startswith(literal, at):
+                return True
+            at = text.find(first, at + 1)
+    return False
+
+
+def holds_booleans(numbers: object) -> bool:
+    """Whether JSON lists numpy read as numbers hold true or false: numpy takes them for 1 and 0 beside
+    numbers (np.asarray([0.5, True]) is float64). Written back by orjson (20–40 µs for 784 numbers, hence
+    writes_a_boolean first), a list of numbers holds no `t` and no `f`."""
+    written = orjson.dumps(numbers)
+    return b"t" in written or b"f" in written
 
 
 def _kind_name(dtype: np.dtype[Any]) -> str:

@@ -143,6 +143,8 @@ BAD_INPUTS = [
      "invalid_input", "non-numeric"),
     ("booleans", {"content": orjson.dumps({"instances": [[True] * 784]}), "headers": JSON}, 422,
      "invalid_input", "booleans"),
+    ("booleans among numbers", {"content": orjson.dumps({"instances": [[0.5] * 783 + [True]]}), "headers": JSON},
+     422, "invalid_input", "true or false"),
     ("nulls", {"content": orjson.dumps({"instances": [[None] * 784]}), "headers": JSON}, 422,
      "invalid_input", "non-numeric"),
     ("NaN literal", {"content": b'{"instances": [[NaN]]}', "headers": JSON}, 400, "invalid_json", "not valid JSON"),

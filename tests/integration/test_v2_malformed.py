@@ -44,6 +44,8 @@ MALFORMED = [
     ("request parameters a string", v2(parameters="binary"), {}, "parameters"),
     ("tensor parameters a list", v2({"parameters": ["binary_data_size"]}), {}, "parameters"),
     ("tensor parameters a string", v2({"parameters": "x"}), {}, "parameters"),
+    ("true among the numbers", v2({"data": [0] * 783 + [True]}), {}, "true or false"),
+    ("false among FP32 numbers", v2({"datatype": "FP32", "data": [0.5] * 783 + [False]}), {}, "true or false"),
     ("shape entry true", v2({"shape": [True, 1, 28, 28]}), {}, "shape"),
     ("classification a string", v2(outputs=[{"name": "probabilities", "parameters": {"classification": "3"}}]), {},
      "classification"),

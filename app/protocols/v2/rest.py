@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from app.codecs.bodies import decode_image
+from app.codecs.bodies import decode_image, writes_a_boolean
 from app.codecs.uploads import Images, upload_images
 from app.errors import ClientClosedError, InputError, ServiceError
 from app.http.answer import HttpAnswer, HttpBody, error_answer, whole_body
@@ -173,10 +173,10 @@ class V2Codec:
         length = request.header_length
         if length is None:
             return None
-        document, binary = _split_body(request.body, length)  # InputError: what the async decode says
+        document, binary, booleans = _split_body(request.body, length)  # InputError: what the async decode says
         if _declares_bytes(document):
             return None
-        images = _input(document, binary, spec, self.max_instances)
+        images = _input(document, binary, spec, self.max_instances, booleans_written=booleans)
         assert not isinstance(images, list), "only a BYTES input gives encoded images, and it returned above"
         return images, asked_outputs(document, spec)
 
@@ -226,8 +226,8 @@ def parse_infer(
 ) -> tuple[Asked, np.ndarray | list[bytes]]:
     """What the answer should hold and the input: (k, C, H, W) pixels or intensities, or a BYTES input's
     encoded images (still to decode): the whole request, checked."""
-    document, binary = _split_body(body, header_length)
-    images = _input(document, binary, spec, max_instances)
+    document, binary, booleans = _split_body(body, header_length)
+    images = _input(document, binary, spec, max_instances, booleans_written=booleans)
     return asked_outputs(document, spec), images
 
 
@@ -285,9 +285,10 @@ def asked_outputs(document: dict[str, Any], spec: ModelSpec) -> Asked:
     return Asked(request_id if isinstance(request_id, str) else None, tuple(wanted))
 
 
-def _split_body(body: bytes | bytearray, header_length: str | None) -> tuple[dict[str, Any], memoryview]:
+def _split_body(body: bytes | bytearray, header_length: str | None) -> tuple[dict[str, Any], memoryview, bool]:
     """The JSON inference header and the binary section after it, a view of the body (150 KB for one
-    224×224 UINT8 image: not copied); empty without the extension."""
+    224×224 UINT8 image: not copied), empty without the extension; and whether the header writes
+    `true` or `false` anywhere (a tensor's JSON data may hold them among its numbers)."""
     header, binary = body, memoryview(b"")
     if header_length is not None:
         digits = header_length.isascii() and header_length.isdigit() and len(header_length) <= MAX_LENGTH_DIGITS
@@ -306,7 +307,7 @@ def _split_body(body: bytes | bytearray, header_length: str | None) -> tuple[dic
         ) from None
     if not isinstance(document, dict):
         raise InputError("the inference header is not a JSON object", expected='{"inputs": [...]}', status=400)
-    return document, binary
+    return document, binary, writes_a_boolean(header)
 
 
 def _base64_elements(data: object, spec: ModelSpec) -> list[bytes]:
@@ -328,7 +329,12 @@ def _declares_bytes(document: dict[str, Any]) -> bool:
 
 
 def _input(
-    document: dict[str, Any], binary: bytes | memoryview, spec: ModelSpec, max_instances: int
+    document: dict[str, Any],
+    binary: bytes | memoryview,
+    spec: ModelSpec,
+    max_instances: int,
+    *,
+    booleans_written: bool,
 ) -> np.ndarray | list[bytes]:
     inputs = document.get("inputs")
     if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
@@ -356,7 +362,7 @@ def _input(
     if size is not None:
         data = tensors.binary_elements(str(datatype), binary)
     elif "data" in tensor:
-        data = tensors.json_elements(str(datatype), tensor["data"], spec)
+        data = tensors.json_elements(str(datatype), tensor["data"], spec, booleans_written=booleans_written)
     else:
         raise InputError(
             'the input has neither "data" nor parameters.binary_data_size', expected=tensors.expected(spec)

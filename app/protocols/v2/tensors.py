@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from app import __version__
-from app.codecs.bodies import check_count, checked_intensities, too_many_images
+from app.codecs.bodies import check_count, checked_intensities, holds_booleans, too_many_images
 from app.errors import InputError, quoted
 from app.repository.model_spec import ModelSpec
 from app.repository.outputs import DATATYPES as OUTPUT_DATATYPES
@@ -92,14 +92,17 @@ def decode_input(
     return images if datatype == "UINT8" else checked_intensities(images, want)
 
 
-def json_elements(datatype: str, data: object, spec: ModelSpec) -> np.ndarray:
-    """The JSON form's "data" (flat or nested list) → a flat array of the datatype's elements."""
+def json_elements(datatype: str, data: object, spec: ModelSpec, *, booleans_written: bool) -> np.ndarray:
+    """The JSON form's "data" (flat or nested list) → a flat array of the datatype's elements.
+    `booleans_written`: the request's JSON holds `true` or `false` somewhere (writes_a_boolean)."""
     try:
         array = np.asarray(data)
     except (ValueError, OverflowError, RecursionError):
         raise InputError("the input's data is not a regular array", expected=expected(spec)) from None
     if array.dtype.kind not in "iuf" or array.dtype == np.bool_:
         raise InputError("the input's data holds non-numeric elements", expected=expected(spec))
+    if booleans_written and holds_booleans(data):  # np.asarray read them as 1 and 0
+        raise InputError("the input's data holds true or false among its numbers", expected=expected(spec))
     if datatype == "UINT8" and (array.dtype.kind == "f" or (array.size and (array.min() < 0 or array.max() > 255))):
         raise InputError("UINT8 data must be integers 0–255", expected=expected(spec))
     return array.reshape(-1).astype(DATATYPES.get(datatype, np.dtype("<f4")))
