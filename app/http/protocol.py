@@ -366,7 +366,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         once and the request in flight was cancelled unanswered."""
         cycle = self.cycle
         if self._in_headers and cycle is not None and not cycle.response_complete and not self.transport.is_closing():
-            cycle.keep_alive = False  # the newest request: its answer says Connection: close, then closes
+            if self._last_words is None:  # else the refusal waiting behind the answers closes the connection
+                cycle.keep_alive = False  # the newest request: its answer says Connection: close, then closes
             return True
         return None
 

@@ -112,8 +112,10 @@ def test_a_half_close_in_the_middle_of_a_body_closes_at_once(server: tuple[str, 
 def test_a_good_request_is_answered_before_the_refusal_of_what_follows_it(
     server: tuple[str, int], after: bytes
 ) -> None:
-    """Inline (a whole raw body) and then two pipelined: each good request answered, then one 400, then closed."""
+    """Inline (a whole raw body), two pipelined, chunked (the ASGI route): each good request answered, then
+    one 400, then closed; the same where the client half-closes after sending."""
     inline = predict_head(len(IMAGE)) + IMAGE
     for good in (inline, inline + inline, CHUNKED):
-        answer = exchange(server, good + after)
-        assert statuses(answer) == [200] * good.count(b"POST") + [400], answer[:400]
+        for half_close in (False, True):
+            answer = exchange(server, good + after, half_close=half_close)
+            assert statuses(answer) == [200] * good.count(b"POST") + [400], (half_close, answer[:400])
