@@ -17,7 +17,12 @@
   a proxy that counted one). One without a body is answered, then the connection is closed:
   httptools skipped whatever came after its head in that read.
 - A client that half-closes (shutdown(SHUT_WR), `nc -N`) after its request still gets the answer:
-  the connection closes once the last answer owed is written, not at the end of the client's bytes.
+  the connection closes once the last answer owed is written, not at the end of the client's bytes
+  (plain TCP only: asyncio's TLS transport closes at the client's close_notify whatever we say).
+- Pipelining: at most MAX_PIPELINED requests awaiting answers on a connection; the next gets 429.
+  A refusal of a pipelined request (429, a head above, bytes that are not HTTP, a queued request's
+  broken chunk framing) is written after the answers owed before it, then the connection closes,
+  as nginx does; nothing more is read meanwhile. With none owed it is written at once.
 - Bodies: a body that pauses longer than CGSERVE_BODY_TIMEOUT_S between two chunks is marked in
   its scope (extensions["cgserve.body_timed_out"]) and the app's waiting receive() is woken;
   app/http/limits.py then answers 408. The timer is armed only while part of a body is still
@@ -95,10 +100,15 @@ REASONS = {
     503: b"Service Unavailable",
     431: b"Request Header Fields Too Large",
     408: b"Request Timeout",
+    429: b"Too Many Requests",
 }
 CONTROL = re.compile(rb"[\x00-\x1f\x7f]")  # in a percent-decoded path (httptools refuses them raw)
 LINGER_S = 1.0  # after an answer written before its body was whole: how long the rest may take
 LINGER_BYTES = 65536  # ... and how much of it is read and dropped before the connection is closed
+# Requests a connection may have awaiting their answers (HTTP/1.1 pipelining): uvicorn queues every head
+# a read holds, each with its scope and cycle, and a client pipelining GET /healthz without reading its
+# answers grew a server by 75 MB/s (a review). Load tools pipeline 16 deep; past this, 429 and close.
+MAX_PIPELINED = 32
 REQUEST_LINE_BYTES = 16  # the method, the version, spaces and CRLF of a request line, about
 
 
@@ -196,6 +206,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._rate_timer: timers.Armed | None = None
         self._lingering: int | None = None  # bytes dropped since an answer written before its body was whole
         self._last_words: bytes | None = None  # a refusal that waits for the answers owed before it
+        self._last_whole: RequestResponseCycle | None = None  # the newest request that came whole
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -284,15 +295,27 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self._refused is not None:
             if not self.transport.is_closing():
                 self._answer_and_close(self._refused)
-        elif self._answer_owed():  # garbage pipelined behind a good request: that one is answered first
+            return
+        if not self._in_headers:
+            self._forget_broken_queued()
+        if self._answer_owed():  # garbage pipelined behind a good request: that one is answered first
             self._answer_and_close(
                 _HeaderProblem(
-                    400, "bad_request", "the bytes after this connection's last request are not an HTTP/1.1 request",
-                    "well-formed HTTP/1.1 requests (RFC 9112)",
+                    400, "bad_request", "a request pipelined on this connection is not well-formed HTTP/1.1",
+                    "well-formed HTTP/1.1 requests, heads and body framing (RFC 9112)",
                 )
             )  # fmt: skip
         else:
             super().send_400_response(msg)
+
+    def _forget_broken_queued(self) -> None:
+        """A pipelined request queued behind another whose body broke its framing (a bad chunk size): it is
+        dropped, so that the answers owed before it are written, then the refusal (send_400_response)."""
+        if self.pipeline and self.pipeline[0][0] is self.cycle and self._last_whole is not None:
+            self.pipeline.popleft()  # its task never started: nothing else holds it
+            self.cycle, self._in_headers = self._last_whole, True
+            self._disarm()
+            self._stop_rate()
 
     def _check_head(self, upgrade: bool) -> None:
         """Refuse a head that servers and proxies could read two ways."""
@@ -317,6 +340,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 _HeaderProblem(
                     400, "bad_request", f"the path {path[:200]!r} holds an encoded control character",
                     "a path without control characters (%00-%1F, %7F)",
+                )
+            )  # fmt: skip
+        if len(self.pipeline) >= MAX_PIPELINED - 1:  # those queued, and the one being answered
+            self._refuse(
+                _HeaderProblem(
+                    429, "too_many_pipelined", f"over {MAX_PIPELINED} requests sent ahead of their answers",
+                    f"at most {MAX_PIPELINED} requests awaiting their answers on a connection (HTTP/1.1 pipelining)",
                 )
             )  # fmt: skip
         if upgrade and any(
@@ -365,6 +395,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         closes now, as uvicorn's would (a body cut short will never be whole). Before, the transport closed at
         once and the request in flight was cancelled unanswered."""
         cycle = self.cycle
+        if self.scheme == "https":  # asyncio's TLS transport closes regardless, and warns where True is returned
+            return None
         if self._in_headers and cycle is not None and not cycle.response_complete and not self.transport.is_closing():
             if self._last_words is None:  # else the refusal waiting behind the answers closes the connection
                 cycle.keep_alive = False  # the newest request: its answer says Connection: close, then closes
@@ -385,15 +417,19 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         """`app`, with a client's reset taken as its leaving, not as the app's error. uvloop closes the
         transport at once on ECONNRESET and calls connection_lost a loop turn later; an answer sent in
         between met a closed transport (RuntimeError: "the handler is closed"), which uvicorn logged as
-        "Exception in ASGI application" with a traceback, one per client that hung up under load."""
+        "Exception in ASGI application" with a traceback, one per client that hung up under load. Only
+        `send` is watched: the app's own errors are logged as ever."""
 
         async def run(scope: Any, receive: Any, send: Any) -> None:
-            try:
-                await app(scope, receive, send)
-            except RuntimeError:
-                if not self.transport.is_closing():
-                    raise
-                cycle.disconnected = True  # as connection_lost will say: uvicorn writes no 500 after it
+            async def sending(message: Any) -> None:
+                try:
+                    await send(message)
+                except RuntimeError:
+                    if not self.transport.is_closing():
+                        raise  # the app's own error (a message out of order): uvicorn logs it
+                    cycle.disconnected = True  # as connection_lost will say: later sends return at once
+
+            await app(scope, receive, sending)
 
         return run
 
@@ -402,6 +438,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._stop_rate()
         self._lingering = None  # the rest came whole: the connection goes on (keep-alive, as uvicorn's)
         super().on_message_complete()
+        self._last_whole = self.cycle
         self._in_headers = True  # what comes next on this connection is another request's head
         if self._inline is not None:
             handler, request = self._inline
@@ -507,7 +544,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         head += [f"{name}: {value}".encode() for name, value in error.headers.items()]
         last_words = b"\r\n".join(head) + b"\r\n\r\n" + body
         if self._answer_owed():
-            self._last_words = last_words  # written by on_response_complete; what comes meanwhile is dropped
+            self._last_words = last_words  # written by on_response_complete, which then closes
+            self.transport.pause_reading()  # what would come meanwhile is not read (uvicorn's flow does not resume it)
             return
         self.transport.write(last_words)
         self.transport.close()

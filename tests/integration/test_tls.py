@@ -7,6 +7,7 @@ its certificate, or a file that cannot be read, stops the start-up with a line n
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -296,3 +297,22 @@ def test_a_missing_certificate_file_is_a_start_up_error_naming_setting_and_path(
 def test_a_key_that_is_not_the_certificates_is_a_start_up_error(pki: Path) -> None:
     code, stderr = start_up_error(pki, tls_cert_file=str(pki / "server.crt"), tls_key_file=str(pki / "client.key"))
     assert code != 0 and "are not a PEM certificate and its unencrypted private key" in stderr, stderr
+
+
+def test_a_tls_close_notify_after_a_request_logs_no_warning(server: tuple[str, str, ServerProcess], pki: Path) -> None:
+    """A client's close_notify after its request: asyncio's TLS transport closes whatever eof_received says,
+    and logged "returning true from eof_received() has no effect when using ssl" for each such connection
+    (a client could write the log full). The plain-TCP half-close (tests/integration/test_http_framing.py)
+    keeps the connection for its answers; TLS cannot."""
+    head = f"POST /predict HTTP/1.1\r\nhost: {HOST}\r\ncontent-type: application/octet-stream\r\n"
+    request = (head + f"content-length: {len(RAW)}\r\n\r\n").encode() + RAW
+    host, port = server[0].removeprefix("https://").split(":")
+    for _ in range(3):
+        with socket.create_connection((host, int(port)), timeout=10) as raw:
+            tls = client_context(pki, certificate=True).wrap_socket(raw, server_hostname=host)
+            tls.sendall(request)
+            with contextlib.suppress(OSError):  # ssl.SSLError among them: the server may close first
+                tls.unwrap()  # close_notify, then the server's
+    time.sleep(0.5)  # the server's log line, where there is one, follows the close
+    log = server[2].log_path.read_text(errors="replace")
+    assert "eof_received" not in log, server[2].log_tail()
