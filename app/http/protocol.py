@@ -207,6 +207,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._lingering: int | None = None  # bytes dropped since an answer written before its body was whole
         self._last_words: bytes | None = None  # a refusal that waits for the answers owed before it
         self._last_whole: RequestResponseCycle | None = None  # the newest request that came whole
+        self._head_begun_mid_read = False  # on_message_begin's word to data_received
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -232,6 +233,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().data_received(data)
         if self._last_words is not None:  # this read's head was refused: no timer for it
             return
+        if self._head_begun_mid_read:  # rare: pipelining, or a read that began inside a body
+            self._head_begun_mid_read = False
+            if self._in_headers and self._first_byte is not None and not self.transport.is_closing():
+                # Behind a whole request, and not whole itself: its timer runs from its first byte (it waited
+                # for the next read before). Its bytes so far are counted by the parser's callbacks.
+                self._arm(self.header_timeout_s, self._header_timeout)
+                return
         if first and self._in_headers and self._first_byte is not None and not self.transport.is_closing():
             # The head's timeout, armed only where the head did not come whole in its first read (most do:
             # no timer to arm and cancel for them); it runs from the first byte, a parse's µs ago.
@@ -265,6 +273,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._head_bytes = REQUEST_LINE_BYTES
         self._hosts = self._authorizations = 0
+        if self._first_byte is None:  # a head that begins after a whole request in the same read
+            self._first_byte = time.monotonic()
+            self._head_begun_mid_read = True
 
     def on_url(self, url: bytes) -> None:
         super().on_url(url)

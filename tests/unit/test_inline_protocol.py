@@ -256,3 +256,18 @@ async def test_an_answer_sent_after_a_reset_is_not_logged_as_the_apps_error(
     assert not [r for r in caplog.records if "Exception in ASGI application" in r.getMessage()]
     assert protocol.cycle is not None and protocol.cycle.disconnected
     protocol.connection_lost(ConnectionResetError())
+
+
+@pytest.mark.anyio
+async def test_a_partial_head_pipelined_behind_a_whole_request_has_its_timer_from_its_first_byte(
+    inline: StubInline,
+) -> None:
+    """Its timer was armed only when its next byte came: a client that sent no more waited for the
+    keep-alive timer instead, and a 408 came late by however long the next byte took (a review)."""
+    protocol, transport = await connected()
+    protocol.data_received(request("/other", b"ab") + b"GET /healthz HTTP/1.1\r\nho")
+    await settle()
+    assert answers(bytes(transport.written)) == [b"asgi /other"]
+    assert protocol._timer is not None  # the partial head's, armed in the read it began in
+    protocol._header_timeout()  # its time is up
+    assert b"HTTP/1.1 408" in transport.written and transport.closed
