@@ -70,6 +70,7 @@ MALFORMED = [
     # base64's decoder raises a plain ValueError (not binascii.Error) for text outside ASCII: it was a 500
     ("a BYTES element outside ASCII", v2({"datatype": "BYTES", "shape": [1], "data": ["iVBORé"]}), {}, "base64"),
     ("an input name of 20,000 characters", v2({"name": "x" * 20_000}), {}, "the input is named 'xxx"),
+    ("an id of 2,000 characters", v2(id="i" * 2000), {}, "the request id is 2000 characters"),
     ("a datatype of 20,000 characters", v2({"datatype": "F" * 20_000}), {}, "datatype is 'FFF"),
 ]  # fmt: skip
 LONGEST_ERROR = 2048  # bytes: no client string is echoed whole (a gRPC status travels in 16 KiB of trailers)
@@ -147,7 +148,10 @@ CONTENTS_AND_RAW = grpc_request()  # typed contents beside the raw tensor: they 
 CONTENTS_AND_RAW.inputs[0].contents.uint_contents.extend([0] * 784)
 LONG_INPUT_NAME = grpc_request()  # echoed whole, its status lost to RESOURCE_EXHAUSTED (trailers over 16 KiB)
 LONG_INPUT_NAME.inputs[0].name = "x" * 20_000
+LONG_ID = grpc_request()
+LONG_ID.id = "i" * 2000
 GRPC_MALFORMED = [
+    ("an id of 2,000 characters", LONG_ID, "the request id is 2000 characters"),
     ("unknown output", UNKNOWN_OUTPUT, "logits"),
     ("two raw tensors for one input", TWO_RAW_TENSORS, "raw_input_contents holds 2 tensors"),
     ("contents and raw_input_contents", CONTENTS_AND_RAW, "both contents and raw_input_contents"),
@@ -212,3 +216,17 @@ def test_bytes_that_are_not_a_protobuf_message_get_invalid_argument(servers: dic
             channel.unary_unary(path)(NOT_PROTOBUF, timeout=30)
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT, raised.value
     assert "do not parse as a protobuf inference.Model" in str(raised.value.details()), raised.value.details()
+
+
+def test_a_streamed_request_with_a_long_id_is_refused_without_echoing_it(servers: dict[str, str]) -> None:
+    """An answer echoes its request's id, and a stream holds up to 256 unsent answers: 16 MiB ids held
+    gigabytes. Past 1024 characters the request is refused on the stream, its answer without the id."""
+    with grpc.insecure_channel(servers["grpc"]) as channel:
+        stream = channel.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+            response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
+        )
+        answers = list(stream(iter([LONG_ID, grpc_request()]), timeout=30))
+    assert "the request id is 2000 characters" in answers[0].error_message, answers[0].error_message
+    assert answers[0].infer_response.id == "" and not answers[1].error_message

@@ -96,7 +96,7 @@ class GrpcCodec:
     async def decode(self, request: Any, spec: ModelSpec) -> tuple[Images, tuple[tuple[tensors.Wanted, ...], str]]:
         """(k, C, H, W) images, and the outputs asked for (each with its top-k, 0: the values) with the call's
         id: the whole call, checked."""
-        asked = _asked_outputs(request, spec), request.id
+        asked = _asked_outputs(request, spec), tensors.checked_id(request.id)
         settings = self.service.settings
         if _payload_bytes(request) < LARGE_JSON_BYTES:  # as the REST path: large decodes off the loop
             images = _input(request, spec, settings.max_instances)
@@ -143,7 +143,9 @@ class StreamCodec(GrpcCodec):
     def failure(self, error: ServiceError) -> tuple[Any, str]:
         abort, status = super().failure(error)
         request = self.request  # the refused request's model and id, for the client to pair the answer with
-        which = pb.ModelInferResponse(model_name=request.model_name, model_version=request.model_version, id=request.id)
+        which = pb.ModelInferResponse(
+            model_name=request.model_name, model_version=request.model_version, id=tensors.echoable_id(request.id)
+        )
         return self._streamed(which, error_message=abort.text), status
 
     def _streamed(self, response: Any, error_message: str = "") -> Any:

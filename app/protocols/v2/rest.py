@@ -282,7 +282,7 @@ def asked_outputs(document: dict[str, Any], spec: ModelSpec) -> Asked:
     if not wanted:
         wanted = [tensors.Wanted(name, 0, wants_binary) for name in spec.layout.names]
     request_id = document.get("id")
-    return Asked(request_id if isinstance(request_id, str) else None, tuple(wanted))
+    return Asked(tensors.checked_id(request_id) if isinstance(request_id, str) else None, tuple(wanted))
 
 
 def _split_body(body: bytes | bytearray, header_length: str | None) -> tuple[dict[str, Any], memoryview, bool]:
