@@ -107,7 +107,8 @@ LINGER_S = 1.0  # after an answer written before its body was whole: how long th
 LINGER_BYTES = 65536  # ... and how much of it is read and dropped before the connection is closed
 # Requests a connection may have awaiting their answers (HTTP/1.1 pipelining): uvicorn queues every head
 # a read holds, each with its scope and cycle, and a client pipelining GET /healthz without reading its
-# answers grew a server by 75 MB/s (a review). Load tools pipeline 16 deep; past this, 429 and close.
+# answers grew a server 265 → 1,453 MB in 15 s (bench/results/2026-12-03-cpu-pipelined-flood.md). Load tools
+# pipeline 16 deep; past this, 429 and close.
 MAX_PIPELINED = 32
 REQUEST_LINE_BYTES = 16  # the method, the version, spaces and CRLF of a request line, about
 
@@ -405,9 +406,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         stays open to write it (and those pipelined behind it) and closes after the last (True); otherwise it
         closes now, as uvicorn's would (a body cut short will never be whole). Before, the transport closed at
         once and the request in flight was cancelled unanswered."""
-        cycle = self.cycle
         if self.scheme == "https":  # asyncio's TLS transport closes regardless, and warns where True is returned
             return None
+        cycle = self.cycle
         if self._in_headers and cycle is not None and not cycle.response_complete and not self.transport.is_closing():
             if self._last_words is None:  # else the refusal waiting behind the answers closes the connection
                 cycle.keep_alive = False  # the newest request: its answer says Connection: close, then closes

@@ -27,7 +27,7 @@ INPUT = "input"
 OUTPUT = "probabilities"
 DATATYPES: dict[str, np.dtype[Any]] = {"FP32": np.dtype("<f4"), "UINT8": np.dtype(np.uint8)}
 # A request's `id` is echoed in its answer: bounded, or a stream of unread answers to 16 MiB ids held
-# gigabytes (a review: two such streams took a server from 481 MiB to 4.2 GB in 24 s).
+# gigabytes (a review's attack on ModelStreamInfer).
 MAX_ID_CHARS = 1024
 EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration"]
 
