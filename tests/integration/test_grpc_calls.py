@@ -251,6 +251,43 @@ def poll_until(done: Callable[[], bool]) -> None:
     assert done()
 
 
+@pytest.fixture(scope="module")
+def small_queue_server(tmp_path_factory: pytest.TempPathFactory, gates: tuple[Path, Path]) -> Iterator[dict[str, str]]:
+    """A queue of 256 rows: a stream of 64-image requests may hold 64 of them (a quarter)."""
+    yield from serve_gated(tmp_path_factory, gates, queue_limit="256", max_instances="64")
+
+
+def test_a_stream_of_large_requests_leaves_the_queue_to_other_clients(
+    small_queue_server: dict[str, str], gates: tuple[Path, Path]
+) -> None:
+    """A stream writing 64-image requests faster than they are served holds a quarter of the model's queue
+    and waits for its answers before it reads on: another client's call is queued, not refused, and every
+    request of the stream is answered. (Before, the stream held up to 256 requests: the queue filled and the
+    other client got UNAVAILABLE, as did the stream's own requests past the queue.)"""
+    tensor = service_pb2.ModelInferRequest.InferInputTensor(name="input", datatype="UINT8", shape=[64, 1, 28, 28])
+    large = [
+        service_pb2.ModelInferRequest(
+            model_name="gated", id=f"large-{n}", inputs=[tensor], raw_input_contents=[bytes(64 * 784)]
+        )
+        for n in range(12)
+    ]  # 768 rows: three times the queue
+    one = service_pb2.ModelInferRequest.InferInputTensor(name="input", datatype="UINT8", shape=[1, 1, 28, 28])
+    other = service_pb2.ModelInferRequest(model_name="gated", inputs=[one], raw_input_contents=[bytes(784)])
+    with (
+        grpc.insecure_channel(small_queue_server["grpc"]) as streaming,
+        grpc.insecure_channel(small_queue_server["grpc"]) as calling,
+    ):
+        with batches_held(gates):
+            answers = service_pb2_grpc.GRPCInferenceServiceStub(streaming).ModelStreamInfer(iter(large), timeout=WAIT_S)
+            poll_until(gates[0].exists)  # the stream's first batch is held
+            call = service_pb2_grpc.GRPCInferenceServiceStub(calling).ModelInfer.future(other, timeout=WAIT_S)
+            time.sleep(0.5)  # a refusal would have come by now
+            assert not call.done(), call.exception()
+        assert call.result().model_name == "gated"
+        sent = [(answer.infer_response.id, answer.error_message) for answer in answers]
+    assert sorted(sent) == sorted((request.id, "") for request in large)
+
+
 def test_perf_analyzers_32_fp32_resnet_images_fit_one_message(server: dict[str, str]) -> None:
     images = np.random.default_rng(0).random((32, 3, 224, 224), dtype=np.float32)  # 19,267,584 bytes
     tensor = triton_grpc.InferInput("input", list(images.shape), "FP32")

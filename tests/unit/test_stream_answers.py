@@ -173,3 +173,45 @@ async def test_a_stream_whose_client_had_sent_its_last_request_ends_as_usual_whe
     release.set()
     await asyncio.wait_for(reading, 5)  # no StreamStopped: nothing was left unread
     assert answers == [0]
+
+
+@pytest.mark.anyio
+async def test_a_stream_holds_at_most_its_row_budget_and_a_larger_request_runs_alone() -> None:
+    """Requests weigh their rows: with a budget of 10, two of 4 rows are held at once (not a third), and one of
+    20 (past the whole budget) starts only once the stream holds nothing else, then alone."""
+    weights = [4, 4, 4, 20, 4]
+    gates = {n: asyncio.Event() for n in range(len(weights))}
+    started: list[int] = []
+
+    async def requests() -> AsyncIterator[int]:
+        for n in range(len(weights)):
+            yield n
+
+    async def held(request: int) -> int:
+        started.append(request)
+        await gates[request].wait()
+        return request
+
+    stream = answer_stream(requests(), held, LIMIT, rows=lambda n: weights[n], row_budget=10)
+    sent: list[int] = []  # a client reading every answer as it comes (an answer's rows are free once it is sent)
+
+    async def read_all() -> None:
+        async for answer in stream:
+            sent.append(answer)
+
+    reading = asyncio.create_task(read_all())
+    await settle()
+    assert started == [0, 1]
+    gates[0].set()
+    await settle()
+    assert (sent, started) == ([0], [0, 1, 2])
+    gates[1].set()
+    gates[2].set()
+    await settle()
+    assert (sent, started) == ([0, 1, 2], [0, 1, 2, 3])  # 20 rows: alone
+    gates[3].set()
+    await settle()
+    assert (sent, started) == ([0, 1, 2, 3], [0, 1, 2, 3, 4])
+    gates[4].set()
+    await asyncio.wait_for(reading, 5)
+    assert sent == [0, 1, 2, 3, 4]

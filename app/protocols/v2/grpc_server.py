@@ -66,6 +66,8 @@ FRAMING_BYTES = 2**20
 # across replicas and nothing holds a descriptor for ever.
 MAX_CONNECTION_AGE_S = 30 * 60
 MAX_STREAMS = 256  # concurrent calls on one connection; a client queues more until some end
+# A stream's rows in flight, as a share of a model's queue (CGSERVE_QUEUE_LIMIT): the rest is left to other clients.
+STREAM_QUEUE_SHARE = 4
 STOPPED = (
     "the server is stopping: it answered the requests of this stream it held; send again every request "
     "that has no answer (to another server, or this one once it is back)"
@@ -199,7 +201,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
         """Every request the stream carries, answered on it as soon as its batch is done: in that order, not
         the order they came in (each answer holds its request's `id`), so that one stream keeps many in
-        flight; at most MAX_STREAMS held, as on a connection of single calls (app/protocols/v2/stream_answers.py).
+        flight; at most MAX_STREAMS held, as on a connection of single calls, and at most a quarter of a model's
+        queue in rows (app/protocols/v2/stream_answers.py): past either it waits for its answers, not refused.
         As the server stops, a stream answers the requests it holds and ends UNAVAILABLE, saying so."""
 
         async def answer(request: Any) -> Any:
@@ -209,7 +212,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         # An async generator itself, as grpc.aio requires of an async stream handler; closed with it.
         try:
-            async with contextlib.aclosing(answer_stream(requests, answer, MAX_STREAMS, self.stopping)) as answers:
+            row_budget = max(1, self.service.settings.queue_limit // STREAM_QUEUE_SHARE)
+            stream = answer_stream(requests, answer, MAX_STREAMS, self.stopping, rows=_rows, row_budget=row_budget)
+            async with contextlib.aclosing(stream) as answers:
                 async for response in answers:
                     yield response
         except StreamStopped:  # what it held is answered; the client sends the rest again, elsewhere
@@ -268,6 +273,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
 def _platform(served: ServedModel) -> str:
     return f"cudagraph-serve_{served.options.engine}"
+
+
+def _rows(request: Any) -> int:
+    """The images a stream's request carries, as its first input's shape says (1 where it says nothing usable:
+    such a request is refused by its decode, not weighed)."""
+    if isinstance(request, Unparsed) or not request.inputs or not request.inputs[0].shape:
+        return 1
+    return max(1, int(request.inputs[0].shape[0]))
 
 
 def _payload_bytes(request: Any) -> int:

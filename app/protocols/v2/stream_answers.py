@@ -3,7 +3,12 @@
 One request's answer does not wait for the one before it: a client keeps many in flight on one
 stream, as it would with many calls. `limit` bounds what a stream holds, counting a request from
 the moment it is read until its answer is sent, so a client that writes without reading its
-answers is held back too (the stream is not read; HTTP/2's flow control stops the client). When
+answers is held back too (the stream is not read; HTTP/2's flow control stops the client). Its
+requests' rows are bounded too (`row_budget`, a quarter of a model's queue in the server): one stream
+of 128-image requests held 256 of them, 32,768 rows, where the queue takes 4,096, and every other
+client was refused 503 while it streamed. Past its budget a stream waits for its own answers before
+it reads on, as past `limit`; a request larger than the whole budget waits until the stream holds
+nothing else. When
 the server stops, a stream stops reading, sends the answers of the requests it holds, and ends
 with StreamStopped: the client sends again every request that has no answer. (A request whose read
 completes just as the stop cancels it is dropped unanswered: a pending read cannot be withdrawn
@@ -24,28 +29,54 @@ class StreamStopped(Exception):
     """The server stopped the stream after answering the requests it held; the rest are the client's to resend."""
 
 
+class _RowBudget:
+    """Rows a stream holds, taken by its one reader before a request starts and given back as its answer is sent."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.held = limit, 0
+        self._given_back = asyncio.Event()
+
+    async def take(self, rows: int) -> int:
+        rows = min(max(rows, 1), self.limit)  # a request past the whole budget waits for an empty stream
+        while self.held + rows > self.limit:
+            self._given_back.clear()
+            await self._given_back.wait()
+        self.held += rows
+        return rows
+
+    def give_back(self, rows: int) -> None:
+        self.held -= rows
+        self._given_back.set()
+
+
 async def answer_stream(
     requests: AsyncIterator[Request],
     answer: Callable[[Request], Awaitable[Answer]],
     limit: int,
     stop: asyncio.Event | None = None,
+    *,
+    rows: Callable[[Request], int] = lambda _: 1,
+    row_budget: int | None = None,
 ) -> AsyncGenerator[Answer, None]:
     """Each of `requests` answered by `answer` (which answers errors too: only cancelling raises), yielded in
     the order the answers are ready. The stream ends once the client has sent its last request and every
     answer is out; a request that cannot be read (malformed, too large) ends it with that error once the
     requests in flight are answered; `stop` set (the server stopping) ends it so too, with StreamStopped.
-    Closed early (the client cancelled, its deadline passed), it cancels every request in flight."""
-    answers: asyncio.Queue[Answer | None] = asyncio.Queue()  # None: the end
+    Closed early (the client cancelled, its deadline passed), it cancels every request in flight.
+    `rows(request)` is what a request weighs against `row_budget` (None: requests are bounded by `limit` alone)."""
+    answers: asyncio.Queue[tuple[Answer, int] | None] = asyncio.Queue()  # (an answer, its rows); None: the end
     room = asyncio.Semaphore(limit)  # a slot a request, freed once its answer is sent
+    budget = _RowBudget(row_budget if row_budget is not None else limit)
     in_flight: set[asyncio.Task[None]] = set()
     reading, stopped = True, False  # still reading the client's requests; stopped doing so for `stop`
     closing = False  # the stream is being closed (its client left): a stop no longer applies
 
-    async def one(request: Request) -> None:
+    async def one(request: Request, held: int) -> None:
         try:
-            answers.put_nowait(await answer(request))
-        except BaseException:  # cancelled with its stream: no answer to send, its slot is free
+            answers.put_nowait((await answer(request), held))
+        except BaseException:  # cancelled with its stream: no answer to send, its slot and rows are free
             room.release()
+            budget.give_back(held)
             raise
 
     async def read_all() -> None:
@@ -59,7 +90,8 @@ async def answer_stream(
                 except StopAsyncIteration:
                     room.release()
                     break
-                task = asyncio.create_task(one(request))
+                held = await budget.take(rows(request) if row_budget is not None else 1)
+                task = asyncio.create_task(one(request, held))
                 in_flight.add(task)
                 task.add_done_callback(in_flight.discard)
         except asyncio.CancelledError:
@@ -82,9 +114,11 @@ async def answer_stream(
     if stopping is not None:
         stopping.add_done_callback(stop_reading)
     try:
-        while (response := await answers.get()) is not None:
+        while (sent := await answers.get()) is not None:
+            response, held = sent
             yield response
             room.release()
+            budget.give_back(held)
         await reader  # raises what ended the reading, if anything did
         if stopped:
             raise StreamStopped
