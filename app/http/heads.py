@@ -26,9 +26,17 @@ class Head:
     streamed: bool = False  # Transfer-Encoding or Expect: the body does not simply follow the head
 
 
+# The names read_head reads; every other header (Host, User-Agent, Accept...) costs it one set lookup.
+READ = frozenset(
+    (b"content-length", b"content-type", V2_HEADER_LENGTH, TIMEOUT_HEADER, b"transfer-encoding", b"expect")
+)
+
+
 def read_head(headers: Iterable[tuple[bytes, bytes]]) -> Head:
     head = Head()
     for name, value in headers:
+        if name not in READ:
+            continue
         if name == b"content-length":
             head.length = int(value) if value.isdigit() and head.length is None else -1
         elif name == b"content-type" and head.media is None:

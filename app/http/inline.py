@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,7 +34,7 @@ from app.codecs.uploads import Images
 from app.dataplane import DataPlane, NowCodec, counted, observe
 from app.errors import ClientClosedError, DeadlineExceededError
 from app.http.answer import HttpAnswer, HttpBody
-from app.http.heads import read_head
+from app.http.heads import Head, read_head
 from app.http.inline_routes import form_of, route_of
 from app.http.limits import FIRST_BYTE_KEY, BodyBudget
 from app.http.protocol import INLINE_BODY_LIMIT, write_answer
@@ -43,26 +42,28 @@ from app.ops import metrics, timers
 from app.service import ServedModel
 
 
-@dataclass(slots=True, eq=False)
 class InlineRequest:
-    cycle: RequestResponseCycle  # uvicorn's: its scope and the body read so far; answered through write_answer
-    codec: NowCodec[HttpBody, HttpAnswer]
-    model: str  # the served model's name once looked up; "" before (the metrics' label: never a client's name)
-    form: str  # "json", "raw" or "image" (/predict), "json" or "binary" (v2 infer)
-    header_length: bytes | None  # the v2 binary extension's Inference-Header-Content-Length
-    media: bytes | None  # the Content-Type, without parameters
-    content_type: bytes  # the Content-Type whole (a multipart body's boundary)
-    reserved: int  # bytes held in the budget until the answer is written
-    deadline: float  # time.monotonic()
-    started: float  # time.perf_counter(), for the latency histogram
+    """One request answered here: what its head said, then what it holds as it goes (a plain class whose
+    class attributes are the defaults, so that a request assigns only what it has: taken per request)."""
+
     batcher: BatchQueue | None = None  # the model's, once admitted
     served: ServedModel | None = None
     future: asyncio.Future[np.ndarray] | None = None  # the batcher's, once queued
     decoding: asyncio.Task[None] | None = None  # a larger body's decode (asyncio keeps only weak references)
     asked: Any = None  # what the answer needs of the request (v2: its inference header)
     timer: timers.Armed | None = None  # the deadline's, while the answer is owed
-    refused: bool = False  # an error answer is on its way
-    answered: bool = False
+    model = ""  # the served model's name once looked up (the metrics' label: never a client's name)
+    refused = False  # an error answer is on its way
+    answered = False
+
+    def __init__(self, cycle: RequestResponseCycle, codec: NowCodec[HttpBody, HttpAnswer], form: str, head: Head,
+                 deadline: float, started: float) -> None:  # fmt: skip
+        self.cycle = cycle  # uvicorn's: its scope and the body read so far; answered through write_answer
+        self.codec = codec
+        self.form = form  # "json", "raw" or "image" (/predict), "json" or "binary" (v2 infer)
+        self.head = head  # its Content-Length (reserved in the budget until the answer), -Type, v2 header length
+        self.deadline = deadline  # time.monotonic()
+        self.started = started  # time.perf_counter(), for the latency histogram
 
 
 # A body up to this is decoded on the loop as it completes; a larger one (up to INLINE_BODY_LIMIT) in
@@ -92,11 +93,11 @@ class InlinePredict:
         head = read_head(scope["headers"])
         if head.streamed or (head.timeout_ms is not None and head.timeout_ms < 0):
             return None  # read as it streams in, or refused 400 by the ASGI guard
-        length, media, header_length = head.length, head.media, head.header_length
+        length = head.length
         timeout_s = self.settings.request_timeout_s
         if head.timeout_ms is not None:
             timeout_s = min(timeout_s, head.timeout_ms / 1000)
-        form = form_of(route, media, header_length)
+        form = form_of(route, head.media, head.header_length)
         if form is None or length is None or not 0 <= length <= min(INLINE_BODY_LIMIT, self.settings.max_body_bytes):
             return None  # the ASGI route answers it (415, 411-like reads, 413) or serves it
         if not self.budget.reserve(length):
@@ -105,9 +106,7 @@ class InlinePredict:
         deadline = extensions[FIRST_BYTE_KEY] + timeout_s
         codec = self.codecs[route]
         started = time.perf_counter()
-        request = InlineRequest(
-            cycle, codec, "", form, header_length, media, head.content_type, length, deadline, started
-        )
+        request = InlineRequest(cycle, codec, form, head, deadline, started)
         try:  # as the data plane does, before a byte of the body is read: the model, its readiness, admission
             request.served = codec.served(model, version)
             request.model = request.served.spec.name  # refusals below are counted under it
@@ -126,10 +125,11 @@ class InlinePredict:
         body, request.cycle.body = request.cycle.body, bytearray()
         if request.refused or request.answered or request.batcher is None or request.served is None:
             return
-        scope = request.cycle.scope
-        media = (request.media or b"").decode("latin-1")
-        header_length = None if request.header_length is None else request.header_length.decode("latin-1")
-        wire = HttpBody(body, media, scope["query_string"].decode("latin-1"), header_length, request.content_type)
+        head = request.head
+        media = head.media.decode("latin-1") if head.media else ""
+        header_length = None if head.header_length is None else head.header_length.decode("latin-1")
+        query = request.cycle.scope["query_string"]
+        wire = HttpBody(body, media, query.decode("latin-1") if query else "", header_length, head.content_type)
         batcher, served = request.batcher, request.served
         try:  # the codec's own decode, here and now where it is cheap
             if request.form == "raw" or (request.form != "image" and len(body) <= DECODE_NOW_BYTES):
@@ -222,7 +222,7 @@ class InlinePredict:
             return False
         request.answered = True
         request.cycle.body = bytearray()  # what came of a body answered early is not kept by the connection
-        self.budget.release(request.reserved)
+        self.budget.release(request.head.length or 0)
         if request.batcher is not None and request.served is not None:  # admitted: the data plane counted it
             self.plane.answered(request.served)
         if request.timer is not None:

@@ -111,6 +111,8 @@ LINGER_BYTES = 65536  # ... and how much of it is read and dropped before the co
 # pipeline 16 deep; past this, 429 and close.
 MAX_PIPELINED = 32
 REQUEST_LINE_BYTES = 16  # the method, the version, spaces and CRLF of a request line, about
+# Headers whose every instance on_header notes: two Hosts or two Authorizations are refused (_check_head).
+WATCHED_HEADERS = frozenset((b"host", b"authorization", b"expect"))
 
 
 # Bodies up to this are taken inline, read whole into their cycle: one 3×256×256 uint8 image and
@@ -285,22 +287,33 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._refuse(self._too_large())
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        super().on_header(name, value)
+        # uvicorn's own (a lowercased name into the scope's headers; Expect: 100-continue noted) and ours in one
+        # call: this runs for every header of every request, the costliest of the parser's callbacks.
+        name = name.lower()
         self._head_bytes += len(name) + len(value) + 4  # ": " and CRLF
         if self._head_bytes > self.max_header_bytes:
             self._refuse(self._too_large())
-        name = name.lower()
+        if name in WATCHED_HEADERS:
+            self._watch(name, value)
+        self.headers.append((name, value))
+
+    def _watch(self, name: bytes, value: bytes) -> None:
         if name == b"host":
             self._hosts += 1
         elif name == b"authorization":
             self._authorizations += 1
+        elif value.lower() == b"100-continue":  # Expect
+            self.expect_100_continue = True
 
     def on_body(self, body: bytes) -> None:
+        cycle = self.cycle
+        if self._inline is not None and self._inline[1].cycle is cycle:
+            # An inline request has no receive() to wake nor to pause reading for (uvicorn's own does both, at
+            # its read high-water mark): its body, at most INLINE_BODY_LIMIT, is read whole into its cycle.
+            if not cycle.response_complete:  # else answered early: the rest is dropped (data_received)
+                cycle.body += body
+            return
         super().on_body(body)
-        # Past HIGH_WATER_LIMIT uvicorn paused reading until the app's receive() takes the body; an
-        # inline request has no receive(): its body (at most INLINE_BODY_LIMIT) is read whole.
-        if self.flow.read_paused and self._inline is not None and self._inline[1].cycle is self.cycle:
-            self.flow.resume_reading()
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to a request httptools could not parse, or one a callback refused."""
@@ -385,7 +398,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         upgrade = self.parser.should_upgrade()  # Connection: upgrade (h2c, websocket) or CONNECT
         self._check_head(upgrade)
-        self._disarm()
+        if self._timer is not None:
+            self._disarm()
         self._in_headers = False
         self._header_bytes = 0
         extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
@@ -446,16 +460,21 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         return run
 
     def on_message_complete(self) -> None:
-        self._disarm()
-        self._stop_rate()
+        if self._timer is not None:
+            self._disarm()
+        if self._rate_timer is not None:
+            self._stop_rate()
         self._lingering = None  # the rest came whole: the connection goes on (keep-alive, as uvicorn's)
-        super().on_message_complete()
-        self._last_whole = self.cycle
+        cycle, inline = self.cycle, self._inline
+        taken = inline is not None and inline[1].cycle is cycle
+        if taken:
+            cycle.more_body = False  # as uvicorn's own says it, less the event no receive() waits on
+        else:
+            super().on_message_complete()
+        self._last_whole = cycle
         self._in_headers = True  # what comes next on this connection is another request's head
-        if self._inline is not None:
-            handler, request = self._inline
-            if request.cycle is self.cycle and not request.answered:
-                handler.body_complete(request)
+        if taken and inline is not None and not inline[1].answered:
+            inline[0].body_complete(inline[1])
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -642,18 +661,14 @@ def write_answer(cycle: RequestResponseCycle, status: int, headers: list[tuple[b
     if cycle.disconnected or cycle.transport.is_closing():
         cycle.response_complete = True
         return
-    content = [STATUS_LINE[status]]
-    for name, value in cycle.default_headers:
-        content += [name, b": ", value, b"\r\n"]
-    for name, value in headers:  # content-length and -type among them
-        if name == b"connection" and b"close" in value.lower():
+    if b"connection" in dict(headers):  # an answer that closes the connection (a refusal): said once, below
+        if any(name == b"connection" and b"close" in value.lower() for name, value in headers):
             cycle.keep_alive = False
-            continue
-        content += [name, b": ", value, b"\r\n"]
+        headers = [(name, value) for name, value in headers if name != b"connection"]
+    lines = [*map(b": ".join, cycle.default_headers), *map(b": ".join, headers)]  # content-length and -type among them
     if not cycle.keep_alive:
-        content.append(b"connection: close\r\n")
-    content += [b"\r\n", body]
-    cycle.transport.write(b"".join(content))
+        lines.append(b"connection: close")
+    cycle.transport.write(b"".join((STATUS_LINE[status], b"\r\n".join(lines), b"\r\n\r\n", body)))
     cycle.response_complete = True
     if not cycle.keep_alive:
         cycle.transport.close()

@@ -91,22 +91,28 @@ class Wheel:
 
 
 _wheels: dict[asyncio.AbstractEventLoop, Wheel] = {}
+_latest: Wheel | None = None  # the wheel last looked up: a server process has one loop, so nearly always its
 
 
 def wheel() -> Wheel:
     """The running loop's wheel (made on first use; forgotten with its loop once that is closed)."""
+    global _latest
     loop = asyncio.get_running_loop()
     found = _wheels.get(loop)
     if found is None:
         for old in [old for old in _wheels if old.is_closed()]:
             del _wheels[old]
         _wheels[loop] = found = Wheel(loop)
+    _latest = found
     return found
 
 
 def call_at(deadline: float, callback: Callable[[], object]) -> Armed:
     """`callback()` on the running loop once time.monotonic() passes `deadline` (up to TICK_S later)."""
-    return wheel().call_at(deadline, callback)
+    found = _latest
+    if found is None or found.loop is not asyncio.get_running_loop():
+        found = wheel()
+    return found.call_at(deadline, callback)
 
 
 class timeout_at:

@@ -15,6 +15,7 @@ import pytest
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
+from app.http.heads import Head
 from app.http.inline import InlineRequest
 from app.http.inline_routes import PREDICT
 from app.http.limits import FIRST_BYTE_KEY
@@ -57,7 +58,7 @@ class StubInline:
         if cycle.scope["method"] != "POST" or cycle.scope["path"] != "/predict":
             return None
         deadline = cycle.scope["extensions"][FIRST_BYTE_KEY] + 10
-        return InlineRequest(cycle, PREDICT, "", "raw", None, None, b"", 0, deadline, 0.0)  # type: ignore[arg-type]
+        return InlineRequest(cycle, PREDICT, "raw", Head(length=0), deadline, 0.0)  # type: ignore[arg-type]
 
     def body_complete(self, request: InlineRequest) -> None:
         self.pending.append(request)
