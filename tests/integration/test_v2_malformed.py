@@ -72,6 +72,12 @@ MALFORMED = [
     ("an input name of 20,000 characters", v2({"name": "x" * 20_000}), {}, "the input is named 'xxx"),
     ("an id of 2,000 characters", v2(id="i" * 2000), {}, "the request id is 2000 characters"),
     ("a datatype of 20,000 characters", v2({"datatype": "F" * 20_000}), {}, "datatype is 'FFF"),
+    # Triton's shared-memory extension: ignored, the client read its output region's stale bytes as the answer
+    ("an input in shared memory", v2({"parameters": {"shared_memory_region": "in", "shared_memory_byte_size": 784}}),
+     {}, "shared-memory region ('shared_memory_region')"),
+    ("an output to shared memory",
+     v2(outputs=[{"name": "probabilities", "parameters": {"shared_memory_region": "out"}}]), {},
+     "shared-memory region ('shared_memory_region')"),
 ]  # fmt: skip
 LONGEST_ERROR = 2048  # bytes: no client string is echoed whole (a gRPC status travels in 16 KiB of trailers)
 
@@ -150,7 +156,13 @@ LONG_INPUT_NAME = grpc_request()  # echoed whole, its status lost to RESOURCE_EX
 LONG_INPUT_NAME.inputs[0].name = "x" * 20_000
 LONG_ID = grpc_request()
 LONG_ID.id = "i" * 2000
+SHARED_INPUT = grpc_request()
+SHARED_INPUT.inputs[0].parameters["shared_memory_region"].string_param = "in"
+SHARED_OUTPUT = grpc_request()
+SHARED_OUTPUT.outputs.add(name="probabilities").parameters["shared_memory_region"].string_param = "out"
 GRPC_MALFORMED = [
+    ("an input in shared memory", SHARED_INPUT, "shared-memory region ('shared_memory_region')"),
+    ("an output to shared memory", SHARED_OUTPUT, "shared-memory region ('shared_memory_region')"),
     ("an id of 2,000 characters", LONG_ID, "the request id is 2000 characters"),
     ("unknown output", UNKNOWN_OUTPUT, "logits"),
     ("two raw tensors for one input", TWO_RAW_TENSORS, "raw_input_contents holds 2 tensors"),

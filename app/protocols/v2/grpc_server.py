@@ -315,6 +315,7 @@ def _input(request: Any, spec: ModelSpec, max_instances: int) -> np.ndarray | li
     if len(request.inputs) != 1:
         raise InputError(f"the request has {len(request.inputs)} inputs", expected=tensors.expected(spec))
     tensor = request.inputs[0]
+    tensors.refuse_shared_memory(tensor.parameters, "the input")
     if request.raw_input_contents:  # one raw tensor an input, in place of its contents (Triton refuses either mix)
         if len(request.raw_input_contents) != 1:
             raise InputError(
@@ -363,6 +364,7 @@ def _asked_outputs(request: Any, spec: ModelSpec) -> tuple[tensors.Wanted, ...]:
     wanted = []
     for output in request.outputs:
         found = tensors.wanted_output(spec, output.name, names, seen)
+        tensors.refuse_shared_memory(output.parameters, f'the output "{found.name}"')
         count = 0
         if "classification" in output.parameters:
             parameter = output.parameters["classification"]

@@ -269,6 +269,7 @@ def asked_outputs(document: dict[str, Any], spec: ModelSpec) -> Asked:
             raise InputError(f"an output is {_short(output)}", expected=f'{{"name": "{spec.layout.names[0]}"}}')
         found = tensors.wanted_output(spec, output.get("name"), names, seen)
         parameters = _parameters(output.get("parameters"), f'the output "{found.name}"\'s')
+        tensors.refuse_shared_memory(parameters, f'the output "{found.name}"')
         classes = parameters.get("classification", 0)
         if classes is None:
             classes = 0
@@ -343,7 +344,9 @@ def _input(
     datatype, shape = tensor.get("datatype"), tensor.get("shape")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise InputError(f"the input's shape is {_short(shape)}", expected=tensors.expected(spec))
-    size = _parameters(tensor.get("parameters"), "the input's").get("binary_data_size")
+    parameters = _parameters(tensor.get("parameters"), "the input's")
+    tensors.refuse_shared_memory(parameters, "the input")
+    size = parameters.get("binary_data_size")
     if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size != len(binary)):
         raise InputError(
             f"binary_data_size is {_short(size)} and the binary section holds {len(binary)} bytes",

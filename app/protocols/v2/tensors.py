@@ -11,6 +11,7 @@ classification extension becomes Triton's top-k strings "score:index:label".
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,6 +153,23 @@ def wanted_output(spec: ModelSpec, name: object, asked: list[object], seen: set[
         raise InputError(f'the output "{output.name}" is asked for {count} times', expected="each output once")
     seen.add(output.name)
     return output
+
+
+SHARED_MEMORY_PREFIX = "shared_memory_"  # Triton's shared-memory extension: shared_memory_region, _offset, _byte_size
+
+
+def refuse_shared_memory(parameters: Iterable[str], where: str) -> None:
+    """InputError where a tensor's parameters name a shared-memory region (Triton's system and CUDA shared-memory
+    extensions): this server reads tensors from the request and writes them in the answer, and ignoring the
+    parameter would leave a client reading its output region's stale bytes as the answer."""
+    for key in parameters:
+        if key.startswith(SHARED_MEMORY_PREFIX):
+            raise InputError(
+                f"{where} names a shared-memory region ({quoted(key)}); this server does not implement Triton's "
+                "shared-memory extensions",
+                expected="the tensor's data in the request (contents, raw_input_contents or the binary extension) "
+                "and its outputs in the answer",
+            )
 
 
 def checked_id(request_id: str) -> str:
