@@ -215,3 +215,34 @@ async def test_a_stream_holds_at_most_its_row_budget_and_a_larger_request_runs_a
     gates[4].set()
     await asyncio.wait_for(reading, 5)
     assert sent == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.anyio
+async def test_a_request_waiting_for_rows_as_the_server_stops_is_answered() -> None:
+    """Read, then waiting for the stream's rows when the stop comes: it is answered with the one in flight (past
+    the budget) before the stream ends, not dropped unanswered (it was read: the client would not know to resend
+    it where it sets no id)."""
+    release, stop = asyncio.Event(), asyncio.Event()
+
+    async def requests() -> AsyncIterator[int]:
+        yield 0
+        yield 1  # its last: waits for rows behind 0
+
+    async def held(request: int) -> int:
+        await release.wait()
+        return request
+
+    answers: list[int] = []
+
+    async def read_all() -> None:
+        async for one in answer_stream(requests(), held, LIMIT, stop, rows=lambda _: 8, row_budget=10):
+            answers.append(one)
+
+    reading = asyncio.create_task(read_all())
+    await settle()
+    stop.set()
+    await settle()
+    release.set()
+    with pytest.raises(StreamStopped):
+        await asyncio.wait_for(reading, 5)
+    assert sorted(answers) == [0, 1]

@@ -79,6 +79,11 @@ async def answer_stream(
             budget.give_back(held)
             raise
 
+    def start(request: Request, held: int) -> None:
+        task = asyncio.create_task(one(request, held))
+        in_flight.add(task)
+        task.add_done_callback(in_flight.discard)
+
     async def read_all() -> None:
         nonlocal reading
         reads = aiter(requests)
@@ -90,10 +95,13 @@ async def answer_stream(
                 except StopAsyncIteration:
                     room.release()
                     break
-                held = await budget.take(rows(request) if row_budget is not None else 1)
-                task = asyncio.create_task(one(request, held))
-                in_flight.add(task)
-                task.add_done_callback(in_flight.discard)
+                try:
+                    held = await budget.take(rows(request) if row_budget is not None else 1)
+                except asyncio.CancelledError:
+                    if stopped:  # read already, waiting for rows as the server stops: answered too, past the budget
+                        start(request, 0)
+                    raise
+                start(request, held)
         except asyncio.CancelledError:
             if not stopped:  # the stream is closing: cancelled with it
                 raise
