@@ -111,7 +111,8 @@ LINGER_BYTES = 65536  # ... and how much of it is read and dropped before the co
 # pipeline 16 deep; past this, 429 and close.
 MAX_PIPELINED = 32
 REQUEST_LINE_BYTES = 16  # the method, the version, spaces and CRLF of a request line, about
-# Headers whose every instance on_header notes: two Hosts or two Authorizations are refused (_check_head).
+# Headers whose every instance on_header notes: two Hosts or two Authorizations are refused (_check_head), and
+# Expect: 100-continue is what uvicorn's cycle answers with a 100 before it reads the body.
 WATCHED_HEADERS = frozenset((b"host", b"authorization", b"expect"))
 
 
