@@ -257,34 +257,41 @@ def small_queue_server(tmp_path_factory: pytest.TempPathFactory, gates: tuple[Pa
     yield from serve_gated(tmp_path_factory, gates, queue_limit="256", max_instances="64")
 
 
-def test_a_stream_of_large_requests_leaves_the_queue_to_other_clients(
-    small_queue_server: dict[str, str], gates: tuple[Path, Path]
+@pytest.mark.parametrize("streams", [1, 8])
+def test_streams_of_large_requests_leave_the_queue_to_other_clients(
+    small_queue_server: dict[str, str], gates: tuple[Path, Path], streams: int
 ) -> None:
-    """A stream writing 64-image requests faster than they are served holds a quarter of the model's queue
-    and waits for its answers before it reads on: another client's call is queued, not refused, and every
-    request of the stream is answered. (Before, the stream held up to 256 requests: the queue filled and the
-    other client got UNAVAILABLE, as did the stream's own requests past the queue.)"""
+    """Streams on one connection writing 64-image requests faster than they are served hold a quarter of the
+    model's queue between them, and wait for answers before they read on: another client's call is queued, not
+    refused, and every streamed request is answered. (Before, one stream held up to 256 requests: the queue
+    filled and the other client got UNAVAILABLE, as did the stream's own requests past the queue; then each
+    stream held a quarter, and eight streams on one connection filled it again.)"""
     tensor = service_pb2.ModelInferRequest.InferInputTensor(name="input", datatype="UINT8", shape=[64, 1, 28, 28])
     large = [
         service_pb2.ModelInferRequest(
             model_name="gated", id=f"large-{n}", inputs=[tensor], raw_input_contents=[bytes(64 * 784)]
         )
-        for n in range(12)
-    ]  # 768 rows: three times the queue
+        for n in range(24)
+    ]  # 1,536 rows: six times the queue
     one = service_pb2.ModelInferRequest.InferInputTensor(name="input", datatype="UINT8", shape=[1, 1, 28, 28])
     other = service_pb2.ModelInferRequest(model_name="gated", inputs=[one], raw_input_contents=[bytes(784)])
+    share = len(large) // streams
     with (
         grpc.insecure_channel(small_queue_server["grpc"]) as streaming,
         grpc.insecure_channel(small_queue_server["grpc"]) as calling,
     ):
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(streaming)
         with batches_held(gates):
-            answers = service_pb2_grpc.GRPCInferenceServiceStub(streaming).ModelStreamInfer(iter(large), timeout=WAIT_S)
-            poll_until(gates[0].exists)  # the stream's first batch is held
+            answers = [
+                stub.ModelStreamInfer(iter(large[i * share : (i + 1) * share]), timeout=WAIT_S) for i in range(streams)
+            ]
+            poll_until(gates[0].exists)  # a stream's first batch is held
+            time.sleep(0.5)  # every stream has sent what it could
             call = service_pb2_grpc.GRPCInferenceServiceStub(calling).ModelInfer.future(other, timeout=WAIT_S)
             time.sleep(0.5)  # a refusal would have come by now
             assert not call.done(), call.exception()
         assert call.result().model_name == "gated"
-        sent = [(answer.infer_response.id, answer.error_message) for answer in answers]
+        sent = [(answer.infer_response.id, answer.error_message) for stream in answers for answer in stream]
     assert sorted(sent) == sorted((request.id, "") for request in large)
 
 

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from app.protocols.v2.stream_answers import StreamStopped, answer_stream
+from app.protocols.v2.stream_answers import ConnectionBudgets, RowBudget, StreamStopped, answer_stream
 
 LIMIT = 16
 
@@ -192,7 +192,7 @@ async def test_a_stream_holds_at_most_its_row_budget_and_a_larger_request_runs_a
         await gates[request].wait()
         return request
 
-    stream = answer_stream(requests(), held, LIMIT, rows=lambda n: weights[n], row_budget=10)
+    stream = answer_stream(requests(), held, LIMIT, rows=lambda n: weights[n], row_budget=RowBudget(10))
     sent: list[int] = []  # a client reading every answer as it comes (an answer's rows are free once it is sent)
 
     async def read_all() -> None:
@@ -235,7 +235,7 @@ async def test_a_request_waiting_for_rows_as_the_server_stops_is_answered() -> N
     answers: list[int] = []
 
     async def read_all() -> None:
-        async for one in answer_stream(requests(), held, LIMIT, stop, rows=lambda _: 8, row_budget=10):
+        async for one in answer_stream(requests(), held, LIMIT, stop, rows=lambda _: 8, row_budget=RowBudget(10)):
             answers.append(one)
 
     reading = asyncio.create_task(read_all())
@@ -246,3 +246,15 @@ async def test_a_request_waiting_for_rows_as_the_server_stops_is_answered() -> N
     with pytest.raises(StreamStopped):
         await asyncio.wait_for(reading, 5)
     assert sorted(answers) == [0, 1]
+
+
+def test_the_streams_of_a_connection_share_one_budget_forgotten_with_the_last() -> None:
+    budgets = ConnectionBudgets(10)
+    with budgets.of("ipv4:10.0.0.1:5000") as first, budgets.of("ipv4:10.0.0.1:5000") as second:
+        with budgets.of("ipv4:10.0.0.1:5001") as other:
+            assert first is second and first is not other and first.limit == 10
+        with budgets.of("ipv4:10.0.0.1:5001") as again:
+            assert again is not other  # the other connection's last stream ended: its budget went with it
+    with budgets.of("ipv4:10.0.0.1:5000") as later:
+        assert later is not first
+    assert not budgets._shared

@@ -40,7 +40,7 @@ from app.protocols.v2 import tensors
 from app.protocols.v2.grpc_methods import Unparsed, add_inference_service
 from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
 from app.protocols.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
-from app.protocols.v2.stream_answers import StreamStopped, answer_stream
+from app.protocols.v2.stream_answers import ConnectionBudgets, StreamStopped, answer_stream
 from app.repository import ModelConfigError, read_repository
 from app.repository.model_spec import ModelSpec
 from app.service import ServedModel, Service
@@ -66,7 +66,8 @@ FRAMING_BYTES = 2**20
 # across replicas and nothing holds a descriptor for ever.
 MAX_CONNECTION_AGE_S = 30 * 60
 MAX_STREAMS = 256  # concurrent calls on one connection; a client queues more until some end
-# A stream's rows in flight, as a share of a model's queue (CGSERVE_QUEUE_LIMIT): the rest is left to other clients.
+# A connection's streamed rows in flight, as a share of a model's queue (CGSERVE_QUEUE_LIMIT): the rest is left to
+# other clients.
 STREAM_QUEUE_SHARE = 4
 STOPPED = (
     "the server is stopping: it answered the requests of this stream it held; send again every request "
@@ -166,6 +167,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self.service = plane.service
         self.control = control
         self.stopping = asyncio.Event()  # set as the server stops: every stream stops reading
+        # A connection's streams share rows in flight: a quarter of a model's queue (CGSERVE_QUEUE_LIMIT).
+        self.stream_rows = ConnectionBudgets(max(1, self.service.settings.queue_limit // STREAM_QUEUE_SHARE))
 
     async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
@@ -201,8 +204,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
         """Every request the stream carries, answered on it as soon as its batch is done: in that order, not
         the order they came in (each answer holds its request's `id`), so that one stream keeps many in
-        flight; at most MAX_STREAMS held, as on a connection of single calls, and at most a quarter of a model's
-        queue in rows (app/protocols/v2/stream_answers.py): past either it waits for its answers, not refused.
+        flight; at most MAX_STREAMS held, as on a connection of single calls, and the connection's streams together
+        at most a quarter of a model's queue in rows (app/protocols/v2/stream_answers.py): past either a stream
+        waits for answers, and is not refused.
         As the server stops, a stream answers the requests it holds and ends UNAVAILABLE, saying so."""
 
         async def answer(request: Any) -> Any:
@@ -212,11 +216,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         # An async generator itself, as grpc.aio requires of an async stream handler; closed with it.
         try:
-            row_budget = max(1, self.service.settings.queue_limit // STREAM_QUEUE_SHARE)
-            stream = answer_stream(requests, answer, MAX_STREAMS, self.stopping, rows=_rows, row_budget=row_budget)
-            async with contextlib.aclosing(stream) as answers:
-                async for response in answers:
-                    yield response
+            with self.stream_rows.of(context.peer()) as budget:  # the peer's address and port: its connection
+                stream = answer_stream(requests, answer, MAX_STREAMS, self.stopping, rows=_rows, row_budget=budget)
+                async with contextlib.aclosing(stream) as answers:
+                    async for response in answers:
+                        yield response
         except StreamStopped:  # what it held is answered; the client sends the rest again, elsewhere
             await context.abort(grpc.StatusCode.UNAVAILABLE, STOPPED)
 

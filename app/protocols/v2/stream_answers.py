@@ -4,11 +4,12 @@ One request's answer does not wait for the one before it: a client keeps many in
 stream, as it would with many calls. `limit` bounds what a stream holds, counting a request from
 the moment it is read until its answer is sent, so a client that writes without reading its
 answers is held back too (the stream is not read; HTTP/2's flow control stops the client). Its
-requests' rows are bounded too (`row_budget`, a quarter of a model's queue in the server): one stream
-of 128-image requests held 256 of them, 32,768 rows, where the queue takes 4,096, and every other
-client was refused 503 while it streamed. Past its budget a stream waits for its own answers before
-it reads on, as past `limit`; a request larger than the whole budget waits until the stream holds
-nothing else. When
+requests' rows are bounded too, by a RowBudget the streams of one connection share (a quarter of a
+model's queue in the server, ConnectionBudgets): one stream of 128-image requests held 256 of them,
+32,768 rows, where the queue takes 4,096, and every other client was refused 503 while it streamed.
+Past the budget a stream waits for its own answers (or its connection's other streams') before it
+reads on, as past `limit`; a request larger than the whole budget waits until the connection's
+streams hold nothing else. When
 the server stops, a stream stops reading, sends the answers of the requests it holds, and ends
 with StreamStopped: the client sends again every request that has no answer. (A request whose read
 completes just as the stop cancels it is dropped unanswered: a pending read cannot be withdrawn
@@ -18,7 +19,8 @@ without that chance, and the client resends it with the others.)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from typing import TypeVar
 
 Request = TypeVar("Request")
@@ -29,16 +31,17 @@ class StreamStopped(Exception):
     """The server stopped the stream after answering the requests it held; the rest are the client's to resend."""
 
 
-class _RowBudget:
-    """Rows a stream holds, taken by its one reader before a request starts and given back as its answer is sent."""
+class RowBudget:
+    """Rows held by the streams that share it, taken by a stream's reader before a request starts and given back
+    as its answer is sent."""
 
     def __init__(self, limit: int) -> None:
         self.limit, self.held = limit, 0
         self._given_back = asyncio.Event()
 
     async def take(self, rows: int) -> int:
-        rows = min(max(rows, 1), self.limit)  # a request past the whole budget waits for an empty stream
-        while self.held + rows > self.limit:
+        rows = min(max(rows, 1), self.limit)  # a request past the whole budget waits until nothing is held
+        while self.held + rows > self.limit:  # each waiter looks again after every give-back: several may wait
             self._given_back.clear()
             await self._given_back.wait()
         self.held += rows
@@ -49,6 +52,28 @@ class _RowBudget:
         self._given_back.set()
 
 
+class ConnectionBudgets:
+    """One RowBudget of `limit` rows a connection, shared by its streams: made with its first stream and forgotten
+    with its last (a client opening four streams on one connection holds no more than with one)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._shared: dict[str, tuple[RowBudget, int]] = {}  # connection → (its budget, its streams)
+
+    @contextlib.contextmanager
+    def of(self, connection: str) -> Iterator[RowBudget]:
+        budget, streams = self._shared.get(connection) or (RowBudget(self.limit), 0)
+        self._shared[connection] = (budget, streams + 1)
+        try:
+            yield budget
+        finally:
+            budget, streams = self._shared[connection]
+            if streams == 1:
+                del self._shared[connection]
+            else:
+                self._shared[connection] = (budget, streams - 1)
+
+
 async def answer_stream(
     requests: AsyncIterator[Request],
     answer: Callable[[Request], Awaitable[Answer]],
@@ -56,7 +81,7 @@ async def answer_stream(
     stop: asyncio.Event | None = None,
     *,
     rows: Callable[[Request], int] = lambda _: 1,
-    row_budget: int | None = None,
+    row_budget: RowBudget | None = None,
 ) -> AsyncGenerator[Answer, None]:
     """Each of `requests` answered by `answer` (which answers errors too: only cancelling raises), yielded in
     the order the answers are ready. The stream ends once the client has sent its last request and every
@@ -66,7 +91,7 @@ async def answer_stream(
     `rows(request)` is what a request weighs against `row_budget` (None: requests are bounded by `limit` alone)."""
     answers: asyncio.Queue[tuple[Answer, int] | None] = asyncio.Queue()  # (an answer, its rows); None: the end
     room = asyncio.Semaphore(limit)  # a slot a request, freed once its answer is sent
-    budget = _RowBudget(row_budget if row_budget is not None else limit)
+    budget = row_budget if row_budget is not None else RowBudget(limit)
     in_flight: set[asyncio.Task[None]] = set()
     reading, stopped = True, False  # still reading the client's requests; stopped doing so for `stop`
     closing = False  # the stream is being closed (its client left): a stop no longer applies
