@@ -147,6 +147,13 @@ BAD_INPUTS = [
      422, "invalid_input", "true or false"),
     ("nulls", {"content": orjson.dumps({"instances": [[None] * 784]}), "headers": JSON}, 422,
      "invalid_input", "non-numeric"),
+    # one of each among numbers (numpy told the dtype would read "0.5" as 0.5 and null as NaN: it infers it)
+    ("a string among numbers", {"content": orjson.dumps({"instances": [[0.5] * 783 + ["0.5"]]}), "headers": JSON},
+     422, "invalid_input", "non-numeric"),
+    ("a null among numbers", {"content": orjson.dumps({"instances": [[0.5] * 783 + [None]]}), "headers": JSON},
+     422, "invalid_input", "non-numeric"),
+    ("an object among numbers", {"content": orjson.dumps({"instances": [[0.5] * 783 + [{}]]}), "headers": JSON},
+     422, "invalid_input", "non-numeric"),
     ("NaN literal", {"content": b'{"instances": [[NaN]]}', "headers": JSON}, 400, "invalid_json", "not valid JSON"),
     ("infinite number", {"content": b'{"instances": [[1e999]]}', "headers": JSON}, 400, "invalid_json",
      "infinity"),
