@@ -466,15 +466,15 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self._rate_timer is not None:
             self._stop_rate()
         self._lingering = None  # the rest came whole: the connection goes on (keep-alive, as uvicorn's)
-        cycle, inline = self.cycle, self._inline
-        taken = inline is not None and inline[1].cycle is cycle
-        if taken:
+        cycle = self.cycle
+        inline = self._inline if self._inline is not None and self._inline[1].cycle is cycle else None
+        if inline is not None:
             cycle.more_body = False  # as uvicorn's own says it, less the event no receive() waits on
         else:
             super().on_message_complete()
         self._last_whole = cycle
         self._in_headers = True  # what comes next on this connection is another request's head
-        if taken and inline is not None and not inline[1].answered:
+        if inline is not None and not inline[1].answered:
             inline[0].body_complete(inline[1])
 
     def on_response_complete(self) -> None:
@@ -662,8 +662,9 @@ def write_answer(cycle: RequestResponseCycle, status: int, headers: list[tuple[b
     if cycle.disconnected or cycle.transport.is_closing():
         cycle.response_complete = True
         return
-    if b"connection" in dict(headers):  # an answer that closes the connection (a refusal): said once, below
-        if any(name == b"connection" and b"close" in value.lower() for name, value in headers):
+    connection = dict(headers).get(b"connection")
+    if connection is not None:  # an answer that closes the connection (a refusal): said once, below
+        if b"close" in connection.lower():
             cycle.keep_alive = False
         headers = [(name, value) for name, value in headers if name != b"connection"]
     lines = [*map(b": ".join, cycle.default_headers), *map(b": ".join, headers)]  # content-length and -type among them

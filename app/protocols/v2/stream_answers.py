@@ -88,7 +88,8 @@ async def answer_stream(
     answer is out; a request that cannot be read (malformed, too large) ends it with that error once the
     requests in flight are answered; `stop` set (the server stopping) ends it so too, with StreamStopped.
     Closed early (the client cancelled, its deadline passed), it cancels every request in flight.
-    `rows(request)` is what a request weighs against `row_budget` (None: requests are bounded by `limit` alone)."""
+    `rows(request)` is what a request weighs against `row_budget` (None: a budget of `limit`, which one row a
+    request never passes: requests are then bounded by `limit` alone)."""
     answers: asyncio.Queue[tuple[Answer, int] | None] = asyncio.Queue()  # (an answer, its rows); None: the end
     room = asyncio.Semaphore(limit)  # a slot a request, freed once its answer is sent
     budget = row_budget if row_budget is not None else RowBudget(limit)
@@ -121,7 +122,7 @@ async def answer_stream(
                     room.release()
                     break
                 try:
-                    held = await budget.take(rows(request) if row_budget is not None else 1)
+                    held = await budget.take(rows(request))
                 except asyncio.CancelledError:
                     if stopped:  # read already, waiting for rows as the server stops: answered too, past the budget
                         start(request, 0)
