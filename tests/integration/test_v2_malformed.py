@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import httpx
@@ -90,7 +91,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
         running_server(logs / "inline.log", command=SERVE, device="cpu", grpc_port=str(grpc_port)) as inline,
         running_server(logs / "asgi.log", command=SERVE, device="cpu", inline_predict="false") as asgi,
     ):
-        yield {"inline": inline, "asgi": asgi, "grpc": f"127.0.0.1:{grpc_port}"}
+        yield {"inline": inline, "asgi": asgi, "grpc": f"127.0.0.1:{grpc_port}", "grpc_log": str(logs / "inline.log")}
 
 
 def batches(url: str) -> float:
@@ -228,6 +229,35 @@ def test_bytes_that_are_not_a_protobuf_message_get_invalid_argument(servers: dic
             channel.unary_unary(path)(NOT_PROTOBUF, timeout=30)
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT, raised.value
     assert "do not parse as a protobuf inference.Model" in str(raised.value.details()), raised.value.details()
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("/grpc.health.v1.Health/Check", "grpc.health.v1.HealthCheckRequest"),
+        ("/grpc.health.v1.Health/Watch", "grpc.health.v1.HealthCheckRequest"),
+        (
+            "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+            "grpc.reflection.v1alpha.ServerReflectionRequest",
+        ),
+    ],
+)
+def test_bytes_that_are_not_a_protobuf_message_get_invalid_argument_from_health_and_reflection(
+    servers: dict[str, str], path: str, message: str
+) -> None:
+    """They were UNKNOWN, "Unexpected <class 'google.protobuf.message.DecodeError'>", and grpcio logged an ERROR
+    traceback for each: any client could fill the server's log."""
+    with grpc.insecure_channel(servers["grpc"]) as channel, pytest.raises(grpc.RpcError) as raised:
+        if path.endswith("Check"):
+            channel.unary_unary(path)(NOT_PROTOBUF, timeout=30)
+        elif path.endswith("Watch"):
+            list(channel.unary_stream(path)(NOT_PROTOBUF, timeout=30))
+        else:
+            list(channel.stream_stream(path)(iter([NOT_PROTOBUF]), timeout=30))
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT, raised.value
+    assert f"do not parse as a protobuf {message}" in str(raised.value.details()), raised.value.details()
+    log = Path(servers["grpc_log"]).read_text()
+    assert "DecodeError" not in log, log[-3000:]
 
 
 def test_a_streamed_request_with_a_long_id_is_refused_without_echoing_it(servers: dict[str, str]) -> None:

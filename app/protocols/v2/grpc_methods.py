@@ -1,25 +1,31 @@
-"""GRPCInferenceService's methods registered with the server, each request parsed here.
+"""Every gRPC service the server hosts, registered with each request parsed here.
 
-The generated registration (grpc_predict_v2_pb2_grpc.add_…_to_server) hands grpcio the messages'
-FromString, and bytes that are not the method's message then end the call UNKNOWN, "Unexpected
-<class 'google.protobuf.message.DecodeError'>", before any code of ours runs. Parsed here instead,
-they reach the method as `Unparsed`: a unary call ends INVALID_ARGUMENT saying what was expected,
-and a stream answers that one message with an error_message and goes on (ModelStreamInfer checks).
-Registered as the generated code registers, by exact method path and as a generic handler.
+The generated registrations (grpc_predict_v2_pb2_grpc.add_…_to_server, the health and reflection
+packages' own) hand grpcio the messages' FromString, and bytes that are not the method's message then
+end the call UNKNOWN, "Unexpected <class 'google.protobuf.message.DecodeError'>", before any code of
+ours runs, and grpcio logs an ERROR traceback for each: any client could fill the log. Parsed here
+instead, they reach the method as `Unparsed`: a call ends INVALID_ARGUMENT saying what was expected,
+logged by no one, except on a stream that answers such a message itself and goes on (ModelStreamInfer,
+whose answers carry an error_message). Registered as the generated code registers, by exact method path
+and as a generic handler.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError
+from google.protobuf.message_factory import GetMessageClass
 
 from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
 
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+Context = grpc.aio.ServicerContext
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,8 +51,11 @@ def parser(message: Any) -> Callable[[bytes], Any]:
     return parsed
 
 
-def refusing_unparsed(method: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:
-    async def call(request: Any, context: Any) -> Any:
+def refusing_unparsed(method: Callable[[Any, Context], Awaitable[Any]]) -> Callable[[Any, Context], Awaitable[Any]]:
+    """A method of one request that never sees Unparsed: the call ends INVALID_ARGUMENT instead. (Its answer, or
+    the answers it writes with context.write, as health's Watch does.)"""
+
+    async def call(request: Any, context: Context) -> Any:
         if isinstance(request, Unparsed):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.text())
         return await method(request, context)
@@ -54,20 +63,46 @@ def refusing_unparsed(method: Callable[[Any, Any], Awaitable[Any]]) -> Callable[
     return call
 
 
-def add_inference_service(servicer: Any, server: grpc.aio.Server) -> None:
-    """Every method of the service on `servicer`, as the generated add_…_to_server would, parsed here."""
+def refusing_unparsed_requests(
+    method: Callable[[AsyncIterator[Any], Context], AsyncIterator[Any]],
+) -> Callable[[AsyncIterator[Any], Context], AsyncIterator[Any]]:
+    """A method that reads a stream of requests (reflection's) never sees Unparsed: the call ends INVALID_ARGUMENT
+    at the first."""
+
+    async def call(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
+        async def parsed() -> AsyncIterator[Any]:
+            async for request in requests:
+                if isinstance(request, Unparsed):
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.text())
+                yield request
+
+        async for answer in method(parsed(), context):
+            yield answer
+
+    return call
+
+
+def add_service(
+    servicer: Any, server: grpc.aio.Server, service: ServiceDescriptor, answers_unparsed: Collection[str] = ()
+) -> None:
+    """Every method of `service` on `servicer`, as the generated add_…_to_server would, each request parsed here;
+    the streams named in `answers_unparsed` get each Unparsed message to answer themselves."""
     handlers = {}
-    for method in SERVICE.methods:
-        request, response = getattr(pb, method.input_type.name), getattr(pb, method.output_type.name)
+    for method in service.methods:
+        request, response = GetMessageClass(method.input_type), GetMessageClass(method.output_type)
         behavior = getattr(servicer, method.name)
-        if method.client_streaming:  # ModelStreamInfer: each message may be Unparsed, answered in the stream
-            assert method.server_streaming, method.name
-            make, behavior = grpc.stream_stream_rpc_method_handler, behavior
-        else:
-            assert not method.server_streaming, method.name
-            make, behavior = grpc.unary_unary_rpc_method_handler, refusing_unparsed(behavior)
+        if method.client_streaming and method.server_streaming:
+            make = grpc.stream_stream_rpc_method_handler
+            behavior = behavior if method.name in answers_unparsed else refusing_unparsed_requests(behavior)
+        else:  # one request (none of the hosted services streams requests for one answer)
+            assert not method.client_streaming, method.name
+            # A stream of answers written with context.write (health's Watch), not yielded: awaited as a call is.
+            assert not (method.server_streaming and inspect.isasyncgenfunction(behavior)), method.name
+            streams = method.server_streaming
+            make = grpc.unary_stream_rpc_method_handler if streams else grpc.unary_unary_rpc_method_handler
+            behavior = refusing_unparsed(behavior)
         handlers[method.name] = make(
             behavior, request_deserializer=parser(request), response_serializer=response.SerializeToString
         )
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
-    server.add_registered_method_handlers(SERVICE.full_name, handlers)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    server.add_registered_method_handlers(service.full_name, handlers)

@@ -25,8 +25,8 @@ from typing import Any
 
 import grpc
 import numpy as np
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health, health_pb2
+from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from app.access.grpc_interceptor import ended_by_client, server_interceptors
 from app.codecs.uploads import Images, upload_images
@@ -37,7 +37,7 @@ from app.http.protocol import connection_budgets
 from app.model_control import IGNORED_LOAD_PARAMETERS, LOAD_EXPECTED, ControlError, RepositoryControl
 from app.ops.off_loop import LARGE_JSON_BYTES, off_loop
 from app.protocols.v2 import tensors
-from app.protocols.v2.grpc_methods import Unparsed, add_inference_service
+from app.protocols.v2.grpc_methods import SERVICE, Unparsed, add_service
 from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
 from app.protocols.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from app.protocols.v2.stream_answers import ConnectionBudgets, StreamStopped, answer_stream
@@ -47,7 +47,7 @@ from app.service import ServedModel, Service
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+SERVICE_NAME = SERVICE.full_name
 # The service's HTTP statuses as gRPC codes.
 STATUS_CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -443,10 +443,12 @@ class GrpcServer:
         self.server = grpc.aio.server(options=options, interceptors=server_interceptors(settings))
         self.health = HealthServicer(service)
         self.inference = InferenceServicer(plane, control)
-        add_inference_service(self.inference, self.server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
-        reflection.enable_server_reflection(names, self.server)
+        health_service = health_pb2.DESCRIPTOR.services_by_name["Health"]
+        reflection_service = reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"]
+        add_service(self.inference, self.server, SERVICE, answers_unparsed=("ModelStreamInfer",))
+        add_service(self.health, self.server, health_service)
+        names = (SERVICE_NAME, health_service.full_name, reflection_service.full_name)
+        add_service(reflection.aio.ReflectionServicer(names), self.server, reflection_service)
         self.address = f"{settings.host}:{settings.grpc_port}"
         credentials = server_credentials(settings)
         if credentials is None:
