@@ -25,7 +25,6 @@ from google.protobuf.message_factory import GetMessageClass
 from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
 
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
-Context = grpc.aio.ServicerContext
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,11 +50,11 @@ def parser(message: Any) -> Callable[[bytes], Any]:
     return parsed
 
 
-def refusing_unparsed(method: Callable[[Any, Context], Awaitable[Any]]) -> Callable[[Any, Context], Awaitable[Any]]:
+def refusing_unparsed(method: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:
     """A method of one request that never sees Unparsed: the call ends INVALID_ARGUMENT instead. (Its answer, or
     the answers it writes with context.write, as health's Watch does.)"""
 
-    async def call(request: Any, context: Context) -> Any:
+    async def call(request: Any, context: Any) -> Any:
         if isinstance(request, Unparsed):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.text())
         return await method(request, context)
@@ -64,12 +63,12 @@ def refusing_unparsed(method: Callable[[Any, Context], Awaitable[Any]]) -> Calla
 
 
 def refusing_unparsed_requests(
-    method: Callable[[AsyncIterator[Any], Context], AsyncIterator[Any]],
-) -> Callable[[AsyncIterator[Any], Context], AsyncIterator[Any]]:
+    method: Callable[[AsyncIterator[Any], Any], AsyncIterator[Any]],
+) -> Callable[[AsyncIterator[Any], Any], AsyncIterator[Any]]:
     """A method that reads a stream of requests (reflection's) never sees Unparsed: the call ends INVALID_ARGUMENT
     at the first."""
 
-    async def call(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
+    async def call(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
         async def parsed() -> AsyncIterator[Any]:
             async for request in requests:
                 if isinstance(request, Unparsed):
