@@ -10,6 +10,7 @@ classification extension becomes Triton's top-k strings "score:index:label".
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -34,7 +35,12 @@ EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration"]
 
 
 def expected(spec: ModelSpec) -> str:
-    c, h, w = spec.input_shape
+    return _expected(spec.input_shape)
+
+
+@functools.cache  # every request's decode names it before it knows of an error: written once an input shape
+def _expected(shape: tuple[int, int, int]) -> str:
+    c, h, w = shape
     return (
         f'one input "{INPUT}", FP32 intensities in [0, 1] or UINT8 pixels 0–255, shape [N, {c}, {h}, {w}] '
         f"with 1 ≤ N; data as a flat or nested list, or binary (binary_tensor_data); or BYTES, shape [N] or "
