@@ -24,7 +24,9 @@
 #       $CUDA_MPS_LOG_DIRECTORY; nvidia-cuda-mps-control -d; STEPS=one-image ONE_IMAGE_S=420 ONE_IMAGE_BUDGET_S=380 \
 #       ONE_IMAGE_ARGS="--kinds jpeg --variant-kinds jpeg --concurrencies 1024,256 --p99-fraction 0 \
 #       --variants workers-decode=CGSERVE_JPEG_DECODE_IN_WORKERS=true" bash bench/run_h200.sh; echo quit | nvidia-cuda-mps-control
-#   GPU tests last run: all of tests/gpu on ed5afa6 (runs 32a+32b: 75 passed, 5 skipped; run 30a's two-process command).
+#   GPU tests last run: all of tests/gpu on 950eede (runs 33a+33b: 75 passed, 5 skipped; run 30a's two-process command,
+#   the tuner's file apart). What holds the seed CNN at 8 a worker (run 33b): per-process engines wait on a GPU eight
+#   contexts share (CGSERVE_EVENT_WAIT=block: workers half idle, 28 % less); the engine process did 1.32-1.56x there.
 #   The limit of 16 UPLOADS frames a worker: 30b, 30d, 30e, 31a (0.33-0.38x at 256, 0.47-0.52x at 1024); JPEG's p99 at 70 %: 70.6 ms (30d), 86.7 ms (31a). Decoding uploads on the workers' Pillow while
 #   the GPU decoder was behind (CGSERVE_JPEG_SPILL_BACKLOG) lost 29-47 % at 1024 (31a) and was removed.
 #   py-spy on the engine process alone during the JPEG points (--profile-engine; Python frames do not show uvloop's
