@@ -19,6 +19,7 @@ import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from models.fashion_mnist import load_test_sample
@@ -177,8 +178,20 @@ def test_rest_errors_and_unknown_routes_use_the_protocols_error_form(server: dic
 
 def test_grpc_health_service_and_metrics_label_the_protocol(server: dict[str, str], images: np.ndarray) -> None:
     with grpc.insecure_channel(server["grpc"]) as channel:
-        answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""))
-    assert answer.status == health_pb2.HealthCheckResponse.SERVING
+        health = health_pb2_grpc.HealthStub(channel)
+        answer = health.Check(health_pb2.HealthCheckRequest(service=""))
+        watched = health.Watch(health_pb2.HealthCheckRequest(service="inference.GRPCInferenceService"), timeout=30)
+        # The status it holds, then one at each change: it follows readiness within HEALTH_POLL_S (Check reads it).
+        statuses = [next(watched).status]
+        while statuses[-1] != health_pb2.HealthCheckResponse.SERVING:
+            statuses.append(next(watched).status)
+        watched.cancel()
+        ask = reflection_pb2.ServerReflectionRequest(list_services="")
+        (listed,) = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(iter([ask]), timeout=30)
+    assert answer.status == health_pb2.HealthCheckResponse.SERVING and len(statuses) <= 2, statuses
+    assert {s.name for s in listed.list_services_response.service} == {
+        "inference.GRPCInferenceService", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"
+    }  # fmt: skip
     # One request over each protocol, made here: under random test order no other test need have run.
     raw = {"content-type": "application/octet-stream"}
     httpx.post(f"{server['url']}/predict", content=images[:1].tobytes(), headers=raw)
