@@ -6,6 +6,7 @@ trip at one in flight, on uvloop as the service runs: the floor under bench/grpc
 process sending the same body over and over on one channel, the server's CPU from /proc.
 
     PYTHONPATH=. python3 bench/grpc_floor.py --out bench/results/<name>.json [--body-bytes 784,150528]
+        [--server-option grpc.http2.max_frame_size=4194304 ...]   (channel arguments of the server; ints as ints)
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from loadtest.server_process import free_port
 ANSWER = b"y" * 60  # about a ModelInferResponse of ten float32 scores
 
 
-async def serve(port: int) -> None:
+async def serve(port: int, options: list[tuple[str, str | int]]) -> None:
     async def unary(request: bytes, context: Any) -> bytes:
         return ANSWER
 
@@ -38,7 +39,7 @@ async def serve(port: int) -> None:
         async for _ in requests:
             yield ANSWER
 
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 2**20)])
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 2**20), *options])
     handlers = {
         "Unary": grpc.unary_unary_rpc_method_handler(unary),
         "Stream": grpc.stream_stream_rpc_method_handler(stream),
@@ -98,13 +99,14 @@ def main() -> None:
     p.add_argument("--concurrencies", default="1,8")
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--body-bytes", default="784,150528", help="request sizes: the seed CNN's and ResNet-50's image")
+    p.add_argument("--server-option", action="append", default=[], help="NAME=VALUE, a channel argument of the server")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--drive", choices=("unary", "stream"), help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--concurrency", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve:
-        uvloop.run(serve(args.port))
+        uvloop.run(serve(args.port, [_option(text) for text in args.server_option]))
         return
     if args.drive:
         body = b"x" * int(args.body_bytes)
@@ -112,8 +114,10 @@ def main() -> None:
         print(json.dumps({"answered": len(latencies), "p50_s": statistics.median(latencies)}))
         return
     port = free_port()
-    server = subprocess.Popen([sys.executable, __file__, "--serve", "--port", str(port)])
-    record: dict[str, Any] = {"command": shlex.join(["python3", *sys.argv]), "points": []}
+    options = [arg for text in args.server_option for arg in ("--server-option", text)]
+    server = subprocess.Popen([sys.executable, __file__, "--serve", "--port", str(port), *options])
+    record: dict[str, Any] = {"command": shlex.join(["python3", *sys.argv]), "server_options": args.server_option,
+                              "points": []}  # fmt: skip
     try:
         time.sleep(2.0)  # listening
         for size in (int(s) for s in args.body_bytes.split(",")):
@@ -127,6 +131,12 @@ def main() -> None:
         server.wait(timeout=10)
     if args.out is not None:
         args.out.write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _option(text: str) -> tuple[str, str | int]:
+    """ "grpc.http2.max_frame_size=4194304" → ("grpc.http2.max_frame_size", 4194304): grpc takes ints as ints."""
+    name, _, value = text.partition("=")
+    return name, int(value) if value.lstrip("-").isdigit() else value
 
 
 if __name__ == "__main__":
