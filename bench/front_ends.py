@@ -8,6 +8,8 @@ others (8-15), closed loop at --per-worker × workers connections for --seconds:
   inline      app.cli serve: small predicts answered inside uvicorn's protocol (its private API)
   fast-asgi   app.cli serve --no-inline-predict: the raw ASGI fast path (app/http/fast_path.py), public API
   granian     the same app (fast path, no inline) on granian, a Rust HTTP server, through its ASGI interface
+  front-door  bench/front_door: HTTP in C threads (--workers of them), batching in Python, one process: a
+              prototype of a request path outside Python (raw bodies only; needs --front-door-library)
 Ours run cuda-graph engines with --compile none (seconds to capture), one per worker process.
 Writes <out>/front-ends.json (every figure and command) and <out>/front-ends.md.
 """
@@ -41,6 +43,11 @@ DESIGNS = {
         {"CGSERVE_ENGINE": "{engine}", "CGSERVE_DEVICE": "{device}", "CGSERVE_COMPILE": "none",
          "CGSERVE_GRPC_PORT": "0", "CGSERVE_INLINE_PREDICT": "false"},
     ),
+    "front-door": (
+        "{python} -m bench.front_door.serve --library {library} --host {host} --port {port} --threads {workers} "
+        "--device {device}",
+        {},
+    ),
 }  # fmt: skip
 
 
@@ -51,6 +58,8 @@ def main() -> int:
     p.add_argument("--workers", default="1,8")
     p.add_argument("--designs", default=",".join(DESIGNS))
     p.add_argument("--per-worker", type=int, default=32, help="connections per server worker (default 32)")
+    p.add_argument("--forms", default="json,raw", help="request bodies (the front door takes raw only)")
+    p.add_argument("--front-door-library", type=Path, help="front_door.c built (design front-door)")
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--server-cores", default="0-7")
     p.add_argument("--loadgen-cores", default="8-15")
@@ -65,7 +74,7 @@ def main() -> int:
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     bodies = {}
-    for form in ("json", "raw"):
+    for form in args.forms.split(","):
         payloads = build_payloads(form, check_labels=False, limit=1)
         path = args.out / f"body.{form}"
         path.write_bytes(payloads.bodies[0])
@@ -90,7 +99,8 @@ def main() -> int:
 def run_design(args: argparse.Namespace, design: str, workers: int, bodies: dict[str, Any]) -> dict[str, Any]:
     template, env = DESIGNS[design]
     port, engine = free_port(), "cuda-graph" if args.device == "cuda" else "eager"
-    values = {"python": sys.executable, "host": "127.0.0.1", "port": port, "workers": workers}
+    values = {"python": sys.executable, "host": "127.0.0.1", "port": port, "workers": workers,
+              "library": args.front_door_library}  # fmt: skip
     argv = shlex.split(template.format(**values, engine=engine, device=args.device))
     env = {name: value.format(engine=engine, device=args.device) for name, value in env.items()}
     argv = ["taskset", "-c", args.server_cores, *argv]

@@ -1,0 +1,79 @@
+"""The front-door prototype (bench/front_door): each connection gets its own image's answer, refusals are
+HTTP answers, and its bulk answers are encode_predictions' bytes. Built with the machine's C compiler."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from bench.front_door.serve import Answers
+from loadtest.server_process import ServerProcess, free_port, running
+from tests.seed_model import seed_spec
+
+ROOT = Path(__file__).resolve().parents[3]
+COMPILER = shutil.which("cc") or shutil.which("gcc")
+pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C compiler to build the prototype")
+
+
+@pytest.fixture(scope="module")
+def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    folder = tmp_path_factory.mktemp("front-door")
+    library = folder / "libfrontdoor.so"
+    source = ROOT / "bench" / "front_door" / "front_door.c"
+    assert COMPILER is not None
+    subprocess.run([COMPILER, "-O2", "-shared", "-fPIC", "-pthread", "-o", str(library), str(source)], check=True)
+    port = free_port()
+    argv = [sys.executable, "-m", "bench.front_door.serve", "--library", str(library), "--port", str(port),
+            "--threads", "2", "--device", "cpu"]  # fmt: skip
+    with running(argv, folder / "server.log", port=port, cwd=ROOT) as server:
+        yield server
+
+
+def sample_images(count: int) -> list[bytes]:
+    images = np.load(ROOT / "models" / "fashion_mnist_test_sample.npz")["images"][:count]
+    return [image.tobytes() for image in images]  # 784 uint8 pixels each
+
+
+def predict(client: httpx.Client, body: bytes) -> dict:
+    answer = client.post("/predict", content=body, headers={"content-type": "application/octet-stream"})
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def test_each_connection_gets_its_own_images_answer(door: ServerProcess) -> None:
+    images = sample_images(24)
+    with httpx.Client(base_url=door.url) as client:  # one at a time: each alone in its bulk
+        alone = [predict(client, image)["predictions"][0] for image in images]
+    assert len({p["label"] for p in alone}) > 3  # images of several classes: a mix-up would show
+
+    def one_connection(first: int) -> list[dict]:  # 8 connections × 3 requests, all in flight together
+        with httpx.Client(base_url=door.url) as client:
+            return [predict(client, images[i])["predictions"][0] for i in range(first, len(images), 8)]
+
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(one_connection, range(8)))
+    for first, answers in enumerate(together):
+        for i, answer in zip(range(first, len(images), 8), answers, strict=True):
+            assert answer["label"] == alone[i]["label"]
+            np.testing.assert_allclose(answer["scores"], alone[i]["scores"], atol=1e-5)
+
+
+def test_refusals_are_answers_on_the_connection(door: ServerProcess) -> None:
+    with httpx.Client(base_url=door.url) as client:
+        assert client.get("/readyz").status_code == 200
+        short = client.post("/predict", content=b"\0" * 100, headers={"content-type": "application/octet-stream"})
+        assert short.status_code == 400 and "one image" in short.text
+        assert client.post("/elsewhere", content=b"\0" * 784).status_code == 404
+        predict(client, sample_images(1)[0])  # the connection goes on after a refusal
+
+
+def test_bulk_answers_are_encode_predictions_bytes() -> None:
+    Answers(seed_spec(), "cuda-graph").check()  # raises SystemExit where a byte differs
