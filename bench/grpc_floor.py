@@ -7,6 +7,7 @@ process sending the same body over and over on one channel, the server's CPU fro
 
     PYTHONPATH=. python3 bench/grpc_floor.py --out bench/results/<name>.json [--body-bytes 784,150528]
         [--server-option grpc.http2.max_frame_size=4194304 ...]   (channel arguments of the server; ints as ints)
+        [--server grpclib]   (the other Python gRPC server: h2 in pure Python on the event loop; pip install grpclib)
 """
 
 from __future__ import annotations
@@ -48,6 +49,41 @@ async def serve(port: int, options: list[tuple[str, str | int]]) -> None:
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     await server.wait_for_termination()
+
+
+async def serve_grpclib(port: int) -> None:
+    """The same two methods on grpclib's server (no core threads: HTTP/2 parsed by h2 on the event loop)."""
+    from grpclib.const import Cardinality, Handler
+    from grpclib.encoding.base import CodecBase
+    from grpclib.server import Server
+
+    class Raw(CodecBase):  # type: ignore[misc]
+        __content_subtype__ = "proto"
+
+        def encode(self, message: bytes, message_type: Any) -> bytes:
+            return message
+
+        def decode(self, data: bytes, message_type: Any) -> bytes:
+            return data
+
+    async def unary(stream: Any) -> None:
+        await stream.recv_message()
+        await stream.send_message(ANSWER)
+
+    async def streamed(stream: Any) -> None:
+        async for _ in stream:
+            await stream.send_message(ANSWER)
+
+    class Floor:
+        def __mapping__(self) -> dict[str, Handler]:
+            return {
+                "/floor/Unary": Handler(unary, Cardinality.UNARY_UNARY, bytes, bytes),
+                "/floor/Stream": Handler(streamed, Cardinality.STREAM_STREAM, bytes, bytes),
+            }
+
+    server = Server([Floor()], codec=Raw())
+    await server.start("127.0.0.1", port)
+    await server.wait_closed()
 
 
 async def drive(port: int, kind: str, concurrency: int, seconds: float, body: bytes) -> list[float]:
@@ -100,13 +136,17 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--body-bytes", default="784,150528", help="request sizes: the seed CNN's and ResNet-50's image")
     p.add_argument("--server-option", action="append", default=[], help="NAME=VALUE, a channel argument of the server")
+    p.add_argument("--server", choices=("grpcio", "grpclib"), default="grpcio", help="the server measured")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--drive", choices=("unary", "stream"), help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--concurrency", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve:
-        uvloop.run(serve(args.port, [_option(text) for text in args.server_option]))
+        if args.server == "grpclib":
+            uvloop.run(serve_grpclib(args.port))
+        else:
+            uvloop.run(serve(args.port, [_option(text) for text in args.server_option]))
         return
     if args.drive:
         body = b"x" * int(args.body_bytes)
@@ -115,9 +155,11 @@ def main() -> None:
         return
     port = free_port()
     options = [arg for text in args.server_option for arg in ("--server-option", text)]
-    server = subprocess.Popen([sys.executable, __file__, "--serve", "--port", str(port), *options])
-    record: dict[str, Any] = {"command": shlex.join(["python3", *sys.argv]), "server_options": args.server_option,
-                              "points": []}  # fmt: skip
+    server = subprocess.Popen(
+        [sys.executable, __file__, "--serve", "--server", args.server, "--port", str(port), *options]
+    )
+    record: dict[str, Any] = {"command": shlex.join(["python3", *sys.argv]), "server": args.server,
+                              "server_options": args.server_option, "points": []}  # fmt: skip
     try:
         time.sleep(2.0)  # listening
         for size in (int(s) for s in args.body_bytes.split(",")):
