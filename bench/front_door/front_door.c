@@ -160,7 +160,19 @@ static int parse_one(door_t *d, conn_t *c, int fd) {
         refuse(fd, "411 Length Required", "a Content-Length is needed");
         return -1;
     }
-    size_t body_len = strtoul(length, NULL, 10);
+    while (value_len > 0 && (length[value_len - 1] == ' ' || length[value_len - 1] == '\t')) value_len--;
+    size_t body_len = 0;
+    for (size_t i = 0; i < value_len; i++) {
+        if (length[i] < '0' || length[i] > '9' || i == 9) { /* digits only, and at most 9 of them */
+            refuse(fd, "400 Bad Request", "the Content-Length is not a number of bytes");
+            return -1;
+        }
+        body_len = body_len * 10 + (size_t)(length[i] - '0');
+    }
+    if (value_len == 0) {
+        refuse(fd, "400 Bad Request", "the Content-Length is empty");
+        return -1;
+    }
     if (head_len + body_len > c->cap) {
         refuse(fd, "413 Content Too Large", "the body is larger than one image");
         return -1;

@@ -6,11 +6,13 @@
 What issue 26's items 4 and 5 ask of the seed CNN (≥ 0.8× and ≥ 0.7× a raw ASGI no-op on uvicorn)
 needs a request's whole path far cheaper than Python makes it (run 33b: the no-op answers in 0.28 ms at
 64 connections, ours in 1.2–1.8). This measures the design that would: `--threads` C threads parse
-POST /predict with raw pixels and copy them into one bulk; Python's event loop wakes once per bulk,
+POST /predict with raw pixels and copy them into a bulk; Python's event loop takes a bulk (read in place
+in the C side's buffer) only while fewer than in_flight are out, so that rows gather while the GPU works,
 queues it on the model's real batcher (the service's own engines and CUDA graphs, one context) as ONE
-request of k images, and hands the k answers (the service's own /predict JSON) back to the C side,
-which writes them. Python's work is per bulk, not per request. Everything else gets a refusal: this is
-a measurement of the design's ceiling, not a server (no timeouts, connection caps, tokens or metrics).
+request of k images, and hands the k answers (byte for byte the service's /predict JSON) back to the C
+threads, which write them. Python's work is per bulk, not per request. Everything else gets a refusal:
+this measures the design, it is not a server (no timeouts, connection caps, tokens or metrics).
+Measured in run 34: bench/results/2026-12-03-run34-h200-front-door.md.
 """
 
 from __future__ import annotations
@@ -131,7 +133,9 @@ async def serve(args: argparse.Namespace) -> None:
     out, bulks = [0], [0]
 
     def answered(buffer: int, taken: np.ndarray, future: asyncio.Future[np.ndarray]) -> None:
-        lib.fd_release(door, buffer)  # its rows were staged: answered or failed, the batcher is done with them
+        # Its rows were staged: answered or failed, the batcher is done with them. (Not so for a bulk split over
+        # batches whose deadline passed between them, which no measurement's 30 s comes near.)
+        lib.fd_release(door, buffer)
         if future.cancelled() or future.exception() is not None:
             bodies = [b'{"error": "the batch failed"}'] * len(taken)
             status = failed

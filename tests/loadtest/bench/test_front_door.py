@@ -4,6 +4,7 @@ HTTP answers, and its bulk answers are encode_predictions' bytes. Built with the
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -73,6 +74,12 @@ def test_refusals_are_answers_on_the_connection(door: ServerProcess) -> None:
         assert short.status_code == 400 and "one image" in short.text
         assert client.post("/elsewhere", content=b"\0" * 784).status_code == 404
         predict(client, sample_images(1)[0])  # the connection goes on after a refusal
+    for length in (b"-1", b"18446744073709551615", b"12abc", b""):  # refused, not read past the buffer
+        with socket.create_connection(("127.0.0.1", door.port), timeout=5) as raw:
+            raw.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: " + length + b"\r\n\r\n")
+            assert raw.recv(4096).startswith(b"HTTP/1.1 400 "), length
+    with httpx.Client(base_url=door.url) as client:
+        predict(client, sample_images(1)[0])  # and the server still serves
 
 
 def test_bulk_answers_are_encode_predictions_bytes() -> None:
