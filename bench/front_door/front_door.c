@@ -67,6 +67,7 @@ typedef struct {
 
 typedef struct {
     int lfd, efd, threads, row_bytes, max_rows;
+    int full_rows;                /* the eventfd is written at the first row of a bulk and again at this many */
     char path[256];
     size_t path_len;
     volatile int stop;
@@ -199,7 +200,7 @@ static int parse_one(door_t *d, conn_t *c, int fd) {
             memcpy(d->buffer[b] + (size_t)i * d->row_bytes, c->buf + head_len, body_len);
             pthread_mutex_lock(&d->bulk_mu);
             d->copying[b]--;
-            wake = i == 0;
+            wake = i == 0 || i + 1 == d->full_rows;
             c->state = IN_FLIGHT;
             answered_here = 0;
         } else {
@@ -334,7 +335,8 @@ static void *run(void *arg) {
     return NULL;
 }
 
-door_t *fd_open(int lfd, int threads, int row_bytes, int max_rows, int buffers, int efd, const char *path) {
+door_t *fd_open(int lfd, int threads, int row_bytes, int max_rows, int buffers, int efd, const char *path,
+                int full_rows) {
     if (threads < 1 || threads > MAX_THREADS || buffers < 2 || buffers > MAX_BUFFERS || strlen(path) >= sizeof(((door_t *)0)->path)) return NULL;
     door_t *d = calloc(1, sizeof *d);
     d->lfd = lfd; d->efd = efd; d->threads = threads; d->row_bytes = row_bytes; d->max_rows = max_rows;
@@ -343,6 +345,7 @@ door_t *fd_open(int lfd, int threads, int row_bytes, int max_rows, int buffers, 
     pthread_mutex_init(&d->table_mu, NULL);
     pthread_mutex_init(&d->bulk_mu, NULL);
     d->buffers = buffers;
+    d->full_rows = full_rows;
     for (int b = 0; b < buffers; b++) d->buffer[b] = malloc((size_t)max_rows * row_bytes);
     d->bulk_ids = malloc(sizeof(uint64_t) * max_rows);
     d->bulk_arrived = malloc(sizeof(double) * max_rows);
@@ -390,6 +393,13 @@ int fd_take(door_t *d, uint64_t *ids, double *arrived, int *b) {
     d->bulk_n = 0;
     pthread_mutex_unlock(&d->bulk_mu);
     return k;
+}
+
+int fd_waiting(door_t *d) {
+    pthread_mutex_lock(&d->bulk_mu);
+    int n = d->bulk_n;
+    pthread_mutex_unlock(&d->bulk_mu);
+    return n;
 }
 
 void fd_release(door_t *d, int b) {

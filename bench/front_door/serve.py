@@ -42,7 +42,9 @@ MOST_ROWS = 1024  # a bulk's rows at most (the C side refuses 503 past it); more
 def load(library: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(library))
     lib.fd_open.restype = ctypes.c_void_p
-    lib.fd_open.argtypes = [ctypes.c_int] * 6 + [ctypes.c_char_p]
+    lib.fd_open.argtypes = [ctypes.c_int] * 6 + [ctypes.c_char_p, ctypes.c_int]
+    lib.fd_waiting.restype = ctypes.c_int
+    lib.fd_waiting.argtypes = [ctypes.c_void_p]
     lib.fd_buffer.restype = ctypes.c_void_p
     lib.fd_buffer.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.fd_take.restype = ctypes.c_int
@@ -115,10 +117,12 @@ async def serve(args: argparse.Namespace) -> None:
     listener.setblocking(False)
     wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
     lib = load(args.library)
+    loop = asyncio.get_running_loop()
     # Flow control: a bulk is taken only while fewer than in_flight are out, so that rows gather in C meanwhile
     # (Python's work is per batch, not per wake-up); one buffer more than that is always free to fill.
     buffers = settings.in_flight + 1
-    door = lib.fd_open(listener.fileno(), args.threads, row_bytes, MOST_ROWS, buffers, wake, b"/predict")
+    full = max(settings.buckets)  # a largest bucket's rows waiting: the C side wakes Python again
+    door = lib.fd_open(listener.fileno(), args.threads, row_bytes, MOST_ROWS, buffers, wake, b"/predict", full)
     bulk_bytes = MOST_ROWS * row_bytes
     rows = [  # (MOST_ROWS, C, H, W) each: the C side's buffers, read in place
         np.frombuffer((ctypes.c_uint8 * bulk_bytes).from_address(lib.fd_buffer(door, b)), np.uint8).reshape(
@@ -131,6 +135,7 @@ async def serve(args: argparse.Namespace) -> None:
     which = ctypes.c_int()
     ok, failed, json = b"200 OK", b"500 Internal Server Error", b"application/json"
     out, bulks = [0], [0]
+    timer: list[asyncio.TimerHandle | None] = [None]
 
     def answered(buffer: int, taken: np.ndarray, future: asyncio.Future[np.ndarray]) -> None:
         # Its rows were staged: answered or failed, the batcher is done with them. (Not so for a bulk split over
@@ -156,17 +161,29 @@ async def serve(args: argparse.Namespace) -> None:
         pump()
 
     def pump() -> None:
-        while out[0] < settings.in_flight and (
-            k := lib.fd_take(door, ids.ctypes.data, arrived.ctypes.data, ctypes.byref(which))
-        ):
-            assert k > 0, "every buffer taken: the flow control should leave one free"
+        """Take bulks while fewer than in_flight are out. --take answered: whatever waits, at once. --take clock:
+        a partial bulk while another is out waits for the batcher's just-in-time moment (its DeviceClock: the
+        running batch's expected end less staging), so that it carries what arrives until then."""
+        while out[0] < settings.in_flight and (waiting := lib.fd_waiting(door)):
+            if args.take == "clock" and out[0] and waiting < full:
+                delay = batcher.clock.launch_at([0]) - time.monotonic()  # type: ignore[attr-defined]
+                if delay > 0:
+                    if timer[0] is None:
+                        timer[0] = loop.call_later(delay, on_time)
+                    return
+            k = lib.fd_take(door, ids.ctypes.data, arrived.ctypes.data, ctypes.byref(which))
+            if k <= 0:
+                return  # k < 0: every buffer is Python's (the flow control leaves one free: not seen)
             out[0] += 1
             bulks[0] += 1
             deadline = time.monotonic() + settings.request_timeout_s
             future = batcher.enqueue(rows[which.value][:k], deadline)  # read in place until staged
             future.add_done_callback(partial(answered, which.value, ids[:k].copy()))
 
-    loop = asyncio.get_running_loop()
+    def on_time() -> None:
+        timer[0] = None
+        pump()
+
     loop.add_reader(wake, take)
     stopping = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stopping.set)
@@ -195,6 +212,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=8, help="C threads serving HTTP")
     p.add_argument("--device", default="cuda")
     p.add_argument("--repository", type=Path, default=ROOT / "models" / "repository")
+    p.add_argument("--take", choices=("answered", "clock"), default="answered", help="when a bulk is taken (pump)")
     args = p.parse_args()
     import uvloop
 
