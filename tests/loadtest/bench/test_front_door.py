@@ -24,8 +24,8 @@ COMPILER = shutil.which("cc") or shutil.which("gcc")
 pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C compiler to build the prototype")
 
 
-@pytest.fixture(scope="module")
-def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+@pytest.fixture(scope="module", params=["answered", "clock"])
+def door(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     folder = tmp_path_factory.mktemp("front-door")
     library = folder / "libfrontdoor.so"
     source = ROOT / "bench" / "front_door" / "front_door.c"
@@ -33,7 +33,7 @@ def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     subprocess.run([COMPILER, "-O2", "-shared", "-fPIC", "-pthread", "-o", str(library), str(source)], check=True)
     port = free_port()
     argv = [sys.executable, "-m", "bench.front_door.serve", "--library", str(library), "--port", str(port),
-            "--threads", "2", "--device", "cpu"]  # fmt: skip
+            "--threads", "2", "--device", "cpu", "--take", request.param]  # fmt: skip
     with running(argv, folder / "server.log", port=port, cwd=ROOT) as server:
         yield server
 
