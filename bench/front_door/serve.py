@@ -135,12 +135,11 @@ async def serve(args: argparse.Namespace) -> None:
     which = ctypes.c_int()
     ok, failed, json = b"200 OK", b"500 Internal Server Error", b"application/json"
     out, bulks = [0], [0]
+    pieces = [0] * buffers  # a taken bulk's pieces not yet answered
     timer: list[asyncio.TimerHandle | None] = [None]
 
     def answered(buffer: int, taken: np.ndarray, future: asyncio.Future[np.ndarray]) -> None:
-        # Its rows were staged: answered or failed, the batcher is done with them. (Not so for a bulk split over
-        # batches whose deadline passed between them, which no measurement's 30 s comes near.)
-        lib.fd_release(door, buffer)
+        """One queued piece of a bulk answered (or failed); the bulk's buffer is given back with its last piece."""
         if future.cancelled() or future.exception() is not None:
             bodies = [b'{"error": "the batch failed"}'] * len(taken)
             status = failed
@@ -150,8 +149,13 @@ async def serve(args: argparse.Namespace) -> None:
         np.cumsum([len(b) for b in bodies], out=offsets[1:])
         joined = b"".join(bodies)
         lib.fd_answer(door, len(taken), taken.ctypes.data, joined, offsets.ctypes.data, status, json)
-        out[0] -= 1
-        pump()
+        pieces[buffer] -= 1
+        if pieces[buffer] == 0:
+            # Its rows were staged: answered or failed, the batcher is done with them. (Not so for a bulk split
+            # over batches whose deadline passed between them, which no measurement's 30 s comes near.)
+            lib.fd_release(door, buffer)
+            out[0] -= 1
+            pump()
 
     def take() -> None:
         try:
@@ -161,9 +165,10 @@ async def serve(args: argparse.Namespace) -> None:
         pump()
 
     def pump() -> None:
-        """Take bulks while fewer than in_flight are out. --take answered: whatever waits, at once. --take clock:
-        a partial bulk while another is out waits for the batcher's just-in-time moment (its DeviceClock: the
-        running batch's expected end less staging), so that it carries what arrives until then."""
+        """Take bulks while fewer than in_flight are out. --take answered: whatever waits, at once, as one request.
+        --take clock: a partial bulk while another is out waits for the batcher's just-in-time moment (its
+        DeviceClock: the running batch's expected end less staging), so that it carries what arrives until then,
+        and a bulk is queued a largest bucket at a time, each piece answered as its batch is done."""
         while out[0] < settings.in_flight and (waiting := lib.fd_waiting(door)):
             if args.take == "clock" and out[0] and waiting < full:
                 delay = batcher.clock.launch_at([0]) - time.monotonic()  # type: ignore[attr-defined]
@@ -177,8 +182,14 @@ async def serve(args: argparse.Namespace) -> None:
             out[0] += 1
             bulks[0] += 1
             deadline = time.monotonic() + settings.request_timeout_s
-            future = batcher.enqueue(rows[which.value][:k], deadline)  # read in place until staged
-            future.add_done_callback(partial(answered, which.value, ids[:k].copy()))
+            buffer, taken = which.value, ids[:k].copy()
+            piece = full if args.take == "clock" else k  # clock: queued, so answered, a largest bucket at a time
+            starts = range(0, k, piece)
+            pieces[buffer] = len(starts)
+            for start in starts:
+                end = min(start + piece, k)
+                future = batcher.enqueue(rows[buffer][start:end], deadline)  # read in place until staged
+                future.add_done_callback(partial(answered, buffer, taken[start:end]))
 
     def on_time() -> None:
         timer[0] = None
@@ -212,7 +223,12 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=8, help="C threads serving HTTP")
     p.add_argument("--device", default="cuda")
     p.add_argument("--repository", type=Path, default=ROOT / "models" / "repository")
-    p.add_argument("--take", choices=("answered", "clock"), default="answered", help="when a bulk is taken (pump)")
+    p.add_argument(
+        "--take",
+        choices=("answered", "clock"),
+        default="answered",
+        help="when a bulk is taken, and in what pieces (pump)",
+    )
     args = p.parse_args()
     import uvloop
 
