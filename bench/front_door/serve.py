@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import os
 import signal
 import socket
@@ -28,61 +27,73 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-import orjson
 
-from app.codecs.bodies import encode_predictions
+from app.batching.batcher import Batcher
 from app.config import Settings
-from app.repository.model_spec import ModelSpec
 from app.service import Service
+from bench.front_door.answers import Answers
+from bench.front_door.door import Door
 
 ROOT = Path(__file__).resolve().parents[2]
-MOST_ROWS = 1024  # a bulk's rows at most (the C side refuses 503 past it); more than a batch's: the batcher splits
+JSON, OK, FAILED = b"application/json", b"200 OK", b"500 Internal Server Error"
 
 
-def load(library: Path) -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(library))
-    lib.fd_open.restype = ctypes.c_void_p
-    lib.fd_open.argtypes = [ctypes.c_int] * 6 + [ctypes.c_char_p, ctypes.c_int]
-    lib.fd_waiting.restype = ctypes.c_int
-    lib.fd_waiting.argtypes = [ctypes.c_void_p]
-    lib.fd_buffer.restype = ctypes.c_void_p
-    lib.fd_buffer.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    lib.fd_take.restype = ctypes.c_int
-    lib.fd_take.argtypes = [ctypes.c_void_p] * 4
-    lib.fd_release.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    lib.fd_answer.restype = None
-    lib.fd_answer.argtypes = [ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_char_p] * 2
-    lib.fd_counts.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-    lib.fd_close.argtypes = [ctypes.c_void_p]
-    return lib
+class Feeder:
+    """Bulks from the door to the batcher, and their answers back: Python's whole share of the work."""
 
+    def __init__(self, door: Door, batcher: Batcher, answers: Answers, settings: Settings, take: str) -> None:
+        self.door, self.batcher, self.answers, self.take = door, batcher, answers, take
+        self.in_flight, self.timeout_s = settings.in_flight, settings.request_timeout_s
+        self.full = max(settings.buckets)  # a largest bucket's rows
+        self.out = 0  # bulks taken and not yet wholly answered
+        self.bulks = 0
+        self.pieces: dict[int, int] = {}  # a taken bulk's buffer → its pieces not yet answered
+        self.timer: asyncio.TimerHandle | None = None
 
-class Answers:
-    """encode_predictions' /predict answer for each of k rows, built for the k at once (one orjson call, not
-    k): Python's thread answers every request of the process, so its work a row is the design's ceiling."""
+    def pump(self) -> None:
+        """Take bulks while fewer than in_flight are out, so that rows gather in C while the GPU works (taken at
+        every wake-up, bulks held a few rows each: run 34b). --take answered: whatever waits, at once, as one
+        request. --take clock: a partial bulk while another is out waits for the batcher's just-in-time moment
+        (its DeviceClock: the running batch's expected end less staging), so that it carries what arrives until
+        then, and a bulk is queued a largest bucket at a time, each piece answered as its batch is done."""
+        while self.out < self.in_flight and (waiting := self.door.waiting()):
+            if self.take == "clock" and self.out and waiting < self.full:
+                delay = self.batcher.clock.launch_at([0]) - time.monotonic()
+                if delay > 0:
+                    if self.timer is None:
+                        self.timer = asyncio.get_running_loop().call_later(delay, self._on_time)
+                    return
+            taken = self.door.take()
+            if taken is None:
+                return
+            buffer, rows, ids = taken
+            self.out += 1
+            self.bulks += 1
+            deadline = time.monotonic() + self.timeout_s
+            piece = self.full if self.take == "clock" else len(rows)
+            starts = range(0, len(rows), piece)
+            self.pieces[buffer] = len(starts)
+            for start in starts:
+                future = self.batcher.enqueue(rows[start : start + piece], deadline)  # read in place until staged
+                future.add_done_callback(partial(self._answered, buffer, ids[start : start + piece]))
 
-    def __init__(self, spec: ModelSpec, engine: str) -> None:
-        head = orjson.dumps({"model": spec.name, "engine": engine, "postprocess": spec.config.postprocess})
-        self.prefix = head[:-1] + b',"predictions":[{"label":'
-        self.names = [b',"class_name":' + orjson.dumps(name) + b',"scores":[' for name in spec.class_names]
-        self.spec, self.engine = spec, engine
+    def _answered(self, buffer: int, ids: np.ndarray, future: asyncio.Future[np.ndarray]) -> None:
+        """One queued piece of a bulk answered (or failed); the bulk's buffer is given back with its last piece."""
+        if future.cancelled() or future.exception() is not None:
+            self.door.answer(ids, [b'{"error": "the batch failed"}'] * len(ids), FAILED, JSON)
+        else:
+            self.door.answer(ids, self.answers(future.result()), OK, JSON)  # (k, classes) scores
+        self.pieces[buffer] -= 1
+        if self.pieces[buffer] == 0:
+            # Its rows were staged: answered or failed, the batcher is done with them. (Not so for a bulk split
+            # over batches whose deadline passed between them, which no measurement's 30 s comes near.)
+            self.door.release(buffer)
+            self.out -= 1
+            self.pump()
 
-    def __call__(self, scores: np.ndarray) -> list[bytes]:
-        """(k, classes) float32 → k answers, byte for byte encode_predictions' of each row alone."""
-        labels = scores.argmax(axis=1).tolist()
-        rows = orjson.dumps(scores, option=orjson.OPT_SERIALIZE_NUMPY)[2:-2].split(b"],[")  # b"[[…],[…]]"
-        return [
-            b"%s%d%s%s]}]}" % (self.prefix, label, self.names[label], row)
-            for label, row in zip(labels, rows, strict=True)
-        ]
-
-    def check(self) -> None:
-        scores = np.random.default_rng(0).random((3, len(self.names)), dtype=np.float32)
-        mine = self(scores)
-        theirs = [encode_predictions(scores[i : i + 1], model=self.spec.name, engine=self.engine, spec=self.spec)
-                  for i in range(3)]  # fmt: skip
-        if mine != theirs:
-            raise SystemExit(f"the bulk answers differ from encode_predictions': {mine[0]!r} != {theirs[0]!r}")
+    def _on_time(self) -> None:
+        self.timer = None
+        self.pump()
 
 
 def thread_cpu_s() -> tuple[float, float]:
@@ -105,10 +116,9 @@ async def serve(args: argparse.Namespace) -> None:
     await service.wait_started()
     served = service.model(None)
     batcher = served.ready_batcher()
-    spec, engine = served.spec, batcher.engines[0].name
-    answers = Answers(spec, engine)
+    assert isinstance(batcher, Batcher), "the engines in this process (no engine process)"
+    answers = Answers(served.spec, batcher.engines[0].name)
     answers.check()
-    shape, row_bytes = spec.input_shape, spec.pixels  # (C, H, W) uint8 pixels a request
 
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -116,102 +126,36 @@ async def serve(args: argparse.Namespace) -> None:
     listener.listen(4096)
     listener.setblocking(False)
     wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-    lib = load(args.library)
-    loop = asyncio.get_running_loop()
-    # Flow control: a bulk is taken only while fewer than in_flight are out, so that rows gather in C meanwhile
-    # (Python's work is per batch, not per wake-up); one buffer more than that is always free to fill.
-    buffers = settings.in_flight + 1
-    full = max(settings.buckets)  # a largest bucket's rows waiting: the C side wakes Python again
-    door = lib.fd_open(listener.fileno(), args.threads, row_bytes, MOST_ROWS, buffers, wake, b"/predict", full)
-    bulk_bytes = MOST_ROWS * row_bytes
-    rows = [  # (MOST_ROWS, C, H, W) each: the C side's buffers, read in place
-        np.frombuffer((ctypes.c_uint8 * bulk_bytes).from_address(lib.fd_buffer(door, b)), np.uint8).reshape(
-            MOST_ROWS, *shape
-        )
-        for b in range(buffers)
-    ]
-    ids = np.empty(MOST_ROWS, np.uint64)
-    arrived = np.empty(MOST_ROWS, np.float64)
-    which = ctypes.c_int()
-    ok, failed, json = b"200 OK", b"500 Internal Server Error", b"application/json"
-    out, bulks = [0], [0]
-    pieces = [0] * buffers  # a taken bulk's pieces not yet answered
-    timer: list[asyncio.TimerHandle | None] = [None]
+    # One buffer more than the bulks Python may hold: there is always one to fill.
+    door = Door(args.library, listener, threads=args.threads, shape=served.spec.input_shape, wake_fd=wake,
+                buffers=settings.in_flight + 1, path=b"/predict", full_rows=max(settings.buckets))  # fmt: skip
+    feeder = Feeder(door, batcher, answers, settings, args.take)
 
-    def answered(buffer: int, taken: np.ndarray, future: asyncio.Future[np.ndarray]) -> None:
-        """One queued piece of a bulk answered (or failed); the bulk's buffer is given back with its last piece."""
-        if future.cancelled() or future.exception() is not None:
-            bodies = [b'{"error": "the batch failed"}'] * len(taken)
-            status = failed
-        else:
-            bodies, status = answers(future.result()), ok  # (k, classes) scores
-        offsets = np.zeros(len(bodies) + 1, np.int64)
-        np.cumsum([len(b) for b in bodies], out=offsets[1:])
-        joined = b"".join(bodies)
-        lib.fd_answer(door, len(taken), taken.ctypes.data, joined, offsets.ctypes.data, status, json)
-        pieces[buffer] -= 1
-        if pieces[buffer] == 0:
-            # Its rows were staged: answered or failed, the batcher is done with them. (Not so for a bulk split
-            # over batches whose deadline passed between them, which no measurement's 30 s comes near.)
-            lib.fd_release(door, buffer)
-            out[0] -= 1
-            pump()
-
-    def take() -> None:
+    def woken() -> None:  # a bulk turned non-empty, or reached a largest bucket
         try:
-            os.eventfd_read(wake)  # the bulk turned non-empty
+            os.eventfd_read(wake)
         except BlockingIOError:
             return
-        pump()
+        feeder.pump()
 
-    def pump() -> None:
-        """Take bulks while fewer than in_flight are out. --take answered: whatever waits, at once, as one request.
-        --take clock: a partial bulk while another is out waits for the batcher's just-in-time moment (its
-        DeviceClock: the running batch's expected end less staging), so that it carries what arrives until then,
-        and a bulk is queued a largest bucket at a time, each piece answered as its batch is done."""
-        while out[0] < settings.in_flight and (waiting := lib.fd_waiting(door)):
-            if args.take == "clock" and out[0] and waiting < full:
-                delay = batcher.clock.launch_at([0]) - time.monotonic()  # type: ignore[attr-defined]
-                if delay > 0:
-                    if timer[0] is None:
-                        timer[0] = loop.call_later(delay, on_time)
-                    return
-            k = lib.fd_take(door, ids.ctypes.data, arrived.ctypes.data, ctypes.byref(which))
-            if k <= 0:
-                return  # k < 0: every buffer is Python's (the flow control leaves one free: not seen)
-            out[0] += 1
-            bulks[0] += 1
-            deadline = time.monotonic() + settings.request_timeout_s
-            buffer, taken = which.value, ids[:k].copy()
-            piece = full if args.take == "clock" else k  # clock: queued, so answered, a largest bucket at a time
-            starts = range(0, k, piece)
-            pieces[buffer] = len(starts)
-            for start in starts:
-                end = min(start + piece, k)
-                future = batcher.enqueue(rows[buffer][start:end], deadline)  # read in place until staged
-                future.add_done_callback(partial(answered, buffer, taken[start:end]))
-
-    def on_time() -> None:
-        timer[0] = None
-        pump()
-
-    loop.add_reader(wake, take)
+    loop = asyncio.get_running_loop()
+    loop.add_reader(wake, woken)
     stopping = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stopping.set)
-    print(f"front door on {args.host}:{args.port}: {args.threads} threads, {spec.name} on {args.device}", flush=True)
+    where = f"{args.host}:{args.port}: {args.threads} threads, {served.spec.name} on {args.device}"
+    print(f"front door on {where}", flush=True)
     started, (main_before, others_before) = time.monotonic(), thread_cpu_s()
     try:
         await stopping.wait()
     finally:
-        counts = (ctypes.c_uint64 * 2)()
-        lib.fd_counts(door, counts)
+        (requests, refused), bulks = door.counts(), feeder.bulks
         wall, (main, others) = time.monotonic() - started, thread_cpu_s()
         print(
-            f"requests {counts[0]} in {bulks[0]} bulks, refused {counts[1]}; cores busy over {wall:.1f} s: "
+            f"requests {requests} in {bulks} bulks, refused {refused}; cores busy over {wall:.1f} s: "
             f"Python's thread {(main - main_before) / wall:.2f}, the others {(others - others_before) / wall:.2f}",
             flush=True,
         )
-        lib.fd_close(door)
+        door.close()
         await service.stop()
 
 

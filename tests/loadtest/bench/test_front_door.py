@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
-from bench.front_door.serve import Answers
+from bench.front_door.answers import Answers
 from loadtest.server_process import ServerProcess, free_port, running
 from tests.seed_model import seed_spec
 
