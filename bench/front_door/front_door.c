@@ -6,12 +6,12 @@
  * Threads: `threads` POSIX threads each run an epoll loop over the shared listening socket
  * (EPOLLEXCLUSIVE: one thread wakes an accept) and the connections they accepted. A request's
  * pixels are copied into the bulk being filled (one of `buffers` of max_rows × row_bytes, which
- * Python reads in place) and its connection waits; the first row of an empty bulk writes the
- * eventfd, so Python's event loop wakes once for however many rows gather before it runs. Python
- * takes the bulk (fd_take: the next free buffer is filled from then on; fd_release gives it back
- * once its rows are staged), batches it as ONE request of k
- * images, and hands the k answers over (fd_answer): each goes to the outbox of the thread that owns
- * its connection, which writes it (one sendmsg each), so Python's thread makes no syscall an answer.
+ * Python reads in place) and its connection waits. The bulk's first row writes the eventfd, and
+ * so does its `full_rows`-th, so Python's event loop wakes once for however many rows gather
+ * before it runs. Python takes the bulk (fd_take: the next free buffer is filled from then on;
+ * fd_release gives it back once its rows are staged), queues it on the batcher, and hands the
+ * answers over (fd_answer): each goes to the outbox of the thread that owns its connection, which
+ * writes it (one send each), so Python's thread makes no syscall an answer.
  *
  * Built without Python's headers and called through ctypes (whose foreign calls release the GIL):
  *     cc -O2 -shared -fPIC -pthread -o libfrontdoor.so front_door.c
@@ -41,7 +41,7 @@
 enum { CLOSED = 0, IDLE = 1, IN_FLIGHT = 2 };
 
 typedef struct {
-    pthread_mutex_t mu;  /* state, buf/len, peer_closed: the owning thread and fd_answer */
+    pthread_mutex_t mu;  /* the fields below: the owning thread's, but for the slot's reuse by an accept */
     uint32_t gen;        /* bumped at each accept and close: an answer for an older one is dropped */
     int state;
     int peer_closed;     /* the client closed while its request was in flight: closed once answered */
@@ -75,8 +75,7 @@ typedef struct {
     int epfds[MAX_THREADS];
     outbox_t outboxes[MAX_THREADS];
     conn_t *conns[MAX_FD];
-    pthread_mutex_t table_mu; /* conns[] slots' creation */
-    uint32_t next_gen;
+    pthread_mutex_t table_mu; /* conns[] slots' creation (a slot lives until fd_close, reused by its fd) */
     pthread_mutex_t bulk_mu;  /* the bulk below */
     int buffers;
     uint8_t *buffer[MAX_BUFFERS]; /* max_rows × row_bytes each: the bulk being filled, or taken by Python */
