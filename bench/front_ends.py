@@ -91,8 +91,8 @@ def main() -> int:
         "runs": runs,
     }
     (args.out / f"{args.label}front-ends.json").write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2))
-    (args.out / f"{args.label}front-ends.md").write_text(report(runs))
-    print(report(runs))
+    (args.out / f"{args.label}front-ends.md").write_text(report(runs, args.label))
+    print(report(runs, args.label))
     return 0
 
 
@@ -130,7 +130,7 @@ def run_design(args: argparse.Namespace, design: str, workers: int, bodies: dict
     return out
 
 
-def report(runs: list[dict[str, Any]]) -> str:
+def report(runs: list[dict[str, Any]], label: str = "") -> str:
     """One table per worker count: req/s, p99, and each design ÷ the raw no-op and ÷ inline."""
     lines = ["# HTTP front ends, seed CNN (hey, closed loop)", ""]
     for workers in sorted({r["workers"] for r in runs}):
@@ -142,7 +142,7 @@ def report(runs: list[dict[str, Any]]) -> str:
                 rps = figures.get("requests_per_s")
                 ratios = []
                 for base in ("raw-noop", "inline"):
-                    ref = mine.get(base, {}).get("forms", {}).get(form, {}).get("requests_per_s")
+                    ref = mine.get(label + base, {}).get("forms", {}).get(form, {}).get("requests_per_s")
                     ratios.append(f"{rps / ref:.2f}" if rps and ref else "")
                 p99 = (figures.get("latency_ms") or {}).get("p99")
                 lines.append(f"| {design} | {form} | {rps} | {p99} | {ratios[0]} | {ratios[1]} | "

@@ -32,10 +32,10 @@ class Answers:
         ]
 
     def check(self) -> None:
-        """SystemExit where a byte differs from encode_predictions' (a model with named outputs, say)."""
+        """ValueError where a byte differs from encode_predictions' (a model with named outputs, say)."""
         scores = np.random.default_rng(0).random((3, len(self.names)), dtype=np.float32)
         mine = self(scores)
         theirs = [encode_predictions(scores[i : i + 1], model=self.spec.name, engine=self.engine, spec=self.spec)
                   for i in range(3)]  # fmt: skip
         if mine != theirs:
-            raise SystemExit(f"the bulk answers differ from encode_predictions': {mine[0]!r} != {theirs[0]!r}")
+            raise ValueError(f"the bulk answers differ from encode_predictions': {mine[0]!r} != {theirs[0]!r}")
