@@ -5,10 +5,22 @@
 # on /readyz and start with `cudagraph-serve serve --host 0.0.0.0`, the command README's `make
 # serve` runs.
 
+# --- door ------------------------------------------------------------------------------------
+# app/front_door/door.c as a shared library, for CGSERVE_FRONT_DOOR_PORT (off by default): built
+# here, where a compiler is, so that neither image builds it at start-up. Bookworm's glibc is older
+# than either image's, so the one file loads in both.
+FROM debian:bookworm-slim AS door
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+COPY app/front_door/door.c /tmp/door.c
+RUN gcc -O2 -shared -fPIC -pthread -o /libfrontdoor.so /tmp/door.c
+
 # --- cpu ------------------------------------------------------------------------------------
 # A slim Debian Python and torch's CPU wheel from PyTorch's own index: PyPI's Linux torch is the
 # CUDA build, several GB of libraries this image would never load. No C compiler (nothing is
-# compiled: the CPU engine runs the module eagerly) and no compile cache.
+# compiled: the CPU engine runs the module eagerly, the front door comes built) and no compile cache.
 FROM python:3.12-slim-bookworm AS cpu
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -40,10 +52,13 @@ RUN python3 -m pip install --no-cache-dir --no-deps . \
     && groupadd --system --gid 10001 cgserve \
     && useradd --system --no-log-init --uid 10001 --gid 10001 --create-home \
         --home-dir /home/cgserve --shell /usr/sbin/nologin cgserve
+COPY --from=door /libfrontdoor.so /opt/cgserve/libfrontdoor.so
+ENV CGSERVE_FRONT_DOOR_LIBRARY=/opt/cgserve/libfrontdoor.so
 USER 10001:10001
 
-# HTTP (our API and the Open Inference Protocol's REST form), and gRPC (CGSERVE_GRPC_PORT).
-EXPOSE 8000 8001
+# HTTP (our API and the Open Inference Protocol's REST form), gRPC (CGSERVE_GRPC_PORT) and the
+# front door where it is on (CGSERVE_FRONT_DOOR_PORT).
+EXPOSE 8000 8001 8002
 
 # Ready = every model's engine built (GET /readyz answers 200). urlopen raises on 503 or no
 # answer, and python3 then exits 1 (unhealthy). The image has python3 but no curl.
@@ -107,9 +122,11 @@ RUN python3 -m pip install --no-cache-dir --no-deps . \
 # file system would refuse): a volume here (compose, Kubernetes) makes a restart skip compiling.
 ENV CGSERVE_COMPILE_CACHE_DIR=/var/cache/cgserve/inductor \
     TRITON_CACHE_DIR=/var/cache/cgserve/triton
+COPY --from=door /libfrontdoor.so /opt/cgserve/libfrontdoor.so
+ENV CGSERVE_FRONT_DOOR_LIBRARY=/opt/cgserve/libfrontdoor.so
 USER 10001:10001
 
-EXPOSE 8000 8001
+EXPOSE 8000 8001 8002
 
 # The start period covers CUDA start-up, inductor's compile and graph capture (60 s for
 # ResNet-50 with a cold cache on the H200, bench/results/README.md).

@@ -89,6 +89,20 @@ class Settings(BaseSettings):
     grpc_port: int = Field(
         8001, ge=0, le=65535, description="gRPC port of the Open Inference Protocol (GRPCInferenceService); 0: off."
     )
+    front_door_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="A second HTTP port, served by C threads in the process that runs the engines, for the one "
+        "request most clients send: POST /predict of the default model with one image's raw uint8 pixels "
+        "(app/front_door/). Every other request gets a 4xx there and goes to port. Plain HTTP; 0: off.",
+    )
+    front_door_threads: int = Field(4, ge=1, le=64, description="C threads serving front_door_port.")
+    front_door_library: Path | None = Field(
+        None,
+        description="app/front_door/door.c built as a shared library (the image builds it); unset: built on first "
+        "use with the machine's C compiler (cc) into ~/.cache/cgserve.",
+    )
     model_repository: Path = Field(
         default_factory=default_repository,
         description="Folder of models, one sub-folder with a model.toml each, or one model's folder (its "
@@ -390,6 +404,8 @@ class Settings(BaseSettings):
         self._check_tls()
         if self.grpc_port == self.port:  # both would listen (SO_REUSEPORT with workers), splitting the connections
             raise ValueError(f"grpc_port and port are both {self.port}: give gRPC a port of its own, or 0 for none")
+        if self.front_door_port:
+            self._check_front_door()
         if self.model_control != "none" and self.workers > 1 and not self.engine_process:
             raise ValueError(
                 f"model_control {self.model_control} with {self.workers} workers needs engine_process true: each "
@@ -402,6 +418,18 @@ class Settings(BaseSettings):
                 "or the largest allowed request could never be queued"
             )
         return self
+
+    def _check_front_door(self) -> None:
+        """The front door runs where every request meets one batcher, and speaks plain HTTP only."""
+        if self.front_door_port in (self.port, self.grpc_port):
+            raise ValueError(f"front_door_port {self.front_door_port} is also port or grpc_port: give it its own")
+        if self.workers > 1 and not self.engine_process:
+            raise ValueError(
+                f"front_door_port with {self.workers} workers needs engine_process true: the front door runs in "
+                "the process that holds the engines, and here each worker holds its own. Or use workers 1"
+            )
+        if self.tls_cert_file is not None:
+            raise ValueError("front_door_port serves plain HTTP and TLS is set: leave it 0, or end TLS before it")
 
     def _check_tls(self) -> None:
         """Certificate and key together, and usable as a pair: a start-up error naming both otherwise."""

@@ -21,6 +21,7 @@ from app.config import Settings, get_settings
 from app.dataplane import DataPlane
 from app.engines.factory import EngineOptions
 from app.errors import RouteError, error_response
+from app.front_door.server import attach as attach_front_door
 from app.http.fast_path import FastPath
 from app.http.inline import InlinePredict
 from app.http.inline_routes import PREDICT, V2_INFER
@@ -81,6 +82,7 @@ def create_app(
         # Load and unload while serving: here, or in the engine process that holds the models.
         control: RepositoryControl = RemoteModelControl(service) if engine_process else ModelControl(service)
         app.state.control = control
+        attach_front_door(service)  # where this process holds the engines and front_door_port is set
         service.start()
         control.start()
         gc_pauses = GcPauses()

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,6 +193,10 @@ class Service:
         self._peers_ready = peers_ready  # other worker processes, where there are several
         self._startup: asyncio.Task[None] | None = None
         self._flusher: asyncio.Task[None] | None = None
+        # What starts with the models (before readiness) and stops before the batchers: an ingress that needs
+        # the models, registered from its own layer (app/front_door/server.py's attach).
+        self.on_started: list[Callable[[], Awaitable[None]]] = []
+        self.on_stop: list[Callable[[], Awaitable[None]]] = []
 
     def start(self) -> None:
         metrics.READY.set(0)
@@ -252,6 +256,8 @@ class Service:
             for model, _ in prepared:
                 await self._start_model(self.versions[model.spec.name][model.spec.version], model)
                 self.publish(model.spec.name)
+            for started in self.on_started:
+                await started()
         except Exception as error:
             self._start_failed(error)
             return
@@ -459,6 +465,8 @@ class Service:
         metrics.READY.set(0)
         if self._startup is not None and not self._startup.done():
             self._startup.cancel()
+        for stopping in self.on_stop:  # their requests answered while the batchers still run
+            await stopping()
         for served in self.served():
             if served.batcher is not None:
                 await served.batcher.stop()
@@ -483,6 +491,8 @@ class Service:
         details = [detail for ready, detail in (m.readiness() for m in self.served()) if not ready]
         if details:
             return False, "; ".join(details)
+        if self.on_started and not self.started:  # the models are ready, what starts with them not yet
+            return False, "starting: opening what serves beside HTTP (the front door)"
         return self._peers_ready() if self._peers_ready is not None else (True, "ready")
 
     def served(self) -> list[ServedModel]:

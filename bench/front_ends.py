@@ -8,8 +8,8 @@ others (8-15), closed loop at --per-worker × workers connections for --seconds:
   inline      app.cli serve: small predicts answered inside uvicorn's protocol (its private API)
   fast-asgi   app.cli serve --no-inline-predict: the raw ASGI fast path (app/http/fast_path.py), public API
   granian     the same app (fast path, no inline) on granian, a Rust HTTP server, through its ASGI interface
-  front-door  bench/front_door: HTTP in C threads (--workers of them), batching in Python, one process: a
-              prototype of a request path outside Python (raw bodies only; needs --front-door-library)
+  front-door  app.cli serve --front-door-port: app/front_door's C threads (--workers of them) on a port of
+              their own, batching in Python, one process (raw bodies only; readiness on the HTTP port)
 Ours run cuda-graph engines with --compile none (seconds to capture), one per worker process.
 Writes <out>/front-ends.json (every figure and command) and <out>/front-ends.md.
 """
@@ -44,8 +44,8 @@ DESIGNS = {
          "CGSERVE_GRPC_PORT": "0", "CGSERVE_INLINE_PREDICT": "false"},
     ),
     "front-door": (
-        "{python} -m bench.front_door.serve --library {library} --host {host} --port {port} --threads {workers} "
-        "--device {device}",
+        OURS.replace("--port {port} --workers {workers}", "--port {http_port} --workers 1")
+        + " --front-door-port {port} --front-door-threads {workers}",
         {},
     ),
 }  # fmt: skip
@@ -59,7 +59,6 @@ def main() -> int:
     p.add_argument("--designs", default=",".join(DESIGNS))
     p.add_argument("--per-worker", type=int, default=32, help="connections per server worker (default 32)")
     p.add_argument("--forms", default="json,raw", help="request bodies (the front door takes raw only)")
-    p.add_argument("--front-door-library", type=Path, help="front_door.c built (design front-door)")
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--server-cores", default="0-7")
     p.add_argument("--loadgen-cores", default="8-15")
@@ -98,9 +97,8 @@ def main() -> int:
 
 def run_design(args: argparse.Namespace, design: str, workers: int, bodies: dict[str, Any]) -> dict[str, Any]:
     template, env = DESIGNS[design]
-    port, engine = free_port(), "cuda-graph" if args.device == "cuda" else "eager"
-    values = {"python": sys.executable, "host": "127.0.0.1", "port": port, "workers": workers,
-              "library": args.front_door_library}  # fmt: skip
+    port, http_port, engine = free_port(), free_port(), "cuda-graph" if args.device == "cuda" else "eager"
+    values = {"python": sys.executable, "host": "127.0.0.1", "port": port, "workers": workers, "http_port": http_port}
     argv = shlex.split(template.format(**values, engine=engine, device=args.device))
     env = {name: value.format(engine=engine, device=args.device) for name, value in env.items()}
     argv = ["taskset", "-c", args.server_cores, *argv]
@@ -109,13 +107,15 @@ def run_design(args: argparse.Namespace, design: str, workers: int, bodies: dict
     if args.tree is not None:  # its own app/ first on the path; `python -m` puts the working folder first
         env = env | {"PYTHONPATH": f"{args.tree.resolve()}:{os.environ.get('PYTHONPATH', '')}"}
     log = args.out / f"{args.label}{design}-{workers}.log"
-    server = ServerProcess(argv, log, port=port, name=design, env=env, cwd=args.tree)
+    door = "{http_port}" in template  # the load goes to the front door's port, readiness is asked of HTTP's
+    server = ServerProcess(argv, log, port=http_port if door else port, name=design, env=env, cwd=args.tree)
     try:
         out["ready_s"] = round(server.wait_ready(240.0), 1)
+        url = f"http://127.0.0.1:{port}" if door else server.url
         for form, (body, content_type, path) in bodies.items():
             c = args.per_worker * workers
             hey = hey_command(
-                args.hey, server.url + path, body, content_type=content_type, concurrency=c, duration_s=args.seconds
+                args.hey, url + path, body, content_type=content_type, concurrency=c, duration_s=args.seconds
             )
             run_hey(["taskset", "-c", args.loadgen_cores, *hey[:2], "1s", *hey[3:]], timeout_s=30)  # warm-up
             result = run_hey(["taskset", "-c", args.loadgen_cores, *hey], timeout_s=args.seconds + 60)

@@ -67,6 +67,14 @@ def _split_origins(value: object) -> object:
     return tuple(part.strip() for part in value.split(",") if part.strip()) if isinstance(value, str) else value
 
 
+def load_tokens(secret: SecretStr | None, file: Path | None) -> list[str]:
+    """The tokens of a setting and its file together (either may be unset), checked."""
+    tokens = split_tokens(secret.get_secret_value()) if secret is not None else []
+    if file is not None:
+        tokens += read_token_file(file)
+    return check_tokens(tokens)
+
+
 # The types of the settings in app/config.py. SecretStr: a token never shows in a repr or a log.
 Tokens = Annotated[SecretStr | None, AfterValidator(_check_secret)]
 TokenFile = Annotated[Path | None, AfterValidator(_check_file)]
@@ -84,10 +92,7 @@ class TokenSet:
     @classmethod
     def load(cls, secret: SecretStr | None, file: Path | None) -> TokenSet:
         """The tokens of a setting and its file together (either may be unset)."""
-        tokens = split_tokens(secret.get_secret_value()) if secret is not None else []
-        if file is not None:
-            tokens += read_token_file(file)
-        return cls(check_tokens(tokens))
+        return cls(load_tokens(secret, file))
 
     def __bool__(self) -> bool:
         return bool(self._digests)

@@ -307,6 +307,12 @@ class Batcher:
             except TimeoutError:
                 return
 
+    def launch_moment(self) -> float:
+        """When (time.monotonic()) a device is expected free, less staging: where every device is busy, the
+        just-in-time moment to launch the next batch (app/front_door/feeder.py takes its rows then). With no
+        slot free either, the soonest of every device: the next batch waits for a slot, then for that."""
+        return self.clock.launch_at(self.pool.free_devices() or list(range(len(self.engines))))
+
     def _batch_limit(self) -> int:
         """The most rows the next batch takes: the largest bucket, unless every device is busy and a
         smaller full bucket computes more of the queued rows a device second than the one that

@@ -38,6 +38,7 @@ from app.config import Settings
 from app.engine_process import SOCKET_ENV, frames
 from app.engine_process.segments import map_file
 from app.errors import GpuDecodeError, NotReadyError, ServiceError
+from app.front_door.server import attach as attach_front_door
 from app.model_control import ModelControl
 from app.ops.loop_lag import GcPauses, sample_loop_lag
 from app.service import ServedModel, Service
@@ -350,6 +351,7 @@ async def serve_engines(settings: Settings, socket_path: str, on_ready: Callable
     # The GPU's JPEG decoder lives here, with the GPU: the workers send it their uploads (UPLOADS).
     service = Service(settings, on_fatal=on_fatal, on_ready=on_ready)
     host = EngineHost(service)
+    attach_front_door(service)  # where front_door_port is set: the workers' requests and its meet one batcher
     service.start()
     host.control.start()
 

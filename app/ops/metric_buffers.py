@@ -30,6 +30,8 @@ import bisect
 import weakref
 from typing import Any
 
+import numpy as np
+
 FLUSH_S = 0.1
 
 # Every live buffer; a batcher's go with it (it flushes on stop). Weak, so that tests that build
@@ -99,6 +101,14 @@ class BufferedHistogram:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
         self.observed += 1
         self.total += value
+
+    def observe_many(self, values: np.ndarray) -> None:
+        """observe() of each value, at once: a bulk's latencies (app/front_door/feeder.py)."""
+        found = np.bincount(np.searchsorted(self.bounds, values, side="left"), minlength=len(self.bounds))
+        for i in np.flatnonzero(found).tolist():
+            self.counts[i] += int(found[i])
+        self.observed += len(values)
+        self.total += float(values.sum())
 
     def flush(self) -> None:
         if not self.observed:

@@ -12,6 +12,7 @@ import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
 from app.ops import metric_buffers
@@ -35,8 +36,8 @@ REQUEST_LATENCY = Histogram(
 REQUESTS = Counter(
     "cgserve_requests",
     "Inference answers by model, protocol (rest: /predict; v2: the Open Inference Protocol over HTTP; "
-    "grpc: over gRPC), input format and status (HTTP code, or the gRPC status name). model is empty for a "
-    "request that named no served model: a client's name never becomes a label.",
+    "grpc: over gRPC; door: the front door's port), input format and status (HTTP code, or the gRPC status name). "
+    "model is empty for a request that named no served model: a client's name never becomes a label.",
     ["model", "protocol", "format", "code"],
 )
 QUEUE_WAIT = Histogram(
@@ -266,6 +267,13 @@ def observe_request(model: str, protocol: str, form: str, code: str, seconds: fl
     counter, latency = _request_children(model, protocol, form, code)
     counter.inc()
     latency.observe(seconds)
+
+
+def observe_requests(model: str, protocol: str, form: str, code: str, seconds: np.ndarray) -> None:
+    """Several answered requests at once, one latency each."""
+    counter, latency = _request_children(model, protocol, form, code)
+    counter.inc(len(seconds))
+    latency.observe_many(seconds)
 
 
 def reject(model: str, reason: str) -> None:

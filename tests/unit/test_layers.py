@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS = {
     "app.cli": 0, "app.tuning": 0, "app.config_doc": 0, "app.runtime": 0, "app.engine_process.host": 0,
     "app.main": 1, "app.runtime.drain": 1,  # the app's lifespan drains on signals
-    "app.http": 2, "app.protocols": 2, "app.access": 2,
+    "app.http": 2, "app.protocols": 2, "app.access": 2, "app.front_door": 2,
     "app.dataplane": 3,
     "app.service": 4, "app.model_control": 4,
     "app.batching": 5, "app.engine_process": 5,

@@ -17,3 +17,12 @@ def test_grpc_on_the_http_port_is_refused_with_what_to_change() -> None:
 def test_grpc_off_or_on_a_port_of_its_own_is_accepted() -> None:
     assert Settings(port=9000, grpc_port=0).grpc_port == 0
     assert Settings(port=9000, grpc_port=9001).grpc_port == 9001
+
+
+def test_the_front_door_needs_a_port_of_its_own_and_the_engines_beside_it() -> None:
+    with pytest.raises(ValidationError, match="front_door_port 9000 is also port or grpc_port"):
+        Settings(port=9000, grpc_port=9001, front_door_port=9000)
+    with pytest.raises(ValidationError, match="front_door_port with 2 workers needs engine_process true"):
+        Settings(port=9000, front_door_port=9002, workers=2)
+    assert Settings(port=9000, front_door_port=9002, workers=2, engine_process=True).front_door_port == 9002
+    assert Settings(port=9000, front_door_port=9002).front_door_threads == 4

@@ -1,0 +1,679 @@
+/* The front door: HTTP/1.1 in C threads for the one request shape that is most of real traffic,
+ * POST /predict with one image's raw uint8 pixels (app/front_door/__init__.py says why and where).
+ *
+ * Threads: `threads` POSIX threads each run an epoll loop over the shared listening socket
+ * (EPOLLEXCLUSIVE: one thread wakes an accept) and the connections they accepted. A request's
+ * pixels are copied into the bulk being filled (one of `buffers` of max_rows × row_bytes, which
+ * Python reads in place) and its connection waits. The bulk's first row writes the eventfd, and
+ * so does its `full_rows`-th, so Python's event loop wakes once for however many rows gather
+ * before it runs. Python takes the bulk (fd_take: the next free buffer is filled from then on;
+ * fd_release gives it back once its rows are staged), queues it on the model's batcher, and hands
+ * the answers over (fd_answer): each goes to the outbox of the thread that owns its connection,
+ * which writes it, so Python's thread makes no syscall an answer.
+ *
+ * Limits kept here, as app/http/protocol.py keeps them for the service's port: at most
+ * `max_conns` connections (more get 503 and are closed); a request must arrive whole within
+ * `request_ms` of its first byte (408, closed); an idle keep-alive connection is closed after
+ * `keepalive_ms`; a connection buffers at most one head and one image, and stops reading while
+ * its request is in flight and that buffer is full; where `tokens` are set, a request without one
+ * of them gets 401 before its pixels are copied. fd_drain stops accepting: from then on each
+ * answer says `connection: close` and closes its connection. Every other request (route,
+ * method, body, chunked) gets a clear 4xx in the service's error shape, counted by status.
+ *
+ * Built without Python's headers (app/front_door/library.py) and called through ctypes, whose
+ * foreign calls release the GIL.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_FD 65536
+#define MAX_THREADS 64
+#define MAX_HEAD 8192
+#define MAX_BUFFERS 16
+#define MAX_TOKENS 64
+#define SWEEP_S 0.25
+
+enum { CLOSED = 0, IDLE = 1, IN_FLIGHT = 2 };
+/* The statuses the C side answers by itself, counted for Prometheus (fd_counts, in this order). */
+enum { R400, R401, R404, R405, R408, R411, R413, R415, R422, R431, R503, REFUSALS };
+static const int refusal_codes[REFUSALS] = {400, 401, 404, 405, 408, 411, 413, 415, 422, 431, 503};
+
+typedef struct {
+    pthread_mutex_t mu;  /* the fields below: the owning thread's, but for an answer's hand-over */
+    uint32_t gen;        /* bumped at each accept and close: an answer for an older one is dropped */
+    int state;
+    int peer_closed;     /* the client closed while its request was in flight: closed once answered */
+    int close_after;     /* HTTP/1.0, `connection: close`, or draining: closed once answered */
+    int paused;          /* not read while in flight with a full buffer */
+    int continued;       /* `100 Continue` written for the request being read */
+    int epfd;            /* the owning thread's epoll */
+    int owner;           /* the owning thread's index: its outbox gets the connection's answers */
+    double since;        /* the request being read: its first byte; idle: its last answer */
+    size_t len, cap;
+    char *buf;
+    char *out;           /* an answer's rest, where the socket took only part of it */
+    size_t out_len, out_off;
+} conn_t;
+
+typedef struct {
+    int fd;
+    uint32_t gen;
+    size_t len;
+    char *text; /* the whole response, head and body */
+} reply_t;
+
+typedef struct {
+    pthread_mutex_t mu;
+    reply_t *items;
+    int n, cap;
+    int efd; /* written when the outbox turns non-empty: in its thread's epoll */
+} outbox_t;
+
+typedef struct {
+    int lfd, efd, threads, row_bytes, max_rows, max_conns;
+    int full_rows;                /* the eventfd is written at the first row of a bulk and again at this many */
+    double keepalive_s, request_s;
+    char path[256];
+    size_t path_len;
+    char *tokens[MAX_TOKENS];
+    size_t token_lens[MAX_TOKENS];
+    int n_tokens;
+    volatile int stop, draining;
+    int open_conns;               /* under table_mu */
+    int high_fd;                  /* the highest fd accepted: sweeps look no further */
+    pthread_t tids[MAX_THREADS];
+    int epfds[MAX_THREADS];
+    outbox_t outboxes[MAX_THREADS];
+    conn_t *conns[MAX_FD];
+    pthread_mutex_t table_mu; /* conns[] slots' creation (a slot lives until fd_close, reused by its fd) */
+    pthread_mutex_t bulk_mu;  /* the bulk below, and the counts */
+    int buffers;
+    uint8_t *buffer[MAX_BUFFERS]; /* max_rows × row_bytes each: the bulk being filled, or taken by Python */
+    int taken[MAX_BUFFERS];       /* Python reads it until fd_release */
+    int copying[MAX_BUFFERS];     /* rows being copied in outside the lock */
+    int filling;                  /* the bulk's buffer */
+    int bulk_n;
+    uint64_t *bulk_ids;           /* gen << 32 | fd */
+    double *bulk_arrived;         /* CLOCK_MONOTONIC seconds: Python's time.monotonic() */
+    uint64_t requests, refused[REFUSALS];
+} door_t;
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static void count_refusal(door_t *d, int which) {
+    pthread_mutex_lock(&d->bulk_mu);
+    d->refused[which]++;
+    pthread_mutex_unlock(&d->bulk_mu);
+}
+
+/* Blocking only for a refusal's few hundred bytes, which a socket's send buffer takes whole. */
+static void send_all(int fd, const char *text, size_t n) {
+    while (n > 0) {
+        ssize_t w = send(fd, text, n, MSG_NOSIGNAL);
+        if (w <= 0) return; /* a client that cannot take it: the connection closes after it */
+        text += w;
+        n -= (size_t)w;
+    }
+}
+
+/* A refusal in the service's error shape ({"error": {"code", "message", "expected"}}), counted. */
+static void refuse(door_t *d, int fd, int which, const char *code, const char *message, const char *extra_head,
+                   int closing) {
+    static const char *reasons[REFUSALS] = {
+        "Bad Request", "Unauthorized", "Not Found", "Method Not Allowed", "Request Timeout", "Length Required",
+        "Content Too Large", "Unsupported Media Type", "Unprocessable Content", "Request Header Fields Too Large",
+        "Service Unavailable"};
+    char body[640], text[1024];
+    int body_len = snprintf(body, sizeof body,
+                            "{\"error\":{\"code\":\"%s\",\"message\":\"%s\",\"expected\":\"POST /predict with "
+                            "Content-Type application/octet-stream and one image's raw uint8 pixels (%d bytes); every "
+                            "other request goes to the service's HTTP port\"}}",
+                            code, message, d->row_bytes);
+    int n = snprintf(text, sizeof text,
+                     "HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s%s\r\n%s",
+                     refusal_codes[which], reasons[which], body_len, extra_head, closing ? "connection: close\r\n" : "",
+                     body);
+    send_all(fd, text, (size_t)n);
+    count_refusal(d, which);
+}
+
+/* With c->mu held. */
+static void close_conn(door_t *d, conn_t *c, int fd) {
+    close(fd); /* also leaves its epoll */
+    c->state = CLOSED;
+    c->gen++;
+    c->len = 0;
+    c->peer_closed = c->close_after = c->paused = c->continued = 0;
+    free(c->out);
+    c->out = NULL;
+    c->out_len = c->out_off = 0;
+    pthread_mutex_lock(&d->table_mu);
+    d->open_conns--;
+    pthread_mutex_unlock(&d->table_mu);
+}
+
+static void watch(conn_t *c, int fd, uint32_t events) {
+    struct epoll_event ev = {.events = events, .data.fd = fd};
+    epoll_ctl(c->epfd, EPOLL_CTL_MOD, fd, &ev);
+}
+
+/* A header's value (trimmed), or NULL: `name` with its colon, matched case-insensitively at a line's start. */
+static const char *find_header(const char *head, size_t n, const char *name, size_t *value_len) {
+    size_t name_len = strlen(name);
+    const char *p = memchr(head, '\n', n);
+    while (p && (size_t)(p - head) + 1 + name_len < n) {
+        const char *line = p + 1;
+        if (strncasecmp(line, name, name_len) == 0) {
+            const char *v = line + name_len;
+            while (*v == ' ' || *v == '\t') v++;
+            const char *end = memchr(v, '\r', (size_t)(head + n - v));
+            if (!end) return NULL;
+            while (end > v && (end[-1] == ' ' || end[-1] == '\t')) end--;
+            *value_len = (size_t)(end - v);
+            return v;
+        }
+        p = memchr(line, '\n', (size_t)(head + n - line));
+    }
+    return NULL;
+}
+
+/* The time taken depends on the tokens' lengths, not on the candidate's bytes or length, and every token is
+ * compared whatever matched: as app/access/tokens.py's TokenSet, which compares digests. */
+static int token_ok(door_t *d, const char *value, size_t len) {
+    if (len < 7 || strncasecmp(value, "bearer ", 7) != 0) return 0;
+    value += 7;
+    len -= 7;
+    int ok = 0;
+    for (int t = 0; t < d->n_tokens; t++) {
+        unsigned char diff = d->token_lens[t] != len;
+        for (size_t i = 0; i < d->token_lens[t]; i++) diff |= (unsigned char)((i < len ? value[i] : 0) ^ d->tokens[t][i]);
+        ok |= diff == 0;
+    }
+    return ok;
+}
+
+/* With c->mu held and c IDLE: one request out of c->buf, if whole. Returns 1 if one was taken
+ * (the connection is then IN_FLIGHT or was answered here), 0 if more bytes are needed, -1 to close. */
+static int parse_one(door_t *d, conn_t *c, int fd) {
+    char *head_end = memmem(c->buf, c->len, "\r\n\r\n", 4);
+    if (!head_end) {
+        if (c->len <= MAX_HEAD) return 0;
+        refuse(d, fd, R431, "header_too_large", "the request line and headers are over 8 KiB", "", 1);
+        return -1;
+    }
+    size_t head_len = (size_t)(head_end - c->buf) + 4, value_len = 0;
+    const char *line_end = memchr(c->buf, '\r', head_len);
+    if (line_end - c->buf >= 9 && memcmp(line_end - 9, " HTTP/1.0", 9) == 0) c->close_after = 1;
+    const char *connection = find_header(c->buf, head_len, "connection:", &value_len);
+    if (connection && value_len == 5 && strncasecmp(connection, "close", 5) == 0) c->close_after = 1;
+    if (c->len < 5 || memcmp(c->buf, "POST ", 5) != 0) {
+        refuse(d, fd, R405, "method_not_allowed", "the front door serves POST only", "allow: POST\r\n", 1);
+        return -1;
+    }
+    if (find_header(c->buf, head_len, "transfer-encoding:", &value_len)) {
+        refuse(d, fd, R411, "length_required", "a chunked body is not taken here: send a Content-Length", "", 1);
+        return -1;
+    }
+    const char *length = find_header(c->buf, head_len, "content-length:", &value_len);
+    if (!length) {
+        refuse(d, fd, R411, "length_required", "the request has no Content-Length", "", 1);
+        return -1;
+    }
+    size_t body_len = 0;
+    for (size_t i = 0; i < value_len; i++) {
+        if (length[i] < '0' || length[i] > '9' || i == 9) { /* digits only, and at most 9 of them */
+            refuse(d, fd, R400, "bad_request", "the Content-Length is not a number of bytes", "", 1);
+            return -1;
+        }
+        body_len = body_len * 10 + (size_t)(length[i] - '0');
+    }
+    if (value_len == 0) {
+        refuse(d, fd, R400, "bad_request", "the Content-Length is empty", "", 1);
+        return -1;
+    }
+    if (head_len + body_len > c->cap) { /* refused before the body is read: it is not drained */
+        refuse(d, fd, R413, "body_too_large", "the body is larger than one image", "", 1);
+        return -1;
+    }
+    if (c->len < head_len + body_len) {
+        const char *expect = find_header(c->buf, head_len, "expect:", &value_len);
+        if (expect && !c->continued && value_len == 12 && strncasecmp(expect, "100-continue", 12) == 0) {
+            send_all(fd, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+            c->continued = 1;
+        }
+        return 0;
+    }
+    /* The whole request is here: whatever the answer, the connection can take the next one after it. */
+    const char *path = c->buf + 5;
+    int path_ok = head_len > 5 + d->path_len && memcmp(path, d->path, d->path_len) == 0 && path[d->path_len] == ' ';
+    const char *type = find_header(c->buf, head_len, "content-type:", &value_len);
+    int type_ok = type && value_len >= 24 && strncasecmp(type, "application/octet-stream", 24) == 0 &&
+                  (value_len == 24 || type[24] == ';' || type[24] == ' ');
+    const char *auth = d->n_tokens ? find_header(c->buf, head_len, "authorization:", &value_len) : NULL;
+    int authorized = d->n_tokens == 0 || (auth && token_ok(d, auth, value_len));
+    int closing = c->close_after || d->draining;
+    int answered_here = 1;
+    if (!path_ok) {
+        refuse(d, fd, R404, "not_found", "the front door serves POST /predict only, without a query", "", closing);
+    } else if (!authorized) {
+        refuse(d, fd, R401, "unauthorized",
+               auth ? "the bearer token is not one of the inference tokens" : "the request has no bearer token",
+               "www-authenticate: Bearer\r\n", closing);
+    } else if (!type_ok) {
+        refuse(d, fd, R415, "unsupported_media_type", "the Content-Type is not application/octet-stream", "", closing);
+    } else if ((int)body_len != d->row_bytes) {
+        refuse(d, fd, R422, "invalid_input", "the body's length is not one image's pixels", "", closing);
+    } else {
+        pthread_mutex_lock(&d->bulk_mu);
+        int wake = 0;
+        if (d->bulk_n < d->max_rows) {
+            int i = d->bulk_n++, b = d->filling;
+            d->bulk_ids[i] = ((uint64_t)c->gen << 32) | (uint32_t)fd;
+            d->bulk_arrived[i] = now_s();
+            d->requests++;
+            d->copying[b]++; /* fd_take waits for the copy: 150 KB an image is not copied under the lock */
+            pthread_mutex_unlock(&d->bulk_mu);
+            memcpy(d->buffer[b] + (size_t)i * d->row_bytes, c->buf + head_len, body_len);
+            pthread_mutex_lock(&d->bulk_mu);
+            d->copying[b]--;
+            wake = i == 0 || i + 1 == d->full_rows;
+            c->state = IN_FLIGHT;
+            answered_here = 0;
+        }
+        pthread_mutex_unlock(&d->bulk_mu);
+        if (answered_here)
+            refuse(d, fd, R503, "queue_full", "the front door holds as many images as it may; retry", "retry-after: 1\r\n",
+                   closing);
+        if (wake) {
+            uint64_t one = 1;
+            ssize_t ignored = write(d->efd, &one, sizeof one);
+            (void)ignored;
+        }
+    }
+    size_t used = head_len + body_len;
+    memmove(c->buf, c->buf + used, c->len - used);
+    c->len -= used;
+    c->continued = 0;
+    c->since = now_s(); /* the next request's clock, or the idle one's */
+    if (answered_here && closing) return -1;
+    return 1;
+}
+
+/* With c->mu held: take requests while the connection is IDLE and whole ones are buffered. */
+static void parse_buffered(door_t *d, conn_t *c, int fd) {
+    while (c->state == IDLE && c->len > 0) {
+        int taken = parse_one(d, c, fd);
+        if (taken < 0) { close_conn(d, c, fd); return; }
+        if (taken == 0) return;
+    }
+}
+
+/* With c->mu held: read what is there, then take requests while the connection is IDLE. */
+static void serve_conn(door_t *d, conn_t *c, int fd) {
+    for (;;) {
+        if (c->len == c->cap) {
+            if (c->state == IN_FLIGHT) { /* its answer resumes the reading */
+                c->paused = 1;
+                watch(c, fd, EPOLLRDHUP);
+            }
+            break;
+        }
+        ssize_t r = read(fd, c->buf + c->len, c->cap - c->len);
+        if (r > 0) {
+            if (c->len == 0 && c->state == IDLE) c->since = now_s();
+            c->len += (size_t)r;
+            continue;
+        }
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+        if (r < 0 && errno == EINTR) continue;
+        if (c->state == IN_FLIGHT) { /* answered first (dropped), then closed */
+            c->peer_closed = 1;
+            epoll_ctl(c->epfd, EPOLL_CTL_DEL, fd, NULL);
+        } else {
+            close_conn(d, c, fd);
+        }
+        return;
+    }
+    parse_buffered(d, c, fd);
+}
+
+static void accept_all(door_t *d, int epfd, int owner) {
+    for (;;) {
+        int fd = accept4(d->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) return;
+        pthread_mutex_lock(&d->table_mu);
+        int full = fd >= MAX_FD || d->open_conns >= d->max_conns;
+        if (full) {
+            pthread_mutex_unlock(&d->table_mu);
+            if (fd < MAX_FD) refuse(d, fd, R503, "too_many_connections", "the front door holds as many connections as it may",
+                                    "retry-after: 1\r\n", 1);
+            close(fd);
+            continue;
+        }
+        d->open_conns++;
+        if (fd > d->high_fd) d->high_fd = fd;
+        conn_t *c = d->conns[fd];
+        if (!c) {
+            c = calloc(1, sizeof *c);
+            pthread_mutex_init(&c->mu, NULL);
+            c->cap = MAX_HEAD + (size_t)d->row_bytes;
+            c->buf = malloc(c->cap);
+            d->conns[fd] = c;
+        }
+        pthread_mutex_unlock(&d->table_mu);
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        pthread_mutex_lock(&c->mu);
+        c->gen++;
+        c->state = IDLE;
+        c->len = 0;
+        c->epfd = epfd;
+        c->owner = owner;
+        c->since = now_s();
+        pthread_mutex_unlock(&c->mu);
+        struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.fd = fd};
+        epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev);
+    }
+}
+
+typedef struct { door_t *d; int index; } thread_arg_t;
+
+/* With c->mu held: the answer's bytes written, as far as the socket takes them. Done: the connection reads
+ * again (or is closed, where it was to be); not done: it waits for EPOLLOUT with the rest in c->out. */
+static void flush_out(door_t *d, conn_t *c, int fd) {
+    while (c->out_off < c->out_len) {
+        ssize_t w = send(fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
+        if (w > 0) { c->out_off += (size_t)w; continue; }
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) { watch(c, fd, EPOLLOUT); return; }
+        close_conn(d, c, fd);
+        return;
+    }
+    free(c->out);
+    c->out = NULL;
+    c->out_len = c->out_off = 0;
+    if (c->close_after || d->draining) { close_conn(d, c, fd); return; }
+    c->state = IDLE;
+    c->since = now_s();
+    c->paused = 0;
+    watch(c, fd, EPOLLIN | EPOLLRDHUP);
+    serve_conn(d, c, fd); /* bytes that came while it was in flight, and any the pause left unread */
+}
+
+/* With c->mu held: an answer to the connection it was for, unless that one is gone. */
+static void write_reply(door_t *d, conn_t *c, reply_t *r) {
+    if (c->gen != r->gen || c->state != IN_FLIGHT || c->out) { free(r->text); return; }
+    if (c->peer_closed) { /* it may have closed its sending side only: one try, then closed */
+        ssize_t ignored = send(r->fd, r->text, r->len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        (void)ignored;
+        free(r->text);
+        close_conn(d, c, r->fd);
+        return;
+    }
+    c->out = r->text; /* owned by the connection until written */
+    c->out_len = r->len;
+    c->out_off = 0;
+    flush_out(d, c, r->fd);
+}
+
+/* The thread's outbox: every answer handed over since it last looked, written. */
+static void drain_outbox(door_t *d, outbox_t *box) {
+    uint64_t count;
+    ssize_t ignored = read(box->efd, &count, sizeof count);
+    (void)ignored;
+    pthread_mutex_lock(&box->mu);
+    reply_t *items = box->items;
+    int n = box->n;
+    box->items = NULL;
+    box->n = box->cap = 0;
+    pthread_mutex_unlock(&box->mu);
+    for (int i = 0; i < n; i++) {
+        conn_t *c = d->conns[items[i].fd];
+        pthread_mutex_lock(&c->mu);
+        write_reply(d, c, &items[i]);
+        pthread_mutex_unlock(&c->mu);
+    }
+    free(items);
+}
+
+/* The thread's idle and slow connections closed: a request not whole `request_s` after its first byte gets
+ * 408; a connection idle `keepalive_s` is closed quietly. Draining too: closed at once, an idle connection
+ * could lose a request its client is writing (app/http/protocol.py's DrainingHttpProtocol says the same). */
+static void sweep(door_t *d, int index) {
+    double now = now_s();
+    for (int fd = 0; fd <= d->high_fd; fd++) {
+        conn_t *c = d->conns[fd];
+        if (!c || c->state != IDLE || c->owner != index) continue; /* unlocked look: checked again below */
+        pthread_mutex_lock(&c->mu);
+        if (c->state == IDLE && c->owner == index) {
+            if (c->len > 0 && now - c->since > d->request_s) {
+                refuse(d, fd, R408, "request_timeout", "the request did not arrive whole in time", "", 1);
+                close_conn(d, c, fd);
+            } else if (c->len == 0 && now - c->since > d->keepalive_s) {
+                close_conn(d, c, fd);
+            }
+        }
+        pthread_mutex_unlock(&c->mu);
+    }
+}
+
+static void *run(void *arg) {
+    thread_arg_t *a = arg;
+    door_t *d = a->d;
+    int index = a->index;
+    int epfd = d->epfds[index];
+    outbox_t *box = &d->outboxes[index];
+    free(a);
+    struct epoll_event evs[128];
+    double swept = now_s();
+    while (!d->stop) {
+        int n = epoll_wait(epfd, evs, 128, (int)(SWEEP_S * 1000));
+        for (int i = 0; i < n; i++) {
+            int fd = evs[i].data.fd;
+            if (fd == d->lfd) { if (!d->draining) accept_all(d, epfd, index); continue; }
+            if (fd == box->efd) { drain_outbox(d, box); continue; }
+            conn_t *c = d->conns[fd];
+            pthread_mutex_lock(&c->mu);
+            if (c->state != CLOSED && c->epfd == epfd) {
+                if (c->out) flush_out(d, c, fd); /* writable, or gone: the send says which */
+                else if (c->paused && (evs[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
+                    c->peer_closed = 1; /* gone while in flight with a full buffer */
+                    epoll_ctl(epfd, EPOLL_CTL_DEL, fd, NULL);
+                } else if (!c->out && !c->paused) serve_conn(d, c, fd);
+            }
+            pthread_mutex_unlock(&c->mu);
+        }
+        if (now_s() - swept >= SWEEP_S) {
+            sweep(d, index);
+            swept = now_s();
+        }
+    }
+    return NULL;
+}
+
+/* `tokens`: the inference tokens, one a line ("" where requests need none). NULL for arguments out of range. */
+door_t *fd_open(int lfd, int threads, int row_bytes, int max_rows, int buffers, int efd, const char *path,
+                int full_rows, int max_conns, double keepalive_s, double request_s, const char *tokens) {
+    if (threads < 1 || threads > MAX_THREADS || buffers < 2 || buffers > MAX_BUFFERS || row_bytes < 1 ||
+        max_conns < 1 || strlen(path) >= sizeof(((door_t *)0)->path))
+        return NULL;
+    door_t *d = calloc(1, sizeof *d);
+    d->lfd = lfd; d->efd = efd; d->threads = threads; d->row_bytes = row_bytes; d->max_rows = max_rows;
+    d->max_conns = max_conns; d->keepalive_s = keepalive_s; d->request_s = request_s;
+    strcpy(d->path, path);
+    d->path_len = strlen(path);
+    for (const char *t = tokens; *t && d->n_tokens < MAX_TOKENS;) {
+        const char *end = strchr(t, '\n');
+        size_t len = end ? (size_t)(end - t) : strlen(t);
+        if (len) {
+            d->tokens[d->n_tokens] = strndup(t, len);
+            d->token_lens[d->n_tokens++] = len;
+        }
+        t += len + (end != NULL);
+    }
+    pthread_mutex_init(&d->table_mu, NULL);
+    pthread_mutex_init(&d->bulk_mu, NULL);
+    d->buffers = buffers;
+    d->full_rows = full_rows;
+    for (int b = 0; b < buffers; b++) d->buffer[b] = malloc((size_t)max_rows * row_bytes);
+    d->bulk_ids = malloc(sizeof(uint64_t) * max_rows);
+    d->bulk_arrived = malloc(sizeof(double) * max_rows);
+    for (int t = 0; t < threads; t++) {
+        d->epfds[t] = epoll_create1(EPOLL_CLOEXEC);
+        struct epoll_event ev = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.fd = lfd};
+        epoll_ctl(d->epfds[t], EPOLL_CTL_ADD, lfd, &ev);
+        outbox_t *box = &d->outboxes[t];
+        pthread_mutex_init(&box->mu, NULL);
+        box->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        struct epoll_event wake = {.events = EPOLLIN, .data.fd = box->efd};
+        epoll_ctl(d->epfds[t], EPOLL_CTL_ADD, box->efd, &wake);
+        thread_arg_t *a = malloc(sizeof *a);
+        a->d = d; a->index = t;
+        pthread_create(&d->tids[t], NULL, run, a);
+    }
+    return d;
+}
+
+uint8_t *fd_buffer(door_t *d, int b) { return d->buffer[b]; }
+
+/* The bulk, if any: its rows' count (0: none; -1: no free buffer to fill next, Python holds them all),
+ * its buffer's index in *b (read in place until fd_release), its requests' ids and arrival times. */
+int fd_take(door_t *d, uint64_t *ids, double *arrived, int *b) {
+    pthread_mutex_lock(&d->bulk_mu);
+    int next = -1;
+    for (int j = 0; j < d->buffers && next < 0; j++)
+        if (j != d->filling && !d->taken[j]) next = j;
+    if (d->bulk_n == 0 || next < 0) {
+        int k = d->bulk_n == 0 ? 0 : -1;
+        pthread_mutex_unlock(&d->bulk_mu);
+        return k;
+    }
+    while (d->copying[d->filling] > 0) { /* a row still being copied in: wait for it */
+        pthread_mutex_unlock(&d->bulk_mu);
+        sched_yield();
+        pthread_mutex_lock(&d->bulk_mu);
+    }
+    int k = d->bulk_n;
+    memcpy(ids, d->bulk_ids, sizeof(uint64_t) * k);
+    memcpy(arrived, d->bulk_arrived, sizeof(double) * k);
+    *b = d->filling;
+    d->taken[d->filling] = 1;
+    d->filling = next;
+    d->bulk_n = 0;
+    pthread_mutex_unlock(&d->bulk_mu);
+    return k;
+}
+
+int fd_waiting(door_t *d) {
+    pthread_mutex_lock(&d->bulk_mu);
+    int n = d->bulk_n;
+    pthread_mutex_unlock(&d->bulk_mu);
+    return n;
+}
+
+void fd_release(door_t *d, int b) {
+    pthread_mutex_lock(&d->bulk_mu);
+    d->taken[b] = 0;
+    pthread_mutex_unlock(&d->bulk_mu);
+}
+
+/* Answer k requests: answer i is bodies[offsets[i]:offsets[i+1]], with `status` ("200 OK") and `extra_head`
+ * (whole header lines, or ""), handed to the outbox of the thread that owns its connection (which writes it). */
+void fd_answer(door_t *d, int k, const uint64_t *ids, const char *bodies, const int64_t *offsets,
+               const char *status, const char *content_type, const char *extra_head) {
+    int woken[MAX_THREADS] = {0};
+    for (int i = 0; i < k; i++) {
+        int fd = (int)(uint32_t)ids[i];
+        uint32_t gen = (uint32_t)(ids[i] >> 32);
+        conn_t *c = d->conns[fd];
+        if (!c) continue;
+        pthread_mutex_lock(&c->mu);
+        int owner = c->owner, current = c->gen == gen, closing = c->close_after || d->draining;
+        pthread_mutex_unlock(&c->mu);
+        if (!current) continue; /* closed since: nobody to answer */
+        size_t body_len = (size_t)(offsets[i + 1] - offsets[i]);
+        char head[512];
+        int n = snprintf(head, sizeof head, "HTTP/1.1 %s\r\ncontent-type: %s\r\ncontent-length: %zu\r\n%s%s\r\n",
+                         status, content_type, body_len, extra_head, closing ? "connection: close\r\n" : "");
+        if (n < 0 || n >= (int)sizeof head) continue; /* Python's extra_head is a few short lines */
+        reply_t r = {.fd = fd, .gen = gen, .len = (size_t)n + body_len};
+        r.text = malloc(r.len);
+        memcpy(r.text, head, (size_t)n);
+        memcpy(r.text + n, bodies + offsets[i], body_len);
+        outbox_t *box = &d->outboxes[owner];
+        pthread_mutex_lock(&box->mu);
+        if (box->n == box->cap) {
+            box->cap = box->cap ? 2 * box->cap : 64;
+            box->items = realloc(box->items, sizeof(reply_t) * box->cap);
+        }
+        box->items[box->n++] = r;
+        pthread_mutex_unlock(&box->mu);
+        woken[owner] = 1;
+    }
+    for (int t = 0; t < d->threads; t++) {
+        if (!woken[t]) continue;
+        uint64_t one = 1;
+        ssize_t ignored = write(d->outboxes[t].efd, &one, sizeof one);
+        (void)ignored;
+    }
+}
+
+/* out[0]: requests taken; out[1 + i]: refusals with refusal_codes[i]; out[1 + REFUSALS]: connections open. */
+void fd_counts(door_t *d, uint64_t *out) {
+    pthread_mutex_lock(&d->bulk_mu);
+    out[0] = d->requests;
+    for (int i = 0; i < REFUSALS; i++) out[1 + i] = d->refused[i];
+    pthread_mutex_unlock(&d->bulk_mu);
+    pthread_mutex_lock(&d->table_mu);
+    out[1 + REFUSALS] = (uint64_t)d->open_conns;
+    pthread_mutex_unlock(&d->table_mu);
+}
+
+int fd_refusal_code(int i) { return i >= 0 && i < REFUSALS ? refusal_codes[i] : 0; }
+
+/* Stop accepting; from now on each answer closes its connection (idle ones at their keep-alive timeout). */
+void fd_drain(door_t *d) {
+    d->draining = 1;
+    for (int t = 0; t < d->threads; t++) epoll_ctl(d->epfds[t], EPOLL_CTL_DEL, d->lfd, NULL);
+}
+
+void fd_close(door_t *d) {
+    d->stop = 1;
+    for (int t = 0; t < d->threads; t++) {
+        pthread_join(d->tids[t], NULL);
+        close(d->epfds[t]);
+        close(d->outboxes[t].efd);
+        for (int i = 0; i < d->outboxes[t].n; i++) free(d->outboxes[t].items[i].text);
+        free(d->outboxes[t].items);
+    }
+    for (int fd = 0; fd < MAX_FD; fd++) {
+        conn_t *c = d->conns[fd];
+        if (!c) continue;
+        if (c->state != CLOSED) close(fd);
+        free(c->buf);
+        free(c->out);
+        free(c);
+    }
+    for (int b = 0; b < d->buffers; b++) free(d->buffer[b]);
+    for (int t = 0; t < d->n_tokens; t++) free(d->tokens[t]);
+    free(d->bulk_ids); free(d->bulk_arrived);
+    free(d);
+}

@@ -1,0 +1,114 @@
+"""door.c through ctypes: its threads serve the port; Python takes bulks of pixels and hands answers back.
+
+ctypes releases the GIL for each foreign call, and every call here is per bulk, never per request.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+MOST_ROWS = 1024  # a bulk's rows at most (the C side answers 503 past it); more than a batch's: pieces
+REFUSALS = 11  # door.c's refusal statuses (fd_refusal_code)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the C side enforces for the connections and requests it serves (door.c's header)."""
+
+    max_connections: int
+    keepalive_s: float
+    request_s: float  # a request's whole arrival, from its first byte
+    tokens: tuple[str, ...]  # the inference tokens; none: requests need no token
+
+
+def _load(library: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(library))
+    lib.fd_open.restype = ctypes.c_void_p
+    number, seconds, text, pointer = ctypes.c_int, ctypes.c_double, ctypes.c_char_p, ctypes.c_void_p
+    lib.fd_open.argtypes = (number,) * 6 + (text, number, number, seconds, seconds, text)
+    lib.fd_waiting.restype = ctypes.c_int
+    lib.fd_waiting.argtypes = [ctypes.c_void_p]
+    lib.fd_buffer.restype = ctypes.c_void_p
+    lib.fd_buffer.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.fd_take.restype = ctypes.c_int
+    lib.fd_take.argtypes = [ctypes.c_void_p] * 4
+    lib.fd_release.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.fd_answer.restype = None
+    lib.fd_answer.argtypes = (pointer, number, pointer, pointer, pointer, text, text, text)
+    lib.fd_counts.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.fd_refusal_code.restype = ctypes.c_int
+    lib.fd_refusal_code.argtypes = [ctypes.c_int]
+    lib.fd_drain.argtypes = [ctypes.c_void_p]
+    lib.fd_close.argtypes = [ctypes.c_void_p]
+    return lib
+
+
+class Door:
+    def __init__(self, library: Path, listener: socket.socket, *, threads: int, shape: tuple[int, int, int],
+                 buffers: int, wake_fd: int, path: bytes, full_rows: int, limits: Limits) -> None:  # fmt: skip
+        """`threads` C threads on `listener` take POST `path` with one (C, H, W) uint8 image as its body; the
+        eventfd `wake_fd` is written when a bulk turns non-empty and when it holds `full_rows`. `buffers`: bulks
+        Python may hold at once, plus the one being filled."""
+        self._lib = lib = _load(library)
+        row_bytes = int(np.prod(shape))
+        tokens = "\n".join(limits.tokens).encode()
+        self._door = lib.fd_open(listener.fileno(), threads, row_bytes, MOST_ROWS, buffers, wake_fd, path, full_rows,
+                                 limits.max_connections, limits.keepalive_s, limits.request_s, tokens)  # fmt: skip
+        if not self._door:
+            raise ValueError(f"the front door refused {threads} threads, {buffers} buffers or the path {path!r}")
+        self._rows = []  # (MOST_ROWS, C, H, W) each: the C side's buffers, read in place
+        for b in range(buffers):
+            memory = (ctypes.c_uint8 * (MOST_ROWS * row_bytes)).from_address(lib.fd_buffer(self._door, b))
+            self._rows.append(np.frombuffer(memoryview(memory), np.uint8).reshape(MOST_ROWS, *shape))
+        self._ids = np.empty(MOST_ROWS, np.uint64)  # each request's connection: its generation << 32 | its fd
+        self._arrived = np.empty(MOST_ROWS, np.float64)
+        self._which = ctypes.c_int()
+        self.refusal_codes = [lib.fd_refusal_code(i) for i in range(REFUSALS)]
+
+    def waiting(self) -> int:
+        """Rows in the bulk being filled."""
+        return int(self._lib.fd_waiting(self._door))
+
+    def take(self) -> tuple[int, np.ndarray, np.ndarray, np.ndarray] | None:
+        """The bulk, if any: (its buffer, its (k, C, H, W) rows read in place until `release`, its k requests'
+        ids, their arrival times: time.monotonic()). None also where every buffer is held (the caller's flow
+        control should leave one free)."""
+        k = self._lib.fd_take(self._door, self._ids.ctypes.data, self._arrived.ctypes.data, ctypes.byref(self._which))
+        if k <= 0:
+            return None
+        buffer = self._which.value
+        return buffer, self._rows[buffer][:k], self._ids[:k].copy(), self._arrived[:k].copy()
+
+    def release(self, buffer: int) -> None:
+        self._lib.fd_release(self._door, buffer)
+
+    def answer(self, ids: np.ndarray, bodies: list[bytes], status: bytes, extra_head: bytes = b"") -> None:
+        """Each request of `ids` its JSON body, written by the thread owning its connection; `extra_head`: whole
+        header lines ("retry-after: 1\\r\\n")."""
+        offsets = np.zeros(len(bodies) + 1, np.int64)
+        np.cumsum([len(body) for body in bodies], out=offsets[1:])
+        joined = b"".join(bodies)
+        self._lib.fd_answer(self._door, len(ids), ids.ctypes.data, joined, offsets.ctypes.data, status,
+                            b"application/json", extra_head)  # fmt: skip
+
+    def open_connections(self) -> int:
+        return self.counts()[2]
+
+    def counts(self) -> tuple[int, dict[int, int], int]:
+        """(requests taken, refusals by HTTP status, connections open): totals since the door opened."""
+        counts = (ctypes.c_uint64 * (REFUSALS + 2))()
+        self._lib.fd_counts(self._door, counts)
+        refused = {code: int(counts[1 + i]) for i, code in enumerate(self.refusal_codes)}
+        return int(counts[0]), refused, int(counts[REFUSALS + 1])
+
+    def drain(self) -> None:
+        """Stop accepting; answers close their connections from now on (idle ones at their keep-alive timeout)."""
+        self._lib.fd_drain(self._door)
+
+    def close(self) -> None:
+        self._lib.fd_close(self._door)

@@ -1,0 +1,119 @@
+"""The front door's life in the process that holds the engines: opened with the models, before readiness,
+counted while it serves, drained and closed before the batchers stop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+
+from app.access.tokens import load_tokens
+from app.front_door.door import Door, Limits
+from app.front_door.feeder import FORM, PROTOCOL, Feeder
+from app.front_door.library import door_library
+from app.http.protocol import open_file_budget
+from app.ops import metrics
+from app.service import Service
+
+log = logging.getLogger(__name__)
+COUNT_EVERY_S = 1.0
+DRAIN_POLL_S = 0.01  # how often a drain looks whether every request is answered and every connection closed
+
+
+def attach(service: Service) -> None:
+    """Open the front door with `service`'s models and close it before its batchers, where front_door_port is
+    set and the engines are this process's (the one worker, or the engine process)."""
+    if not service.settings.front_door_port or service.engine_link is not None:
+        return
+    doors: list[FrontDoor] = []
+
+    async def opened() -> None:
+        doors.append(await FrontDoor.open(service))
+
+    async def stopped() -> None:
+        for door in doors:
+            await door.stop(service.settings.shutdown_timeout_s)
+
+    service.on_started.append(opened)
+    service.on_stop.append(stopped)
+
+
+class FrontDoor:
+    def __init__(self, service: Service, door: Door, listener: socket.socket, wake: int, feeder: Feeder) -> None:
+        self.service, self.door, self.listener, self.wake, self.feeder = service, door, listener, wake, feeder
+        self.refused = dict.fromkeys(door.refusal_codes, 0)  # what was counted into Prometheus so far
+        self.counter = asyncio.create_task(self._count_forever(), name="front-door-counts")
+        asyncio.get_running_loop().add_reader(wake, self._woken)
+
+    @classmethod
+    async def open(cls, service: Service) -> FrontDoor:
+        """The door on front_door_port for the default model (its input shape decides a request's body)."""
+        settings = service.settings
+        shape = service.model(None).spec.input_shape
+        library = await asyncio.to_thread(door_library, settings.front_door_library)
+        listener = socket.create_server((settings.host, settings.front_door_port), backlog=4096)
+        listener.setblocking(False)
+        limits = Limits(
+            max_connections=settings.max_connections or open_file_budget() // 4,  # HTTP's and gRPC's are beside
+            keepalive_s=settings.keepalive_timeout_s,
+            request_s=settings.header_timeout_s + settings.body_timeout_s,
+            tokens=tuple(load_tokens(settings.auth_tokens, settings.auth_tokens_file)),
+        )
+        wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        door = Door(
+            library,
+            listener,
+            threads=settings.front_door_threads,
+            shape=shape,
+            wake_fd=wake,
+            buffers=settings.in_flight + 1,
+            path=b"/predict",
+            full_rows=max(settings.buckets),
+            limits=limits,
+        )  # fmt: skip  (one buffer more than the bulks Python may hold: one to fill)
+        log.info(
+            "front door on %s:%d: %d threads, POST /predict with %s raw pixels of %s",
+            settings.host, settings.front_door_port, settings.front_door_threads, "×".join(map(str, shape)),
+            service.model(None).spec.name,
+        )  # fmt: skip
+        return cls(service, door, listener, wake, Feeder(door, service, shape, settings))
+
+    def _woken(self) -> None:  # a bulk turned non-empty, or reached a largest bucket
+        try:
+            os.eventfd_read(self.wake)
+        except BlockingIOError:
+            return
+        self.feeder.pump()
+
+    async def stop(self, timeout_s: float) -> None:
+        """Stop accepting; answer every request taken, each closing its connection; wait for idle connections to
+        reach their keep-alive timeout (at most timeout_s in all), then close what is left."""
+        self.door.drain()
+        latest = time.monotonic() + timeout_s
+        while (not self.feeder.idle() or self.door.open_connections()) and time.monotonic() < latest:
+            self.feeder.pump()
+            await asyncio.sleep(DRAIN_POLL_S)
+        asyncio.get_running_loop().remove_reader(self.wake)
+        self.counter.cancel()
+        await asyncio.gather(self.counter, return_exceptions=True)
+        self._count()
+        await asyncio.to_thread(self.door.close)  # joins the threads: up to one sweep's wait
+        self.listener.close()
+        os.close(self.wake)
+
+    async def _count_forever(self) -> None:
+        while True:
+            await asyncio.sleep(COUNT_EVERY_S)
+            self._count()
+
+    def _count(self) -> None:
+        """The C side's refusals since the last count, into cgserve_requests (no model: none was looked up)."""
+        _, refused, _ = self.door.counts()
+        for code, total in refused.items():
+            if total > self.refused[code]:
+                metrics.REQUESTS.labels(model="", protocol=PROTOCOL, format=FORM, code=str(code)).inc(
+                    total - self.refused[code]
+                )
+                self.refused[code] = total

@@ -1,0 +1,66 @@
+"""The front door (app/front_door) on a real GPU: the seed CNN's CUDA graphs behind it, with one process and
+with the engine process; 64 connections' images at once each get their own image's scores, equal to the
+fp32 model run eagerly, and the bulks went through the graphs (/metrics counts the door's answers)."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.gpu.test_cuda_engine import eager, relative_error
+from tests.integration.server_process import free_port, running_server, settled_metrics
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler to build app/front_door/door.c")
+SERVE = (sys.executable, "-m", "app.cli", "serve")
+CONNECTIONS, EACH = 64, 8
+
+
+@pytest.fixture(params=["one process", "engine process"])
+def door(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    port = free_port()
+    settings = {"device": "cuda", "engine": "cuda-graph", "compile": "none", "front_door_port": str(port),
+                "front_door_threads": "4"}  # fmt: skip
+    if request.param == "engine process":
+        settings |= {"workers": "2", "engine_process": "true"}
+    with running_server(tmp_path / "server.log", SERVE, **settings) as url:
+        yield url, f"http://127.0.0.1:{port}"
+
+
+def test_each_of_64_connections_gets_its_images_scores(door: tuple[str, str]) -> None:
+    url, door_url = door
+    images = np.random.default_rng(0).integers(0, 256, (CONNECTIONS * EACH, 1, 28, 28), dtype=np.uint8)
+    want = eager(images.astype(np.float32) / 255)
+
+    def one_connection(first: int) -> list[list[float]]:
+        with httpx.Client(base_url=door_url, timeout=30) as client:
+            answers = []
+            for i in range(first, len(images), CONNECTIONS):
+                answer = client.post("/predict", content=images[i].tobytes(),
+                                     headers={"content-type": "application/octet-stream"})  # fmt: skip
+                assert answer.status_code == 200, answer.text
+                answers.append(answer.json()["predictions"][0]["scores"])
+            return answers
+
+    with ThreadPoolExecutor(CONNECTIONS) as pool:
+        together = list(pool.map(one_connection, range(CONNECTIONS)))
+    got = np.empty_like(want)
+    for first, answers in enumerate(together):
+        got[first::CONNECTIONS] = answers
+    assert relative_error(got, want) < 1e-3  # fp32 graphs against eager fp32 without TF32
+    assert (got.argmax(axis=1) == want.argmax(axis=1)).mean() > 0.99
+    metrics = settled_metrics(url)
+    door = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith("cgserve_requests_total{") and 'protocol="door"' in line
+    ]
+    line = next(line for line in door if 'code="200"' in line)
+    assert float(line.rsplit(" ", 1)[1]) == CONNECTIONS * EACH
+    assert "cgserve_batches_total{" in metrics

@@ -1,0 +1,259 @@
+"""The front door (app/front_door) in the real server process: each connection gets its own image's answer,
+in the service's own bytes, with one process and with the engine process; every refusal is an HTTP answer on
+the connection; its limits (token, idle and slow connections, connection cap) hold; it counts into /metrics;
+and a shutdown answers what it took. door.c is built by the server itself, with the machine's C compiler."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from loadtest.server_process import running
+from models.fashion_mnist import load_test_sample
+from tests.integration.server_process import ROOT, free_port, running_server, settled_metrics
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler to build app/front_door/door.c")
+
+SERVE = (sys.executable, "-m", "app.cli", "serve")
+TOKEN = "front-door-token-0123456789abcdef"
+RAW = {"content-type": "application/octet-stream", "authorization": f"Bearer {TOKEN}"}
+MAX_CONNECTIONS = 12
+POST = b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n%sContent-Length: %d\r\n\r\n"
+AUTH = b"Authorization: Bearer " + TOKEN.encode() + b"\r\n"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    door_port = free_port()
+    settings = {
+        "device": "cpu",
+        "front_door_port": str(door_port),
+        "front_door_threads": "2",
+        "auth_tokens": TOKEN,
+        "keepalive_timeout_s": "1",
+        "header_timeout_s": "1",
+        "body_timeout_s": "1",
+        "max_connections": str(MAX_CONNECTIONS),
+        "log_level": "debug",
+    }
+    with running_server(tmp_path_factory.mktemp("front-door") / "server.log", SERVE, **settings) as url:
+        yield {"url": url, "door": f"http://127.0.0.1:{door_port}", "port": door_port}
+
+
+def sample_images(count: int) -> list[bytes]:
+    return [image.tobytes() for image in load_test_sample()[0][:count]]  # 784 uint8 pixels each
+
+
+def exchange(connection: socket.socket, request: bytes) -> tuple[bytes, dict[bytes, bytes], bytes]:
+    """One request written, its answer read whole from the same connection: (status line, headers, body)."""
+    connection.sendall(request)
+
+    def more(data: bytes) -> bytes:
+        chunk = connection.recv(65536)
+        assert chunk, f"the connection was closed after {data[:200]!r}"
+        return data + chunk
+
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data = more(data)
+    head, _, body = data.partition(b"\r\n\r\n")
+    status, *lines = head.split(b"\r\n")
+    headers = {name.strip().lower(): value.strip() for name, _, value in (line.partition(b":") for line in lines)}
+    while len(body) < int(headers[b"content-length"]):
+        body = more(body)
+    return status, headers, body
+
+
+def closed_within(connection: socket.socket, seconds: float) -> bytes | None:
+    """What the server wrote before closing the connection, or None if it is still open after `seconds`."""
+    connection.settimeout(seconds)
+    data = b""
+    try:
+        while chunk := connection.recv(65536):
+            data += chunk
+    except TimeoutError:
+        return None
+    return data
+
+
+def predict(client: httpx.Client, body: bytes) -> dict:
+    answer = client.post("/predict", content=body, headers=RAW)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def each_gets_its_own(door: str, service: str) -> None:
+    images = sample_images(24)
+    with httpx.Client(base_url=service) as client:  # the service's own port: the reference
+        alone = [predict(client, image)["predictions"][0] for image in images]
+    assert len({p["label"] for p in alone}) > 3  # images of several classes: a mix-up would show
+
+    def one_connection(first: int) -> list[dict]:  # 8 connections × 3 requests, all in flight together
+        with httpx.Client(base_url=door) as client:
+            return [predict(client, images[i]) for i in range(first, len(images), 8)]
+
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(one_connection, range(8)))
+    for first, answers in enumerate(together):
+        for i, answer in zip(range(first, len(images), 8), answers, strict=True):
+            assert answer["model"] == "fashion-cnn" and answer["engine"] == "eager"
+            assert answer["predictions"][0]["label"] == alone[i]["label"]
+            np.testing.assert_allclose(answer["predictions"][0]["scores"], alone[i]["scores"], atol=1e-5)
+
+
+def test_each_connection_gets_its_own_images_answer(server: dict[str, Any]) -> None:
+    each_gets_its_own(server["door"], server["url"])
+
+
+def test_the_answer_is_the_services_own(server: dict[str, Any]) -> None:
+    image = sample_images(1)[0]
+    with httpx.Client() as client:
+        mine = client.post(server["door"] + "/predict", content=image, headers=RAW)
+        theirs = client.post(server["url"] + "/predict", content=image, headers=RAW)
+    assert mine.headers["content-type"] == "application/json"
+    assert mine.json() == theirs.json()
+
+
+def test_refusals_are_answers_on_the_connection(server: dict[str, Any]) -> None:
+    image = sample_images(1)[0]
+    with socket.create_connection(("127.0.0.1", server["port"]), timeout=5) as connection:  # one throughout
+        status, _, body = exchange(connection, POST % (b"/predict", AUTH, 100) + b"\0" * 100)
+        assert status.startswith(b"HTTP/1.1 422 ") and b"one image" in body, (status, body)
+        status, _, body = exchange(connection, POST % (b"/v2/models/fashion-cnn/infer", AUTH, len(image)) + image)
+        assert status.startswith(b"HTTP/1.1 404 ") and b"HTTP port" in body, (status, body)
+        status, _, _ = exchange(connection, POST % (b"/predict?layout=nhwc", AUTH, len(image)) + image)
+        assert status.startswith(b"HTTP/1.1 404 "), status
+        json = POST.replace(b"application/octet-stream", b"application/json")
+        status, _, body = exchange(connection, json % (b"/predict", AUTH, len(image)) + image)
+        assert status.startswith(b"HTTP/1.1 415 ") and b"octet-stream" in body, (status, body)
+        status, headers, body = exchange(connection, POST % (b"/predict", b"", len(image)) + image)
+        assert status.startswith(b"HTTP/1.1 401 ") and headers[b"www-authenticate"] == b"Bearer", (status, headers)
+        assert b"no bearer token" in body
+        wrong = b"Authorization: Bearer " + b"x" * len(TOKEN) + b"\r\n"
+        status, _, body = exchange(connection, POST % (b"/predict", wrong, len(image)) + image)
+        assert status.startswith(b"HTTP/1.1 401 ") and b"not one of" in body, (status, body)
+        status, _, body = exchange(connection, POST % (b"/predict", AUTH, len(image)) + image)  # it goes on
+        assert status.startswith(b"HTTP/1.1 200 ") and b'"predictions"' in body, (status, body)
+    for length in (b"-1", b"18446744073709551615", b"12abc", b""):  # refused, not read past the buffer
+        with socket.create_connection(("127.0.0.1", server["port"]), timeout=5) as raw:
+            raw.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: " + length + b"\r\n\r\n")
+            assert raw.recv(4096).startswith(b"HTTP/1.1 400 "), length
+    refusals = {
+        b"GET /predict HTTP/1.1\r\nHost: x\r\n\r\n": b"405",
+        b"POST /predict HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n": b"411",
+        POST % (b"/predict", AUTH, 10**6): b"413",  # refused before the body is sent
+    }
+    for request, code in refusals.items():
+        with socket.create_connection(("127.0.0.1", server["port"]), timeout=5) as raw:
+            raw.sendall(request)
+            answer = closed_within(raw, 5)
+            assert answer is not None and answer.startswith(b"HTTP/1.1 " + code + b" "), (request, answer)
+            assert b"connection: close" in answer
+    with httpx.Client(base_url=server["door"]) as client:
+        predict(client, image)  # and the server still serves
+
+
+def test_expect_continue_and_pipelined_requests(server: dict[str, Any]) -> None:
+    image = sample_images(2)
+    expect = b"Expect: 100-continue\r\n" + AUTH
+    with socket.create_connection(("127.0.0.1", server["port"]), timeout=5) as connection:
+        connection.sendall(POST % (b"/predict", expect, len(image[0])))
+        assert connection.recv(4096) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        status, _, _ = exchange(connection, image[0])
+        assert status.startswith(b"HTTP/1.1 200 ")
+        two = b"".join(POST % (b"/predict", AUTH, len(one)) + one for one in image)  # both before either answer
+        first = exchange(connection, two)
+        second = exchange(connection, b"")
+    with httpx.Client(base_url=server["url"]) as client:
+        alone = [predict(client, one)["predictions"][0]["label"] for one in image]
+    assert [b'"label":%d' % label in answer[2] for answer, label in zip((first, second), alone, strict=True)] == [
+        True,
+        True,
+    ]
+
+
+def test_idle_and_slow_connections_are_closed(server: dict[str, Any]) -> None:
+    with socket.create_connection(("127.0.0.1", server["port"]), timeout=5) as idle:
+        assert closed_within(idle, 4) == b""  # keepalive_timeout_s 1: closed quietly
+    with socket.create_connection(("127.0.0.1", server["port"]), timeout=5) as slow:
+        slow.sendall(POST % (b"/predict", AUTH, 784) + b"\0" * 100)  # and never the rest
+        answer = closed_within(slow, 5)  # header_timeout_s + body_timeout_s: 2 s
+        assert answer is not None and answer.startswith(b"HTTP/1.1 408 "), answer
+
+
+def test_connections_over_the_cap_get_503(server: dict[str, Any]) -> None:
+    held = [socket.create_connection(("127.0.0.1", server["port"]), timeout=5) for _ in range(MAX_CONNECTIONS)]
+    try:
+        time.sleep(0.2)  # every one accepted
+        with socket.create_connection(("127.0.0.1", server["port"]), timeout=5) as one_more:
+            answer = closed_within(one_more, 5)
+            assert answer is not None and answer.startswith(b"HTTP/1.1 503 "), answer
+            assert b"too_many_connections" in answer
+    finally:
+        for connection in held:
+            connection.close()
+    time.sleep(0.5)  # their closes seen
+    with httpx.Client(base_url=server["door"]) as client:
+        predict(client, sample_images(1)[0])
+
+
+def test_it_counts_into_metrics(server: dict[str, Any]) -> None:
+    image = sample_images(1)[0]
+    with httpx.Client(base_url=server["door"]) as client:
+        before = settled_metrics(server["url"])
+        for _ in range(3):
+            predict(client, image)
+        assert client.post("/predict", content=image, headers={"content-type": RAW["content-type"]}).status_code == 401
+        time.sleep(1.5)  # the C side's refusals are counted every second
+        after = settled_metrics(server["url"])
+
+    def count(text: str, labels: str) -> float:
+        line = next((line for line in text.splitlines() if line.startswith("cgserve_requests_total{") and
+                     all(label in line for label in labels.split(","))), None)  # fmt: skip
+        return float(line.rsplit(" ", 1)[1]) if line else 0.0
+
+    assert count(after, 'protocol="door",code="200"') - count(before, 'protocol="door",code="200"') == 3
+    assert count(after, 'protocol="door",code="401"') - count(before, 'protocol="door",code="401"') >= 1
+    assert 'cgserve_request_duration_seconds_count{format="raw",model="fashion-cnn",protocol="door"}' in after
+
+
+def test_with_the_engine_process(tmp_path: Any) -> None:
+    door_port = free_port()
+    settings = {"device": "cpu", "workers": "2", "engine_process": "true", "front_door_port": str(door_port)}
+    with running_server(tmp_path / "server.log", SERVE, **settings) as url:
+        each_gets_its_own(f"http://127.0.0.1:{door_port}", url)
+
+
+def test_a_shutdown_still_answers_and_closes(tmp_path: Any) -> None:
+    """SIGTERM with two keep-alive connections open on the door: once the service's port has stopped, a request
+    on one is still answered, each connection is closed after, and the server exits."""
+    port, door_port = free_port(), free_port()
+    argv = [*SERVE, "--port", str(port), "--grpc-port", "0", "--device", "cpu", "--front-door-port", str(door_port),
+            "--keepalive-timeout-s", "3", "--drain-seconds", "0"]  # fmt: skip
+    image = sample_images(1)[0]
+    with running(argv, tmp_path / "server.log", port=port, cwd=ROOT) as process:
+        with socket.create_connection(("127.0.0.1", door_port), timeout=10) as busy, \
+             socket.create_connection(("127.0.0.1", door_port), timeout=10) as idle:  # fmt: skip
+            process.proc.send_signal(signal.SIGTERM)
+            latest = time.monotonic() + 10
+            while time.monotonic() < latest:  # until uvicorn has closed the service's port
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                except OSError:
+                    break
+                time.sleep(0.05)
+            status, _, body = exchange(busy, POST % (b"/predict", b"", len(image)) + image)
+            assert status.startswith(b"HTTP/1.1 200 ") and b'"predictions"' in body, (status, body)
+            assert closed_within(busy, 6) == b""
+            assert closed_within(idle, 6) == b""
+        assert process.proc.wait(timeout=30) in (0, -signal.SIGTERM)  # uvicorn raises the signal again once done
