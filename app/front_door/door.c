@@ -12,19 +12,25 @@
  * which writes it, so Python's thread makes no syscall an answer.
  *
  * Limits kept here, as app/http/protocol.py keeps them for the service's port: at most
- * `max_conns` connections (more get 503 and are closed); a request must arrive whole within
- * `request_ms` of its first byte (408, closed); an idle keep-alive connection is closed after
- * `keepalive_ms`; a connection buffers at most one head and one image, and stops reading while
- * its request is in flight and that buffer is full; where `tokens` are set, a request without one
- * of them gets 401 before its pixels are copied. fd_drain stops accepting: from then on each
- * answer says `connection: close` and closes its connection. Every other request (route,
- * method, body, chunked) gets a clear 4xx in the service's error shape, counted by status.
+ * `max_conns` connections (more get 503 and are closed; over the open-file limit too); a request
+ * must arrive whole within `request_s` of its first byte (408, closed), and an answer the client
+ * does not read within `request_s` is given up with its connection; an idle keep-alive connection
+ * is closed after `keepalive_s`; a connection buffers at most one head (8 KiB) and one image, and
+ * is not read while its request is in flight and that buffer is full; where `tokens` are set, a
+ * request without one of them gets 401 before its pixels are copied (before they are sent, where
+ * it asks `Expect: 100-continue`). A request whose client then closes its sending side is still
+ * answered. fd_drain stops accepting: from then on each answer says `connection: close` and
+ * closes its connection. Every other request (route, method, a bare LF, two Content-Lengths,
+ * chunked) gets a clear 4xx in the service's error shape, counted by status; a refusal the
+ * socket does not take whole (a client that does not read) closes the connection, so that its
+ * client sees an answer cut short, not a stream that goes on without some of its answers.
  *
  * Built without Python's headers (app/front_door/library.py) and called through ctypes, whose
  * foreign calls release the GIL.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
@@ -46,8 +52,9 @@
 #define MAX_BUFFERS 16
 #define MAX_TOKENS 64
 #define SWEEP_S 0.25
+#define LINGER_S 2.0 /* a refused connection's input is read and dropped this long at most */
 
-enum { CLOSED = 0, IDLE = 1, IN_FLIGHT = 2 };
+enum { CLOSED = 0, IDLE = 1, IN_FLIGHT = 2, LINGERING = 3 };
 /* The statuses the C side answers by itself, counted for Prometheus (fd_counts, in this order). */
 enum { R400, R401, R404, R405, R408, R411, R413, R415, R422, R431, R503, REFUSALS };
 static const int refusal_codes[REFUSALS] = {400, 401, 404, 405, 408, 411, 413, 415, 422, 431, 503};
@@ -56,13 +63,14 @@ typedef struct {
     pthread_mutex_t mu;  /* the fields below: the owning thread's, but for an answer's hand-over */
     uint32_t gen;        /* bumped at each accept and close: an answer for an older one is dropped */
     int state;
-    int peer_closed;     /* the client closed while its request was in flight: closed once answered */
+    int eof;             /* the client sent its last byte (it may still read): out of epoll, closed once idle */
     int close_after;     /* HTTP/1.0, `connection: close`, or draining: closed once answered */
-    int paused;          /* not read while in flight with a full buffer */
+    int paused;          /* out of epoll while in flight with a full buffer: read again once answered */
     int continued;       /* `100 Continue` written for the request being read */
     int epfd;            /* the owning thread's epoll */
     int owner;           /* the owning thread's index: its outbox gets the connection's answers */
-    double since;        /* the request being read: its first byte; idle: its last answer */
+    double since;        /* the request being read: its first byte; idle: its last answer; an answer's
+                          * rest waiting for the socket: when it first had to wait */
     size_t len, cap;
     char *buf;
     char *out;           /* an answer's rest, where the socket took only part of it */
@@ -92,9 +100,10 @@ typedef struct {
     char *tokens[MAX_TOKENS];
     size_t token_lens[MAX_TOKENS];
     int n_tokens;
-    volatile int stop, draining;
+    int stop, draining;           /* __atomic: set by Python's thread, read by the door's */
     int open_conns;               /* under table_mu */
-    int high_fd;                  /* the highest fd accepted: sweeps look no further */
+    int high_fd;                  /* the highest fd accepted (__atomic): sweeps look no further */
+    int spare_fd;                 /* held open, closed to accept one connection over the open-file limit */
     pthread_t tids[MAX_THREADS];
     int epfds[MAX_THREADS];
     outbox_t outboxes[MAX_THREADS];
@@ -118,25 +127,31 @@ static double now_s(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
+static int load(const int *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+
 static void count_refusal(door_t *d, int which) {
     pthread_mutex_lock(&d->bulk_mu);
     d->refused[which]++;
     pthread_mutex_unlock(&d->bulk_mu);
 }
 
-/* Blocking only for a refusal's few hundred bytes, which a socket's send buffer takes whole. */
-static void send_all(int fd, const char *text, size_t n) {
+/* For a refusal's few hundred bytes, which an empty send buffer takes whole. 0 where it did not (the client
+ * is not reading, or is gone): the connection is then closed. */
+static int send_all(int fd, const char *text, size_t n) {
     while (n > 0) {
         ssize_t w = send(fd, text, n, MSG_NOSIGNAL);
-        if (w <= 0) return; /* a client that cannot take it: the connection closes after it */
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return 0;
         text += w;
         n -= (size_t)w;
     }
+    return 1;
 }
 
-/* A refusal in the service's error shape ({"error": {"code", "message", "expected"}}), counted. */
-static void refuse(door_t *d, int fd, int which, const char *code, const char *message, const char *extra_head,
-                   int closing) {
+/* A refusal in the service's error shape ({"error": {"code", "message", "expected"}}), counted. Returns
+ * whether it was written whole. */
+static int refuse(door_t *d, int fd, int which, const char *code, const char *message, const char *extra_head,
+                  int closing) {
     static const char *reasons[REFUSALS] = {
         "Bad Request", "Unauthorized", "Not Found", "Method Not Allowed", "Request Timeout", "Length Required",
         "Content Too Large", "Unsupported Media Type", "Unprocessable Content", "Request Header Fields Too Large",
@@ -151,17 +166,19 @@ static void refuse(door_t *d, int fd, int which, const char *code, const char *m
                      "HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s%s\r\n%s",
                      refusal_codes[which], reasons[which], body_len, extra_head, closing ? "connection: close\r\n" : "",
                      body);
-    send_all(fd, text, (size_t)n);
     count_refusal(d, which);
+    return send_all(fd, text, (size_t)n);
 }
 
-/* With c->mu held. */
+/* With c->mu held. The buffer goes too: a flood of connections leaves no memory behind it. */
 static void close_conn(door_t *d, conn_t *c, int fd) {
     close(fd); /* also leaves its epoll */
     c->state = CLOSED;
     c->gen++;
     c->len = 0;
-    c->peer_closed = c->close_after = c->paused = c->continued = 0;
+    c->eof = c->close_after = c->paused = c->continued = 0;
+    free(c->buf);
+    c->buf = NULL;
     free(c->out);
     c->out = NULL;
     c->out_len = c->out_off = 0;
@@ -170,15 +187,46 @@ static void close_conn(door_t *d, conn_t *c, int fd) {
     pthread_mutex_unlock(&d->table_mu);
 }
 
+/* The connection's events in its thread's epoll, added again where it had left it (paused, or its client's
+ * last byte read). */
 static void watch(conn_t *c, int fd, uint32_t events) {
     struct epoll_event ev = {.events = events, .data.fd = fd};
-    epoll_ctl(c->epfd, EPOLL_CTL_MOD, fd, &ev);
+    if (epoll_ctl(c->epfd, EPOLL_CTL_MOD, fd, &ev) < 0 && errno == ENOENT) epoll_ctl(c->epfd, EPOLL_CTL_ADD, fd, &ev);
 }
 
-/* A header's value (trimmed), or NULL: `name` with its colon, matched case-insensitively at a line's start. */
-static const char *find_header(const char *head, size_t n, const char *name, size_t *value_len) {
+static void unwatch(conn_t *c, int fd) { epoll_ctl(c->epfd, EPOLL_CTL_DEL, fd, NULL); }
+
+/* With c->mu held, after a refusal that ends the connection: its sending side is shut, and what the client
+ * still sends is read and dropped until it closes too (or LINGER_S), since closing a socket with unread
+ * input resets it, and a reset can reach the client before the refusal it was sent. */
+static void linger_conn(door_t *d, conn_t *c, int fd) {
+    if (c->eof) { close_conn(d, c, fd); return; }
+    shutdown(fd, SHUT_WR);
+    c->state = LINGERING;
+    c->since = now_s();
+    c->len = 0;
+    watch(c, fd, EPOLLIN | EPOLLRDHUP);
+}
+
+/* With c->mu held and c LINGERING: drop what came; closed at the client's end of input. */
+static void discard(door_t *d, conn_t *c, int fd) {
+    char sink[16384];
+    for (;;) {
+        ssize_t r = read(fd, sink, sizeof sink);
+        if (r > 0) continue;
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        close_conn(d, c, fd);
+        return;
+    }
+}
+
+/* A header's value (trimmed), or NULL: `name` with its colon, matched case-insensitively at a line's start
+ * from `from` on. */
+static const char *find_header_from(const char *head, size_t n, const char *from, const char *name,
+                                    size_t *value_len) {
     size_t name_len = strlen(name);
-    const char *p = memchr(head, '\n', n);
+    const char *p = memchr(from, '\n', (size_t)(head + n - from));
     while (p && (size_t)(p - head) + 1 + name_len < n) {
         const char *line = p + 1;
         if (strncasecmp(line, name, name_len) == 0) {
@@ -193,6 +241,10 @@ static const char *find_header(const char *head, size_t n, const char *name, siz
         p = memchr(line, '\n', (size_t)(head + n - line));
     }
     return NULL;
+}
+
+static const char *find_header(const char *head, size_t n, const char *name, size_t *value_len) {
+    return find_header_from(head, n, head, name, value_len);
 }
 
 /* The time taken depends on the tokens' lengths, not on the candidate's bytes or length, and every token is
@@ -210,22 +262,60 @@ static int token_ok(door_t *d, const char *value, size_t len) {
     return ok;
 }
 
+/* Every line of the head ends in CRLF: a bare LF would let a header hide inside another's line. */
+static int crlf_only(const char *head, size_t n) {
+    for (const char *p = memchr(head, '\n', n); p; p = memchr(p + 1, '\n', (size_t)(head + n - p - 1)))
+        if (p == head || p[-1] != '\r') return 0;
+    return 1;
+}
+
+typedef struct { int which; const char *code, *message, *extra_head; } refusal_t;
+
+/* What the head asks for, checked before its body is needed: the route, the token, the content type and
+ * the length. `which` < 0: taken. */
+static refusal_t check_head(door_t *d, const char *buf, size_t head_len, size_t body_len) {
+    size_t value_len = 0;
+    const char *path = buf + 5;
+    int path_ok = head_len > 5 + d->path_len && memcmp(path, d->path, d->path_len) == 0 && path[d->path_len] == ' ';
+    if (!path_ok) return (refusal_t){R404, "not_found", "the front door serves POST /predict only, without a query", ""};
+    if (d->n_tokens) {
+        const char *auth = find_header(buf, head_len, "authorization:", &value_len);
+        if (!auth || !token_ok(d, auth, value_len))
+            return (refusal_t){R401, "unauthorized",
+                               auth ? "the bearer token is not one of the inference tokens" : "the request has no bearer token",
+                               "www-authenticate: Bearer\r\n"};
+    }
+    const char *type = find_header(buf, head_len, "content-type:", &value_len);
+    int type_ok = type && value_len >= 24 && strncasecmp(type, "application/octet-stream", 24) == 0 &&
+                  (value_len == 24 || type[24] == ';' || type[24] == ' ');
+    if (!type_ok) return (refusal_t){R415, "unsupported_media_type", "the Content-Type is not application/octet-stream", ""};
+    if ((int)body_len != d->row_bytes)
+        return (refusal_t){R422, "invalid_input", "the body's length is not one image's pixels", ""};
+    return (refusal_t){-1, NULL, NULL, NULL};
+}
+
 /* With c->mu held and c IDLE: one request out of c->buf, if whole. Returns 1 if one was taken
  * (the connection is then IN_FLIGHT or was answered here), 0 if more bytes are needed, -1 to close. */
 static int parse_one(door_t *d, conn_t *c, int fd) {
     char *head_end = memmem(c->buf, c->len, "\r\n\r\n", 4);
-    if (!head_end) {
-        if (c->len <= MAX_HEAD) return 0;
+    size_t head_len = head_end ? (size_t)(head_end - c->buf) + 4 : c->len;
+    if (head_len > MAX_HEAD) {
         refuse(d, fd, R431, "header_too_large", "the request line and headers are over 8 KiB", "", 1);
         return -1;
     }
-    size_t head_len = (size_t)(head_end - c->buf) + 4, value_len = 0;
+    if (!head_end) return 0;
+    size_t value_len = 0;
     const char *line_end = memchr(c->buf, '\r', head_len);
-    if (line_end - c->buf >= 9 && memcmp(line_end - 9, " HTTP/1.0", 9) == 0) c->close_after = 1;
+    int http10 = line_end - c->buf >= 9 && memcmp(line_end - 9, " HTTP/1.0", 9) == 0;
+    if (http10) c->close_after = 1;
     const char *connection = find_header(c->buf, head_len, "connection:", &value_len);
     if (connection && value_len == 5 && strncasecmp(connection, "close", 5) == 0) c->close_after = 1;
     if (c->len < 5 || memcmp(c->buf, "POST ", 5) != 0) {
         refuse(d, fd, R405, "method_not_allowed", "the front door serves POST only", "allow: POST\r\n", 1);
+        return -1;
+    }
+    if (!crlf_only(c->buf, head_len)) {
+        refuse(d, fd, R400, "bad_request", "a line of the head ends in a bare LF, not CRLF", "", 1);
         return -1;
     }
     if (find_header(c->buf, head_len, "transfer-encoding:", &value_len)) {
@@ -235,6 +325,11 @@ static int parse_one(door_t *d, conn_t *c, int fd) {
     const char *length = find_header(c->buf, head_len, "content-length:", &value_len);
     if (!length) {
         refuse(d, fd, R411, "length_required", "the request has no Content-Length", "", 1);
+        return -1;
+    }
+    size_t second_len = 0; /* two lengths: a proxy before us may read the other one (request smuggling) */
+    if (find_header_from(c->buf, head_len, length, "content-length:", &second_len)) {
+        refuse(d, fd, R400, "bad_request", "the request has two Content-Length headers", "", 1);
         return -1;
     }
     size_t body_len = 0;
@@ -253,34 +348,24 @@ static int parse_one(door_t *d, conn_t *c, int fd) {
         refuse(d, fd, R413, "body_too_large", "the body is larger than one image", "", 1);
         return -1;
     }
+    refusal_t refusal = check_head(d, c->buf, head_len, body_len);
     if (c->len < head_len + body_len) {
         const char *expect = find_header(c->buf, head_len, "expect:", &value_len);
-        if (expect && !c->continued && value_len == 12 && strncasecmp(expect, "100-continue", 12) == 0) {
-            send_all(fd, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+        if (expect && !c->continued && !http10 && value_len == 12 && strncasecmp(expect, "100-continue", 12) == 0) {
+            if (refusal.which >= 0) { /* refused before its body is sent, as Expect asks */
+                refuse(d, fd, refusal.which, refusal.code, refusal.message, refusal.extra_head, 1);
+                return -1;
+            }
+            if (!send_all(fd, "HTTP/1.1 100 Continue\r\n\r\n", 25)) return -1;
             c->continued = 1;
         }
         return 0;
     }
     /* The whole request is here: whatever the answer, the connection can take the next one after it. */
-    const char *path = c->buf + 5;
-    int path_ok = head_len > 5 + d->path_len && memcmp(path, d->path, d->path_len) == 0 && path[d->path_len] == ' ';
-    const char *type = find_header(c->buf, head_len, "content-type:", &value_len);
-    int type_ok = type && value_len >= 24 && strncasecmp(type, "application/octet-stream", 24) == 0 &&
-                  (value_len == 24 || type[24] == ';' || type[24] == ' ');
-    const char *auth = d->n_tokens ? find_header(c->buf, head_len, "authorization:", &value_len) : NULL;
-    int authorized = d->n_tokens == 0 || (auth && token_ok(d, auth, value_len));
-    int closing = c->close_after || d->draining;
-    int answered_here = 1;
-    if (!path_ok) {
-        refuse(d, fd, R404, "not_found", "the front door serves POST /predict only, without a query", "", closing);
-    } else if (!authorized) {
-        refuse(d, fd, R401, "unauthorized",
-               auth ? "the bearer token is not one of the inference tokens" : "the request has no bearer token",
-               "www-authenticate: Bearer\r\n", closing);
-    } else if (!type_ok) {
-        refuse(d, fd, R415, "unsupported_media_type", "the Content-Type is not application/octet-stream", "", closing);
-    } else if ((int)body_len != d->row_bytes) {
-        refuse(d, fd, R422, "invalid_input", "the body's length is not one image's pixels", "", closing);
+    int closing = c->close_after || load(&d->draining);
+    int sent = 1, answered_here = 1;
+    if (refusal.which >= 0) {
+        sent = refuse(d, fd, refusal.which, refusal.code, refusal.message, refusal.extra_head, closing);
     } else {
         pthread_mutex_lock(&d->bulk_mu);
         int wake = 0;
@@ -300,8 +385,8 @@ static int parse_one(door_t *d, conn_t *c, int fd) {
         }
         pthread_mutex_unlock(&d->bulk_mu);
         if (answered_here)
-            refuse(d, fd, R503, "queue_full", "the front door holds as many images as it may; retry", "retry-after: 1\r\n",
-                   closing);
+            sent = refuse(d, fd, R503, "queue_full", "the front door holds as many images as it may; retry",
+                          "retry-after: 1\r\n", closing);
         if (wake) {
             uint64_t one = 1;
             ssize_t ignored = write(d->efd, &one, sizeof one);
@@ -313,17 +398,19 @@ static int parse_one(door_t *d, conn_t *c, int fd) {
     c->len -= used;
     c->continued = 0;
     c->since = now_s(); /* the next request's clock, or the idle one's */
-    if (answered_here && closing) return -1;
+    if (answered_here && (closing || !sent)) return -1;
     return 1;
 }
 
-/* With c->mu held: take requests while the connection is IDLE and whole ones are buffered. */
+/* With c->mu held: take requests while the connection is IDLE and whole ones are buffered; one whose client
+ * sent its last byte is closed once nothing is left to answer. */
 static void parse_buffered(door_t *d, conn_t *c, int fd) {
     while (c->state == IDLE && c->len > 0) {
         int taken = parse_one(d, c, fd);
-        if (taken < 0) { close_conn(d, c, fd); return; }
-        if (taken == 0) return;
+        if (taken < 0) { linger_conn(d, c, fd); return; }
+        if (taken == 0) break;
     }
+    if (c->state == IDLE && c->eof) close_conn(d, c, fd);
 }
 
 /* With c->mu held: read what is there, then take requests while the connection is IDLE. */
@@ -332,7 +419,7 @@ static void serve_conn(door_t *d, conn_t *c, int fd) {
         if (c->len == c->cap) {
             if (c->state == IN_FLIGHT) { /* its answer resumes the reading */
                 c->paused = 1;
-                watch(c, fd, EPOLLRDHUP);
+                unwatch(c, fd);
             }
             break;
         }
@@ -344,49 +431,72 @@ static void serve_conn(door_t *d, conn_t *c, int fd) {
         }
         if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
         if (r < 0 && errno == EINTR) continue;
-        if (c->state == IN_FLIGHT) { /* answered first (dropped), then closed */
-            c->peer_closed = 1;
-            epoll_ctl(c->epfd, EPOLL_CTL_DEL, fd, NULL);
-        } else {
-            close_conn(d, c, fd);
-        }
-        return;
+        if (r < 0) { close_conn(d, c, fd); return; } /* reset */
+        /* The client's last byte (it may have closed its sending side only): what it sent is still answered. */
+        c->eof = 1;
+        unwatch(c, fd);
+        break;
     }
     parse_buffered(d, c, fd);
+}
+
+/* One connection over the open-file limit: the spare descriptor makes room to accept it, refuse it and close
+ * it, rather than leave it queued while the listener wakes every thread for it again and again. */
+static void refuse_over_limit(door_t *d) {
+    pthread_mutex_lock(&d->table_mu);
+    if (d->spare_fd >= 0) {
+        close(d->spare_fd);
+        int fd = accept4(d->lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd >= 0) {
+            refuse(d, fd, R503, "too_many_connections", "the server holds as many connections as it may",
+                   "retry-after: 1\r\n", 1);
+            close(fd);
+        }
+        d->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+    pthread_mutex_unlock(&d->table_mu);
 }
 
 static void accept_all(door_t *d, int epfd, int owner) {
     for (;;) {
         int fd = accept4(d->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) return;
+        if (fd < 0) {
+            if (errno == EMFILE || errno == ENFILE) refuse_over_limit(d);
+            return;
+        }
         pthread_mutex_lock(&d->table_mu);
         int full = fd >= MAX_FD || d->open_conns >= d->max_conns;
         if (full) {
             pthread_mutex_unlock(&d->table_mu);
-            if (fd < MAX_FD) refuse(d, fd, R503, "too_many_connections", "the front door holds as many connections as it may",
-                                    "retry-after: 1\r\n", 1);
+            refuse(d, fd, R503, "too_many_connections", "the front door holds as many connections as it may",
+                   "retry-after: 1\r\n", 1);
             close(fd);
             continue;
         }
         d->open_conns++;
-        if (fd > d->high_fd) d->high_fd = fd;
+        if (fd > load(&d->high_fd)) __atomic_store_n(&d->high_fd, fd, __ATOMIC_RELAXED);
         conn_t *c = d->conns[fd];
         if (!c) {
             c = calloc(1, sizeof *c);
             pthread_mutex_init(&c->mu, NULL);
             c->cap = MAX_HEAD + (size_t)d->row_bytes;
-            c->buf = malloc(c->cap);
-            d->conns[fd] = c;
+            __atomic_store_n(&d->conns[fd], c, __ATOMIC_RELEASE);
         }
         pthread_mutex_unlock(&d->table_mu);
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         pthread_mutex_lock(&c->mu);
+        c->buf = malloc(c->cap);
+        if (!c->buf) { /* counted open above: close_conn counts it closed */
+            close_conn(d, c, fd);
+            pthread_mutex_unlock(&c->mu);
+            continue;
+        }
         c->gen++;
-        c->state = IDLE;
+        __atomic_store_n(&c->state, IDLE, __ATOMIC_RELAXED);
         c->len = 0;
         c->epfd = epfd;
-        c->owner = owner;
+        __atomic_store_n(&c->owner, owner, __ATOMIC_RELAXED);
         c->since = now_s();
         pthread_mutex_unlock(&c->mu);
         struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.fd = fd};
@@ -403,16 +513,25 @@ static void flush_out(door_t *d, conn_t *c, int fd) {
         ssize_t w = send(fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
         if (w > 0) { c->out_off += (size_t)w; continue; }
         if (w < 0 && errno == EINTR) continue;
-        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) { watch(c, fd, EPOLLOUT); return; }
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            if (!(c->since > 0)) c->since = now_s(); /* the sweep's clock for a client that does not read */
+            watch(c, fd, EPOLLOUT);
+            return;
+        }
         close_conn(d, c, fd);
         return;
     }
     free(c->out);
     c->out = NULL;
     c->out_len = c->out_off = 0;
-    if (c->close_after || d->draining) { close_conn(d, c, fd); return; }
+    if (c->close_after || load(&d->draining)) { linger_conn(d, c, fd); return; } /* whatever it sent after */
     c->state = IDLE;
     c->since = now_s();
+    if (c->eof) { /* out of epoll again: what it sent before its last byte is answered, then it is closed */
+        unwatch(c, fd);
+        parse_buffered(d, c, fd);
+        return;
+    }
     c->paused = 0;
     watch(c, fd, EPOLLIN | EPOLLRDHUP);
     serve_conn(d, c, fd); /* bytes that came while it was in flight, and any the pause left unread */
@@ -421,16 +540,10 @@ static void flush_out(door_t *d, conn_t *c, int fd) {
 /* With c->mu held: an answer to the connection it was for, unless that one is gone. */
 static void write_reply(door_t *d, conn_t *c, reply_t *r) {
     if (c->gen != r->gen || c->state != IN_FLIGHT || c->out) { free(r->text); return; }
-    if (c->peer_closed) { /* it may have closed its sending side only: one try, then closed */
-        ssize_t ignored = send(r->fd, r->text, r->len, MSG_NOSIGNAL | MSG_DONTWAIT);
-        (void)ignored;
-        free(r->text);
-        close_conn(d, c, r->fd);
-        return;
-    }
     c->out = r->text; /* owned by the connection until written */
     c->out_len = r->len;
     c->out_off = 0;
+    c->since = 0; /* not yet waiting for the socket */
     flush_out(d, c, r->fd);
 }
 
@@ -455,19 +568,25 @@ static void drain_outbox(door_t *d, outbox_t *box) {
 }
 
 /* The thread's idle and slow connections closed: a request not whole `request_s` after its first byte gets
- * 408; a connection idle `keepalive_s` is closed quietly. Draining too: closed at once, an idle connection
- * could lose a request its client is writing (app/http/protocol.py's DrainingHttpProtocol says the same). */
+ * 408; an answer the client has not taken `request_s` after the socket first had to wait is given up; a
+ * connection idle `keepalive_s` is closed quietly. Draining does not close idle ones sooner: closed at once,
+ * one could lose a request its client is writing (app/http/protocol.py's DrainingHttpProtocol says the same). */
 static void sweep(door_t *d, int index) {
     double now = now_s();
-    for (int fd = 0; fd <= d->high_fd; fd++) {
-        conn_t *c = d->conns[fd];
-        if (!c || c->state != IDLE || c->owner != index) continue; /* unlocked look: checked again below */
+    int high = load(&d->high_fd);
+    for (int fd = 0; fd <= high; fd++) {
+        conn_t *c = __atomic_load_n(&d->conns[fd], __ATOMIC_ACQUIRE);
+        if (!c || load(&c->state) == CLOSED || load(&c->owner) != index) continue; /* a look: checked below */
         pthread_mutex_lock(&c->mu);
-        if (c->state == IDLE && c->owner == index) {
-            if (c->len > 0 && now - c->since > d->request_s) {
+        if (c->state != CLOSED && c->owner == index) {
+            if (c->out && c->since > 0 && now - c->since > d->request_s) {
+                close_conn(d, c, fd); /* it does not read its answers */
+            } else if (c->state == IDLE && c->len > 0 && now - c->since > d->request_s) {
                 refuse(d, fd, R408, "request_timeout", "the request did not arrive whole in time", "", 1);
+                linger_conn(d, c, fd);
+            } else if (c->state == LINGERING && now - c->since > LINGER_S) {
                 close_conn(d, c, fd);
-            } else if (c->len == 0 && now - c->since > d->keepalive_s) {
+            } else if (c->state == IDLE && c->len == 0 && now - c->since > d->keepalive_s) {
                 close_conn(d, c, fd);
             }
         }
@@ -484,20 +603,18 @@ static void *run(void *arg) {
     free(a);
     struct epoll_event evs[128];
     double swept = now_s();
-    while (!d->stop) {
+    while (!load(&d->stop)) {
         int n = epoll_wait(epfd, evs, 128, (int)(SWEEP_S * 1000));
         for (int i = 0; i < n; i++) {
             int fd = evs[i].data.fd;
-            if (fd == d->lfd) { if (!d->draining) accept_all(d, epfd, index); continue; }
+            if (fd == d->lfd) { if (!load(&d->draining)) accept_all(d, epfd, index); continue; }
             if (fd == box->efd) { drain_outbox(d, box); continue; }
             conn_t *c = d->conns[fd];
             pthread_mutex_lock(&c->mu);
             if (c->state != CLOSED && c->epfd == epfd) {
-                if (c->out) flush_out(d, c, fd); /* writable, or gone: the send says which */
-                else if (c->paused && (evs[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
-                    c->peer_closed = 1; /* gone while in flight with a full buffer */
-                    epoll_ctl(epfd, EPOLL_CTL_DEL, fd, NULL);
-                } else if (!c->out && !c->paused) serve_conn(d, c, fd);
+                if (c->state == LINGERING) discard(d, c, fd);
+                else if (c->out) flush_out(d, c, fd); /* writable, or gone: the send says which */
+                else if (!c->paused && !c->eof) serve_conn(d, c, fd);
             }
             pthread_mutex_unlock(&c->mu);
         }
@@ -513,7 +630,7 @@ static void *run(void *arg) {
 door_t *fd_open(int lfd, int threads, int row_bytes, int max_rows, int buffers, int efd, const char *path,
                 int full_rows, int max_conns, double keepalive_s, double request_s, const char *tokens) {
     if (threads < 1 || threads > MAX_THREADS || buffers < 2 || buffers > MAX_BUFFERS || row_bytes < 1 ||
-        max_conns < 1 || strlen(path) >= sizeof(((door_t *)0)->path))
+        max_rows < 1 || full_rows < 1 || max_conns < 1 || strlen(path) >= sizeof(((door_t *)0)->path))
         return NULL;
     door_t *d = calloc(1, sizeof *d);
     d->lfd = lfd; d->efd = efd; d->threads = threads; d->row_bytes = row_bytes; d->max_rows = max_rows;
@@ -531,6 +648,7 @@ door_t *fd_open(int lfd, int threads, int row_bytes, int max_rows, int buffers, 
     }
     pthread_mutex_init(&d->table_mu, NULL);
     pthread_mutex_init(&d->bulk_mu, NULL);
+    d->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     d->buffers = buffers;
     d->full_rows = full_rows;
     for (int b = 0; b < buffers; b++) d->buffer[b] = malloc((size_t)max_rows * row_bytes);
@@ -566,19 +684,19 @@ int fd_take(door_t *d, uint64_t *ids, double *arrived, int *b) {
         pthread_mutex_unlock(&d->bulk_mu);
         return k;
     }
-    while (d->copying[d->filling] > 0) { /* a row still being copied in: wait for it */
+    int k = d->bulk_n, taken = d->filling;
+    memcpy(ids, d->bulk_ids, sizeof(uint64_t) * k);
+    memcpy(arrived, d->bulk_arrived, sizeof(double) * k);
+    d->taken[taken] = 1;
+    d->filling = next; /* new rows go there from now on, so the copies into this one only end */
+    d->bulk_n = 0;
+    while (d->copying[taken] > 0) { /* a row still being copied in: wait for it */
         pthread_mutex_unlock(&d->bulk_mu);
         sched_yield();
         pthread_mutex_lock(&d->bulk_mu);
     }
-    int k = d->bulk_n;
-    memcpy(ids, d->bulk_ids, sizeof(uint64_t) * k);
-    memcpy(arrived, d->bulk_arrived, sizeof(double) * k);
-    *b = d->filling;
-    d->taken[d->filling] = 1;
-    d->filling = next;
-    d->bulk_n = 0;
     pthread_mutex_unlock(&d->bulk_mu);
+    *b = taken;
     return k;
 }
 
@@ -606,14 +724,19 @@ void fd_answer(door_t *d, int k, const uint64_t *ids, const char *bodies, const 
         conn_t *c = d->conns[fd];
         if (!c) continue;
         pthread_mutex_lock(&c->mu);
-        int owner = c->owner, current = c->gen == gen, closing = c->close_after || d->draining;
+        int owner = c->owner, current = c->gen == gen, closing = c->close_after || load(&d->draining);
         pthread_mutex_unlock(&c->mu);
         if (!current) continue; /* closed since: nobody to answer */
         size_t body_len = (size_t)(offsets[i + 1] - offsets[i]);
-        char head[512];
+        char head[1024];
         int n = snprintf(head, sizeof head, "HTTP/1.1 %s\r\ncontent-type: %s\r\ncontent-length: %zu\r\n%s%s\r\n",
                          status, content_type, body_len, extra_head, closing ? "connection: close\r\n" : "");
-        if (n < 0 || n >= (int)sizeof head) continue; /* Python's extra_head is a few short lines */
+        if (n < 0 || n >= (int)sizeof head) { /* Python's extra_head is a few short lines: never, but answered */
+            n = snprintf(head, sizeof head, "HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\n"
+                         "connection: close\r\n\r\n");
+            body_len = 0;
+            closing = 1;
+        }
         reply_t r = {.fd = fd, .gen = gen, .len = (size_t)n + body_len};
         r.text = malloc(r.len);
         memcpy(r.text, head, (size_t)n);
@@ -651,12 +774,12 @@ int fd_refusal_code(int i) { return i >= 0 && i < REFUSALS ? refusal_codes[i] : 
 
 /* Stop accepting; from now on each answer closes its connection (idle ones at their keep-alive timeout). */
 void fd_drain(door_t *d) {
-    d->draining = 1;
+    __atomic_store_n(&d->draining, 1, __ATOMIC_RELAXED);
     for (int t = 0; t < d->threads; t++) epoll_ctl(d->epfds[t], EPOLL_CTL_DEL, d->lfd, NULL);
 }
 
 void fd_close(door_t *d) {
-    d->stop = 1;
+    __atomic_store_n(&d->stop, 1, __ATOMIC_RELAXED);
     for (int t = 0; t < d->threads; t++) {
         pthread_join(d->tids[t], NULL);
         close(d->epfds[t]);
@@ -672,8 +795,12 @@ void fd_close(door_t *d) {
         free(c->out);
         free(c);
     }
-    for (int b = 0; b < d->buffers; b++) free(d->buffer[b]);
+    /* A bulk Python still holds (a batch that outlived the drain's timeout) may yet be read by its engine's
+     * staging: its buffer is left to the process's exit rather than freed under it. */
+    for (int b = 0; b < d->buffers; b++)
+        if (!d->taken[b]) free(d->buffer[b]);
     for (int t = 0; t < d->n_tokens; t++) free(d->tokens[t]);
+    if (d->spare_fd >= 0) close(d->spare_fd);
     free(d->bulk_ids); free(d->bulk_arrived);
     free(d);
 }

@@ -72,12 +72,14 @@ class Door:
 
     def waiting(self) -> int:
         """Rows in the bulk being filled."""
-        return int(self._lib.fd_waiting(self._door))
+        return int(self._lib.fd_waiting(self._door)) if self._door else 0
 
     def take(self) -> tuple[int, np.ndarray, np.ndarray, np.ndarray] | None:
         """The bulk, if any: (its buffer, its (k, C, H, W) rows read in place until `release`, its k requests'
         ids, their arrival times: time.monotonic()). None also where every buffer is held (the caller's flow
         control should leave one free)."""
+        if not self._door:
+            return None
         k = self._lib.fd_take(self._door, self._ids.ctypes.data, self._arrived.ctypes.data, ctypes.byref(self._which))
         if k <= 0:
             return None
@@ -85,11 +87,14 @@ class Door:
         return buffer, self._rows[buffer][:k], self._ids[:k].copy(), self._arrived[:k].copy()
 
     def release(self, buffer: int) -> None:
-        self._lib.fd_release(self._door, buffer)
+        if self._door:
+            self._lib.fd_release(self._door, buffer)
 
     def answer(self, ids: np.ndarray, bodies: list[bytes], status: bytes, extra_head: bytes = b"") -> None:
         """Each request of `ids` its JSON body, written by the thread owning its connection; `extra_head`: whole
         header lines ("retry-after: 1\\r\\n")."""
+        if not self._door:  # closed: a batch that outlived the drain's timeout has nobody left to answer
+            return
         offsets = np.zeros(len(bodies) + 1, np.int64)
         np.cumsum([len(body) for body in bodies], out=offsets[1:])
         joined = b"".join(bodies)
@@ -97,18 +102,24 @@ class Door:
                             b"application/json", extra_head)  # fmt: skip
 
     def open_connections(self) -> int:
-        return self.counts()[2]
+        return self.counts()[2] if self._door else 0
 
     def counts(self) -> tuple[int, dict[int, int], int]:
         """(requests taken, refusals by HTTP status, connections open): totals since the door opened."""
         counts = (ctypes.c_uint64 * (REFUSALS + 2))()
+        if not self._door:
+            return 0, dict.fromkeys(self.refusal_codes, 0), 0
         self._lib.fd_counts(self._door, counts)
         refused = {code: int(counts[1 + i]) for i, code in enumerate(self.refusal_codes)}
         return int(counts[0]), refused, int(counts[REFUSALS + 1])
 
     def drain(self) -> None:
         """Stop accepting; answers close their connections from now on (idle ones at their keep-alive timeout)."""
-        self._lib.fd_drain(self._door)
+        if self._door:
+            self._lib.fd_drain(self._door)
 
     def close(self) -> None:
-        self._lib.fd_close(self._door)
+        """Every connection closed and the C side freed; from now on every call here does nothing."""
+        door, self._door = self._door, None
+        if door:
+            self._lib.fd_close(door)

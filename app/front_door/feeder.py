@@ -83,7 +83,7 @@ class Feeder:
         self.pieces[buffer] = len(starts)
         try:
             served, batcher = self._default_model()
-        except ServiceError as error:
+        except Exception as error:  # a ServiceError (404, 503) is answered as it says, anything else 500
             self._refuse(ids, arrived, error, model="")
             self.pieces[buffer] = 1
             self._piece_done(buffer, pump=False)
@@ -94,7 +94,7 @@ class Feeder:
             try:
                 batcher.admit(deadline)
                 future = batcher.enqueue(rows[piece], deadline)  # read in place until staged
-            except ServiceError as error:
+            except Exception as error:
                 self._refuse(ids[piece], arrived[piece], error, model=served.spec.name)
                 self._piece_done(buffer, pump=False)
                 continue
@@ -123,12 +123,16 @@ class Feeder:
         """One queued piece answered (or failed); the bulk's buffer is given back with its last piece."""
         served.admitted -= 1
         error = None if future.cancelled() else future.exception()
-        if future.cancelled() or error is not None:
-            self._refuse(ids, arrived, error or ServiceError("the request was cancelled"), model=served.spec.name)
-        else:
-            self.door.answer(ids, answers(future.result()), OK)  # (k, classes) scores
-            metrics.observe_requests(served.spec.name, PROTOCOL, FORM, "200", time.monotonic() - arrived)
-        self._piece_done(buffer, pump=True)
+        try:
+            if future.cancelled() or error is not None:
+                self._refuse(ids, arrived, error or ServiceError("the request was cancelled"), model=served.spec.name)
+            else:
+                self.door.answer(ids, answers(future.result()), OK)  # (k, classes) scores
+                metrics.observe_requests(served.spec.name, PROTOCOL, FORM, "200", time.monotonic() - arrived)
+        except Exception as failure:  # whatever went wrong, the clients get an answer and the buffer comes back
+            self._refuse(ids, arrived, failure, model=served.spec.name)
+        finally:
+            self._piece_done(buffer, pump=True)
 
     def _piece_done(self, buffer: int, *, pump: bool) -> None:
         # Answered or failed, the batcher is done with its rows: staged, or never to be (a deadline passed).

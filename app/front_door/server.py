@@ -62,6 +62,7 @@ class FrontDoor:
             tokens=tuple(load_tokens(settings.auth_tokens, settings.auth_tokens_file)),
         )
         wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        # One buffer more than the bulks Python may hold (in_flight): there is always one to fill.
         door = Door(
             library,
             listener,
@@ -72,7 +73,7 @@ class FrontDoor:
             path=b"/predict",
             full_rows=max(settings.buckets),
             limits=limits,
-        )  # fmt: skip  (one buffer more than the bulks Python may hold: one to fill)
+        )
         log.info(
             "front door on %s:%d: %d threads, POST /predict with %s raw pixels of %s",
             settings.host, settings.front_door_port, settings.front_door_threads, "×".join(map(str, shape)),

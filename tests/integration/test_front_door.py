@@ -5,6 +5,7 @@ and a shutdown answers what it took. door.c is built by the server itself, with 
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import socket
@@ -257,3 +258,84 @@ def test_a_shutdown_still_answers_and_closes(tmp_path: Any) -> None:
             assert closed_within(busy, 6) == b""
             assert closed_within(idle, 6) == b""
         assert process.proc.wait(timeout=30) in (0, -signal.SIGTERM)  # uvicorn raises the signal again once done
+
+
+def test_garbage_never_takes_it_down(server: dict[str, Any]) -> None:
+    """Random bytes, cut-off requests, junk headers and abrupt closes on many connections at once: each gets an
+    answer or a close, and afterwards the door still answers every image right."""
+    rng = np.random.default_rng(7)
+    image = sample_images(1)[0]
+    good = POST % (b"/predict", AUTH, len(image)) + image
+    shapes = [
+        lambda: rng.integers(0, 256, int(rng.integers(1, 3000)), dtype=np.uint8).tobytes(),  # noise
+        lambda: good[: int(rng.integers(1, len(good)))],  # cut anywhere
+        lambda: good.replace(b"Content-Length: 784", b"Content-Length: 784\r\nContent-Length: 7"),
+        lambda: good.replace(b"Host: x", b"Host: x\r\n" + b"X-Junk: " + b"a" * int(rng.integers(1, 9000))),
+        lambda: good.replace(b"\r\n", b"\n"),  # bare newlines: no head end is found
+        lambda: good * int(rng.integers(2, 5)),  # pipelined, then closed before the answers
+        lambda: b"POST /predict HTTP/1.1\r\nContent-Length: 99999999999\r\n\r\n",
+    ]
+
+    def hostile(index: int) -> None:
+        with socket.create_connection(("127.0.0.1", server["port"]), timeout=5) as raw:
+            try:
+                raw.sendall(shapes[index % len(shapes)]())
+                if index % 3:
+                    raw.recv(4096)  # sometimes read a little, sometimes leave at once
+            except OSError:
+                pass  # refused and closed under us: fine
+
+    with ThreadPoolExecutor(MAX_CONNECTIONS - 2) as pool:
+        list(pool.map(hostile, range(200)))
+    time.sleep(0.5)  # the closes seen
+    each_gets_its_own(server["door"], server["url"])
+
+
+def test_what_hostile_or_odd_clients_send(server: dict[str, Any]) -> None:
+    """Each case a review of door.c found (run 35's session): answered as HTTP says, or refused and closed."""
+    image = sample_images(1)[0]
+    good = POST % (b"/predict", AUTH, len(image)) + image
+
+    def answer_then_close(request: bytes, half_close: bool = False) -> bytes | None:
+        with socket.create_connection(("127.0.0.1", server["port"]), timeout=5) as raw:
+            raw.sendall(request)
+            if half_close:
+                raw.shutdown(socket.SHUT_WR)
+            return closed_within(raw, 5)
+
+    # A request, then the client's last byte: still answered, then closed.
+    answer = answer_then_close(good, half_close=True)
+    assert answer is not None and answer.startswith(b"HTTP/1.1 200 ") and b'"predictions"' in answer, answer
+    # Two requests pipelined before that last byte: both answered.
+    answer = answer_then_close(good * 2, half_close=True)
+    assert answer is not None and answer.count(b"HTTP/1.1 200 ") == 2, answer
+    # Two Content-Lengths (a proxy before us may read the other: request smuggling).
+    twice = good.replace(b"Content-Length: 784", b"Content-Length: 784\r\nContent-Length: 4")
+    answer = answer_then_close(twice)
+    assert answer is not None and answer.startswith(b"HTTP/1.1 400 ") and b"two Content-Length" in answer
+    # A head over 8 KiB that arrives in one read.
+    big = good.replace(b"Host: x", b"Host: x\r\nX-Pad: " + b"a" * 9000)
+    answer = answer_then_close(big)
+    assert answer is not None and answer.startswith(b"HTTP/1.1 431 "), answer
+    # A header hidden behind a bare LF.
+    bare = good.replace(b"Host: x\r\n", b"Host: x\nX-Other: y\r\n")
+    answer = answer_then_close(bare)
+    assert answer is not None and answer.startswith(b"HTTP/1.1 400 ") and b"bare LF" in answer, answer
+    # Expect: 100-continue without a token: refused before the body is sent, not invited to send it.
+    head = POST % (b"/predict", b"Expect: 100-continue\r\n", len(image))
+    answer = answer_then_close(head)
+    assert answer is not None and answer.startswith(b"HTTP/1.1 401 "), answer
+    # Refusals pipelined by a client that does not read: the answers it gets are never a stream with holes in
+    # it — every answer whole, or the connection closed after the last one it could take.
+    refused = POST % (b"/elsewhere", AUTH, 0)
+    with socket.create_connection(("127.0.0.1", server["port"]), timeout=10) as raw:
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        raw.settimeout(10)
+        sender = ThreadPoolExecutor(1).submit(lambda: raw.sendall(refused * 20000))
+        time.sleep(2)  # the server writes what it can while nobody reads
+        data = closed_within(raw, 10)
+        with contextlib.suppress(OSError):
+            sender.result(timeout=10)
+    assert data is not None, "the connection is still open: answers were dropped from a stream that goes on"
+    whole = data.count(b"HTTP/1.1 404 ")
+    assert whole >= 1 and (whole == 20000 or data.rfind(b"HTTP/1.1 404 ") > len(data) - 2000), whole

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -94,3 +96,84 @@ def test_readiness_waits_for_what_starts_with_the_models() -> None:
         asyncio.run(scenario())
     finally:
         sys.setswitchinterval(interval)
+
+
+class StandInDoor:
+    """door.py's Door without the C side: bulks handed in by the test, answers kept."""
+
+    def __init__(self, shape: tuple[int, int, int]) -> None:
+        self.shape, self.bulks = shape, []  # (rows, ids) each
+        self.answers: list[tuple[int, bytes, bytes, bytes]] = []  # (id, status, extra head, body)
+        self.released: list[int] = []
+        self.taken = 0
+
+    def waiting(self) -> int:
+        return len(self.bulks[0][0]) if self.bulks else 0
+
+    def take(self) -> tuple[int, np.ndarray, np.ndarray, np.ndarray] | None:
+        if not self.bulks:
+            return None
+        rows, ids = self.bulks.pop(0)
+        self.taken += 1  # each bulk its own buffer, as the C side's are while Python holds them
+        return self.taken, rows, ids, np.full(len(ids), time.monotonic())
+
+    def release(self, buffer: int) -> None:
+        self.released.append(buffer)
+
+    def answer(self, ids: np.ndarray, bodies: list[bytes], status: bytes, extra_head: bytes = b"") -> None:
+        self.answers += [(int(i), status, extra_head, body) for i, body in zip(ids, bodies, strict=True)]
+
+
+def feed(bulks: list[int], settings: dict[str, Any], break_answers: bool = False) -> StandInDoor:
+    """Bulks of that many seed-CNN images through a Feeder onto a real CPU batcher; the stand-in door, answered."""
+    from app.front_door.feeder import Feeder
+
+    async def scenario() -> StandInDoor:
+        service = Service(Settings(model_repository=DEFAULT_REPOSITORY, device="cpu", grpc_port=0, **settings))
+        service.start()
+        await service.wait_started()
+        try:
+            door = StandInDoor((1, 28, 28))
+            images = np.random.default_rng(0).integers(0, 256, (sum(bulks), 1, 28, 28), dtype=np.uint8)
+            first = 0
+            for k in bulks:
+                door.bulks.append((images[first : first + k], np.arange(first, first + k, dtype=np.uint64)))
+                first += k
+            feeder = Feeder(door, service, (1, 28, 28), service.settings)  # type: ignore[arg-type]
+            if break_answers:
+                feeder._answers_for = lambda *_: lambda scores: 1 / 0  # type: ignore[method-assign]
+            latest = time.monotonic() + 30  # a bulk never given back fails the test's assertions, not hangs it
+            while (door.bulks or feeder.out) and time.monotonic() < latest:
+                feeder.pump()
+                await asyncio.sleep(0.01)
+            return door
+        finally:
+            await service.stop()
+
+    interval = sys.getswitchinterval()
+    try:
+        return asyncio.run(scenario())
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def test_a_bulk_larger_than_a_batch_is_answered_row_by_row_and_given_back() -> None:
+    door = feed([300, 5], {"buckets": "1,8,128"})  # 300 rows: three pieces of at most 128
+    assert sorted(i for i, *_ in door.answers) == list(range(305))
+    assert {status for _, status, *_ in door.answers} == {b"200 OK"}
+    assert sorted(door.released) == [1, 2]  # each bulk's buffer once, after its last piece
+
+
+def test_a_full_queue_is_a_503_with_retry_after_for_each_row() -> None:
+    door = feed([40], {"buckets": "1,8", "queue_limit": 16, "max_instances": 16})  # pieces of 8: some refused
+    statuses = {status for _, status, *_ in door.answers}
+    assert len(door.answers) == 40 and statuses <= {b"200 OK", b"503 Service Unavailable"}, statuses
+    refused = [(head, body) for _, status, head, body in door.answers if status.startswith(b"503")]
+    assert refused and all(head.startswith(b"retry-after: ") and b'"overloaded"' in body for head, body in refused)
+    assert door.released == [1]
+
+
+def test_a_failure_while_answering_is_a_500_and_the_buffer_comes_back() -> None:
+    door = feed([3], {}, break_answers=True)
+    assert [status for _, status, *_ in door.answers] == [b"500 Internal Server Error"] * 3
+    assert door.released == [1]
