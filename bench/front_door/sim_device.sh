@@ -2,7 +2,7 @@
 # The front door against the service's own port on the simulated device (bench/sim_gpu/timed: a ResNet-50 batch's
 # H200 time ×10, slept), on any machine: one server (app.cli serve, 1 worker) with CGSERVE_FRONT_DOOR_PORT, hey at 256
 # and 512 connections, 8 s each, to each port in turn, two rounds.
-#   bash bench/front_door/sim_take.sh HEY      (HEY: hey's binary; writes /tmp/sim-*.txt and prints a line a point)
+#   bash bench/front_door/sim_device.sh HEY      (HEY: hey's binary; writes /tmp/sim-*.txt and prints a line a point)
 set -u
 hey_bin=${1:-hey}
 rm -rf /tmp/simrepo && mkdir -p /tmp/simrepo && cp -r bench/sim_gpu/timed /tmp/simrepo/
