@@ -199,16 +199,17 @@ class _Watched(Codec[Wire, Answer]):
         return self.status, reason
 
 
-def counted(error: Exception, model: str, path: str) -> ServiceError:
+def counted(error: Exception, model: str, path: str, *, requests: int = 1) -> ServiceError:
     """`error` as the ServiceError it is answered with, counted under its reason for `model` ("" before one
-    was looked up). A client that went away (ClientClosedError: each front end's body read raises it) is
-    no error of ours, logged at info; anything unexpected is logged with its traceback and answered 500."""
+    was looked up), once for each of `requests` it answers (the front door answers a bulk at once). A client
+    that went away (ClientClosedError: each front end's body read raises it) is no error of ours, logged at
+    info; anything unexpected is logged with its traceback and answered 500."""
     if isinstance(error, ClientClosedError):
         log.info("%s: the client went away before its answer", path)
     elif not isinstance(error, ServiceError):
         log.error("unexpected error in %s", path, exc_info=error)
         error = ServiceError("unexpected server error; it is logged with its traceback")
-    metrics.reject(model, error.reason)
+    metrics.reject(model, error.reason, requests)
     return error
 
 

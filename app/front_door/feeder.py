@@ -12,7 +12,6 @@ A bulk is queued a largest bucket at a time, each piece answered as its batch is
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from functools import partial
 from http import HTTPStatus
@@ -21,14 +20,16 @@ import numpy as np
 
 from app.batching.batcher import Batcher
 from app.config import Settings
-from app.errors import NotReadyError, ServiceError, error_body
+from app.dataplane import counted
+from app.errors import NotReadyError, ServiceError
 from app.front_door.answers import Answers
 from app.front_door.door import Door
+from app.http.answer import JSON_TYPE, error_answer
 from app.ops import metrics
 from app.service import ServedModel, Service
 
-log = logging.getLogger(__name__)
 PROTOCOL, FORM, OK = "door", "raw", b"200 OK"
+PATH = "the front door's POST /predict"  # where counted() logs an unexpected error
 # The event loop's timers fire on whole milliseconds (libuv's, uvloop's): a shorter wait would last one, and
 # the seed CNN's batches, a fraction of one, would wait for it each time.
 TIMER_RESOLUTION_S = 0.001
@@ -39,7 +40,6 @@ class Feeder:
         self.door, self.service, self.shape = door, service, shape
         self.in_flight, self.timeout_s = settings.in_flight, settings.request_timeout_s
         self.full = max(settings.buckets)  # a largest bucket's rows: a bulk's pieces
-        self.out = 0  # bulks taken and not yet wholly answered
         self.pieces: dict[int, int] = {}  # a taken bulk's buffer → its pieces not yet answered
         self.timer: asyncio.TimerHandle | None = None
         self.batcher: Batcher | None = None  # the last bulk's: its clock says when to take a partial one
@@ -54,9 +54,12 @@ class Feeder:
             taken = self.door.take()
             if taken is None:
                 return
-            buffer, rows, ids, arrived = taken
-            self.out += 1
-            self._queue(buffer, rows, ids, arrived)
+            self._queue(*taken)
+
+    @property
+    def out(self) -> int:
+        """Bulks taken and not yet wholly answered."""
+        return len(self.pieces)
 
     def idle(self) -> bool:
         return self.out == 0 and self.door.waiting() == 0
@@ -79,15 +82,14 @@ class Feeder:
     def _queue(self, buffer: int, rows: np.ndarray, ids: np.ndarray, arrived: np.ndarray) -> None:
         """A bulk of (k, C, H, W) rows, read in place until its buffer is released, onto the batcher in pieces."""
         deadline = float(arrived[0]) + self.timeout_s  # its oldest request's
-        starts = range(0, len(rows), self.full)
-        self.pieces[buffer] = len(starts)
         try:
             served, batcher = self._default_model()
         except Exception as error:  # a ServiceError (404, 503) is answered as it says, anything else 500
             self._refuse(ids, arrived, error, model="")
-            self.pieces[buffer] = 1
-            self._piece_done(buffer, pump=False)
+            self.door.release(buffer)
             return
+        starts = range(0, len(rows), self.full)
+        self.pieces[buffer] = len(starts)
         answers = self._answers_for(served, batcher)
         for start in starts:
             piece = slice(start, start + self.full)
@@ -125,7 +127,8 @@ class Feeder:
         error = None if future.cancelled() else future.exception()
         try:
             if future.cancelled() or error is not None:
-                self._refuse(ids, arrived, error or ServiceError("the request was cancelled"), model=served.spec.name)
+                failure = error if isinstance(error, Exception) else ServiceError("the request was cancelled")
+                self._refuse(ids, arrived, failure, model=served.spec.name)
             else:
                 self.door.answer(ids, answers(future.result()), OK)  # (k, classes) scores
                 metrics.observe_requests(served.spec.name, PROTOCOL, FORM, "200", time.monotonic() - arrived)
@@ -140,17 +143,13 @@ class Feeder:
         if self.pieces[buffer] == 0:
             del self.pieces[buffer]
             self.door.release(buffer)
-            self.out -= 1
             if pump:
                 self.pump()
 
-    def _refuse(self, ids: np.ndarray, arrived: np.ndarray, error: BaseException, *, model: str) -> None:
-        """Every request of `ids` answered with `error`, in the service's error shape, and counted."""
-        if not isinstance(error, ServiceError):
-            log.error("unexpected error in the front door's batch", exc_info=error)
-            error = ServiceError("unexpected server error; it is logged with its traceback")
-        status = f"{error.status} {HTTPStatus(error.status).phrase}".encode()
-        extra = "".join(f"{name.lower()}: {value}\r\n" for name, value in error.headers.items()).encode()
-        self.door.answer(ids, [error_body(error)] * len(ids), status, extra)
-        metrics.REJECTIONS.labels(model=model, reason=error.reason).inc(len(ids))
-        metrics.observe_requests(model, PROTOCOL, FORM, str(error.status), time.monotonic() - arrived)
+    def _refuse(self, ids: np.ndarray, arrived: np.ndarray, error: Exception, *, model: str) -> None:
+        """Every request of `ids` answered with `error` as the HTTP port answers it, and counted."""
+        answer = error_answer(counted(error, model, PATH, requests=len(ids)))
+        status = b"%d %s" % (answer.status, HTTPStatus(answer.status).phrase.encode())
+        extra = b"".join(b"%s: %s\r\n" % header for header in answer.headers if header != JSON_TYPE)
+        self.door.answer(ids, [answer.body] * len(ids), status, extra)
+        metrics.observe_requests(model, PROTOCOL, FORM, str(answer.status), time.monotonic() - arrived)

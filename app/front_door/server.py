@@ -51,7 +51,8 @@ class FrontDoor:
     async def open(cls, service: Service) -> FrontDoor:
         """The door on front_door_port for the default model (its input shape decides a request's body)."""
         settings = service.settings
-        shape = service.model(None).spec.input_shape
+        default = service.model(None).spec
+        shape = default.input_shape
         library = await asyncio.to_thread(door_library, settings.front_door_library)
         listener = socket.create_server((settings.host, settings.front_door_port), backlog=4096)
         listener.setblocking(False)
@@ -77,7 +78,7 @@ class FrontDoor:
         log.info(
             "front door on %s:%d: %d threads, POST /predict with %s raw pixels of %s",
             settings.host, settings.front_door_port, settings.front_door_threads, "×".join(map(str, shape)),
-            service.model(None).spec.name,
+            default.name,
         )  # fmt: skip
         return cls(service, door, listener, wake, Feeder(door, service, shape, settings))
 

@@ -276,5 +276,5 @@ def observe_requests(model: str, protocol: str, form: str, code: str, seconds: n
     latency.observe_many(seconds)
 
 
-def reject(model: str, reason: str) -> None:
-    REJECTIONS.labels(model=model, reason=reason).inc()
+def reject(model: str, reason: str, requests: int = 1) -> None:
+    REJECTIONS.labels(model=model, reason=reason).inc(requests)
