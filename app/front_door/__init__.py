@@ -1,14 +1,16 @@
-"""The front door: a second HTTP port, served in C, for one image's raw pixels to the default model.
+"""The front door: a second HTTP port, served in C, for one image's uint8 pixels to the default model.
 
-    client ── POST /predict (raw uint8) ──▶ door.c: N epoll threads parse, check the token, copy the
-                                            pixels into a bulk; the connection waits
-                                                   │ eventfd: a bulk turned non-empty (or full)
-                                                   ▼
-                                            feeder.py on the event loop: takes the bulk (rows read in
-                                            place), queues it on the model's Batcher a bucket at a time
-                                                   │ the batch's future
-                                                   ▼
-    client ◀── the /predict answer ──────── door.c: the connection's own thread writes each answer
+    client ── POST /predict (raw uint8) ────▶ door.c: N epoll threads parse, check the token, copy the
+      or POST /v2/models/<m>/infer            pixels into a bulk (a v2 request's JSON header beside
+         (binary extension, one UINT8 image)  them); the connection waits
+                                                     │ eventfd: a bulk turned non-empty (or full)
+                                                     ▼
+                                              feeder.py on the event loop: takes the bulk (rows read in
+                                              place), checks its v2 headers, queues it on the model's
+                                              Batcher a bucket at a time
+                                                     │ the batch's future
+                                                     ▼
+    client ◀── the HTTP port's answer ─────── door.c: the connection's own thread writes each answer
 
 Most clients send one image a request. On the service's port each such request costs Python a
 request's work (the ASGI protocol, the data plane, a future), and the H200 showed where that ends: the
@@ -17,13 +19,14 @@ design, with Python's work per bulk, reached 0.72× (bench/results/2026-12-03-ru
 
 It runs in the process that holds the engines (the server with one worker, or the engine process), so
 that one batcher sees every request, and only where front_door_port is set. Everything else (other
-routes and models, JSON, v2, multipart, chunked bodies, TLS) is the service's port's: the door answers
-it a 4xx that says so. It keeps its own limits (door.c's header) and counts into the same metrics,
-under protocol "door".
+routes and models, JSON, v2's JSON tensors, FP32 or encoded images, multipart, chunked bodies, TLS) is
+the service's port's: the door answers it a 4xx that says so. It keeps its own limits (door.c's header)
+and counts into the same metrics, under protocol "door" (format "raw", or "v2-binary").
 
     library.py   door.c built (or the one the settings name)
     door.py      door.c through ctypes
-    feeder.py    bulks onto the batcher, answers back: the flow control
-    answers.py   the /predict JSON of k rows at once
+    feeder.py      bulks onto the batcher, answers back: the flow control
+    v2_headers.py  a v2 request's JSON header, checked by the HTTP port's codec once per distinct header
+    answers.py     each request's answer for a piece: /predict's JSON for k rows at once, v2's row by row
     server.py    the port's life: opened once the models are ready, drained and closed at shutdown
 """

@@ -1,10 +1,13 @@
-/* The front door: HTTP/1.1 in C threads for the one request shape that is most of real traffic,
- * POST /predict with one image's raw uint8 pixels (app/front_door/__init__.py says why and where).
+/* The front door: HTTP/1.1 in C threads for the one request shape that is most of real traffic, one image's
+ * uint8 pixels: POST /predict with them as the body, or the default model's v2 infer with them as the one
+ * UINT8 tensor of the binary tensor extension, after its JSON inference header (app/front_door/__init__.py
+ * says why and where).
  *
  * Threads: `threads` POSIX threads each run an epoll loop over the shared listening socket
  * (EPOLLEXCLUSIVE: one thread wakes an accept) and the connections they accepted. A request's
  * pixels are copied into the bulk being filled (one of `buffers` of max_rows × row_bytes, which
- * Python reads in place) and its connection waits. The bulk's first row writes the eventfd, and
+ * Python reads in place; a v2 request's JSON header goes to the bulk's heads, which Python parses) and its
+ * connection waits. The bulk's first row writes the eventfd, and
  * so does its `full_rows`-th, so Python's event loop wakes once for however many rows gather
  * before it runs. Python takes the bulk (fd_take: the next free buffer is filled from then on;
  * fd_release gives it back once its rows are staged), queues it on the model's batcher, and hands
@@ -19,7 +22,8 @@
  * is not read while its request is in flight and that buffer is full; where `tokens` are set, a
  * request without one of them gets 401 before its pixels are copied (before they are sent, where
  * it asks `Expect: 100-continue`). A request whose client then closes its sending side is still
- * answered. fd_drain stops accepting: from then on each answer says `connection: close` and
+ * answered. A few GETs (the v2 metadata, configuration and health of the default model, which a v2
+ * client reads from the address it then sends its inferences to) get the answers Python set last. fd_drain stops accepting: from then on each answer says `connection: close` and
  * closes its connection. Every other request (route, method, a bare LF, two Content-Lengths,
  * chunked) gets a clear 4xx in the service's error shape, counted by status; a refusal the
  * socket does not take whole (a client that does not read) closes the connection, so that its
@@ -49,6 +53,8 @@
 #define MAX_FD 65536
 #define MAX_THREADS 64
 #define MAX_HEAD 8192
+#define MAX_V2_HEADER 4096 /* a v2 request's JSON inference header (Triton's clients send ~250 bytes) */
+#define MAX_GETS 16        /* the GET answers Python sets (fd_set_get): the v2 metadata a client reads first */
 #define MAX_BUFFERS 16
 #define MAX_TOKENS 64
 #define SWEEP_S 0.25
@@ -77,6 +83,16 @@ typedef struct {
     size_t out_len, out_off;
 } conn_t;
 
+/* One GET the door answers itself, as Python set it: a v2 client (perf_analyzer, Triton's) reads the model's
+ * metadata and configuration from the address it then sends its inferences to. */
+typedef struct {
+    char *path;
+    char *head;  /* the status line's rest ("200 OK") and whole header lines, without the length */
+    char *body;
+    size_t body_len;
+    int token;   /* asks for an inference token, where tokens are set */
+} get_t;
+
 typedef struct {
     int fd;
     uint32_t gen;
@@ -95,11 +111,13 @@ typedef struct {
     int lfd, efd, threads, row_bytes, max_rows, max_conns;
     int full_rows;                /* the eventfd is written at the first row of a bulk and again at this many */
     double keepalive_s, request_s;
-    char path[256];
-    size_t path_len;
+    char path[256], v2_path[256]; /* "/predict"; "/v2/models/<default model>/infer" */
+    size_t path_len, v2_path_len;
     char *tokens[MAX_TOKENS];
     size_t token_lens[MAX_TOKENS];
     int n_tokens;
+    pthread_mutex_t gets_mu;      /* the GET answers: set by Python's thread, read by the door's */
+    get_t gets[MAX_GETS];
     int stop, draining;           /* __atomic: set by Python's thread, read by the door's */
     int open_conns;               /* under table_mu */
     int high_fd;                  /* the highest fd accepted (__atomic): sweeps look no further */
@@ -118,6 +136,8 @@ typedef struct {
     int bulk_n;
     uint64_t *bulk_ids;           /* gen << 32 | fd */
     double *bulk_arrived;         /* CLOCK_MONOTONIC seconds: Python's time.monotonic() */
+    char *bulk_headers;           /* the v2 requests' JSON headers, one after another (max_rows × MAX_V2_HEADER) */
+    int32_t *bulk_header_ends;    /* row i's header is bulk_headers[ends[i - 1]:ends[i]] (empty: POST /predict) */
     uint64_t requests, refused[REFUSALS];
 } door_t;
 
@@ -148,25 +168,29 @@ static int send_all(int fd, const char *text, size_t n) {
     return 1;
 }
 
-/* A refusal in the service's error shape ({"error": {"code", "message", "expected"}}), counted. Returns
- * whether it was written whole. */
+/* A refusal in the service's error shape ({"error": {"code", "message", "expected"}}), counted; to a v2 request,
+ * in the protocol's ({"error": "…"}, with Triton's 400 for a 422). Returns whether it was written whole. */
 static int refuse(door_t *d, int fd, int which, const char *code, const char *message, const char *extra_head,
-                  int closing) {
+                  int closing, int v2) {
     static const char *reasons[REFUSALS] = {
         "Bad Request", "Unauthorized", "Not Found", "Method Not Allowed", "Request Timeout", "Length Required",
         "Content Too Large", "Unsupported Media Type", "Unprocessable Content", "Request Header Fields Too Large",
         "Service Unavailable"};
-    char body[640], text[1024];
-    int body_len = snprintf(body, sizeof body,
-                            "{\"error\":{\"code\":\"%s\",\"message\":\"%s\",\"expected\":\"POST /predict with "
-                            "Content-Type application/octet-stream and one image's raw uint8 pixels (%d bytes); every "
-                            "other request goes to the service's HTTP port\"}}",
-                            code, message, d->row_bytes);
+    static const char expected[] = "one image's uint8 pixels (%d bytes): POST /predict with Content-Type "
+                                   "application/octet-stream and the pixels as the body, or POST %s with them as the "
+                                   "one UINT8 input of the binary tensor extension; every other request goes to the "
+                                   "service's HTTP port";
+    char wanted[512], body[1024], text[1536];
+    snprintf(wanted, sizeof wanted, expected, d->row_bytes, d->v2_path);
+    int body_len = v2 ? snprintf(body, sizeof body, "{\"error\":\"%s; expected %s\"}", message, wanted)
+                      : snprintf(body, sizeof body, "{\"error\":{\"code\":\"%s\",\"message\":\"%s\",\"expected\":\"%s\"}}",
+                                 code, message, wanted);
+    int status = v2 && which == R422 ? R400 : which;
     int n = snprintf(text, sizeof text,
                      "HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s%s\r\n%s",
-                     refusal_codes[which], reasons[which], body_len, extra_head, closing ? "connection: close\r\n" : "",
-                     body);
-    count_refusal(d, which);
+                     refusal_codes[status], reasons[status], body_len, extra_head,
+                     closing ? "connection: close\r\n" : "", body);
+    count_refusal(d, status);
     return send_all(fd, text, (size_t)n);
 }
 
@@ -271,13 +295,30 @@ static int crlf_only(const char *head, size_t n) {
 
 typedef struct { int which; const char *code, *message, *extra_head; } refusal_t;
 
-/* What the head asks for, checked before its body is needed: the route, the token, the content type and
- * the length. `which` < 0: taken. */
-static refusal_t check_head(door_t *d, const char *buf, size_t head_len, size_t body_len) {
+static const refusal_t TAKEN = {-1, NULL, NULL, NULL};
+
+/* A header's value as a byte count: at most 9 digits (no sign, no spaces). -1 where it is not one. */
+static long byte_count(const char *value, size_t len) {
+    if (len == 0 || len > 9) return -1;
+    long n = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (value[i] < '0' || value[i] > '9') return -1;
+        n = n * 10 + (value[i] - '0');
+    }
+    return n;
+}
+
+static int is_path(const char *buf, size_t head_len, const char *path, size_t path_len) {
+    return path_len && head_len > 5 + path_len && memcmp(buf + 5, path, path_len) == 0 && buf[5 + path_len] == ' ';
+}
+
+/* What the head asks for, checked before its body is needed: the route, the token, and the body's form and
+ * length. Taken (`which` < 0): *header_len is the v2 request's JSON header's length (0 for POST /predict). */
+static refusal_t check_head(door_t *d, const char *buf, size_t head_len, size_t body_len, size_t *header_len) {
     size_t value_len = 0;
-    const char *path = buf + 5;
-    int path_ok = head_len > 5 + d->path_len && memcmp(path, d->path, d->path_len) == 0 && path[d->path_len] == ' ';
-    if (!path_ok) return (refusal_t){R404, "not_found", "the front door serves POST /predict only, without a query", ""};
+    int v2 = is_path(buf, head_len, d->v2_path, d->v2_path_len);
+    if (!v2 && !is_path(buf, head_len, d->path, d->path_len))
+        return (refusal_t){R404, "not_found", "the front door serves only the two routes expected, without a query", ""};
     if (d->n_tokens) {
         const char *auth = find_header(buf, head_len, "authorization:", &value_len);
         if (!auth || !token_ok(d, auth, value_len))
@@ -285,13 +326,68 @@ static refusal_t check_head(door_t *d, const char *buf, size_t head_len, size_t 
                                auth ? "the bearer token is not one of the inference tokens" : "the request has no bearer token",
                                "www-authenticate: Bearer\r\n"};
     }
+    *header_len = 0;
+    if (v2) { /* the JSON header and the pixels; its Content-Type is the client's (Triton's set none) */
+        const char *value = find_header(buf, head_len, "inference-header-content-length:", &value_len);
+        long n = value ? byte_count(value, value_len) : -1;
+        if (n < 0)
+            return (refusal_t){R422, "invalid_input",
+                               "the request has no Inference-Header-Content-Length: a JSON-only v2 request", ""};
+        if (n > MAX_V2_HEADER)
+            return (refusal_t){R431, "header_too_large", "the inference header is over 4 KiB", ""};
+        if (body_len != (size_t)n + (size_t)d->row_bytes)
+            return (refusal_t){R422, "invalid_input", "the binary section is not one image's uint8 pixels", ""};
+        *header_len = (size_t)n;
+        return TAKEN;
+    }
     const char *type = find_header(buf, head_len, "content-type:", &value_len);
     int type_ok = type && value_len >= 24 && strncasecmp(type, "application/octet-stream", 24) == 0 &&
                   (value_len == 24 || type[24] == ';' || type[24] == ' ');
     if (!type_ok) return (refusal_t){R415, "unsupported_media_type", "the Content-Type is not application/octet-stream", ""};
     if ((int)body_len != d->row_bytes)
         return (refusal_t){R422, "invalid_input", "the body's length is not one image's pixels", ""};
-    return (refusal_t){-1, NULL, NULL, NULL};
+    return TAKEN;
+}
+
+/* A GET Python set an answer for, or 404 (the HTTP port has the rest); a GET has no body. Returns whether the
+ * connection goes on: the answer was written whole, and it does not close it. */
+static int answer_get(door_t *d, int fd, const char *buf, size_t head_len, int closing, int v2) {
+    const char *path = buf + 4, *end = memchr(path, ' ', head_len - 4);
+    size_t path_len = end ? (size_t)(end - path) : 0, value_len = 0;
+    char *text = NULL;
+    int n = 0, found = 0;
+    pthread_mutex_lock(&d->gets_mu);
+    for (int i = 0; i < MAX_GETS && !found; i++) {
+        get_t *g = &d->gets[i];
+        if (!g->path || strlen(g->path) != path_len || memcmp(g->path, path, path_len) != 0) continue;
+        found = 1;
+        if (g->token && d->n_tokens) {
+            const char *auth = find_header(buf, head_len, "authorization:", &value_len);
+            if (!auth || !token_ok(d, auth, value_len)) { found = -1; break; }
+        }
+        size_t cap = strlen(g->head) + g->body_len + 128;
+        text = malloc(cap);
+        n = snprintf(text, cap, "HTTP/1.1 %scontent-length: %zu\r\n%s\r\n", g->head, g->body_len,
+                     closing ? "connection: close\r\n" : "");
+        memcpy(text + n, g->body, g->body_len);
+        n += (int)g->body_len;
+    }
+    pthread_mutex_unlock(&d->gets_mu);
+    if (found < 0)
+        return refuse(d, fd, R401, "unauthorized", "the bearer token is missing or not one of the inference tokens",
+                      "www-authenticate: Bearer\r\n", closing, v2);
+    int post_route = (path_len == d->path_len && memcmp(path, d->path, path_len) == 0) ||
+                     (path_len == d->v2_path_len && memcmp(path, d->v2_path, path_len) == 0);
+    if (!found && post_route) { /* as a wrong method always is here: refused, and the connection closed */
+        refuse(d, fd, R405, "method_not_allowed", "the route takes POST", "allow: POST\r\n", 1, v2);
+        return 0;
+    }
+    if (!found)
+        return refuse(d, fd, R404, "not_found", "the front door answers only a few GETs: the v2 metadata", "",
+                      closing, v2);
+    int sent = send_all(fd, text, (size_t)n);
+    free(text);
+    return sent;
 }
 
 /* With c->mu held and c IDLE: one request out of c->buf, if whole. Returns 1 if one was taken
@@ -300,7 +396,7 @@ static int parse_one(door_t *d, conn_t *c, int fd) {
     char *head_end = memmem(c->buf, c->len, "\r\n\r\n", 4);
     size_t head_len = head_end ? (size_t)(head_end - c->buf) + 4 : c->len;
     if (head_len > MAX_HEAD) {
-        refuse(d, fd, R431, "header_too_large", "the request line and headers are over 8 KiB", "", 1);
+        refuse(d, fd, R431, "header_too_large", "the request line and headers are over 8 KiB", "", 1, 0);
         return -1;
     }
     if (!head_end) return 0;
@@ -310,50 +406,56 @@ static int parse_one(door_t *d, conn_t *c, int fd) {
     if (http10) c->close_after = 1;
     const char *connection = find_header(c->buf, head_len, "connection:", &value_len);
     if (connection && value_len == 5 && strncasecmp(connection, "close", 5) == 0) c->close_after = 1;
+    int get = memcmp(c->buf, "GET ", 4) == 0;
+    int v2 = head_len > 9 && memcmp(c->buf + 4 + !get, "/v2/", 4) == 0; /* refused in the protocol's error shape */
+    if (get && crlf_only(c->buf, head_len) && !find_header(c->buf, head_len, "content-length:", &value_len) &&
+        !find_header(c->buf, head_len, "transfer-encoding:", &value_len)) {
+        int closing = c->close_after || load(&d->draining);
+        int sent = answer_get(d, fd, c->buf, head_len, closing, v2);
+        memmove(c->buf, c->buf + head_len, c->len - head_len);
+        c->len -= head_len;
+        c->since = now_s();
+        return closing || !sent ? -1 : 1;
+    }
     if (c->len < 5 || memcmp(c->buf, "POST ", 5) != 0) {
-        refuse(d, fd, R405, "method_not_allowed", "the front door serves POST only", "allow: POST\r\n", 1);
+        refuse(d, fd, R405, "method_not_allowed", "the front door serves POST, and GET of the v2 metadata",
+               "allow: GET, POST\r\n", 1, v2);
         return -1;
     }
     if (!crlf_only(c->buf, head_len)) {
-        refuse(d, fd, R400, "bad_request", "a line of the head ends in a bare LF, not CRLF", "", 1);
+        refuse(d, fd, R400, "bad_request", "a line of the head ends in a bare LF, not CRLF", "", 1, v2);
         return -1;
     }
     if (find_header(c->buf, head_len, "transfer-encoding:", &value_len)) {
-        refuse(d, fd, R411, "length_required", "a chunked body is not taken here: send a Content-Length", "", 1);
+        refuse(d, fd, R411, "length_required", "a chunked body is not taken here: send a Content-Length", "", 1, v2);
         return -1;
     }
     const char *length = find_header(c->buf, head_len, "content-length:", &value_len);
     if (!length) {
-        refuse(d, fd, R411, "length_required", "the request has no Content-Length", "", 1);
+        refuse(d, fd, R411, "length_required", "the request has no Content-Length", "", 1, v2);
         return -1;
     }
     size_t second_len = 0; /* two lengths: a proxy before us may read the other one (request smuggling) */
     if (find_header_from(c->buf, head_len, length, "content-length:", &second_len)) {
-        refuse(d, fd, R400, "bad_request", "the request has two Content-Length headers", "", 1);
+        refuse(d, fd, R400, "bad_request", "the request has two Content-Length headers", "", 1, v2);
         return -1;
     }
-    size_t body_len = 0;
-    for (size_t i = 0; i < value_len; i++) {
-        if (length[i] < '0' || length[i] > '9' || i == 9) { /* digits only, and at most 9 of them */
-            refuse(d, fd, R400, "bad_request", "the Content-Length is not a number of bytes", "", 1);
-            return -1;
-        }
-        body_len = body_len * 10 + (size_t)(length[i] - '0');
-    }
-    if (value_len == 0) {
-        refuse(d, fd, R400, "bad_request", "the Content-Length is empty", "", 1);
+    long length_value = byte_count(length, value_len);
+    if (length_value < 0) {
+        refuse(d, fd, R400, "bad_request", "the Content-Length is not a number of bytes (at most 9 digits)", "", 1, v2);
         return -1;
     }
+    size_t body_len = (size_t)length_value, header_len = 0;
     if (head_len + body_len > c->cap) { /* refused before the body is read: it is not drained */
-        refuse(d, fd, R413, "body_too_large", "the body is larger than one image", "", 1);
+        refuse(d, fd, R413, "body_too_large", "the body is larger than one image and its inference header", "", 1, v2);
         return -1;
     }
-    refusal_t refusal = check_head(d, c->buf, head_len, body_len);
+    refusal_t refusal = check_head(d, c->buf, head_len, body_len, &header_len);
     if (c->len < head_len + body_len) {
         const char *expect = find_header(c->buf, head_len, "expect:", &value_len);
         if (expect && !c->continued && !http10 && value_len == 12 && strncasecmp(expect, "100-continue", 12) == 0) {
             if (refusal.which >= 0) { /* refused before its body is sent, as Expect asks */
-                refuse(d, fd, refusal.which, refusal.code, refusal.message, refusal.extra_head, 1);
+                refuse(d, fd, refusal.which, refusal.code, refusal.message, refusal.extra_head, 1, v2);
                 return -1;
             }
             if (!send_all(fd, "HTTP/1.1 100 Continue\r\n\r\n", 25)) return -1;
@@ -365,7 +467,7 @@ static int parse_one(door_t *d, conn_t *c, int fd) {
     int closing = c->close_after || load(&d->draining);
     int sent = 1, answered_here = 1;
     if (refusal.which >= 0) {
-        sent = refuse(d, fd, refusal.which, refusal.code, refusal.message, refusal.extra_head, closing);
+        sent = refuse(d, fd, refusal.which, refusal.code, refusal.message, refusal.extra_head, closing, v2);
     } else {
         pthread_mutex_lock(&d->bulk_mu);
         int wake = 0;
@@ -373,10 +475,13 @@ static int parse_one(door_t *d, conn_t *c, int fd) {
             int i = d->bulk_n++, b = d->filling;
             d->bulk_ids[i] = ((uint64_t)c->gen << 32) | (uint32_t)fd;
             d->bulk_arrived[i] = now_s();
+            int32_t start = i ? d->bulk_header_ends[i - 1] : 0; /* a few hundred bytes: under the lock */
+            memcpy(d->bulk_headers + start, c->buf + head_len, header_len);
+            d->bulk_header_ends[i] = start + (int32_t)header_len;
             d->requests++;
             d->copying[b]++; /* fd_take waits for the copy: 150 KB an image is not copied under the lock */
             pthread_mutex_unlock(&d->bulk_mu);
-            memcpy(d->buffer[b] + (size_t)i * d->row_bytes, c->buf + head_len, body_len);
+            memcpy(d->buffer[b] + (size_t)i * d->row_bytes, c->buf + head_len + header_len, (size_t)d->row_bytes);
             pthread_mutex_lock(&d->bulk_mu);
             d->copying[b]--;
             wake = i == 0 || i + 1 == d->full_rows;
@@ -386,7 +491,7 @@ static int parse_one(door_t *d, conn_t *c, int fd) {
         pthread_mutex_unlock(&d->bulk_mu);
         if (answered_here)
             sent = refuse(d, fd, R503, "queue_full", "the front door holds as many images as it may; retry",
-                          "retry-after: 1\r\n", closing);
+                          "retry-after: 1\r\n", closing, v2);
         if (wake) {
             uint64_t one = 1;
             ssize_t ignored = write(d->efd, &one, sizeof one);
@@ -449,7 +554,7 @@ static void refuse_over_limit(door_t *d) {
         int fd = accept4(d->lfd, NULL, NULL, SOCK_CLOEXEC);
         if (fd >= 0) {
             refuse(d, fd, R503, "too_many_connections", "the server holds as many connections as it may",
-                   "retry-after: 1\r\n", 1);
+                   "retry-after: 1\r\n", 1, 0);
             close(fd);
         }
         d->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -469,7 +574,7 @@ static void accept_all(door_t *d, int epfd, int owner) {
         if (full) {
             pthread_mutex_unlock(&d->table_mu);
             refuse(d, fd, R503, "too_many_connections", "the front door holds as many connections as it may",
-                   "retry-after: 1\r\n", 1);
+                   "retry-after: 1\r\n", 1, 0);
             close(fd);
             continue;
         }
@@ -479,7 +584,7 @@ static void accept_all(door_t *d, int epfd, int owner) {
         if (!c) {
             c = calloc(1, sizeof *c);
             pthread_mutex_init(&c->mu, NULL);
-            c->cap = MAX_HEAD + (size_t)d->row_bytes;
+            c->cap = MAX_HEAD + MAX_V2_HEADER + (size_t)d->row_bytes;
             __atomic_store_n(&d->conns[fd], c, __ATOMIC_RELEASE);
         }
         pthread_mutex_unlock(&d->table_mu);
@@ -582,7 +687,7 @@ static void sweep(door_t *d, int index) {
             if (c->out && c->since > 0 && now - c->since > d->request_s) {
                 close_conn(d, c, fd); /* it does not read its answers */
             } else if (c->state == IDLE && c->len > 0 && now - c->since > d->request_s) {
-                refuse(d, fd, R408, "request_timeout", "the request did not arrive whole in time", "", 1);
+                refuse(d, fd, R408, "request_timeout", "the request did not arrive whole in time", "", 1, 0);
                 linger_conn(d, c, fd);
             } else if (c->state == LINGERING && now - c->since > LINGER_S) {
                 close_conn(d, c, fd);
@@ -628,15 +733,19 @@ static void *run(void *arg) {
 
 /* `tokens`: the inference tokens, one a line ("" where requests need none). NULL for arguments out of range. */
 door_t *fd_open(int lfd, int threads, int row_bytes, int max_rows, int buffers, int efd, const char *path,
-                int full_rows, int max_conns, double keepalive_s, double request_s, const char *tokens) {
+                const char *v2_path, int full_rows, int max_conns, double keepalive_s, double request_s,
+                const char *tokens) {
     if (threads < 1 || threads > MAX_THREADS || buffers < 2 || buffers > MAX_BUFFERS || row_bytes < 1 ||
-        max_rows < 1 || full_rows < 1 || max_conns < 1 || strlen(path) >= sizeof(((door_t *)0)->path))
+        max_rows < 1 || full_rows < 1 || max_conns < 1 || strlen(path) >= sizeof(((door_t *)0)->path) ||
+        strlen(v2_path) >= sizeof(((door_t *)0)->v2_path))
         return NULL;
     door_t *d = calloc(1, sizeof *d);
     d->lfd = lfd; d->efd = efd; d->threads = threads; d->row_bytes = row_bytes; d->max_rows = max_rows;
     d->max_conns = max_conns; d->keepalive_s = keepalive_s; d->request_s = request_s;
     strcpy(d->path, path);
     d->path_len = strlen(path);
+    strcpy(d->v2_path, v2_path);
+    d->v2_path_len = strlen(v2_path);
     for (const char *t = tokens; *t && d->n_tokens < MAX_TOKENS;) {
         const char *end = strchr(t, '\n');
         size_t len = end ? (size_t)(end - t) : strlen(t);
@@ -647,6 +756,7 @@ door_t *fd_open(int lfd, int threads, int row_bytes, int max_rows, int buffers, 
         t += len + (end != NULL);
     }
     pthread_mutex_init(&d->table_mu, NULL);
+    pthread_mutex_init(&d->gets_mu, NULL);
     pthread_mutex_init(&d->bulk_mu, NULL);
     d->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     d->buffers = buffers;
@@ -654,6 +764,8 @@ door_t *fd_open(int lfd, int threads, int row_bytes, int max_rows, int buffers, 
     for (int b = 0; b < buffers; b++) d->buffer[b] = malloc((size_t)max_rows * row_bytes);
     d->bulk_ids = malloc(sizeof(uint64_t) * max_rows);
     d->bulk_arrived = malloc(sizeof(double) * max_rows);
+    d->bulk_headers = malloc((size_t)max_rows * MAX_V2_HEADER);
+    d->bulk_header_ends = malloc(sizeof(int32_t) * max_rows);
     for (int t = 0; t < threads; t++) {
         d->epfds[t] = epoll_create1(EPOLL_CLOEXEC);
         struct epoll_event ev = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.fd = lfd};
@@ -673,8 +785,10 @@ door_t *fd_open(int lfd, int threads, int row_bytes, int max_rows, int buffers, 
 uint8_t *fd_buffer(door_t *d, int b) { return d->buffer[b]; }
 
 /* The bulk, if any: its rows' count (0: none; -1: no free buffer to fill next, Python holds them all),
- * its buffer's index in *b (read in place until fd_release), its requests' ids and arrival times. */
-int fd_take(door_t *d, uint64_t *ids, double *arrived, int *b) {
+ * its buffer's index in *b (read in place until fd_release), its requests' ids and arrival times, and their
+ * v2 headers (`headers`, max_rows × MAX_V2_HEADER bytes; row i's ends at header_ends[i], the previous one's
+ * end its start). */
+int fd_take(door_t *d, uint64_t *ids, double *arrived, char *headers, int32_t *header_ends, int *b) {
     pthread_mutex_lock(&d->bulk_mu);
     int next = -1;
     for (int j = 0; j < d->buffers && next < 0; j++)
@@ -687,6 +801,8 @@ int fd_take(door_t *d, uint64_t *ids, double *arrived, int *b) {
     int k = d->bulk_n, taken = d->filling;
     memcpy(ids, d->bulk_ids, sizeof(uint64_t) * k);
     memcpy(arrived, d->bulk_arrived, sizeof(double) * k);
+    memcpy(header_ends, d->bulk_header_ends, sizeof(int32_t) * k);
+    memcpy(headers, d->bulk_headers, (size_t)d->bulk_header_ends[k - 1]);
     d->taken[taken] = 1;
     d->filling = next; /* new rows go there from now on, so the copies into this one only end */
     d->bulk_n = 0;
@@ -698,6 +814,20 @@ int fd_take(door_t *d, uint64_t *ids, double *arrived, int *b) {
     pthread_mutex_unlock(&d->bulk_mu);
     *b = taken;
     return k;
+}
+
+/* GET answer i (< MAX_GETS) set, or replaced: `path`'s answer is "HTTP/1.1 " + `head` (the status's rest and
+ * whole header lines) + its length + `body`; `token`: it asks for an inference token. 0 where i is out of range. */
+int fd_set_get(door_t *d, int i, const char *path, const char *head, const char *body, int body_len, int token) {
+    if (i < 0 || i >= MAX_GETS || body_len < 0) return 0;
+    get_t fresh = {strdup(path), strdup(head), malloc((size_t)body_len + 1), (size_t)body_len, token};
+    memcpy(fresh.body, body, (size_t)body_len);
+    pthread_mutex_lock(&d->gets_mu);
+    get_t old = d->gets[i];
+    d->gets[i] = fresh;
+    pthread_mutex_unlock(&d->gets_mu);
+    free(old.path); free(old.head); free(old.body);
+    return 1;
 }
 
 int fd_waiting(door_t *d) {
@@ -713,10 +843,11 @@ void fd_release(door_t *d, int b) {
     pthread_mutex_unlock(&d->bulk_mu);
 }
 
-/* Answer k requests: answer i is bodies[offsets[i]:offsets[i+1]], with `status` ("200 OK") and `extra_head`
- * (whole header lines, or ""), handed to the outbox of the thread that owns its connection (which writes it). */
+/* Answer k requests: answer i is bodies[offsets[i]:offsets[i+1]], with `status` ("200 OK") and the header
+ * lines heads[head_offsets[i]:head_offsets[i+1]] (its content-type and any others), handed to the outbox of
+ * the thread that owns its connection (which writes it). */
 void fd_answer(door_t *d, int k, const uint64_t *ids, const char *bodies, const int64_t *offsets,
-               const char *status, const char *content_type, const char *extra_head) {
+               const char *status, const char *heads, const int64_t *head_offsets) {
     int woken[MAX_THREADS] = {0};
     for (int i = 0; i < k; i++) {
         int fd = (int)(uint32_t)ids[i];
@@ -728,10 +859,11 @@ void fd_answer(door_t *d, int k, const uint64_t *ids, const char *bodies, const 
         pthread_mutex_unlock(&c->mu);
         if (!current) continue; /* closed since: nobody to answer */
         size_t body_len = (size_t)(offsets[i + 1] - offsets[i]);
+        int lines_len = (int)(head_offsets[i + 1] - head_offsets[i]);
         char head[1024];
-        int n = snprintf(head, sizeof head, "HTTP/1.1 %s\r\ncontent-type: %s\r\ncontent-length: %zu\r\n%s%s\r\n",
-                         status, content_type, body_len, extra_head, closing ? "connection: close\r\n" : "");
-        if (n < 0 || n >= (int)sizeof head) { /* Python's extra_head is a few short lines: never, but answered */
+        int n = snprintf(head, sizeof head, "HTTP/1.1 %s\r\n%.*scontent-length: %zu\r\n%s\r\n", status, lines_len,
+                         heads + head_offsets[i], body_len, closing ? "connection: close\r\n" : "");
+        if (n < 0 || n >= (int)sizeof head) { /* Python's lines are a few short ones: never, but answered */
             n = snprintf(head, sizeof head, "HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\n"
                          "connection: close\r\n\r\n");
             body_len = 0;
@@ -800,7 +932,8 @@ void fd_close(door_t *d) {
     for (int b = 0; b < d->buffers; b++)
         if (!d->taken[b]) free(d->buffer[b]);
     for (int t = 0; t < d->n_tokens; t++) free(d->tokens[t]);
+    for (int i = 0; i < MAX_GETS; i++) { free(d->gets[i].path); free(d->gets[i].head); free(d->gets[i].body); }
     if (d->spare_fd >= 0) close(d->spare_fd);
-    free(d->bulk_ids); free(d->bulk_arrived);
+    free(d->bulk_ids); free(d->bulk_arrived); free(d->bulk_headers); free(d->bulk_header_ends);
     free(d);
 }

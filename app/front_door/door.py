@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 
 MOST_ROWS = 1024  # a bulk's rows at most (the C side answers 503 past it); more than a batch's: pieces
+MAX_V2_HEADER = 4096  # door.c's: a v2 request's JSON inference header at most
 REFUSALS = 11  # door.c's refusal statuses (fd_refusal_code)
+MAX_GETS = 16  # door.c's: GET answers set at most
 
 
 @dataclass(frozen=True)
@@ -30,35 +32,51 @@ def _load(library: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(library))
     lib.fd_open.restype = ctypes.c_void_p
     number, seconds, text, pointer = ctypes.c_int, ctypes.c_double, ctypes.c_char_p, ctypes.c_void_p
-    lib.fd_open.argtypes = (number,) * 6 + (text, number, number, seconds, seconds, text)
+    lib.fd_open.argtypes = (number,) * 6 + (text, text, number, number, seconds, seconds, text)
     lib.fd_waiting.restype = ctypes.c_int
     lib.fd_waiting.argtypes = [ctypes.c_void_p]
     lib.fd_buffer.restype = ctypes.c_void_p
     lib.fd_buffer.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.fd_take.restype = ctypes.c_int
-    lib.fd_take.argtypes = [ctypes.c_void_p] * 4
+    lib.fd_take.argtypes = [ctypes.c_void_p] * 6
     lib.fd_release.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.fd_answer.restype = None
-    lib.fd_answer.argtypes = (pointer, number, pointer, pointer, pointer, text, text, text)
+    lib.fd_answer.argtypes = (pointer, number, pointer, pointer, pointer, text, text, pointer)
     lib.fd_counts.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     lib.fd_refusal_code.restype = ctypes.c_int
     lib.fd_refusal_code.argtypes = [ctypes.c_int]
+    lib.fd_set_get.restype = ctypes.c_int
+    lib.fd_set_get.argtypes = (pointer, number, text, text, text, number, number)
     lib.fd_drain.argtypes = [ctypes.c_void_p]
     lib.fd_close.argtypes = [ctypes.c_void_p]
     return lib
 
 
+@dataclass(frozen=True)
+class Bulk:
+    """Requests taken at once: their rows, read in place until the door is given `buffer` back."""
+
+    buffer: int
+    rows: np.ndarray  # (k, C, H, W) uint8
+    ids: np.ndarray  # (k,) uint64: each request's connection, its generation << 32 | its fd
+    arrived: np.ndarray  # (k,) float64: time.monotonic() of each request's whole arrival
+    headers: list[bytes] | None  # each request's v2 JSON inference header (b"": POST /predict); None: none is v2
+
+
 class Door:
     def __init__(self, library: Path, listener: socket.socket, *, threads: int, shape: tuple[int, int, int],
-                 buffers: int, wake_fd: int, path: bytes, full_rows: int, limits: Limits) -> None:  # fmt: skip
-        """`threads` C threads on `listener` take POST `path` with one (C, H, W) uint8 image as its body; the
-        eventfd `wake_fd` is written when a bulk turns non-empty and when it holds `full_rows`. `buffers`: bulks
-        Python may hold at once, plus the one being filled."""
+                 buffers: int, wake_fd: int, path: bytes, v2_path: bytes, full_rows: int,
+                 limits: Limits) -> None:  # fmt: skip
+        """`threads` C threads on `listener` take POST `path` with one (C, H, W) uint8 image as its body, and POST
+        `v2_path` with one as the binary section after its JSON header; the eventfd `wake_fd` is written when a
+        bulk turns non-empty and when it holds `full_rows`. `buffers`: bulks Python may hold at once, plus the
+        one being filled."""
         self._lib = lib = _load(library)
         row_bytes = int(np.prod(shape))
         tokens = "\n".join(limits.tokens).encode()
-        self._door = lib.fd_open(listener.fileno(), threads, row_bytes, MOST_ROWS, buffers, wake_fd, path, full_rows,
-                                 limits.max_connections, limits.keepalive_s, limits.request_s, tokens)  # fmt: skip
+        self._door = lib.fd_open(listener.fileno(), threads, row_bytes, MOST_ROWS, buffers, wake_fd, path,
+                                 v2_path, full_rows, limits.max_connections, limits.keepalive_s, limits.request_s,
+                                 tokens)  # fmt: skip
         if not self._door:
             raise ValueError(f"the front door refused {threads} threads, {buffers} buffers or the path {path!r}")
         self._rows = []  # (MOST_ROWS, C, H, W) each: the C side's buffers, read in place
@@ -67,6 +85,8 @@ class Door:
             self._rows.append(np.frombuffer(memoryview(memory), np.uint8).reshape(MOST_ROWS, *shape))
         self._ids = np.empty(MOST_ROWS, np.uint64)  # each request's connection: its generation << 32 | its fd
         self._arrived = np.empty(MOST_ROWS, np.float64)
+        self._headers = ctypes.create_string_buffer(MOST_ROWS * MAX_V2_HEADER)
+        self._header_ends = np.empty(MOST_ROWS, np.int32)
         self._which = ctypes.c_int()
         self.refusal_codes = [lib.fd_refusal_code(i) for i in range(REFUSALS)]
 
@@ -74,32 +94,45 @@ class Door:
         """Rows in the bulk being filled."""
         return int(self._lib.fd_waiting(self._door)) if self._door else 0
 
-    def take(self) -> tuple[int, np.ndarray, np.ndarray, np.ndarray] | None:
-        """The bulk, if any: (its buffer, its (k, C, H, W) rows read in place until `release`, its k requests'
-        ids, their arrival times: time.monotonic()). None also where every buffer is held (the caller's flow
-        control should leave one free)."""
+    def take(self) -> Bulk | None:
+        """The bulk, if any. None also where every buffer is held (the caller's flow control should leave one
+        free)."""
         if not self._door:
             return None
-        k = self._lib.fd_take(self._door, self._ids.ctypes.data, self._arrived.ctypes.data, ctypes.byref(self._which))
+        k = self._lib.fd_take(self._door, self._ids.ctypes.data, self._arrived.ctypes.data, self._headers,
+                              self._header_ends.ctypes.data, ctypes.byref(self._which))  # fmt: skip
         if k <= 0:
             return None
-        buffer = self._which.value
-        return buffer, self._rows[buffer][:k], self._ids[:k].copy(), self._arrived[:k].copy()
+        buffer, ends = self._which.value, self._header_ends[:k]
+        headers = None
+        if ends[-1]:  # some are v2: each its header, a slice of the bytes that hold them all
+            joined = self._headers.raw[: ends[-1]]
+            starts = [0, *ends[:-1].tolist()]
+            headers = [joined[start:end] for start, end in zip(starts, ends.tolist(), strict=True)]
+        return Bulk(buffer, self._rows[buffer][:k], self._ids[:k].copy(), self._arrived[:k].copy(), headers)
 
     def release(self, buffer: int) -> None:
         if self._door:
             self._lib.fd_release(self._door, buffer)
 
-    def answer(self, ids: np.ndarray, bodies: list[bytes], status: bytes, extra_head: bytes = b"") -> None:
-        """Each request of `ids` its JSON body, written by the thread owning its connection; `extra_head`: whole
-        header lines ("retry-after: 1\\r\\n")."""
+    def answer(self, ids: np.ndarray, bodies: list[bytes], status: bytes, heads: list[bytes]) -> None:
+        """Each request of `ids` its body and its head's lines past the status and content-length (whole header
+        lines: "content-type: application/json\\r\\n"), written by the thread owning its connection."""
         if not self._door:  # closed: a batch that outlived the drain's timeout has nobody left to answer
             return
-        offsets = np.zeros(len(bodies) + 1, np.int64)
-        np.cumsum([len(body) for body in bodies], out=offsets[1:])
-        joined = b"".join(bodies)
-        self._lib.fd_answer(self._door, len(ids), ids.ctypes.data, joined, offsets.ctypes.data, status,
-                            b"application/json", extra_head)  # fmt: skip
+        body_ends, head_ends = _offsets(bodies), _offsets(heads)
+        self._lib.fd_answer(self._door, len(ids), ids.ctypes.data, b"".join(bodies), body_ends.ctypes.data, status,
+                            b"".join(heads), head_ends.ctypes.data)  # fmt: skip
+
+    def set_gets(self, answers: list[tuple[bytes, bytes, bytes, bool]]) -> None:
+        """The GETs the door answers itself, each (path, status and header lines, body, whether it asks for an
+        inference token): e.g. (b"/v2/models/m", b"200 OK\\r\\ncontent-type: application/json\\r\\n", b"{…}",
+        True). Set again, each replaces the one before at its place in the list."""
+        if len(answers) > MAX_GETS:
+            raise ValueError(f"the front door answers at most {MAX_GETS} GETs, not {len(answers)}")
+        for i, (path, head, body, token) in enumerate(answers):
+            if self._door:
+                self._lib.fd_set_get(self._door, i, path, head, body, len(body), token)
 
     def open_connections(self) -> int:
         return self.counts()[2] if self._door else 0
@@ -123,3 +156,10 @@ class Door:
         door, self._door = self._door, None
         if door:
             self._lib.fd_close(door)
+
+
+def _offsets(parts: list[bytes]) -> np.ndarray:
+    """(len(parts) + 1,) int64: part i of their join is [offsets[i], offsets[i + 1])."""
+    offsets = np.zeros(len(parts) + 1, np.int64)
+    np.cumsum([len(part) for part in parts], out=offsets[1:])
+    return offsets

@@ -6,13 +6,16 @@ so a bulk is taken only while fewer than `in_flight` are out, and rows gather in
 And while another bulk is out, a partial one waits for the batcher's own launch moment (just in time
 before the running batch ends): taken at once, it would leave behind the clients whose answers just
 went out and who are about to send again, and they would wait a whole batch more (run 34's ResNet-50).
-A bulk is queued a largest bucket at a time, each piece answered as its batch is done.
+A bulk is queued a largest bucket at a time, each piece answered as its batch is done. Its v2 requests'
+headers are checked first (v2_headers.py); one the HTTP port would refuse is answered so at once, and its row
+left out.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from functools import partial
 from http import HTTPStatus
 
@@ -22,17 +25,44 @@ from app.batching.batcher import Batcher
 from app.config import Settings
 from app.dataplane import counted
 from app.errors import NotReadyError, ServiceError
-from app.front_door.answers import Answers
-from app.front_door.door import Door
-from app.http.answer import JSON_TYPE, error_answer
+from app.front_door.answers import Answers, head_lines
+from app.front_door.door import Bulk, Door
+from app.front_door.v2_headers import V2Headers
+from app.http.answer import error_answer
 from app.ops import metrics
+from app.protocols.v2.rest import Asked, V2Codec
 from app.service import ServedModel, Service
 
-PROTOCOL, FORM, OK = "door", "raw", b"200 OK"
-PATH = "the front door's POST /predict"  # where counted() logs an unexpected error
+PROTOCOL, FORM, V2_FORM, OK = "door", "raw", "v2-binary", b"200 OK"
+PATH = "the front door"  # where counted() logs an unexpected error
 # The event loop's timers fire on whole milliseconds (libuv's, uvloop's): a shorter wait would last one, and
 # the seed CNN's batches, a fraction of one, would wait for it each time.
 TIMER_RESOLUTION_S = 0.001
+
+
+@dataclass(frozen=True, slots=True)
+class Requests:
+    """Some of a bulk's requests: where each answer goes, when each arrived, and which are v2 and what they ask."""
+
+    ids: np.ndarray  # (k,) uint64: door.c's connection ids
+    arrived: np.ndarray  # (k,) float64: time.monotonic()
+    v2: np.ndarray | None = None  # (k,) bool: a v2 infer (else a POST /predict); None: none is
+    asked: list[Asked | None] | None = None  # each v2 request's answer as its header asks it (None: /predict's)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, rows: slice | np.ndarray) -> Requests:
+        if self.v2 is None:
+            return Requests(self.ids[rows], self.arrived[rows])
+        asked = None if self.asked is None else [self.asked[i] for i in np.arange(len(self))[rows].tolist()]
+        return Requests(self.ids[rows], self.arrived[rows], self.v2[rows], asked)
+
+    def forms(self) -> list[tuple[bool, slice | np.ndarray]]:
+        """(v2 or not, its rows) for each form present: the metrics count them apart, and errors differ."""
+        if self.v2 is None:
+            return [(False, slice(None))]
+        return [(v2, rows) for v2 in (False, True) if len(rows := np.flatnonzero(self.v2 == v2))]
 
 
 class Feeder:
@@ -43,7 +73,8 @@ class Feeder:
         self.pieces: dict[int, int] = {}  # a taken bulk's buffer → its pieces not yet answered
         self.timer: asyncio.TimerHandle | None = None
         self.batcher: Batcher | None = None  # the last bulk's: its clock says when to take a partial one
-        self._answers: tuple[ServedModel, Answers] | None = None  # the default model's encoder, rebuilt on a change
+        self.v2 = V2Codec(service)
+        self._answers: tuple[ServedModel, Answers, V2Headers] | None = None  # the default model's, rebuilt on a change
 
     def pump(self) -> None:
         """Take bulks while fewer than in_flight are out (a partial one, while another is out, at the batcher's
@@ -51,10 +82,10 @@ class Feeder:
         while self.out < self.in_flight and (waiting := self.door.waiting()):
             if self.out and waiting < self.full and self._later():
                 return
-            taken = self.door.take()
-            if taken is None:
+            bulk = self.door.take()
+            if bulk is None:
                 return
-            self._queue(*taken)
+            self._queue(bulk)
 
     @property
     def out(self) -> int:
@@ -79,29 +110,52 @@ class Feeder:
         self.timer = None
         self.pump()
 
-    def _queue(self, buffer: int, rows: np.ndarray, ids: np.ndarray, arrived: np.ndarray) -> None:
+    def _queue(self, bulk: Bulk) -> None:
         """A bulk of (k, C, H, W) rows, read in place until its buffer is released, onto the batcher in pieces."""
-        deadline = float(arrived[0]) + self.timeout_s  # its oldest request's
+        rows, buffer = bulk.rows, bulk.buffer
+        v2 = None if bulk.headers is None else np.array([bool(header) for header in bulk.headers])
+        requests = Requests(bulk.ids, bulk.arrived, v2)
+        deadline = float(bulk.arrived[0]) + self.timeout_s  # its oldest request's
         try:
             served, batcher = self._default_model()
         except Exception as error:  # a ServiceError (404, 503) is answered as it says, anything else 500
-            self._refuse(ids, arrived, error, model="")
+            self._refuse(requests, error, model="")
             self.door.release(buffer)
             return
+        answers, known = self._answers_for(served, batcher)
+        if bulk.headers is not None:
+            requests, rows = self._checked(requests, rows, bulk.headers, known, model=served.spec.name)
         starts = range(0, len(rows), self.full)
+        if not starts:  # each was refused
+            self.door.release(buffer)
+            return
         self.pieces[buffer] = len(starts)
-        answers = self._answers_for(served, batcher)
         for start in starts:
             piece = slice(start, start + self.full)
             try:
                 batcher.admit(deadline)
                 future = batcher.enqueue(rows[piece], deadline)  # read in place until staged
             except Exception as error:
-                self._refuse(ids[piece], arrived[piece], error, model=served.spec.name)
+                self._refuse(requests[piece], error, model=served.spec.name)
                 self._piece_done(buffer, pump=False)
                 continue
             served.admitted += 1  # a replaced version is freed once none is left (app/dataplane.py's admit)
-            future.add_done_callback(partial(self._answered, buffer, served, answers, ids[piece], arrived[piece]))
+            future.add_done_callback(partial(self._answered, buffer, served, answers, requests[piece]))
+
+    def _checked(self, requests: Requests, rows: np.ndarray, headers: list[bytes], known: V2Headers, *,
+                 model: str) -> tuple[Requests, np.ndarray]:  # fmt: skip
+        """Each v2 request's header checked: one the HTTP port would refuse is refused now, and the others go on
+        (their rows copied out where some were refused)."""
+        checked = [known(header) if header else None for header in headers]
+        refused = [i for i, found in enumerate(checked) if isinstance(found, ServiceError)]
+        for i in refused:
+            self._refuse(requests[i : i + 1], checked[i], model=model)  # type: ignore[arg-type]
+        asked = [found if isinstance(found, Asked) else None for found in checked]
+        requests = Requests(requests.ids, requests.arrived, requests.v2, asked)
+        if not refused:
+            return requests, rows
+        kept = np.setdiff1d(np.arange(len(rows)), refused)
+        return requests[kept], rows[kept]
 
     def _default_model(self) -> tuple[ServedModel, Batcher]:
         served = self.service.model(None)
@@ -115,25 +169,30 @@ class Feeder:
         self.batcher = batcher
         return served, batcher
 
-    def _answers_for(self, served: ServedModel, batcher: Batcher) -> Answers:
+    def _answers_for(self, served: ServedModel, batcher: Batcher) -> tuple[Answers, V2Headers]:
         if self._answers is None or self._answers[0] is not served:
-            self._answers = (served, Answers(served.spec, batcher.engines[0].name))
-        return self._answers[1]
+            answers = Answers(served, batcher.engines[0].name, self.v2)
+            self._answers = (served, answers, V2Headers(self.v2, served.spec))
+        return self._answers[1], self._answers[2]
 
-    def _answered(self, buffer: int, served: ServedModel, answers: Answers, ids: np.ndarray, arrived: np.ndarray,
+    def _answered(self, buffer: int, served: ServedModel, answers: Answers, requests: Requests,
                   future: asyncio.Future[np.ndarray]) -> None:  # fmt: skip
         """One queued piece answered (or failed); the bulk's buffer is given back with its last piece."""
         served.admitted -= 1
         error = None if future.cancelled() else future.exception()
+        model = served.spec.name
         try:
             if future.cancelled() or error is not None:
                 failure = error if isinstance(error, Exception) else ServiceError("the request was cancelled")
-                self._refuse(ids, arrived, failure, model=served.spec.name)
+                self._refuse(requests, failure, model=model)
             else:
-                self.door.answer(ids, answers(future.result()), OK)  # (k, classes) scores
-                metrics.observe_requests(served.spec.name, PROTOCOL, FORM, "200", time.monotonic() - arrived)
+                bodies, heads = answers(future.result(), requests.asked)  # from (k, classes) scores
+                self.door.answer(requests.ids, bodies, OK, heads)
+                waited = time.monotonic() - requests.arrived
+                for v2, rows in requests.forms():
+                    metrics.observe_requests(model, PROTOCOL, V2_FORM if v2 else FORM, "200", waited[rows])
         except Exception as failure:  # whatever went wrong, the clients get an answer and the buffer comes back
-            self._refuse(ids, arrived, failure, model=served.spec.name)
+            self._refuse(requests, failure, model=model)
         finally:
             self._piece_done(buffer, pump=True)
 
@@ -146,10 +205,14 @@ class Feeder:
             if pump:
                 self.pump()
 
-    def _refuse(self, ids: np.ndarray, arrived: np.ndarray, error: Exception, *, model: str) -> None:
-        """Every request of `ids` answered with `error` as the HTTP port answers it, and counted."""
-        answer = error_answer(counted(error, model, PATH, requests=len(ids)))
-        status = b"%d %s" % (answer.status, HTTPStatus(answer.status).phrase.encode())
-        extra = b"".join(b"%s: %s\r\n" % header for header in answer.headers if header != JSON_TYPE)
-        self.door.answer(ids, [answer.body] * len(ids), status, extra)
-        metrics.observe_requests(model, PROTOCOL, FORM, str(answer.status), time.monotonic() - arrived)
+    def _refuse(self, requests: Requests, error: Exception, *, model: str) -> None:
+        """Every request answered with `error` as the HTTP port answers it (a v2 one in the protocol's shape), and
+        counted."""
+        failure = counted(error, model, PATH, requests=len(requests))
+        waited = time.monotonic() - requests.arrived
+        for v2, rows in requests.forms():
+            answer = error_answer(failure, v2=v2)
+            status = b"%d %s" % (answer.status, HTTPStatus(answer.status).phrase.encode())
+            ids = requests.ids[rows]
+            self.door.answer(ids, [answer.body] * len(ids), status, [head_lines(answer.headers)] * len(ids))
+            metrics.observe_requests(model, PROTOCOL, V2_FORM if v2 else FORM, str(answer.status), waited[rows])

@@ -4,21 +4,27 @@ counted while it serves, drained and closed before the batchers stop."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 import time
 
+import orjson
+
 from app.access.tokens import load_tokens
+from app.front_door.answers import JSON_HEAD
 from app.front_door.door import Door, Limits
 from app.front_door.feeder import FORM, PROTOCOL, Feeder
 from app.front_door.library import door_library
 from app.http.protocol import open_file_budget
 from app.ops import metrics
+from app.protocols.v2 import tensors
+from app.protocols.v2.rest import config_body, metadata_body
 from app.service import Service
 
 log = logging.getLogger(__name__)
-COUNT_EVERY_S = 1.0
+TEND_EVERY_S = 1.0  # how often the C side's refusals are counted and its GET answers set afresh
 DRAIN_POLL_S = 0.01  # how often a drain looks whether every request is answered and every connection closed
 
 
@@ -44,7 +50,9 @@ class FrontDoor:
     def __init__(self, service: Service, door: Door, listener: socket.socket, wake: int, feeder: Feeder) -> None:
         self.service, self.door, self.listener, self.wake, self.feeder = service, door, listener, wake, feeder
         self.refused = dict.fromkeys(door.refusal_codes, 0)  # what was counted into Prometheus so far
-        self.counter = asyncio.create_task(self._count_forever(), name="front-door-counts")
+        self.model = service.model(None).spec.name  # the default model, whose v2 metadata the door answers
+        self._set_gets()
+        self.counter = asyncio.create_task(self._tend_forever(), name="front-door-tending")
         asyncio.get_running_loop().add_reader(wake, self._woken)
 
     @classmethod
@@ -72,13 +80,14 @@ class FrontDoor:
             wake_fd=wake,
             buffers=settings.in_flight + 1,
             path=b"/predict",
+            v2_path=f"/v2/models/{default.name}/infer".encode(),
             full_rows=max(settings.buckets),
             limits=limits,
         )
         log.info(
-            "front door on %s:%d: %d threads, POST /predict with %s raw pixels of %s",
-            settings.host, settings.front_door_port, settings.front_door_threads, "×".join(map(str, shape)),
-            default.name,
+            "front door on %s:%d: %d threads, POST /predict and /v2/models/%s/infer with %s uint8 pixels",
+            settings.host, settings.front_door_port, settings.front_door_threads, default.name,
+            "×".join(map(str, shape)),
         )  # fmt: skip
         return cls(service, door, listener, wake, Feeder(door, service, shape, settings))
 
@@ -105,10 +114,37 @@ class FrontDoor:
         self.listener.close()
         os.close(self.wake)
 
-    async def _count_forever(self) -> None:
+    async def _tend_forever(self) -> None:
+        with contextlib.suppress(Exception):  # a failed start-up is the service's to report
+            await self.service.wait_started()  # ready from now on (the door opened before): its GETs say so at once
+        self._set_gets()
         while True:
-            await asyncio.sleep(COUNT_EVERY_S)
+            await asyncio.sleep(TEND_EVERY_S)
             self._count()
+            self._set_gets()
+
+    def _set_gets(self) -> None:
+        """The GETs a v2 client sends before its inferences (perf_analyzer reads the model's metadata and
+        configuration from the address it is given), answered as the HTTP port answers them, a second stale at
+        most; a model unloaded since is left to the HTTP port's answer."""
+        service, model = self.service, f"/v2/models/{self.model}".encode()
+        try:
+            served = service.model(self.model)
+        except Exception:  # unloaded, or not ready: the door answers 404, the HTTP port says why
+            return
+
+        def readiness(ready: bool) -> tuple[bytes, bytes]:
+            return b"200 OK\r\n" if ready else b"503 Service Unavailable\r\n", orjson.dumps({"ready": ready})
+
+        ready, model_ready = readiness(service.readiness()[0]), readiness(served.readiness()[0])
+        self.door.set_gets([
+            (b"/v2/health/live", b"200 OK\r\n" + JSON_HEAD, b'{"live":true}', False),
+            (b"/v2/health/ready", ready[0] + JSON_HEAD, ready[1], False),
+            (b"/v2", b"200 OK\r\n" + JSON_HEAD, orjson.dumps(tensors.server_metadata()), True),
+            (model, b"200 OK\r\n" + JSON_HEAD, metadata_body(service, served), True),
+            (model + b"/config", b"200 OK\r\n" + JSON_HEAD, config_body(served), True),
+            (model + b"/ready", model_ready[0] + JSON_HEAD, model_ready[1], True),
+        ])  # fmt: skip
 
     def _count(self) -> None:
         """The C side's refusals since the last count, into cgserve_requests (no model: none was looked up)."""

@@ -8,6 +8,10 @@
 #                                                engine's own peak and the service (8 workers, engine process) by
 #                                                bench/one_image.py's hey kind, then the front door (one process,
 #                                                8 threads) by hey alike, at 256 and 1024 connections
+#   bash bench/front_door/run_h200.sh v2         ResNet-50 (CGSERVE_COMPILE, default none): the engine's own peak,
+#                                                then one front door server (one process, 8 threads) driven by hey
+#                                                (POST /predict, raw) and by perf_analyzer (v2 HTTP, binary UINT8,
+#                                                one image a request, as the metadata declares) at 64 and 256
 set -u
 case "${1:-}" in
 seed)
@@ -40,5 +44,35 @@ resnet50)
   curl -s localhost:8122/metrics | grep -E '^cgserve_(requests_total|batch_rows_(sum|count))' > "$OUT/resnet50-door-metrics.txt"
   kill -TERM $door; wait $door; tail -3 "$OUT/resnet50-door-server.log"
   ;;
-*) echo "usage: $0 seed|resnet50" >&2; exit 2 ;;
+v2)
+  export CGSERVE_COMPILE=${CGSERVE_COMPILE:-none} CGSERVE_COMPILE_CACHE_DIR=/tmp/ic
+  mkdir -p /tmp/resnet50-only && cp -r models/examples/repository/resnet50 /tmp/resnet50-only/  # its one model
+  timeout 170 taskset -c 0-7 python3 -c "import json; from pathlib import Path; from bench.resnet50_e2e import \
+engine_peak; print(json.dumps(engine_peak(Path('/tmp/resnet50-only'), '1,8,32,64,128', 4.0)))" \
+    > "$OUT/resnet50-engine-peak.json" 2> "$OUT/resnet50-engine-peak.log"
+  echo "engine peak: $(tail -c 300 "$OUT/resnet50-engine-peak.json")"
+  python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 256, 150528, np.uint8).tofile('/tmp/image.u8')"
+  CGSERVE_BUCKETS=1,8,32,64,128 taskset -c 0-7 python3 -m app.cli serve --port 8122 --grpc-port 0 --workers 1 \
+    --front-door-port 8123 --front-door-threads 8 --model-repository /tmp/resnet50-only --log-level warning \
+    --drain-seconds 0 > "$OUT/resnet50-door-server.log" 2>&1 &
+  door=$!
+  for _ in $(seq 150); do curl -sf localhost:8122/readyz > /dev/null && break; sleep 1; done
+  taskset -c 8-15 .gpu/bin/hey -z 1s -c 256 -m POST -T application/octet-stream -D /tmp/image.u8 \
+    http://127.0.0.1:8123/predict > /dev/null
+  taskset -c 8-15 .gpu/bin/hey -z 4s -c 256 -m POST -T application/octet-stream -D /tmp/image.u8 \
+    http://127.0.0.1:8123/predict > "$OUT/resnet50-door-hey-c256.txt"
+  echo "hey raw c256: $(grep -E 'Requests/sec|99% in' "$OUT/resnet50-door-hey-c256.txt" | tr -s ' \t\n' ' ')"
+  for c in 64 256; do
+    mode=""; [ $c -gt 64 ] && mode="--async --max-threads 16"
+    # shellcheck disable=SC2086
+    timeout 120 taskset -c 8-15 /tmp/site/perf_analyzer/bin/perf_analyzer -m resnet50 -u 127.0.0.1:8123 -i http \
+      -b 1 --shape input:3,224,224 --concurrency-range $c:$c --measurement-interval 4000 \
+      --stability-percentage 100 --max-trials 4 -f "$OUT/resnet50-door-pa-c$c.csv" $mode \
+      > "$OUT/resnet50-door-pa-c$c.txt" 2>&1
+    echo "perf_analyzer v2 http c$c (rc $?): $(grep -E 'Throughput|p99 latency' "$OUT/resnet50-door-pa-c$c.txt" | tr -s ' \n' ' ')"
+  done
+  curl -s localhost:8122/metrics | grep -E '^cgserve_(requests_total|batch_rows_(sum|count))' > "$OUT/resnet50-door-metrics.txt"
+  kill -TERM $door; wait $door; tail -3 "$OUT/resnet50-door-server.log"
+  ;;
+*) echo "usage: $0 seed|resnet50|v2" >&2; exit 2 ;;
 esac

@@ -1,6 +1,7 @@
 """The front door (app/front_door) on a real GPU: the seed CNN's CUDA graphs behind it, with one process and
-with the engine process; 64 connections' images at once each get their own image's scores, equal to the
-fp32 model run eagerly, and the bulks went through the graphs (/metrics counts the door's answers)."""
+with the engine process; 64 connections' images at once (half POST /predict, half v2 binary UINT8 as Triton's
+clients send it) each get their own image's scores, equal to the fp32 model run eagerly, and the bulks went
+through the graphs (/metrics counts the door's answers)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import orjson
 import pytest
 
 from tests.gpu.test_cuda_engine import eager, relative_error
@@ -20,6 +22,20 @@ from tests.integration.server_process import free_port, running_server, settled_
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler to build app/front_door/door.c")
 SERVE = (sys.executable, "-m", "app.cli", "serve")
 CONNECTIONS, EACH = 64, 8
+V2_HEADER = orjson.dumps({
+    "inputs": [{"name": "input", "shape": [1, 1, 28, 28], "datatype": "UINT8",
+                "parameters": {"binary_data_size": 784}}],
+    "outputs": [{"name": "probabilities", "parameters": {"binary_data": True}}],
+})  # fmt: skip
+
+
+def v2_scores(client: httpx.Client, image: np.ndarray) -> list[float]:
+    """One image through the v2 infer with the binary tensor extension, both ways."""
+    answer = client.post("/v2/models/fashion-cnn/infer", content=V2_HEADER + image.tobytes(),
+                         headers={"inference-header-content-length": str(len(V2_HEADER))})  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    length = int(answer.headers["inference-header-content-length"])
+    return np.frombuffer(answer.content[length:], np.float32).tolist()
 
 
 @pytest.fixture(params=["one process", "engine process"])
@@ -42,6 +58,9 @@ def test_each_of_64_connections_gets_its_images_scores(door: tuple[str, str]) ->
         with httpx.Client(base_url=door_url, timeout=30) as client:
             answers = []
             for i in range(first, len(images), CONNECTIONS):
+                if first % 2:
+                    answers.append(v2_scores(client, images[i]))
+                    continue
                 answer = client.post("/predict", content=images[i].tobytes(),
                                      headers={"content-type": "application/octet-stream"})  # fmt: skip
                 assert answer.status_code == 200, answer.text
@@ -61,6 +80,6 @@ def test_each_of_64_connections_gets_its_images_scores(door: tuple[str, str]) ->
         for line in metrics.splitlines()
         if line.startswith("cgserve_requests_total{") and 'protocol="door"' in line
     ]
-    line = next(line for line in door if 'code="200"' in line)
-    assert float(line.rsplit(" ", 1)[1]) == CONNECTIONS * EACH
+    answered = [float(line.rsplit(" ", 1)[1]) for line in door if 'code="200"' in line]
+    assert sorted(answered) == [CONNECTIONS * EACH / 2] * 2  # format "raw" and "v2-binary"
     assert "cgserve_batches_total{" in metrics

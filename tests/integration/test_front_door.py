@@ -1,5 +1,6 @@
 """The front door (app/front_door) in the real server process: each connection gets its own image's answer,
-in the service's own bytes, with one process and with the engine process; every refusal is an HTTP answer on
+in the service's own bytes, with one process and with the engine process; Triton's HTTP client gets the HTTP
+port's v2 answers from it, and its v2 refusals in the protocol's shape; every refusal is an HTTP answer on
 the connection; its limits (token, idle and slow connections, connection cap) hold; it counts into /metrics;
 and a shutdown answers what it took. door.c is built by the server itself, with the machine's C compiler."""
 
@@ -18,7 +19,10 @@ from typing import Any
 
 import httpx
 import numpy as np
+import orjson
 import pytest
+import tritonclient.http as triton_http
+from tritonclient.utils import InferenceServerException
 
 from loadtest.server_process import running
 from models.fashion_mnist import load_test_sample
@@ -140,8 +144,11 @@ def test_refusals_are_answers_on_the_connection(server: dict[str, Any]) -> None:
     with socket.create_connection(("127.0.0.1", server["port"]), timeout=5) as connection:  # one throughout
         status, _, body = exchange(connection, POST % (b"/predict", AUTH, 100) + b"\0" * 100)
         assert status.startswith(b"HTTP/1.1 422 ") and b"one image" in body, (status, body)
-        status, _, body = exchange(connection, POST % (b"/v2/models/fashion-cnn/infer", AUTH, len(image)) + image)
+        status, _, body = exchange(connection, POST % (b"/v2/models/other/infer", AUTH, len(image)) + image)
         assert status.startswith(b"HTTP/1.1 404 ") and b"HTTP port" in body, (status, body)
+        status, _, body = exchange(connection, POST % (b"/v2/models/fashion-cnn/infer", AUTH, len(image)) + image)
+        assert status.startswith(b"HTTP/1.1 400 ") and b"Inference-Header-Content-Length" in body, (status, body)
+        assert isinstance(orjson.loads(body)["error"], str)  # the protocol's shape, for Triton's clients
         status, _, _ = exchange(connection, POST % (b"/predict?layout=nhwc", AUTH, len(image)) + image)
         assert status.startswith(b"HTTP/1.1 404 "), status
         json = POST.replace(b"application/octet-stream", b"application/json")
@@ -349,3 +356,73 @@ def test_what_hostile_or_odd_clients_send(server: dict[str, Any]) -> None:
     assert data is not None, "the connection is still open: answers were dropped from a stream that goes on"
     whole = data.count(b"HTTP/1.1 404 ")
     assert whole >= 1 and (whole == 20000 or data.rfind(b"HTTP/1.1 404 ") > len(data) - 2000), whole
+
+
+def triton_infer(url: str, images: np.ndarray, **asked: Any) -> triton_http.InferResult:
+    """Triton's own HTTP client: one UINT8 image, its output as `asked` (binary_data, class_count)."""
+    with triton_http.InferenceServerClient(url.removeprefix("http://")) as client:
+        tensor = triton_http.InferInput("input", list(images.shape), "UINT8")
+        tensor.set_data_from_numpy(images, binary_data=True)
+        wanted = [triton_http.InferRequestedOutput("probabilities", **asked)]
+        return client.infer("fashion-cnn", [tensor], outputs=wanted, headers={"authorization": f"Bearer {TOKEN}"},
+                            request_id="r-1")  # fmt: skip
+
+
+def test_triton_clients_get_the_http_ports_v2_answers(server: dict[str, Any]) -> None:
+    """tritonclient's v2 infer of one UINT8 image, binary or JSON out, top-k or probabilities: the door answers
+    what the HTTP port does, to the byte."""
+    images = load_test_sample()[0][:6].reshape(6, 1, 28, 28)  # uint8 pixels
+    for i, asked in enumerate([{"binary_data": True}, {"binary_data": False}, {"class_count": 3}] * 2):
+        one = images[i : i + 1]
+        mine, theirs = triton_infer(server["door"], one, **asked), triton_infer(server["url"], one, **asked)
+        assert mine.get_response() == theirs.get_response()
+        np.testing.assert_array_equal(mine.as_numpy("probabilities"), theirs.as_numpy("probabilities"))
+    header = orjson.dumps({"inputs": [{"name": "input", "shape": [1, 1, 28, 28], "datatype": "UINT8",
+                                       "parameters": {"binary_data_size": 784}}],
+                           "outputs": [{"name": "probabilities", "parameters": {"binary_data": True}}]})  # fmt: skip
+    body = header + images[0].tobytes()
+    head = {"inference-header-content-length": str(len(header)), "authorization": f"Bearer {TOKEN}"}
+    with httpx.Client() as client:
+        mine = client.post(server["door"] + "/v2/models/fashion-cnn/infer", content=body, headers=head)
+        theirs = client.post(server["url"] + "/v2/models/fashion-cnn/infer", content=body, headers=head)
+    assert mine.status_code == theirs.status_code == 200 and mine.content == theirs.content
+    for name in ("content-type", "inference-header-content-length"):
+        assert mine.headers[name] == theirs.headers[name]
+    with triton_http.InferenceServerClient(server["door"].removeprefix("http://")) as door, \
+         triton_http.InferenceServerClient(server["url"].removeprefix("http://")) as port:  # fmt: skip
+        auth = {"authorization": f"Bearer {TOKEN}"}
+        for call in ("get_model_metadata", "get_model_config", "is_model_ready"):
+            mine, theirs = (
+                getattr(door, call)("fashion-cnn", headers=auth),
+                getattr(port, call)("fashion-cnn", headers=auth),
+            )
+            assert mine == theirs, call
+        assert door.get_server_metadata(headers=auth) == port.get_server_metadata(headers=auth)
+        assert door.is_server_live() and door.is_server_ready()
+        with pytest.raises(InferenceServerException) as refused:
+            door.get_model_metadata("fashion-cnn")  # no token
+        assert refused.value.status() == "401"
+        with pytest.raises(InferenceServerException, match="HTTP port") as refused:
+            door.get_model_repository_index(headers=auth)  # a POST the HTTP port has
+
+
+def test_v2_requests_the_door_does_not_take_are_refused_as_the_protocol_says(server: dict[str, Any]) -> None:
+    """FP32 (four times the bytes), a header the HTTP port refuses, and a wrong model: a v2 error Triton's client
+    reads, each saying what to send instead; the door goes on serving."""
+    images = load_test_sample()[0][:1].reshape(1, 1, 28, 28)
+    with triton_http.InferenceServerClient(server["door"].removeprefix("http://")) as client:
+        auth = {"authorization": f"Bearer {TOKEN}"}
+        fp32 = triton_http.InferInput("input", [1, 1, 28, 28], "FP32")
+        fp32.set_data_from_numpy(images.astype(np.float32) / 255, binary_data=True)
+        with pytest.raises(InferenceServerException, match="UINT8") as refused:
+            client.infer("fashion-cnn", [fp32], headers=auth)
+        assert refused.value.status() == "400"
+        wrong = triton_http.InferInput("input", [1, 1, 28, 28], "UINT8")
+        wrong.set_data_from_numpy(images, binary_data=True)
+        with pytest.raises(InferenceServerException, match="logits") as refused:
+            client.infer("fashion-cnn", [wrong], outputs=[triton_http.InferRequestedOutput("logits")], headers=auth)
+        assert refused.value.status() == "400"
+        with pytest.raises(InferenceServerException, match="HTTP port") as refused:
+            client.infer("other", [wrong], headers=auth)
+        assert refused.value.status() == "404"
+        assert client.infer("fashion-cnn", [wrong], headers=auth).as_numpy("probabilities").shape == (1, 10)

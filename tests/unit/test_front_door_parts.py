@@ -1,6 +1,6 @@
 """app/front_door's Python parts without a server: the bulk answers are encode_predictions' bytes for any
-model, a bulk's latencies land in the buckets one observe each would, a missing compiler is a clear error,
-and the service is not ready before the door is open."""
+model, a v2 request's header is checked as the HTTP port checks it, a bulk's latencies land in the buckets one
+observe each would, a missing compiler is a clear error, and the service is not ready before the door is open."""
 
 from __future__ import annotations
 
@@ -8,17 +8,23 @@ import asyncio
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from app.codecs.bodies import encode_predictions
 from app.config import DEFAULT_REPOSITORY, Settings
+from app.errors import ServiceError
 from app.front_door import library
 from app.front_door.answers import Answers
+from app.front_door.door import Bulk
+from app.front_door.v2_headers import V2Headers
 from app.ops.metric_buffers import BufferedHistogram
+from app.protocols.v2.rest import Asked, V2Codec
 from app.repository import load_model, read_repository
 from app.repository.model_spec import ModelSpec
 from app.service import Service
@@ -39,9 +45,36 @@ def test_bulk_answers_are_encode_predictions_bytes(tmp_path: Path) -> None:
 def check_bulk_answers(spec: ModelSpec) -> None:
     width = len(spec.class_names) if spec.layout.default else spec.layout.width
     scores = np.random.default_rng(0).random((5, width), dtype=np.float32)
-    mine = Answers(spec, "cuda-graph")(scores)
+    mine, heads = Answers(SimpleNamespace(spec=spec), "cuda-graph", None)(scores, None)  # type: ignore[arg-type]
     theirs = [encode_predictions(scores[i : i + 1], model=spec.name, engine="cuda-graph", spec=spec) for i in range(5)]
-    assert mine == theirs
+    assert mine == theirs and heads == [b"content-type: application/json\r\n"] * 5
+
+
+def v2_header(shape: list[int], datatype: str = "UINT8", outputs: list[dict] | None = None, **more: Any) -> bytes:
+    """A Triton client's JSON inference header for one binary input."""
+    size = int(np.prod(shape)) * (1 if datatype in ("UINT8", "INT8") else 4)  # the binary section's bytes
+    tensor = {"name": "input", "shape": shape, "datatype": datatype, "parameters": {"binary_data_size": size}}
+    return orjson.dumps({"inputs": [tensor], **({"outputs": outputs} if outputs else {}), **more})
+
+
+def test_v2_headers_are_what_the_http_port_makes_of_them() -> None:
+    spec = seed_spec()
+    known = V2Headers(V2Codec(SimpleNamespace(settings=Settings())), spec)  # type: ignore[arg-type]
+    binary = [{"name": "probabilities", "parameters": {"binary_data": True}}]
+    asked = known(v2_header([1, 1, 28, 28], outputs=binary, id="a"))
+    assert isinstance(asked, Asked) and asked.id == "a" and asked.outputs[0].binary
+    assert known(v2_header([1, 1, 28, 28], outputs=binary, id="a")) is asked  # parsed once
+    bytes_input = v2_header([1, 1, 28, 28]).replace(b'"UINT8"', b'"BYTES"').replace(b"[1,1,28,28]", b"[1]")
+    refusals = {
+        bytes_input: "one UINT8 input",  # an encoded image: the HTTP port's decoders take it
+        v2_header([1, 1, 28, 28], datatype="INT8"): "datatype is 'INT8'",  # what the HTTP port says of it
+        v2_header([1, 1, 28, 28], outputs=[{"name": "logits"}]): "logits",  # what the HTTP port says of it
+        b"{not json": "not valid JSON",
+        v2_header([1, 1, 28, 28])[:-1] + b',"inputs":5}': "list of one tensor",
+    }
+    for header, says in refusals.items():
+        error = known(header)
+        assert isinstance(error, ServiceError) and says in str(error), (header, error)
 
 
 def test_observe_many_equals_one_observe_each() -> None:
@@ -102,30 +135,32 @@ class StandInDoor:
     """door.py's Door without the C side: bulks handed in by the test, answers kept."""
 
     def __init__(self, shape: tuple[int, int, int]) -> None:
-        self.shape, self.bulks = shape, []  # (rows, ids) each
-        self.answers: list[tuple[int, bytes, bytes, bytes]] = []  # (id, status, extra head, body)
+        self.shape, self.bulks = shape, []  # (rows, ids, v2 headers) each
+        self.answers: list[tuple[int, bytes, bytes, bytes]] = []  # (id, status, head lines, body)
         self.released: list[int] = []
         self.taken = 0
 
     def waiting(self) -> int:
         return len(self.bulks[0][0]) if self.bulks else 0
 
-    def take(self) -> tuple[int, np.ndarray, np.ndarray, np.ndarray] | None:
+    def take(self) -> Bulk | None:
         if not self.bulks:
             return None
-        rows, ids = self.bulks.pop(0)
+        rows, ids, headers = self.bulks.pop(0)
         self.taken += 1  # each bulk its own buffer, as the C side's are while Python holds them
-        return self.taken, rows, ids, np.full(len(ids), time.monotonic())
+        return Bulk(self.taken, rows, ids, np.full(len(ids), time.monotonic()), headers)
 
     def release(self, buffer: int) -> None:
         self.released.append(buffer)
 
-    def answer(self, ids: np.ndarray, bodies: list[bytes], status: bytes, extra_head: bytes = b"") -> None:
-        self.answers += [(int(i), status, extra_head, body) for i, body in zip(ids, bodies, strict=True)]
+    def answer(self, ids: np.ndarray, bodies: list[bytes], status: bytes, heads: list[bytes]) -> None:
+        self.answers += [(int(i), status, h, body) for i, h, body in zip(ids, heads, bodies, strict=True)]
 
 
-def feed(bulks: list[int], settings: dict[str, Any], break_answers: bool = False) -> StandInDoor:
-    """Bulks of that many seed-CNN images through a Feeder onto a real CPU batcher; the stand-in door, answered."""
+def feed(bulks: list[int], settings: dict[str, Any], break_answers: bool = False,
+         headers: list[bytes] | None = None) -> StandInDoor:  # fmt: skip
+    """Bulks of that many seed-CNN images through a Feeder onto a real CPU batcher; the stand-in door, answered.
+    `headers`: the first bulk's v2 headers (b"": a POST /predict)."""
     from app.front_door.feeder import Feeder
 
     async def scenario() -> StandInDoor:
@@ -137,11 +172,12 @@ def feed(bulks: list[int], settings: dict[str, Any], break_answers: bool = False
             images = np.random.default_rng(0).integers(0, 256, (sum(bulks), 1, 28, 28), dtype=np.uint8)
             first = 0
             for k in bulks:
-                door.bulks.append((images[first : first + k], np.arange(first, first + k, dtype=np.uint64)))
+                ids = np.arange(first, first + k, dtype=np.uint64)
+                door.bulks.append((images[first : first + k], ids, headers if first == 0 else None))
                 first += k
             feeder = Feeder(door, service, (1, 28, 28), service.settings)  # type: ignore[arg-type]
             if break_answers:
-                feeder._answers_for = lambda *_: lambda scores: 1 / 0  # type: ignore[method-assign]
+                feeder._answers_for = lambda *_: (lambda *_: 1 / 0, lambda _: None)  # type: ignore[method-assign]
             latest = time.monotonic() + 30  # a bulk never given back fails the test's assertions, not hangs it
             while (door.bulks or feeder.out) and time.monotonic() < latest:
                 feeder.pump()
@@ -169,11 +205,33 @@ def test_a_full_queue_is_a_503_with_retry_after_for_each_row() -> None:
     statuses = {status for _, status, *_ in door.answers}
     assert len(door.answers) == 40 and statuses <= {b"200 OK", b"503 Service Unavailable"}, statuses
     refused = [(head, body) for _, status, head, body in door.answers if status.startswith(b"503")]
-    assert refused and all(head.startswith(b"retry-after: ") and b'"overloaded"' in body for head, body in refused)
+    assert refused and all(b"retry-after: " in head and b'"overloaded"' in body for head, body in refused)
     assert door.released == [1]
 
 
 def test_a_failure_while_answering_is_a_500_and_the_buffer_comes_back() -> None:
     door = feed([3], {}, break_answers=True)
     assert [status for _, status, *_ in door.answers] == [b"500 Internal Server Error"] * 3
+    assert door.released == [1]
+
+
+def test_a_bulk_of_both_routes_is_answered_each_as_asked() -> None:
+    """POST /predict and v2 rows in one bulk: each gets its own route's answer; a header the HTTP port refuses is
+    refused (in the v2 shape) and its row left out of the batch; the buffer comes back once."""
+    binary = [{"name": "probabilities", "parameters": {"binary_data": True}}]
+    headers = [b"", v2_header([1, 1, 28, 28], outputs=binary), v2_header([1, 1, 28, 28], datatype="FP32"),
+               v2_header([1, 1, 28, 28], id="x")]  # fmt: skip
+    door = feed([4], {}, headers=headers)
+    answers = {i: (status, head, body) for i, status, head, body in door.answers}
+    assert answers[0][0] == b"200 OK" and b'"predictions"' in answers[0][2]
+    status, head, body = answers[1]
+    length = int(head.split(b"inference-header-content-length: ")[1].split(b"\r\n")[0])
+    assert status == b"200 OK" and b"application/octet-stream" in head and len(body) == length + 10 * 4
+    assert orjson.loads(body[:length])["outputs"][0]["parameters"]["binary_data_size"] == 40
+    status, head, body = answers[2]
+    assert status == b"400 Bad Request" and isinstance(orjson.loads(body)["error"], str), body
+    status, head, body = answers[3]
+    assert (
+        status == b"200 OK" and orjson.loads(body)["id"] == "x" and len(orjson.loads(body)["outputs"][0]["data"]) == 10
+    )
     assert door.released == [1]

@@ -90,10 +90,19 @@ async def model_metadata(name: str, service: ServiceDep, version: str | None = N
         served = served_model(service, name, version)
     except ServiceError as error:
         return v2_error(error)
-    metadata = tensors.model_metadata(
-        served.spec, platform(served), sorted(service.versions[served.spec.name], key=int)
-    )
-    return Response(orjson.dumps(metadata), media_type=JSON)
+    return Response(metadata_body(service, served), media_type=JSON)
+
+
+def metadata_body(service: Service, served: ServedModel) -> bytes:
+    """GET /v2/models/{name}'s answer: the model's tensors and every version served now."""
+    versions = sorted(service.versions[served.spec.name], key=int)
+    return orjson.dumps(tensors.model_metadata(served.spec, platform(served), versions))
+
+
+def config_body(served: ServedModel) -> bytes:
+    """GET /v2/models/{name}/config's answer: Triton's model configuration (batch sizes, tensors)."""
+    options = served.options
+    return orjson.dumps(tensors.model_config(served.spec, platform(served), options.buckets, options.max_delay_ms))
 
 
 READY_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -126,9 +135,7 @@ async def model_config(name: str, service: ServiceDep, version: str | None = Non
         served = served_model(service, name, version)
     except ServiceError as error:
         return v2_error(error)
-    options = served.options
-    config = tensors.model_config(served.spec, platform(served), options.buckets, options.max_delay_ms)
-    return Response(orjson.dumps(config), media_type=JSON)
+    return Response(config_body(served), media_type=JSON)
 
 
 class V2Codec:

@@ -1,0 +1,56 @@
+"""The front door's v2 requests: each JSON inference header checked as the HTTP port checks it, once.
+
+door.c takes POST /v2/models/<default model>/infer whose binary section is one image's uint8 pixels, and
+hands Python each request's JSON header (a Triton client's ~250 bytes: the input's name, shape, datatype and
+binary_data_size, and the outputs it wants). A client sends the same header with every request, so a header
+is parsed once, by the HTTP port's own codec, and what it asks is looked up by its bytes from then on.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from app.errors import InputError, ServiceError
+from app.http.answer import HttpBody
+from app.protocols.v2.rest import Asked, V2Codec
+from app.repository.model_spec import ModelSpec
+
+MOST_KNOWN = 1024  # distinct headers remembered (a client that sends a new id each time misses every time)
+
+
+class V2Headers:
+    """A header's answer as asked (`Asked`), or the error the HTTP port answers it, for one model."""
+
+    def __init__(self, codec: V2Codec, spec: ModelSpec) -> None:
+        self.codec, self.spec = codec, spec
+        self.image_shape = (1, *spec.input_shape)
+        # A binary section the check decodes with the header: only a UINT8 input of one (C, H, W) image gives
+        # back these very bytes, which is what the door copied into the batch.
+        self.probe = (np.arange(int(np.prod(spec.input_shape))) % 251).astype(np.uint8).tobytes()
+        self.known: dict[bytes, Asked | ServiceError] = {}
+
+    def __call__(self, header: bytes) -> Asked | ServiceError:
+        found = self.known.get(header)
+        if found is None:
+            if len(self.known) >= MOST_KNOWN:
+                self.known.clear()
+            found = self.known[header] = self._check(header)
+        return found
+
+    def _check(self, header: bytes) -> Asked | ServiceError:
+        request = HttpBody(header + self.probe, "", "", str(len(header)))
+        try:
+            decoded = self.codec.decode_cheaply(request, self.spec)
+        except ServiceError as error:  # what the HTTP port answers this request
+            return error
+        if decoded is None or not self._as_copied(decoded[0]):
+            return InputError(
+                "the front door takes one image's pixels as the one UINT8 input of the binary tensor extension",
+                expected=f"an input of shape {list(self.image_shape)} and datatype UINT8; send any other "
+                "tensor, or encoded images (BYTES), to the service's HTTP port",
+            )
+        return decoded[1]
+
+    def _as_copied(self, images: np.ndarray) -> bool:
+        """Whether the decode gave back the binary section as it is: one (1, C, H, W) uint8 image."""
+        return images.dtype == np.uint8 and images.shape == self.image_shape and images.tobytes() == self.probe
