@@ -49,7 +49,7 @@ v2)
   mkdir -p /tmp/resnet50-only && cp -r models/examples/repository/resnet50 /tmp/resnet50-only/  # its one model
   timeout 170 taskset -c 0-7 python3 -c "import json; from pathlib import Path; from bench.resnet50_e2e import \
 engine_peak; print(json.dumps(engine_peak(Path('/tmp/resnet50-only'), '1,8,32,64,128', 4.0)))" \
-    > "$OUT/resnet50-engine-peak.json" 2> "$OUT/resnet50-engine-peak.log"
+    > "$OUT/resnet50-engine-peak.json" 2> /tmp/resnet50-engine-peak.log
   echo "engine peak: $(tail -c 300 "$OUT/resnet50-engine-peak.json")"
   python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 256, 150528, np.uint8).tofile('/tmp/image.u8')"
   CGSERVE_BUCKETS=1,8,32,64,128 taskset -c 0-7 python3 -m app.cli serve --port 8122 --grpc-port 0 --workers 1 \
@@ -67,7 +67,7 @@ engine_peak; print(json.dumps(engine_peak(Path('/tmp/resnet50-only'), '1,8,32,64
     # shellcheck disable=SC2086
     timeout 120 taskset -c 8-15 /tmp/site/perf_analyzer/bin/perf_analyzer -m resnet50 -u 127.0.0.1:8123 -i http \
       -b 1 --shape input:3,224,224 --concurrency-range $c:$c --measurement-interval 4000 \
-      --stability-percentage 100 --max-trials 4 -f "$OUT/resnet50-door-pa-c$c.csv" $mode \
+      --stability-percentage 100 --max-trials 4 -f "/tmp/resnet50-door-pa-c$c.csv" $mode \
       > "$OUT/resnet50-door-pa-c$c.txt" 2>&1
     echo "perf_analyzer v2 http c$c (rc $?): $(grep -E 'Throughput|p99 latency' "$OUT/resnet50-door-pa-c$c.txt" | tr -s ' \n' ' ')"
   done
