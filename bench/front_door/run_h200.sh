@@ -62,15 +62,28 @@ engine_peak; print(json.dumps(engine_peak(Path('/tmp/resnet50-only'), '1,8,32,64
   taskset -c 8-15 .gpu/bin/hey -z 4s -c 256 -m POST -T application/octet-stream -D /tmp/image.u8 \
     http://127.0.0.1:8123/predict > "$OUT/resnet50-door-hey-c256.txt"
   echo "hey raw c256: $(grep -E 'Requests/sec|99% in' "$OUT/resnet50-door-hey-c256.txt" | tr -s ' \t\n' ' ')"
-  for c in 64 256; do
-    mode=""; [ $c -gt 64 ] && mode="--async --max-threads 16"
+  # The same image as a v2 binary request (JSON header, then the pixels), from hey: the door's v2 path without
+  # perf_analyzer's own cost.
+  python3 -c "import orjson, pathlib; h = orjson.dumps({'inputs': [{'name': 'input', 'shape': [1, 3, 224, 224], \
+'datatype': 'UINT8', 'parameters': {'binary_data_size': 150528}}], 'outputs': [{'name': 'probabilities', \
+'parameters': {'binary_data': True}}]}); pathlib.Path('/tmp/v2.len').write_text(str(len(h))); \
+pathlib.Path('/tmp/v2.body').write_bytes(h + pathlib.Path('/tmp/image.u8').read_bytes())"
+  taskset -c 8-15 .gpu/bin/hey -z 4s -c 256 -m POST -H "Inference-Header-Content-Length: $(cat /tmp/v2.len)" \
+    -D /tmp/v2.body http://127.0.0.1:8123/v2/models/resnet50/infer > "$OUT/resnet50-door-hey-v2-c256.txt"
+  echo "hey v2 binary c256: $(grep -E 'Requests/sec|99% in|\[200\]' "$OUT/resnet50-door-hey-v2-c256.txt" | tr -s ' \t\n' ' ')"
+  pa() {  # perf_analyzer at concurrency $1, its output to $2
+    local mode=""; [ "$1" -gt 64 ] && mode="--async --max-threads 16"
     # shellcheck disable=SC2086
     timeout 120 taskset -c 8-15 /tmp/site/perf_analyzer/bin/perf_analyzer -m resnet50 -u 127.0.0.1:8123 -i http \
-      -b 1 --shape input:3,224,224 --concurrency-range $c:$c --measurement-interval 4000 \
-      --stability-percentage 100 --max-trials 4 -f "/tmp/resnet50-door-pa-c$c.csv" $mode \
-      > "$OUT/resnet50-door-pa-c$c.txt" 2>&1
-    echo "perf_analyzer v2 http c$c (rc $?): $(grep -E 'Throughput|p99 latency' "$OUT/resnet50-door-pa-c$c.txt" | tr -s ' \n' ' ')"
-  done
+      -b 1 --shape input:3,224,224 --concurrency-range "$1:$1" --measurement-interval 4000 \
+      --stability-percentage 100 --max-trials 4 -f "/tmp/$(basename "$2").csv" $mode > "$2" 2>&1
+    echo "perf_analyzer v2 http c$1 (rc $?): $(grep -E 'Throughput|p99 latency|Avg HTTP' "$2" | tr -s ' \n' ' ')"
+  }
+  pa 64 "$OUT/resnet50-door-pa-c64.txt"
+  pa 256 "$OUT/resnet50-door-pa-c256.txt"
+  # Two perf_analyzers at 128 each, side by side: their sum against one at 256 says whether one client is the limit.
+  pa 128 /tmp/pa-a.txt & first=$!; pa 128 /tmp/pa-b.txt; wait $first
+  cat /tmp/pa-a.txt /tmp/pa-b.txt > "$OUT/resnet50-door-pa-2x128.txt"
   curl -s localhost:8122/metrics | grep -E '^cgserve_(requests_total|batch_rows_(sum|count))' > "$OUT/resnet50-door-metrics.txt"
   kill -TERM $door; wait $door; tail -3 "$OUT/resnet50-door-server.log"
   ;;
