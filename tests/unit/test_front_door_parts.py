@@ -63,7 +63,14 @@ def test_v2_headers_are_what_the_http_port_makes_of_them() -> None:
     binary = [{"name": "probabilities", "parameters": {"binary_data": True}}]
     asked = known(v2_header([1, 1, 28, 28], outputs=binary, id="a"))
     assert isinstance(asked, Asked) and asked.id == "a" and asked.outputs[0].binary
-    assert known(v2_header([1, 1, 28, 28], outputs=binary, id="a")) is asked  # parsed once
+    numbered = [known(v2_header([1, 1, 28, 28], outputs=binary, id=str(i))) for i in range(3000)]  # perf_analyzer's
+    assert [a.id for a in numbered if isinstance(a, Asked)] == [str(i) for i in range(3000)]
+    assert len(known.known_but_id) == 1 and not known.known  # checked once without its id, not 3,000 times
+    too_long = known(v2_header([1, 1, 28, 28], id="x" * 10_000))
+    assert isinstance(too_long, ServiceError) and "request id" in str(too_long)
+    assert known(v2_header([1, 1, 28, 28], id=5)).id is None  # type: ignore[union-attr]  # as the HTTP port: not a string
+    plain = v2_header([1, 1, 28, 28], outputs=binary)
+    assert known(plain) is known(plain) and plain in known.known
     bytes_input = v2_header([1, 1, 28, 28]).replace(b'"UINT8"', b'"BYTES"').replace(b"[1,1,28,28]", b"[1]")
     refusals = {
         bytes_input: "one UINT8 input",  # an encoded image: the HTTP port's decoders take it
