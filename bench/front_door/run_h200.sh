@@ -71,12 +71,17 @@ pathlib.Path('/tmp/v2.body').write_bytes(h + pathlib.Path('/tmp/image.u8').read_
   taskset -c 8-15 .gpu/bin/hey -z 4s -c 256 -m POST -H "Inference-Header-Content-Length: $(cat /tmp/v2.len)" \
     -D /tmp/v2.body http://127.0.0.1:8123/v2/models/resnet50/infer > "$OUT/resnet50-door-hey-v2-c256.txt"
   echo "hey v2 binary c256: $(grep -E 'Requests/sec|99% in|\[200\]' "$OUT/resnet50-door-hey-v2-c256.txt" | tr -s ' \t\n' ' ')"
-  pa() {  # perf_analyzer at concurrency $1, its output to $2
+  served() {  # the server's own count of v2 answers, their summed latency, and the batches' rows
+    curl -s localhost:8122/metrics | grep -E '^cgserve_(request_duration_seconds_(sum|count)\{format="v2-binary"|batch_rows_(sum|count))'
+  }
+  pa() {  # perf_analyzer at concurrency $1, its output to $2, with the server's figures before and after
     local mode=""; [ "$1" -gt 64 ] && mode="--async --max-threads 16"
+    served > "$2.before"
     # shellcheck disable=SC2086
     timeout 120 taskset -c 8-15 /tmp/site/perf_analyzer/bin/perf_analyzer -m resnet50 -u 127.0.0.1:8123 -i http \
       -b 1 --shape input:3,224,224 --concurrency-range "$1:$1" --measurement-interval 4000 \
       --stability-percentage 100 --max-trials 4 -f "/tmp/$(basename "$2").csv" $mode > "$2" 2>&1
+    { echo "server before:"; cat "$2.before"; echo "server after:"; served; } >> "$2"
     echo "perf_analyzer v2 http c$1 (rc $?): $(grep -E 'Throughput|p99 latency|Avg HTTP' "$2" | tr -s ' \n' ' ')"
   }
   pa 64 "$OUT/resnet50-door-pa-c64.txt"
