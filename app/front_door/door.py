@@ -106,7 +106,7 @@ class Door:
         buffer, ends = self._which.value, self._header_ends[:k]
         headers = None
         if ends[-1]:  # some are v2: each its header, a slice of the bytes that hold them all
-            joined = self._headers.raw[: ends[-1]]
+            joined = ctypes.string_at(self._headers, int(ends[-1]))  # (.raw would copy all 4 MiB first)
             starts = [0, *ends[:-1].tolist()]
             headers = [joined[start:end] for start, end in zip(starts, ends.tolist(), strict=True)]
         return Bulk(buffer, self._rows[buffer][:k], self._ids[:k].copy(), self._arrived[:k].copy(), headers)
