@@ -20,11 +20,12 @@ from app.codecs.bodies import encode_predictions
 from app.config import DEFAULT_REPOSITORY, Settings
 from app.errors import ServiceError
 from app.front_door import library
-from app.front_door.answers import Answers
+from app.front_door.answers import Answers, head_lines
 from app.front_door.door import Bulk
 from app.front_door.v2_headers import V2Headers
 from app.ops.metric_buffers import BufferedHistogram
 from app.protocols.v2.rest import Asked, V2Codec
+from app.protocols.v2.tensors import Wanted
 from app.repository import load_model, read_repository
 from app.repository.model_spec import ModelSpec
 from app.service import Service
@@ -48,6 +49,30 @@ def check_bulk_answers(spec: ModelSpec) -> None:
     mine, heads = Answers(SimpleNamespace(spec=spec), "cuda-graph", None)(scores, None)  # type: ignore[arg-type]
     theirs = [encode_predictions(scores[i : i + 1], model=spec.name, engine="cuda-graph", spec=spec) for i in range(5)]
     assert mine == theirs and heads == [b"content-type: application/json\r\n"] * 5
+
+
+def test_v2_answers_of_a_piece_are_the_codecs_row_by_row(tmp_path: Path) -> None:
+    """Binary, JSON and top-k outputs, with and without ids, for every model shape: each row's body and header
+    lines are what V2Codec.encode gives that row alone (the binary rows share one header built once)."""
+    codec = V2Codec(SimpleNamespace(settings=Settings()))  # type: ignore[arg-type]
+    for spec in specs(tmp_path):
+        served = SimpleNamespace(spec=spec)
+        answers = Answers(served, "cuda-graph", codec)  # type: ignore[arg-type]
+        width = len(spec.class_names) if spec.layout.default else spec.layout.width
+        scores = np.random.default_rng(1).random((12, width), dtype=np.float32)
+        every = tuple(Wanted(name, 0, True) for name in spec.layout.names)
+        kinds = [every, every[:1], tuple(Wanted(name, 0, False) for name in spec.layout.names)]
+        if spec.layout.classes is not None:
+            kinds.append((Wanted(spec.layout.classes.name, 3, True),))
+        asked = [Asked(None if i % 3 else f'id-{i}"é', kinds[i % len(kinds)]) if i % 5 else None for i in range(12)]
+        bodies, heads = answers(scores, asked)
+        for i, wanted in enumerate(asked):
+            if wanted is None:
+                assert heads[i] == b"content-type: application/json\r\n", spec.name
+                continue
+            want = codec.encode(scores[i : i + 1], wanted, served, "cuda-graph")  # type: ignore[arg-type]
+            assert (bodies[i], heads[i]) == (want.body, head_lines(want.headers)), (spec.name, wanted)
+        assert answers._binary[every] is not None  # the shared header was used
 
 
 def v2_header(shape: list[int], datatype: str = "UINT8", outputs: list[dict] | None = None, **more: Any) -> bytes:
