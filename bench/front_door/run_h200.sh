@@ -12,6 +12,8 @@
 #                                                then one front door server (one process, 8 threads) driven by hey
 #                                                (POST /predict, raw) and by perf_analyzer (v2 HTTP, binary UINT8,
 #                                                one image a request, as the metadata declares) at 64 and 256
+#                                                (PA_CONCURRENCIES="64 256"), then two side by side at 128 each
+#                                                (PA_PAIR=0: not)
 set -u
 case "${1:-}" in
 seed)
@@ -84,11 +86,12 @@ pathlib.Path('/tmp/v2.body').write_bytes(h + pathlib.Path('/tmp/image.u8').read_
     { echo "server before:"; cat "$2.before"; echo "server after:"; served; } >> "$2"
     echo "perf_analyzer v2 http c$1 (rc $?): $(grep -E 'Throughput|p99 latency|Avg HTTP' "$2" | tr -s ' \n' ' ')"
   }
-  pa 64 "$OUT/resnet50-door-pa-c64.txt"
-  pa 256 "$OUT/resnet50-door-pa-c256.txt"
-  # Two perf_analyzers at 128 each, side by side: their sum against one at 256 says whether one client is the limit.
-  pa 128 /tmp/pa-a.txt & first=$!; pa 128 /tmp/pa-b.txt; wait $first
-  cat /tmp/pa-a.txt /tmp/pa-b.txt > "$OUT/resnet50-door-pa-2x128.txt"
+  for c in ${PA_CONCURRENCIES:-64 256}; do pa "$c" "$OUT/resnet50-door-pa-c$c.txt"; done
+  if [ "${PA_PAIR:-1}" = 1 ]; then
+    # Two perf_analyzers at 128 each, side by side: their sum against one at 256 says whether one client is the limit.
+    pa 128 /tmp/pa-a.txt & first=$!; pa 128 /tmp/pa-b.txt; wait $first
+    cat /tmp/pa-a.txt /tmp/pa-b.txt > "$OUT/resnet50-door-pa-2x128.txt"
+  fi
   curl -s localhost:8122/metrics | grep -E '^cgserve_(requests_total|batch_rows_(sum|count))' > "$OUT/resnet50-door-metrics.txt"
   kill -TERM $door; wait $door; tail -3 "$OUT/resnet50-door-server.log"
   ;;
