@@ -9,14 +9,17 @@ import logging
 import os
 import socket
 import time
+from http import HTTPStatus
 
 import orjson
 
 from app.access.tokens import load_tokens
+from app.errors import ServiceError
 from app.front_door.answers import JSON_HEAD
 from app.front_door.door import Door, Limits
 from app.front_door.feeder import FORM, PROTOCOL, Feeder
 from app.front_door.library import door_library
+from app.http.answer import error_answer
 from app.http.protocol import open_file_budget
 from app.ops import metrics
 from app.protocols.v2 import tensors
@@ -126,25 +129,31 @@ class FrontDoor:
     def _set_gets(self) -> None:
         """The GETs a v2 client sends before its inferences (perf_analyzer reads the model's metadata and
         configuration from the address it is given), answered as the HTTP port answers them, a second stale at
-        most; a model unloaded since is left to the HTTP port's answer."""
+        most."""
         service, model = self.service, f"/v2/models/{self.model}".encode()
-        try:
-            served = service.model(self.model)
-        except Exception:  # unloaded, or not ready: the door answers 404, the HTTP port says why
-            return
+
+        def answer(status: int, body: bytes) -> tuple[bytes, bytes]:
+            return b"%d %s\r\n%s" % (status, HTTPStatus(status).phrase.encode(), JSON_HEAD), body
 
         def readiness(ready: bool) -> tuple[bytes, bytes]:
-            return b"200 OK\r\n" if ready else b"503 Service Unavailable\r\n", orjson.dumps({"ready": ready})
+            return answer(200 if ready else 503, orjson.dumps({"ready": ready}))
 
-        ready, model_ready = readiness(service.readiness()[0]), readiness(served.readiness()[0])
-        self.door.set_gets([
-            (b"/v2/health/live", b"200 OK\r\n" + JSON_HEAD, b'{"live":true}', False),
-            (b"/v2/health/ready", ready[0] + JSON_HEAD, ready[1], False),
-            (b"/v2", b"200 OK\r\n" + JSON_HEAD, orjson.dumps(tensors.server_metadata()), True),
-            (model, b"200 OK\r\n" + JSON_HEAD, metadata_body(service, served), True),
-            (model + b"/config", b"200 OK\r\n" + JSON_HEAD, config_body(served), True),
-            (model + b"/ready", model_ready[0] + JSON_HEAD, model_ready[1], True),
-        ])  # fmt: skip
+        try:
+            served = service.model(self.model)
+            metadata, config = answer(200, metadata_body(service, served)), answer(200, config_body(served))
+            model_ready = readiness(served.readiness()[0])
+        except ServiceError as error:  # unloaded since: what the HTTP port says of it
+            refused = error_answer(error, v2=True)
+            metadata = config = model_ready = answer(refused.status, refused.body)
+        gets = [
+            (b"/v2/health/live", *answer(200, b'{"live":true}'), False),
+            (b"/v2/health/ready", *readiness(service.readiness()[0]), False),
+            (b"/v2", *answer(200, orjson.dumps(tensors.server_metadata())), True),
+            (model, *metadata, True),
+            (model + b"/config", *config, True),
+            (model + b"/ready", *model_ready, True),
+        ]
+        self.door.set_gets(gets)
 
     def _count(self) -> None:
         """The C side's refusals since the last count, into cgserve_requests (no model: none was looked up)."""
