@@ -426,3 +426,40 @@ def test_v2_requests_the_door_does_not_take_are_refused_as_the_protocol_says(ser
             client.infer("other", [wrong], headers=auth)
         assert refused.value.status() == "404"
         assert client.infer("fashion-cnn", [wrong], headers=auth).as_numpy("probabilities").shape == (1, 10)
+
+
+def test_its_v2_gets_follow_the_model_unloaded_and_loaded_again(tmp_path: Any) -> None:
+    """The door's GET answers are set afresh each second: once the model is unloaded (model control), they say
+    what the HTTP port says (404); loaded again, its metadata and inference come back through the door."""
+    door_port = free_port()
+    settings = {"device": "cpu", "front_door_port": str(door_port), "model_control": "explicit"}
+    with running_server(tmp_path / "server.log", SERVE, **settings) as url:
+        door = triton_http.InferenceServerClient(f"127.0.0.1:{door_port}")
+        port = triton_http.InferenceServerClient(url.removeprefix("http://"))
+
+        def door_metadata() -> int:
+            try:
+                door.get_model_metadata("fashion-cnn")
+            except InferenceServerException as refused:
+                return int(refused.status() or 0)
+            return 200
+
+        def within(seconds: float, status: int) -> bool:
+            latest = time.monotonic() + seconds
+            while door_metadata() != status and time.monotonic() < latest:
+                time.sleep(0.1)
+            return door_metadata() == status
+
+        assert door_metadata() == 200
+        port.unload_model("fashion-cnn")
+        assert within(3, 404)
+        with pytest.raises(InferenceServerException, match="fashion-cnn"):
+            door.get_model_config("fashion-cnn")
+        port.load_model("fashion-cnn")
+        assert within(3, 200)
+        images = load_test_sample()[0][:1].reshape(1, 1, 28, 28)
+        tensor = triton_http.InferInput("input", [1, 1, 28, 28], "UINT8")
+        tensor.set_data_from_numpy(images, binary_data=True)
+        assert door.infer("fashion-cnn", [tensor]).as_numpy("probabilities").shape == (1, 10)
+        door.close()
+        port.close()
