@@ -463,3 +463,31 @@ def test_its_v2_gets_follow_the_model_unloaded_and_loaded_again(tmp_path: Any) -
         assert door.infer("fashion-cnn", [tensor]).as_numpy("probabilities").shape == (1, 10)
         door.close()
         port.close()
+
+
+def test_the_open_file_limit_refuses_and_recovers(tmp_path: Any) -> None:
+    """Past the process's open-file limit (a server under `ulimit -n 256`, a connection cap above it), each
+    connection more gets a 503 and is closed, rather than waiting in the backlog while every door thread
+    wakes for it again and again; once they go, the door serves again."""
+    door_port = free_port()
+    serve = ("sh", "-c", f"ulimit -n 256 && exec {sys.executable} -m app.cli serve")
+    settings = {"device": "cpu", "front_door_port": str(door_port), "max_connections": "4000"}
+    with running_server(tmp_path / "server.log", serve, **settings) as url:
+        held = [socket.create_connection(("127.0.0.1", door_port), timeout=10) for _ in range(400)]
+        try:
+            refused = 0
+            for connection in held:
+                connection.setblocking(False)
+            time.sleep(2)  # the door has accepted what it can and refused the rest
+            for connection in held:
+                try:
+                    answer = connection.recv(4096)
+                except BlockingIOError:
+                    continue  # accepted, and waiting for its request
+                refused += answer.startswith(b"HTTP/1.1 503 ") and b"too_many_connections" in answer
+            assert refused > 100, refused  # ~250 descriptors less the server's own: most of the 400 refused
+        finally:
+            for connection in held:
+                connection.close()
+        time.sleep(1)
+        each_gets_its_own(f"http://127.0.0.1:{door_port}", url)
