@@ -491,3 +491,26 @@ def test_the_open_file_limit_refuses_and_recovers(tmp_path: Any) -> None:
                 connection.close()
         time.sleep(1)
         each_gets_its_own(f"http://127.0.0.1:{door_port}", url)
+
+
+def test_a_client_that_never_reads_is_given_up(server: dict[str, Any]) -> None:
+    """A client that pipelines requests and never reads an answer (a 4 KiB receive buffer): once its answers
+    fill the socket, the door waits request_s (2 s here) for it to read, then closes the connection, rather
+    than hold its buffers for good; the door goes on serving."""
+    image = sample_images(1)[0]
+    requests = (POST % (b"/predict", AUTH, len(image)) + image) * 16
+    with socket.socket() as greedy:
+        greedy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        greedy.connect(("127.0.0.1", server["port"]))
+        greedy.settimeout(0.5)
+        latest, ended = time.monotonic() + 30, None
+        while ended is None and time.monotonic() < latest:
+            try:
+                greedy.send(requests)
+            except TimeoutError:
+                continue  # its buffers are full: the door stopped reading while its answers wait
+            except OSError as error:  # reset or broken pipe: the door gave the connection up
+                ended = error
+        assert ended is not None, "the door still held a connection that never read, 30 s on"
+    with httpx.Client(base_url=server["door"]) as client:
+        predict(client, image)
