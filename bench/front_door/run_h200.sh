@@ -13,7 +13,8 @@
 #                                                (POST /predict, raw) and by perf_analyzer (v2 HTTP, binary UINT8,
 #                                                one image a request, as the metadata declares) at 64 and 256
 #                                                (PA_CONCURRENCIES="64 256"), then two side by side at 128 each
-#                                                (PA_PAIR=0: not)
+#                                                (PA_PAIR=0: not); PA_RATE=R: then an open loop at R requests/s
+#                                                (--request-rate-range), for the p99 at a share of the peak
 set -u
 case "${1:-}" in
 seed)
@@ -87,6 +88,16 @@ pathlib.Path('/tmp/v2.body').write_bytes(h + pathlib.Path('/tmp/image.u8').read_
     echo "perf_analyzer v2 http c$1 (rc $?): $(grep -E 'Throughput|p99 latency|Avg HTTP' "$2" | tr -s ' \n' ' ')"
   }
   for c in ${PA_CONCURRENCIES:-64 256}; do pa "$c" "$OUT/resnet50-door-pa-c$c.txt"; done
+  if [ -n "${PA_RATE:-}" ]; then  # an open loop: requests sent on a schedule, answered or not
+    served > "$OUT/resnet50-door-pa-rate.txt.before"
+    timeout 120 taskset -c 8-15 /tmp/site/perf_analyzer/bin/perf_analyzer -m resnet50 -u 127.0.0.1:8123 -i http \
+      -b 1 --shape input:3,224,224 --request-rate-range "$PA_RATE:$PA_RATE" --measurement-interval 4000 \
+      --stability-percentage 100 --max-trials 4 --async --max-threads 16 -f /tmp/pa-rate.csv \
+      > "$OUT/resnet50-door-pa-rate.txt" 2>&1
+    { echo "server before:"; cat "$OUT/resnet50-door-pa-rate.txt.before"; echo "server after:"; served; } \
+      >> "$OUT/resnet50-door-pa-rate.txt"
+    echo "perf_analyzer v2 http at $PA_RATE/s: $(grep -E 'Throughput|p99 latency' "$OUT/resnet50-door-pa-rate.txt" | tr -s ' \n' ' ')"
+  fi
   if [ "${PA_PAIR:-1}" = 1 ]; then
     # Two perf_analyzers at 128 each, side by side: their sum against one at 256 says whether one client is the limit.
     pa 128 /tmp/pa-a.txt & first=$!; pa 128 /tmp/pa-b.txt; wait $first
