@@ -12,10 +12,12 @@
                                                      ▼
     client ◀── the HTTP port's answer ─────── door.c: the connection's own thread writes each answer
 
-Most clients send one image a request. On the service's port each such request costs Python a
-request's work (the ASGI protocol, the data plane, a future), and the H200 showed where that ends: the
-seed CNN at 64 connections over 8 workers reached 0.20× what uvicorn answers with a no-op, where this
-design, with Python's work per bulk, reached 0.72× (bench/results/2026-12-03-run34-h200-front-door.md).
+Most clients send one image a request, as raw pixels or as Triton's clients and perf_analyzer send it (who
+can be pointed at the door: it answers the v2 metadata GETs they read first). On the service's port each
+such request costs Python a request's work (the ASGI protocol, the data plane, a future), and the H200
+showed where that ends: the seed CNN at 64 connections over 8 workers reached 0.20× what uvicorn answers
+with a no-op, where this design, with Python's work per bulk, reached 0.72×
+(bench/results/2026-12-03-run34-h200-front-door.md).
 
 It runs in the process that holds the engines (the server with one worker, or the engine process), so
 that one batcher sees every request, and only where front_door_port is set. Everything else (other
@@ -23,10 +25,12 @@ routes and models, JSON, v2's JSON tensors, FP32 or encoded images, multipart, c
 the service's port's: the door answers it a 4xx that says so. It keeps its own limits (door.c's header)
 and counts into the same metrics, under protocol "door" (format "raw", or "v2-binary").
 
-    library.py   door.c built (or the one the settings name)
-    door.py      door.c through ctypes
+    library.py     door.c built (or the one the settings name)
+    door.py        door.c through ctypes
     feeder.py      bulks onto the batcher, answers back: the flow control
     v2_headers.py  a v2 request's JSON header, checked by the HTTP port's codec once per distinct header
-    answers.py     each request's answer for a piece: /predict's JSON for k rows at once, v2's row by row
-    server.py    the port's life: opened once the models are ready, drained and closed at shutdown
+    answers.py     each request's answer for a piece: /predict's JSON for k rows at once; v2's binary
+                   outputs behind one JSON header built once, the rest row by row
+    server.py      the port's life: opened once the models are ready, its v2 GET answers kept fresh,
+                   drained and closed at shutdown
 """
