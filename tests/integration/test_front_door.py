@@ -250,6 +250,10 @@ def test_with_the_engine_process(tmp_path: Any) -> None:
     settings = {"device": "cpu", "workers": "2", "engine_process": "true", "front_door_port": str(door_port)}
     with running_server(tmp_path / "server.log", SERVE, **settings) as url:
         each_gets_its_own(f"http://127.0.0.1:{door_port}", url)
+        one = load_test_sample()[0][:1].reshape(1, 1, 28, 28)  # and v2, answered in the engine process
+        mine, theirs = triton_infer(f"http://127.0.0.1:{door_port}", one), triton_infer(url, one)
+        assert mine.get_response() == theirs.get_response()
+        np.testing.assert_array_equal(mine.as_numpy("probabilities"), theirs.as_numpy("probabilities"))
 
 
 def test_a_shutdown_still_answers_and_closes(tmp_path: Any) -> None:
