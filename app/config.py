@@ -94,8 +94,9 @@ class Settings(BaseSettings):
         ge=0,
         le=65535,
         description="A second HTTP port, served by C threads in the process that runs the engines, for the one "
-        "request most clients send: POST /predict of the default model with one image's raw uint8 pixels "
-        "(app/front_door/). Every other request gets a 4xx there and goes to port. Plain HTTP; 0: off.",
+        "request most clients send: one image's uint8 pixels for the default model, as POST /predict's raw body "
+        "or as the v2 infer's one UINT8 binary tensor (Triton's clients, perf_analyzer), with the v2 metadata "
+        "GETs (app/front_door/). Every other request gets a 4xx there and goes to port. Plain HTTP; 0: off.",
     )
     front_door_threads: int = Field(4, ge=1, le=64, description="C threads serving front_door_port.")
     front_door_library: Path | None = Field(
