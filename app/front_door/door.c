@@ -6,13 +6,13 @@
  * Threads: `threads` POSIX threads each run an epoll loop over the shared listening socket
  * (EPOLLEXCLUSIVE: one thread wakes an accept) and the connections they accepted. A request's
  * pixels are copied into the bulk being filled (one of `buffers` of max_rows × row_bytes, which
- * Python reads in place; a v2 request's JSON header goes to the bulk's heads, which Python parses) and its
- * connection waits. The bulk's first row writes the eventfd, and
- * so does its `full_rows`-th, so Python's event loop wakes once for however many rows gather
- * before it runs. Python takes the bulk (fd_take: the next free buffer is filled from then on;
- * fd_release gives it back once its rows are staged), queues it on the model's batcher, and hands
- * the answers over (fd_answer): each goes to the outbox of the thread that owns its connection,
- * which writes it, so Python's thread makes no syscall an answer.
+ * Python reads in place; a v2 request's JSON header goes beside them, for Python to check) and its
+ * connection waits. The bulk's first row writes the eventfd, and so does its `full_rows`-th, so
+ * Python's event loop wakes once for however many rows gather before it runs. Python takes the
+ * bulk (fd_take: the next free buffer is filled from then on; fd_release gives it back once its
+ * rows are staged), queues it on the model's batcher, and hands the answers over (fd_answer): each
+ * goes to the outbox of the thread that owns its connection, which writes it, so Python's thread
+ * makes no syscall an answer.
  *
  * Limits kept here, as app/http/protocol.py keeps them for the service's port: at most
  * `max_conns` connections (more get 503 and are closed; over the open-file limit too); a request
@@ -23,8 +23,9 @@
  * request without one of them gets 401 before its pixels are copied (before they are sent, where
  * it asks `Expect: 100-continue`). A request whose client then closes its sending side is still
  * answered. A few GETs (the v2 metadata, configuration and health of the default model, which a v2
- * client reads from the address it then sends its inferences to) get the answers Python set last. fd_drain stops accepting: from then on each answer says `connection: close` and
- * closes its connection. Every other request (route, method, a bare LF, two Content-Lengths,
+ * client reads from the address it then sends its inferences to) get the answers Python set last.
+ * fd_drain stops accepting: from then on each answer says `connection: close` and closes its
+ * connection. Every other request (route, method, a bare LF, two Content-Lengths,
  * chunked) gets a clear 4xx in the service's error shape, counted by status; a refusal the
  * socket does not take whole (a client that does not read) closes the connection, so that its
  * client sees an answer cut short, not a stream that goes on without some of its answers.
@@ -127,6 +128,7 @@ typedef struct {
     outbox_t outboxes[MAX_THREADS];
     conn_t *conns[MAX_FD];
     pthread_mutex_t table_mu; /* conns[] slots' creation (a slot lives until fd_close, reused by its fd) */
+    pthread_mutex_t accept_mu; /* one accept4 at a time: the spare descriptor's dance (refuse_over_limit) */
     pthread_mutex_t bulk_mu;  /* the bulk below, and the counts */
     int buffers;
     uint8_t *buffer[MAX_BUFFERS]; /* max_rows × row_bytes each: the bulk being filled, or taken by Python */
@@ -183,8 +185,9 @@ static int refuse(door_t *d, int fd, int which, const char *code, const char *me
     char wanted[512], body[1024], text[1536];
     snprintf(wanted, sizeof wanted, expected, d->row_bytes, d->v2_path);
     int body_len = v2 ? snprintf(body, sizeof body, "{\"error\":\"%s; expected %s\"}", message, wanted)
-                      : snprintf(body, sizeof body, "{\"error\":{\"code\":\"%s\",\"message\":\"%s\",\"expected\":\"%s\"}}",
-                                 code, message, wanted);
+                      : snprintf(body, sizeof body,
+                                 "{\"error\":{\"code\":\"%s\",\"message\":\"%s\",\"expected\":\"%s\"}}", code,
+                                 message, wanted);
     int status = v2 && which == R422 ? R400 : which;
     int n = snprintf(text, sizeof text,
                      "HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s%s\r\n%s",
@@ -318,7 +321,7 @@ static refusal_t check_head(door_t *d, const char *buf, size_t head_len, size_t 
     size_t value_len = 0;
     int v2 = is_path(buf, head_len, d->v2_path, d->v2_path_len);
     if (!v2 && !is_path(buf, head_len, d->path, d->path_len))
-        return (refusal_t){R404, "not_found", "the front door serves only the two routes expected, without a query", ""};
+        return (refusal_t){R404, "not_found", "the front door serves only the two routes expected, no query", ""};
     if (d->n_tokens) {
         const char *auth = find_header(buf, head_len, "authorization:", &value_len);
         if (!auth || !token_ok(d, auth, value_len))
@@ -549,6 +552,7 @@ static void serve_conn(door_t *d, conn_t *c, int fd) {
  * it, rather than leave it queued while the listener wakes every thread for it again and again. */
 static void refuse_over_limit(door_t *d) {
     pthread_mutex_lock(&d->table_mu);
+    if (d->spare_fd < 0) d->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC); /* lost to another open: again */
     if (d->spare_fd >= 0) {
         close(d->spare_fd);
         int fd = accept4(d->lfd, NULL, NULL, SOCK_CLOEXEC);
@@ -564,11 +568,13 @@ static void refuse_over_limit(door_t *d) {
 
 static void accept_all(door_t *d, int epfd, int owner) {
     for (;;) {
+        /* One thread accepts at a time: the descriptor refuse_over_limit frees for its refusal must not go to
+         * another thread's accept, which would leave no spare to free the next time. */
+        pthread_mutex_lock(&d->accept_mu);
         int fd = accept4(d->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) {
-            if (errno == EMFILE || errno == ENFILE) refuse_over_limit(d);
-            return;
-        }
+        if (fd < 0 && (errno == EMFILE || errno == ENFILE)) refuse_over_limit(d);
+        pthread_mutex_unlock(&d->accept_mu);
+        if (fd < 0) return;
         pthread_mutex_lock(&d->table_mu);
         int full = fd >= MAX_FD || d->open_conns >= d->max_conns;
         if (full) {
@@ -757,6 +763,7 @@ door_t *fd_open(int lfd, int threads, int row_bytes, int max_rows, int buffers, 
     }
     pthread_mutex_init(&d->table_mu, NULL);
     pthread_mutex_init(&d->gets_mu, NULL);
+    pthread_mutex_init(&d->accept_mu, NULL);
     pthread_mutex_init(&d->bulk_mu, NULL);
     d->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     d->buffers = buffers;
