@@ -10,18 +10,24 @@ the id, so the rows of a piece share one header built once and each gets its own
 from __future__ import annotations
 
 from collections import defaultdict
+from http import HTTPStatus
 
 import numpy as np
 import orjson
 
 from app.codecs.bodies import encode_predictions
 from app.protocols.v2 import tensors
-from app.protocols.v2.rest import Asked, V2Codec
+from app.protocols.v2.rest import HEADER_LENGTH, Asked, V2Codec
 from app.repository.model_spec import ModelSpec
 from app.service import ServedModel
 
 JSON_HEAD = b"content-type: application/json\r\n"
 BINARY_HEAD = b"inference-header-content-length: %d\r\ncontent-type: application/octet-stream\r\n"  # V2Codec's
+
+
+def status_line(status: int) -> bytes:
+    """An answer's status as door.c writes it after "HTTP/1.1 ": b"503 Service Unavailable"."""
+    return b"%d %s" % (status, HTTPStatus(status).phrase.encode())
 
 
 def head_lines(headers: list[tuple[bytes, bytes]]) -> bytes:
@@ -105,7 +111,7 @@ class BinaryAnswers:
         if not all(want.binary and not want.classes for want in outputs):
             return None
         plain = answers.v2.encode(row, Asked(None, outputs), answers.served, answers.engine)
-        length = int(dict(plain.headers)[b"inference-header-content-length"])
+        length = int(dict(plain.headers)[HEADER_LENGTH.encode()])
         template = cls(answers.spec, outputs, plain.body[:length])
         for request_id in (None, cls.MARK):
             want = answers.v2.encode(row, Asked(request_id, outputs), answers.served, answers.engine)

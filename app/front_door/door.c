@@ -311,16 +311,26 @@ static long byte_count(const char *value, size_t len) {
     return n;
 }
 
-static int is_path(const char *buf, size_t head_len, const char *path, size_t path_len) {
-    return path_len && head_len > 5 + path_len && memcmp(buf + 5, path, path_len) == 0 && buf[5 + path_len] == ' ';
+/* The request line's target, after a method of `method_len` letters and its space; its length in *len (0 where
+ * the line has no space after it). */
+static const char *target(const char *buf, size_t head_len, size_t method_len, size_t *len) {
+    const char *start = buf + method_len + 1, *end = memchr(start, ' ', head_len - method_len - 1);
+    *len = end ? (size_t)(end - start) : 0;
+    return start;
+}
+
+static int same(const char *a, size_t a_len, const char *b, size_t b_len) {
+    return a_len && a_len == b_len && memcmp(a, b, a_len) == 0;
 }
 
 /* What the head asks for, checked before its body is needed: the route, the token, and the body's form and
  * length. Taken (`which` < 0): *header_len is the v2 request's JSON header's length (0 for POST /predict). */
 static refusal_t check_head(door_t *d, const char *buf, size_t head_len, size_t body_len, size_t *header_len) {
     size_t value_len = 0;
-    int v2 = is_path(buf, head_len, d->v2_path, d->v2_path_len);
-    if (!v2 && !is_path(buf, head_len, d->path, d->path_len))
+    size_t path_len = 0;
+    const char *path = target(buf, head_len, 4, &path_len); /* POST */
+    int v2 = same(path, path_len, d->v2_path, d->v2_path_len);
+    if (!v2 && !same(path, path_len, d->path, d->path_len))
         return (refusal_t){R404, "not_found", "the front door serves only the two routes expected, no query", ""};
     if (d->n_tokens) {
         const char *auth = find_header(buf, head_len, "authorization:", &value_len);
@@ -355,14 +365,14 @@ static refusal_t check_head(door_t *d, const char *buf, size_t head_len, size_t 
 /* A GET Python set an answer for, or 404 (the HTTP port has the rest); a GET has no body. Returns whether the
  * connection goes on: the answer was written whole, and it does not close it. */
 static int answer_get(door_t *d, int fd, const char *buf, size_t head_len, int closing, int v2) {
-    const char *path = buf + 4, *end = memchr(path, ' ', head_len - 4);
-    size_t path_len = end ? (size_t)(end - path) : 0, value_len = 0;
+    size_t path_len = 0, value_len = 0;
+    const char *path = target(buf, head_len, 3, &path_len); /* GET */
     char *text = NULL;
     int n = 0, found = 0;
     pthread_mutex_lock(&d->gets_mu);
     for (int i = 0; i < MAX_GETS && !found; i++) {
         get_t *g = &d->gets[i];
-        if (!g->path || strlen(g->path) != path_len || memcmp(g->path, path, path_len) != 0) continue;
+        if (!g->path || !same(path, path_len, g->path, strlen(g->path))) continue;
         found = 1;
         if (g->token && d->n_tokens) {
             const char *auth = find_header(buf, head_len, "authorization:", &value_len);
@@ -379,8 +389,7 @@ static int answer_get(door_t *d, int fd, const char *buf, size_t head_len, int c
     if (found < 0)
         return refuse(d, fd, R401, "unauthorized", "the bearer token is missing or not one of the inference tokens",
                       "www-authenticate: Bearer\r\n", closing, v2);
-    int post_route = (path_len == d->path_len && memcmp(path, d->path, path_len) == 0) ||
-                     (path_len == d->v2_path_len && memcmp(path, d->v2_path, path_len) == 0);
+    int post_route = same(path, path_len, d->path, d->path_len) || same(path, path_len, d->v2_path, d->v2_path_len);
     if (!found && post_route) { /* as a wrong method always is here: refused, and the connection closed */
         refuse(d, fd, R405, "method_not_allowed", "the route takes POST", "allow: POST\r\n", 1, v2);
         return 0;

@@ -17,7 +17,6 @@ import asyncio
 import time
 from dataclasses import dataclass
 from functools import partial
-from http import HTTPStatus
 
 import numpy as np
 
@@ -25,7 +24,7 @@ from app.batching.batcher import Batcher
 from app.config import Settings
 from app.dataplane import counted
 from app.errors import NotReadyError, ServiceError
-from app.front_door.answers import Answers, head_lines
+from app.front_door.answers import Answers, head_lines, status_line
 from app.front_door.door import Bulk, Door
 from app.front_door.v2_headers import V2Headers
 from app.http.answer import error_answer
@@ -212,7 +211,7 @@ class Feeder:
         waited = time.monotonic() - requests.arrived
         for v2, rows in requests.forms():
             answer = error_answer(failure, v2=v2)
-            status = b"%d %s" % (answer.status, HTTPStatus(answer.status).phrase.encode())
             ids = requests.ids[rows]
-            self.door.answer(ids, [answer.body] * len(ids), status, [head_lines(answer.headers)] * len(ids))
+            self.door.answer(ids, [answer.body] * len(ids), status_line(answer.status),
+                             [head_lines(answer.headers)] * len(ids))  # fmt: skip
             metrics.observe_requests(model, PROTOCOL, V2_FORM if v2 else FORM, str(answer.status), waited[rows])

@@ -9,13 +9,12 @@ import logging
 import os
 import socket
 import time
-from http import HTTPStatus
 
 import orjson
 
 from app.access.tokens import load_tokens
 from app.errors import ServiceError
-from app.front_door.answers import JSON_HEAD
+from app.front_door.answers import JSON_HEAD, status_line
 from app.front_door.door import Door, Limits
 from app.front_door.feeder import FORM, PROTOCOL, Feeder
 from app.front_door.library import door_library
@@ -133,7 +132,7 @@ class FrontDoor:
         service, model = self.service, f"/v2/models/{self.model}".encode()
 
         def answer(status: int, body: bytes) -> tuple[bytes, bytes]:
-            return b"%d %s\r\n%s" % (status, HTTPStatus(status).phrase.encode(), JSON_HEAD), body
+            return status_line(status) + b"\r\n" + JSON_HEAD, body
 
         def readiness(ready: bool) -> tuple[bytes, bytes]:
             return answer(200 if ready else 503, orjson.dumps({"ready": ready}))
