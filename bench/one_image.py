@@ -20,7 +20,12 @@ on --loadgen-cores:
            (--form v2): binary tensors over HTTP, ModelInfer calls, ModelStreamInfer streams (a
            channel, so a connection, per request in flight)
 
-each at every --concurrencies, then open loop at 70 % of each generator kind's best figure for its p99. Beside
+against each of --designs: engine-process (--workers HTTP workers, one engine process), per-process (an
+engine a worker), front-door (one process, the front door's --workers C threads: raw, hey, v2-http and
+gen-v2-http go to its port, POST /predict and the v2 infer; gRPC to the service's own).
+
+each at every --concurrencies, then open loop at 70 % of each generator kind's best figure for its p99 (raw,
+jpeg, jpeg-body, gen-v2-http). Beside
 every point: the rows per batch and queue wait the server's own histograms saw.
 
     PYTHONPATH=. python3 bench/one_image.py --out $OUT/one-image --designs engine-process,per-process
@@ -69,6 +74,8 @@ PERF_ANALYZER_KINDS = {
 GENERATOR_FORMS = {"raw": "raw", "jpeg": "photo", "jpeg-body": "jpeg"}  # our generator's kinds: its --form
 GENERATOR_V2 = {"gen-v2-http": "lean", "gen-v2-grpc": "grpc", "gen-v2-grpc-stream": "grpc-stream"}  # its --client
 KINDS = (*GENERATOR_FORMS, *GENERATOR_V2, "hey", *PERF_ANALYZER_KINDS)
+DOOR_KINDS = ("raw", "hey", "v2-http", "gen-v2-http")  # the front-door design's kinds that go to its port
+DOOR_ROUTE = "/predict"  # the door's one route for raw pixels (the default model's)
 
 
 def taskset(cores: str | None, argv: list[str]) -> list[str]:
@@ -164,33 +171,36 @@ class OneImage:
         self.hey = resolve_hey(args.hey)
         self.record: dict[str, Any] = {"command": shlex.join(["python3", *sys.argv]), "designs": {}, "notes": []}
         self.model = args.model_folder.name
-        self.route = f"/v1/models/{self.model}/predict"
+        self.route = f"/v1/models/{self.model}/predict"  # raw and hey's, but at the front door (DOOR_ROUTE)
 
     def save(self) -> None:
         (self.args.out / "one-image.json").write_text(json.dumps(self.record, indent=2) + "\n")
 
-    def generator(self, url: str, name: str, *load: str, path: str | None = None) -> dict[str, Any]:
+    def generator(self, url: str, name: str, *load: str, path: str) -> dict[str, Any]:
         a = self.args
-        args = ["--warmup", "1", "--duration", str(a.seconds), "--path", path or self.route, "--no-check-labels",
+        args = ["--warmup", "1", "--duration", str(a.seconds), "--path", path, "--no-check-labels",
                 "--image-shape", a.image_shape, *load]  # fmt: skip
         return load_summary(url, self.work / f"{name}.json", *args, cores=a.loadgen_cores, timeout_s=120)
 
-    def point(self, url: str, kind: str, concurrency: int, ports: dict[str, int]) -> dict[str, Any]:
+    def generator_load(self, kind: str, route: str) -> tuple[tuple[str, ...], str]:
+        """Our generator's options for `kind` (an HTTP one: GENERATOR_FORMS or gen-v2-http) and its path."""
+        if kind in GENERATOR_V2:
+            return ("--form", "v2", "--client", GENERATOR_V2[kind]), f"/v2/models/{self.model}/infer"
+        return ("--form", GENERATOR_FORMS[kind]), route
+
+    def point(self, url: str, route: str, kind: str, concurrency: int, ports: dict[str, int]) -> dict[str, Any]:
+        """One closed-loop point of `kind` at `url` (raw's and hey's path: `route`)."""
         a = self.args
         processes = str(min(a.processes, concurrency))
-        if kind in GENERATOR_FORMS:
-            return self.generator(url, f"{kind}-{concurrency}", "--form", GENERATOR_FORMS[kind], "--concurrency",
-                                  str(concurrency), "--processes", processes)  # fmt: skip
-        if kind in GENERATOR_V2:
-            client = GENERATOR_V2[kind]
-            target = url if client == "lean" else f"grpc://127.0.0.1:{ports['grpc']}"
-            return self.generator(target, f"{kind}-{concurrency}", "--form", "v2", "--client", client,
-                                  "--concurrency", str(concurrency), "--processes", processes,
-                                  path=f"/v2/models/{self.model}/infer")  # fmt: skip
+        if kind in GENERATOR_FORMS or kind in GENERATOR_V2:
+            load, path = self.generator_load(kind, route)
+            target = f"grpc://127.0.0.1:{ports['grpc']}" if kind in ("gen-v2-grpc", "gen-v2-grpc-stream") else url
+            return self.generator(target, f"{kind}-{concurrency}", *load, "--concurrency", str(concurrency),
+                                  "--processes", processes, path=path)  # fmt: skip
         if kind == "hey":
             if self.hey is None:
                 return {"error": f"no hey at {a.hey}"}
-            argv = hey_command(self.hey, url + self.route, self.body, content_type="application/octet-stream",
+            argv = hey_command(self.hey, url + route, self.body, content_type="application/octet-stream",
                                concurrency=concurrency, duration_s=a.seconds)  # fmt: skip
             result = run_hey(taskset(a.loadgen_cores, argv), timeout_s=60 + 2 * a.seconds)
             result["images_per_s"] = result.pop("requests_per_s", None)
@@ -233,11 +243,14 @@ class OneImage:
         """Every kind and concurrency against one server of `design`; a variant: `settings` over the
         defaults (CGSERVE_… variables), its own kinds (--variant-kinds), the same run's peak."""
         a = self.args
-        port, grpc_port = free_ports(2)
+        port, grpc_port, door_port = free_ports(3)
         repository = self.work / "repository"
-        env = service_env(port, device=a.device, model_repository=repository, buckets=a.buckets, workers=a.workers,
-                          grpc_port=grpc_port, max_body_bytes=64 * 2**20, max_inflight_bytes=1024 * 2**20,
-                          engine_process=str(design == "engine-process").lower())  # fmt: skip
+        # The front door: one process holding the engines, its --workers C threads on a port of their own.
+        door = {"front_door_port": door_port, "front_door_threads": a.workers} if design == "front-door" else {}
+        env = service_env(port, device=a.device, model_repository=repository, buckets=a.buckets,
+                          workers=1 if door else a.workers, grpc_port=grpc_port, max_body_bytes=64 * 2**20,
+                          max_inflight_bytes=1024 * 2**20, engine_process=str(design == "engine-process").lower(),
+                          **door)  # fmt: skip
         env |= settings or {}
         serve = taskset(a.server_cores, [sys.executable, "-m", "app.cli", "serve"])  # taskset execs: same pid
         points: dict[str, Any] = {}
@@ -254,8 +267,10 @@ class OneImage:
                     tag = f"{name}-{kind}-c{concurrency}"
                     profiled = kind in a.profile.split(",") and not variant
                     spy = self.profile(server.proc.pid, tag) if profiled else None
-                    ports = {"http": port, "grpc": grpc_port}
-                    result = observed(server, partial(self.point, server.url, kind, concurrency, ports))
+                    at_door = bool(door) and kind in DOOR_KINDS
+                    ports = {"http": door_port if at_door else port, "grpc": grpc_port}
+                    url, route = f"http://127.0.0.1:{ports['http']}", DOOR_ROUTE if at_door else self.route
+                    result = observed(server, partial(self.point, url, route, kind, concurrency, ports))
                     if spy is not None:
                         result["profile"] = self.profiled(spy)
                     figure = result.get("images_per_s")
@@ -266,22 +281,25 @@ class OneImage:
                     print(f"  cores busy, mean: {busy['cores_busy']}; busiest 2 s: {busy['cores_busy_peak_2s']}")
                     self.save()
             for kind in kinds.split(",") if a.p99_fraction else ():
-                self.open_loop(server, name, kind, points)
+                at_door = bool(door) and kind in DOOR_KINDS
+                url, route = f"http://127.0.0.1:{door_port if at_door else port}", DOOR_ROUTE if at_door else self.route
+                self.open_loop(server, url, route, name, kind, points)
             self.record["designs"][name]["log_tail"] = server.log_tail()[-3000:]
         self.save()
 
-    def open_loop(self, server: Any, design: str, kind: str, points: dict[str, Any]) -> None:
+    def open_loop(self, server: Any, url: str, route: str, design: str, kind: str, points: dict[str, Any]) -> None:
         """Issue 26's p99 at --p99-fraction of a generator kind's best closed-loop figure: Poisson arrivals at
         that rate, so that requests do not wait for one another's answers to be sent."""
         a = self.args
-        if kind not in GENERATOR_FORMS:
+        if kind not in GENERATOR_FORMS and kind != "gen-v2-http":
             return
         best = max((p.get("images_per_s") or 0 for k, p in points.items() if k.startswith(f"{kind}-c")), default=0)
         if not best or time.monotonic() > self.deadline:
             return
         rate = round(best * a.p99_fraction)
-        load = ("--form", GENERATOR_FORMS[kind], "--rate", str(rate), "--processes", str(a.processes))
-        result = observed(server, partial(self.generator, server.url, f"{kind}-open-loop", *load))
+        form, path = self.generator_load(kind, route)
+        load = (*form, "--rate", str(rate), "--processes", str(a.processes))
+        result = observed(server, partial(self.generator, url, f"{kind}-open-loop", *load, path=path))
         result["rate"] = rate
         points[f"{kind}-open-{a.p99_fraction:g}"] = result
         print(f"{design} {kind} open loop at {rate} req/s: {line(result)}", flush=True)
@@ -310,7 +328,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = p.add_argument
     add("--out", type=Path, required=True, help="folder for one-image.json (and profiles)")
-    add("--designs", default="engine-process", help="engine-process and/or per-process, comma-separated")
+    add("--designs", default="engine-process", help="engine-process, per-process, front-door, comma-separated")
     add(
         "--model-folder",
         type=Path,

@@ -794,6 +794,7 @@ door_t *fd_open(int lfd, int threads, int row_bytes, int max_rows, int buffers, 
         thread_arg_t *a = malloc(sizeof *a);
         a->d = d; a->index = t;
         pthread_create(&d->tids[t], NULL, run, a);
+        pthread_setname_np(d->tids[t], "cgserve-door"); /* top -H, /proc/<pid>/task/<tid>/comm */
     }
     return d;
 }

@@ -32,8 +32,10 @@ FAMILIES = {
     "cgserve_gpu_jpeg_stage_seconds": "jpeg_stage_ms",
 }
 # Families read apart by one label's value, each value its own key (`key`_`value`): the workers'
-# loops and the engine process's loop lag for different reasons; the engine link's and the JPEG decoder's stages.
+# loops and the engine process's loop lag for different reasons; the engine link's and the JPEG decoder's stages;
+# requests by the port that served them (http, grpc, door).
 SPLIT_BY = {
+    "cgserve_request_duration_seconds": "protocol",
     "cgserve_event_loop_lag_seconds": "process",
     "cgserve_engine_link_seconds": "stage",
     "cgserve_gpu_jpeg_stage_seconds": "stage",

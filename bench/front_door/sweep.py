@@ -1,0 +1,169 @@
+"""The front door under one closed-loop load, one server per setting, with where the server's time went
+(issue 26 item 4: the seed CNN at 64 connections).
+
+    PYTHONPATH=. python3 bench/front_door/sweep.py --out $OUT/sweep --hey .gpu/bin/hey --concurrency 64 \
+        --variants "t8=CGSERVE_FRONT_DOOR_THREADS=8;t4=CGSERVE_FRONT_DOOR_THREADS=4,CGSERVE_IN_FLIGHT=3"
+
+First the raw ASGI no-op (loadtest/servers/raw_noop.py, --noop-workers) under the same load: the ratio's base.
+Then for each variant (name=CGSERVE_X=1,CGSERVE_Y=2, over one worker with the front door on): `app.cli serve`
+on --server-cores, hey on --loadgen-cores (a second's warm-up, then --seconds) posting one random image of
+--image-shape to the door's /predict, and beside its figures the step of the server's own histograms over the
+load (rows a batch, queue wait, a batch's launch to answers, the door's request time) and the CPU each kind of
+thread used: the door's C threads (named cgserve-door), the event loop's (the main thread) and the rest (the
+CUDA event waiter, torch's). With --tree, the servers run from that copy of the repository (a tree before a
+change; --label names its points apart). Writes <out>/<label>sweep.json (every command and figure) as it goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.harness.server_histograms import scrape, step_view
+from loadtest.hey import hey_command, run_hey
+from loadtest.server_process import ServerProcess, free_ports
+
+ROOT = Path(__file__).resolve().parents[2]
+SEED = ROOT / "models" / "examples" / "repository" / "fashion-cnn"
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds so far of each kind of thread of `pid`: door (door.c's), loop (the main thread), other."""
+    kinds: dict[str, float] = defaultdict(float)
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread ended
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        kind = "door" if name == "cgserve-door" else "loop" if int(task.name) == pid else "other"
+        kinds[kind] += (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+    return dict(kinds)
+
+
+def settings_of(text: str) -> dict[str, str]:
+    """'CGSERVE_X=1,CGSERVE_Y=2,3' → {'CGSERVE_X': '1', 'CGSERVE_Y': '2,3'}: a new pair starts at ',CGSERVE_'."""
+    return dict(pair.split("=", 1) for pair in text.replace(",CGSERVE_", "\0CGSERVE_").split("\0") if pair)
+
+
+class Sweep:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        shape = tuple(int(n) for n in args.image_shape.split(","))
+        self.body = args.out / "image.u8"
+        self.body.write_bytes(np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8).tobytes())
+        self.record: dict[str, Any] = {"command": shlex.join([sys.executable, *sys.argv]), "points": {}}
+
+    def save(self) -> None:
+        (self.args.out / f"{self.args.label}sweep.json").write_text(json.dumps(self.record, indent=2) + "\n")
+
+    def load(self, url: str) -> dict[str, Any]:
+        a = self.args
+        argv = hey_command(a.hey, url, self.body, content_type="application/octet-stream",
+                           concurrency=a.concurrency, duration_s=a.seconds)  # fmt: skip
+        cores = ["taskset", "-c", a.loadgen_cores]
+        run_hey([*cores, *argv[:2], "1s", *argv[3:]], timeout_s=30)  # warm-up
+        return run_hey([*cores, *argv], timeout_s=a.seconds + 60)
+
+    def noop(self) -> None:
+        a = self.args
+        (port,) = free_ports(1)
+        argv = ["taskset", "-c", a.server_cores, sys.executable, "-m", "loadtest.servers.raw_noop",
+                "--host", "127.0.0.1", "--port", str(port), "--workers", str(a.noop_workers)]  # fmt: skip
+        server = ServerProcess(argv, a.out / "noop.log", port=port, name="raw-noop", cwd=ROOT)
+        try:
+            server.wait_ready(120.0)
+            result = self.load(f"{server.url}/predict") | {"server_command": shlex.join(argv)}
+        finally:
+            server.stop()
+        self.record["noop"] = result
+        print(f"raw no-op × {a.noop_workers}: {result.get('requests_per_s')} req/s", flush=True)
+        self.save()
+
+    def variant(self, name: str, settings: dict[str, str]) -> None:
+        a = self.args
+        port, door = free_ports(2)
+        argv = ["taskset", "-c", a.server_cores, sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1",
+                "--port", str(port), "--workers", "1", "--grpc-port", "0", "--front-door-port", str(door),
+                "--model-repository", str(a.repository), "--log-level", "warning", "--drain-seconds", "0"]  # fmt: skip
+        env = {"CGSERVE_DEVICE": a.device, "CGSERVE_COMPILE": "none", "CGSERVE_FRONT_DOOR_THREADS": "8"} | settings
+        name = a.label + name
+        tree = ROOT if a.tree is None else a.tree.resolve()
+        if a.tree is not None:  # its own app/ first on the path
+            env |= {"PYTHONPATH": f"{tree}:{os.environ.get('PYTHONPATH', '')}"}
+        server = ServerProcess(argv, a.out / f"server-{name}.log", port=port, name=name, env=env, cwd=tree)
+        point: dict[str, Any] = {"server_command": shlex.join(argv), "env": env}
+        try:
+            server.wait_ready(240.0)
+            before, cpu_before, start = scrape(server.url), thread_cpu_s(server.proc.pid), time.monotonic()
+            point |= self.load(f"http://127.0.0.1:{door}/predict")
+            cpu_after, wall = thread_cpu_s(server.proc.pid), time.monotonic() - start
+            after = scrape(server.url)
+            # Cores busy over the warm-up and the load together, each kind of thread.
+            point["cores_busy"] = {k: round((cpu_after[k] - cpu_before.get(k, 0.0)) / wall, 2) for k in cpu_after}
+            if before is not None and after is not None:
+                point["server"] = step_view(before, after)
+        except Exception as error:  # one variant failing must not lose the others' figures
+            point["error"] = f"{type(error).__name__}: {error}"
+            point["log_tail"] = server.log_tail(3000)
+        finally:
+            server.stop()
+            time.sleep(1)  # the port and the GPU's memory back before the next server
+        noop = (self.record.get("noop") or {}).get("requests_per_s")
+        figure = point.get("requests_per_s")
+        point["ratio_to_noop"] = round(figure / noop, 3) if figure and noop else None
+        self.record["points"][name] = point
+        view = point.get("server", {})
+        means = {k: (view.get(k) or {}).get("mean") for k in ("batch_rows", "queue_wait_ms", "batch_wall_ms",
+                                                              "batch_compute_ms", "handler_ms_door")}  # fmt: skip
+        p99 = (point.get("latency_ms") or {}).get("p99")
+        print(f"{name}: {figure} req/s ({point['ratio_to_noop']} of the no-op), p99 {p99} ms, codes "
+              f"{point.get('status_codes')}; server means {means}; cores busy {point.get('cores_busy')} "
+              f"{point.get('error', '')}", flush=True)  # fmt: skip
+        self.save()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = p.add_argument
+    add("--out", type=Path, required=True)
+    add("--hey", default=".gpu/bin/hey")
+    add("--repository", type=Path, default=None, help="model repository (default: the seed CNN's alone)")
+    add("--image-shape", default="1,28,28", help="the default model's input C,H,W")
+    add("--concurrency", type=int, default=64)
+    add("--seconds", type=float, default=4.0)
+    add("--variants", default="default=", help="'name=CGSERVE_X=1,CGSERVE_Y=2;name2=…'")
+    add("--noop-workers", type=int, default=8, help="the no-op's workers (0: no no-op)")
+    add("--device", default="cuda")
+    add("--tree", type=Path, default=None, help="run the servers from this copy of the repository")
+    add("--label", default="", help="prefix of each point's name and of the record's file, e.g. before-")
+    add("--server-cores", default="0-7")
+    add("--loadgen-cores", default="8-15")
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.repository is None:
+        args.repository = args.out / "repository"
+        if not args.repository.exists():
+            args.repository.mkdir()
+            (args.repository / SEED.name).symlink_to(SEED)
+    sweep = Sweep(args)
+    if args.noop_workers:
+        sweep.noop()
+    for entry in filter(None, args.variants.split(";")):
+        name, _, assignments = entry.partition("=")
+        sweep.variant(name, settings_of(assignments))
+
+
+if __name__ == "__main__":
+    main()
