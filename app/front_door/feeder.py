@@ -35,7 +35,8 @@ from app.service import ServedModel, Service
 PROTOCOL, FORM, V2_FORM, OK = "door", "raw", "v2-binary", b"200 OK"
 PATH = "the front door"  # where counted() logs an unexpected error
 # The event loop's timers fire on whole milliseconds (libuv's, uvloop's): a shorter wait would last one, and
-# the seed CNN's batches, a fraction of one, would wait for it each time.
+# the seed CNN's batches, a fraction of one, would wait for it each time. Such a wait is looked at again on
+# each turn of the loop instead (which polls the running batch's CUDA event meanwhile: CGSERVE_EVENT_WAIT=poll).
 TIMER_RESOLUTION_S = 0.001
 
 
@@ -70,7 +71,7 @@ class Feeder:
         self.in_flight, self.timeout_s = settings.in_flight, settings.request_timeout_s
         self.full = max(settings.buckets)  # a largest bucket's rows: a bulk's pieces
         self.pieces: dict[int, int] = {}  # a taken bulk's buffer → its pieces not yet answered
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer: asyncio.Handle | None = None  # the next pump's, while a partial bulk waits
         self.batcher: Batcher | None = None  # the last bulk's: its clock says when to take a partial one
         self.v2 = V2Codec(service)
         self._answers: tuple[ServedModel, Answers, V2Headers] | None = None  # the default model's, rebuilt on a change
@@ -99,10 +100,14 @@ class Feeder:
         if self.batcher is None:
             return False
         delay = self.batcher.launch_moment() - time.monotonic()
-        if delay < TIMER_RESOLUTION_S:  # a timer would fire later than asked: take it now
+        if delay <= 0:
             return False
         if self.timer is None:
-            self.timer = asyncio.get_running_loop().call_later(delay, self._on_time)
+            loop = asyncio.get_running_loop()
+            # Shorter than a timer can wait: again on the loop's next turn, until the moment comes.
+            self.timer = (
+                loop.call_later(delay, self._on_time) if delay >= TIMER_RESOLUTION_S else loop.call_soon(self._on_time)
+            )
         return True
 
     def _on_time(self) -> None:

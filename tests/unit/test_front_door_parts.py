@@ -1,10 +1,12 @@
 """app/front_door's Python parts without a server: the bulk answers are encode_predictions' bytes for any
 model, a v2 request's header is checked as the HTTP port checks it, a bulk's latencies land in the buckets one
-observe each would, a missing compiler is a clear error, and the service is not ready before the door is open."""
+observe each would, a missing compiler is a clear error, the service is not ready before the door is open, and the
+feeder's bulks are answered, refused and given back as they should be, a partial one at the batcher's moment."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -267,3 +269,34 @@ def test_a_bulk_of_both_routes_is_answered_each_as_asked() -> None:
         status == b"200 OK" and orjson.loads(body)["id"] == "x" and len(orjson.loads(body)["outputs"][0]["data"]) == 10
     )
     assert door.released == [1]
+
+
+def test_a_partial_bulk_waits_for_a_launch_moment_sooner_than_a_timer_can_wait() -> None:
+    """While a bulk is out, a partial one is taken at the batcher's launch moment, also where that is less than the
+    event loop's timer resolution away (the seed CNN's batches take a fraction of a millisecond): not at once."""
+    from app.front_door.feeder import TIMER_RESOLUTION_S, Feeder
+
+    async def scenario() -> tuple[float, float | None]:
+        door = StandInDoor((1, 28, 28))
+        door.bulks.append((np.zeros((3, 1, 28, 28), np.uint8), np.arange(3, dtype=np.uint64), None))
+        settings = Settings(model_repository=DEFAULT_REPOSITORY, device="cpu", grpc_port=0)
+        feeder = Feeder(door, Service(settings), (1, 28, 28), settings)  # type: ignore[arg-type]
+        moment = time.monotonic() + TIMER_RESOLUTION_S / 3
+        feeder.batcher = SimpleNamespace(launch_moment=lambda: moment)  # type: ignore[assignment]
+        feeder.pieces[99] = 1  # another bulk is out
+        taken: list[float] = []
+        took = asyncio.Event()
+
+        def queued(bulk: Bulk) -> None:
+            taken.append(time.monotonic())
+            took.set()
+
+        feeder._queue = queued  # type: ignore[method-assign]
+        feeder.pump()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(took.wait(), 1.0)
+        return moment, taken[0] if taken else None
+
+    moment, taken = asyncio.run(scenario())
+    assert taken is not None, "the partial bulk was never taken"
+    assert taken >= moment, f"taken {(moment - taken) * 1e6:.0f} µs before the launch moment"
