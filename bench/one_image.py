@@ -25,8 +25,8 @@ engine a worker), front-door (one process, the front door's --workers C threads:
 gen-v2-http go to its port, POST /predict and the v2 infer; gRPC to the service's own).
 
 each at every --concurrencies, then open loop at 70 % of each generator kind's best figure for its p99 (raw,
-jpeg, jpeg-body, gen-v2-http). Beside
-every point: the rows per batch and queue wait the server's own histograms saw.
+jpeg, jpeg-body, gen-v2-http). Beside every point: the rows per batch and queue wait the server's own
+histograms saw.
 
     PYTHONPATH=. python3 bench/one_image.py --out $OUT/one-image --designs engine-process,per-process
 
@@ -267,9 +267,9 @@ class OneImage:
                     tag = f"{name}-{kind}-c{concurrency}"
                     profiled = kind in a.profile.split(",") and not variant
                     spy = self.profile(server.proc.pid, tag) if profiled else None
-                    at_door = bool(door) and kind in DOOR_KINDS
-                    ports = {"http": door_port if at_door else port, "grpc": grpc_port}
-                    url, route = f"http://127.0.0.1:{ports['http']}", DOOR_ROUTE if at_door else self.route
+                    http, route = self.http_target(kind, port, door.get("front_door_port"))
+                    ports = {"http": http, "grpc": grpc_port}
+                    url = f"http://127.0.0.1:{http}"
                     result = observed(server, partial(self.point, url, route, kind, concurrency, ports))
                     if spy is not None:
                         result["profile"] = self.profiled(spy)
@@ -281,11 +281,17 @@ class OneImage:
                     print(f"  cores busy, mean: {busy['cores_busy']}; busiest 2 s: {busy['cores_busy_peak_2s']}")
                     self.save()
             for kind in kinds.split(",") if a.p99_fraction else ():
-                at_door = bool(door) and kind in DOOR_KINDS
-                url, route = f"http://127.0.0.1:{door_port if at_door else port}", DOOR_ROUTE if at_door else self.route
-                self.open_loop(server, url, route, name, kind, points)
+                http, route = self.http_target(kind, port, door.get("front_door_port"))
+                self.open_loop(server, f"http://127.0.0.1:{http}", route, name, kind, points)
             self.record["designs"][name]["log_tail"] = server.log_tail()[-3000:]
         self.save()
+
+    def http_target(self, kind: str, port: int, door_port: int | None) -> tuple[int, str]:
+        """The HTTP port `kind` is sent to and raw's and hey's path there: the front door's where it serves
+        the kind (DOOR_KINDS), else the service's own."""
+        if door_port is not None and kind in DOOR_KINDS:
+            return door_port, DOOR_ROUTE
+        return port, self.route
 
     def open_loop(self, server: Any, url: str, route: str, design: str, kind: str, points: dict[str, Any]) -> None:
         """Issue 26's p99 at --p99-fraction of a generator kind's best closed-loop figure: Poisson arrivals at
