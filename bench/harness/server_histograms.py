@@ -33,7 +33,7 @@ FAMILIES = {
 }
 # Families read apart by one label's value, each value its own key (`key`_`value`): the workers'
 # loops and the engine process's loop lag for different reasons; the engine link's and the JPEG decoder's stages;
-# requests by the port that served them (http, grpc, door).
+# requests by the protocol that served them (rest, v2, grpc, door).
 SPLIT_BY = {
     "cgserve_request_duration_seconds": "protocol",
     "cgserve_event_loop_lag_seconds": "process",
