@@ -466,3 +466,32 @@ def test_the_models_pvc_component_serves_the_repository_from_a_claim(
     }
     assert not pod.get("initContainers"), "nothing seeds a claim the pods only read"
     assert storage_problems(pod, server(objects), settings_env(objects)) == []
+
+
+# --- the front door -----------------------------------------------------------------------------
+
+
+def test_the_front_door_component_opens_the_doors_port_on_the_pod_and_the_service(
+    kubectl: str, kubernetes_validate: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copy = tmp_path / "k8s"
+    shutil.copytree(K8S, copy)
+    overlay = copy / "overlays/gpu-front-door"
+    overlay.mkdir()
+    kustomization = {"resources": ["../gpu"], "components": ["../../components/front-door"]}
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    objects = build(kubectl, overlay)
+    problems = [f"{name_of(obj)}: {p}" for obj in objects for p in errors(obj, KUBERNETES_VERSIONS[-1])]
+    assert not problems, "\n".join(problems)
+    # The settings are the service's and it accepts them together (the door needs the engines in its process).
+    for name in list(os.environ):
+        if name.startswith("CGSERVE_"):
+            monkeypatch.delenv(name)
+    fields = {name.removeprefix("CGSERVE_").lower(): value for name, value in settings_env(objects).items()}
+    settings = Settings(_env_file=None, **(fields | {"model_repository": tmp_path}))  # type: ignore[call-arg]
+    assert settings.front_door_port == 8002 and settings.workers == 1
+    ports = {port["name"]: port["containerPort"] for port in server(objects)["ports"]}
+    assert ports == {"http": settings.port, "grpc": settings.grpc_port, "door": settings.front_door_port}
+    service = {port["name"]: port for port in one(objects, "Service")["spec"]["ports"]}
+    assert set(service) == {"http", "grpc", "door"}
+    assert service["door"]["targetPort"] == "door" and service["door"]["port"] == settings.front_door_port
