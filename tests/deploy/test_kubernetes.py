@@ -442,21 +442,27 @@ def test_the_inference_service_serves_the_shipped_model_through_the_runtime(buil
     assert "CGSERVE_MODEL_REPOSITORY" not in {var["name"] for var in container["env"]}
 
 
+def gpu_with_component(kubectl: str, tmp_path: Path, component: str) -> Objects:
+    """The gpu overlay with deploy/k8s/components/`component`, as its comment says to add it, built and valid."""
+    copy = tmp_path / "k8s"
+    shutil.copytree(K8S, copy)
+    overlay = copy / f"overlays/gpu-{component}"
+    overlay.mkdir()
+    kustomization = {"resources": ["../gpu"], "components": [f"../../components/{component}"]}
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    objects = build(kubectl, overlay)
+    problems = [f"{name_of(obj)}: {p}" for obj in objects for p in errors(obj, KUBERNETES_VERSIONS[-1])]
+    assert not problems, "\n".join(problems)
+    return objects
+
+
 # --- the model repository on a claim ----------------------------------------------------------
 
 
 def test_the_models_pvc_component_serves_the_repository_from_a_claim(
     kubectl: str, kubernetes_validate: None, tmp_path: Path
 ) -> None:
-    copy = tmp_path / "k8s"
-    shutil.copytree(K8S, copy)
-    overlay = copy / "overlays/gpu-models-pvc"
-    overlay.mkdir()
-    kustomization = {"resources": ["../gpu"], "components": ["../../components/models-pvc"]}
-    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
-    objects = build(kubectl, overlay)
-    problems = [f"{name_of(obj)}: {p}" for obj in objects for p in errors(obj, KUBERNETES_VERSIONS[-1])]
-    assert not problems, "\n".join(problems)
+    objects = gpu_with_component(kubectl, tmp_path, "models-pvc")
     claim, pod = one(objects, "PersistentVolumeClaim"), pod_spec(objects)
     assert claim["metadata"]["namespace"] == one(objects, "Deployment")["metadata"]["namespace"]
     (models,) = [v for v in pod["volumes"] if v["name"] == "models"]
@@ -474,15 +480,7 @@ def test_the_models_pvc_component_serves_the_repository_from_a_claim(
 def test_the_front_door_component_opens_the_doors_port_on_the_pod_and_the_service(
     kubectl: str, kubernetes_validate: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    copy = tmp_path / "k8s"
-    shutil.copytree(K8S, copy)
-    overlay = copy / "overlays/gpu-front-door"
-    overlay.mkdir()
-    kustomization = {"resources": ["../gpu"], "components": ["../../components/front-door"]}
-    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
-    objects = build(kubectl, overlay)
-    problems = [f"{name_of(obj)}: {p}" for obj in objects for p in errors(obj, KUBERNETES_VERSIONS[-1])]
-    assert not problems, "\n".join(problems)
+    objects = gpu_with_component(kubectl, tmp_path, "front-door")
     # The settings are the service's and it accepts them together (the door needs the engines in its process).
     for name in list(os.environ):
         if name.startswith("CGSERVE_"):
