@@ -127,6 +127,7 @@ class Feeder:
             self.door.release(buffer)
             return
         answers, known = self._answers_for(served, batcher)
+        metrics.front_door_wait(served.spec.name).observe_many(time.monotonic() - bulk.arrived)
         if bulk.headers is not None:
             requests, rows = self._checked(requests, rows, bulk.headers, known, model=served.spec.name)
         starts = range(0, len(rows), self.full)

@@ -70,6 +70,14 @@ ENGINE_LINK = Histogram(
     ["stage"],
     buckets=LATENCY_BUCKETS,
 )
+FRONT_DOOR_WAIT = Histogram(
+    "cgserve_front_door_wait_seconds",
+    "A front-door request's time in the door before Python took its bulk: from its last byte read to the bulk "
+    "queued on the batcher (the door waits for the batcher's launch moment while a bulk is out). The rest of its "
+    "cgserve_request_duration_seconds is the batcher's queue, its batch and its answer.",
+    ["model"],
+    buckets=LATENCY_BUCKETS,
+)
 BATCH_ROWS = Histogram(
     "cgserve_batch_rows",
     "Real (non-padding) rows in one launched batch.",
@@ -267,6 +275,12 @@ def observe_request(model: str, protocol: str, form: str, code: str, seconds: fl
     counter, latency = _request_children(model, protocol, form, code)
     counter.inc()
     latency.observe(seconds)
+
+
+@functools.cache
+def front_door_wait(model: str) -> BufferedHistogram:
+    """The front door's wait histogram for `model` (a served one), buffered: a bulk's rows observed at once."""
+    return BufferedHistogram(FRONT_DOOR_WAIT.labels(model=model))
 
 
 def observe_requests(model: str, protocol: str, form: str, code: str, seconds: np.ndarray) -> None:

@@ -8,9 +8,9 @@ First the raw ASGI no-op (loadtest/servers/raw_noop.py, --noop-workers) under th
 Then for each variant (name=CGSERVE_X=1,CGSERVE_Y=2, over one worker with the front door on): `app.cli serve`
 on --server-cores, hey on --loadgen-cores (a second's warm-up, then --seconds) posting one random image of
 --image-shape to the door's /predict, and beside its figures the step of the server's own histograms over the
-load (rows a batch, queue wait, a batch's launch to answers, the door's request time) and the CPU each kind of
-thread used: the door's C threads (named cgserve-door), the event loop's (the main thread) and the rest (the
-CUDA event waiter, torch's). With --tree, the servers run from that copy of the repository (a tree before a
+load (rows a batch, the wait in the door, queue wait, a batch's launch to answers, the door's request time) and
+the CPU each kind of thread used: the door's C threads (named cgserve-door), the event loop's (the main thread)
+and the rest (the CUDA event waiter, torch's). With --tree, the servers run from that copy of the repository (a tree before a
 change; --label names its points apart). Writes <out>/<label>sweep.json (every command and figure) as it goes.
 """
 
@@ -125,8 +125,9 @@ class Sweep:
         point["ratio_to_noop"] = round(figure / noop, 3) if figure and noop else None
         self.record["points"][name] = point
         view = point.get("server", {})
-        means = {k: (view.get(k) or {}).get("mean") for k in ("batch_rows", "queue_wait_ms", "batch_wall_ms",
-                                                              "batch_compute_ms", "handler_ms_door")}  # fmt: skip
+        means = {k: (view.get(k) or {}).get("mean") for k in ("batch_rows", "door_wait_ms", "queue_wait_ms",
+                                                              "batch_wall_ms", "batch_compute_ms",
+                                                              "handler_ms_door")}  # fmt: skip
         p99 = (point.get("latency_ms") or {}).get("p99")
         print(f"{name}: {figure} req/s ({point['ratio_to_noop']} of the no-op), p99 {p99} ms, codes "
               f"{point.get('status_codes')}; server means {means}; cores busy {point.get('cores_busy')} "

@@ -26,6 +26,7 @@ FAMILIES = {
     "cgserve_batch_rows": "batch_rows",
     "cgserve_batch_compute_seconds": "batch_compute_ms",
     "cgserve_batch_wall_seconds": "batch_wall_ms",
+    "cgserve_front_door_wait_seconds": "door_wait_ms",
     "cgserve_engine_link_seconds": "engine_link_ms",
     "cgserve_gpu_jpeg_wait_seconds": "jpeg_wait_ms",
     "cgserve_gpu_jpeg_batch_seconds": "jpeg_batch_ms",

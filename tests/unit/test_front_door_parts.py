@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import REGISTRY, CollectorRegistry, Histogram, generate_latest
 
 from app.codecs.bodies import encode_predictions
 from app.config import DEFAULT_REPOSITORY, Settings
@@ -25,6 +25,7 @@ from app.front_door import library
 from app.front_door.answers import Answers, head_lines
 from app.front_door.door import Bulk
 from app.front_door.v2_headers import V2Headers
+from app.ops import metric_buffers
 from app.ops.metric_buffers import BufferedHistogram
 from app.protocols.v2.rest import Asked, V2Codec
 from app.protocols.v2.tensors import Wanted
@@ -227,11 +228,18 @@ def feed(bulks: list[int], settings: dict[str, Any], break_answers: bool = False
         sys.setswitchinterval(interval)
 
 
+def door_waits_counted(model: str) -> float:
+    metric_buffers.flush()
+    return REGISTRY.get_sample_value("cgserve_front_door_wait_seconds_count", {"model": model}) or 0.0
+
+
 def test_a_bulk_larger_than_a_batch_is_answered_row_by_row_and_given_back() -> None:
+    waits = door_waits_counted(seed_spec().name)
     door = feed([300, 5], {"buckets": "1,8,128"})  # 300 rows: three pieces of at most 128
     assert sorted(i for i, *_ in door.answers) == list(range(305))
     assert {status for _, status, *_ in door.answers} == {b"200 OK"}
     assert sorted(door.released) == [1, 2]  # each bulk's buffer once, after its last piece
+    assert door_waits_counted(seed_spec().name) - waits == 305  # each row's wait in the door, once
 
 
 def test_a_full_queue_is_a_503_with_retry_after_for_each_row() -> None:
