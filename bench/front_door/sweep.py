@@ -10,8 +10,9 @@ on --server-cores, hey on --loadgen-cores (a second's warm-up, then --seconds) p
 --image-shape to the door's /predict, and beside its figures the step of the server's own histograms over the
 load (rows a batch, the wait in the door, queue wait, a batch's launch to answers, the door's request time) and
 the CPU each kind of thread used: the door's C threads (named cgserve-door), the event loop's (the main thread)
-and the rest (the CUDA event waiter, torch's). With --tree, the servers run from that copy of the repository (a tree before a
-change; --label names its points apart). Writes <out>/<label>sweep.json (every command and figure) as it goes.
+and the rest (the CUDA event waiter, torch's). With --tree, the servers run from that copy of the repository (a
+tree before a change; --label names its points apart). Writes <out>/<label>sweep.json (every command and figure)
+as it goes.
 """
 
 from __future__ import annotations
