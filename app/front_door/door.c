@@ -25,8 +25,9 @@
  * answered. A few GETs (the v2 metadata, configuration and health of the default model, which a v2
  * client reads from the address it then sends its inferences to) get the answers Python set last.
  * fd_drain stops accepting: from then on each answer says `connection: close` and closes its
- * connection. Every other request (route, method, a bare LF, two Content-Lengths,
- * chunked) gets a clear 4xx in the service's error shape, counted by status; a refusal the
+ * connection (an answer built before it began does not close its connection). Every other request (route,
+ * method, a head that is not RFC 9112's strict syntax, two Content-Lengths, chunked) gets a clear 4xx in the
+ * service's error shape, counted by status; a refusal the
  * socket does not take whole (a client that does not read) closes the connection, so that its
  * client sees an answer cut short, not a stream that goes on without some of its answers.
  *
@@ -66,20 +67,32 @@ enum { CLOSED = 0, IDLE = 1, IN_FLIGHT = 2, LINGERING = 3 };
 enum { R400, R401, R404, R405, R408, R411, R413, R415, R422, R431, R503, REFUSALS };
 static const int refusal_codes[REFUSALS] = {400, 401, 404, 405, 408, 411, 413, 415, 422, 431, 503};
 
+typedef struct { int which; const char *code, *message, *extra_head; } refusal_t;
+
+/* A POST's head, parsed once it is whole: later reads while its body arrives only count bytes. */
+typedef struct {
+    size_t len;          /* the head's bytes, its blank line included; 0: not yet whole */
+    size_t body_len;     /* Content-Length */
+    size_t header_len;   /* a v2 request's JSON inference header (0: a POST /predict) */
+    int v2;              /* refused in the protocol's error shape */
+    refusal_t refusal;   /* what the head asks that the door refuses (TAKEN: nothing), answered once the body is in */
+} head_t;
+
 typedef struct {
     pthread_mutex_t mu;  /* the fields below: the owning thread's, but for an answer's hand-over */
-    uint32_t gen;        /* bumped at each accept and close: an answer for an older one is dropped */
+    uint32_t gen;        /* bumped at each accept, close and request taken: an answer for another is dropped */
     int state;
     int eof;             /* the client sent its last byte (it may still read): out of epoll, closed once idle */
     int close_after;     /* HTTP/1.0, `connection: close`, or draining: closed once answered */
     int paused;          /* out of epoll while in flight with a full buffer: read again once answered */
-    int continued;       /* `100 Continue` written for the request being read */
+    int out_closes;      /* the answer being written said `connection: close`: closed once written */
     int epfd;            /* the owning thread's epoll */
     int owner;           /* the owning thread's index: its outbox gets the connection's answers */
     double since;        /* the request being read: its first byte; idle: its last answer; an answer's
                           * rest waiting for the socket: when it first had to wait */
     size_t len, cap;
     char *buf;
+    head_t head;         /* the request being read: its head, parsed once whole (head.len 0 until then) */
     char *out;           /* an answer's rest, where the socket took only part of it */
     size_t out_len, out_off;
 } conn_t;
@@ -97,6 +110,7 @@ typedef struct {
 typedef struct {
     int fd;
     uint32_t gen;
+    int closes; /* it says `connection: close` */
     size_t len;
     char *text; /* the whole response, head and body */
 } reply_t;
@@ -203,7 +217,8 @@ static void close_conn(door_t *d, conn_t *c, int fd) {
     c->state = CLOSED;
     c->gen++;
     c->len = 0;
-    c->eof = c->close_after = c->paused = c->continued = 0;
+    c->eof = c->close_after = c->paused = c->out_closes = 0;
+    c->head.len = 0;
     free(c->buf);
     c->buf = NULL;
     free(c->out);
@@ -289,14 +304,56 @@ static int token_ok(door_t *d, const char *value, size_t len) {
     return ok;
 }
 
-/* Every line of the head ends in CRLF: a bare LF would let a header hide inside another's line. */
-static int crlf_only(const char *head, size_t n) {
-    for (const char *p = memchr(head, '\n', n); p; p = memchr(p + 1, '\n', (size_t)(head + n - p - 1)))
-        if (p == head || p[-1] != '\r') return 0;
+/* RFC 9110's token characters: a method's and a header name's. */
+static int tchar(unsigned char ch) {
+    return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+           (ch && strchr("!#$%&'*+-.^_`|~", ch));
+}
+
+/* The request line as RFC 9112 has it: a method, one space, a target of visible characters, one space, and
+ * HTTP/1.1 or HTTP/1.0. */
+static int request_line_ok(const char *line, size_t len) {
+    const char *space = memchr(line, ' ', len);
+    if (!space || space == line || len < 9) return 0;
+    for (const char *m = line; m < space; m++)
+        if (!tchar((unsigned char)*m)) return 0;
+    if (memcmp(line + len - 9, " HTTP/1.1", 9) != 0 && memcmp(line + len - 9, " HTTP/1.0", 9) != 0) return 0;
+    const char *t = space + 1, *t_end = line + len - 9;
+    if (t >= t_end) return 0;
+    for (; t < t_end; t++)
+        if ((unsigned char)*t <= 0x20 || *t == 0x7f) return 0;
     return 1;
 }
 
-typedef struct { int which; const char *code, *message, *extra_head; } refusal_t;
+/* What is wrong with a whole head's syntax, or NULL: each line a name, its colon at once, and a value without
+ * control characters, ended by CRLF; no folded line; one Host. Checked once, before any header is read: a proxy
+ * before the door that reads a header the door did not (`Transfer-Encoding : chunked`, a header behind a bare
+ * CR or LF, a folded line) would frame the body otherwise than the door does (request smuggling). */
+static const char *head_problem(const char *head, size_t n) {
+    const char *line = head, *blank = head + n - 2; /* the head ends in CRLF CRLF: the blank line's */
+    int hosts = 0;
+    for (int first = 1; line < blank; first = 0) {
+        const char *cr = memchr(line, '\r', (size_t)(blank - line) + 1);
+        size_t len = (size_t)(cr - line); /* found: the blank line's CR at the latest */
+        if (memchr(line, '\n', len)) return "a line of the head ends in a bare LF, not CRLF";
+        if (cr[1] != '\n') return "a line of the head holds a bare CR";
+        if (first) {
+            if (!request_line_ok(line, len))
+                return "the request line is not a method, a target and HTTP/1.1 (or 1.0), one space apart";
+        } else {
+            if (*line == ' ' || *line == '\t') return "a header line begins with whitespace (a folded line)";
+            const char *q = line, *end = line + len;
+            while (q < end && tchar((unsigned char)*q)) q++;
+            if (q == line || q == end || *q != ':')
+                return "a header line is not a name, its colon (no space before it) and a value";
+            for (q++; q < end; q++)
+                if (((unsigned char)*q < 0x20 && *q != '\t') || *q == 0x7f) return "a header value holds a control character";
+            hosts += len >= 5 && strncasecmp(line, "host:", 5) == 0;
+        }
+        line = cr + 2;
+    }
+    return hosts > 1 ? "the request has two Host headers" : NULL;
+}
 
 static const refusal_t TAKEN = {-1, NULL, NULL, NULL};
 
@@ -346,6 +403,9 @@ static refusal_t check_head(door_t *d, const char *buf, size_t head_len, size_t 
         if (n < 0)
             return (refusal_t){R422, "invalid_input",
                                "the request has no Inference-Header-Content-Length: a JSON-only v2 request", ""};
+        if (n == 0) /* else its row would pass for a POST /predict's */
+            return (refusal_t){R422, "invalid_input",
+                               "the Inference-Header-Content-Length is 0: the JSON inference header comes first", ""};
         if (n > MAX_V2_HEADER)
             return (refusal_t){R431, "header_too_large", "the inference header is over 4 KiB", ""};
         if (body_len != (size_t)n + (size_t)d->row_bytes)
@@ -402,9 +462,10 @@ static int answer_get(door_t *d, int fd, const char *buf, size_t head_len, int c
     return sent;
 }
 
-/* With c->mu held and c IDLE: one request out of c->buf, if whole. Returns 1 if one was taken
- * (the connection is then IN_FLIGHT or was answered here), 0 if more bytes are needed, -1 to close. */
-static int parse_one(door_t *d, conn_t *c, int fd) {
+/* With c->mu held, c IDLE and its head not yet parsed: the head, if whole, checked and kept in c->head. Returns 2
+ * for a POST's head kept (its body may still be coming), 1 for a GET answered here, 0 if more bytes are needed,
+ * -1 to close. */
+static int parse_head(door_t *d, conn_t *c, int fd) {
     char *head_end = memmem(c->buf, c->len, "\r\n\r\n", 4);
     size_t head_len = head_end ? (size_t)(head_end - c->buf) + 4 : c->len;
     if (head_len > MAX_HEAD) {
@@ -412,15 +473,20 @@ static int parse_one(door_t *d, conn_t *c, int fd) {
         return -1;
     }
     if (!head_end) return 0;
+    int get = memcmp(c->buf, "GET ", 4) == 0;
+    int v2 = head_len > 9 && memcmp(c->buf + 4 + !get, "/v2/", 4) == 0; /* refused in the protocol's error shape */
+    const char *problem = head_problem(c->buf, head_len);
+    if (problem) {
+        refuse(d, fd, R400, "bad_request", problem, "", 1, v2);
+        return -1;
+    }
     size_t value_len = 0;
     const char *line_end = memchr(c->buf, '\r', head_len);
-    int http10 = line_end - c->buf >= 9 && memcmp(line_end - 9, " HTTP/1.0", 9) == 0;
+    int http10 = memcmp(line_end - 9, " HTTP/1.0", 9) == 0;
     if (http10) c->close_after = 1;
     const char *connection = find_header(c->buf, head_len, "connection:", &value_len);
     if (connection && value_len == 5 && strncasecmp(connection, "close", 5) == 0) c->close_after = 1;
-    int get = memcmp(c->buf, "GET ", 4) == 0;
-    int v2 = head_len > 9 && memcmp(c->buf + 4 + !get, "/v2/", 4) == 0; /* refused in the protocol's error shape */
-    if (get && crlf_only(c->buf, head_len) && !find_header(c->buf, head_len, "content-length:", &value_len) &&
+    if (get && !find_header(c->buf, head_len, "content-length:", &value_len) &&
         !find_header(c->buf, head_len, "transfer-encoding:", &value_len)) {
         int closing = c->close_after || load(&d->draining);
         int sent = answer_get(d, fd, c->buf, head_len, closing, v2);
@@ -429,13 +495,9 @@ static int parse_one(door_t *d, conn_t *c, int fd) {
         c->since = now_s();
         return closing || !sent ? -1 : 1;
     }
-    if (c->len < 5 || memcmp(c->buf, "POST ", 5) != 0) {
+    if (memcmp(c->buf, "POST ", 5) != 0) {
         refuse(d, fd, R405, "method_not_allowed", "the front door serves POST, and GET of the v2 metadata",
                "allow: GET, POST\r\n", 1, v2);
-        return -1;
-    }
-    if (!crlf_only(c->buf, head_len)) {
-        refuse(d, fd, R400, "bad_request", "a line of the head ends in a bare LF, not CRLF", "", 1, v2);
         return -1;
     }
     if (find_header(c->buf, head_len, "transfer-encoding:", &value_len)) {
@@ -465,35 +527,48 @@ static int parse_one(door_t *d, conn_t *c, int fd) {
     refusal_t refusal = check_head(d, c->buf, head_len, body_len, &header_len);
     if (c->len < head_len + body_len) {
         const char *expect = find_header(c->buf, head_len, "expect:", &value_len);
-        if (expect && !c->continued && !http10 && value_len == 12 && strncasecmp(expect, "100-continue", 12) == 0) {
+        if (expect && !http10 && value_len == 12 && strncasecmp(expect, "100-continue", 12) == 0) {
             if (refusal.which >= 0) { /* refused before its body is sent, as Expect asks */
                 refuse(d, fd, refusal.which, refusal.code, refusal.message, refusal.extra_head, 1, v2);
                 return -1;
             }
             if (!send_all(fd, "HTTP/1.1 100 Continue\r\n\r\n", 25)) return -1;
-            c->continued = 1;
         }
-        return 0;
     }
+    c->head = (head_t){.len = head_len, .body_len = body_len, .header_len = header_len, .v2 = v2, .refusal = refusal};
+    return 2;
+}
+
+/* With c->mu held and c IDLE: one request out of c->buf, if whole. Returns 1 if one was taken
+ * (the connection is then IN_FLIGHT or was answered here), 0 if more bytes are needed, -1 to close. */
+static int parse_one(door_t *d, conn_t *c, int fd) {
+    if (!c->head.len) {
+        int parsed = parse_head(d, c, fd);
+        if (parsed != 2) return parsed;
+    }
+    head_t h = c->head;
+    if (c->len < h.len + h.body_len) return 0;
     /* The whole request is here: whatever the answer, the connection can take the next one after it. */
+    c->head.len = 0;
     int closing = c->close_after || load(&d->draining);
     int sent = 1, answered_here = 1;
-    if (refusal.which >= 0) {
-        sent = refuse(d, fd, refusal.which, refusal.code, refusal.message, refusal.extra_head, closing, v2);
+    if (h.refusal.which >= 0) {
+        sent = refuse(d, fd, h.refusal.which, h.refusal.code, h.refusal.message, h.refusal.extra_head, closing, h.v2);
     } else {
         pthread_mutex_lock(&d->bulk_mu);
         int wake = 0;
         if (d->bulk_n < d->max_rows) {
             int i = d->bulk_n++, b = d->filling;
+            c->gen++; /* this request's own: an answer for an earlier one (answered twice) goes nowhere */
             d->bulk_ids[i] = ((uint64_t)c->gen << 32) | (uint32_t)fd;
             d->bulk_arrived[i] = now_s();
             int32_t start = i ? d->bulk_header_ends[i - 1] : 0; /* a few hundred bytes: under the lock */
-            memcpy(d->bulk_headers + start, c->buf + head_len, header_len);
-            d->bulk_header_ends[i] = start + (int32_t)header_len;
+            memcpy(d->bulk_headers + start, c->buf + h.len, h.header_len);
+            d->bulk_header_ends[i] = start + (int32_t)h.header_len;
             d->requests++;
             d->copying[b]++; /* fd_take waits for the copy: 150 KB an image is not copied under the lock */
             pthread_mutex_unlock(&d->bulk_mu);
-            memcpy(d->buffer[b] + (size_t)i * d->row_bytes, c->buf + head_len + header_len, (size_t)d->row_bytes);
+            memcpy(d->buffer[b] + (size_t)i * d->row_bytes, c->buf + h.len + h.header_len, (size_t)d->row_bytes);
             pthread_mutex_lock(&d->bulk_mu);
             d->copying[b]--;
             wake = i == 0 || i + 1 == d->full_rows;
@@ -503,17 +578,16 @@ static int parse_one(door_t *d, conn_t *c, int fd) {
         pthread_mutex_unlock(&d->bulk_mu);
         if (answered_here)
             sent = refuse(d, fd, R503, "queue_full", "the front door holds as many images as it may; retry",
-                          "retry-after: 1\r\n", closing, v2);
+                          "retry-after: 1\r\n", closing, h.v2);
         if (wake) {
             uint64_t one = 1;
             ssize_t ignored = write(d->efd, &one, sizeof one);
             (void)ignored;
         }
     }
-    size_t used = head_len + body_len;
+    size_t used = h.len + h.body_len;
     memmove(c->buf, c->buf + used, c->len - used);
     c->len -= used;
-    c->continued = 0;
     c->since = now_s(); /* the next request's clock, or the idle one's */
     if (answered_here && (closing || !sent)) return -1;
     return 1;
@@ -644,7 +718,9 @@ static void flush_out(door_t *d, conn_t *c, int fd) {
     free(c->out);
     c->out = NULL;
     c->out_len = c->out_off = 0;
-    if (c->close_after || load(&d->draining)) { linger_conn(d, c, fd); return; } /* whatever it sent after */
+    /* Only an answer that said `connection: close` closes it (whatever it sent after): one built before a drain
+     * began did not say so, and its client may send again; that next answer says it. */
+    if (c->out_closes) { linger_conn(d, c, fd); return; }
     c->state = IDLE;
     c->since = now_s();
     if (c->eof) { /* out of epoll again: what it sent before its last byte is answered, then it is closed */
@@ -661,6 +737,7 @@ static void flush_out(door_t *d, conn_t *c, int fd) {
 static void write_reply(door_t *d, conn_t *c, reply_t *r) {
     if (c->gen != r->gen || c->state != IN_FLIGHT || c->out) { free(r->text); return; }
     c->out = r->text; /* owned by the connection until written */
+    c->out_closes = r->closes;
     c->out_len = r->len;
     c->out_off = 0;
     c->since = 0; /* not yet waiting for the socket */
@@ -886,7 +963,7 @@ void fd_answer(door_t *d, int k, const uint64_t *ids, const char *bodies, const 
             body_len = 0;
             closing = 1;
         }
-        reply_t r = {.fd = fd, .gen = gen, .len = (size_t)n + body_len};
+        reply_t r = {.fd = fd, .gen = gen, .closes = closing, .len = (size_t)n + body_len};
         r.text = malloc(r.len);
         memcpy(r.text, head, (size_t)n);
         memcpy(r.text + n, bodies + offsets[i], body_len);

@@ -72,6 +72,11 @@ def sample_images(count: int) -> list[bytes]:
 def exchange(connection: socket.socket, request: bytes) -> tuple[bytes, dict[bytes, bytes], bytes]:
     """One request written, its answer read whole from the same connection: (status line, headers, body)."""
     connection.sendall(request)
+    return read_answer(connection)
+
+
+def read_answer(connection: socket.socket) -> tuple[bytes, dict[bytes, bytes], bytes]:
+    """The next answer on `connection`, whole: (status line, headers, body)."""
 
     def more(data: bytes) -> bytes:
         chunk = connection.recv(65536)
@@ -344,6 +349,28 @@ def test_what_hostile_or_odd_clients_send(server: dict[str, Any]) -> None:
     bare = good.replace(b"Host: x\r\n", b"Host: x\nX-Other: y\r\n")
     answer = answer_then_close(bare)
     assert answer is not None and answer.startswith(b"HTTP/1.1 400 ") and b"bare LF" in answer, answer
+    # What a proxy before the door could read otherwise than the door does (a second review, run 37's session):
+    # a header with a space before its colon, a folded line, a bare CR, a line without a colon, a control
+    # character, another HTTP version, two Hosts. Each is refused whole and the connection closed.
+    smuggled = {
+        b"Transfer-Encoding : chunked\r\n": b"colon",
+        b"Content-Length : 5\r\n": b"colon",
+        b"X-A: 1\r\n Transfer-Encoding: chunked\r\n": b"folded",
+        b"X-A: 1\rTransfer-Encoding: chunked\r\n": b"bare CR",
+        b"X-No-Colon\r\n": b"colon",
+        b"X-A: a\0b\r\n": b"control character",
+        b"Host: y\r\n": b"two Host",
+    }
+    for extra, said in smuggled.items():
+        answer = answer_then_close(POST % (b"/predict", AUTH + extra, len(image)) + image)
+        assert answer is not None and answer.startswith(b"HTTP/1.1 400 ") and said in answer, (extra, answer)
+    answer = answer_then_close(good.replace(b"HTTP/1.1\r\n", b"HTTP/7.7\r\n", 1))
+    assert answer is not None and answer.startswith(b"HTTP/1.1 400 ") and b"request line" in answer, answer
+    # A v2 request whose inference header is 0 bytes long: refused, not answered as a POST /predict.
+    empty = POST % (b"/v2/models/fashion-cnn/infer", AUTH + b"Inference-Header-Content-Length: 0\r\n", len(image))
+    with socket.create_connection(("127.0.0.1", server["port"]), timeout=5) as raw:
+        status, _, body = exchange(raw, empty + image)
+    assert status.startswith(b"HTTP/1.1 400 ") and b"is 0" in body, (status, body)
     # Expect: 100-continue without a token: refused before the body is sent, not invited to send it.
     head = POST % (b"/predict", b"Expect: 100-continue\r\n", len(image))
     answer = answer_then_close(head)
@@ -523,3 +550,45 @@ def test_a_client_that_never_reads_is_given_up(server: dict[str, Any]) -> None:
         assert ended is not None, "the door still held a connection that never read, 30 s on"
     with httpx.Client(base_url=server["door"]) as client:
         predict(client, image)
+
+
+def test_an_answer_given_twice_reaches_nobody() -> None:
+    """An id names one request, not its connection: a second answer for it, arriving while the connection's next
+    request is in flight, is dropped, and that request gets its own (door.c alone, Python as the feeder)."""
+    from app.front_door.door import Door, Limits
+    from app.front_door.library import door_library
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    door = Door(door_library(None), listener, threads=1, shape=(1, 28, 28), buffers=3, wake_fd=wake,
+                path=b"/predict", v2_path=b"/v2/models/m/infer", full_rows=8,
+                limits=Limits(max_connections=8, keepalive_s=5, request_s=5, tokens=()))  # fmt: skip
+
+    def taken() -> np.ndarray:
+        latest = time.monotonic() + 5
+        while (bulk := door.take()) is None and time.monotonic() < latest:
+            time.sleep(0.01)
+        assert bulk is not None, "the request never reached a bulk"
+        door.release(bulk.buffer)
+        return bulk.ids
+
+    def answer(ids: np.ndarray, body: bytes) -> None:
+        door.answer(ids, [body], b"200 OK", [b"content-type: text/plain\r\n"])
+
+    request = POST % (b"/predict", b"", 784) + bytes(784)
+    try:
+        with socket.create_connection(listener.getsockname(), timeout=5) as connection:
+            connection.sendall(request)
+            first = taken()
+            answer(first, b"first")
+            assert read_answer(connection)[2] == b"first"
+            connection.sendall(request)
+            second = taken()
+            answer(first, b"first, again")  # before the fix: written as the second request's answer
+            answer(second, b"second")
+            assert read_answer(connection)[2] == b"second"
+    finally:
+        door.close()
+        listener.close()
+        os.close(wake)
