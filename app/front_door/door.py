@@ -154,7 +154,17 @@ class Door:
 
     def close(self) -> None:
         """Every connection closed and the C side freed; from now on every call here does nothing."""
-        door, self._door = self._door, None
+        self.free(self.detach())
+
+    def detach(self) -> int | None:
+        """From now on every call here does nothing; the C side, still open, to give free(). Called on the thread
+        that makes the other calls (the event loop's), so that none of them sees the door open and then gone."""
+        door: int | None = self._door
+        self._door = None
+        return door
+
+    def free(self, door: int | None) -> None:
+        """Every connection of a detached door closed and its C side freed, on any thread (it joins the door's)."""
         if door:
             self._lib.fd_close(door)
 

@@ -112,7 +112,9 @@ class FrontDoor:
         self.counter.cancel()
         await asyncio.gather(self.counter, return_exceptions=True)
         self._count()
-        await asyncio.to_thread(self.door.close)  # joins the threads: up to one sweep's wait
+        # Detached here, on the loop, where a batch that outlived the timeout may still answer: that answer then
+        # finds the door gone, not freed under it. Freed on a thread: it joins the door's, up to one sweep's wait.
+        await asyncio.to_thread(self.door.free, self.door.detach())
         self.listener.close()
         os.close(self.wake)
 
