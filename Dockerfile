@@ -6,16 +6,17 @@
 # serve` runs.
 
 # --- door ------------------------------------------------------------------------------------
-# app/front_door/door.c as a shared library, for CGSERVE_FRONT_DOOR_PORT (off by default): built
-# here, where a compiler is, so that neither image builds it at start-up. Bookworm's glibc is older
-# than either image's, so the one file loads in both.
+# app/front_door/door.c and grpc.c as a shared library, for CGSERVE_FRONT_DOOR_PORT (off by
+# default): built here, where a compiler and nghttp2's headers are, so that neither image builds it
+# at start-up. Bookworm's glibc is older than either image's, so the one file loads in both; each
+# image installs nghttp2's library (libnghttp2-14), which grpc.c's HTTP/2 links against.
 FROM debian:bookworm-slim AS door
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && apt-get install -y --no-install-recommends gcc libc6-dev libnghttp2-dev \
     && rm -rf /var/lib/apt/lists/*
-COPY app/front_door/door.c /tmp/door.c
-RUN gcc -O2 -shared -fPIC -pthread -o /libfrontdoor.so /tmp/door.c
+COPY app/front_door/door.h app/front_door/door.c app/front_door/grpc.c /tmp/door/
+RUN gcc -O2 -shared -fPIC -pthread -o /libfrontdoor.so /tmp/door/door.c /tmp/door/grpc.c -lnghttp2
 
 # --- cpu ------------------------------------------------------------------------------------
 # A slim Debian Python and torch's CPU wheel from PyTorch's own index: PyPI's Linux torch is the
@@ -28,6 +29,12 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1
 
 WORKDIR /opt/cgserve
+
+# nghttp2's library, for the front door's gRPC (the door stage's build links it).
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libnghttp2-14 \
+    && rm -rf /var/lib/apt/lists/*
 
 # The torch release `make serve` installs (Makefile's TORCH), CPU build; the last line fails the
 # build if a CUDA build slipped in.
@@ -87,12 +94,13 @@ WORKDIR /opt/cgserve
 
 # A C compiler and Python's headers for Triton: the graph engine compiles the model with inductor
 # by default (CGSERVE_COMPILE=inductor) and Triton builds its small launcher stub, which includes
-# Python.h, with gcc the first time it runs. Versions follow the base image's Ubuntu release.
+# Python.h, with gcc the first time it runs (and nghttp2's library, for the front door's gRPC).
+# Versions follow the base image's Ubuntu release.
 # The second RUN compiles against Python.h at build time: an image without the toolchain fails to
 # build, rather than start every model on the eager module's graphs (CGSERVE_COMPILE_STRICT).
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends gcc libc6-dev python3-dev \
+    && apt-get install -y --no-install-recommends gcc libc6-dev python3-dev libnghttp2-14 \
     && rm -rf /var/lib/apt/lists/*
 RUN printf '#include <Python.h>\nint main(void) { return Py_IsInitialized(); }\n' > /tmp/toolchain.c \
     && gcc -fsyntax-only -I"$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" /tmp/toolchain.c \

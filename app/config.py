@@ -98,6 +98,15 @@ class Settings(BaseSettings):
         "or as the v2 infer's one UINT8 binary tensor (Triton's clients, perf_analyzer), with the v2 metadata "
         "GETs (app/front_door/). Every other request gets a 4xx there and goes to port. Plain HTTP; 0: off.",
     )
+    front_door_grpc_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="gRPC (HTTP/2 without TLS) on the front door's C threads, where front_door_port is set: "
+        "ModelInfer of the default model with one image's uint8 pixels as its one raw_input_contents entry, and "
+        "the model's metadata, configuration and readiness calls a client makes first. Every other call is "
+        "UNIMPLEMENTED there and goes to grpc_port. 0: off.",
+    )
     front_door_threads: int = Field(4, ge=1, le=64, description="C threads serving front_door_port.")
     front_door_library: Path | None = Field(
         None,
@@ -407,6 +416,8 @@ class Settings(BaseSettings):
             raise ValueError(f"grpc_port and port are both {self.port}: give gRPC a port of its own, or 0 for none")
         if self.front_door_port:
             self._check_front_door()
+        elif self.front_door_grpc_port:
+            raise ValueError("front_door_grpc_port is served by the front door's threads: set front_door_port too")
         if self.model_control != "none" and self.workers > 1 and not self.engine_process:
             raise ValueError(
                 f"model_control {self.model_control} with {self.workers} workers needs engine_process true: each "
@@ -424,6 +435,11 @@ class Settings(BaseSettings):
         """The front door runs where every request meets one batcher, and speaks plain HTTP only."""
         if self.front_door_port in (self.port, self.grpc_port):
             raise ValueError(f"front_door_port {self.front_door_port} is also port or grpc_port: give it its own")
+        if self.front_door_grpc_port and self.front_door_grpc_port in (self.port, self.grpc_port, self.front_door_port):
+            raise ValueError(
+                f"front_door_grpc_port {self.front_door_grpc_port} is also port, grpc_port or front_door_port: give it "
+                "its own"
+            )
         if self.workers > 1 and not self.engine_process:
             raise ValueError(
                 f"front_door_port with {self.workers} workers needs engine_process true: the front door runs in "

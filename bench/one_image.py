@@ -22,10 +22,11 @@ on --loadgen-cores:
 
 against each of --designs: engine-process (--workers HTTP workers, one engine process), per-process (an
 engine a worker), front-door (one process, the front door's --workers C threads: raw, hey, v2-http and
-gen-v2-http go to its port, POST /predict and the v2 infer; gRPC to the service's own).
+gen-v2-http go to its port, POST /predict and the v2 infer; v2-grpc, v2-grpc-channels and gen-v2-grpc to its
+gRPC port, ModelInfer; the streaming kinds to the service's own gRPC port).
 
 each at every --concurrencies, then open loop at 70 % of each generator kind's best figure for its p99 (raw,
-jpeg, jpeg-body, gen-v2-http). Beside every point: the rows per batch and queue wait the server's own
+jpeg, jpeg-body, gen-v2-http, gen-v2-grpc). Beside every point: the rows per batch and queue wait the server's own
 histograms saw.
 
     PYTHONPATH=. python3 bench/one_image.py --out $OUT/one-image --designs engine-process,per-process
@@ -75,6 +76,7 @@ GENERATOR_FORMS = {"raw": "raw", "jpeg": "photo", "jpeg-body": "jpeg"}  # our ge
 GENERATOR_V2 = {"gen-v2-http": "lean", "gen-v2-grpc": "grpc", "gen-v2-grpc-stream": "grpc-stream"}  # its --client
 KINDS = (*GENERATOR_FORMS, *GENERATOR_V2, "hey", *PERF_ANALYZER_KINDS)
 DOOR_KINDS = ("raw", "hey", "v2-http", "gen-v2-http")  # the front-door design's kinds that go to its port
+DOOR_GRPC_KINDS = ("v2-grpc", "v2-grpc-channels", "gen-v2-grpc")  # and to its gRPC port (no streams there)
 DOOR_ROUTE = "/predict"  # the door's one route for raw pixels (the default model's)
 
 
@@ -243,10 +245,13 @@ class OneImage:
         """Every kind and concurrency against one server of `design`; a variant: `settings` over the
         defaults (CGSERVE_… variables), its own kinds (--variant-kinds), the same run's peak."""
         a = self.args
-        port, grpc_port, door_port = free_ports(3)
+        port, grpc_port, door_port, door_grpc_port = free_ports(4)
         repository = self.work / "repository"
         # The front door: one process holding the engines, its --workers C threads on a port of their own.
-        door = {"front_door_port": door_port, "front_door_threads": a.workers} if design == "front-door" else {}
+        door = {}
+        if design == "front-door":
+            door = {"front_door_port": door_port, "front_door_grpc_port": door_grpc_port}
+            door["front_door_threads"] = a.workers
         env = service_env(port, device=a.device, model_repository=repository, buckets=a.buckets,
                           workers=1 if door else a.workers, grpc_port=grpc_port, max_body_bytes=64 * 2**20,
                           max_inflight_bytes=1024 * 2**20, engine_process=str(design == "engine-process").lower(),
@@ -268,7 +273,8 @@ class OneImage:
                     profiled = kind in a.profile.split(",") and not variant
                     spy = self.profile(server.proc.pid, tag) if profiled else None
                     http, route = self.http_target(kind, port, door.get("front_door_port"))
-                    ports = {"http": http, "grpc": grpc_port}
+                    to_door = door and kind in DOOR_GRPC_KINDS
+                    ports = {"http": http, "grpc": door_grpc_port if to_door else grpc_port}
                     url = f"http://127.0.0.1:{http}"
                     result = observed(server, partial(self.point, url, route, kind, concurrency, ports))
                     if spy is not None:
@@ -282,7 +288,8 @@ class OneImage:
                     self.save()
             for kind in kinds.split(",") if a.p99_fraction else ():
                 http, route = self.http_target(kind, port, door.get("front_door_port"))
-                self.open_loop(server, f"http://127.0.0.1:{http}", route, name, kind, points)
+                grpc_target = door_grpc_port if door and kind in DOOR_GRPC_KINDS else grpc_port
+                self.open_loop(server, f"http://127.0.0.1:{http}", route, name, kind, points, grpc_target)
             self.record["designs"][name]["log_tail"] = server.log_tail()[-3000:]
         self.save()
 
@@ -293,11 +300,12 @@ class OneImage:
             return door_port, DOOR_ROUTE
         return port, self.route
 
-    def open_loop(self, server: Any, url: str, route: str, design: str, kind: str, points: dict[str, Any]) -> None:
+    def open_loop(self, server: Any, url: str, route: str, design: str, kind: str, points: dict[str, Any],
+                  grpc_port: int) -> None:  # fmt: skip
         """Issue 26's p99 at --p99-fraction of a generator kind's best closed-loop figure: Poisson arrivals at
         that rate, so that requests do not wait for one another's answers to be sent."""
         a = self.args
-        if kind not in GENERATOR_FORMS and kind != "gen-v2-http":
+        if kind not in GENERATOR_FORMS and kind not in ("gen-v2-http", "gen-v2-grpc"):
             return
         best = max((p.get("images_per_s") or 0 for k, p in points.items() if k.startswith(f"{kind}-c")), default=0)
         if not best or time.monotonic() > self.deadline:
@@ -305,6 +313,8 @@ class OneImage:
         rate = round(best * a.p99_fraction)
         form, path = self.generator_load(kind, route)
         load = (*form, "--rate", str(rate), "--processes", str(a.processes))
+        if kind == "gen-v2-grpc":  # the gRPC port its closed loop went to
+            url = f"grpc://127.0.0.1:{grpc_port}"
         result = observed(server, partial(self.generator, url, f"{kind}-open-loop", *load, path=path))
         result["rate"] = rate
         points[f"{kind}-open-{a.p99_fraction:g}"] = result

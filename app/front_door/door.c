@@ -34,136 +34,13 @@
  * Built without Python's headers (app/front_door/library.py) and called through ctypes, whose
  * foreign calls release the GIL.
  */
-#define _GNU_SOURCE
-#include <errno.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <pthread.h>
-#include <sched.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <strings.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
-#include <sys/socket.h>
-#include <time.h>
-#include <unistd.h>
+#include "door.h"
 
-#define MAX_FD 65536
-#define MAX_THREADS 64
-#define MAX_HEAD 8192
-#define MAX_V2_HEADER 4096 /* a v2 request's JSON inference header (Triton's clients send ~250 bytes) */
-#define MAX_GETS 16        /* the GET answers Python sets (fd_set_get): the v2 metadata a client reads first */
-#define MAX_BUFFERS 16
-#define MAX_TOKENS 64
-#define SWEEP_S 0.25
-#define LINGER_S 2.0 /* a refused connection's input is read and dropped this long at most */
-
-enum { CLOSED = 0, IDLE = 1, IN_FLIGHT = 2, LINGERING = 3 };
-/* The statuses the C side answers by itself, counted for Prometheus (fd_counts, in this order). */
-enum { R400, R401, R404, R405, R408, R411, R413, R415, R422, R431, R503, REFUSALS };
-static const int refusal_codes[REFUSALS] = {400, 401, 404, 405, 408, 411, 413, 415, 422, 431, 503};
-
-typedef struct { int which; const char *code, *message, *extra_head; } refusal_t;
-
-/* A POST's head, parsed once it is whole: later reads while its body arrives only count bytes. */
-typedef struct {
-    size_t len;          /* the head's bytes, its blank line included; 0: not yet whole */
-    size_t body_len;     /* Content-Length */
-    size_t header_len;   /* a v2 request's JSON inference header (0: a POST /predict) */
-    int v2;              /* refused in the protocol's error shape */
-    refusal_t refusal;   /* what the head asks that the door refuses (TAKEN: nothing), answered once the body is in */
-} head_t;
-
-typedef struct {
-    pthread_mutex_t mu;  /* the fields below: the owning thread's, but for an answer's hand-over */
-    uint32_t gen;        /* bumped at each accept, close and request taken: an answer for another is dropped */
-    int state;
-    int eof;             /* the client sent its last byte (it may still read): out of epoll, closed once idle */
-    int close_after;     /* HTTP/1.0, `connection: close`, or draining: closed once answered */
-    int paused;          /* out of epoll while in flight with a full buffer: read again once answered */
-    int out_closes;      /* the answer being written said `connection: close`: closed once written */
-    int epfd;            /* the owning thread's epoll */
-    int owner;           /* the owning thread's index: its outbox gets the connection's answers */
-    double since;        /* the request being read: its first byte; idle: its last answer; an answer's
-                          * rest waiting for the socket: when it first had to wait */
-    size_t len, cap;
-    char *buf;
-    head_t head;         /* the request being read: its head, parsed once whole (head.len 0 until then) */
-    char *out;           /* an answer's rest, where the socket took only part of it */
-    size_t out_len, out_off;
-} conn_t;
-
-/* One GET the door answers itself, as Python set it: a v2 client (perf_analyzer, Triton's) reads the model's
- * metadata and configuration from the address it then sends its inferences to. */
-typedef struct {
-    char *path;
-    char *head;  /* the status line's rest ("200 OK") and whole header lines, without the length */
-    char *body;
-    size_t body_len;
-    int token;   /* asks for an inference token, where tokens are set */
-} get_t;
-
-typedef struct {
-    int fd;
-    uint32_t gen;
-    int closes; /* it says `connection: close` */
-    size_t len;
-    char *text; /* the whole response, head and body */
-} reply_t;
-
-typedef struct {
-    pthread_mutex_t mu;
-    reply_t *items;
-    int n, cap;
-    int efd; /* written when the outbox turns non-empty: in its thread's epoll */
-} outbox_t;
-
-typedef struct {
-    int lfd, efd, threads, row_bytes, max_rows, max_conns;
-    int full_rows;                /* the eventfd is written at the first row of a bulk and again at this many */
-    double keepalive_s, request_s;
-    char path[256], v2_path[256]; /* "/predict"; "/v2/models/<default model>/infer" */
-    size_t path_len, v2_path_len;
-    char *tokens[MAX_TOKENS];
-    size_t token_lens[MAX_TOKENS];
-    int n_tokens;
-    pthread_mutex_t gets_mu;      /* the GET answers: set by Python's thread, read by the door's */
-    get_t gets[MAX_GETS];
-    int stop, draining;           /* __atomic: set by Python's thread, read by the door's */
-    int open_conns;               /* under table_mu */
-    int high_fd;                  /* the highest fd accepted (__atomic): sweeps look no further */
-    int spare_fd;                 /* held open, closed to accept one connection over the open-file limit */
-    pthread_t tids[MAX_THREADS];
-    int epfds[MAX_THREADS];
-    outbox_t outboxes[MAX_THREADS];
-    conn_t *conns[MAX_FD];
-    pthread_mutex_t table_mu; /* conns[] slots' creation (a slot lives until fd_close, reused by its fd) */
-    pthread_mutex_t accept_mu; /* one accept4 at a time: the spare descriptor's dance (refuse_over_limit) */
-    pthread_mutex_t bulk_mu;  /* the bulk below, and the counts */
-    int buffers;
-    uint8_t *buffer[MAX_BUFFERS]; /* max_rows × row_bytes each: the bulk being filled, or taken by Python */
-    int taken[MAX_BUFFERS];       /* Python reads it until fd_release */
-    int copying[MAX_BUFFERS];     /* rows being copied in outside the lock */
-    int filling;                  /* the bulk's buffer */
-    int bulk_n;
-    uint64_t *bulk_ids;           /* gen << 32 | fd */
-    double *bulk_arrived;         /* CLOCK_MONOTONIC seconds: Python's time.monotonic() */
-    char *bulk_headers;           /* the v2 requests' JSON headers, one after another (max_rows × MAX_V2_HEADER) */
-    int32_t *bulk_header_ends;    /* row i's header is bulk_headers[ends[i - 1]:ends[i]] (empty: POST /predict) */
-    uint64_t requests, refused[REFUSALS];
-} door_t;
-
-static double now_s(void) {
+double now_s(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
-
-static int load(const int *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
 
 static void count_refusal(door_t *d, int which) {
     pthread_mutex_lock(&d->bulk_mu);
@@ -212,8 +89,9 @@ static int refuse(door_t *d, int fd, int which, const char *code, const char *me
 }
 
 /* With c->mu held. The buffer goes too: a flood of connections leaves no memory behind it. */
-static void close_conn(door_t *d, conn_t *c, int fd) {
+void close_conn(door_t *d, conn_t *c, int fd) {
     close(fd); /* also leaves its epoll */
+    if (c->h2) h2_free(c);
     c->state = CLOSED;
     c->gen++;
     c->len = 0;
@@ -231,7 +109,7 @@ static void close_conn(door_t *d, conn_t *c, int fd) {
 
 /* The connection's events in its thread's epoll, added again where it had left it (paused, or its client's
  * last byte read). */
-static void watch(conn_t *c, int fd, uint32_t events) {
+void watch(conn_t *c, int fd, uint32_t events) {
     struct epoll_event ev = {.events = events, .data.fd = fd};
     if (epoll_ctl(c->epfd, EPOLL_CTL_MOD, fd, &ev) < 0 && errno == ENOENT) epoll_ctl(c->epfd, EPOLL_CTL_ADD, fd, &ev);
 }
@@ -291,7 +169,7 @@ static const char *find_header(const char *head, size_t n, const char *name, siz
 
 /* The time taken depends on the tokens' lengths, not on the candidate's bytes or length, and every token is
  * compared whatever matched: as app/access/tokens.py's TokenSet, which compares digests. */
-static int token_ok(door_t *d, const char *value, size_t len) {
+int token_ok(door_t *d, const char *value, size_t len) {
     if (len < 7 || strncasecmp(value, "bearer ", 7) != 0) return 0;
     value += 7;
     len -= 7;
@@ -422,30 +300,46 @@ static refusal_t check_head(door_t *d, const char *buf, size_t head_len, size_t 
     return TAKEN;
 }
 
-/* A GET Python set an answer for, or 404 (the HTTP port has the rest); a GET has no body. Returns whether the
- * connection goes on: the answer was written whole, and it does not close it. */
-static int answer_get(door_t *d, int fd, const char *buf, size_t head_len, int closing, int v2) {
-    size_t path_len = 0, value_len = 0;
-    const char *path = target(buf, head_len, 3, &path_len); /* GET */
-    char *text = NULL;
-    int n = 0, found = 0;
+/* The answers Python set: a GET's by its path, a gRPC call's by its method and request (grpc.c's key). */
+int find_get(door_t *d, const char *key, size_t key_len, const char *authorization, size_t authorization_len,
+             char **head, char **body, size_t *body_len) {
+    int found = 0;
     pthread_mutex_lock(&d->gets_mu);
     for (int i = 0; i < MAX_GETS && !found; i++) {
         get_t *g = &d->gets[i];
-        if (!g->path || !same(path, path_len, g->path, strlen(g->path))) continue;
+        if (!g->path || !same(key, key_len, g->path, strlen(g->path))) continue;
         found = 1;
-        if (g->token && d->n_tokens) {
-            const char *auth = find_header(buf, head_len, "authorization:", &value_len);
-            if (!auth || !token_ok(d, auth, value_len)) { found = -1; break; }
+        if (g->token && d->n_tokens && !(authorization && token_ok(d, authorization, authorization_len))) {
+            found = -1;
+            break;
         }
-        size_t cap = strlen(g->head) + g->body_len + 128;
-        text = malloc(cap);
-        n = snprintf(text, cap, "HTTP/1.1 %scontent-length: %zu\r\n%s\r\n", g->head, g->body_len,
-                     closing ? "connection: close\r\n" : "");
-        memcpy(text + n, g->body, g->body_len);
-        n += (int)g->body_len;
+        *head = strdup(g->head);
+        *body = malloc(g->body_len + 1);
+        memcpy(*body, g->body, g->body_len);
+        *body_len = g->body_len;
     }
     pthread_mutex_unlock(&d->gets_mu);
+    return found;
+}
+
+/* A GET Python set an answer for, or 404 (the HTTP port has the rest); a GET has no body. Returns whether the
+ * connection goes on: the answer was written whole, and it does not close it. */
+static int answer_get(door_t *d, int fd, const char *buf, size_t head_len, int closing, int v2) {
+    size_t path_len = 0, value_len = 0, body_len = 0;
+    const char *path = target(buf, head_len, 3, &path_len); /* GET */
+    const char *auth = find_header(buf, head_len, "authorization:", &value_len);
+    char *head = NULL, *body = NULL, *text = NULL;
+    int n = 0, found = find_get(d, path, path_len, auth, value_len, &head, &body, &body_len);
+    if (found > 0) {
+        size_t cap = strlen(head) + body_len + 128;
+        text = malloc(cap);
+        n = snprintf(text, cap, "HTTP/1.1 %scontent-length: %zu\r\n%s\r\n", head, body_len,
+                     closing ? "connection: close\r\n" : "");
+        memcpy(text + n, body, body_len);
+        n += (int)body_len;
+        free(head);
+        free(body);
+    }
     if (found < 0)
         return refuse(d, fd, R401, "unauthorized", "the bearer token is missing or not one of the inference tokens",
                       "www-authenticate: Bearer\r\n", closing, v2);
@@ -539,6 +433,35 @@ static int parse_head(door_t *d, conn_t *c, int fd) {
     return 2;
 }
 
+int add_row(door_t *d, uint64_t id, uint8_t kind, const char *header, size_t header_len, const char *pixels) {
+    pthread_mutex_lock(&d->bulk_mu);
+    if (d->bulk_n >= d->max_rows) {
+        pthread_mutex_unlock(&d->bulk_mu);
+        return 0;
+    }
+    int i = d->bulk_n++, b = d->filling;
+    d->bulk_ids[i] = id;
+    d->bulk_kinds[i] = kind;
+    d->bulk_arrived[i] = now_s();
+    int32_t start = i ? d->bulk_header_ends[i - 1] : 0; /* a few hundred bytes: under the lock */
+    memcpy(d->bulk_headers + start, header, header_len);
+    d->bulk_header_ends[i] = start + (int32_t)header_len;
+    d->requests++;
+    d->copying[b]++; /* fd_take waits for the copy: 150 KB an image is not copied under the lock */
+    pthread_mutex_unlock(&d->bulk_mu);
+    memcpy(d->buffer[b] + (size_t)i * d->row_bytes, pixels, (size_t)d->row_bytes);
+    pthread_mutex_lock(&d->bulk_mu);
+    d->copying[b]--;
+    int wake = i == 0 || i + 1 == d->full_rows;
+    pthread_mutex_unlock(&d->bulk_mu);
+    if (wake) {
+        uint64_t one = 1;
+        ssize_t ignored = write(d->efd, &one, sizeof one);
+        (void)ignored;
+    }
+    return 1;
+}
+
 /* With c->mu held and c IDLE: one request out of c->buf, if whole. Returns 1 if one was taken
  * (the connection is then IN_FLIGHT or was answered here), 0 if more bytes are needed, -1 to close. */
 static int parse_one(door_t *d, conn_t *c, int fd) {
@@ -555,34 +478,15 @@ static int parse_one(door_t *d, conn_t *c, int fd) {
     if (h.refusal.which >= 0) {
         sent = refuse(d, fd, h.refusal.which, h.refusal.code, h.refusal.message, h.refusal.extra_head, closing, h.v2);
     } else {
-        pthread_mutex_lock(&d->bulk_mu);
-        int wake = 0;
-        if (d->bulk_n < d->max_rows) {
-            int i = d->bulk_n++, b = d->filling;
-            c->gen++; /* this request's own: an answer for an earlier one (answered twice) goes nowhere */
-            d->bulk_ids[i] = ((uint64_t)c->gen << 32) | (uint32_t)fd;
-            d->bulk_arrived[i] = now_s();
-            int32_t start = i ? d->bulk_header_ends[i - 1] : 0; /* a few hundred bytes: under the lock */
-            memcpy(d->bulk_headers + start, c->buf + h.len, h.header_len);
-            d->bulk_header_ends[i] = start + (int32_t)h.header_len;
-            d->requests++;
-            d->copying[b]++; /* fd_take waits for the copy: 150 KB an image is not copied under the lock */
-            pthread_mutex_unlock(&d->bulk_mu);
-            memcpy(d->buffer[b] + (size_t)i * d->row_bytes, c->buf + h.len + h.header_len, (size_t)d->row_bytes);
-            pthread_mutex_lock(&d->bulk_mu);
-            d->copying[b]--;
-            wake = i == 0 || i + 1 == d->full_rows;
+        c->gen++; /* this request's own: an answer for an earlier one (answered twice) goes nowhere */
+        uint64_t id = ((uint64_t)c->gen << 32) | (uint32_t)fd;
+        if (add_row(d, id, h.header_len ? KIND_V2 : KIND_PREDICT, c->buf + h.len, h.header_len,
+                    c->buf + h.len + h.header_len)) {
             c->state = IN_FLIGHT;
             answered_here = 0;
-        }
-        pthread_mutex_unlock(&d->bulk_mu);
-        if (answered_here)
+        } else {
             sent = refuse(d, fd, R503, "queue_full", "the front door holds as many images as it may; retry",
                           "retry-after: 1\r\n", closing, h.v2);
-        if (wake) {
-            uint64_t one = 1;
-            ssize_t ignored = write(d->efd, &one, sizeof one);
-            (void)ignored;
         }
     }
     size_t used = h.len + h.body_len;
@@ -633,37 +537,39 @@ static void serve_conn(door_t *d, conn_t *c, int fd) {
 
 /* One connection over the open-file limit: the spare descriptor makes room to accept it, refuse it and close
  * it, rather than leave it queued while the listener wakes every thread for it again and again. */
-static void refuse_over_limit(door_t *d) {
+static void refuse_over_limit(door_t *d, int lfd) {
     pthread_mutex_lock(&d->table_mu);
     if (d->spare_fd < 0) d->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC); /* lost to another open: again */
     if (d->spare_fd >= 0) {
         close(d->spare_fd);
-        int fd = accept4(d->lfd, NULL, NULL, SOCK_CLOEXEC);
-        if (fd >= 0) {
+        int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd >= 0 && lfd == d->lfd) { /* HTTP/1.1's; a gRPC client sees its connection closed */
             refuse(d, fd, R503, "too_many_connections", "the server holds as many connections as it may",
                    "retry-after: 1\r\n", 1, 0);
-            close(fd);
         }
+        if (fd >= 0) close(fd);
         d->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     }
     pthread_mutex_unlock(&d->table_mu);
 }
 
-static void accept_all(door_t *d, int epfd, int owner) {
+/* Connections on listener `lfd` (HTTP/1.1's, or gRPC's: h2), each owned by this thread from now on. */
+static void accept_all(door_t *d, int epfd, int owner, int lfd, int h2) {
     for (;;) {
         /* One thread accepts at a time: the descriptor refuse_over_limit frees for its refusal must not go to
          * another thread's accept, which would leave no spare to free the next time. */
         pthread_mutex_lock(&d->accept_mu);
-        int fd = accept4(d->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0 && (errno == EMFILE || errno == ENFILE)) refuse_over_limit(d);
+        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0 && (errno == EMFILE || errno == ENFILE)) refuse_over_limit(d, lfd);
         pthread_mutex_unlock(&d->accept_mu);
         if (fd < 0) return;
         pthread_mutex_lock(&d->table_mu);
         int full = fd >= MAX_FD || d->open_conns >= d->max_conns;
         if (full) {
             pthread_mutex_unlock(&d->table_mu);
-            refuse(d, fd, R503, "too_many_connections", "the front door holds as many connections as it may",
-                   "retry-after: 1\r\n", 1, 0);
+            if (!h2)
+                refuse(d, fd, R503, "too_many_connections", "the front door holds as many connections as it may",
+                       "retry-after: 1\r\n", 1, 0);
             close(fd);
             continue;
         }
@@ -680,18 +586,18 @@ static void accept_all(door_t *d, int epfd, int owner) {
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         pthread_mutex_lock(&c->mu);
-        c->buf = malloc(c->cap);
-        if (!c->buf) { /* counted open above: close_conn counts it closed */
-            close_conn(d, c, fd);
-            pthread_mutex_unlock(&c->mu);
-            continue;
-        }
         c->gen++;
         __atomic_store_n(&c->state, IDLE, __ATOMIC_RELAXED);
         c->len = 0;
         c->epfd = epfd;
         __atomic_store_n(&c->owner, owner, __ATOMIC_RELAXED);
         c->since = now_s();
+        /* An HTTP/2 connection's requests are buffered by their calls (grpc.c), not in c->buf. */
+        if (h2 ? !h2_open(d, c, fd) : !(c->buf = malloc(c->cap))) {
+            close_conn(d, c, fd); /* counted open above: close_conn counts it closed */
+            pthread_mutex_unlock(&c->mu);
+            continue;
+        }
         pthread_mutex_unlock(&c->mu);
         struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.fd = fd};
         epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev);
@@ -735,6 +641,7 @@ static void flush_out(door_t *d, conn_t *c, int fd) {
 
 /* With c->mu held: an answer to the connection it was for, unless that one is gone. */
 static void write_reply(door_t *d, conn_t *c, reply_t *r) {
+    if (r->stream) { h2_reply(d, c, r); return; }
     if (c->gen != r->gen || c->state != IN_FLIGHT || c->out) { free(r->text); return; }
     c->out = r->text; /* owned by the connection until written */
     c->out_closes = r->closes;
@@ -776,7 +683,9 @@ static void sweep(door_t *d, int index) {
         if (!c || load(&c->state) == CLOSED || load(&c->owner) != index) continue; /* a look: checked below */
         pthread_mutex_lock(&c->mu);
         if (c->state != CLOSED && c->owner == index) {
-            if (c->out && c->since > 0 && now - c->since > d->request_s) {
+            if (c->h2) {
+                h2_sweep(d, c, fd, now);
+            } else if (c->out && c->since > 0 && now - c->since > d->request_s) {
                 close_conn(d, c, fd); /* it does not read its answers */
             } else if (c->state == IDLE && c->len > 0 && now - c->since > d->request_s) {
                 refuse(d, fd, R408, "request_timeout", "the request did not arrive whole in time", "", 1, 0);
@@ -804,12 +713,16 @@ static void *run(void *arg) {
         int n = epoll_wait(epfd, evs, 128, (int)(SWEEP_S * 1000));
         for (int i = 0; i < n; i++) {
             int fd = evs[i].data.fd;
-            if (fd == d->lfd) { if (!load(&d->draining)) accept_all(d, epfd, index); continue; }
+            if (fd == d->lfd || fd == d->glfd) {
+                if (!load(&d->draining)) accept_all(d, epfd, index, fd, fd == d->glfd);
+                continue;
+            }
             if (fd == box->efd) { drain_outbox(d, box); continue; }
             conn_t *c = d->conns[fd];
             pthread_mutex_lock(&c->mu);
             if (c->state != CLOSED && c->epfd == epfd) {
-                if (c->state == LINGERING) discard(d, c, fd);
+                if (c->h2) h2_serve(d, c, fd);
+                else if (c->state == LINGERING) discard(d, c, fd);
                 else if (c->out) flush_out(d, c, fd); /* writable, or gone: the send says which */
                 else if (!c->paused && !c->eof) serve_conn(d, c, fd);
             }
@@ -824,7 +737,7 @@ static void *run(void *arg) {
 }
 
 /* `tokens`: the inference tokens, one a line ("" where requests need none). NULL for arguments out of range. */
-door_t *fd_open(int lfd, int threads, int row_bytes, int max_rows, int buffers, int efd, const char *path,
+door_t *fd_open(int lfd, int glfd, int threads, int row_bytes, int max_rows, int buffers, int efd, const char *path,
                 const char *v2_path, int full_rows, int max_conns, double keepalive_s, double request_s,
                 const char *tokens) {
     if (threads < 1 || threads > MAX_THREADS || buffers < 2 || buffers > MAX_BUFFERS || row_bytes < 1 ||
@@ -832,7 +745,7 @@ door_t *fd_open(int lfd, int threads, int row_bytes, int max_rows, int buffers, 
         strlen(v2_path) >= sizeof(((door_t *)0)->v2_path))
         return NULL;
     door_t *d = calloc(1, sizeof *d);
-    d->lfd = lfd; d->efd = efd; d->threads = threads; d->row_bytes = row_bytes; d->max_rows = max_rows;
+    d->lfd = lfd; d->glfd = glfd; d->efd = efd; d->threads = threads; d->row_bytes = row_bytes; d->max_rows = max_rows;
     d->max_conns = max_conns; d->keepalive_s = keepalive_s; d->request_s = request_s;
     strcpy(d->path, path);
     d->path_len = strlen(path);
@@ -859,10 +772,15 @@ door_t *fd_open(int lfd, int threads, int row_bytes, int max_rows, int buffers, 
     d->bulk_arrived = malloc(sizeof(double) * max_rows);
     d->bulk_headers = malloc((size_t)max_rows * MAX_V2_HEADER);
     d->bulk_header_ends = malloc(sizeof(int32_t) * max_rows);
+    d->bulk_kinds = malloc((size_t)max_rows);
     for (int t = 0; t < threads; t++) {
         d->epfds[t] = epoll_create1(EPOLL_CLOEXEC);
         struct epoll_event ev = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.fd = lfd};
         epoll_ctl(d->epfds[t], EPOLL_CTL_ADD, lfd, &ev);
+        if (glfd >= 0) {
+            struct epoll_event grpc = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.fd = glfd};
+            epoll_ctl(d->epfds[t], EPOLL_CTL_ADD, glfd, &grpc);
+        }
         outbox_t *box = &d->outboxes[t];
         pthread_mutex_init(&box->mu, NULL);
         box->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -882,7 +800,7 @@ uint8_t *fd_buffer(door_t *d, int b) { return d->buffer[b]; }
  * its buffer's index in *b (read in place until fd_release), its requests' ids and arrival times, and their
  * v2 headers (`headers`, max_rows × MAX_V2_HEADER bytes; row i's ends at header_ends[i], the previous one's
  * end its start). */
-int fd_take(door_t *d, uint64_t *ids, double *arrived, char *headers, int32_t *header_ends, int *b) {
+int fd_take(door_t *d, uint64_t *ids, double *arrived, char *headers, int32_t *header_ends, uint8_t *kinds, int *b) {
     pthread_mutex_lock(&d->bulk_mu);
     int next = -1;
     for (int j = 0; j < d->buffers && next < 0; j++)
@@ -896,6 +814,7 @@ int fd_take(door_t *d, uint64_t *ids, double *arrived, char *headers, int32_t *h
     memcpy(ids, d->bulk_ids, sizeof(uint64_t) * k);
     memcpy(arrived, d->bulk_arrived, sizeof(double) * k);
     memcpy(header_ends, d->bulk_header_ends, sizeof(int32_t) * k);
+    memcpy(kinds, d->bulk_kinds, (size_t)k);
     memcpy(headers, d->bulk_headers, (size_t)d->bulk_header_ends[k - 1]);
     d->taken[taken] = 1;
     d->filling = next; /* new rows go there from now on, so the copies into this one only end */
@@ -944,29 +863,43 @@ void fd_answer(door_t *d, int k, const uint64_t *ids, const char *bodies, const 
                const char *status, const char *heads, const int64_t *head_offsets) {
     int woken[MAX_THREADS] = {0};
     for (int i = 0; i < k; i++) {
-        int fd = (int)(uint32_t)ids[i];
-        uint32_t gen = (uint32_t)(ids[i] >> 32);
-        conn_t *c = d->conns[fd];
+        int h2 = (ids[i] & H2_ID) != 0;
+        int fd = h2 ? (int)(ids[i] & 0xffff) : (int)(uint32_t)ids[i];
+        uint32_t gen = h2 ? (uint32_t)((ids[i] >> 47) & 0xffff) : (uint32_t)(ids[i] >> 32);
+        conn_t *c = fd < MAX_FD ? d->conns[fd] : NULL;
         if (!c) continue;
         pthread_mutex_lock(&c->mu);
-        int owner = c->owner, current = c->gen == gen, closing = c->close_after || load(&d->draining);
+        int owner = c->owner, current = (h2 ? c->gen & 0xffff : c->gen) == gen && (c->h2 != NULL) == h2;
+        int closing = c->close_after || load(&d->draining);
         pthread_mutex_unlock(&c->mu);
         if (!current) continue; /* closed since: nobody to answer */
         size_t body_len = (size_t)(offsets[i + 1] - offsets[i]);
         int lines_len = (int)(head_offsets[i + 1] - head_offsets[i]);
-        char head[1024];
-        int n = snprintf(head, sizeof head, "HTTP/1.1 %s\r\n%.*scontent-length: %zu\r\n%s\r\n", status, lines_len,
-                         heads + head_offsets[i], body_len, closing ? "connection: close\r\n" : "");
-        if (n < 0 || n >= (int)sizeof head) { /* Python's lines are a few short ones: never, but answered */
-            n = snprintf(head, sizeof head, "HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\n"
-                         "connection: close\r\n\r\n");
-            body_len = 0;
-            closing = 1;
+        reply_t r = {.fd = fd, .gen = gen};
+        if (h2) { /* its message, and its trailers as Python wrote them (grpc.c sends them) */
+            r.stream = (int32_t)((ids[i] >> 16) & 0x7fffffff);
+            r.len = body_len;
+            r.text = malloc(body_len + 1);
+            memcpy(r.text, bodies + offsets[i], body_len);
+            r.trailers_len = (size_t)lines_len;
+            r.trailers = malloc((size_t)lines_len + 1);
+            memcpy(r.trailers, heads + head_offsets[i], (size_t)lines_len);
+        } else {
+            char head[1024];
+            int n = snprintf(head, sizeof head, "HTTP/1.1 %s\r\n%.*scontent-length: %zu\r\n%s\r\n", status,
+                             lines_len, heads + head_offsets[i], body_len, closing ? "connection: close\r\n" : "");
+            if (n < 0 || n >= (int)sizeof head) { /* Python's lines are a few short ones: never, but answered */
+                n = snprintf(head, sizeof head, "HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\n"
+                             "connection: close\r\n\r\n");
+                body_len = 0;
+                closing = 1;
+            }
+            r.closes = closing;
+            r.len = (size_t)n + body_len;
+            r.text = malloc(r.len);
+            memcpy(r.text, head, (size_t)n);
+            memcpy(r.text + n, bodies + offsets[i], body_len);
         }
-        reply_t r = {.fd = fd, .gen = gen, .closes = closing, .len = (size_t)n + body_len};
-        r.text = malloc(r.len);
-        memcpy(r.text, head, (size_t)n);
-        memcpy(r.text + n, bodies + offsets[i], body_len);
         outbox_t *box = &d->outboxes[owner];
         pthread_mutex_lock(&box->mu);
         if (box->n == box->cap) {
@@ -985,11 +918,13 @@ void fd_answer(door_t *d, int k, const uint64_t *ids, const char *bodies, const 
     }
 }
 
-/* out[0]: requests taken; out[1 + i]: refusals with refusal_codes[i]; out[1 + REFUSALS]: connections open. */
+/* out[0]: requests taken; out[1 + i]: refusals with refusal_codes[i]; out[1 + REFUSALS]: connections open;
+ * out[2 + REFUSALS + i]: gRPC calls refused with status i. */
 void fd_counts(door_t *d, uint64_t *out) {
     pthread_mutex_lock(&d->bulk_mu);
     out[0] = d->requests;
     for (int i = 0; i < REFUSALS; i++) out[1 + i] = d->refused[i];
+    for (int i = 0; i < GRPC_CODES; i++) out[2 + REFUSALS + i] = d->grpc_refused[i];
     pthread_mutex_unlock(&d->bulk_mu);
     pthread_mutex_lock(&d->table_mu);
     out[1 + REFUSALS] = (uint64_t)d->open_conns;
@@ -1001,7 +936,10 @@ int fd_refusal_code(int i) { return i >= 0 && i < REFUSALS ? refusal_codes[i] : 
 /* Stop accepting; from now on each answer closes its connection (idle ones at their keep-alive timeout). */
 void fd_drain(door_t *d) {
     __atomic_store_n(&d->draining, 1, __ATOMIC_RELAXED);
-    for (int t = 0; t < d->threads; t++) epoll_ctl(d->epfds[t], EPOLL_CTL_DEL, d->lfd, NULL);
+    for (int t = 0; t < d->threads; t++) {
+        epoll_ctl(d->epfds[t], EPOLL_CTL_DEL, d->lfd, NULL);
+        if (d->glfd >= 0) epoll_ctl(d->epfds[t], EPOLL_CTL_DEL, d->glfd, NULL);
+    }
 }
 
 void fd_close(door_t *d) {
@@ -1010,13 +948,17 @@ void fd_close(door_t *d) {
         pthread_join(d->tids[t], NULL);
         close(d->epfds[t]);
         close(d->outboxes[t].efd);
-        for (int i = 0; i < d->outboxes[t].n; i++) free(d->outboxes[t].items[i].text);
+        for (int i = 0; i < d->outboxes[t].n; i++) {
+            free(d->outboxes[t].items[i].text);
+            free(d->outboxes[t].items[i].trailers);
+        }
         free(d->outboxes[t].items);
     }
     for (int fd = 0; fd < MAX_FD; fd++) {
         conn_t *c = d->conns[fd];
         if (!c) continue;
         if (c->state != CLOSED) close(fd);
+        if (c->h2) h2_free(c);
         free(c->buf);
         free(c->out);
         free(c);
@@ -1028,6 +970,6 @@ void fd_close(door_t *d) {
     for (int t = 0; t < d->n_tokens; t++) free(d->tokens[t]);
     for (int i = 0; i < MAX_GETS; i++) { free(d->gets[i].path); free(d->gets[i].head); free(d->gets[i].body); }
     if (d->spare_fd >= 0) close(d->spare_fd);
-    free(d->bulk_ids); free(d->bulk_arrived); free(d->bulk_headers); free(d->bulk_header_ends);
+    free(d->bulk_ids); free(d->bulk_arrived); free(d->bulk_headers); free(d->bulk_header_ends); free(d->bulk_kinds);
     free(d);
 }

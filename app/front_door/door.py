@@ -15,7 +15,9 @@ import numpy as np
 MOST_ROWS = 1024  # a bulk's rows at most (the C side answers 503 past it); more than a batch's: pieces
 MAX_V2_HEADER = 4096  # door.c's: a v2 request's JSON inference header at most
 REFUSALS = 11  # door.c's refusal statuses (fd_refusal_code)
-MAX_GETS = 16  # door.c's: GET answers set at most
+GRPC_CODES = 17  # gRPC's status codes: grpc.c's refusals are counted by code
+MAX_GETS = 64  # door.h's: answers set at most (GETs, and gRPC's metadata calls)
+PREDICT, V2, GRPC = 0, 1, 2  # door.h's kinds of request: a bulk row's
 
 
 @dataclass(frozen=True)
@@ -32,13 +34,13 @@ def _load(library: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(library))
     lib.fd_open.restype = ctypes.c_void_p
     number, seconds, text, pointer = ctypes.c_int, ctypes.c_double, ctypes.c_char_p, ctypes.c_void_p
-    lib.fd_open.argtypes = (number,) * 6 + (text, text, number, number, seconds, seconds, text)
+    lib.fd_open.argtypes = (number,) * 7 + (text, text, number, number, seconds, seconds, text)
     lib.fd_waiting.restype = ctypes.c_int
     lib.fd_waiting.argtypes = [ctypes.c_void_p]
     lib.fd_buffer.restype = ctypes.c_void_p
     lib.fd_buffer.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.fd_take.restype = ctypes.c_int
-    lib.fd_take.argtypes = [ctypes.c_void_p] * 6
+    lib.fd_take.argtypes = [ctypes.c_void_p] * 7
     lib.fd_release.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.fd_answer.restype = None
     lib.fd_answer.argtypes = (pointer, number, pointer, pointer, pointer, text, text, pointer)
@@ -58,23 +60,25 @@ class Bulk:
 
     buffer: int
     rows: np.ndarray  # (k, C, H, W) uint8
-    ids: np.ndarray  # (k,) uint64: each request's connection, its generation << 32 | its fd
+    ids: np.ndarray  # (k,) uint64: where each answer goes (door.h's id: a connection, and a gRPC call's stream)
     arrived: np.ndarray  # (k,) float64: time.monotonic() of each request's whole arrival
-    headers: list[bytes] | None  # each request's v2 JSON inference header (b"": POST /predict); None: none is v2
+    headers: list[bytes] | None  # each v2 request's JSON header, each gRPC call's other fields; None: all /predict
+    kinds: np.ndarray | None = None  # (k,) uint8: PREDICT, V2 or GRPC; None: V2 where a header is, else PREDICT
 
 
 class Door:
     def __init__(self, library: Path, listener: socket.socket, *, threads: int, shape: tuple[int, int, int],
-                 buffers: int, wake_fd: int, path: bytes, v2_path: bytes, full_rows: int,
-                 limits: Limits) -> None:  # fmt: skip
+                 buffers: int, wake_fd: int, path: bytes, v2_path: bytes, full_rows: int, limits: Limits,
+                 grpc_listener: socket.socket | None = None) -> None:  # fmt: skip
         """`threads` C threads on `listener` take POST `path` with one (C, H, W) uint8 image as its body, and POST
-        `v2_path` with one as the binary section after its JSON header; the eventfd `wake_fd` is written when a
-        bulk turns non-empty and when it holds `full_rows`. `buffers`: bulks Python may hold at once, plus the
-        one being filled."""
+        `v2_path` with one as the binary section after its JSON header (and, on `grpc_listener`, gRPC's ModelInfer
+        with one as its raw_input_contents); the eventfd `wake_fd` is written when a bulk turns non-empty and when
+        it holds `full_rows`. `buffers`: bulks Python may hold at once, plus the one being filled."""
         self._lib = lib = _load(library)
         row_bytes = int(np.prod(shape))
         tokens = "\n".join(limits.tokens).encode()
-        self._door = lib.fd_open(listener.fileno(), threads, row_bytes, MOST_ROWS, buffers, wake_fd, path,
+        grpc_fd = -1 if grpc_listener is None else grpc_listener.fileno()
+        self._door = lib.fd_open(listener.fileno(), grpc_fd, threads, row_bytes, MOST_ROWS, buffers, wake_fd, path,
                                  v2_path, full_rows, limits.max_connections, limits.keepalive_s, limits.request_s,
                                  tokens)  # fmt: skip
         if not self._door:
@@ -87,6 +91,7 @@ class Door:
         self._arrived = np.empty(MOST_ROWS, np.float64)
         self._headers = ctypes.create_string_buffer(MOST_ROWS * MAX_V2_HEADER)
         self._header_ends = np.empty(MOST_ROWS, np.int32)
+        self._kinds = np.empty(MOST_ROWS, np.uint8)
         self._which = ctypes.c_int()
         self.refusal_codes = [lib.fd_refusal_code(i) for i in range(REFUSALS)]
 
@@ -100,16 +105,18 @@ class Door:
         if not self._door:
             return None
         k = self._lib.fd_take(self._door, self._ids.ctypes.data, self._arrived.ctypes.data, self._headers,
-                              self._header_ends.ctypes.data, ctypes.byref(self._which))  # fmt: skip
+                              self._header_ends.ctypes.data, self._kinds.ctypes.data,
+                              ctypes.byref(self._which))  # fmt: skip
         if k <= 0:
             return None
-        buffer, ends = self._which.value, self._header_ends[:k]
-        headers = None
-        if ends[-1]:  # some are v2: each its header, a slice of the bytes that hold them all
-            joined = ctypes.string_at(self._headers, int(ends[-1]))  # (.raw would copy all 4 MiB first)
-            starts = [0, *ends[:-1].tolist()]
-            headers = [joined[start:end] for start, end in zip(starts, ends.tolist(), strict=True)]
-        return Bulk(buffer, self._rows[buffer][:k], self._ids[:k].copy(), self._arrived[:k].copy(), headers)
+        buffer, ends, kinds = self._which.value, self._header_ends[:k], self._kinds[:k]
+        if not kinds.any():  # all POST /predict
+            return Bulk(buffer, self._rows[buffer][:k], self._ids[:k].copy(), self._arrived[:k].copy(), None)
+        joined = ctypes.string_at(self._headers, int(ends[-1]))  # each its header, a slice of these (.raw: 4 MiB)
+        starts = [0, *ends[:-1].tolist()]
+        headers = [joined[start:end] for start, end in zip(starts, ends.tolist(), strict=True)]
+        return Bulk(buffer, self._rows[buffer][:k], self._ids[:k].copy(), self._arrived[:k].copy(), headers,
+                    kinds.copy())  # fmt: skip
 
     def release(self, buffer: int) -> None:
         if self._door:
@@ -117,7 +124,9 @@ class Door:
 
     def answer(self, ids: np.ndarray, bodies: list[bytes], status: bytes, heads: list[bytes]) -> None:
         """Each request of `ids` its body and its head's lines past the status and content-length (whole header
-        lines: "content-type: application/json\\r\\n"), written by the thread owning its connection."""
+        lines: "content-type: application/json\\r\\n"), written by the thread owning its connection. A gRPC
+        call's: its response message (b"": an error) and its trailers' lines ("grpc-status: 0\\r\\n"); `status`
+        is not sent."""
         if not self._door:  # closed: a batch that outlived the drain's timeout has nobody left to answer
             return
         body_ends, head_ends = _offsets(bodies), _offsets(heads)
@@ -127,7 +136,8 @@ class Door:
     def set_gets(self, answers: list[tuple[bytes, bytes, bytes, bool]]) -> None:
         """The GETs the door answers itself, each (path, status and header lines, body, whether it asks for an
         inference token): e.g. (b"/v2/models/m", b"200 OK\\r\\ncontent-type: application/json\\r\\n", b"{…}",
-        True). Set again, each replaces the one before at its place in the list."""
+        True). A gRPC call's: (its grpc_key, its trailers' lines, its response message, token). Set again, each
+        replaces the one before at its place in the list."""
         if len(answers) > MAX_GETS:
             raise ValueError(f"the front door answers at most {MAX_GETS} GETs, not {len(answers)}")
         if not self._door:
@@ -140,12 +150,20 @@ class Door:
 
     def counts(self) -> tuple[int, dict[int, int], int]:
         """(requests taken, refusals by HTTP status, connections open): totals since the door opened."""
-        counts = (ctypes.c_uint64 * (REFUSALS + 2))()
-        if not self._door:
-            return 0, dict.fromkeys(self.refusal_codes, 0), 0
-        self._lib.fd_counts(self._door, counts)
+        counts = self._counts()
         refused = {code: int(counts[1 + i]) for i, code in enumerate(self.refusal_codes)}
         return int(counts[0]), refused, int(counts[REFUSALS + 1])
+
+    def grpc_refusals(self) -> list[int]:
+        """gRPC calls refused by the C side, by status code (0..16): totals since the door opened."""
+        counts = self._counts()
+        return [int(n) for n in counts[REFUSALS + 2 :]]
+
+    def _counts(self) -> ctypes.Array[ctypes.c_uint64]:
+        counts = (ctypes.c_uint64 * (REFUSALS + 2 + GRPC_CODES))()
+        if self._door:
+            self._lib.fd_counts(self._door, counts)
+        return counts
 
     def drain(self) -> None:
         """Stop accepting; answers close their connections from now on (idle ones at their keep-alive timeout)."""
@@ -167,6 +185,11 @@ class Door:
         """Every connection of a detached door closed and its C side freed, on any thread (it joins the door's)."""
         if door:
             self._lib.fd_close(door)
+
+
+def grpc_key(method: str, request: bytes) -> bytes:
+    """What grpc.c looks a call's answer up by (find_get): its path, "?", its request message's bytes in hex."""
+    return f"/inference.GRPCInferenceService/{method}?{request.hex()}".encode()
 
 
 def _offsets(parts: list[bytes]) -> np.ndarray:

@@ -7,14 +7,15 @@ And while another bulk is out, a partial one waits for the batcher's own launch 
 before the running batch ends): taken at once, it would leave behind the clients whose answers just
 went out and who are about to send again, and they would wait a whole batch more (run 34's ResNet-50).
 A bulk is queued a largest bucket at a time, each piece answered as its batch is done. Its v2 requests'
-headers are checked first (v2_headers.py); one the HTTP port would refuse is answered so at once, and its row
-left out.
+headers and its gRPC calls' requests are checked first (v2_headers.py, grpc_calls.py); one the service's port
+would refuse is answered so at once, and its row left out.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -25,14 +26,16 @@ from app.config import Settings
 from app.dataplane import counted
 from app.errors import NotReadyError, ServiceError
 from app.front_door.answers import Answers, head_lines, status_line
-from app.front_door.door import Bulk, Door
+from app.front_door.door import GRPC, PREDICT, V2, Bulk, Door
+from app.front_door.grpc_calls import OK_TRAILERS, GrpcAnswers, GrpcAsked, GrpcHeaders, error_trailers
 from app.front_door.v2_headers import V2Headers
 from app.http.answer import error_answer
 from app.ops import metrics
 from app.protocols.v2.rest import Asked, V2Codec
 from app.service import ServedModel, Service
 
-PROTOCOL, FORM, V2_FORM, OK = "door", "raw", "v2-binary", b"200 OK"
+PROTOCOL, FORM, V2_FORM, GRPC_FORM, OK = "door", "raw", "v2-binary", "grpc", b"200 OK"
+FORMS = {PREDICT: FORM, V2: V2_FORM, GRPC: GRPC_FORM}  # a row's kind → its metrics' format
 PATH = "the front door"  # where counted() logs an unexpected error
 # The event loop's timers fire on whole milliseconds (libuv's, uvloop's): a shorter wait would last one, and
 # the seed CNN's batches, a fraction of one, would wait for it each time. Such a wait is looked at again on
@@ -42,27 +45,27 @@ TIMER_RESOLUTION_S = 0.001
 
 @dataclass(frozen=True, slots=True)
 class Requests:
-    """Some of a bulk's requests: where each answer goes, when each arrived, and which are v2 and what they ask."""
+    """Some of a bulk's requests: where each answer goes, when each arrived, their kinds and what they ask."""
 
-    ids: np.ndarray  # (k,) uint64: door.c's connection ids
+    ids: np.ndarray  # (k,) uint64: door.h's answer ids
     arrived: np.ndarray  # (k,) float64: time.monotonic()
-    v2: np.ndarray | None = None  # (k,) bool: a v2 infer (else a POST /predict); None: none is
-    asked: list[Asked | None] | None = None  # each v2 request's answer as its header asks it (None: /predict's)
+    kinds: np.ndarray | None = None  # (k,) uint8: door.PREDICT, V2 or GRPC; None: each a POST /predict
+    asked: list[Asked | GrpcAsked | None] | None = None  # each v2 or gRPC request's answer as it asks (None: /predict)
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def __getitem__(self, rows: slice | np.ndarray) -> Requests:
-        if self.v2 is None:
+        if self.kinds is None:
             return Requests(self.ids[rows], self.arrived[rows])
         asked = None if self.asked is None else [self.asked[i] for i in np.arange(len(self))[rows].tolist()]
-        return Requests(self.ids[rows], self.arrived[rows], self.v2[rows], asked)
+        return Requests(self.ids[rows], self.arrived[rows], self.kinds[rows], asked)
 
-    def forms(self) -> list[tuple[bool, slice | np.ndarray]]:
-        """(v2 or not, its rows) for each form present: the metrics count them apart, and errors differ."""
-        if self.v2 is None:
-            return [(False, slice(None))]
-        return [(v2, rows) for v2 in (False, True) if len(rows := np.flatnonzero(self.v2 == v2))]
+    def forms(self) -> list[tuple[int, slice | np.ndarray]]:
+        """(kind, its rows) for each kind present: the metrics count them apart, and their answers differ."""
+        if self.kinds is None:
+            return [(PREDICT, slice(None))]
+        return [(kind, rows) for kind in FORMS if len(rows := np.flatnonzero(self.kinds == kind))]
 
 
 class Feeder:
@@ -74,7 +77,8 @@ class Feeder:
         self.timer: asyncio.Handle | None = None  # the next pump's, while a partial bulk waits
         self.batcher: Batcher | None = None  # the last bulk's: its clock says when to take a partial one
         self.v2 = V2Codec(service)
-        self._answers: tuple[ServedModel, Answers, V2Headers] | None = None  # the default model's, rebuilt on a change
+        # The default model's answers and checks (HTTP's, then gRPC's), rebuilt when it changes.
+        self._answers: tuple[ServedModel, Answers, V2Headers, GrpcAnswers, GrpcHeaders] | None = None
 
     def pump(self) -> None:
         """Take bulks while fewer than in_flight are out (a partial one, while another is out, at the batcher's
@@ -117,8 +121,10 @@ class Feeder:
     def _queue(self, bulk: Bulk) -> None:
         """A bulk of (k, C, H, W) rows, read in place until its buffer is released, onto the batcher in pieces."""
         rows, buffer = bulk.rows, bulk.buffer
-        v2 = None if bulk.headers is None else np.array([bool(header) for header in bulk.headers])
-        requests = Requests(bulk.ids, bulk.arrived, v2)
+        kinds = bulk.kinds
+        if kinds is None and bulk.headers is not None:  # V2 where a header is (door.py's Bulk)
+            kinds = np.array([V2 if header else PREDICT for header in bulk.headers], np.uint8)
+        requests = Requests(bulk.ids, bulk.arrived, kinds)
         deadline = float(bulk.arrived[0]) + self.timeout_s  # its oldest request's
         try:
             served, batcher = self._default_model()
@@ -126,10 +132,10 @@ class Feeder:
             self._refuse(requests, error, model="")
             self.door.release(buffer)
             return
-        answers, known = self._answers_for(served, batcher)
+        answers = self._answers_for(served, batcher)
         metrics.front_door_wait(served.spec.name).observe_many(time.monotonic() - bulk.arrived)
         if bulk.headers is not None:
-            requests, rows = self._checked(requests, rows, bulk.headers, known, model=served.spec.name)
+            requests, rows = self._checked(requests, rows, bulk.headers, model=served.spec.name)
         starts = range(0, len(rows), self.full)
         if not starts:  # each was refused
             self.door.release(buffer)
@@ -147,16 +153,22 @@ class Feeder:
             served.admitted += 1  # a replaced version is freed once none is left (app/dataplane.py's admit)
             future.add_done_callback(partial(self._answered, buffer, served, answers, requests[piece]))
 
-    def _checked(self, requests: Requests, rows: np.ndarray, headers: list[bytes], known: V2Headers, *,
+    def _checked(self, requests: Requests, rows: np.ndarray, headers: list[bytes], *,
                  model: str) -> tuple[Requests, np.ndarray]:  # fmt: skip
-        """Each v2 request's header checked: one the HTTP port would refuse is refused now, and the others go on
-        (their rows copied out where some were refused)."""
-        checked = [known(header) if header else None for header in headers]
+        """Each v2 request's header and gRPC call's request checked: one the service's port would refuse is refused
+        now, and the others go on (their rows copied out where some were refused)."""
+        assert self._answers is not None and requests.kinds is not None
+        _, _, v2, _, grpc = self._answers
+        checks: dict[int, Callable[[bytes], Asked | GrpcAsked | ServiceError]] = {V2: v2, GRPC: grpc}
+        checked = [
+            None if kind == PREDICT else checks[kind](header)
+            for kind, header in zip(requests.kinds.tolist(), headers, strict=True)
+        ]
         refused = [i for i, found in enumerate(checked) if isinstance(found, ServiceError)]
         for i in refused:
             self._refuse(requests[i : i + 1], checked[i], model=model)  # type: ignore[arg-type]
-        asked = [found if isinstance(found, Asked) else None for found in checked]
-        requests = Requests(requests.ids, requests.arrived, requests.v2, asked)
+        asked = [None if isinstance(found, ServiceError) else found for found in checked]
+        requests = Requests(requests.ids, requests.arrived, requests.kinds, asked)
         if not refused:
             return requests, rows
         kept = np.setdiff1d(np.arange(len(rows)), refused)
@@ -174,13 +186,14 @@ class Feeder:
         self.batcher = batcher
         return served, batcher
 
-    def _answers_for(self, served: ServedModel, batcher: Batcher) -> tuple[Answers, V2Headers]:
+    def _answers_for(self, served: ServedModel, batcher: Batcher) -> tuple[Answers, GrpcAnswers]:
         if self._answers is None or self._answers[0] is not served:
             answers = Answers(served, batcher.engines[0].name, self.v2)
-            self._answers = (served, answers, V2Headers(self.v2, served.spec))
-        return self._answers[1], self._answers[2]
+            grpc = GrpcAnswers(served), GrpcHeaders(self.service, served)
+            self._answers = (served, answers, V2Headers(self.v2, served.spec), *grpc)
+        return self._answers[1], self._answers[3]
 
-    def _answered(self, buffer: int, served: ServedModel, answers: Answers, requests: Requests,
+    def _answered(self, buffer: int, served: ServedModel, answers: tuple[Answers, GrpcAnswers], requests: Requests,
                   future: asyncio.Future[np.ndarray]) -> None:  # fmt: skip
         """One queued piece answered (or failed); the bulk's buffer is given back with its last piece."""
         served.admitted -= 1
@@ -191,11 +204,11 @@ class Feeder:
                 failure = error if isinstance(error, Exception) else ServiceError("the request was cancelled")
                 self._refuse(requests, failure, model=model)
             else:
-                bodies, heads = answers(future.result(), requests.asked)  # from (k, classes) scores
+                bodies, heads = _bodies(*answers, future.result(), requests)  # from (k, classes) scores
                 self.door.answer(requests.ids, bodies, OK, heads)
                 waited = time.monotonic() - requests.arrived
-                for v2, rows in requests.forms():
-                    metrics.observe_requests(model, PROTOCOL, V2_FORM if v2 else FORM, "200", waited[rows])
+                for kind, rows in requests.forms():
+                    metrics.observe_requests(model, PROTOCOL, FORMS[kind], "200", waited[rows])
         except Exception as failure:  # whatever went wrong, the clients get an answer and the buffer comes back
             self._refuse(requests, failure, model=model)
         finally:
@@ -215,9 +228,31 @@ class Feeder:
         counted."""
         failure = counted(error, model, PATH, requests=len(requests))
         waited = time.monotonic() - requests.arrived
-        for v2, rows in requests.forms():
-            answer = error_answer(failure, v2=v2)
+        for kind, rows in requests.forms():
             ids = requests.ids[rows]
-            self.door.answer(ids, [answer.body] * len(ids), status_line(answer.status),
-                             [head_lines(answer.headers)] * len(ids))  # fmt: skip
-            metrics.observe_requests(model, PROTOCOL, V2_FORM if v2 else FORM, str(answer.status), waited[rows])
+            if kind == GRPC:  # no message, and the error's trailers
+                trailers, code = error_trailers(failure)
+                self.door.answer(ids, [b""] * len(ids), OK, [trailers] * len(ids))
+            else:
+                answer = error_answer(failure, v2=kind == V2)
+                code = str(answer.status)
+                self.door.answer(ids, [answer.body] * len(ids), status_line(answer.status),
+                                 [head_lines(answer.headers)] * len(ids))  # fmt: skip
+            metrics.observe_requests(model, PROTOCOL, FORMS[kind], code, waited[rows])
+
+
+def _bodies(answers: Answers, grpc: GrpcAnswers, scores: np.ndarray, requests: Requests
+            ) -> tuple[list[bytes], list[bytes]]:  # fmt: skip
+    """(k, width) scores → each request's body and head lines (a gRPC call's: its message and trailers)."""
+    if requests.kinds is None or not (calls := requests.kinds == GRPC).any():
+        return answers(scores, requests.asked)  # type: ignore[arg-type]  # no GrpcAsked among them
+    assert requests.asked is not None
+    bodies, heads = [b""] * len(scores), [OK_TRAILERS] * len(scores)
+    others, grpc_rows = np.flatnonzero(~calls).tolist(), np.flatnonzero(calls).tolist()
+    if others:
+        some = answers(scores[others], [requests.asked[i] for i in others])  # type: ignore[misc]
+        for i, body, head in zip(others, *some, strict=True):
+            bodies[i], heads[i] = body, head
+    for i, message in zip(grpc_rows, grpc(scores[grpc_rows], [requests.asked[i] for i in grpc_rows]), strict=True):  # type: ignore[misc]
+        bodies[i] = message
+    return bodies, heads

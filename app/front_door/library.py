@@ -1,7 +1,7 @@
-"""The front door's C side as a shared library: the one the settings name, or door.c built once with cc.
+"""The front door's C side as a shared library: the one the settings name, or door.c and grpc.c built once with cc.
 
 Built at first use, as torch inductor builds its C++ kernels, into ~/.cache/cgserve under a name
-holding the source's hash (a changed door.c is built again) and moved into place whole, so that
+holding the sources' hash (a changed source is built again) and moved into place whole, so that
 processes starting together never load a half-written file. The container image builds it at
 image build time and names it in CGSERVE_FRONT_DOOR_LIBRARY.
 """
@@ -15,12 +15,14 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("door.c")
+HERE = Path(__file__).parent
+SOURCES = (HERE / "door.c", HERE / "grpc.c")  # and door.h, which both include
 FLAGS = ("-O2", "-shared", "-fPIC", "-pthread")
+LIBRARIES = ("-lnghttp2",)  # HTTP/2 for grpc.c: Debian's libnghttp2-dev to build, libnghttp2-14 to run
 
 
 class BuildError(RuntimeError):
-    """door.c could not be built: no compiler, or it failed (the message says which, with its output)."""
+    """The door could not be built: no compiler, or it failed (the message says which, with its output)."""
 
 
 def door_library(configured: Path | None) -> Path:
@@ -28,7 +30,7 @@ def door_library(configured: Path | None) -> Path:
         if not configured.is_file():
             raise BuildError(f"front_door_library {configured} is not a file")
         return configured
-    source = SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in (*SOURCES, HERE / "door.h"))
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cgserve"
     built = cache / f"frontdoor-{hashlib.sha256(source).hexdigest()[:16]}.so"
     if built.is_file():
@@ -37,15 +39,18 @@ def door_library(configured: Path | None) -> Path:
     if compiler is None:
         raise BuildError(
             "front_door_port is set and no C compiler (cc) is on PATH to build app/front_door/door.c: install one "
-            "(apt install gcc), or build it elsewhere and set front_door_library"
+            "(apt install gcc libnghttp2-dev), or build it elsewhere and set front_door_library"
         )
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=cache, suffix=".so", delete=False) as partial:
         pass
     try:
-        done = subprocess.run([compiler, *FLAGS, "-o", partial.name, str(SOURCE)], capture_output=True, text=True)
+        sources = [str(path) for path in SOURCES]
+        done = subprocess.run([compiler, *FLAGS, "-o", partial.name, *sources, *LIBRARIES], capture_output=True,
+                              text=True)  # fmt: skip
         if done.returncode != 0:
-            raise BuildError(f"{compiler} could not build {SOURCE}:\n{done.stderr.strip()}")
+            hint = " (nghttp2's headers: apt install libnghttp2-dev)" if "nghttp2" in done.stderr else ""
+            raise BuildError(f"{compiler} could not build {' '.join(sources)}{hint}:\n{done.stderr.strip()}")
         os.replace(partial.name, built)  # whole, or not there
     finally:
         Path(partial.name).unlink(missing_ok=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 import orjson
@@ -22,6 +23,7 @@ from app.protocols.v2 import tensors
 from app.protocols.v2.rest import Asked, V2Codec
 from app.repository.model_spec import ModelSpec
 
+T = TypeVar("T")
 MOST_KNOWN = 1024  # distinct headers remembered (a client that sends a new id each time misses every time)
 
 
@@ -46,10 +48,10 @@ class V2Headers:
         except orjson.JSONDecodeError:
             document = None
         if not isinstance(document, dict) or "id" not in document:  # checked as it is, and known by its bytes
-            return _remember(self.known, header, lambda: self._check(header))
+            return remember(self.known, header, lambda: self._check(header))
         request_id = document.pop("id")
         rest = orjson.dumps(document)
-        found = _remember(self.known_but_id, rest, lambda: self._check(rest))
+        found = remember(self.known_but_id, rest, lambda: self._check(rest))
         if isinstance(found, ServiceError) or not isinstance(request_id, str):  # the HTTP port ignores one not a string
             return found
         try:
@@ -76,8 +78,8 @@ class V2Headers:
         return images.dtype == np.uint8 and images.shape == self.image_shape and images.tobytes() == self.probe
 
 
-def _remember(known: dict[bytes, Asked | ServiceError], key: bytes, check: Callable[[], Asked | ServiceError]
-              ) -> Asked | ServiceError:  # fmt: skip
+def remember(known: dict[bytes, T], key: bytes, check: Callable[[], T]) -> T:
+    """known[key], checked and kept where it is not yet (at most MOST_KNOWN kept)."""
     found = known.get(key)
     if found is None:
         if len(known) >= MOST_KNOWN:

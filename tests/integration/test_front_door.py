@@ -33,7 +33,7 @@ from tests.integration.server_process import ROOT, free_port, running_server, se
 def compiler() -> None:
     """The server builds door.c with cc; without one these tests skip, except on CI (.ci/run installs gcc)."""
     if shutil.which("cc") is None:
-        message = "no C compiler (cc) to build app/front_door/door.c: apt-get install gcc libc6-dev"
+        message = "no C compiler (cc) to build app/front_door/door.c: apt-get install gcc libc6-dev libnghttp2-dev"
         if os.environ.get("CI") == "true":
             pytest.fail(f"{message} (CI=true: the front door's tests must run)")
         pytest.skip(message)

@@ -170,7 +170,7 @@ class StandInDoor:
     """door.py's Door without the C side: bulks handed in by the test, answers kept."""
 
     def __init__(self, shape: tuple[int, int, int]) -> None:
-        self.shape, self.bulks = shape, []  # (rows, ids, v2 headers) each
+        self.shape, self.bulks = shape, []  # (rows, ids, headers[, kinds]) each
         self.answers: list[tuple[int, bytes, bytes, bytes]] = []  # (id, status, head lines, body)
         self.released: list[int] = []
         self.taken = 0
@@ -181,9 +181,9 @@ class StandInDoor:
     def take(self) -> Bulk | None:
         if not self.bulks:
             return None
-        rows, ids, headers = self.bulks.pop(0)
+        rows, ids, headers, *kinds = self.bulks.pop(0)
         self.taken += 1  # each bulk its own buffer, as the C side's are while Python holds them
-        return Bulk(self.taken, rows, ids, np.full(len(ids), time.monotonic()), headers)
+        return Bulk(self.taken, rows, ids, np.full(len(ids), time.monotonic()), headers, *kinds)
 
     def release(self, buffer: int) -> None:
         self.released.append(buffer)
@@ -193,9 +193,9 @@ class StandInDoor:
 
 
 def feed(bulks: list[int], settings: dict[str, Any], break_answers: bool = False,
-         headers: list[bytes] | None = None) -> StandInDoor:  # fmt: skip
+         headers: list[bytes] | None = None, kinds: np.ndarray | None = None) -> StandInDoor:  # fmt: skip
     """Bulks of that many seed-CNN images through a Feeder onto a real CPU batcher; the stand-in door, answered.
-    `headers`: the first bulk's v2 headers (b"": a POST /predict)."""
+    `headers`: the first bulk's v2 headers (b"": a POST /predict), or its rows' headers of each of `kinds`."""
     from app.front_door.feeder import Feeder
 
     async def scenario() -> StandInDoor:
@@ -208,7 +208,9 @@ def feed(bulks: list[int], settings: dict[str, Any], break_answers: bool = False
             first = 0
             for k in bulks:
                 ids = np.arange(first, first + k, dtype=np.uint64)
-                door.bulks.append((images[first : first + k], ids, headers if first == 0 else None))
+                first_bulk = first == 0
+                door.bulks.append((images[first : first + k], ids, headers if first_bulk else None,
+                                   kinds if first_bulk else None))  # fmt: skip
                 first += k
             feeder = Feeder(door, service, (1, 28, 28), service.settings)  # type: ignore[arg-type]
             if break_answers:

@@ -26,3 +26,8 @@ def test_the_front_door_needs_a_port_of_its_own_and_the_engines_beside_it() -> N
         Settings(port=9000, front_door_port=9002, workers=2)
     assert Settings(port=9000, front_door_port=9002, workers=2, engine_process=True).front_door_port == 9002
     assert Settings(port=9000, front_door_port=9002).front_door_threads == 4
+    with pytest.raises(ValidationError, match="front_door_grpc_port 9002 is also port, grpc_port or front_door_port"):
+        Settings(port=9000, front_door_port=9002, front_door_grpc_port=9002)
+    with pytest.raises(ValidationError, match="front_door_grpc_port is served by the front door's threads"):
+        Settings(port=9000, front_door_grpc_port=9003)
+    assert Settings(port=9000, front_door_port=9002, front_door_grpc_port=9003).front_door_grpc_port == 9003

@@ -102,13 +102,13 @@ class GrpcCodec:
     async def decode(self, request: Any, spec: ModelSpec) -> tuple[Images, tuple[tuple[tensors.Wanted, ...], str]]:
         """(k, C, H, W) images, and the outputs asked for (each with its top-k, 0: the values) with the call's
         id: the whole call, checked."""
-        asked = _asked_outputs(request, spec), tensors.checked_id(request.id)
+        asked = asked_outputs(request, spec), tensors.checked_id(request.id)
         settings = self.service.settings
         raw = _raw_contents(request)
         if _payload_bytes(request, raw) < LARGE_JSON_BYTES:  # as the REST path: large decodes off the loop
-            images = _input(request, raw, spec, settings.max_instances)
+            images = input_images(request, raw, spec, settings.max_instances)
         else:
-            images = await off_loop(_input, request, raw, spec, settings.max_instances)
+            images = await off_loop(input_images, request, raw, spec, settings.max_instances)
         if isinstance(images, list):  # encoded images: the uploads' decoder, on the GPU where it can be
             pixels = spec.max_image_pixels(settings.max_image_pixels)
             gpu = self.service.jpeg_decoder
@@ -119,7 +119,7 @@ class GrpcCodec:
         self, scores: np.ndarray, asked: tuple[tuple[tensors.Wanted, ...], str], served: ServedModel, engine: str
     ) -> Any:
         wanted, request_id = asked
-        return _answer(request_id, served, scores, wanted)
+        return infer_response(request_id, served, scores, wanted)
 
     def failure(self, error: ServiceError) -> tuple[Any, str]:
         code = STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL)
@@ -188,15 +188,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerMetadataResponse(**tensors.server_metadata())
 
     async def ModelMetadata(self, request: Any, context: Any) -> pb.ModelMetadataResponse:
-        served = await self._model(request.name, request.version, context)
-        versions = sorted(self.service.versions[served.spec.name], key=int)
-        return pb.ModelMetadataResponse(**tensors.model_metadata(served.spec, _platform(served), versions))
+        return metadata_response(self.service, await self._model(request.name, request.version, context))
 
     async def ModelConfig(self, request: Any, context: Any) -> pb.ModelConfigResponse:
-        served = await self._model(request.name, request.version, context)
-        options = served.options
-        config = tensors.model_config(served.spec, _platform(served), options.buckets, options.max_delay_ms)
-        return pb.ModelConfigResponse(config=pb.ModelConfig(**config))
+        return config_response(await self._model(request.name, request.version, context))
 
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
         answer = await self._infer(GrpcCodec(self.service, context), request, context, "ModelInfer")
@@ -283,6 +278,17 @@ def _platform(served: ServedModel) -> str:
     return f"cudagraph-serve_{served.options.engine}"
 
 
+def metadata_response(service: Service, served: ServedModel) -> pb.ModelMetadataResponse:
+    versions = sorted(service.versions[served.spec.name], key=int)
+    return pb.ModelMetadataResponse(**tensors.model_metadata(served.spec, _platform(served), versions))
+
+
+def config_response(served: ServedModel) -> pb.ModelConfigResponse:
+    options = served.options
+    config = tensors.model_config(served.spec, _platform(served), options.buckets, options.max_delay_ms)
+    return pb.ModelConfigResponse(config=pb.ModelConfig(**config))
+
+
 def _rows(request: Any) -> int:
     """The images a stream's request carries, as its first input's shape says (1 where it says nothing usable:
     such a request is refused by its decode, not weighed)."""
@@ -326,7 +332,7 @@ def connection_options(settings: Settings) -> list[tuple[str, int]]:
     ]
 
 
-def _input(request: Any, raw: bytes | None, spec: ModelSpec, max_instances: int) -> np.ndarray | list[bytes]:
+def input_images(request: Any, raw: bytes | None, spec: ModelSpec, max_instances: int) -> np.ndarray | list[bytes]:
     """The request's one input (`raw`: its raw contents, `_raw_contents`) as images, or encoded images."""
     if len(request.inputs) != 1:
         raise InputError(f"the request has {len(request.inputs)} inputs", expected=tensors.expected(spec))
@@ -371,7 +377,7 @@ def _input(request: Any, raw: bytes | None, spec: ModelSpec, max_instances: int)
     )
 
 
-def _asked_outputs(request: Any, spec: ModelSpec) -> tuple[tensors.Wanted, ...]:
+def asked_outputs(request: Any, spec: ModelSpec) -> tuple[tensors.Wanted, ...]:
     """The outputs the call names, each with its top-k (0: the values), every output where it names none;
     InputError for an unknown output, a repeated one (200,000 repeats made an answer of as many copies), a
     malformed count or a classification of what is not class scores."""
@@ -397,7 +403,7 @@ def _asked_outputs(request: Any, spec: ModelSpec) -> tuple[tensors.Wanted, ...]:
     return tuple(wanted) or tuple(tensors.Wanted(name, 0, True) for name in spec.layout.names)
 
 
-def _answer(
+def infer_response(
     request_id: str, served: ServedModel, probabilities: np.ndarray, wanted: tuple[tensors.Wanted, ...]
 ) -> pb.ModelInferResponse:
     spec = served.spec

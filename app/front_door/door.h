@@ -1,0 +1,158 @@
+/* What door.c (HTTP/1.1) and grpc.c (HTTP/2, gRPC) share: the door, its connections, and the calls between them. */
+#ifndef CGSERVE_DOOR_H
+#define CGSERVE_DOOR_H
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_FD 65536
+#define MAX_THREADS 64
+#define MAX_HEAD 8192
+#define MAX_V2_HEADER 4096 /* a v2 request's JSON inference header (Triton's clients send ~250 bytes) */
+#define MAX_GETS 64        /* the answers Python sets (fd_set_get): the v2 metadata a client reads first */
+#define MAX_BUFFERS 16
+#define MAX_TOKENS 64
+#define SWEEP_S 0.25
+#define LINGER_S 2.0 /* a refused connection's input is read and dropped this long at most */
+
+enum { CLOSED = 0, IDLE = 1, IN_FLIGHT = 2, LINGERING = 3 };
+/* A bulk row's request: what Python reads its header as, and answers it in. */
+enum { KIND_PREDICT = 0, KIND_V2 = 1, KIND_GRPC = 2 };
+/* gRPC's status codes 0..16, the refusals grpc.c answers by itself counted by code (fd_counts, after HTTP's). */
+#define GRPC_CODES 17
+/* An answer's id (a bulk row's, fd_answer's): an HTTP/1.1 request's is its connection's generation << 32 | fd; a
+ * gRPC call's has the top bit set, then 16 bits of its connection's generation, its stream (31 bits) and its fd. */
+#define H2_ID (1ULL << 63)
+/* The statuses the C side answers by itself, counted for Prometheus (fd_counts, in this order). */
+enum { R400, R401, R404, R405, R408, R411, R413, R415, R422, R431, R503, REFUSALS };
+static const int refusal_codes[REFUSALS] = {400, 401, 404, 405, 408, 411, 413, 415, 422, 431, 503};
+
+typedef struct { int which; const char *code, *message, *extra_head; } refusal_t;
+
+/* A POST's head, parsed once it is whole: later reads while its body arrives only count bytes. */
+typedef struct {
+    size_t len;          /* the head's bytes, its blank line included; 0: not yet whole */
+    size_t body_len;     /* Content-Length */
+    size_t header_len;   /* a v2 request's JSON inference header (0: a POST /predict) */
+    int v2;              /* refused in the protocol's error shape */
+    refusal_t refusal;   /* what the head asks that the door refuses (TAKEN: nothing), answered once the body is in */
+} head_t;
+
+typedef struct {
+    pthread_mutex_t mu;  /* the fields below: the owning thread's, but for an answer's hand-over */
+    uint32_t gen;        /* bumped at each accept, close and request taken: an answer for another is dropped */
+    int state;
+    int eof;             /* the client sent its last byte (it may still read): out of epoll, closed once idle */
+    int close_after;     /* HTTP/1.0, `connection: close`, or draining: closed once answered */
+    int paused;          /* out of epoll while in flight with a full buffer: read again once answered */
+    int out_closes;      /* the answer being written said `connection: close`: closed once written */
+    int epfd;            /* the owning thread's epoll */
+    int owner;           /* the owning thread's index: its outbox gets the connection's answers */
+    double since;        /* the request being read: its first byte; idle: its last answer; an answer's
+                          * rest waiting for the socket: when it first had to wait */
+    size_t len, cap;
+    char *buf;
+    head_t head;         /* the request being read: its head, parsed once whole (head.len 0 until then) */
+    char *out;           /* an answer's rest, where the socket took only part of it */
+    size_t out_len, out_off;
+    struct h2 *h2;       /* an HTTP/2 connection (gRPC): its session and calls (grpc.c); NULL: HTTP/1.1 */
+} conn_t;
+
+/* One GET the door answers itself, as Python set it: a v2 client (perf_analyzer, Triton's) reads the model's
+ * metadata and configuration from the address it then sends its inferences to. */
+typedef struct {
+    char *path;
+    char *head;  /* the status line's rest ("200 OK") and whole header lines, without the length */
+    char *body;
+    size_t body_len;
+    int token;   /* asks for an inference token, where tokens are set */
+} get_t;
+
+typedef struct {
+    int fd;
+    uint32_t gen;
+    int closes; /* it says `connection: close` */
+    size_t len;
+    char *text; /* the whole response, head and body; a gRPC call's: its response message (none: an error) */
+    int32_t stream;    /* a gRPC call's HTTP/2 stream (0: an HTTP/1.1 answer) */
+    char *trailers;    /* a gRPC call's trailers as header lines ("grpc-status: 0\r\n") */
+    size_t trailers_len;
+} reply_t;
+
+typedef struct {
+    pthread_mutex_t mu;
+    reply_t *items;
+    int n, cap;
+    int efd; /* written when the outbox turns non-empty: in its thread's epoll */
+} outbox_t;
+
+typedef struct {
+    int lfd, efd, threads, row_bytes, max_rows, max_conns;
+    int glfd;                     /* the gRPC listener (HTTP/2 without TLS), or -1 */
+    int full_rows;                /* the eventfd is written at the first row of a bulk and again at this many */
+    double keepalive_s, request_s;
+    char path[256], v2_path[256]; /* "/predict"; "/v2/models/<default model>/infer" */
+    size_t path_len, v2_path_len;
+    char *tokens[MAX_TOKENS];
+    size_t token_lens[MAX_TOKENS];
+    int n_tokens;
+    pthread_mutex_t gets_mu;      /* the GET answers: set by Python's thread, read by the door's */
+    get_t gets[MAX_GETS];
+    int stop, draining;           /* __atomic: set by Python's thread, read by the door's */
+    int open_conns;               /* under table_mu */
+    int high_fd;                  /* the highest fd accepted (__atomic): sweeps look no further */
+    int spare_fd;                 /* held open, closed to accept one connection over the open-file limit */
+    pthread_t tids[MAX_THREADS];
+    int epfds[MAX_THREADS];
+    outbox_t outboxes[MAX_THREADS];
+    conn_t *conns[MAX_FD];
+    pthread_mutex_t table_mu; /* conns[] slots' creation (a slot lives until fd_close, reused by its fd) */
+    pthread_mutex_t accept_mu; /* one accept4 at a time: the spare descriptor's dance (refuse_over_limit) */
+    pthread_mutex_t bulk_mu;  /* the bulk below, and the counts */
+    int buffers;
+    uint8_t *buffer[MAX_BUFFERS]; /* max_rows × row_bytes each: the bulk being filled, or taken by Python */
+    int taken[MAX_BUFFERS];       /* Python reads it until fd_release */
+    int copying[MAX_BUFFERS];     /* rows being copied in outside the lock */
+    int filling;                  /* the bulk's buffer */
+    int bulk_n;
+    uint64_t *bulk_ids;           /* gen << 32 | fd */
+    double *bulk_arrived;         /* CLOCK_MONOTONIC seconds: Python's time.monotonic() */
+    char *bulk_headers;           /* the v2 requests' JSON headers, one after another (max_rows × MAX_V2_HEADER) */
+    int32_t *bulk_header_ends;    /* row i's header is bulk_headers[ends[i - 1]:ends[i]] (empty: POST /predict) */
+    uint8_t *bulk_kinds;          /* KIND_PREDICT, KIND_V2 or KIND_GRPC */
+    uint64_t requests, refused[REFUSALS], grpc_refused[GRPC_CODES];
+} door_t;
+
+/* door.c's, for grpc.c. */
+double now_s(void);
+static inline int load(const int *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+void close_conn(door_t *d, conn_t *c, int fd);
+void watch(conn_t *c, int fd, uint32_t events);
+int token_ok(door_t *d, const char *value, size_t len);
+/* One request's pixels (row_bytes) and header into the bulk being filled: 1, or 0 where the bulk is full. */
+int add_row(door_t *d, uint64_t id, uint8_t kind, const char *header, size_t header_len, const char *pixels);
+/* A copy of the answer Python set for `key`, with its head and body, or 0 (none; -1: it needs a token not given). */
+int find_get(door_t *d, const char *key, size_t key_len, const char *authorization, size_t authorization_len,
+             char **head, char **body, size_t *body_len);
+
+/* grpc.c's, for door.c. */
+int h2_open(door_t *d, conn_t *c, int fd);          /* the session of a connection just accepted: 0 failed */
+void h2_serve(door_t *d, conn_t *c, int fd);        /* its socket is readable or writable */
+void h2_reply(door_t *d, conn_t *c, reply_t *r);    /* an answer Python handed over, in the owning thread */
+void h2_sweep(door_t *d, conn_t *c, int fd, double now); /* idle, stalled and draining connections closed */
+void h2_free(conn_t *c);                            /* from close_conn */
+#endif

@@ -1,0 +1,501 @@
+/* gRPC on the front door: HTTP/2 (nghttp2) in the door's own threads, for the call that is most of a gRPC
+ * client's traffic: ModelInfer of the default model with one image's uint8 pixels as its one
+ * raw_input_contents entry (Triton's clients and perf_analyzer send a UINT8 input so).
+ *
+ * A connection accepted on the gRPC listener gets an nghttp2 server session, driven by its owning thread as
+ * door.c drives an HTTP/1.1 connection: bytes read go into nghttp2_session_mem_recv, whose callbacks gather each
+ * call's headers and message; bytes nghttp2_session_mem_send gives go out, and what the socket does not take waits
+ * in c->out for EPOLLOUT. nghttp2 does HPACK, flow control, SETTINGS, PING and GOAWAY; its session is only ever
+ * touched by the owning thread (Python's answers reach it through the thread's outbox, as HTTP/1.1's do).
+ *
+ * A ModelInfer message is walked as protobuf without a schema: its one field 7 (raw_input_contents) is the row,
+ * copied into the bulk; every other field, as sent, is the row's header, which Python parses and checks once per
+ * distinct header (app/front_door/grpc_headers.py), as a v2 request's JSON header is. Python answers each call
+ * with its ModelInferResponse message and its trailers ("grpc-status: 0"), or with no message and an error's
+ * trailers. Other calls of GRPCInferenceService (a client's ServerLive, ModelMetadata, ModelConfig, ModelReady
+ * before its inferences) get the answer Python set for the method and that very request (find_get's key: the
+ * path, "?", the request's bytes in hex), a second stale at most; any other call is UNIMPLEMENTED and names the
+ * service's gRPC port, which serves everything.
+ *
+ * Limits: at most MAX_STREAMS calls a connection at once (its SETTINGS); a call's message at most one image and
+ * a 4 KiB header (ModelInfer) or MAX_SMALL_MESSAGE (the rest); a call must arrive whole within `request_s` of
+ * the connection's last byte, and a connection without calls is closed after `keepalive_s`; tokens as HTTP's
+ * (`authorization: Bearer …` metadata). A drain sends GOAWAY: calls begun are answered, then it closes.
+ */
+#include "door.h"
+
+#include <nghttp2/nghttp2.h>
+
+#define SERVICE "/inference.GRPCInferenceService/"
+#define INFER SERVICE "ModelInfer"
+#define MAX_STREAMS 256
+#define MAX_SMALL_MESSAGE 4096 /* a call other than ModelInfer: a model's name and version */
+#define MAX_PATH 128
+#define MAX_AUTH 1024
+#define READS_A_TURN 16 /* 64 KiB reads of one connection before the thread's other connections */
+
+/* gRPC's status codes, the ones sent here. */
+enum { OK = 0, INVALID_ARGUMENT = 3, UNIMPLEMENTED = 12, INTERNAL = 13, UNAVAILABLE = 14, UNAUTHENTICATED = 16 };
+
+typedef struct call {
+    struct call *prev, *next; /* the connection's calls, freed with it (nghttp2_session_del frees no user data) */
+    int32_t stream;
+    char path[MAX_PATH];
+    size_t path_len;        /* 0: none, or longer than MAX_PATH */
+    int post, grpc;         /* :method POST; content-type application/grpc… */
+    char auth[MAX_AUTH];
+    size_t auth_len;
+    char *message;          /* its body: the 5-byte gRPC prefix and the request */
+    size_t len, cap;
+    int too_large, ended;   /* more than cap came; the client's last frame came */
+    int taken;              /* its row is in a bulk: Python answers it */
+    char *out;              /* the answer's DATA: the gRPC prefix and the response */
+    size_t out_len, out_off;
+    char *trailers;         /* its trailers as header lines, sent after the DATA */
+    size_t trailers_len;
+} call_t;
+
+struct h2 {
+    door_t *d;
+    conn_t *c;
+    int fd;
+    nghttp2_session *s;
+    call_t *calls;          /* open streams */
+    int open, receiving;    /* calls open; of them, not yet whole */
+    int goaway;             /* a drain's GOAWAY sent */
+    uint32_t events;        /* as last put in epoll */
+};
+
+/* The calls of an answer: `lines` ("name: value\r\n"…) as nghttp2's pairs, pointing into `lines`; at most `most`. */
+static int parse_lines(char *lines, size_t len, nghttp2_nv *nv, int most) {
+    int n = 0;
+    char *p = lines, *end = lines + len;
+    while (p < end && n < most) {
+        char *eol = memmem(p, (size_t)(end - p), "\r\n", 2);
+        char *colon = memchr(p, ':', (size_t)((eol ? eol : end) - p));
+        if (!eol || !colon) break;
+        char *value = colon + 1;
+        while (value < eol && *value == ' ') value++;
+        nv[n++] = (nghttp2_nv){(uint8_t *)p, (uint8_t *)value, (size_t)(colon - p), (size_t)(eol - value),
+                               NGHTTP2_NV_FLAG_NONE};
+        p = eol + 2;
+    }
+    return n;
+}
+
+#define NV(name, value) {(uint8_t *)(name), (uint8_t *)(value), sizeof(name) - 1, sizeof(value) - 1, NGHTTP2_NV_FLAG_NONE}
+
+static ssize_t read_answer(nghttp2_session *s, int32_t stream, uint8_t *buf, size_t length, uint32_t *flags,
+                           nghttp2_data_source *source, void *user_data) {
+    (void)user_data;
+    call_t *call = source->ptr;
+    size_t n = call->out_len - call->out_off;
+    if (n > length) n = length;
+    memcpy(buf, call->out + call->out_off, n);
+    call->out_off += n;
+    if (call->out_off == call->out_len) { /* the trailers end the stream */
+        *flags |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM;
+        nghttp2_nv nv[4];
+        int k = parse_lines(call->trailers, call->trailers_len, nv, 4);
+        if (nghttp2_submit_trailer(s, stream, nv, (size_t)k) != 0) return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    }
+    return (ssize_t)n;
+}
+
+/* A call answered: its response message (none: an error, sent as trailers only) and its trailers' lines. */
+static void respond(struct h2 *h, call_t *call, const char *message, size_t len, const char *lines, size_t lines_len) {
+    call->trailers = malloc(lines_len + 1);
+    memcpy(call->trailers, lines, lines_len);
+    call->trailers_len = lines_len;
+    if (len == 0) { /* trailers only: one HEADERS that ends the stream */
+        nghttp2_nv nv[6] = {NV(":status", "200"), NV("content-type", "application/grpc")};
+        int k = 2 + parse_lines(call->trailers, call->trailers_len, nv + 2, 4);
+        nghttp2_submit_response(h->s, call->stream, nv, (size_t)k, NULL);
+        return;
+    }
+    call->out = malloc(5 + len);
+    call->out[0] = 0; /* not compressed */
+    uint32_t n = (uint32_t)len;
+    call->out[1] = (char)(n >> 24); call->out[2] = (char)(n >> 16); call->out[3] = (char)(n >> 8); call->out[4] = (char)n;
+    memcpy(call->out + 5, message, len);
+    call->out_len = 5 + len;
+    call->out_off = 0;
+    nghttp2_nv nv[2] = {NV(":status", "200"), NV("content-type", "application/grpc")};
+    nghttp2_data_provider body = {.source.ptr = call, .read_callback = read_answer};
+    nghttp2_submit_response(h->s, call->stream, nv, 2, &body);
+}
+
+/* A call refused here, counted by its code; `message` percent-encoded as grpc-message asks (it is ASCII). */
+static void refuse_call(struct h2 *h, call_t *call, int code, const char *message) {
+    char lines[1024];
+    int n = snprintf(lines, sizeof lines, "grpc-status: %d\r\ngrpc-message: ", code);
+    for (const char *m = message; *m && n < (int)sizeof lines - 8; m++)
+        n += *m == '%' || *m < 0x20 || *m > 0x7e ? snprintf(lines + n, 4, "%%%02X", (unsigned char)*m)
+                                                 : (lines[n] = *m, 1);
+    n += snprintf(lines + n, sizeof lines - (size_t)n, "\r\n");
+    pthread_mutex_lock(&h->d->bulk_mu);
+    h->d->grpc_refused[code]++;
+    pthread_mutex_unlock(&h->d->bulk_mu);
+    respond(h, call, NULL, 0, lines, (size_t)n);
+}
+
+static int varint(const uint8_t *p, size_t n, size_t *at, uint64_t *value) {
+    *value = 0;
+    for (int shift = 0; shift < 64 && *at < n; shift += 7) {
+        uint8_t b = p[(*at)++];
+        *value |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) return 1;
+    }
+    return 0;
+}
+
+/* A ModelInferRequest walked as protobuf: its raw_input_contents entries (field 7) counted, the last in *raw; every
+ * other field copied as sent into `header` (at most MAX_V2_HEADER). NULL, or what is wrong with it. */
+static const char *split_request(const uint8_t *p, size_t n, const uint8_t **raw, size_t *raw_len, int *raws,
+                                 char *header, size_t *header_len) {
+    size_t at = 0;
+    *raws = 0;
+    *header_len = 0;
+    while (at < n) {
+        size_t start = at;
+        uint64_t tag, len = 0;
+        if (!varint(p, n, &at, &tag)) return "the request is not a ModelInferRequest (a field's tag is cut short)";
+        switch (tag & 7) {
+        case 0: if (!varint(p, n, &at, &len)) return "the request is not a ModelInferRequest (a varint is cut short)"; break;
+        case 1: at += 8; break;
+        case 5: at += 4; break;
+        case 2:
+            if (!varint(p, n, &at, &len) || len > n - at)
+                return "the request is not a ModelInferRequest (a field is longer than the message)";
+            if (tag >> 3 == 7) {
+                *raw = p + at;
+                *raw_len = (size_t)len;
+                ++*raws;
+            }
+            at += (size_t)len;
+            break;
+        default: return "the request is not a ModelInferRequest (a field of an unknown wire type)";
+        }
+        if (at > n) return "the request is not a ModelInferRequest (a field is longer than the message)";
+        if (tag >> 3 == 7 && (tag & 7) == 2) continue;
+        if (*header_len + (at - start) > MAX_V2_HEADER)
+            return "the request's fields other than raw_input_contents are over 4 KiB";
+        memcpy(header + *header_len, p + start, at - start);
+        *header_len += at - start;
+    }
+    return NULL;
+}
+
+/* A whole ModelInfer call: its row into the bulk, or refused. */
+static void take_infer(struct h2 *h, call_t *call, const uint8_t *request, size_t len) {
+    door_t *d = h->d;
+    const uint8_t *raw = NULL;
+    size_t raw_len = 0, header_len = 0;
+    int raws = 0;
+    char header[MAX_V2_HEADER];
+    const char *wrong = split_request(request, len, &raw, &raw_len, &raws, header, &header_len);
+    if (wrong) { refuse_call(h, call, INVALID_ARGUMENT, wrong); return; }
+    if (raws != 1 || raw_len != (size_t)d->row_bytes) {
+        char text[512];
+        snprintf(text, sizeof text,
+                 "the front door takes one image's uint8 pixels (%d bytes) as the one raw_input_contents entry, not "
+                 "%d entries%s; send other requests to the service's gRPC port",
+                 d->row_bytes, raws, raws == 1 ? " of another length" : "");
+        refuse_call(h, call, INVALID_ARGUMENT, text);
+        return;
+    }
+    uint64_t id = H2_ID | ((uint64_t)(h->c->gen & 0xffff) << 47) | ((uint64_t)(uint32_t)call->stream << 16) |
+                  (uint64_t)h->fd;
+    if (!add_row(d, id, KIND_GRPC, header, header_len, (const char *)raw)) {
+        refuse_call(h, call, UNAVAILABLE, "the front door holds as many images as it may; retry");
+        return;
+    }
+    call->taken = 1;
+    free(call->message); /* copied into the bulk */
+    call->message = NULL;
+    call->len = call->cap = 0;
+}
+
+/* Another call of the service: the answer Python set for this method and request, or UNIMPLEMENTED. */
+static void answer_set(struct h2 *h, call_t *call, const uint8_t *request, size_t len) {
+    char key[MAX_PATH + 1 + 2 * MAX_SMALL_MESSAGE + 1];
+    memcpy(key, call->path, call->path_len);
+    size_t n = call->path_len;
+    key[n++] = '?';
+    for (size_t i = 0; i < len; i++) n += (size_t)snprintf(key + n, 3, "%02x", request[i]);
+    char *head = NULL, *body = NULL;
+    size_t body_len = 0;
+    int found = find_get(h->d, key, n, call->auth_len ? call->auth : NULL, call->auth_len, &head, &body, &body_len);
+    if (found < 0) { refuse_call(h, call, UNAUTHENTICATED, "the bearer token is missing or not one of the inference tokens"); return; }
+    if (!found) {
+        refuse_call(h, call, UNIMPLEMENTED,
+                    "the front door answers ModelInfer of its model with one UINT8 image, and its model's metadata, "
+                    "configuration and readiness; send this call to the service's gRPC port");
+        return;
+    }
+    if (body_len) respond(h, call, body, body_len, head, strlen(head));
+    else respond(h, call, NULL, 0, head, strlen(head));
+    free(head);
+    free(body);
+}
+
+/* The client's last frame of a call came: answered here, or its row taken. */
+static void call_ended(struct h2 *h, call_t *call) {
+    door_t *d = h->d;
+    if (load(&d->draining)) { refuse_call(h, call, UNAVAILABLE, "the server is stopping: send again, elsewhere"); return; }
+    if (!call->post || !call->grpc || !call->path_len) {
+        refuse_call(h, call, INVALID_ARGUMENT, "the call is not a gRPC POST (content-type application/grpc) to a method");
+        return;
+    }
+    int infer = call->path_len == sizeof INFER - 1 && memcmp(call->path, INFER, call->path_len) == 0;
+    if (infer && d->n_tokens && !(call->auth_len && token_ok(d, call->auth, call->auth_len))) {
+        refuse_call(h, call, UNAUTHENTICATED,
+                    call->auth_len ? "the bearer token is not one of the inference tokens" : "the call has no bearer token");
+        return;
+    }
+    const uint8_t *m = (const uint8_t *)call->message;
+    uint32_t n = call->len >= 5 ? (uint32_t)m[1] << 24 | (uint32_t)m[2] << 16 | (uint32_t)m[3] << 8 | m[4] : 0;
+    if (call->too_large) {
+        refuse_call(h, call, INVALID_ARGUMENT,
+                    infer ? "the message is larger than one image's uint8 pixels and its request: send batches, FP32 "
+                            "and encoded images to the service's gRPC port"
+                          : "the request is larger than the front door reads for this method");
+        return;
+    }
+    if (call->len < 5 || n != call->len - 5) {
+        refuse_call(h, call, INVALID_ARGUMENT, "the call's body is not one gRPC message (5-byte prefix, then its length)");
+        return;
+    }
+    if (m[0] != 0) {
+        refuse_call(h, call, UNIMPLEMENTED, "the front door takes uncompressed messages; send compressed ones to the "
+                                            "service's gRPC port");
+        return;
+    }
+    if (infer) take_infer(h, call, m + 5, n);
+    else if (call->path_len > sizeof SERVICE - 1 && memcmp(call->path, SERVICE, sizeof SERVICE - 1) == 0)
+        answer_set(h, call, m + 5, n);
+    else
+        refuse_call(h, call, UNIMPLEMENTED, "the front door serves inference.GRPCInferenceService only");
+}
+
+static int on_begin_headers(nghttp2_session *s, const nghttp2_frame *frame, void *user_data) {
+    struct h2 *h = user_data;
+    if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
+    call_t *call = calloc(1, sizeof *call);
+    call->stream = frame->hd.stream_id;
+    call->next = h->calls;
+    if (h->calls) h->calls->prev = call;
+    h->calls = call;
+    h->open++;
+    h->receiving++;
+    nghttp2_session_set_stream_user_data(s, frame->hd.stream_id, call);
+    return 0;
+}
+
+static int is(const uint8_t *name, size_t len, const char *want) {
+    return len == strlen(want) && memcmp(name, want, len) == 0;
+}
+
+static int on_header(nghttp2_session *s, const nghttp2_frame *frame, const uint8_t *name, size_t name_len,
+                     const uint8_t *value, size_t value_len, uint8_t flags, void *user_data) {
+    (void)flags; (void)user_data;
+    call_t *call = nghttp2_session_get_stream_user_data(s, frame->hd.stream_id);
+    if (!call || frame->headers.cat != NGHTTP2_HCAT_REQUEST) return 0; /* a client's trailers: nothing read */
+    if (is(name, name_len, ":path")) {
+        call->path_len = value_len < MAX_PATH ? value_len : 0;
+        memcpy(call->path, value, call->path_len);
+    } else if (is(name, name_len, ":method")) {
+        call->post = value_len == 4 && memcmp(value, "POST", 4) == 0;
+    } else if (is(name, name_len, "content-type")) {
+        call->grpc = value_len >= 16 && memcmp(value, "application/grpc", 16) == 0 &&
+                     (value_len == 16 || value[16] == '+' || value[16] == ';');
+    } else if (is(name, name_len, "authorization")) {
+        call->auth_len = value_len < MAX_AUTH ? value_len : 0;
+        memcpy(call->auth, value, call->auth_len);
+    }
+    return 0;
+}
+
+static int on_data(nghttp2_session *s, uint8_t flags, int32_t stream, const uint8_t *data, size_t len,
+                   void *user_data) {
+    (void)flags;
+    struct h2 *h = user_data;
+    call_t *call = nghttp2_session_get_stream_user_data(s, stream);
+    if (!call || call->too_large) return 0;
+    int infer = call->path_len == sizeof INFER - 1 && memcmp(call->path, INFER, call->path_len) == 0;
+    size_t most = infer ? 5 + (size_t)h->d->row_bytes + MAX_V2_HEADER + 64 : 5 + MAX_SMALL_MESSAGE;
+    if (call->len + len > most) { /* dropped as it comes; refused once whole */
+        call->too_large = 1;
+        free(call->message);
+        call->message = NULL;
+        call->len = call->cap = 0;
+        return 0;
+    }
+    if (!call->message) {
+        call->cap = most;
+        call->message = malloc(most);
+    }
+    memcpy(call->message + call->len, data, len);
+    call->len += len;
+    return 0;
+}
+
+static int on_frame(nghttp2_session *s, const nghttp2_frame *frame, void *user_data) {
+    struct h2 *h = user_data;
+    if ((frame->hd.type != NGHTTP2_DATA && frame->hd.type != NGHTTP2_HEADERS) ||
+        !(frame->hd.flags & NGHTTP2_FLAG_END_STREAM))
+        return 0;
+    call_t *call = nghttp2_session_get_stream_user_data(s, frame->hd.stream_id);
+    if (!call || call->ended) return 0;
+    call->ended = 1;
+    h->receiving--;
+    call_ended(h, call);
+    return 0;
+}
+
+static void free_call(call_t *call) {
+    free(call->message);
+    free(call->out);
+    free(call->trailers);
+    free(call);
+}
+
+static int on_close(nghttp2_session *s, int32_t stream, uint32_t error_code, void *user_data) {
+    (void)error_code;
+    struct h2 *h = user_data;
+    call_t *call = nghttp2_session_get_stream_user_data(s, stream);
+    if (!call) return 0;
+    if (!call->ended) h->receiving--;
+    h->open--;
+    if (call->prev) call->prev->next = call->next;
+    else h->calls = call->next;
+    if (call->next) call->next->prev = call->prev;
+    free_call(call);
+    return 0;
+}
+
+static void want(struct h2 *h, uint32_t events) {
+    if (h->events != events) {
+        watch(h->c, h->fd, events);
+        h->events = events;
+    }
+}
+
+/* With c->mu held: what nghttp2 has to send, sent as far as the socket takes it; the rest waits in c->out. Closed
+ * where the session is done (both sides' GOAWAY, or an error it answered). */
+static void flush(door_t *d, conn_t *c, int fd) {
+    struct h2 *h = c->h2;
+    for (;;) {
+        while (c->out_off < c->out_len) {
+            ssize_t w = send(fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
+            if (w > 0) { c->out_off += (size_t)w; continue; }
+            if (w < 0 && errno == EINTR) continue;
+            if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+                want(h, EPOLLIN | EPOLLOUT | EPOLLRDHUP);
+                return;
+            }
+            close_conn(d, c, fd);
+            return;
+        }
+        c->out_len = c->out_off = 0;
+        const uint8_t *data;
+        ssize_t n = nghttp2_session_mem_send(h->s, &data);
+        if (n < 0) { close_conn(d, c, fd); return; }
+        if (n == 0) break;
+        ssize_t w;
+        do w = send(fd, data, (size_t)n, MSG_NOSIGNAL); while (w < 0 && errno == EINTR);
+        if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK) { close_conn(d, c, fd); return; }
+        if (w < n) { /* the rest, kept: nghttp2's pointer lives until its next call */
+            size_t rest = (size_t)(n - (w > 0 ? w : 0));
+            free(c->out);
+            c->out = malloc(rest);
+            memcpy(c->out, data + (n - (ssize_t)rest), rest);
+            c->out_len = rest;
+            c->out_off = 0;
+        }
+    }
+    if (!nghttp2_session_want_read(h->s) && !nghttp2_session_want_write(h->s)) { close_conn(d, c, fd); return; }
+    want(h, EPOLLIN | EPOLLRDHUP);
+}
+
+int h2_open(door_t *d, conn_t *c, int fd) {
+    struct h2 *h = calloc(1, sizeof *h);
+    h->d = d; h->c = c; h->fd = fd;
+    h->events = EPOLLIN | EPOLLRDHUP; /* as accept_all adds it */
+    nghttp2_session_callbacks *callbacks;
+    nghttp2_session_callbacks_new(&callbacks);
+    nghttp2_session_callbacks_set_on_begin_headers_callback(callbacks, on_begin_headers);
+    nghttp2_session_callbacks_set_on_header_callback(callbacks, on_header);
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, on_data);
+    nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks, on_frame);
+    nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, on_close);
+    int failed = nghttp2_session_server_new(&h->s, callbacks, h);
+    nghttp2_session_callbacks_del(callbacks);
+    if (failed) { free(h); return 0; }
+    /* A call's window holds its whole message (one image and its request), so that a client sends it at once;
+     * the connection's, every call's at once. */
+    int32_t call_window = 2 * (d->row_bytes + MAX_V2_HEADER) + 65535;
+    nghttp2_settings_entry settings[] = {
+        {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, MAX_STREAMS},
+        {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, (uint32_t)call_window},
+    };
+    int64_t window = (int64_t)call_window * MAX_STREAMS;
+    nghttp2_submit_settings(h->s, NGHTTP2_FLAG_NONE, settings, 2);
+    nghttp2_session_set_local_window_size(h->s, NGHTTP2_FLAG_NONE, 0, window < (1 << 30) ? (int32_t)window : 1 << 30);
+    c->h2 = h;
+    return 1;
+}
+
+void h2_serve(door_t *d, conn_t *c, int fd) {
+    struct h2 *h = c->h2;
+    uint8_t buf[65536];
+    for (int reads = 0; reads < READS_A_TURN; reads++) {
+        ssize_t r = read(fd, buf, sizeof buf);
+        if (r > 0) {
+            c->since = now_s();
+            if (nghttp2_session_mem_recv(h->s, buf, (size_t)r) < 0) { close_conn(d, c, fd); return; }
+            continue;
+        }
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+        close_conn(d, c, fd); /* its client is gone: the answers of its calls go nowhere */
+        return;
+    }
+    flush(d, c, fd);
+}
+
+void h2_reply(door_t *d, conn_t *c, reply_t *r) {
+    struct h2 *h = c->h2;
+    call_t *call = h && (c->gen & 0xffff) == r->gen ? nghttp2_session_get_stream_user_data(h->s, r->stream) : NULL;
+    if (call && call->taken && !call->out && !call->trailers) {
+        respond(h, call, r->text, r->len, r->trailers, r->trailers_len);
+        flush(d, c, r->fd);
+    }
+    free(r->text);
+    free(r->trailers);
+}
+
+void h2_sweep(door_t *d, conn_t *c, int fd, double now) {
+    struct h2 *h = c->h2;
+    if (load(&d->draining) && !h->goaway) { /* calls begun are answered; no new one is taken */
+        h->goaway = 1;
+        nghttp2_submit_goaway(h->s, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(h->s),
+                              NGHTTP2_NO_ERROR, NULL, 0);
+        flush(d, c, fd);
+        return;
+    }
+    if ((h->open == 0 && (h->goaway || now - c->since > d->keepalive_s)) ||
+        (h->receiving > 0 && now - c->since > d->request_s))
+        close_conn(d, c, fd);
+}
+
+void h2_free(conn_t *c) {
+    struct h2 *h = c->h2;
+    c->h2 = NULL;
+    nghttp2_session_del(h->s);
+    for (call_t *call = h->calls, *next; call; call = next) {
+        next = call->next;
+        free_call(call);
+    }
+    free(h);
+}

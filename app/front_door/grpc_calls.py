@@ -1,0 +1,184 @@
+"""The front door's gRPC calls: each ModelInfer checked as the gRPC port checks it, once per distinct request, and
+answered with the gRPC port's ModelInferResponse, built for the k rows of a piece at once where it can be.
+
+grpc.c takes ModelInfer whose one raw_input_contents entry is one image's uint8 pixels and hands Python the
+request's other fields as they were sent (the model's name, the input's name, shape and datatype, the outputs
+asked: ~100 bytes). A client sends the same fields with every call but for its id (perf_analyzer numbers its
+calls), so a request is parsed (~2 µs) only where its bytes are new, and checked by the gRPC port's own decode once
+without its id.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import grpc
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from app.errors import InputError, ServiceError
+from app.front_door.v2_headers import remember
+from app.protocols.v2 import tensors
+from app.protocols.v2.grpc_server import STATUS_CODES, asked_outputs, infer_response, input_images
+from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
+from app.service import ServedModel, Service
+
+OK_TRAILERS = b"grpc-status: 0\r\n"
+EXPECTED = "a ModelInferRequest (inference.GRPCInferenceService) with one UINT8 image in raw_input_contents"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GrpcAsked:
+    """What a ModelInfer asks of its answer: the outputs (each with its top-k) and its id."""
+
+    outputs: tuple[tensors.Wanted, ...]
+    id: str = ""
+
+
+def error_trailers(error: ServiceError) -> tuple[bytes, str]:
+    """A refused call's trailers, as the gRPC port aborts it (its code and text), and the code's name."""
+    code = STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL)
+    text = f"{error.message}; expected {error.expected}" if error.expected else error.message
+    return b"grpc-status: %d\r\ngrpc-message: %s\r\n" % (code.value[0], _percent(text)), code.name
+
+
+def _percent(text: str) -> bytes:
+    """grpc-message's encoding: UTF-8, every byte outside printable ASCII and "%" itself as %XX."""
+    return b"".join(
+        bytes([byte]) if 0x20 <= byte <= 0x7E and byte != 0x25 else b"%%%02X" % byte for byte in text.encode()
+    )
+
+
+class GrpcHeaders:
+    """A ModelInfer's fields but its pixels → what it asks (`GrpcAsked`), or the error the gRPC port answers it."""
+
+    def __init__(self, service: Service, served: ServedModel) -> None:
+        self.service, self.served, self.spec = service, served, served.spec
+        self.image_shape = (1, *self.spec.input_shape)
+        # The pixels the check decodes the request with: only a UINT8 input of one (C, H, W) image gives back these
+        # very bytes, which is what grpc.c copied into the batch.
+        self.probe = (np.arange(int(np.prod(self.spec.input_shape))) % 251).astype(np.uint8).tobytes()
+        self.known: dict[bytes, GrpcAsked | ServiceError] = {}  # by the request's bytes, as sent
+        self.known_but_id: dict[bytes, GrpcAsked | ServiceError] = {}  # by its bytes once its id is taken out
+
+    def __call__(self, header: bytes) -> GrpcAsked | ServiceError:
+        found = self.known.get(header)
+        if found is not None:
+            return found
+        try:
+            request = pb.ModelInferRequest.FromString(header)
+        except DecodeError:
+            refused = InputError("the request is not a ModelInferRequest", expected=EXPECTED)
+            return remember(self.known, header, lambda: refused)
+        if not request.id:
+            return remember(self.known, header, lambda: self._check(request))
+        request_id = request.id
+        request.ClearField("id")
+        found = remember(self.known_but_id, request.SerializeToString(), lambda: self._check(request))
+        if isinstance(found, ServiceError):
+            return found
+        try:
+            return dataclasses.replace(found, id=tensors.checked_id(request_id))
+        except ServiceError as error:
+            return error
+
+    def _check(self, request: pb.ModelInferRequest) -> GrpcAsked | ServiceError:
+        try:
+            served = self.service.model(request.model_name, request.model_version or None)
+            if served is not self.served:
+                raise InputError(
+                    f"the front door serves the model {self.spec.name} version {self.spec.version} only",
+                    expected="calls to other models and versions on the service's gRPC port",
+                )
+            if any(tensor.datatype != "UINT8" for tensor in request.inputs):  # its bytes are not what grpc.c copied
+                return self._not_one_image()
+            asked = GrpcAsked(asked_outputs(request, self.spec))
+            whole = pb.ModelInferRequest()
+            whole.CopyFrom(request)
+            whole.raw_input_contents.append(self.probe)
+            images = input_images(whole, self.probe, self.spec, self.service.settings.max_instances)
+        except ServiceError as error:  # what the gRPC port answers this call
+            return error
+        if not (isinstance(images, np.ndarray) and images.dtype == np.uint8 and images.shape == self.image_shape
+                and images.tobytes() == self.probe):  # fmt: skip
+            return self._not_one_image()
+        return asked
+
+    def _not_one_image(self) -> InputError:
+        return InputError(
+            "the front door takes one image's pixels as the one UINT8 input, in raw_input_contents",
+            expected=f"an input of shape {list(self.image_shape)} and datatype UINT8; send any other tensor, "
+            "or encoded images (BYTES), to the service's gRPC port",
+        )
+
+
+class GrpcAnswers:
+    """The gRPC port's ModelInferResponse for each row of a piece. Where every output asked is values (no top-k),
+    the message is the same for every row but for those values and the id: the fields but them are serialized once
+    a group, and each row's values appended as raw_output_contents (field 6) and its id (field 3) after them
+    (protobuf reads fields in any order: checked against the gRPC port's own message when the template is made)."""
+
+    def __init__(self, served: ServedModel) -> None:
+        self.served, self.spec = served, served.spec
+        self._templates: dict[tuple[tensors.Wanted, ...], bytes | None] = {}  # None: row by row
+
+    def __call__(self, scores: np.ndarray, asked: list[GrpcAsked]) -> list[bytes]:
+        """(k, width) scores → k ModelInferResponse messages."""
+        messages: list[bytes] = [b""] * len(scores)
+        groups: dict[tuple[tensors.Wanted, ...], list[int]] = {}
+        for i, wanted in enumerate(asked):
+            groups.setdefault(wanted.outputs, []).append(i)
+        for outputs, rows in groups.items():
+            template = self._template(outputs, scores[rows[0]])
+            if template is None:
+                for i in rows:
+                    response = infer_response(asked[i].id, self.served, scores[i : i + 1], outputs)
+                    messages[i] = response.SerializeToString()
+                continue
+            for i, message in zip(rows, self._with(template, scores[rows], outputs, [asked[i].id for i in rows]),
+                                  strict=True):  # fmt: skip
+                messages[i] = message
+        return messages
+
+    def _template(self, outputs: tuple[tensors.Wanted, ...], row: np.ndarray) -> bytes | None:
+        if outputs not in self._templates:
+            self._templates[outputs] = self._made(outputs, row)
+        return self._templates[outputs]
+
+    def _made(self, outputs: tuple[tensors.Wanted, ...], row: np.ndarray) -> bytes | None:
+        if any(want.classes for want in outputs):
+            return None
+        response = infer_response("", self.served, row[None], outputs)
+        response.ClearField("raw_output_contents")
+        template: bytes = response.SerializeToString()
+        for request_id in ("", "front-door-template-id"):
+            (ours,) = self._with(template, row[None], outputs, [request_id])
+            if pb.ModelInferResponse.FromString(ours) != infer_response(request_id, self.served, row[None], outputs):
+                return None
+        return template
+
+    def _with(self, template: bytes, scores: np.ndarray, outputs: tuple[tensors.Wanted, ...],
+              ids: list[str]) -> list[bytes]:  # fmt: skip
+        k = len(scores)
+        raws = [tensors.raw_bytes(*answered) for answered in tensors.answer_tensors(self.spec, scores, outputs)]
+        widths = [len(raw) // k for raw in raws]  # each output's bytes a row
+        fields = [b"\x32" + _varint(width) for width in widths]  # field 6, length-delimited
+        messages = []
+        for i, request_id in enumerate(ids):
+            parts = [template]
+            for raw, width, field in zip(raws, widths, fields, strict=True):
+                parts += (field, raw[i * width : (i + 1) * width])
+            if request_id:
+                encoded = request_id.encode()
+                parts += (b"\x1a", _varint(len(encoded)), encoded)  # field 3
+            messages.append(b"".join(parts))
+        return messages
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)

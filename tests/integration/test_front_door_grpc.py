@@ -1,0 +1,200 @@
+"""gRPC on the front door (app/front_door/grpc.c) in the real server process: Triton's gRPC client gets the gRPC
+port's own answers from it (inferences, metadata, configuration, readiness); many calls on one connection each get
+their own image's answer; every call it does not take is a gRPC status that says what to do, and the connection
+goes on; it counts into /metrics; idle and stalled connections are closed. door.c and grpc.c are built by the server
+itself, with the machine's C compiler and nghttp2's headers."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as triton_grpc
+from tritonclient.grpc import service_pb2 as pb  # Triton's messages (ours register the same names)
+from tritonclient.utils import InferenceServerException
+
+from tests.integration.server_process import free_port, running_server, settled_metrics
+from tests.integration.test_front_door import SERVE, TOKEN, closed_within, compiler, sample_images
+
+__all__ = ["compiler"]  # the C compiler's check, for every test here too
+METADATA = {"authorization": f"Bearer {TOKEN}"}
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    door_port, door_grpc_port, grpc_port = free_port(), free_port(), free_port()
+    settings = {
+        "device": "cpu",
+        "front_door_port": str(door_port),
+        "front_door_grpc_port": str(door_grpc_port),
+        "grpc_port": str(grpc_port),
+        "front_door_threads": "2",
+        "auth_tokens": TOKEN,
+        "keepalive_timeout_s": "1",
+        "header_timeout_s": "1",
+        "body_timeout_s": "1",
+        "log_level": "debug",
+    }
+    with running_server(tmp_path_factory.mktemp("front-door-grpc") / "server.log", SERVE, **settings) as url:
+        yield {"url": url, "door": f"127.0.0.1:{door_grpc_port}", "grpc": f"127.0.0.1:{grpc_port}"}
+
+
+def uint8_input(image: np.ndarray) -> triton_grpc.InferInput:
+    tensor = triton_grpc.InferInput("input", [1, 1, 28, 28], "UINT8")
+    tensor.set_data_from_numpy(image.reshape(1, 1, 28, 28).astype(np.uint8))
+    return tensor
+
+
+def images(count: int) -> list[np.ndarray]:
+    return [np.frombuffer(image, np.uint8) for image in sample_images(count)]
+
+
+def test_tritons_grpc_client_gets_the_grpc_ports_answers(server: dict[str, Any]) -> None:
+    door, port = (triton_grpc.InferenceServerClient(server[name]) for name in ("door", "grpc"))
+    for client in (door, port):
+        assert client.is_server_live() and client.is_server_ready(headers=METADATA)
+        assert client.is_model_ready("fashion-cnn", headers=METADATA)
+    for ask in ({}, {"model_version": "1"}):
+        assert door.get_model_metadata("fashion-cnn", headers=METADATA, **ask) == port.get_model_metadata(
+            "fashion-cnn", headers=METADATA, **ask
+        )
+        assert door.get_model_config("fashion-cnn", headers=METADATA, **ask) == port.get_model_config(
+            "fashion-cnn", headers=METADATA, **ask
+        )
+    labels = set()
+    for i, image in enumerate(images(16)):
+        outputs = [triton_grpc.InferRequestedOutput("probabilities", class_count=3 if i % 4 == 3 else 0)]
+        asked = {"request_id": f"call-{i}" if i % 2 else "", "outputs": outputs, "headers": METADATA}
+        ours = door.infer("fashion-cnn", [uint8_input(image)], **asked).get_response()
+        theirs = port.infer("fashion-cnn", [uint8_input(image)], **asked).get_response()
+        assert ours == theirs, i
+        labels.add(int(np.frombuffer(ours.raw_output_contents[0], np.float32).argmax()) if i % 4 != 3 else -1)
+    assert len(labels) > 3  # images of several classes: a mix-up would show
+
+
+def test_many_calls_on_one_connection_each_get_their_own(server: dict[str, Any]) -> None:
+    """HTTP/2 multiplexes: 64 calls at once on one channel (one connection), each answered with its own image's
+    scores (within float rounding: batched with other rows), as the gRPC port answers them."""
+    requests = []
+    for i, image in enumerate(images(64)):
+        tensor = pb.ModelInferRequest.InferInputTensor(name="input", datatype="UINT8", shape=[1, 1, 28, 28])
+        requests.append(pb.ModelInferRequest(model_name="fashion-cnn", id=str(i), inputs=[tensor],
+                                             raw_input_contents=[image.tobytes()]))  # fmt: skip
+    answers = {}
+    for name in ("door", "grpc"):
+        with grpc.insecure_channel(server[name]) as channel:
+            infer = channel.unary_unary(INFER, pb.ModelInferRequest.SerializeToString, pb.ModelInferResponse.FromString)
+            calls = [infer.future(request, metadata=tuple(METADATA.items())) for request in requests]
+            answers[name] = [call.result(timeout=30) for call in calls]
+    assert [answer.id for answer in answers["door"]] == [str(i) for i in range(64)]
+    for ours, theirs in zip(answers["door"], answers["grpc"], strict=True):  # batched otherwise: within rounding
+        assert ours.outputs == theirs.outputs
+        mine, want = (np.frombuffer(answer.raw_output_contents[0], np.float32) for answer in (ours, theirs))
+        assert mine.argmax() == want.argmax() and np.allclose(mine, want, atol=1e-5), ours.id
+
+
+def refused(channel: grpc.Channel, method: str, message: bytes, **call: Any) -> grpc.RpcError:
+    """The error a call of `message`'s bytes as they are gets."""
+    stub = channel.unary_unary(f"/inference.GRPCInferenceService/{method}", lambda m: m, lambda m: m)
+    with pytest.raises(grpc.RpcError) as caught:
+        stub(message, timeout=10, **call)
+    return caught.value
+
+
+def test_every_call_it_does_not_take_is_a_status_that_says_where_to_send_it(server: dict[str, Any]) -> None:
+    image = images(1)[0].tobytes()
+    tensor = pb.ModelInferRequest.InferInputTensor(name="input", datatype="UINT8", shape=[1, 1, 28, 28])
+    good = pb.ModelInferRequest(model_name="fashion-cnn", inputs=[tensor], raw_input_contents=[image])
+    fp32 = pb.ModelInferRequest()
+    fp32.CopyFrom(good)
+    fp32.inputs[0].datatype, fp32.raw_input_contents[0] = "FP32", image * 4
+    other = pb.ModelInferRequest()
+    other.CopyFrom(good)
+    other.model_name = "other"
+    auth = tuple(METADATA.items())
+    cases = [  # (method, message, call options, code, what its text says)
+        ("ModelInfer", fp32.SerializeToString(), {"metadata": auth}, grpc.StatusCode.INVALID_ARGUMENT,
+         "one image's uint8 pixels (784 bytes)"),
+        ("ModelInfer", other.SerializeToString(), {"metadata": auth}, grpc.StatusCode.NOT_FOUND, "other"),
+        ("ModelInfer", b"\xff\xff", {"metadata": auth}, grpc.StatusCode.INVALID_ARGUMENT, "not a ModelInferRequest"),
+        ("ModelInfer", good.SerializeToString(), {}, grpc.StatusCode.UNAUTHENTICATED, "no bearer token"),
+        ("ModelInfer", good.SerializeToString(), {"metadata": (("authorization", "Bearer nope"),)},
+         grpc.StatusCode.UNAUTHENTICATED, "not one of the inference tokens"),
+        ("ModelInfer", good.SerializeToString(), {"metadata": auth, "compression": grpc.Compression.Gzip},
+         grpc.StatusCode.UNIMPLEMENTED, "uncompressed"),
+        ("ModelMetadata", pb.ModelMetadataRequest(name="other").SerializeToString(), {"metadata": auth},
+         grpc.StatusCode.UNIMPLEMENTED, "service's gRPC port"),
+        ("ModelMetadata", pb.ModelMetadataRequest(name="fashion-cnn").SerializeToString(), {},
+         grpc.StatusCode.UNAUTHENTICATED, "bearer token"),
+        ("RepositoryIndex", b"", {"metadata": auth}, grpc.StatusCode.UNIMPLEMENTED, "service's gRPC port"),
+    ]  # fmt: skip
+    with grpc.insecure_channel(server["door"]) as channel:
+        for method, message, call, code, says in cases:
+            error = refused(channel, method, message, **call)
+            assert error.code() == code and says in (error.details() or ""), (method, call, error)
+        infer = channel.unary_unary(INFER, pb.ModelInferRequest.SerializeToString, pb.ModelInferResponse.FromString)
+        assert infer(good, metadata=auth, timeout=10).model_name == "fashion-cnn"  # the connection goes on
+        stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer", lambda m: m, lambda m: m)
+        with pytest.raises(grpc.RpcError) as caught:
+            list(stream(iter([good.SerializeToString()]), metadata=auth, timeout=10))
+        assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    client = triton_grpc.InferenceServerClient(server["door"])
+    with pytest.raises(InferenceServerException, match="one image's uint8 pixels"):
+        tensor32 = triton_grpc.InferInput("input", [1, 1, 28, 28], "FP32")
+        tensor32.set_data_from_numpy(np.zeros((1, 1, 28, 28), np.float32))
+        client.infer("fashion-cnn", [tensor32], headers=METADATA)
+
+
+def test_it_counts_into_metrics(server: dict[str, Any]) -> None:
+    before = settled_metrics(server["url"])
+    client = triton_grpc.InferenceServerClient(server["door"])
+    for image in images(3):
+        client.infer("fashion-cnn", [uint8_input(image)], headers=METADATA)
+    with pytest.raises(InferenceServerException):
+        client.infer("fashion-cnn", [uint8_input(images(1)[0])])  # no token: refused in C
+    time.sleep(1.5)  # the C side's refusals are counted every second
+    after = settled_metrics(server["url"])
+
+    def count(text: str, labels: str) -> float:
+        line = next((line for line in text.splitlines() if line.startswith("cgserve_requests_total{") and
+                     all(label in line for label in labels.split(","))), None)  # fmt: skip
+        return float(line.rsplit(" ", 1)[1]) if line else 0.0
+
+    ok, unauthenticated = 'format="grpc",code="200"', 'format="grpc",code="UNAUTHENTICATED"'
+    assert count(after, 'protocol="door",' + ok) - count(before, 'protocol="door",' + ok) == 3
+    assert count(after, unauthenticated) - count(before, unauthenticated) >= 1
+    assert 'cgserve_request_duration_seconds_count{format="grpc",model="fashion-cnn",protocol="door"}' in after
+
+
+def frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
+    """An HTTP/2 frame (RFC 9113 §4.1)."""
+    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
+
+
+def literal(name: bytes, value: bytes) -> bytes:
+    """A header as HPACK's literal without indexing, new name, no Huffman (RFC 7541 §6.2.2); short strings."""
+    return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
+
+
+def test_idle_and_stalled_connections_are_closed(server: dict[str, Any]) -> None:
+    """A connection that sends nothing is closed after keepalive_timeout_s (1 s here); one whose call stops
+    arriving halfway, after header + body timeouts (2 s), as the HTTP port closes a slow request."""
+    host, port = server["door"].split(":")
+    with socket.create_connection((host, int(port))) as idle:
+        assert closed_within(idle, 4) is not None
+    headers = b"".join(literal(n, v) for n, v in ((b":method", b"POST"), (b":scheme", b"http"),
+                                                  (b":path", INFER.encode()), (b":authority", b"x"),
+                                                  (b"content-type", b"application/grpc")))  # fmt: skip
+    with socket.create_connection((host, int(port))) as stalled:
+        stalled.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0, b"") + frame(1, 4, 1, headers) +
+                        frame(0, 0, 1, b"\x00\x00\x00\x03\x10" + b"\x00" * 100))  # fmt: skip
+        started = time.monotonic()
+        assert closed_within(stalled, 6) is not None
+        assert time.monotonic() - started > 1.0  # not at once: the call had its time
