@@ -15,7 +15,11 @@ import numpy as np
 MOST_ROWS = 1024  # a bulk's rows at most (the C side answers 503 past it); more than a batch's: pieces
 MAX_V2_HEADER = 4096  # door.c's: a v2 request's JSON inference header at most
 REFUSALS = 11  # door.c's refusal statuses (fd_refusal_code)
-GRPC_CODES = 17  # gRPC's status codes: grpc.c's refusals are counted by code
+# gRPC's status codes by number: grpc.c's refusals are counted by code.
+GRPC_CODE_NAMES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
+                   "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+                   "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED")  # fmt: skip
+GRPC_CODES = len(GRPC_CODE_NAMES)
 MAX_GETS = 64  # door.h's: answers set at most (GETs, and gRPC's metadata calls)
 PREDICT, V2, GRPC = 0, 1, 2  # door.h's kinds of request: a bulk row's
 

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,12 +28,14 @@ from app.dataplane import counted
 from app.errors import NotReadyError, ServiceError
 from app.front_door.answers import Answers, head_lines, status_line
 from app.front_door.door import GRPC, PREDICT, V2, Bulk, Door
-from app.front_door.grpc_calls import OK_TRAILERS, GrpcAnswers, GrpcAsked, GrpcHeaders, error_trailers
 from app.front_door.v2_headers import V2Headers
 from app.http.answer import error_answer
 from app.ops import metrics
 from app.protocols.v2.rest import Asked, V2Codec
 from app.service import ServedModel, Service
+
+if TYPE_CHECKING:  # loaded where the door serves gRPC (server.py): the protocol's messages
+    from app.front_door.grpc_calls import GrpcAnswers, GrpcAsked, GrpcRows
 
 PROTOCOL, FORM, V2_FORM, GRPC_FORM, OK = "door", "raw", "v2-binary", "grpc", b"200 OK"
 FORMS = {PREDICT: FORM, V2: V2_FORM, GRPC: GRPC_FORM}  # a row's kind → its metrics' format
@@ -69,16 +72,16 @@ class Requests:
 
 
 class Feeder:
-    def __init__(self, door: Door, service: Service, shape: tuple[int, int, int], settings: Settings) -> None:
-        self.door, self.service, self.shape = door, service, shape
+    def __init__(self, door: Door, service: Service, shape: tuple[int, int, int], settings: Settings,
+                 grpc: GrpcRows | None = None) -> None:  # fmt: skip
+        self.door, self.service, self.shape, self.grpc = door, service, shape, grpc
         self.in_flight, self.timeout_s = settings.in_flight, settings.request_timeout_s
         self.full = max(settings.buckets)  # a largest bucket's rows: a bulk's pieces
         self.pieces: dict[int, int] = {}  # a taken bulk's buffer → its pieces not yet answered
         self.timer: asyncio.Handle | None = None  # the next pump's, while a partial bulk waits
         self.batcher: Batcher | None = None  # the last bulk's: its clock says when to take a partial one
         self.v2 = V2Codec(service)
-        # The default model's answers and checks (HTTP's, then gRPC's), rebuilt when it changes.
-        self._answers: tuple[ServedModel, Answers, V2Headers, GrpcAnswers, GrpcHeaders] | None = None
+        self._answers: tuple[ServedModel, Answers, V2Headers] | None = None  # the default model's, rebuilt on a change
 
     def pump(self) -> None:
         """Take bulks while fewer than in_flight are out (a partial one, while another is out, at the batcher's
@@ -158,8 +161,10 @@ class Feeder:
         """Each v2 request's header and gRPC call's request checked: one the service's port would refuse is refused
         now, and the others go on (their rows copied out where some were refused)."""
         assert self._answers is not None and requests.kinds is not None
-        _, _, v2, _, grpc = self._answers
-        checks: dict[int, Callable[[bytes], Asked | GrpcAsked | ServiceError]] = {V2: v2, GRPC: grpc}
+        served, _, v2 = self._answers
+        checks: dict[int, Callable[[bytes], Asked | GrpcAsked | ServiceError]] = {V2: v2}
+        if self.grpc is not None:  # else grpc.c takes no call
+            checks[GRPC] = self.grpc.parts(served)[0]
         checked = [
             None if kind == PREDICT else checks[kind](header)
             for kind, header in zip(requests.kinds.tolist(), headers, strict=True)
@@ -186,15 +191,14 @@ class Feeder:
         self.batcher = batcher
         return served, batcher
 
-    def _answers_for(self, served: ServedModel, batcher: Batcher) -> tuple[Answers, GrpcAnswers]:
+    def _answers_for(self, served: ServedModel, batcher: Batcher) -> tuple[Answers, GrpcAnswers | None]:
         if self._answers is None or self._answers[0] is not served:
             answers = Answers(served, batcher.engines[0].name, self.v2)
-            grpc = GrpcAnswers(served), GrpcHeaders(self.service, served)
-            self._answers = (served, answers, V2Headers(self.v2, served.spec), *grpc)
-        return self._answers[1], self._answers[3]
+            self._answers = (served, answers, V2Headers(self.v2, served.spec))
+        return self._answers[1], None if self.grpc is None else self.grpc.parts(served)[1]
 
-    def _answered(self, buffer: int, served: ServedModel, answers: tuple[Answers, GrpcAnswers], requests: Requests,
-                  future: asyncio.Future[np.ndarray]) -> None:  # fmt: skip
+    def _answered(self, buffer: int, served: ServedModel, answers: tuple[Answers, GrpcAnswers | None],
+                  requests: Requests, future: asyncio.Future[np.ndarray]) -> None:  # fmt: skip
         """One queued piece answered (or failed); the bulk's buffer is given back with its last piece."""
         served.admitted -= 1
         error = None if future.cancelled() else future.exception()
@@ -230,8 +234,8 @@ class Feeder:
         waited = time.monotonic() - requests.arrived
         for kind, rows in requests.forms():
             ids = requests.ids[rows]
-            if kind == GRPC:  # no message, and the error's trailers
-                trailers, code = error_trailers(failure)
+            if kind == GRPC and self.grpc is not None:  # no message, and the error's trailers
+                trailers, code = self.grpc.refusal(failure)
                 self.door.answer(ids, [b""] * len(ids), OK, [trailers] * len(ids))
             else:
                 answer = error_answer(failure, v2=kind == V2)
@@ -241,13 +245,13 @@ class Feeder:
             metrics.observe_requests(model, PROTOCOL, FORMS[kind], code, waited[rows])
 
 
-def _bodies(answers: Answers, grpc: GrpcAnswers, scores: np.ndarray, requests: Requests
+def _bodies(answers: Answers, grpc: GrpcAnswers | None, scores: np.ndarray, requests: Requests
             ) -> tuple[list[bytes], list[bytes]]:  # fmt: skip
     """(k, width) scores → each request's body and head lines (a gRPC call's: its message and trailers)."""
     if requests.kinds is None or not (calls := requests.kinds == GRPC).any():
         return answers(scores, requests.asked)  # type: ignore[arg-type]  # no GrpcAsked among them
-    assert requests.asked is not None
-    bodies, heads = [b""] * len(scores), [OK_TRAILERS] * len(scores)
+    assert requests.asked is not None and grpc is not None
+    bodies, heads = [b""] * len(scores), [grpc.ok] * len(scores)
     others, grpc_rows = np.flatnonzero(~calls).tolist(), np.flatnonzero(calls).tolist()
     if others:
         some = answers(scores[others], [requests.asked[i] for i in others])  # type: ignore[misc]

@@ -14,12 +14,20 @@ import dataclasses
 
 import grpc
 import numpy as np
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 
 from app.errors import InputError, ServiceError
+from app.front_door.door import grpc_key
 from app.front_door.v2_headers import remember
 from app.protocols.v2 import tensors
-from app.protocols.v2.grpc_server import STATUS_CODES, asked_outputs, infer_response, input_images
+from app.protocols.v2.grpc_server import (
+    STATUS_CODES,
+    asked_outputs,
+    config_response,
+    infer_response,
+    input_images,
+    metadata_response,
+)
 from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
 from app.service import ServedModel, Service
 
@@ -118,6 +126,8 @@ class GrpcAnswers:
     a group, and each row's values appended as raw_output_contents (field 6) and its id (field 3) after them
     (protobuf reads fields in any order: checked against the gRPC port's own message when the template is made)."""
 
+    ok = OK_TRAILERS  # a call answered: its trailers
+
     def __init__(self, served: ServedModel) -> None:
         self.served, self.spec = served, served.spec
         self._templates: dict[tuple[tensors.Wanted, ...], bytes | None] = {}  # None: row by row
@@ -182,3 +192,51 @@ def _varint(n: int) -> bytes:
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+class GrpcRows:
+    """The front door's gRPC calls, for the feeder and the door's life: each model's checks and answers, refusals'
+    trailers, and the messages grpc.c answers the calls before a client's inferences with."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self._parts: tuple[ServedModel, GrpcHeaders, GrpcAnswers] | None = None  # the default model's
+
+    def parts(self, served: ServedModel) -> tuple[GrpcHeaders, GrpcAnswers]:
+        """`served`'s checks and answers, made again when the default model changes."""
+        if self._parts is None or self._parts[0] is not served:
+            self._parts = (served, GrpcHeaders(self.service, served), GrpcAnswers(served))
+        return self._parts[1], self._parts[2]
+
+    @staticmethod
+    def refusal(error: ServiceError) -> tuple[bytes, str]:
+        return error_trailers(error)
+
+    def gets(self, model: str) -> list[tuple[bytes, bytes, bytes, bool]]:
+        """gRPC's calls before a client's inferences, for the default model by name, and by name and version,
+        answered as the gRPC port answers them: each (key, trailers, response message, asks for a token)."""
+        service = self.service
+        answers = [
+            (grpc_key("ServerLive", b""), OK_TRAILERS, pb.ServerLiveResponse(live=True).SerializeToString(), False),
+            (grpc_key("ServerReady", b""), OK_TRAILERS,
+             pb.ServerReadyResponse(ready=service.readiness()[0]).SerializeToString(), False),
+            (grpc_key("ServerMetadata", b""), OK_TRAILERS,
+             pb.ServerMetadataResponse(**tensors.server_metadata()).SerializeToString(), True),
+        ]  # fmt: skip
+        versions = [""]  # the request without a version, and with the served one
+        try:
+            served = service.model(model)
+            versions.append(served.spec.version)
+            asked: dict[str, Message] = {
+                "ModelMetadata": metadata_response(service, served),
+                "ModelConfig": config_response(served),
+                "ModelReady": pb.ModelReadyResponse(ready=served.readiness()[0]),
+            }
+            found = {method: (OK_TRAILERS, response.SerializeToString()) for method, response in asked.items()}
+        except ServiceError as error:  # unloaded since: what the gRPC port says of it
+            found = dict.fromkeys(("ModelMetadata", "ModelConfig", "ModelReady"), (error_trailers(error)[0], b""))
+        for version in versions:
+            request = pb.ModelMetadataRequest(name=model, version=version).SerializeToString()
+            for method, (trailers, message) in found.items():  # the three requests have the same fields
+                answers.append((grpc_key(method, request), trailers, message, True))
+        return answers

@@ -10,26 +10,25 @@ import logging
 import os
 import socket
 import time
+from typing import TYPE_CHECKING
 
-import grpc
 import orjson
-from google.protobuf.message import Message
 
 from app.access.tokens import load_tokens
 from app.errors import ServiceError
 from app.front_door.answers import JSON_HEAD, status_line
-from app.front_door.door import Door, Limits, grpc_key
+from app.front_door.door import GRPC_CODE_NAMES, Door, Limits
 from app.front_door.feeder import FORM, GRPC_FORM, PROTOCOL, Feeder
-from app.front_door.grpc_calls import OK_TRAILERS, error_trailers
 from app.front_door.library import door_library
 from app.http.answer import error_answer
 from app.http.protocol import open_file_budget
 from app.ops import metrics
 from app.protocols.v2 import tensors
-from app.protocols.v2.grpc_server import config_response, metadata_response
-from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
 from app.protocols.v2.rest import config_body, metadata_body
 from app.service import Service
+
+if TYPE_CHECKING:
+    from app.front_door.grpc_calls import GrpcRows
 
 log = logging.getLogger(__name__)
 TEND_EVERY_S = 1.0  # how often the C side's refusals are counted and its GET answers set afresh
@@ -55,10 +54,12 @@ def attach(service: Service) -> None:
 
 
 class FrontDoor:
-    def __init__(self, service: Service, door: Door, listeners: list[socket.socket], wake: int, feeder: Feeder) -> None:
+    def __init__(self, service: Service, door: Door, listeners: list[socket.socket], wake: int, feeder: Feeder,
+                 grpc: GrpcRows | None) -> None:  # fmt: skip
         self.service, self.door, self.listeners, self.wake, self.feeder = service, door, listeners, wake, feeder
+        self.grpc = grpc  # the gRPC calls' parts, where the door serves gRPC
         self.refused = dict.fromkeys(door.refusal_codes, 0)  # what was counted into Prometheus so far
-        self.grpc_refused = [0] * len(grpc.StatusCode)  # the same, of gRPC's calls, by code
+        self.grpc_refused = [0] * len(GRPC_CODE_NAMES)  # the same, of gRPC's calls, by code
         self.model = service.model(None).spec.name  # the default model, whose v2 metadata the door answers
         self._set_gets()
         self.counter = asyncio.create_task(self._tend_forever(), name="front-door-tending")
@@ -73,10 +74,14 @@ class FrontDoor:
         library = await asyncio.to_thread(door_library, settings.front_door_library)
         listener = socket.create_server((settings.host, settings.front_door_port), backlog=4096)
         listener.setblocking(False)
-        grpc_listener = None
+        grpc_listener, grpc = None, None
         if settings.front_door_grpc_port:
+            # Loaded only where the door serves gRPC, as app/main.py loads the gRPC port's: the protocol's messages.
+            from app.front_door.grpc_calls import GrpcRows
+
             grpc_listener = socket.create_server((settings.host, settings.front_door_grpc_port), backlog=4096)
             grpc_listener.setblocking(False)
+            grpc = GrpcRows(service)
         limits = Limits(
             max_connections=settings.max_connections or open_file_budget() // 4,  # HTTP's and gRPC's are beside
             keepalive_s=settings.keepalive_timeout_s,
@@ -107,7 +112,7 @@ class FrontDoor:
             log.info("front door gRPC on %s:%d: ModelInfer of %s", settings.host, settings.front_door_grpc_port,
                      default.name)  # fmt: skip
         listeners = [listener] if grpc_listener is None else [listener, grpc_listener]
-        return cls(service, door, listeners, wake, Feeder(door, service, shape, settings))
+        return cls(service, door, listeners, wake, Feeder(door, service, shape, settings, grpc), grpc)
 
     def _woken(self) -> None:  # a bulk turned non-empty, or reached a largest bucket
         try:
@@ -171,36 +176,7 @@ class FrontDoor:
             (model + b"/config", *config, True),
             (model + b"/ready", *model_ready, True),
         ]
-        self.door.set_gets(gets + self._grpc_answers())
-
-    def _grpc_answers(self) -> list[tuple[bytes, bytes, bytes, bool]]:
-        """gRPC's calls before a client's inferences, for the default model by name, and by name and version,
-        answered as the gRPC port answers them: each (key, trailers, response message, asks for a token)."""
-        service = self.service
-        answers = [
-            (grpc_key("ServerLive", b""), OK_TRAILERS, pb.ServerLiveResponse(live=True).SerializeToString(), False),
-            (grpc_key("ServerReady", b""), OK_TRAILERS,
-             pb.ServerReadyResponse(ready=service.readiness()[0]).SerializeToString(), False),
-            (grpc_key("ServerMetadata", b""), OK_TRAILERS,
-             pb.ServerMetadataResponse(**tensors.server_metadata()).SerializeToString(), True),
-        ]  # fmt: skip
-        versions = [""]  # the request without a version, and with the served one
-        try:
-            served = service.model(self.model)
-            versions.append(served.spec.version)
-            asked: dict[str, Message] = {
-                "ModelMetadata": metadata_response(service, served),
-                "ModelConfig": config_response(served),
-                "ModelReady": pb.ModelReadyResponse(ready=served.readiness()[0]),
-            }
-            found = {method: (OK_TRAILERS, response.SerializeToString()) for method, response in asked.items()}
-        except ServiceError as error:  # unloaded since: what the gRPC port says of it
-            found = dict.fromkeys(("ModelMetadata", "ModelConfig", "ModelReady"), (error_trailers(error)[0], b""))
-        for version in versions:
-            request = pb.ModelMetadataRequest(name=self.model, version=version).SerializeToString()
-            for method, (trailers, message) in found.items():  # the three requests have the same fields
-                answers.append((grpc_key(method, request), trailers, message, True))
-        return answers
+        self.door.set_gets(gets + (self.grpc.gets(self.model) if self.grpc else []))
 
     def _count(self) -> None:
         """The C side's refusals since the last count, into cgserve_requests (no model: none was looked up)."""
@@ -211,10 +187,9 @@ class FrontDoor:
                     total - self.refused[code]
                 )
                 self.refused[code] = total
-        names = {status.value[0]: status.name for status in grpc.StatusCode}
         for code, total in enumerate(self.door.grpc_refusals()):
             if total > self.grpc_refused[code]:
-                metrics.REQUESTS.labels(model="", protocol=PROTOCOL, format=GRPC_FORM, code=names[code]).inc(
+                metrics.REQUESTS.labels(model="", protocol=PROTOCOL, format=GRPC_FORM, code=GRPC_CODE_NAMES[code]).inc(
                     total - self.grpc_refused[code]
                 )
                 self.grpc_refused[code] = total

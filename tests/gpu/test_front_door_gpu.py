@@ -1,7 +1,8 @@
 """The front door (app/front_door) on a real GPU: the seed CNN's CUDA graphs behind it, with one process and
-with the engine process; 64 connections' images at once (half POST /predict, half v2 binary UINT8 as Triton's
-clients send it) each get their own image's scores, equal to the fp32 model run eagerly, and the bulks went
-through the graphs (/metrics counts the door's answers)."""
+with the engine process; 64 connections' images at once (a third POST /predict, a third v2 binary UINT8 as Triton's
+HTTP clients send it, a third gRPC ModelInfer with UINT8 raw contents, on the door's gRPC port) each get their own
+image's scores, equal to the fp32 model run eagerly, and the bulks went through the graphs (/metrics counts the
+door's answers)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -38,27 +40,45 @@ def v2_scores(client: httpx.Client, image: np.ndarray) -> list[float]:
     return np.frombuffer(answer.content[length:], np.float32).tolist()
 
 
+def grpc_scores(channel: Any, image: np.ndarray) -> list[float]:
+    """One image through the door's gRPC ModelInfer, as Triton's clients send it: a UINT8 input, raw contents."""
+    # Here, not at the top: the protocol's messages share names with tritonclient's, which the CPU tests import.
+    from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
+
+    infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer", pb.ModelInferRequest.SerializeToString,
+                                pb.ModelInferResponse.FromString)  # fmt: skip
+    tensor = pb.ModelInferRequest.InferInputTensor(name="input", datatype="UINT8", shape=[1, 1, 28, 28])
+    request = pb.ModelInferRequest(model_name="fashion-cnn", inputs=[tensor], raw_input_contents=[image.tobytes()])
+    answer = infer(request, timeout=30)
+    return np.frombuffer(answer.raw_output_contents[0], np.float32).tolist()
+
+
 @pytest.fixture(params=["one process", "engine process"])
-def door(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
-    port = free_port()
+def door(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str, str]]:
+    port, grpc_port = free_port(), free_port()
     settings = {"device": "cuda", "engine": "cuda-graph", "compile": "none", "front_door_port": str(port),
-                "front_door_threads": "4"}  # fmt: skip
+                "front_door_grpc_port": str(grpc_port), "front_door_threads": "4"}  # fmt: skip
     if request.param == "engine process":
         settings |= {"workers": "2", "engine_process": "true"}
     with running_server(tmp_path / "server.log", SERVE, **settings) as url:
-        yield url, f"http://127.0.0.1:{port}"
+        yield url, f"http://127.0.0.1:{port}", f"127.0.0.1:{grpc_port}"
 
 
-def test_each_of_64_connections_gets_its_images_scores(door: tuple[str, str]) -> None:
-    url, door_url = door
+def test_each_of_64_connections_gets_its_images_scores(door: tuple[str, str, str]) -> None:
+    import grpc
+
+    url, door_url, grpc_address = door
     images = np.random.default_rng(0).integers(0, 256, (CONNECTIONS * EACH, 1, 28, 28), dtype=np.uint8)
     want = eager(images.astype(np.float32) / 255)
 
     def one_connection(first: int) -> list[list[float]]:
+        if first % 3 == 2:
+            with grpc.insecure_channel(grpc_address) as channel:
+                return [grpc_scores(channel, images[i]) for i in range(first, len(images), CONNECTIONS)]
         with httpx.Client(base_url=door_url, timeout=30) as client:
             answers = []
             for i in range(first, len(images), CONNECTIONS):
-                if first % 2:
+                if first % 3 == 1:
                     answers.append(v2_scores(client, images[i]))
                     continue
                 answer = client.post("/predict", content=images[i].tobytes(),
@@ -80,6 +100,8 @@ def test_each_of_64_connections_gets_its_images_scores(door: tuple[str, str]) ->
         for line in metrics.splitlines()
         if line.startswith("cgserve_requests_total{") and 'protocol="door"' in line
     ]
-    answered = [float(line.rsplit(" ", 1)[1]) for line in door if 'code="200"' in line]
-    assert sorted(answered) == [CONNECTIONS * EACH / 2] * 2  # format "raw" and "v2-binary"
+    answered = {form: sum(float(line.rsplit(" ", 1)[1]) for line in door if f'format="{form}"' in line and
+                          'code="200"' in line) for form in ("raw", "v2-binary", "grpc")}  # fmt: skip
+    connections = {form: len(range(kind, CONNECTIONS, 3)) for kind, form in enumerate(("raw", "v2-binary", "grpc"))}
+    assert answered == {form: n * EACH for form, n in connections.items()}
     assert "cgserve_batches_total{" in metrics

@@ -193,9 +193,11 @@ class StandInDoor:
 
 
 def feed(bulks: list[int], settings: dict[str, Any], break_answers: bool = False,
-         headers: list[bytes] | None = None, kinds: np.ndarray | None = None) -> StandInDoor:  # fmt: skip
+         headers: list[bytes] | None = None, kinds: np.ndarray | None = None, grpc: bool = False
+         ) -> StandInDoor:  # fmt: skip
     """Bulks of that many seed-CNN images through a Feeder onto a real CPU batcher; the stand-in door, answered.
-    `headers`: the first bulk's v2 headers (b"": a POST /predict), or its rows' headers of each of `kinds`."""
+    `headers`: the first bulk's v2 headers (b"": a POST /predict), or its rows' headers of each of `kinds`; `grpc`:
+    the feeder takes gRPC calls (their parts load the protocol's messages: front_door_grpc_checks.py's alone)."""
     from app.front_door.feeder import Feeder
 
     async def scenario() -> StandInDoor:
@@ -212,7 +214,12 @@ def feed(bulks: list[int], settings: dict[str, Any], break_answers: bool = False
                 door.bulks.append((images[first : first + k], ids, headers if first_bulk else None,
                                    kinds if first_bulk else None))  # fmt: skip
                 first += k
-            feeder = Feeder(door, service, (1, 28, 28), service.settings)  # type: ignore[arg-type]
+            rows = None
+            if grpc:
+                from app.front_door.grpc_calls import GrpcRows
+
+                rows = GrpcRows(service)
+            feeder = Feeder(door, service, (1, 28, 28), service.settings, rows)  # type: ignore[arg-type]
             if break_answers:
                 feeder._answers_for = lambda *_: (lambda *_: 1 / 0, lambda _: None)  # type: ignore[method-assign]
             latest = time.monotonic() + 30  # a bulk never given back fails the test's assertions, not hangs it
