@@ -329,7 +329,8 @@ static int answer_get(door_t *d, int fd, const char *buf, size_t head_len, int c
     const char *path = target(buf, head_len, 3, &path_len); /* GET */
     const char *auth = find_header(buf, head_len, "authorization:", &value_len);
     char *head = NULL, *body = NULL, *text = NULL;
-    int n = 0, found = find_get(d, path, path_len, auth, value_len, &head, &body, &body_len);
+    /* A query is never one of these paths, and every gRPC key has one: gRPC's answers are not HTTP/1.1's. */
+    int n = 0, found = memchr(path, '?', path_len) ? 0 : find_get(d, path, path_len, auth, value_len, &head, &body, &body_len);
     if (found > 0) {
         size_t cap = strlen(head) + body_len + 128;
         text = malloc(cap);

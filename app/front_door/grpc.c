@@ -28,14 +28,19 @@
 
 #define SERVICE "/inference.GRPCInferenceService/"
 #define INFER SERVICE "ModelInfer"
-#define MAX_STREAMS 256
+#define MAX_STREAMS 128 /* a connection's calls at once: with ResNet-50's 150 KB images, ~20 MB buffered at most */
+#define RESETS_BURST 1024 /* calls a client may cancel at once, then RESETS_A_SECOND (nghttp2's rapid-reset guard) */
+#define RESETS_A_SECOND 512
 #define MAX_SMALL_MESSAGE 4096 /* a call other than ModelInfer: a model's name and version */
 #define MAX_PATH 128
 #define MAX_AUTH 1024
 #define READS_A_TURN 16 /* 64 KiB reads of one connection before the thread's other connections */
 
 /* gRPC's status codes, the ones sent here. */
-enum { OK = 0, INVALID_ARGUMENT = 3, UNIMPLEMENTED = 12, INTERNAL = 13, UNAVAILABLE = 14, UNAUTHENTICATED = 16 };
+enum {
+    OK = 0, INVALID_ARGUMENT = 3, DEADLINE_EXCEEDED = 4, RESOURCE_EXHAUSTED = 8, UNIMPLEMENTED = 12, INTERNAL = 13,
+    UNAUTHENTICATED = 16
+};
 
 typedef struct call {
     struct call *prev, *next; /* the connection's calls, freed with it (nghttp2_session_del frees no user data) */
@@ -44,11 +49,12 @@ typedef struct call {
     size_t path_len;        /* 0: none, or longer than MAX_PATH */
     int post, grpc;         /* :method POST; content-type application/grpc… */
     char auth[MAX_AUTH];
-    size_t auth_len;
+    size_t auth_len;        /* 0: none; over MAX_AUTH: too long to be a token (auth holds none of it) */
     char *message;          /* its body: the 5-byte gRPC prefix and the request */
     size_t len, cap;
-    int too_large, ended;   /* more than cap came; the client's last frame came */
-    int taken;              /* its row is in a bulk: Python answers it */
+    int too_large, ended;   /* more than a call of its method holds came; the client's last frame came */
+    int done;               /* answered here, or its row taken (Python answers it): nothing more is read of it */
+    double since;           /* its HEADERS came: it must be whole within request_s */
     char *out;              /* the answer's DATA: the gRPC prefix and the response */
     size_t out_len, out_off;
     char *trailers;         /* its trailers as header lines, sent after the DATA */
@@ -61,8 +67,10 @@ struct h2 {
     int fd;
     nghttp2_session *s;
     call_t *calls;          /* open streams */
-    int open, receiving;    /* calls open; of them, not yet whole */
+    int open;               /* calls open */
     int goaway;             /* a drain's GOAWAY sent */
+    double idle_since;      /* when its last call closed (or it was accepted): idle for keepalive_s, it is closed */
+    double stuck_since;     /* when the socket first did not take what was to be sent (0: it does) */
     uint32_t events;        /* as last put in epoll */
 };
 
@@ -102,18 +110,26 @@ static ssize_t read_answer(nghttp2_session *s, int32_t stream, uint8_t *buf, siz
     return (ssize_t)n;
 }
 
-/* A call answered: its response message (none: an error, sent as trailers only) and its trailers' lines. */
+/* Whether an answer's trailers say OK: it then carries its message, empty too (ServerReadyResponse{ready: false}). */
+static int says_ok(const char *lines, size_t len) {
+    return len >= 16 && memcmp(lines, "grpc-status: 0\r\n", 16) == 0;
+}
+
+/* A call answered: its trailers' lines, and its response message where they say OK (an error's: trailers only). */
 static void respond(struct h2 *h, call_t *call, const char *message, size_t len, const char *lines, size_t lines_len) {
+    call->done = 1;
     call->trailers = malloc(lines_len + 1);
+    if (!call->trailers) { nghttp2_submit_rst_stream(h->s, NGHTTP2_FLAG_NONE, call->stream, NGHTTP2_INTERNAL_ERROR); return; }
     memcpy(call->trailers, lines, lines_len);
     call->trailers_len = lines_len;
-    if (len == 0) { /* trailers only: one HEADERS that ends the stream */
+    if (!says_ok(lines, lines_len)) { /* trailers only: one HEADERS that ends the stream */
         nghttp2_nv nv[6] = {NV(":status", "200"), NV("content-type", "application/grpc")};
         int k = 2 + parse_lines(call->trailers, call->trailers_len, nv + 2, 4);
         nghttp2_submit_response(h->s, call->stream, nv, (size_t)k, NULL);
         return;
     }
     call->out = malloc(5 + len);
+    if (!call->out) { nghttp2_submit_rst_stream(h->s, NGHTTP2_FLAG_NONE, call->stream, NGHTTP2_INTERNAL_ERROR); return; }
     call->out[0] = 0; /* not compressed */
     uint32_t n = (uint32_t)len;
     call->out[1] = (char)(n >> 24); call->out[2] = (char)(n >> 16); call->out[3] = (char)(n >> 8); call->out[4] = (char)n;
@@ -207,10 +223,10 @@ static void take_infer(struct h2 *h, call_t *call, const uint8_t *request, size_
     uint64_t id = H2_ID | ((uint64_t)(h->c->gen & 0xffff) << 47) | ((uint64_t)(uint32_t)call->stream << 16) |
                   (uint64_t)h->fd;
     if (!add_row(d, id, KIND_GRPC, header, header_len, (const char *)raw)) {
-        refuse_call(h, call, UNAVAILABLE, "the front door holds as many images as it may; retry");
+        refuse_call(h, call, RESOURCE_EXHAUSTED, "the front door holds as many images as it may; retry");
         return;
     }
-    call->taken = 1;
+    call->done = 1;
     free(call->message); /* copied into the bulk */
     call->message = NULL;
     call->len = call->cap = 0;
@@ -233,26 +249,36 @@ static void answer_set(struct h2 *h, call_t *call, const uint8_t *request, size_
                     "configuration and readiness; send this call to the service's gRPC port");
         return;
     }
-    if (body_len) respond(h, call, body, body_len, head, strlen(head));
-    else respond(h, call, NULL, 0, head, strlen(head));
+    respond(h, call, body, body_len, head, strlen(head));
     free(head);
     free(body);
 }
 
-/* The client's last frame of a call came: answered here, or its row taken. */
-static void call_ended(struct h2 *h, call_t *call) {
+static int is_infer(const call_t *call) {
+    return call->path_len == sizeof INFER - 1 && memcmp(call->path, INFER, call->path_len) == 0;
+}
+
+/* A call's headers came: refused at once where no message could change the answer (a client that never ends its
+ * side, as ModelStreamInfer's, still gets one). */
+static void call_begun(struct h2 *h, call_t *call) {
     door_t *d = h->d;
-    if (load(&d->draining)) { refuse_call(h, call, UNAVAILABLE, "the server is stopping: send again, elsewhere"); return; }
-    if (!call->post || !call->grpc || !call->path_len) {
-        refuse_call(h, call, INVALID_ARGUMENT, "the call is not a gRPC POST (content-type application/grpc) to a method");
-        return;
-    }
-    int infer = call->path_len == sizeof INFER - 1 && memcmp(call->path, INFER, call->path_len) == 0;
-    if (infer && d->n_tokens && !(call->auth_len && token_ok(d, call->auth, call->auth_len))) {
+    if (!call->post || !call->grpc) {
+        refuse_call(h, call, INVALID_ARGUMENT, "the call is not a gRPC POST (content-type application/grpc)");
+    } else if (!call->path_len || memcmp(call->path, SERVICE, sizeof SERVICE - 1) != 0 ||
+               (call->path_len == sizeof SERVICE - 1 + 16 && memcmp(call->path + sizeof SERVICE - 1, "ModelStreamInfer", 16) == 0)) {
+        refuse_call(h, call, UNIMPLEMENTED,
+                    "the front door answers ModelInfer of its model with one UINT8 image, and its model's metadata, "
+                    "configuration and readiness; send this call to the service's gRPC port");
+    } else if (is_infer(call) && d->n_tokens &&
+               !(call->auth_len && call->auth_len <= MAX_AUTH && token_ok(d, call->auth, call->auth_len))) {
         refuse_call(h, call, UNAUTHENTICATED,
                     call->auth_len ? "the bearer token is not one of the inference tokens" : "the call has no bearer token");
-        return;
     }
+}
+
+/* The client's last frame of a call came: answered here, or its row taken. */
+static void call_ended(struct h2 *h, call_t *call) {
+    int infer = is_infer(call);
     const uint8_t *m = (const uint8_t *)call->message;
     uint32_t n = call->len >= 5 ? (uint32_t)m[1] << 24 | (uint32_t)m[2] << 16 | (uint32_t)m[3] << 8 | m[4] : 0;
     if (call->too_large) {
@@ -272,22 +298,20 @@ static void call_ended(struct h2 *h, call_t *call) {
         return;
     }
     if (infer) take_infer(h, call, m + 5, n);
-    else if (call->path_len > sizeof SERVICE - 1 && memcmp(call->path, SERVICE, sizeof SERVICE - 1) == 0)
-        answer_set(h, call, m + 5, n);
-    else
-        refuse_call(h, call, UNIMPLEMENTED, "the front door serves inference.GRPCInferenceService only");
+    else answer_set(h, call, m + 5, n);
 }
 
 static int on_begin_headers(nghttp2_session *s, const nghttp2_frame *frame, void *user_data) {
     struct h2 *h = user_data;
     if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
     call_t *call = calloc(1, sizeof *call);
+    if (!call) return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE; /* the stream is reset */
     call->stream = frame->hd.stream_id;
+    call->since = now_s();
     call->next = h->calls;
     if (h->calls) h->calls->prev = call;
     h->calls = call;
     h->open++;
-    h->receiving++;
     nghttp2_session_set_stream_user_data(s, frame->hd.stream_id, call);
     return 0;
 }
@@ -301,7 +325,7 @@ static int on_header(nghttp2_session *s, const nghttp2_frame *frame, const uint8
     (void)flags; (void)user_data;
     call_t *call = nghttp2_session_get_stream_user_data(s, frame->hd.stream_id);
     if (!call || frame->headers.cat != NGHTTP2_HCAT_REQUEST) return 0; /* a client's trailers: nothing read */
-    if (is(name, name_len, ":path")) {
+    if (is(name, name_len, ":path")) { /* a longer one names no method served here: refused as such */
         call->path_len = value_len < MAX_PATH ? value_len : 0;
         memcpy(call->path, value, call->path_len);
     } else if (is(name, name_len, ":method")) {
@@ -310,8 +334,8 @@ static int on_header(nghttp2_session *s, const nghttp2_frame *frame, const uint8
         call->grpc = value_len >= 16 && memcmp(value, "application/grpc", 16) == 0 &&
                      (value_len == 16 || value[16] == '+' || value[16] == ';');
     } else if (is(name, name_len, "authorization")) {
-        call->auth_len = value_len < MAX_AUTH ? value_len : 0;
-        memcpy(call->auth, value, call->auth_len);
+        call->auth_len = value_len; /* over MAX_AUTH: not a token, and not copied */
+        if (value_len <= MAX_AUTH) memcpy(call->auth, value, value_len);
     }
     return 0;
 }
@@ -321,19 +345,30 @@ static int on_data(nghttp2_session *s, uint8_t flags, int32_t stream, const uint
     (void)flags;
     struct h2 *h = user_data;
     call_t *call = nghttp2_session_get_stream_user_data(s, stream);
-    if (!call || call->too_large) return 0;
-    int infer = call->path_len == sizeof INFER - 1 && memcmp(call->path, INFER, call->path_len) == 0;
-    size_t most = infer ? 5 + (size_t)h->d->row_bytes + MAX_V2_HEADER + 64 : 5 + MAX_SMALL_MESSAGE;
-    if (call->len + len > most) { /* dropped as it comes; refused once whole */
+    if (!call || call->too_large || call->done) return 0; /* dropped as it comes (refused once whole, or already) */
+    size_t most = is_infer(call) ? 5 + (size_t)h->d->row_bytes + MAX_V2_HEADER + 64 : 5 + MAX_SMALL_MESSAGE;
+    if (call->len + len > most) {
         call->too_large = 1;
         free(call->message);
         call->message = NULL;
         call->len = call->cap = 0;
         return 0;
     }
-    if (!call->message) {
-        call->cap = most;
-        call->message = malloc(most);
+    if (call->len + len > call->cap) {
+        /* The message's own length, where its prefix came whole (always, from real clients): one allocation of
+         * what it says, at most `most`. Else grown as bytes come. */
+        size_t cap = call->cap ? 2 * call->cap : 16384;
+        if (!call->cap && len >= 5)
+            cap = 5 + ((size_t)data[1] << 24 | (size_t)data[2] << 16 | (size_t)data[3] << 8 | data[4]);
+        while (cap < call->len + len) cap *= 2;
+        if (cap > most) cap = most;
+        char *grown = realloc(call->message, cap);
+        if (!grown) { /* the call is refused; the connection goes on */
+            refuse_call(h, call, RESOURCE_EXHAUSTED, "the server is out of memory for this call's message");
+            return 0;
+        }
+        call->message = grown;
+        call->cap = cap;
     }
     memcpy(call->message + call->len, data, len);
     call->len += len;
@@ -342,14 +377,23 @@ static int on_data(nghttp2_session *s, uint8_t flags, int32_t stream, const uint
 
 static int on_frame(nghttp2_session *s, const nghttp2_frame *frame, void *user_data) {
     struct h2 *h = user_data;
-    if ((frame->hd.type != NGHTTP2_DATA && frame->hd.type != NGHTTP2_HEADERS) ||
-        !(frame->hd.flags & NGHTTP2_FLAG_END_STREAM))
-        return 0;
+    if (frame->hd.type != NGHTTP2_DATA && frame->hd.type != NGHTTP2_HEADERS) return 0;
     call_t *call = nghttp2_session_get_stream_user_data(s, frame->hd.stream_id);
-    if (!call || call->ended) return 0;
+    if (!call) return 0;
+    if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_REQUEST) call_begun(h, call);
+    if (!(frame->hd.flags & NGHTTP2_FLAG_END_STREAM) || call->ended) return 0;
     call->ended = 1;
-    h->receiving--;
-    call_ended(h, call);
+    if (!call->done) call_ended(h, call);
+    return 0;
+}
+
+/* A call answered before the client's last frame (refused at its headers, or not whole in time): its stream is
+ * reset once the answer is out (RFC 9113 §8.1), so that it closes and what the client still sends is not read. */
+static int on_sent(nghttp2_session *s, const nghttp2_frame *frame, void *user_data) {
+    (void)user_data;
+    if (frame->hd.type != NGHTTP2_HEADERS || !(frame->hd.flags & NGHTTP2_FLAG_END_STREAM)) return 0;
+    call_t *call = nghttp2_session_get_stream_user_data(s, frame->hd.stream_id);
+    if (call && !call->ended) nghttp2_submit_rst_stream(s, NGHTTP2_FLAG_NONE, call->stream, NGHTTP2_NO_ERROR);
     return 0;
 }
 
@@ -365,8 +409,7 @@ static int on_close(nghttp2_session *s, int32_t stream, uint32_t error_code, voi
     struct h2 *h = user_data;
     call_t *call = nghttp2_session_get_stream_user_data(s, stream);
     if (!call) return 0;
-    if (!call->ended) h->receiving--;
-    h->open--;
+    if (--h->open == 0) h->idle_since = now_s();
     if (call->prev) call->prev->next = call->next;
     else h->calls = call->next;
     if (call->next) call->next->prev = call->prev;
@@ -374,24 +417,29 @@ static int on_close(nghttp2_session *s, int32_t stream, uint32_t error_code, voi
     return 0;
 }
 
+/* The connection's events in epoll, changed only where they change; none: out of epoll (its client's last byte
+ * came, and nothing waits to be sent: an answer's hand-over flushes it). */
 static void want(struct h2 *h, uint32_t events) {
-    if (h->events != events) {
-        watch(h->c, h->fd, events);
-        h->events = events;
-    }
+    if (h->events == events) return;
+    if (events) watch(h->c, h->fd, events);
+    else epoll_ctl(h->c->epfd, EPOLL_CTL_DEL, h->fd, NULL);
+    h->events = events;
 }
 
 /* With c->mu held: what nghttp2 has to send, sent as far as the socket takes it; the rest waits in c->out. Closed
- * where the session is done (both sides' GOAWAY, or an error it answered). */
+ * where the session is done (both sides' GOAWAY, or an error it answered), or where its client sent its last byte
+ * and every call is answered. */
 static void flush(door_t *d, conn_t *c, int fd) {
     struct h2 *h = c->h2;
+    uint32_t reading = c->eof ? 0 : EPOLLIN | EPOLLRDHUP;
     for (;;) {
         while (c->out_off < c->out_len) {
             ssize_t w = send(fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
-            if (w > 0) { c->out_off += (size_t)w; continue; }
+            if (w > 0) { c->out_off += (size_t)w; h->stuck_since = 0; continue; }
             if (w < 0 && errno == EINTR) continue;
             if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-                want(h, EPOLLIN | EPOLLOUT | EPOLLRDHUP);
+                if (!(h->stuck_since > 0)) h->stuck_since = now_s(); /* the sweep's clock for a client that does not read */
+                want(h, reading | EPOLLOUT);
                 return;
             }
             close_conn(d, c, fd);
@@ -405,32 +453,49 @@ static void flush(door_t *d, conn_t *c, int fd) {
         ssize_t w;
         do w = send(fd, data, (size_t)n, MSG_NOSIGNAL); while (w < 0 && errno == EINTR);
         if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK) { close_conn(d, c, fd); return; }
+        if (w > 0) h->stuck_since = 0;
         if (w < n) { /* the rest, kept: nghttp2's pointer lives until its next call */
             size_t rest = (size_t)(n - (w > 0 ? w : 0));
+            char *kept = malloc(rest);
+            if (!kept) { close_conn(d, c, fd); return; }
             free(c->out);
-            c->out = malloc(rest);
+            c->out = kept;
             memcpy(c->out, data + (n - (ssize_t)rest), rest);
             c->out_len = rest;
             c->out_off = 0;
         }
     }
-    if (!nghttp2_session_want_read(h->s) && !nghttp2_session_want_write(h->s)) { close_conn(d, c, fd); return; }
-    want(h, EPOLLIN | EPOLLRDHUP);
+    h->stuck_since = 0;
+    if ((!nghttp2_session_want_read(h->s) && !nghttp2_session_want_write(h->s)) || (c->eof && h->open == 0)) {
+        close_conn(d, c, fd);
+        return;
+    }
+    want(h, reading);
 }
 
 int h2_open(door_t *d, conn_t *c, int fd) {
     struct h2 *h = calloc(1, sizeof *h);
+    if (!h) return 0;
     h->d = d; h->c = c; h->fd = fd;
     h->events = EPOLLIN | EPOLLRDHUP; /* as accept_all adds it */
+    h->idle_since = now_s();
     nghttp2_session_callbacks *callbacks;
-    nghttp2_session_callbacks_new(&callbacks);
+    nghttp2_option *option;
+    if (nghttp2_session_callbacks_new(&callbacks)) { free(h); return 0; }
+    if (nghttp2_option_new(&option)) { nghttp2_session_callbacks_del(callbacks); free(h); return 0; }
     nghttp2_session_callbacks_set_on_begin_headers_callback(callbacks, on_begin_headers);
     nghttp2_session_callbacks_set_on_header_callback(callbacks, on_header);
     nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, on_data);
     nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks, on_frame);
     nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, on_close);
-    int failed = nghttp2_session_server_new(&h->s, callbacks, h);
+    nghttp2_session_callbacks_set_on_frame_send_callback(callbacks, on_sent);
+    /* nghttp2's own guard against rapid resets ends a connection after 1,000 at once, then 33 a second: a busy
+     * client whose calls time out or are cancelled would lose its connection. A guard stays (a call reset after
+     * its row was taken still costs the GPU its row), sized for MAX_STREAMS calls at a time. */
+    nghttp2_option_set_stream_reset_rate_limit(option, RESETS_BURST, RESETS_A_SECOND);
+    int failed = nghttp2_session_server_new2(&h->s, callbacks, h, option);
     nghttp2_session_callbacks_del(callbacks);
+    nghttp2_option_del(option);
     if (failed) { free(h); return 0; }
     /* A call's window holds its whole message (one image and its request), so that a client sends it at once;
      * the connection's, every call's at once. */
@@ -446,20 +511,27 @@ int h2_open(door_t *d, conn_t *c, int fd) {
     return 1;
 }
 
+/* With c->mu held: an error nghttp2 could not answer with a GOAWAY of its own, or an idle connection: GOAWAY,
+ * what is left sent as far as the socket takes it at once, and the connection closed. */
+static void end_session(door_t *d, conn_t *c, int fd, uint32_t error) {
+    nghttp2_session_terminate_session(c->h2->s, error);
+    flush(d, c, fd); /* closes it once the GOAWAY is out */
+    if (c->h2) close_conn(d, c, fd);
+}
+
 void h2_serve(door_t *d, conn_t *c, int fd) {
     struct h2 *h = c->h2;
     uint8_t buf[65536];
-    for (int reads = 0; reads < READS_A_TURN; reads++) {
+    for (int reads = 0; reads < READS_A_TURN && !c->eof; reads++) {
         ssize_t r = read(fd, buf, sizeof buf);
         if (r > 0) {
-            c->since = now_s();
-            if (nghttp2_session_mem_recv(h->s, buf, (size_t)r) < 0) { close_conn(d, c, fd); return; }
+            if (nghttp2_session_mem_recv(h->s, buf, (size_t)r) < 0) { end_session(d, c, fd, NGHTTP2_PROTOCOL_ERROR); return; }
             continue;
         }
         if (r < 0 && errno == EINTR) continue;
         if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-        close_conn(d, c, fd); /* its client is gone: the answers of its calls go nowhere */
-        return;
+        if (r < 0 || h->open == 0) { close_conn(d, c, fd); return; } /* reset, or nothing left to answer */
+        c->eof = 1; /* its last byte: its calls are still answered (flush closes it after the last) */
     }
     flush(d, c, fd);
 }
@@ -467,7 +539,7 @@ void h2_serve(door_t *d, conn_t *c, int fd) {
 void h2_reply(door_t *d, conn_t *c, reply_t *r) {
     struct h2 *h = c->h2;
     call_t *call = h && (c->gen & 0xffff) == r->gen ? nghttp2_session_get_stream_user_data(h->s, r->stream) : NULL;
-    if (call && call->taken && !call->out && !call->trailers) {
+    if (call && call->done && !call->trailers) { /* its row was taken, and it is not answered yet */
         respond(h, call, r->text, r->len, r->trailers, r->trailers_len);
         flush(d, c, r->fd);
     }
@@ -475,18 +547,31 @@ void h2_reply(door_t *d, conn_t *c, reply_t *r) {
     free(r->trailers);
 }
 
+/* The owning thread's look, every SWEEP_S: a drain's GOAWAY; a call not whole request_s after its headers refused
+ * (DEADLINE_EXCEEDED, as HTTP's 408); a client that has not read what it was sent for request_s, or a connection
+ * without calls for keepalive_s, closed (the idle one after a GOAWAY, so that its client sends no call into the
+ * close). */
 void h2_sweep(door_t *d, conn_t *c, int fd, double now) {
     struct h2 *h = c->h2;
-    if (load(&d->draining) && !h->goaway) { /* calls begun are answered; no new one is taken */
+    if (load(&d->draining) && !h->goaway) { /* calls up to the last one begun are answered; later ones are not read */
         h->goaway = 1;
         nghttp2_submit_goaway(h->s, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(h->s),
                               NGHTTP2_NO_ERROR, NULL, 0);
         flush(d, c, fd);
         return;
     }
-    if ((h->open == 0 && (h->goaway || now - c->since > d->keepalive_s)) ||
-        (h->receiving > 0 && now - c->since > d->request_s))
-        close_conn(d, c, fd);
+    if (h->stuck_since > 0 && now - h->stuck_since > d->request_s) { close_conn(d, c, fd); return; }
+    if (h->open == 0 && (h->goaway || now - h->idle_since > d->keepalive_s)) { end_session(d, c, fd, NGHTTP2_NO_ERROR); return; }
+    int refused = 0;
+    for (call_t *call = h->calls; call; call = call->next)
+        if (!call->ended && !call->done && now - call->since > d->request_s) {
+            refuse_call(h, call, DEADLINE_EXCEEDED, "the call did not arrive whole in time");
+            free(call->message);
+            call->message = NULL;
+            call->len = call->cap = 0;
+            refused = 1;
+        }
+    if (refused) flush(d, c, fd);
 }
 
 void h2_free(conn_t *c) {

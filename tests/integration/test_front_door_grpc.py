@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -43,7 +44,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         "log_level": "debug",
     }
     with running_server(tmp_path_factory.mktemp("front-door-grpc") / "server.log", SERVE, **settings) as url:
-        yield {"url": url, "door": f"127.0.0.1:{door_grpc_port}", "grpc": f"127.0.0.1:{grpc_port}"}
+        yield {"url": url, "door": f"127.0.0.1:{door_grpc_port}", "grpc": f"127.0.0.1:{grpc_port}",
+               "http_door": door_port}  # fmt: skip
 
 
 def uint8_input(image: np.ndarray) -> triton_grpc.InferInput:
@@ -141,10 +143,19 @@ def test_every_call_it_does_not_take_is_a_status_that_says_where_to_send_it(serv
             assert error.code() == code and says in (error.details() or ""), (method, call, error)
         infer = channel.unary_unary(INFER, pb.ModelInferRequest.SerializeToString, pb.ModelInferResponse.FromString)
         assert infer(good, metadata=auth, timeout=10).model_name == "fashion-cnn"  # the connection goes on
+        # A stream whose client never ends its side (as Triton's start_stream): refused at its headers, not left open.
         stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer", lambda m: m, lambda m: m)
+        ended = threading.Event()
+
+        def requests() -> Iterator[bytes]:
+            yield good.SerializeToString()
+            ended.wait(10)
+
+        started = time.monotonic()
         with pytest.raises(grpc.RpcError) as caught:
-            list(stream(iter([good.SerializeToString()]), metadata=auth, timeout=10))
-        assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            list(stream(requests(), metadata=auth, timeout=10))
+        ended.set()
+        assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED and time.monotonic() - started < 5
     client = triton_grpc.InferenceServerClient(server["door"])
     with pytest.raises(InferenceServerException, match="one image's uint8 pixels"):
         tensor32 = triton_grpc.InferInput("input", [1, 1, 28, 28], "FP32")
@@ -183,18 +194,67 @@ def literal(name: bytes, value: bytes) -> bytes:
     return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
 
 
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0, b"")  # the client's preface and its SETTINGS
+
+
+def call_headers(path: str = INFER) -> bytes:
+    """A gRPC call's HEADERS block, with the token."""
+    fields = ((b":method", b"POST"), (b":scheme", b"http"), (b":path", path.encode()), (b":authority", b"x"),
+              (b"content-type", b"application/grpc"), (b"authorization", f"Bearer {TOKEN}".encode()))  # fmt: skip
+    return b"".join(literal(name, value) for name, value in fields)
+
+
+def frames(data: bytes) -> list[tuple[int, int, int, bytes]]:
+    """The whole frames in `data`: (type, flags, stream, payload) each."""
+    found = []
+    while len(data) >= 9:
+        length = int.from_bytes(data[:3], "big")
+        if len(data) < 9 + length:
+            break
+        kind, flags, stream = data[3], data[4], int.from_bytes(data[5:9], "big") & 0x7FFFFFFF
+        found.append((kind, flags, stream, data[9 : 9 + length]))
+        data = data[9 + length :]
+    return found
+
+
 def test_idle_and_stalled_connections_are_closed(server: dict[str, Any]) -> None:
-    """A connection that sends nothing is closed after keepalive_timeout_s (1 s here); one whose call stops
-    arriving halfway, after header + body timeouts (2 s), as the HTTP port closes a slow request."""
+    """A connection that sends nothing is closed after keepalive_timeout_s (1 s here); a call that stops arriving
+    halfway is refused after header + body timeouts (2 s), as the HTTP port refuses a slow request, and its
+    connection, without calls then, is closed after a GOAWAY."""
     host, port = server["door"].split(":")
     with socket.create_connection((host, int(port))) as idle:
         assert closed_within(idle, 4) is not None
-    headers = b"".join(literal(n, v) for n, v in ((b":method", b"POST"), (b":scheme", b"http"),
-                                                  (b":path", INFER.encode()), (b":authority", b"x"),
-                                                  (b"content-type", b"application/grpc")))  # fmt: skip
     with socket.create_connection((host, int(port))) as stalled:
-        stalled.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0, b"") + frame(1, 4, 1, headers) +
-                        frame(0, 0, 1, b"\x00\x00\x00\x03\x10" + b"\x00" * 100))  # fmt: skip
+        stalled.sendall(
+            PREFACE + frame(1, 4, 1, call_headers()) + frame(0, 0, 1, b"\x00\x00\x00\x03\x10" + b"\x00" * 100)
+        )
         started = time.monotonic()
-        assert closed_within(stalled, 6) is not None
-        assert time.monotonic() - started > 1.0  # not at once: the call had its time
+        sent = closed_within(stalled, 8)
+        assert sent is not None and time.monotonic() - started > 1.0  # not at once: the call had its time
+    kinds = [kind for kind, *_ in frames(sent)]
+    assert 1 in kinds and 3 in kinds and kinds[-1] == 7, kinds  # its answer (HEADERS), its reset, then GOAWAY
+
+
+def test_a_client_that_closes_its_side_still_gets_its_answer(server: dict[str, Any]) -> None:
+    """A call sent whole, then the client's last byte (its socket's sending side shut): answered, then closed."""
+    image = images(1)[0].tobytes()
+    tensor = pb.ModelInferRequest.InferInputTensor(name="input", datatype="UINT8", shape=[1, 1, 28, 28])
+    request = pb.ModelInferRequest(model_name="fashion-cnn", inputs=[tensor], raw_input_contents=[image])
+    message = request.SerializeToString()
+    host, port = server["door"].split(":")
+    with socket.create_connection((host, int(port))) as client:
+        body = b"\x00" + struct.pack(">I", len(message)) + message
+        client.sendall(PREFACE + frame(1, 4, 1, call_headers()) + frame(0, 1, 1, body))
+        client.shutdown(socket.SHUT_WR)
+        sent = closed_within(client, 5)
+    assert sent is not None
+    data = b"".join(payload for kind, _, stream, payload in frames(sent) if kind == 0 and stream == 1)
+    answer = pb.ModelInferResponse.FromString(data[5:])
+    assert answer.model_name == "fashion-cnn" and len(answer.raw_output_contents[0]) == 40
+
+
+def test_the_http_door_does_not_answer_grpcs_calls(server: dict[str, Any]) -> None:
+    """The door's HTTP/1.1 port keeps its own answers: a GET of a gRPC call's key there is a 404."""
+    with socket.create_connection(("127.0.0.1", server["http_door"])) as connection:
+        connection.sendall(b"GET /inference.GRPCInferenceService/ServerLive? HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert connection.recv(65536).startswith(b"HTTP/1.1 404 ")
