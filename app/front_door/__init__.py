@@ -1,16 +1,20 @@
-"""The front door: a second HTTP port, served in C, for one image's uint8 pixels to the default model.
+"""The front door: a second HTTP port (and a gRPC one), served in C, for one image's uint8 pixels to the default
+model.
 
     client ── POST /predict (raw uint8) ────▶ door.c: N epoll threads parse, check the token, copy the
       or POST /v2/models/<m>/infer            pixels into a bulk (a v2 request's JSON header beside
          (binary extension, one UINT8 image)  them); the connection waits
+      or gRPC ModelInfer (one UINT8 raw     ▶ grpc.c, in the same threads: HTTP/2 (nghttp2), the call's
+         input) on the gRPC port              pixels into the bulk, its other fields beside them
                                                      │ eventfd: a bulk turned non-empty (or full)
                                                      ▼
                                               feeder.py on the event loop: takes the bulk (rows read in
-                                              place), checks its v2 headers, queues it on the model's
+                                              place), checks its v2 and gRPC headers, queues it on the model's
                                               Batcher a bucket at a time
                                                      │ the batch's future
                                                      ▼
-    client ◀── the HTTP port's answer ─────── door.c: the connection's own thread writes each answer
+    client ◀── the service's own answer ───── the connection's own thread writes each answer (gRPC's:
+                                              the gRPC port's ModelInferResponse, through nghttp2)
 
 Most clients send one image a request, as raw pixels or as Triton's clients and perf_analyzer send it (who
 can be pointed at the door: it answers the v2 metadata GETs they read first). On the service's port each
@@ -22,13 +26,17 @@ with a no-op, where this design, with Python's work per bulk, reached 0.72×
 It runs in the process that holds the engines (the server with one worker, or the engine process), so
 that one batcher sees every request, and only where front_door_port is set. Everything else (other
 routes and models, JSON, v2's JSON tensors, FP32 or encoded images, multipart, chunked bodies, TLS) is
-the service's port's: the door answers it a 4xx that says so. It keeps its own limits (door.c's header)
-and counts into the same metrics, under protocol "door" (format "raw", or "v2-binary").
+the service's ports': the door answers it a 4xx, or a gRPC status, that says so. It keeps its own limits
+(door.c's and grpc.c's headers) and counts into the same metrics, under protocol "door" (format "raw",
+"v2-binary" or "grpc"). gRPC on the door (run 38) answered perf_analyzer at 0.98–0.99× its v2 HTTP there,
+where grpcio's server in Python held gRPC to 0.53–0.60× of the engine's peak (run 25).
 
-    library.py     door.c built (or the one the settings name)
-    door.py        door.c through ctypes
+    library.py     door.c and grpc.c built (or the one the settings name)
+    door.py        the C side through ctypes
     feeder.py      bulks onto the batcher, answers back: the flow control
     v2_headers.py  a v2 request's JSON header, checked by the HTTP port's codec once per distinct header
+    grpc_calls.py  a gRPC call's request checked by the gRPC port's decode once per distinct request, its
+                   ModelInferResponse from a template, the metadata calls' answers (loaded only with gRPC on)
     answers.py     each request's answer for a piece: /predict's JSON for k rows at once; v2's binary
                    outputs behind one JSON header built once, the rest row by row
     server.py      the port's life: opened once the models are ready, its v2 GET answers kept fresh,

@@ -163,7 +163,7 @@ def test_prometheus_and_grafana_listen_on_loopback_unless_asked(
     def host_ips(model: dict[str, Any]) -> dict[str, list[str | None]]:
         return {name: [p.get("host_ip") for p in s["ports"]] for name, s in model["services"].items()}
 
-    assert host_ips(gpu_stack) == {"api": [None, None, None], "prometheus": ["127.0.0.1"], "grafana": ["127.0.0.1"]}
+    assert host_ips(gpu_stack) == {"api": [None] * 4, "prometheus": ["127.0.0.1"], "grafana": ["127.0.0.1"]}
     shell = {"PROMETHEUS_BIND": "0.0.0.0", "GRAFANA_BIND": "192.0.2.7"}
     asked = host_ips(config(compose, BASE, project=tmp_path, env=shell))
     assert (asked["prometheus"], asked["grafana"]) == (["0.0.0.0"], ["192.0.2.7"])
@@ -198,23 +198,30 @@ def test_published_ports_come_from_cgserve_published_port_and_grpc_published_por
     compose: str, tmp_path: Path, gpu_stack: dict[str, Any]
 ) -> None:
     ports = gpu_stack["services"]["api"]["ports"]
-    assert [(p["published"], p["target"]) for p in ports] == [("8000", 8000), ("8001", 8001), ("8002", 8002)]
-    names = ("CGSERVE_PUBLISHED_PORT", "CGSERVE_GRPC_PUBLISHED_PORT", "CGSERVE_FRONT_DOOR_PUBLISHED_PORT")
-    shell = dict(zip(names, ("8123", "8125", "8127"), strict=True))
+    expected = [("8000", 8000), ("8001", 8001), ("8002", 8002), ("8003", 8003)]
+    assert [(p["published"], p["target"]) for p in ports] == expected
+    names = ("CGSERVE_PUBLISHED_PORT", "CGSERVE_GRPC_PUBLISHED_PORT", "CGSERVE_FRONT_DOOR_PUBLISHED_PORT",
+             "CGSERVE_FRONT_DOOR_GRPC_PUBLISHED_PORT")  # fmt: skip
+    shell = dict(zip(names, ("8123", "8125", "8127", "8129"), strict=True))
     from_shell = config(compose, BASE, project=tmp_path / "shell", env=shell)
-    dotenv = "".join(f"{name}={port}\n" for name, port in zip(names, ("8124", "8126", "8128"), strict=True))
+    dotenv = "".join(f"{name}={port}\n" for name, port in zip(names, ("8124", "8126", "8128", "8130"), strict=True))
     from_dotenv = config(compose, BASE, project=tmp_path / "dotenv", dotenv=dotenv)
-    for model, published in ((from_shell, ["8123", "8125", "8127"]), (from_dotenv, ["8124", "8126", "8128"])):
+    for model, published in (
+        (from_shell, ["8123", "8125", "8127", "8129"]),
+        (from_dotenv, ["8124", "8126", "8128", "8130"]),
+    ):
         ports = model["services"]["api"]["ports"]
         assert [p["published"] for p in ports] == published
-        assert [p["target"] for p in ports] == [8000, 8001, 8002]
+        assert [p["target"] for p in ports] == [8000, 8001, 8002, 8003]
 
 
 def test_the_front_door_port_published_is_the_one_the_settings_open(compose: str, tmp_path: Path) -> None:
-    """.env's CGSERVE_FRONT_DOOR_PORT=8002, as docs/deploy.md says, reaches the api and is the published target."""
-    model = config(compose, BASE, project=tmp_path, dotenv="CGSERVE_FRONT_DOOR_PORT=8002\n")
-    api = model["services"]["api"]
-    assert int(api["environment"]["CGSERVE_FRONT_DOOR_PORT"]) in [p["target"] for p in api["ports"]]
+    """.env's CGSERVE_FRONT_DOOR_PORT=8002 and CGSERVE_FRONT_DOOR_GRPC_PORT=8003, as docs/deploy.md says, reach the
+    api and are published targets."""
+    dotenv = "CGSERVE_FRONT_DOOR_PORT=8002\nCGSERVE_FRONT_DOOR_GRPC_PORT=8003\n"
+    api = config(compose, BASE, project=tmp_path, dotenv=dotenv)["services"]["api"]
+    for name in ("CGSERVE_FRONT_DOOR_PORT", "CGSERVE_FRONT_DOOR_GRPC_PORT"):
+        assert int(api["environment"][name]) in [p["target"] for p in api["ports"]]
 
 
 class ReadyzStub(http.server.BaseHTTPRequestHandler):

@@ -489,7 +489,9 @@ def test_the_front_door_component_opens_the_doors_port_on_the_pod_and_the_servic
     settings = Settings(_env_file=None, **(fields | {"model_repository": tmp_path}))  # type: ignore[call-arg]
     assert settings.front_door_port == 8002 and settings.workers == 1
     ports = {port["name"]: port["containerPort"] for port in server(objects)["ports"]}
-    assert ports == {"http": settings.port, "grpc": settings.grpc_port, "door": settings.front_door_port}
+    door_ports = {"door": settings.front_door_port, "door-grpc": settings.front_door_grpc_port}
+    assert ports == {"http": settings.port, "grpc": settings.grpc_port, **door_ports} and 0 not in ports.values()
     service = {port["name"]: port for port in one(objects, "Service")["spec"]["ports"]}
-    assert set(service) == {"http", "grpc", "door"}
-    assert service["door"]["targetPort"] == "door" and service["door"]["port"] == settings.front_door_port
+    assert set(service) == {"http", "grpc", "door", "door-grpc"}
+    for name, port in door_ports.items():
+        assert service[name]["targetPort"] == name and service[name]["port"] == port
