@@ -18,7 +18,7 @@ from google.protobuf.message import DecodeError, Message
 
 from app.errors import InputError, ServiceError
 from app.front_door.door import grpc_key
-from app.front_door.v2_headers import remember
+from app.front_door.v2_headers import probe_pixels, remember
 from app.protocols.v2 import tensors
 from app.protocols.v2.grpc_server import (
     STATUS_CODES,
@@ -63,9 +63,7 @@ class GrpcHeaders:
     def __init__(self, service: Service, served: ServedModel) -> None:
         self.service, self.served, self.spec = service, served, served.spec
         self.image_shape = (1, *self.spec.input_shape)
-        # The pixels the check decodes the request with: only a UINT8 input of one (C, H, W) image gives back these
-        # very bytes, which is what grpc.c copied into the batch.
-        self.probe = (np.arange(int(np.prod(self.spec.input_shape))) % 251).astype(np.uint8).tobytes()
+        self.probe = probe_pixels(self.spec.input_shape)
         self.known: dict[bytes, GrpcAsked | ServiceError] = {}  # by the request's bytes, as sent
         self.known_but_id: dict[bytes, GrpcAsked | ServiceError] = {}  # by its bytes once its id is taken out
 

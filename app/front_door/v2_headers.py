@@ -33,9 +33,7 @@ class V2Headers:
     def __init__(self, codec: V2Codec, spec: ModelSpec) -> None:
         self.codec, self.spec = codec, spec
         self.image_shape = (1, *spec.input_shape)
-        # A binary section the check decodes with the header: only a UINT8 input of one (C, H, W) image gives
-        # back these very bytes, which is what the door copied into the batch.
-        self.probe = (np.arange(int(np.prod(spec.input_shape))) % 251).astype(np.uint8).tobytes()
+        self.probe = probe_pixels(spec.input_shape)
         self.known: dict[bytes, Asked | ServiceError] = {}  # by the header's bytes: one without an id
         self.known_but_id: dict[bytes, Asked | ServiceError] = {}  # by its bytes once its id is taken out
 
@@ -76,6 +74,12 @@ class V2Headers:
     def _as_copied(self, images: np.ndarray) -> bool:
         """Whether the decode gave back the binary section as it is: one (1, C, H, W) uint8 image."""
         return images.dtype == np.uint8 and images.shape == self.image_shape and images.tobytes() == self.probe
+
+
+def probe_pixels(shape: tuple[int, ...]) -> bytes:
+    """The pixels a request's header is checked with, decoded beside it: only a UINT8 input of one (C, H, W) image
+    gives back these very bytes, which is what the door copied into the batch (a v2 header's, a gRPC call's)."""
+    return (np.arange(int(np.prod(shape))) % 251).astype(np.uint8).tobytes()
 
 
 def remember(known: dict[bytes, T], key: bytes, check: Callable[[], T]) -> T:

@@ -31,6 +31,13 @@ def running_server(log_path: Path, command: tuple[str, ...] = README_COMMAND, **
         yield server.url
 
 
+def requests_counted(metrics: str, labels: str) -> float:
+    """cgserve_requests_total's first series whose labels hold each of `labels` (comma-separated `name="value"`)."""
+    line = next((line for line in metrics.splitlines() if line.startswith("cgserve_requests_total{") and
+                 all(label in line for label in labels.split(","))), None)  # fmt: skip
+    return float(line.rsplit(" ", 1)[1]) if line else 0.0
+
+
 def settled_metrics(url: str) -> str:
     """/metrics once every process of a server has flushed its buffered figures (app/ops/metric_buffers.py):
     the worker that answers flushes its own at once, the others and an engine process each FLUSH_S."""

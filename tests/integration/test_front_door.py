@@ -26,7 +26,7 @@ from tritonclient.utils import InferenceServerException
 
 from loadtest.server_process import running
 from models.fashion_mnist import load_test_sample
-from tests.integration.server_process import ROOT, free_port, running_server, settled_metrics
+from tests.integration.server_process import ROOT, free_port, requests_counted, running_server, settled_metrics
 
 
 @pytest.fixture(autouse=True)
@@ -242,15 +242,13 @@ def test_it_counts_into_metrics(server: dict[str, Any]) -> None:
         time.sleep(1.5)  # the C side's refusals are counted every second
         after = settled_metrics(server["url"])
 
-    def count(text: str, labels: str) -> float:
-        line = next((line for line in text.splitlines() if line.startswith("cgserve_requests_total{") and
-                     all(label in line for label in labels.split(","))), None)  # fmt: skip
-        return float(line.rsplit(" ", 1)[1]) if line else 0.0
-
     # format too: a v2 test before this one has its own protocol="door" series (format="v2-binary")
     raw_ok = 'protocol="door",format="raw",code="200"'
-    assert count(after, raw_ok) - count(before, raw_ok) == 3
-    assert count(after, 'protocol="door",code="401"') - count(before, 'protocol="door",code="401"') >= 1
+    assert requests_counted(after, raw_ok) - requests_counted(before, raw_ok) == 3
+    assert (
+        requests_counted(after, 'protocol="door",code="401"') - requests_counted(before, 'protocol="door",code="401"')
+        >= 1
+    )
     assert 'cgserve_request_duration_seconds_count{format="raw",model="fashion-cnn",protocol="door"}' in after
 
 

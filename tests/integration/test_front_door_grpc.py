@@ -20,7 +20,7 @@ import tritonclient.grpc as triton_grpc
 from tritonclient.grpc import service_pb2 as pb  # Triton's messages (ours register the same names)
 from tritonclient.utils import InferenceServerException
 
-from tests.integration.server_process import free_port, running_server, settled_metrics
+from tests.integration.server_process import free_port, requests_counted, running_server, settled_metrics
 from tests.integration.test_front_door import SERVE, TOKEN, closed_within, compiler, sample_images
 
 __all__ = ["compiler"]  # the C compiler's check, for every test here too
@@ -173,14 +173,9 @@ def test_it_counts_into_metrics(server: dict[str, Any]) -> None:
     time.sleep(1.5)  # the C side's refusals are counted every second
     after = settled_metrics(server["url"])
 
-    def count(text: str, labels: str) -> float:
-        line = next((line for line in text.splitlines() if line.startswith("cgserve_requests_total{") and
-                     all(label in line for label in labels.split(","))), None)  # fmt: skip
-        return float(line.rsplit(" ", 1)[1]) if line else 0.0
-
-    ok, unauthenticated = 'format="grpc",code="200"', 'format="grpc",code="UNAUTHENTICATED"'
-    assert count(after, 'protocol="door",' + ok) - count(before, 'protocol="door",' + ok) == 3
-    assert count(after, unauthenticated) - count(before, unauthenticated) >= 1
+    ok, unauthenticated = 'protocol="door",format="grpc",code="200"', 'format="grpc",code="UNAUTHENTICATED"'
+    assert requests_counted(after, ok) - requests_counted(before, ok) == 3
+    assert requests_counted(after, unauthenticated) - requests_counted(before, unauthenticated) >= 1
     assert 'cgserve_request_duration_seconds_count{format="grpc",model="fashion-cnn",protocol="door"}' in after
 
 
