@@ -3,9 +3,10 @@ answered with the gRPC port's ModelInferResponse, built for the k rows of a piec
 
 grpc.c takes ModelInfer whose one raw_input_contents entry is one image's uint8 pixels and hands Python the
 request's other fields as they were sent (the model's name, the input's name, shape and datatype, the outputs
-asked: ~100 bytes). A client sends the same fields with every call but for its id (perf_analyzer numbers its
-calls), so a request is parsed (~2 µs) only where its bytes are new, and checked by the gRPC port's own decode once
-without its id.
+asked: ~100 bytes), its id's field first. A client sends the same fields with every call but for its id (Triton's
+clients number theirs where asked), so the id is cut off the front and the rest looked up by its bytes: a request is
+parsed and checked by the gRPC port's own decode only where those bytes are new (a numbered call: 2.7 µs of the
+event loop parsing each, 1.4 µs cutting its id; bench/results/2026-12-04-cpu-grpc-request-ids.md).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
 from app.service import ServedModel, Service
 
 OK_TRAILERS = b"grpc-status: 0\r\n"
+ID_FIELD = b"\x1a"  # ModelInferRequest's field 3 (id), length-delimited: grpc.c puts it first
 EXPECTED = "a ModelInferRequest (inference.GRPCInferenceService) with one UINT8 image in raw_input_contents"
 
 
@@ -68,27 +70,31 @@ class GrpcHeaders:
         self.known_but_id: dict[bytes, GrpcAsked | ServiceError] = {}  # by its bytes once its id is taken out
 
     def __call__(self, header: bytes) -> GrpcAsked | ServiceError:
+        """`header`: the request's fields but its pixels as grpc.c hands them, its id's field first where it has one."""
         found = self.known.get(header)
         if found is not None:
             return found
-        try:
-            request = pb.ModelInferRequest.FromString(header)
-        except DecodeError:
-            refused = InputError("the request is not a ModelInferRequest", expected=EXPECTED)
-            return remember(self.known, header, lambda: refused)
-        if not request.id:
-            return remember(self.known, header, lambda: self._check(request))
-        request_id = request.id
-        request.ClearField("id")
-        found = remember(self.known_but_id, request.SerializeToString(), lambda: self._check(request))
+        if header[:1] != ID_FIELD:
+            return remember(self.known, header, lambda: self._check(header))
+        length, start = _varint(header, 1)
+        if start + length > len(header):
+            return InputError("the request is not a ModelInferRequest", expected=EXPECTED)
+        rest = header[start + length :]
+        found = remember(self.known_but_id, rest, lambda: self._check(rest))
         if isinstance(found, ServiceError):
             return found
         try:
-            return dataclasses.replace(found, id=tensors.checked_id(request_id))
+            return GrpcAsked(found.outputs, tensors.checked_id(header[start : start + length].decode()))
+        except UnicodeDecodeError:  # as protobuf's parse of the whole request refuses it
+            return InputError("the request is not a ModelInferRequest (its id is not UTF-8)", expected=EXPECTED)
         except ServiceError as error:
             return error
 
-    def _check(self, request: pb.ModelInferRequest) -> GrpcAsked | ServiceError:
+    def _check(self, fields: bytes) -> GrpcAsked | ServiceError:
+        try:
+            request = pb.ModelInferRequest.FromString(fields)
+        except DecodeError:
+            return InputError("the request is not a ModelInferRequest", expected=EXPECTED)
         try:
             served = self.service.model(request.model_name, request.model_version or None)
             if served is not self.served:
@@ -170,7 +176,7 @@ class GrpcAnswers:
         k = len(scores)
         raws = [tensors.raw_bytes(*answered) for answered in tensors.answer_tensors(self.spec, scores, outputs)]
         widths = [len(raw) // k for raw in raws]  # each output's bytes a row
-        fields = [b"\x32" + _varint(width) for width in widths]  # field 6, length-delimited
+        fields = [b"\x32" + _varint_bytes(width) for width in widths]  # field 6, length-delimited
         messages = []
         for i, request_id in enumerate(ids):
             parts = [template]
@@ -178,12 +184,25 @@ class GrpcAnswers:
                 parts += (field, raw[i * width : (i + 1) * width])
             if request_id:
                 encoded = request_id.encode()
-                parts += (b"\x1a", _varint(len(encoded)), encoded)  # field 3
+                parts += (ID_FIELD, _varint_bytes(len(encoded)), encoded)  # field 3
             messages.append(b"".join(parts))
         return messages
 
 
-def _varint(n: int) -> bytes:
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    """The protobuf varint at data[at:]: (its value, where what follows it starts)."""
+    value = shift = 0
+    while at < len(data):
+        byte = data[at]
+        value |= (byte & 0x7F) << shift
+        at += 1
+        if byte < 0x80:
+            return value, at
+        shift += 7
+    return value, len(data) + 1  # cut short: past the end, which the caller refuses
+
+
+def _varint_bytes(n: int) -> bytes:
     out = bytearray()
     while n >= 0x80:
         out.append(n & 0x7F | 0x80)

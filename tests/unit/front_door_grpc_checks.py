@@ -44,12 +44,12 @@ def test_grpc_answers_of_a_piece_are_the_grpc_ports_row_by_row(tmp_path: Path) -
         assert answers._templates[every] is not None  # the shared template was used
 
 
-def infer_request(shape: list[int], datatype: str = "UINT8", **fields: Any) -> bytes:
-    """A Triton client's ModelInferRequest for one raw input, without its raw_input_contents (what grpc.c hands
-    Python)."""
+def infer_request(shape: list[int], datatype: str = "UINT8", id: str | None = None, **fields: Any) -> bytes:
+    """A Triton client's ModelInferRequest for one raw input, as grpc.c hands it to Python: without its
+    raw_input_contents, its id's field first."""
     tensor = pb.ModelInferRequest.InferInputTensor(name="input", datatype=datatype, shape=shape)
     request = pb.ModelInferRequest(model_name=fields.pop("model_name", "fashion-cnn"), inputs=[tensor], **fields)
-    return request.SerializeToString()
+    return (b"" if id is None else pb.ModelInferRequest(id=id).SerializeToString()) + request.SerializeToString()
 
 
 class OneModel:
