@@ -55,6 +55,7 @@ typedef struct call {
     int too_large, ended;   /* more than a call of its method holds came; the client's last frame came */
     int done;               /* answered here, or its row taken (Python answers it): nothing more is read of it */
     double since;           /* its HEADERS came: it must be whole within request_s */
+    double answered;        /* its answer was handed to nghttp2 (0: not yet): it must be sent within request_s */
     char *out;              /* the answer's DATA: the gRPC prefix and the response */
     size_t out_len, out_off;
     char *trailers;         /* its trailers as header lines, sent after the DATA */
@@ -118,6 +119,7 @@ static int says_ok(const char *lines, size_t len) {
 /* A call answered: its trailers' lines, and its response message where they say OK (an error's: trailers only). */
 static void respond(struct h2 *h, call_t *call, const char *message, size_t len, const char *lines, size_t lines_len) {
     call->done = 1;
+    call->answered = now_s();
     call->trailers = malloc(lines_len + 1);
     if (!call->trailers) { nghttp2_submit_rst_stream(h->s, NGHTTP2_FLAG_NONE, call->stream, NGHTTP2_INTERNAL_ERROR); return; }
     memcpy(call->trailers, lines, lines_len);
@@ -196,7 +198,13 @@ static const char *split_request(const uint8_t *p, size_t n, const uint8_t **raw
         }
         if (at > n) return "the request is not a ModelInferRequest (a field is longer than the message)";
         if (tag >> 3 == 7 && (tag & 7) == 2) continue;
-        if (tag == (3 << 3 | 2)) { /* put first below */
+        if (tag == (3 << 3 | 2) && p[start] == (3 << 3 | 2)) { /* its usual one-byte tag: put first below */
+            if (id_len) { /* an earlier id: kept in place, where Python's parse checks it (the last one wins) */
+                if (*header_len + id_len > MAX_V2_HEADER)
+                    return "the request's fields other than raw_input_contents are over 4 KiB";
+                memcpy(header + *header_len, p + id_start, id_len);
+                *header_len += id_len;
+            }
             id_start = start;
             id_len = at - start;
             continue;
@@ -254,7 +262,8 @@ static void answer_set(struct h2 *h, call_t *call, const uint8_t *request, size_
     for (size_t i = 0; i < len; i++) n += (size_t)snprintf(key + n, 3, "%02x", request[i]);
     char *head = NULL, *body = NULL;
     size_t body_len = 0;
-    int found = find_get(h->d, key, n, call->auth_len ? call->auth : NULL, call->auth_len, &head, &body, &body_len);
+    int token = call->auth_len && call->auth_len <= MAX_AUTH; /* a longer one was not kept: no token */
+    int found = find_get(h->d, key, n, token ? call->auth : NULL, token ? call->auth_len : 0, &head, &body, &body_len);
     if (found < 0) { refuse_call(h, call, UNAUTHENTICATED, "the bearer token is missing or not one of the inference tokens"); return; }
     if (!found) {
         refuse_call(h, call, UNIMPLEMENTED,
@@ -574,6 +583,11 @@ void h2_sweep(door_t *d, conn_t *c, int fd, double now) {
         return;
     }
     if (h->stuck_since > 0 && now - h->stuck_since > d->request_s) { close_conn(d, c, fd); return; }
+    for (call_t *call = h->calls; call; call = call->next)
+        if (call->answered > 0 && now - call->answered > d->request_s) { /* a window the client never opens */
+            end_session(d, c, fd, NGHTTP2_NO_ERROR);
+            return;
+        }
     if (h->open == 0 && (h->goaway || now - h->idle_since > d->keepalive_s)) { end_session(d, c, fd, NGHTTP2_NO_ERROR); return; }
     int refused = 0;
     for (call_t *call = h->calls; call; call = call->next)

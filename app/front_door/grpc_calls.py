@@ -75,12 +75,12 @@ class GrpcHeaders:
         if found is not None:
             return found
         if header[:1] != ID_FIELD:
-            return remember(self.known, header, lambda: self._check(header))
+            return remember(self.known, header, lambda: self._check(header, id_first=False))
         length, start = _varint(header, 1)
         if start + length > len(header):
             return InputError("the request is not a ModelInferRequest", expected=EXPECTED)
         rest = header[start + length :]
-        found = remember(self.known_but_id, rest, lambda: self._check(rest))
+        found = remember(self.known_but_id, rest, lambda: self._check(rest, id_first=True))
         if isinstance(found, ServiceError):
             return found
         try:
@@ -90,7 +90,7 @@ class GrpcHeaders:
         except ServiceError as error:
             return error
 
-    def _check(self, fields: bytes) -> GrpcAsked | ServiceError:
+    def _check(self, fields: bytes, *, id_first: bool) -> GrpcAsked | ServiceError:
         try:
             request = pb.ModelInferRequest.FromString(fields)
         except DecodeError:
@@ -104,7 +104,9 @@ class GrpcHeaders:
                 )
             if any(tensor.datatype != "UINT8" for tensor in request.inputs):  # its bytes are not what grpc.c copied
                 return self._not_one_image()
-            asked = GrpcAsked(asked_outputs(request, self.spec))
+            # Without an id cut off the front, an id among the fields (a tag in an unusual encoding) is the request's,
+            # as the gRPC port reads it; with one, that one wins (protobuf's last), and one left here is an earlier.
+            asked = GrpcAsked(asked_outputs(request, self.spec), "" if id_first else tensors.checked_id(request.id))
             whole = pb.ModelInferRequest()
             whole.CopyFrom(request)
             whole.raw_input_contents.append(self.probe)

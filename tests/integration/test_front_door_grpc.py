@@ -199,6 +199,16 @@ def call_headers(path: str = INFER) -> bytes:
     return b"".join(literal(name, value) for name, value in fields)
 
 
+def one_image_call() -> bytes:
+    """A ModelInfer call's body: the gRPC message prefix, then one sample image's request."""
+    tensor = pb.ModelInferRequest.InferInputTensor(name="input", datatype="UINT8", shape=[1, 1, 28, 28])
+    request = pb.ModelInferRequest(
+        model_name="fashion-cnn", inputs=[tensor], raw_input_contents=[images(1)[0].tobytes()]
+    )
+    message = request.SerializeToString()
+    return b"\x00" + struct.pack(">I", len(message)) + message
+
+
 def frames(data: bytes) -> list[tuple[int, int, int, bytes]]:
     """The whole frames in `data`: (type, flags, stream, payload) each."""
     found = []
@@ -232,20 +242,27 @@ def test_idle_and_stalled_connections_are_closed(server: dict[str, Any]) -> None
 
 def test_a_client_that_closes_its_side_still_gets_its_answer(server: dict[str, Any]) -> None:
     """A call sent whole, then the client's last byte (its socket's sending side shut): answered, then closed."""
-    image = images(1)[0].tobytes()
-    tensor = pb.ModelInferRequest.InferInputTensor(name="input", datatype="UINT8", shape=[1, 1, 28, 28])
-    request = pb.ModelInferRequest(model_name="fashion-cnn", inputs=[tensor], raw_input_contents=[image])
-    message = request.SerializeToString()
     host, port = server["door"].split(":")
     with socket.create_connection((host, int(port))) as client:
-        body = b"\x00" + struct.pack(">I", len(message)) + message
-        client.sendall(PREFACE + frame(1, 4, 1, call_headers()) + frame(0, 1, 1, body))
+        client.sendall(PREFACE + frame(1, 4, 1, call_headers()) + frame(0, 1, 1, one_image_call()))
         client.shutdown(socket.SHUT_WR)
         sent = closed_within(client, 5)
     assert sent is not None
     data = b"".join(payload for kind, _, stream, payload in frames(sent) if kind == 0 and stream == 1)
     answer = pb.ModelInferResponse.FromString(data[5:])
     assert answer.model_name == "fashion-cnn" and len(answer.raw_output_contents[0]) == 40
+
+
+def test_a_client_that_never_opens_its_window_is_closed(server: dict[str, Any]) -> None:
+    """A client whose SETTINGS give the answers no window (and that never sends WINDOW_UPDATE) cannot be answered:
+    closed once its answer has waited the request timeout (2 s here), not held for ever with its calls."""
+    no_window = frame(4, 0, 0, struct.pack(">HI", 4, 0))  # SETTINGS_INITIAL_WINDOW_SIZE = 0
+    host, port = server["door"].split(":")
+    with socket.create_connection((host, int(port))) as client:
+        client.sendall(PREFACE[:24] + no_window + frame(1, 4, 1, call_headers()) + frame(0, 1, 1, one_image_call()))
+        started = time.monotonic()
+        assert closed_within(client, 8) is not None
+        assert time.monotonic() - started > 1.5
 
 
 def test_the_http_door_does_not_answer_grpcs_calls(server: dict[str, Any]) -> None:

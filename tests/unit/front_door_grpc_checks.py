@@ -76,6 +76,12 @@ def test_grpc_requests_are_what_the_grpc_port_makes_of_them() -> None:
     assert len(known.known_but_id) == 2 and len(known.known) == 0  # checked once without its id, not 3,000 times
     plain = infer_request([1, 1, 28, 28])
     assert known(plain) is known(plain) and plain in known.known
+    # An id grpc.c left among the fields (its tag in two bytes, 0x9a 0x00): the request's, as the gRPC port reads it.
+    unusual = infer_request([1, 1, 28, 28]) + b"\x9a\x00\x03odd"
+    assert known(unusual) == GrpcAsked((Wanted("probabilities", 0, True),), "odd")
+    # Two ids: the one grpc.c put first (the last sent) wins, and the earlier one is parsed but not echoed.
+    twice = infer_request([1, 1, 28, 28], id="last") + b"\x1a\x05first"
+    assert known(twice).id == "last"  # type: ignore[union-attr]
     too_long = known(infer_request([1, 1, 28, 28], id="x" * 10_000))
     assert isinstance(too_long, ServiceError) and "request id" in str(too_long)
     refusals = {
