@@ -31,7 +31,8 @@
  * socket does not take whole (a client that does not read) closes the connection, so that its
  * client sees an answer cut short, not a stream that goes on without some of its answers.
  *
- * Built without Python's headers (app/front_door/library.py) and called through ctypes, whose
+ * The same threads serve gRPC on a second listener, where one is given (grpc.c: HTTP/2 with nghttp2; door.h holds
+ * what the two share). Built without Python's headers (app/front_door/library.py) and called through ctypes, whose
  * foreign calls release the GIL.
  */
 #include "door.h"
@@ -859,7 +860,8 @@ void fd_release(door_t *d, int b) {
 
 /* Answer k requests: answer i is bodies[offsets[i]:offsets[i+1]], with `status` ("200 OK") and the header
  * lines heads[head_offsets[i]:head_offsets[i+1]] (its content-type and any others), handed to the outbox of
- * the thread that owns its connection (which writes it). */
+ * the thread that owns its connection (which writes it). A gRPC call's (its id says so: door.h's H2_ID): its
+ * response message and its trailers' lines, which grpc.c sends; `status` is not. */
 void fd_answer(door_t *d, int k, const uint64_t *ids, const char *bodies, const int64_t *offsets,
                const char *status, const char *heads, const int64_t *head_offsets) {
     int woken[MAX_THREADS] = {0};

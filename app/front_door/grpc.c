@@ -9,8 +9,8 @@
  * touched by the owning thread (Python's answers reach it through the thread's outbox, as HTTP/1.1's do).
  *
  * A ModelInfer message is walked as protobuf without a schema: its one field 7 (raw_input_contents) is the row,
- * copied into the bulk; every other field, as sent, is the row's header, which Python parses and checks once per
- * distinct header (app/front_door/grpc_headers.py), as a v2 request's JSON header is. Python answers each call
+ * copied into the bulk; every other field, as sent (its id's first), is the row's header, which Python checks once
+ * per distinct header but for the id (app/front_door/grpc_calls.py), as a v2 request's JSON header is. Python answers each call
  * with its ModelInferResponse message and its trailers ("grpc-status: 0"), or with no message and an error's
  * trailers. Other calls of GRPCInferenceService (a client's ServerLive, ModelMetadata, ModelConfig, ModelReady
  * before its inferences) get the answer Python set for the method and that very request (find_get's key: the
@@ -18,9 +18,12 @@
  * service's gRPC port, which serves everything.
  *
  * Limits: at most MAX_STREAMS calls a connection at once (its SETTINGS); a call's message at most one image and
- * a 4 KiB header (ModelInfer) or MAX_SMALL_MESSAGE (the rest); a call must arrive whole within `request_s` of
- * the connection's last byte, and a connection without calls is closed after `keepalive_s`; tokens as HTTP's
- * (`authorization: Bearer …` metadata). A drain sends GOAWAY: calls begun are answered, then it closes.
+ * a 4 KiB header (ModelInfer) or MAX_SMALL_MESSAGE (the rest); a call must arrive whole within `request_s` of its
+ * headers (else DEADLINE_EXCEEDED, its stream reset) and its answer be taken within `request_s` (else the
+ * connection is closed: a client that does not read, or never opens its window); a connection without calls is
+ * closed after `keepalive_s`, with a GOAWAY; tokens as HTTP's (`authorization: Bearer …` metadata). A call that no
+ * message could make servable (a stream, another method, no token) is refused at its headers. A drain sends
+ * GOAWAY: every call up to it is answered, then the connection closes.
  */
 #include "door.h"
 
@@ -37,10 +40,7 @@
 #define READS_A_TURN 16 /* 64 KiB reads of one connection before the thread's other connections */
 
 /* gRPC's status codes, the ones sent here. */
-enum {
-    OK = 0, INVALID_ARGUMENT = 3, DEADLINE_EXCEEDED = 4, RESOURCE_EXHAUSTED = 8, UNIMPLEMENTED = 12, INTERNAL = 13,
-    UNAUTHENTICATED = 16
-};
+enum { INVALID_ARGUMENT = 3, DEADLINE_EXCEEDED = 4, RESOURCE_EXHAUSTED = 8, UNIMPLEMENTED = 12, UNAUTHENTICATED = 16 };
 
 typedef struct call {
     struct call *prev, *next; /* the connection's calls, freed with it (nghttp2_session_del frees no user data) */
@@ -75,7 +75,7 @@ struct h2 {
     uint32_t events;        /* as last put in epoll */
 };
 
-/* The calls of an answer: `lines` ("name: value\r\n"…) as nghttp2's pairs, pointing into `lines`; at most `most`. */
+/* An answer's trailers: `lines` ("name: value\r\n"…) as nghttp2's pairs, pointing into `lines`; at most `most`. */
 static int parse_lines(char *lines, size_t len, nghttp2_nv *nv, int most) {
     int n = 0;
     char *p = lines, *end = lines + len;
