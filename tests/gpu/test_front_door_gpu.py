@@ -6,7 +6,6 @@ door's answers)."""
 
 from __future__ import annotations
 
-import shutil
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,8 +19,9 @@ import pytest
 
 from tests.gpu.test_cuda_engine import eager, relative_error
 from tests.integration.server_process import free_port, running_server, settled_metrics
+from tests.integration.test_front_door import door_toolchain
 
-pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler to build app/front_door/door.c")
+pytestmark = pytest.mark.skipif(door_toolchain() is not None, reason="no C compiler or nghttp2 headers for the door")
 SERVE = (sys.executable, "-m", "app.cli", "serve")
 CONNECTIONS, EACH = 64, 8
 V2_HEADER = orjson.dumps({

@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -29,11 +30,22 @@ from models.fashion_mnist import load_test_sample
 from tests.integration.server_process import ROOT, free_port, requests_counted, running_server, settled_metrics
 
 
+def door_toolchain() -> str | None:
+    """What the server lacks to build door.c and grpc.c (a C compiler, nghttp2's headers), or None."""
+    if shutil.which("cc") is None:
+        return "no C compiler (cc)"
+    probe = subprocess.run(["cc", "-E", "-x", "c", "-", "-o", os.devnull], input="#include <nghttp2/nghttp2.h>\n",
+                           capture_output=True, text=True)  # fmt: skip
+    return None if probe.returncode == 0 else "no nghttp2 headers"
+
+
 @pytest.fixture(autouse=True)
 def compiler() -> None:
-    """The server builds door.c with cc; without one these tests skip, except on CI (.ci/run installs gcc)."""
-    if shutil.which("cc") is None:
-        message = "no C compiler (cc) to build app/front_door/door.c: apt-get install gcc libc6-dev libnghttp2-dev"
+    """The server builds door.c and grpc.c with cc; without it or nghttp2's headers these tests skip, except on CI
+    (.ci/run installs gcc and libnghttp2-dev)."""
+    lacking = door_toolchain()
+    if lacking is not None:
+        message = f"{lacking} to build app/front_door/door.c: apt-get install gcc libc6-dev libnghttp2-dev"
         if os.environ.get("CI") == "true":
             pytest.fail(f"{message} (CI=true: the front door's tests must run)")
         pytest.skip(message)
