@@ -28,7 +28,7 @@ that one batcher sees every request, and only where front_door_port is set. Ever
 routes and models, JSON, v2's JSON tensors, FP32 or encoded images, multipart, chunked bodies, TLS) is
 the service's ports': the door answers it a 4xx, or a gRPC status, that says so. It keeps its own limits
 (door.c's and grpc.c's headers) and counts into the same metrics, under protocol "door" (format "raw",
-"v2-binary" or "grpc"). gRPC on the door (run 38) answered perf_analyzer at 0.98–0.99× its v2 HTTP there,
+"v2-binary" or "grpc"). gRPC on the door (run 38) answered perf_analyzer at 0.94–0.99× its v2 HTTP there,
 where grpcio's server in Python held gRPC to 0.53–0.60× of the engine's peak (run 25).
 
     library.py     door.c and grpc.c built (or the one the settings name)

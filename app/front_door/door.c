@@ -481,8 +481,7 @@ static int parse_one(door_t *d, conn_t *c, int fd) {
         sent = refuse(d, fd, h.refusal.which, h.refusal.code, h.refusal.message, h.refusal.extra_head, closing, h.v2);
     } else {
         c->gen++; /* this request's own: an answer for an earlier one (answered twice) goes nowhere */
-        uint64_t id = ((uint64_t)c->gen << 32) | (uint32_t)fd;
-        if (add_row(d, id, h.header_len ? KIND_V2 : KIND_PREDICT, c->buf + h.len, h.header_len,
+        if (add_row(d, http_id(c->gen, fd), h.header_len ? KIND_V2 : KIND_PREDICT, c->buf + h.len, h.header_len,
                     c->buf + h.len + h.header_len)) {
             c->state = IN_FLIGHT;
             answered_here = 0;
@@ -866,13 +865,13 @@ void fd_answer(door_t *d, int k, const uint64_t *ids, const char *bodies, const 
                const char *status, const char *heads, const int64_t *head_offsets) {
     int woken[MAX_THREADS] = {0};
     for (int i = 0; i < k; i++) {
-        int h2 = (ids[i] & H2_ID) != 0;
-        int fd = h2 ? (int)(ids[i] & 0xffff) : (int)(uint32_t)ids[i];
-        uint32_t gen = h2 ? (uint32_t)((ids[i] >> 47) & 0xffff) : (uint32_t)(ids[i] >> 32);
+        target_t t = id_target(ids[i]);
+        int h2 = t.stream != 0, fd = t.fd;
+        uint32_t gen = t.gen;
         conn_t *c = fd < MAX_FD ? d->conns[fd] : NULL;
         if (!c) continue;
         pthread_mutex_lock(&c->mu);
-        int owner = c->owner, current = (h2 ? c->gen & 0xffff : c->gen) == gen && (c->h2 != NULL) == h2;
+        int owner = c->owner, current = (h2 ? H2_GEN(c->gen) : c->gen) == gen && (c->h2 != NULL) == h2;
         int closing = c->close_after || load(&d->draining);
         pthread_mutex_unlock(&c->mu);
         if (!current) continue; /* closed since: nobody to answer */
@@ -880,7 +879,7 @@ void fd_answer(door_t *d, int k, const uint64_t *ids, const char *bodies, const 
         int lines_len = (int)(head_offsets[i + 1] - head_offsets[i]);
         reply_t r = {.fd = fd, .gen = gen};
         if (h2) { /* its message, and its trailers as Python wrote them (grpc.c sends them) */
-            r.stream = (int32_t)((ids[i] >> 16) & 0x7fffffff);
+            r.stream = t.stream;
             r.len = body_len;
             r.text = malloc(body_len + 1);
             memcpy(r.text, bodies + offsets[i], body_len);

@@ -22,7 +22,8 @@
 #define MAX_FD 65536
 #define MAX_THREADS 64
 #define MAX_HEAD 8192
-#define MAX_V2_HEADER 4096 /* a v2 request's JSON inference header (Triton's clients send ~250 bytes) */
+#define MAX_V2_HEADER 4096 /* a v2 request's JSON inference header (Triton's clients send ~250 bytes), or a gRPC
+                           * call's fields but its pixels (~100 bytes) */
 #define MAX_GETS 64        /* the answers Python sets (fd_set_get): the v2 metadata a client reads first */
 #define MAX_BUFFERS 16
 #define MAX_TOKENS 64
@@ -37,6 +38,16 @@ enum { KIND_PREDICT = 0, KIND_V2 = 1, KIND_GRPC = 2 };
 /* An answer's id (a bulk row's, fd_answer's): an HTTP/1.1 request's is its connection's generation << 32 | fd; a
  * gRPC call's has the top bit set, then 16 bits of its connection's generation, its stream (31 bits) and its fd. */
 #define H2_ID (1ULL << 63)
+#define H2_GEN(gen) ((uint32_t)(gen) & 0xffff) /* the part of a connection's generation a gRPC call's id holds */
+typedef struct { int fd; uint32_t gen; int32_t stream; } target_t; /* where an answer goes (stream 0: HTTP/1.1) */
+static inline uint64_t http_id(uint32_t gen, int fd) { return (uint64_t)gen << 32 | (uint32_t)fd; }
+static inline uint64_t grpc_id(uint32_t gen, int32_t stream, int fd) {
+    return H2_ID | (uint64_t)H2_GEN(gen) << 47 | (uint64_t)(uint32_t)stream << 16 | (uint64_t)fd;
+}
+static inline target_t id_target(uint64_t id) {
+    if (id & H2_ID) return (target_t){(int)(id & 0xffff), H2_GEN(id >> 47), (int32_t)((id >> 16) & 0x7fffffff)};
+    return (target_t){(int)(uint32_t)id, (uint32_t)(id >> 32), 0};
+}
 /* The statuses the C side answers by itself, counted for Prometheus (fd_counts, in this order). */
 enum { R400, R401, R404, R405, R408, R411, R413, R415, R422, R431, R503, REFUSALS };
 static const int refusal_codes[REFUSALS] = {400, 401, 404, 405, 408, 411, 413, 415, 422, 431, 503};
@@ -129,7 +140,7 @@ typedef struct {
     int copying[MAX_BUFFERS];     /* rows being copied in outside the lock */
     int filling;                  /* the bulk's buffer */
     int bulk_n;
-    uint64_t *bulk_ids;           /* gen << 32 | fd */
+    uint64_t *bulk_ids;           /* where each answer goes: http_id, grpc_id */
     double *bulk_arrived;         /* CLOCK_MONOTONIC seconds: Python's time.monotonic() */
     char *bulk_headers;           /* the v2 requests' JSON headers, one after another (max_rows × MAX_V2_HEADER) */
     int32_t *bulk_header_ends;    /* row i's header is bulk_headers[ends[i - 1]:ends[i]] (empty: POST /predict) */

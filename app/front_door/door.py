@@ -67,7 +67,7 @@ class Bulk:
     ids: np.ndarray  # (k,) uint64: where each answer goes (door.h's id: a connection, and a gRPC call's stream)
     arrived: np.ndarray  # (k,) float64: time.monotonic() of each request's whole arrival
     headers: list[bytes] | None  # each v2 request's JSON header, each gRPC call's other fields; None: all /predict
-    kinds: np.ndarray | None = None  # (k,) uint8: PREDICT, V2 or GRPC; None: V2 where a header is, else PREDICT
+    kinds: np.ndarray | None = None  # (k,) uint8: PREDICT, V2 or GRPC; None: all /predict (headers None too)
 
 
 class Door:
@@ -189,11 +189,6 @@ class Door:
         """Every connection of a detached door closed and its C side freed, on any thread (it joins the door's)."""
         if door:
             self._lib.fd_close(door)
-
-
-def grpc_key(method: str, request: bytes) -> bytes:
-    """What grpc.c looks a call's answer up by (find_get): its path, "?", its request message's bytes in hex."""
-    return f"/inference.GRPCInferenceService/{method}?{request.hex()}".encode()
 
 
 def _offsets(parts: list[bytes]) -> np.ndarray:

@@ -35,7 +35,7 @@ from app.protocols.v2.rest import Asked, V2Codec
 from app.service import ServedModel, Service
 
 if TYPE_CHECKING:  # loaded where the door serves gRPC (server.py): the protocol's messages
-    from app.front_door.grpc_calls import GrpcAnswers, GrpcAsked, GrpcRows
+    from app.front_door.grpc_calls import GrpcAnswers, GrpcRows
 
 PROTOCOL, FORM, V2_FORM, GRPC_FORM, OK = "door", "raw", "v2-binary", "grpc", b"200 OK"
 FORMS = {PREDICT: FORM, V2: V2_FORM, GRPC: GRPC_FORM}  # a row's kind → its metrics' format
@@ -53,7 +53,7 @@ class Requests:
     ids: np.ndarray  # (k,) uint64: door.h's answer ids
     arrived: np.ndarray  # (k,) float64: time.monotonic()
     kinds: np.ndarray | None = None  # (k,) uint8: door.PREDICT, V2 or GRPC; None: each a POST /predict
-    asked: list[Asked | GrpcAsked | None] | None = None  # each v2 or gRPC request's answer as it asks (None: /predict)
+    asked: list[Asked | None] | None = None  # each v2 or gRPC request's answer as it asks (None: POST /predict's)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -124,10 +124,7 @@ class Feeder:
     def _queue(self, bulk: Bulk) -> None:
         """A bulk of (k, C, H, W) rows, read in place until its buffer is released, onto the batcher in pieces."""
         rows, buffer = bulk.rows, bulk.buffer
-        kinds = bulk.kinds
-        if kinds is None and bulk.headers is not None:  # V2 where a header is (door.py's Bulk)
-            kinds = np.array([V2 if header else PREDICT for header in bulk.headers], np.uint8)
-        requests = Requests(bulk.ids, bulk.arrived, kinds)
+        requests = Requests(bulk.ids, bulk.arrived, bulk.kinds)
         deadline = float(bulk.arrived[0]) + self.timeout_s  # its oldest request's
         try:
             served, batcher = self._default_model()
@@ -162,7 +159,7 @@ class Feeder:
         now, and the others go on (their rows copied out where some were refused)."""
         assert self._answers is not None and requests.kinds is not None
         served, _, v2 = self._answers
-        checks: dict[int, Callable[[bytes], Asked | GrpcAsked | ServiceError]] = {V2: v2}
+        checks: dict[int, Callable[[bytes], Asked | ServiceError]] = {V2: v2}
         if self.grpc is not None:  # else grpc.c takes no call
             checks[GRPC] = self.grpc.parts(served)[0]
         checked = [
@@ -249,14 +246,15 @@ def _bodies(answers: Answers, grpc: GrpcAnswers | None, scores: np.ndarray, requ
             ) -> tuple[list[bytes], list[bytes]]:  # fmt: skip
     """(k, width) scores → each request's body and head lines (a gRPC call's: its message and trailers)."""
     if requests.kinds is None or not (calls := requests.kinds == GRPC).any():
-        return answers(scores, requests.asked)  # type: ignore[arg-type]  # no GrpcAsked among them
+        return answers(scores, requests.asked)
     assert requests.asked is not None and grpc is not None
     bodies, heads = [b""] * len(scores), [grpc.ok] * len(scores)
     others, grpc_rows = np.flatnonzero(~calls).tolist(), np.flatnonzero(calls).tolist()
     if others:
-        some = answers(scores[others], [requests.asked[i] for i in others])  # type: ignore[misc]
+        some = answers(scores[others], [requests.asked[i] for i in others])
         for i, body, head in zip(others, *some, strict=True):
             bodies[i], heads[i] = body, head
-    for i, message in zip(grpc_rows, grpc(scores[grpc_rows], [requests.asked[i] for i in grpc_rows]), strict=True):  # type: ignore[misc]
+    calls_asked = [requests.asked[i] for i in grpc_rows]  # each an Asked: a call's check refused it, or it asks
+    for i, message in zip(grpc_rows, grpc(scores[grpc_rows], calls_asked), strict=True):  # type: ignore[arg-type]
         bodies[i] = message
     return bodies, heads

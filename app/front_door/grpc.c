@@ -37,6 +37,9 @@
 #define MAX_SMALL_MESSAGE 4096 /* a call other than ModelInfer: a model's name and version */
 #define MAX_PATH 128
 #define MAX_AUTH 1024
+/* Every call the door does not serve is told this. */
+#define NOT_SERVED "the front door answers ModelInfer of its model with one UINT8 image, and its model's metadata, " \
+                   "configuration and readiness; send this call to the service's gRPC port"
 #define READS_A_TURN 16 /* 64 KiB reads of one connection before the thread's other connections */
 
 /* gRPC's status codes, the ones sent here. */
@@ -47,6 +50,7 @@ typedef struct call {
     int32_t stream;
     char path[MAX_PATH];
     size_t path_len;        /* 0: none, or longer than MAX_PATH */
+    int infer;              /* the path is ModelInfer's */
     int post, grpc;         /* :method POST; content-type application/grpc… */
     char auth[MAX_AUTH];
     size_t auth_len;        /* 0: none; over MAX_AUTH: too long to be a token (auth holds none of it) */
@@ -56,8 +60,9 @@ typedef struct call {
     int done;               /* answered here, or its row taken (Python answers it): nothing more is read of it */
     double since;           /* its HEADERS came: it must be whole within request_s */
     double answered;        /* its answer was handed to nghttp2 (0: not yet): it must be sent within request_s */
-    char *out;              /* the answer's DATA: the gRPC prefix and the response */
-    size_t out_len, out_off;
+    char prefix[5];         /* the answer's DATA: this gRPC message prefix, then `out` */
+    char *out;              /* the response message (NULL: none, or empty) */
+    size_t out_len, out_off; /* out_off: of the prefix and the message together */
     char *trailers;         /* its trailers as header lines, sent after the DATA */
     size_t trailers_len;
 } call_t;
@@ -98,11 +103,15 @@ static ssize_t read_answer(nghttp2_session *s, int32_t stream, uint8_t *buf, siz
                            nghttp2_data_source *source, void *user_data) {
     (void)user_data;
     call_t *call = source->ptr;
-    size_t n = call->out_len - call->out_off;
-    if (n > length) n = length;
-    memcpy(buf, call->out + call->out_off, n);
-    call->out_off += n;
-    if (call->out_off == call->out_len) { /* the trailers end the stream */
+    size_t total = sizeof call->prefix + call->out_len, n = 0;
+    while (call->out_off < sizeof call->prefix && n < length) buf[n++] = (uint8_t)call->prefix[call->out_off++];
+    if (call->out_off < total && n < length) {
+        size_t k = total - call->out_off < length - n ? total - call->out_off : length - n;
+        memcpy(buf + n, call->out + (call->out_off - sizeof call->prefix), k);
+        n += k;
+        call->out_off += k;
+    }
+    if (call->out_off == total) { /* the trailers end the stream */
         *flags |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM;
         nghttp2_nv nv[4];
         int k = parse_lines(call->trailers, call->trailers_len, nv, 4);
@@ -116,27 +125,31 @@ static int says_ok(const char *lines, size_t len) {
     return len >= 16 && memcmp(lines, "grpc-status: 0\r\n", 16) == 0;
 }
 
-/* A call answered: its trailers' lines, and its response message where they say OK (an error's: trailers only). */
-static void respond(struct h2 *h, call_t *call, const char *message, size_t len, const char *lines, size_t lines_len) {
+/* A call answered: its trailers' lines, and its response message where they say OK (an error's: trailers only).
+ * Both buffers are the call's from now on (malloc's; `message` may be NULL where it is empty): not copied again. */
+static void respond(struct h2 *h, call_t *call, char *message, size_t len, char *lines, size_t lines_len) {
     call->done = 1;
     call->answered = now_s();
-    call->trailers = malloc(lines_len + 1);
-    if (!call->trailers) { nghttp2_submit_rst_stream(h->s, NGHTTP2_FLAG_NONE, call->stream, NGHTTP2_INTERNAL_ERROR); return; }
-    memcpy(call->trailers, lines, lines_len);
+    call->trailers = lines;
     call->trailers_len = lines_len;
+    if (!lines) { /* out of memory for them */
+        free(message);
+        nghttp2_submit_rst_stream(h->s, NGHTTP2_FLAG_NONE, call->stream, NGHTTP2_INTERNAL_ERROR);
+        return;
+    }
     if (!says_ok(lines, lines_len)) { /* trailers only: one HEADERS that ends the stream */
+        free(message);
         nghttp2_nv nv[6] = {NV(":status", "200"), NV("content-type", "application/grpc")};
         int k = 2 + parse_lines(call->trailers, call->trailers_len, nv + 2, 4);
         nghttp2_submit_response(h->s, call->stream, nv, (size_t)k, NULL);
         return;
     }
-    call->out = malloc(5 + len);
-    if (!call->out) { nghttp2_submit_rst_stream(h->s, NGHTTP2_FLAG_NONE, call->stream, NGHTTP2_INTERNAL_ERROR); return; }
-    call->out[0] = 0; /* not compressed */
     uint32_t n = (uint32_t)len;
-    call->out[1] = (char)(n >> 24); call->out[2] = (char)(n >> 16); call->out[3] = (char)(n >> 8); call->out[4] = (char)n;
-    memcpy(call->out + 5, message, len);
-    call->out_len = 5 + len;
+    call->prefix[0] = 0; /* not compressed */
+    call->prefix[1] = (char)(n >> 24); call->prefix[2] = (char)(n >> 16); call->prefix[3] = (char)(n >> 8);
+    call->prefix[4] = (char)n;
+    call->out = message;
+    call->out_len = len;
     call->out_off = 0;
     nghttp2_nv nv[2] = {NV(":status", "200"), NV("content-type", "application/grpc")};
     nghttp2_data_provider body = {.source.ptr = call, .read_callback = read_answer};
@@ -154,7 +167,7 @@ static void refuse_call(struct h2 *h, call_t *call, int code, const char *messag
     pthread_mutex_lock(&h->d->bulk_mu);
     h->d->grpc_refused[code]++;
     pthread_mutex_unlock(&h->d->bulk_mu);
-    respond(h, call, NULL, 0, lines, (size_t)n);
+    respond(h, call, NULL, 0, strndup(lines, (size_t)n), (size_t)n);
 }
 
 static int varint(const uint8_t *p, size_t n, size_t *at, uint64_t *value) {
@@ -166,6 +179,16 @@ static int varint(const uint8_t *p, size_t n, size_t *at, uint64_t *value) {
     }
     return 0;
 }
+
+/* `n` bytes of a request's fields after the `*len` already in `header`: 0 where that would be over MAX_V2_HEADER. */
+static int keep(char *header, size_t *len, const uint8_t *from, size_t n) {
+    if (*len + n > MAX_V2_HEADER) return 0;
+    memcpy(header + *len, from, n);
+    *len += n;
+    return 1;
+}
+
+#define FIELDS_TOO_LARGE "the request's fields other than raw_input_contents are over 4 KiB"
 
 /* A ModelInferRequest walked as protobuf: its raw_input_contents entries (field 7) counted, the last in *raw; every
  * other field copied as sent into `header` (at most MAX_V2_HEADER), its id (field 3, the last one sent: protobuf's
@@ -199,23 +222,16 @@ static const char *split_request(const uint8_t *p, size_t n, const uint8_t **raw
         if (at > n) return "the request is not a ModelInferRequest (a field is longer than the message)";
         if (tag >> 3 == 7 && (tag & 7) == 2) continue;
         if (tag == (3 << 3 | 2) && p[start] == (3 << 3 | 2)) { /* its usual one-byte tag: put first below */
-            if (id_len) { /* an earlier id: kept in place, where Python's parse checks it (the last one wins) */
-                if (*header_len + id_len > MAX_V2_HEADER)
-                    return "the request's fields other than raw_input_contents are over 4 KiB";
-                memcpy(header + *header_len, p + id_start, id_len);
-                *header_len += id_len;
-            }
+            /* an earlier id: kept in place, where Python's parse checks it (the last one wins) */
+            if (id_len && !keep(header, header_len, p + id_start, id_len)) return FIELDS_TOO_LARGE;
             id_start = start;
             id_len = at - start;
             continue;
         }
-        if (*header_len + (at - start) > MAX_V2_HEADER)
-            return "the request's fields other than raw_input_contents are over 4 KiB";
-        memcpy(header + *header_len, p + start, at - start);
-        *header_len += at - start;
+        if (!keep(header, header_len, p + start, at - start)) return FIELDS_TOO_LARGE;
     }
-    if (id_len) {
-        if (*header_len + id_len > MAX_V2_HEADER) return "the request's fields other than raw_input_contents are over 4 KiB";
+    if (id_len) { /* first */
+        if (*header_len + id_len > MAX_V2_HEADER) return FIELDS_TOO_LARGE;
         memmove(header + id_len, header, *header_len);
         memcpy(header, p + id_start, id_len);
         *header_len += id_len;
@@ -241,9 +257,7 @@ static void take_infer(struct h2 *h, call_t *call, const uint8_t *request, size_
         refuse_call(h, call, INVALID_ARGUMENT, text);
         return;
     }
-    uint64_t id = H2_ID | ((uint64_t)(h->c->gen & 0xffff) << 47) | ((uint64_t)(uint32_t)call->stream << 16) |
-                  (uint64_t)h->fd;
-    if (!add_row(d, id, KIND_GRPC, header, header_len, (const char *)raw)) {
+    if (!add_row(d, grpc_id(h->c->gen, call->stream, h->fd), KIND_GRPC, header, header_len, (const char *)raw)) {
         refuse_call(h, call, RESOURCE_EXHAUSTED, "the front door holds as many images as it may; retry");
         return;
     }
@@ -251,6 +265,11 @@ static void take_infer(struct h2 *h, call_t *call, const uint8_t *request, size_
     free(call->message); /* copied into the bulk */
     call->message = NULL;
     call->len = call->cap = 0;
+}
+
+/* The call's bearer token, or NULL (none, or one too long to have been kept: no token then). */
+static const char *token(const call_t *call) {
+    return call->auth_len && call->auth_len <= MAX_AUTH ? call->auth : NULL;
 }
 
 /* Another call of the service: the answer Python set for this method and request, or UNIMPLEMENTED. */
@@ -262,22 +281,10 @@ static void answer_set(struct h2 *h, call_t *call, const uint8_t *request, size_
     for (size_t i = 0; i < len; i++) n += (size_t)snprintf(key + n, 3, "%02x", request[i]);
     char *head = NULL, *body = NULL;
     size_t body_len = 0;
-    int token = call->auth_len && call->auth_len <= MAX_AUTH; /* a longer one was not kept: no token */
-    int found = find_get(h->d, key, n, token ? call->auth : NULL, token ? call->auth_len : 0, &head, &body, &body_len);
+    int found = find_get(h->d, key, n, token(call), token(call) ? call->auth_len : 0, &head, &body, &body_len);
     if (found < 0) { refuse_call(h, call, UNAUTHENTICATED, "the bearer token is missing or not one of the inference tokens"); return; }
-    if (!found) {
-        refuse_call(h, call, UNIMPLEMENTED,
-                    "the front door answers ModelInfer of its model with one UINT8 image, and its model's metadata, "
-                    "configuration and readiness; send this call to the service's gRPC port");
-        return;
-    }
-    respond(h, call, body, body_len, head, strlen(head));
-    free(head);
-    free(body);
-}
-
-static int is_infer(const call_t *call) {
-    return call->path_len == sizeof INFER - 1 && memcmp(call->path, INFER, call->path_len) == 0;
+    if (!found) { refuse_call(h, call, UNIMPLEMENTED, NOT_SERVED); return; }
+    respond(h, call, body, body_len, head, strlen(head)); /* the copies find_get made, the call's now */
 }
 
 /* A call's headers came: refused at once where no message could change the answer (a client that never ends its
@@ -288,11 +295,8 @@ static void call_begun(struct h2 *h, call_t *call) {
         refuse_call(h, call, INVALID_ARGUMENT, "the call is not a gRPC POST (content-type application/grpc)");
     } else if (!call->path_len || memcmp(call->path, SERVICE, sizeof SERVICE - 1) != 0 ||
                (call->path_len == sizeof SERVICE - 1 + 16 && memcmp(call->path + sizeof SERVICE - 1, "ModelStreamInfer", 16) == 0)) {
-        refuse_call(h, call, UNIMPLEMENTED,
-                    "the front door answers ModelInfer of its model with one UINT8 image, and its model's metadata, "
-                    "configuration and readiness; send this call to the service's gRPC port");
-    } else if (is_infer(call) && d->n_tokens &&
-               !(call->auth_len && call->auth_len <= MAX_AUTH && token_ok(d, call->auth, call->auth_len))) {
+        refuse_call(h, call, UNIMPLEMENTED, NOT_SERVED);
+    } else if (call->infer && d->n_tokens && !(token(call) && token_ok(d, call->auth, call->auth_len))) {
         refuse_call(h, call, UNAUTHENTICATED,
                     call->auth_len ? "the bearer token is not one of the inference tokens" : "the call has no bearer token");
     }
@@ -300,7 +304,7 @@ static void call_begun(struct h2 *h, call_t *call) {
 
 /* The client's last frame of a call came: answered here, or its row taken. */
 static void call_ended(struct h2 *h, call_t *call) {
-    int infer = is_infer(call);
+    int infer = call->infer;
     const uint8_t *m = (const uint8_t *)call->message;
     uint32_t n = call->len >= 5 ? (uint32_t)m[1] << 24 | (uint32_t)m[2] << 16 | (uint32_t)m[3] << 8 | m[4] : 0;
     if (call->too_large) {
@@ -350,6 +354,7 @@ static int on_header(nghttp2_session *s, const nghttp2_frame *frame, const uint8
     if (is(name, name_len, ":path")) { /* a longer one names no method served here: refused as such */
         call->path_len = value_len < MAX_PATH ? value_len : 0;
         memcpy(call->path, value, call->path_len);
+        call->infer = value_len == sizeof INFER - 1 && memcmp(value, INFER, value_len) == 0;
     } else if (is(name, name_len, ":method")) {
         call->post = value_len == 4 && memcmp(value, "POST", 4) == 0;
     } else if (is(name, name_len, "content-type")) {
@@ -368,7 +373,7 @@ static int on_data(nghttp2_session *s, uint8_t flags, int32_t stream, const uint
     struct h2 *h = user_data;
     call_t *call = nghttp2_session_get_stream_user_data(s, stream);
     if (!call || call->too_large || call->done) return 0; /* dropped as it comes (refused once whole, or already) */
-    size_t most = is_infer(call) ? 5 + (size_t)h->d->row_bytes + MAX_V2_HEADER + 64 : 5 + MAX_SMALL_MESSAGE;
+    size_t most = call->infer ? 5 + (size_t)h->d->row_bytes + MAX_V2_HEADER + 64 : 5 + MAX_SMALL_MESSAGE;
     if (call->len + len > most) {
         call->too_large = 1;
         free(call->message);
@@ -560,10 +565,11 @@ void h2_serve(door_t *d, conn_t *c, int fd) {
 
 void h2_reply(door_t *d, conn_t *c, reply_t *r) {
     struct h2 *h = c->h2;
-    call_t *call = h && (c->gen & 0xffff) == r->gen ? nghttp2_session_get_stream_user_data(h->s, r->stream) : NULL;
+    call_t *call = h && H2_GEN(c->gen) == r->gen ? nghttp2_session_get_stream_user_data(h->s, r->stream) : NULL;
     if (call && call->done && !call->trailers) { /* its row was taken, and it is not answered yet */
-        respond(h, call, r->text, r->len, r->trailers, r->trailers_len);
+        respond(h, call, r->text, r->len, r->trailers, r->trailers_len); /* the reply's buffers, the call's now */
         flush(d, c, r->fd);
+        return;
     }
     free(r->text);
     free(r->trailers);
@@ -583,14 +589,13 @@ void h2_sweep(door_t *d, conn_t *c, int fd, double now) {
         return;
     }
     if (h->stuck_since > 0 && now - h->stuck_since > d->request_s) { close_conn(d, c, fd); return; }
-    for (call_t *call = h->calls; call; call = call->next)
+    if (h->open == 0 && (h->goaway || now - h->idle_since > d->keepalive_s)) { end_session(d, c, fd, NGHTTP2_NO_ERROR); return; }
+    int refused = 0;
+    for (call_t *call = h->calls; call; call = call->next) {
         if (call->answered > 0 && now - call->answered > d->request_s) { /* a window the client never opens */
             end_session(d, c, fd, NGHTTP2_NO_ERROR);
             return;
         }
-    if (h->open == 0 && (h->goaway || now - h->idle_since > d->keepalive_s)) { end_session(d, c, fd, NGHTTP2_NO_ERROR); return; }
-    int refused = 0;
-    for (call_t *call = h->calls; call; call = call->next)
         if (!call->ended && !call->done && now - call->since > d->request_s) {
             refuse_call(h, call, DEADLINE_EXCEEDED, "the call did not arrive whole in time");
             free(call->message);
@@ -598,6 +603,7 @@ void h2_sweep(door_t *d, conn_t *c, int fd, double now) {
             call->len = call->cap = 0;
             refused = 1;
         }
+    }
     if (refused) flush(d, c, fd);
 }
 

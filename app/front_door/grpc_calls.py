@@ -11,17 +11,15 @@ event loop parsing each, 1.4 µs cutting its id; bench/results/2026-12-04-cpu-gr
 
 from __future__ import annotations
 
-import dataclasses
-
 import grpc
 import numpy as np
 from google.protobuf.message import DecodeError, Message
 
 from app.errors import InputError, ServiceError
-from app.front_door.door import grpc_key
-from app.front_door.v2_headers import probe_pixels, remember
+from app.front_door.v2_headers import KnownHeaders, remember
 from app.protocols.v2 import tensors
 from app.protocols.v2.grpc_server import (
+    SERVICE_NAME,
     STATUS_CODES,
     asked_outputs,
     config_response,
@@ -30,6 +28,7 @@ from app.protocols.v2.grpc_server import (
     metadata_response,
 )
 from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
+from app.protocols.v2.rest import Asked
 from app.service import ServedModel, Service
 
 OK_TRAILERS = b"grpc-status: 0\r\n"
@@ -37,12 +36,9 @@ ID_FIELD = b"\x1a"  # ModelInferRequest's field 3 (id), length-delimited: grpc.c
 EXPECTED = "a ModelInferRequest (inference.GRPCInferenceService) with one UINT8 image in raw_input_contents"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class GrpcAsked:
-    """What a ModelInfer asks of its answer: the outputs (each with its top-k) and its id."""
-
-    outputs: tuple[tensors.Wanted, ...]
-    id: str = ""
+def grpc_key(method: str, request: bytes) -> bytes:
+    """What grpc.c looks a call's answer up by (find_get): its path, "?", its request message's bytes in hex."""
+    return f"/{SERVICE_NAME}/{method}?{request.hex()}".encode()
 
 
 def error_trailers(error: ServiceError) -> tuple[bytes, str]:
@@ -59,17 +55,15 @@ def _percent(text: str) -> bytes:
     )
 
 
-class GrpcHeaders:
-    """A ModelInfer's fields but its pixels → what it asks (`GrpcAsked`), or the error the gRPC port answers it."""
+class GrpcHeaders(KnownHeaders):
+    """A ModelInfer's fields but its pixels → what it asks (the HTTP port's `Asked`: its id and outputs), or the error
+    the gRPC port answers it."""
 
     def __init__(self, service: Service, served: ServedModel) -> None:
-        self.service, self.served, self.spec = service, served, served.spec
-        self.image_shape = (1, *self.spec.input_shape)
-        self.probe = probe_pixels(self.spec.input_shape)
-        self.known: dict[bytes, GrpcAsked | ServiceError] = {}  # by the request's bytes, as sent
-        self.known_but_id: dict[bytes, GrpcAsked | ServiceError] = {}  # by its bytes once its id is taken out
+        super().__init__(served.spec)
+        self.service, self.served = service, served
 
-    def __call__(self, header: bytes) -> GrpcAsked | ServiceError:
+    def __call__(self, header: bytes) -> Asked | ServiceError:
         """`header`: the request's fields but its pixels as grpc.c hands them, its id's field first where it has one."""
         found = self.known.get(header)
         if found is not None:
@@ -84,13 +78,13 @@ class GrpcHeaders:
         if isinstance(found, ServiceError):
             return found
         try:
-            return GrpcAsked(found.outputs, tensors.checked_id(header[start : start + length].decode()))
+            return Asked(tensors.checked_id(header[start : start + length].decode()), found.outputs)
         except UnicodeDecodeError:  # as protobuf's parse of the whole request refuses it
             return InputError("the request is not a ModelInferRequest (its id is not UTF-8)", expected=EXPECTED)
         except ServiceError as error:
             return error
 
-    def _check(self, fields: bytes, *, id_first: bool) -> GrpcAsked | ServiceError:
+    def _check(self, fields: bytes, *, id_first: bool) -> Asked | ServiceError:
         try:
             request = pb.ModelInferRequest.FromString(fields)
         except DecodeError:
@@ -106,15 +100,15 @@ class GrpcHeaders:
                 return self._not_one_image()
             # Without an id cut off the front, an id among the fields (a tag in an unusual encoding) is the request's,
             # as the gRPC port reads it; with one, that one wins (protobuf's last), and one left here is an earlier.
-            asked = GrpcAsked(asked_outputs(request, self.spec), "" if id_first else tensors.checked_id(request.id))
+            request_id = None if id_first else tensors.checked_id(request.id) or None
+            asked = Asked(request_id, asked_outputs(request, self.spec))
             whole = pb.ModelInferRequest()
             whole.CopyFrom(request)
             whole.raw_input_contents.append(self.probe)
             images = input_images(whole, self.probe, self.spec, self.service.settings.max_instances)
         except ServiceError as error:  # what the gRPC port answers this call
             return error
-        if not (isinstance(images, np.ndarray) and images.dtype == np.uint8 and images.shape == self.image_shape
-                and images.tobytes() == self.probe):  # fmt: skip
+        if not self.as_copied(images):
             return self._not_one_image()
         return asked
 
@@ -138,7 +132,7 @@ class GrpcAnswers:
         self.served, self.spec = served, served.spec
         self._templates: dict[tuple[tensors.Wanted, ...], bytes | None] = {}  # None: row by row
 
-    def __call__(self, scores: np.ndarray, asked: list[GrpcAsked]) -> list[bytes]:
+    def __call__(self, scores: np.ndarray, asked: list[Asked]) -> list[bytes]:
         """(k, width) scores → k ModelInferResponse messages."""
         messages: list[bytes] = [b""] * len(scores)
         groups: dict[tuple[tensors.Wanted, ...], list[int]] = {}
@@ -148,10 +142,10 @@ class GrpcAnswers:
             template = self._template(outputs, scores[rows[0]])
             if template is None:
                 for i in rows:
-                    response = infer_response(asked[i].id, self.served, scores[i : i + 1], outputs)
+                    response = infer_response(asked[i].id or "", self.served, scores[i : i + 1], outputs)
                     messages[i] = response.SerializeToString()
                 continue
-            for i, message in zip(rows, self._with(template, scores[rows], outputs, [asked[i].id for i in rows]),
+            for i, message in zip(rows, self._with(template, scores[rows], outputs, [asked[i].id or "" for i in rows]),
                                   strict=True):  # fmt: skip
                 messages[i] = message
         return messages

@@ -58,8 +58,7 @@ class FrontDoor:
                  grpc: GrpcRows | None) -> None:  # fmt: skip
         self.service, self.door, self.listeners, self.wake, self.feeder = service, door, listeners, wake, feeder
         self.grpc = grpc  # the gRPC calls' parts, where the door serves gRPC
-        self.refused = dict.fromkeys(door.refusal_codes, 0)  # what was counted into Prometheus so far
-        self.grpc_refused = [0] * len(GRPC_CODE_NAMES)  # the same, of gRPC's calls, by code
+        self.refused: dict[tuple[str, str], int] = {}  # (format, code) → what was counted into Prometheus so far
         self.model = service.model(None).spec.name  # the default model, whose v2 metadata the door answers
         self._set_gets()
         self.counter = asyncio.create_task(self._tend_forever(), name="front-door-tending")
@@ -181,15 +180,10 @@ class FrontDoor:
     def _count(self) -> None:
         """The C side's refusals since the last count, into cgserve_requests (no model: none was looked up)."""
         _, refused, _ = self.door.counts()
-        for code, total in refused.items():
-            if total > self.refused[code]:
-                metrics.REQUESTS.labels(model="", protocol=PROTOCOL, format=FORM, code=str(code)).inc(
-                    total - self.refused[code]
-                )
-                self.refused[code] = total
-        for code, total in enumerate(self.door.grpc_refusals()):
-            if total > self.grpc_refused[code]:
-                metrics.REQUESTS.labels(model="", protocol=PROTOCOL, format=GRPC_FORM, code=GRPC_CODE_NAMES[code]).inc(
-                    total - self.grpc_refused[code]
-                )
-                self.grpc_refused[code] = total
+        totals = {(FORM, str(code)): total for code, total in refused.items()}  # HTTP's by status, gRPC's by code
+        totals |= {(GRPC_FORM, GRPC_CODE_NAMES[code]): total for code, total in enumerate(self.door.grpc_refusals())}
+        for (form, code), total in totals.items():
+            counted = self.refused.get((form, code), 0)
+            if total > counted:
+                metrics.REQUESTS.labels(model="", protocol=PROTOCOL, format=form, code=code).inc(total - counted)
+                self.refused[(form, code)] = total

@@ -27,15 +27,30 @@ T = TypeVar("T")
 MOST_KNOWN = 1024  # distinct headers remembered (a client that sends a new id each time misses every time)
 
 
-class V2Headers:
+class KnownHeaders:
+    """One model's door requests' headers (a v2 request's JSON, a gRPC call's other fields), each checked once with
+    `probe` pixels decoded beside it and remembered by its bytes, or by its bytes without its id."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self.spec = spec
+        self.image_shape = (1, *spec.input_shape)
+        # Only a UINT8 input of one (C, H, W) image decodes back to these very bytes, which is what the door copied.
+        self.probe = (np.arange(int(np.prod(spec.input_shape))) % 251).astype(np.uint8).tobytes()
+        self.known: dict[bytes, Asked | ServiceError] = {}  # by the header's bytes: one without an id
+        self.known_but_id: dict[bytes, Asked | ServiceError] = {}  # by its bytes once its id is taken out
+
+    def as_copied(self, images: object) -> bool:
+        """Whether a decode gave back the probe as it is: one (1, C, H, W) uint8 image."""
+        return (isinstance(images, np.ndarray) and images.dtype == np.uint8 and images.shape == self.image_shape
+                and images.tobytes() == self.probe)  # fmt: skip
+
+
+class V2Headers(KnownHeaders):
     """A header's answer as asked (`Asked`), or the error the HTTP port answers it, for one model."""
 
     def __init__(self, codec: V2Codec, spec: ModelSpec) -> None:
-        self.codec, self.spec = codec, spec
-        self.image_shape = (1, *spec.input_shape)
-        self.probe = probe_pixels(spec.input_shape)
-        self.known: dict[bytes, Asked | ServiceError] = {}  # by the header's bytes: one without an id
-        self.known_but_id: dict[bytes, Asked | ServiceError] = {}  # by its bytes once its id is taken out
+        super().__init__(spec)
+        self.codec = codec
 
     def __call__(self, header: bytes) -> Asked | ServiceError:
         found = self.known.get(header)
@@ -63,23 +78,13 @@ class V2Headers:
             decoded = self.codec.decode_cheaply(request, self.spec)
         except ServiceError as error:  # what the HTTP port answers this request
             return error
-        if decoded is None or not self._as_copied(decoded[0]):
+        if decoded is None or not self.as_copied(decoded[0]):
             return InputError(
                 "the front door takes one image's pixels as the one UINT8 input of the binary tensor extension",
                 expected=f"an input of shape {list(self.image_shape)} and datatype UINT8; send any other "
                 "tensor, or encoded images (BYTES), to the service's HTTP port",
             )
         return decoded[1]
-
-    def _as_copied(self, images: np.ndarray) -> bool:
-        """Whether the decode gave back the binary section as it is: one (1, C, H, W) uint8 image."""
-        return images.dtype == np.uint8 and images.shape == self.image_shape and images.tobytes() == self.probe
-
-
-def probe_pixels(shape: tuple[int, ...]) -> bytes:
-    """The pixels a request's header is checked with, decoded beside it: only a UINT8 input of one (C, H, W) image
-    gives back these very bytes, which is what the door copied into the batch (a v2 header's, a gRPC call's)."""
-    return (np.arange(int(np.prod(shape))) % 251).astype(np.uint8).tobytes()
 
 
 def remember(known: dict[bytes, T], key: bytes, check: Callable[[], T]) -> T:

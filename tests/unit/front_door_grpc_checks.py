@@ -16,9 +16,10 @@ import orjson
 
 from app.errors import ServiceError, UnknownModelError
 from app.front_door.door import GRPC, PREDICT, V2
-from app.front_door.grpc_calls import OK_TRAILERS, GrpcAnswers, GrpcAsked, GrpcHeaders, error_trailers
+from app.front_door.grpc_calls import OK_TRAILERS, GrpcAnswers, GrpcHeaders, error_trailers
 from app.protocols.v2.grpc_server import infer_response
 from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
+from app.protocols.v2.rest import Asked
 from app.protocols.v2.tensors import Wanted
 from tests.seed_model import seed_spec
 from tests.unit.test_front_door_parts import feed, specs, v2_header
@@ -36,10 +37,10 @@ def test_grpc_answers_of_a_piece_are_the_grpc_ports_row_by_row(tmp_path: Path) -
         kinds = [every, every[:1]]
         if spec.layout.classes is not None:
             kinds.append((Wanted(spec.layout.classes.name, 3, True),))
-        asked = [GrpcAsked(kinds[i % len(kinds)], "" if i % 3 else f"id-{i}é") for i in range(12)]
+        asked = [Asked(None if i % 3 else f"id-{i}é", kinds[i % len(kinds)]) for i in range(12)]
         messages = answers(scores, asked)
         for i, wanted in enumerate(asked):
-            want = infer_response(wanted.id, served, scores[i : i + 1], wanted.outputs)
+            want = infer_response(wanted.id or "", served, scores[i : i + 1], wanted.outputs)
             assert pb.ModelInferResponse.FromString(messages[i]) == want, (spec.name, wanted)
         assert answers._templates[every] is not None  # the shared template was used
 
@@ -70,15 +71,15 @@ def test_grpc_requests_are_what_the_grpc_port_makes_of_them() -> None:
     known = GrpcHeaders(service, service.served)  # type: ignore[arg-type]
     outputs = [pb.ModelInferRequest.InferRequestedOutputTensor(name="probabilities")]
     asked = known(infer_request([1, 1, 28, 28], outputs=outputs, id="a"))
-    assert isinstance(asked, GrpcAsked) and asked.id == "a" and asked.outputs == (Wanted("probabilities", 0, True),)
+    assert isinstance(asked, Asked) and asked.id == "a" and asked.outputs == (Wanted("probabilities", 0, True),)
     numbered = [known(infer_request([1, 1, 28, 28], id=str(i))) for i in range(3000)]  # perf_analyzer's
-    assert [a.id for a in numbered if isinstance(a, GrpcAsked)] == [str(i) for i in range(3000)]
+    assert [a.id for a in numbered if isinstance(a, Asked)] == [str(i) for i in range(3000)]
     assert len(known.known_but_id) == 2 and len(known.known) == 0  # checked once without its id, not 3,000 times
     plain = infer_request([1, 1, 28, 28])
     assert known(plain) is known(plain) and plain in known.known
     # An id grpc.c left among the fields (its tag in two bytes, 0x9a 0x00): the request's, as the gRPC port reads it.
     unusual = infer_request([1, 1, 28, 28]) + b"\x9a\x00\x03odd"
-    assert known(unusual) == GrpcAsked((Wanted("probabilities", 0, True),), "odd")
+    assert known(unusual) == Asked("odd", (Wanted("probabilities", 0, True),))
     # Two ids: the one grpc.c put first (the last sent) wins, and the earlier one is parsed but not echoed.
     twice = infer_request([1, 1, 28, 28], id="last") + b"\x1a\x05first"
     assert known(twice).id == "last"  # type: ignore[union-attr]

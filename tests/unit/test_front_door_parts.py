@@ -23,7 +23,7 @@ from app.config import DEFAULT_REPOSITORY, Settings
 from app.errors import ServiceError
 from app.front_door import library
 from app.front_door.answers import Answers, head_lines
-from app.front_door.door import Bulk
+from app.front_door.door import PREDICT, V2, Bulk
 from app.front_door.v2_headers import V2Headers
 from app.ops import metric_buffers
 from app.ops.metric_buffers import BufferedHistogram
@@ -181,9 +181,11 @@ class StandInDoor:
     def take(self) -> Bulk | None:
         if not self.bulks:
             return None
-        rows, ids, headers, *kinds = self.bulks.pop(0)
+        rows, ids, headers, kinds = self.bulks.pop(0)
         self.taken += 1  # each bulk its own buffer, as the C side's are while Python holds them
-        return Bulk(self.taken, rows, ids, np.full(len(ids), time.monotonic()), headers, *kinds)
+        if headers is not None and kinds is None:  # a v2 request where a header is, as the C side says of its rows
+            kinds = np.array([V2 if header else PREDICT for header in headers], np.uint8)
+        return Bulk(self.taken, rows, ids, np.full(len(ids), time.monotonic()), headers, kinds)
 
     def release(self, buffer: int) -> None:
         self.released.append(buffer)
@@ -295,7 +297,7 @@ def test_a_partial_bulk_waits_for_a_launch_moment_sooner_than_a_timer_can_wait()
 
     async def scenario() -> tuple[float, float | None]:
         door = StandInDoor((1, 28, 28))
-        door.bulks.append((np.zeros((3, 1, 28, 28), np.uint8), np.arange(3, dtype=np.uint64), None))
+        door.bulks.append((np.zeros((3, 1, 28, 28), np.uint8), np.arange(3, dtype=np.uint64), None, None))
         settings = Settings(model_repository=DEFAULT_REPOSITORY, device="cpu", grpc_port=0)
         feeder = Feeder(door, Service(settings), (1, 28, 28), settings)  # type: ignore[arg-type]
         moment = time.monotonic() + TIMER_RESOLUTION_S / 3
