@@ -320,6 +320,14 @@ class Settings(BaseSettings):
         description="GPU decoder: batches being launched at once, so that one batch's host work (reading its "
         "uploads, torchvision's calls) overlaps the previous one's decode. 1: one after the other.",
     )
+    jpeg_nvjpeg: Literal["torchvision", "direct"] = Field(
+        "torchvision",
+        description="GPU decoder: torchvision's decode_jpeg, one batch at a time in the process (its lock); direct "
+        "calls nvJPEG's hardware decoder (the JPEG engines of A100, H100, H200) with a decoder state a launch thread, "
+        "so that batches decode at once (a GPU without those engines keeps torchvision's). Alone beside a busy "
+        "device direct decodes faster; in the engine process it lost to torchvision on the H200 "
+        "(bench/results/HISTORY.md, run 39).",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log verbosity.")
     auth_tokens: Tokens = Field(
         None,

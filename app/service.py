@@ -297,6 +297,7 @@ class Service:
             device,
             max_batch=s.jpeg_max_batch,
             launches=s.jpeg_launches,
+            nvjpeg=s.jpeg_nvjpeg,
         )
 
     async def _own_jpeg_decoder(self, link: EngineLink) -> JpegBatchDecoder | DeferringDecoder | None:

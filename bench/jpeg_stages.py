@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import json
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -121,11 +122,27 @@ class BusyGpu:
         self.duty = self.busy_s / (time.perf_counter() - self.started)
 
 
-async def decoder_rate(photos: list[bytes], spec: Any, device: str, clients: int, seconds: float, max_batch: int
-                       ) -> dict[str, float]:  # fmt: skip
+def stage_sums() -> dict[str, tuple[float, float]]:
+    """The decoder's histograms now, (sum, count) by name: a batch's stages, its whole time, an upload's wait."""
+    from app.ops import metrics
+
+    sums: dict[str, tuple[float, float]] = {}
+    for histogram in (metrics.GPU_JPEG_STAGE, metrics.GPU_JPEG_BATCH_SECONDS, metrics.GPU_JPEG_WAIT):
+        for family in histogram.collect():
+            for sample in family.samples:
+                if sample.name.endswith(("_sum", "_count")):
+                    name = sample.labels.get("stage", family.name)
+                    total, count = sums.get(name, (0.0, 0.0))
+                    is_sum = sample.name.endswith("_sum")
+                    sums[name] = (total + sample.value, count) if is_sum else (total, sample.value)
+    return sums
+
+
+async def decoder_rate(photos: list[bytes], spec: Any, device: str, clients: int, seconds: float, max_batch: int,
+                       nvjpeg: str = "torchvision") -> dict[str, Any]:  # fmt: skip
     from app.codecs.gpu_jpeg import GpuJpegDecoder
 
-    decoder = GpuJpegDecoder(device, max_batch=max_batch)
+    decoder = GpuJpegDecoder(device, max_batch=max_batch, nvjpeg=nvjpeg)
     done = 0
     stop = time.monotonic() + seconds
 
@@ -139,13 +156,22 @@ async def decoder_rate(photos: list[bytes], spec: Any, device: str, clients: int
         await asyncio.gather(*(client(i) for i in range(clients)))  # warm-up: the first launches
         done, stop = 0, time.monotonic() + seconds
         launched = (decoder.batches_launched, decoder.images_launched)
+        before = stage_sums()
         started = time.monotonic()
         await asyncio.gather(*(client(i) for i in range(clients)))
         elapsed = time.monotonic() - started
     finally:
         decoder.close()
     batches, images = decoder.batches_launched - launched[0], decoder.images_launched - launched[1]
-    return {"images_per_s": round(done / elapsed, 1), "mean_batch": round(images / max(batches, 1), 2)}
+    after = stage_sums()
+    stage_ms = {name: round((after[name][0] - s) / max(after[name][1] - n, 1) * 1000, 3) for name, (s, n) in
+                before.items()}  # fmt: skip
+    return {
+        "nvjpeg": decoder.nvjpeg,
+        "stage_ms": stage_ms,
+        "images_per_s": round(done / elapsed, 1),
+        "mean_batch": round(images / max(batches, 1), 2),
+    }
 
 
 def main() -> None:
@@ -158,8 +184,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--max-batches", default="32,128")
     parser.add_argument("--busy-gpu", default="0", help="fractions of the time the device is kept busy, e.g. 0,0.5")
+    parser.add_argument("--nvjpeg", default="direct,torchvision", help="the decoder's CGSERVE_JPEG_NVJPEG values")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    sys.setswitchinterval(0.001)  # the service's (CGSERVE_SWITCH_INTERVAL_MS): the launch threads' turns at the GIL
     spec = next(s for s in read_repository(ROOT / "models/examples/repository") if s.name == "resnet50")
     photos = [encode(synthetic_photo(500, 375, seed=i), quality=90) for i in range(16)]
     device = torch.device(args.device)
@@ -177,14 +205,18 @@ def main() -> None:
         print(f"k={k}: {record['stages_ms'][f'k{k}']}", flush=True)
     for fraction in map(float, args.busy_gpu.split(",")):
         for max_batch in map(int, args.max_batches.split(",")):
-            busy = BusyGpu(device, fraction) if fraction > 0 else None
-            with busy or contextlib.nullcontext():
-                rate = asyncio.run(decoder_rate(photos, spec, args.device, args.clients, args.seconds, max_batch))
-            if busy is not None:  # its whole time: the decoder's warm-up and the measured seconds
-                rate |= {"busy_duty": round(busy.duty, 3), "busy_replays": busy.replays}
-            key = f"max_batch_{max_batch}" + (f"_busy_{fraction}" if busy else "")
-            record["decoder"][key] = rate
-            print(f"decoder, {args.clients} clients, max_batch {max_batch}, device busy {fraction}: {rate}", flush=True)
+            for nvjpeg in args.nvjpeg.split(","):
+                busy = BusyGpu(device, fraction) if fraction > 0 else None
+                with busy or contextlib.nullcontext():
+                    rate = asyncio.run(
+                        decoder_rate(photos, spec, args.device, args.clients, args.seconds, max_batch, nvjpeg)
+                    )
+                if busy is not None:  # its whole time: the decoder's warm-up and the measured seconds
+                    rate |= {"busy_duty": round(busy.duty, 3), "busy_replays": busy.replays}
+                key = f"max_batch_{max_batch}" + (f"_busy_{fraction}" if busy else "") + f"_{nvjpeg}"
+                record["decoder"][key] = rate
+                print(f"decoder ({nvjpeg}), {args.clients} clients, max_batch {max_batch}, device busy {fraction}: "
+                      f"{rate}", flush=True)  # fmt: skip
     (args.out / "jpeg-stages.json").write_text(json.dumps(record, indent=1))
 
 

@@ -25,18 +25,24 @@ overwrite it first. Ours waits for that stream, and the batch holds its decoded 
 has completed, so that their memory is not reused before our resize of them has run (one reference
 kept, where a record_stream an image was a torch call, and a wait for the GIL, an image).
 
+With CGSERVE_JPEG_NVJPEG=direct, nvJPEG's hardware decoder is called without torchvision
+(app/codecs/nvjpeg.py): each launch thread has a decoder state and a stream of its own, so batches
+decode at once and none waits on the host for its decode (our stream waits for its event). The
+images it does not take (progressive ones) go through torchvision as above.
+
 The event loop awaits `done` through an EventWaiter
-(a thread sleeping in that one event's synchronize, never the device's), then copies each row
-out of its pinned buffer into the caller's `out` or a new (1, C, h, w) array. The batcher sees
-what Pillow would have given it. A batch nvJPEG refuses as a whole (one CMYK or corrupt image fails the
-call) is decoded again image by image: those nvJPEG refuses alone answer GpuDecodeError, and
-app/codecs/uploads.py hands them to Pillow.
+(a thread sleeping in that one event's synchronize, never the device's), then hands each upload its
+(1, C, h, w) rows of the group's pinned block (a view, not a copy). The batcher sees what Pillow
+would have given it. A batch nvJPEG refuses as a whole (one CMYK
+or corrupt image fails the call) is decoded again image by image: those nvJPEG refuses alone answer
+GpuDecodeError, and app/codecs/uploads.py hands them to Pillow.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -46,6 +52,7 @@ import numpy as np
 import torch
 import torchvision.io
 
+from app.codecs.nvjpeg import UNSUPPORTED, BatchDecoder, NvJpeg, NvJpegError
 from app.codecs.preprocess import preprocess_batch
 from app.config import Settings
 from app.engines.event_waiter import EventWaiter
@@ -60,6 +67,7 @@ log = logging.getLogger(__name__)
 # both, for the benches and tests that build a decoder directly.
 MAX_BATCH: int = Settings.model_fields["jpeg_max_batch"].default
 LAUNCHES: int = Settings.model_fields["jpeg_launches"].default
+NVJPEG: str = Settings.model_fields["jpeg_nvjpeg"].default
 # Values a group resizes at once: its stack and float copy take 5 bytes a value on the device
 # (uint8 + float32), so 2^25 is 168 MB: 59 photos of 500×375, 10 of 1024², where one image
 # at a time took 15 MB. Past it a size's images are resized in several groups.
@@ -73,15 +81,15 @@ class _Job:
     data: bytes | bytearray | memoryview
     spec: ModelSpec
     future: asyncio.Future[np.ndarray]
-    out: np.ndarray | None  # where the caller wants the (1, C, h, w) pixels written, or None: a new array
     arrived: float = field(default_factory=time.perf_counter)
 
 
 @dataclass(eq=False)
 class _Launched:
     jobs: list[_Job]
-    # per job: its row, (C, h, w) uint8, of its group's pinned (g, C, h, w) block; None where nvJPEG refused it
-    hosts: list[torch.Tensor | None]
+    # per job: its (1, C, h, w) uint8 rows of its group's pinned (g, C, h, w) block, a numpy view (it holds the
+    # block); None where nvJPEG refused it
+    hosts: list[np.ndarray | None]
     done: torch.cuda.Event
     started: float  # perf_counter at the launch, for cgserve_gpu_jpeg_batch_seconds
     decode_s: float  # wall time in decode_jpeg, of the launch's started → launched (cgserve_gpu_jpeg_stage_seconds)
@@ -92,10 +100,16 @@ class _Launched:
 
 
 class GpuJpegDecoder:
-    def __init__(self, device: str, *, max_batch: int = MAX_BATCH, launches: int = LAUNCHES) -> None:
+    def __init__(
+        self, device: str, *, max_batch: int = MAX_BATCH, launches: int = LAUNCHES, nvjpeg: str = NVJPEG
+    ) -> None:
         if max_batch < 1 or launches < 1:
             raise ValueError(f"max_batch and launches must be at least 1; got {max_batch} and {launches}")
         self.device = torch.device(device)
+        # nvJPEG's hardware decoder called directly, a state a launch thread (app/codecs/nvjpeg.py), or None:
+        # torchvision's decode_jpeg for every batch.
+        self._direct = _direct_decoders(self.device, launches) if nvjpeg == "direct" else None
+        self.nvjpeg = "direct" if self._direct is not None else "torchvision"
         self.max_batch = max_batch
         # The latest launched batches' sizes, for tests (bounded: a server launches batches for ever);
         # the running totals, for the benchmark's mean batch.
@@ -111,21 +125,18 @@ class GpuJpegDecoder:
         self._collector: asyncio.Task[None] | None = None
         self._batches: set[asyncio.Task[None]] = set()  # launching or handing back (asyncio keeps weak references)
 
-    def decode(
-        self, data: bytes | bytearray | memoryview, spec: ModelSpec, out: np.ndarray | None = None
-    ) -> asyncio.Future[np.ndarray]:
-        """A JPEG → the future of its (1, C, h, w) uint8 pixels per the spec's [preprocess]; GpuDecodeError
-        if nvJPEG refused it. A future, not a coroutine: the engine process answers from its callback,
-        with no task an upload. Cancelling it leaves `out` unwritten.
+    def decode(self, data: bytes | bytearray | memoryview, spec: ModelSpec) -> asyncio.Future[np.ndarray]:
+        """A JPEG → the future of its (1, C, h, w) uint8 pixels per the spec's [preprocess] (read-only rows of
+        a pinned block its batch-mates share); GpuDecodeError if nvJPEG refused it. A future, not a
+        coroutine: the engine process answers from its callback, with no task an upload.
 
-        `data` is read until the decode is launched; a bytearray or writable memoryview is read in place
-        (an inline body, the worker's segment in the engine process), bytes are copied once. `out`, a
-        (1, C, h, w) uint8 array, receives the pixels and is the result (it may share `data`'s memory:
-        it is written after the decode has read it); without it a new array is."""
+        `data` is read until the decode is launched, and held until the future is done; a bytearray or
+        writable memoryview is read in place (an inline body, the worker's segment in the engine process),
+        bytes are copied once."""
         if self._collector is None or self._collector.done():  # first upload (or a collector that died)
             self._collector = asyncio.create_task(self._collect(), name="gpu-jpeg-collector")
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Job(data, spec, future, out))
+        self._pending.append(_Job(data, spec, future))
         self._arrived.set()
         return future
 
@@ -186,7 +197,7 @@ class GpuJpegDecoder:
     def _launch(self, jobs: list[_Job]) -> _Launched:
         """On the worker thread: decode, resize and start the copies out; returns before they finish."""
         started = time.perf_counter()
-        hosts: list[torch.Tensor | None] = [None] * len(jobs)
+        hosts: list[np.ndarray | None] = [None] * len(jobs)
         errors: list[str] = []
         kept: list[torch.Tensor] = []
         decode_s = 0.0
@@ -202,8 +213,9 @@ class GpuJpegDecoder:
                     pixels = preprocess_batch(images, spec)  # (k, C, h, w) uint8 on the GPU
                     host = torch.empty(pixels.shape, dtype=torch.uint8, pin_memory=True)
                     host.copy_(pixels, non_blocking=True)  # one copy out for the group
+                    rows = host.numpy()  # numpy's views of it: a tenth of a torch index's cost a row
                     for row, (i, _) in enumerate(group):
-                        hosts[i] = host[row]
+                        hosts[i] = rows[row : row + 1]
             done = torch.cuda.Event(blocking=True)  # its waiter thread sleeps instead of spinning a core
             done.record(self._stream)
         return _Launched(jobs, hosts, done, started, decode_s, time.perf_counter(), errors, kept)
@@ -211,7 +223,33 @@ class GpuJpegDecoder:
     def _decode(
         self, jobs: list[_Job], indices: list[int], color: str, errors: list[str]
     ) -> list[tuple[int, torch.Tensor]]:
-        """(job index, (C, H, W) uint8 on the GPU) for each image nvJPEG decodes; its refusals in `errors`."""
+        """(job index, (C, H, W) uint8 on the GPU) for each image nvJPEG decodes; its refusals in `errors`.
+        Ordered before what is queued next on our stream."""
+        if self._direct is None:
+            return self._decode_torchvision(jobs, indices, color, errors)
+        decoder = self._direct.get()  # one a launch thread: never waits
+        try:
+            try:
+                images, done = decoder.decode([_writable(jobs[i].data) for i in indices], gray=color == "L")
+            except NvJpegError:  # the hardware refused the batch (a corrupt image, say): torchvision's way for it
+                return self._decode_torchvision(jobs, indices, color, errors)
+        finally:
+            self._direct.put(decoder)
+        self._stream.wait_event(done)
+        decoded, others = [], []
+        for i, image in zip(indices, images, strict=True):
+            if isinstance(image, torch.Tensor):
+                decoded.append((i, image))  # a view of the batch's block: held by the batch until `done` (above)
+            elif image == UNSUPPORTED:  # progressive and such: torchvision decodes them (on the GPU, not by hardware)
+                others.append(i)
+            else:  # its header did not parse: Pillow will say what is wrong with it
+                errors.append(image)
+        return decoded + (self._decode_torchvision(jobs, others, color, errors) if others else [])
+
+    def _decode_torchvision(
+        self, jobs: list[_Job], indices: list[int], color: str, errors: list[str]
+    ) -> list[tuple[int, torch.Tensor]]:
+        """_decode through torchvision's decode_jpeg: one batch at a time in the process, behind its lock."""
         encoded = [torch.frombuffer(_writable(jobs[i].data), dtype=torch.uint8) for i in indices]
         try:
             with torch.cuda.stream(self._decode_stream):
@@ -221,7 +259,7 @@ class GpuJpegDecoder:
                 errors.append(str(error))
                 return []
             # One at a time, so that one bad upload sends only itself to Pillow, not its batch-mates.
-            return [pair for i in indices for pair in self._decode(jobs, [i], color, errors)]
+            return [pair for i in indices for pair in self._decode_torchvision(jobs, [i], color, errors)]
         self._stream.wait_stream(self._decode_stream)  # which waits for torchvision's decoder stream
         return list(zip(indices, decoded, strict=True))  # held by the batch until `done` (above)
 
@@ -236,19 +274,12 @@ class GpuJpegDecoder:
         metrics.GPU_JPEG_BATCH_SECONDS.observe(completed - launched.started)
         refused = "; ".join(launched.errors)
         for job, host in zip(launched.jobs, launched.hosts, strict=True):
-            if job.future.done():  # cancelled meanwhile: its `out` is not written (the worker may be gone)
+            if job.future.done():  # cancelled meanwhile (the worker may be gone)
                 continue
             if host is None:
                 job.future.set_exception(GpuDecodeError(refused or "nvJPEG did not decode this image"))
-                continue
-            try:
-                if job.out is not None:  # the caller's buffer: in the engine process, its UPLOADS frame's row
-                    np.copyto(job.out, host.numpy()[None])
-                    job.future.set_result(job.out)
-                else:  # a copy: the group's pinned block goes back to torch's host cache once its last row is let go
-                    job.future.set_result(np.array(host.numpy())[None])  # (1, C, h, w)
-            except Exception as error:  # an `out` of another shape: this upload's 500, not its batch-mates' hang
-                job.future.set_exception(error)
+            else:  # its rows of the pinned block, not a copy (150 KB on the event loop an upload, for ResNet-50):
+                job.future.set_result(host)  # the block goes back to torch's host cache once its last row does
         _observe_stages(launched, completed)
 
 
@@ -264,6 +295,22 @@ def _observe_stages(launched: _Launched, completed: float) -> None:
     _PREPARE.observe(launched.launched - launched.started - launched.decode_s)
     _DEVICE.observe(completed - launched.launched)
     _HAND_BACK.observe(time.perf_counter() - completed)
+
+
+def _direct_decoders(device: torch.device, launches: int) -> queue.SimpleQueue[BatchDecoder] | None:
+    """A decoder state for each launch thread on nvJPEG's hardware backend, or None (logged: why) where this
+    GPU or library has none."""
+    try:
+        nvjpeg = NvJpeg()
+        with torch.cuda.device(device):
+            decoders = [nvjpeg.decoder(device) for _ in range(launches)]
+    except (NvJpegError, OSError, AttributeError) as error:  # no hardware decoder, no library, an old library
+        log.info("JPEG uploads: nvJPEG's hardware decoder is not available here (%s); torchvision's decoder", error)
+        return None
+    pool: queue.SimpleQueue[BatchDecoder] = queue.SimpleQueue()
+    for decoder in decoders:
+        pool.put(decoder)
+    return pool
 
 
 def _writable(data: bytes | bytearray | memoryview) -> bytearray | memoryview:

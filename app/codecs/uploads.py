@@ -40,11 +40,9 @@ JPEG_END = b"\xff\xd9"  # EOI; byte stuffing keeps it out of the entropy-coded d
 
 
 class JpegBatchDecoder(Protocol):
-    def decode(
-        self, data: bytes | bytearray | memoryview, spec: ModelSpec, out: np.ndarray | None = None
-    ) -> Awaitable[np.ndarray]:
-        """A JPEG → (1, C, H, W) uint8 per the spec's [preprocess], written into `out` where given;
-        GpuDecodeError if nvJPEG refused it. A future (the GPU decoder's) or a coroutine."""
+    def decode(self, data: bytes | bytearray | memoryview, spec: ModelSpec) -> Awaitable[np.ndarray]:
+        """A JPEG → (1, C, H, W) uint8 per the spec's [preprocess] (to be read, not written: it may share a
+        block with others); GpuDecodeError if nvJPEG refused it. A future (the GPU decoder's) or a coroutine."""
         ...
 
     def close(self) -> None: ...
@@ -92,16 +90,19 @@ def choose_jpeg_decoder(setting: str, device: str, *, torchvision_imports: bool)
     return "gpu" if setting == "gpu" or (setting == "auto" and cuda and torchvision_imports) else "cpu"
 
 
-def start_jpeg_decoder(setting: str, device: str, *, max_batch: int, launches: int) -> JpegBatchDecoder | None:
+def start_jpeg_decoder(
+    setting: str, device: str, *, max_batch: int, launches: int, nvjpeg: str = "torchvision"
+) -> JpegBatchDecoder | None:
     """The GPU decoder the setting and device call for (batches of at most `max_batch` uploads, `launches`
-    of them launched at once), or None for Pillow alone."""
+    of them launched at once, nvJPEG called as `nvjpeg` says: CGSERVE_JPEG_NVJPEG), or None for Pillow alone."""
     torchvision_imports = device.startswith("cuda") and _imports("torchvision.io")
     if choose_jpeg_decoder(setting, device, torchvision_imports=torchvision_imports) == "cpu":
         return None
     from app.codecs.gpu_jpeg import GpuJpegDecoder  # torchvision and CUDA only from here on
 
-    log.info("JPEG uploads are decoded on %s (nvJPEG, batched)", device)
-    return GpuJpegDecoder(device, max_batch=max_batch, launches=launches)
+    decoder = GpuJpegDecoder(device, max_batch=max_batch, launches=launches, nvjpeg=nvjpeg)
+    log.info("JPEG uploads are decoded on %s (nvJPEG, batched, %s)", device, decoder.nvjpeg)
+    return decoder
 
 
 def _imports(module: str) -> bool:

@@ -46,12 +46,13 @@ def grey_jpeg(garment: np.ndarray, quality: int = 90) -> bytes:
 
 
 def decode_all(
-    items: list[tuple[bytes, ModelSpec]], *, max_batch: int = 32, launches: int = 2
+    items: list[tuple[bytes, ModelSpec]], *, max_batch: int = 32, launches: int = 2, nvjpeg: str = "torchvision"
 ) -> tuple[list[object], list[int]]:
     """Decode concurrently on one decoder: each result (array or exception) and the batch sizes it launched."""
 
     async def run() -> tuple[list[object], list[int]]:
-        decoder = GpuJpegDecoder("cuda:0", max_batch=max_batch, launches=launches)
+        decoder = GpuJpegDecoder("cuda:0", max_batch=max_batch, launches=launches, nvjpeg=nvjpeg)
+        assert decoder.nvjpeg == nvjpeg  # the H200 has JPEG engines: direct is not turned down there
         try:
             tasks = [decoder.decode(data, spec) for data, spec in items]
             return list(await asyncio.gather(*tasks, return_exceptions=True)), list(decoder.batch_sizes)
@@ -119,32 +120,60 @@ def test_concurrent_uploads_are_decoded_together_and_each_as_if_alone() -> None:
         np.testing.assert_array_equal(split[i], alone[i])  # type: ignore[arg-type]
 
 
-def test_two_launches_at_once_give_every_upload_the_pixels_it_gets_alone() -> None:
+NVJPEG = ["torchvision", "direct"]  # CGSERVE_JPEG_NVJPEG: whose nvJPEG call, with memory handled each its own way
+
+
+@pytest.mark.parametrize("nvjpeg", NVJPEG)
+def test_two_launches_at_once_give_every_upload_the_pixels_it_gets_alone(nvjpeg: str) -> None:
     """Batches of mixed photo sizes launched two at a time, their device memory freed and reused while the
     other batch's resize is still queued (run 22's review: nvJPEG's outputs, once allocated under the
     stream the resizes run on, could take memory a queued resize still read): each of 200 uploads equals
     its own photo decoded one at a time."""
     sizes = [(500, 375), (640, 480), (375, 500), (320, 240), (1024, 768)]
     jpegs = [encode(synthetic_photo(*sizes[i % len(sizes)], seed=i), quality=90) for i in range(40)]
-    alone, _ = decode_all([(data, RESNET50) for data in jpegs], max_batch=1, launches=1)
-    together, batch_sizes = decode_all([(jpegs[i % 40], RESNET50) for i in range(200)], max_batch=7)
+    alone, _ = decode_all([(data, RESNET50) for data in jpegs], max_batch=1, launches=1, nvjpeg=nvjpeg)
+    together, batch_sizes = decode_all([(jpegs[i % 40], RESNET50) for i in range(200)], max_batch=7, nvjpeg=nvjpeg)
     assert sum(batch_sizes) == 200 and len(batch_sizes) >= 29
     for i, got in enumerate(together):
         assert isinstance(got, np.ndarray), got
         np.testing.assert_array_equal(got, alone[i % 40], err_msg=f"upload {i}")  # type: ignore[arg-type]
 
 
-def test_one_bad_jpeg_does_not_cost_its_batch_mates() -> None:
+@pytest.mark.parametrize("nvjpeg", NVJPEG)
+def test_one_bad_jpeg_does_not_cost_its_batch_mates(nvjpeg: str) -> None:
     good = [encode(synthetic_photo(500, 375, seed=i), quality=90) for i in range(3)]
     bad = good[0][:1000] + bytes(len(good[0]) - 1002) + good[0][-2:]  # scan zeroed, markers intact
     bad = bad[:1000] + b"\xff\xd0\xff\xc4" + bad[1004:]  # a stray RST and DHT in the scan: Pillow refuses it
-    results, sizes = decode_all([(good[0], RESNET50), (bad, RESNET50), (good[1], RESNET50), (good[2], RESNET50)])
+    items = [(good[0], RESNET50), (bad, RESNET50), (good[1], RESNET50), (good[2], RESNET50)]
+    results, sizes = decode_all(items, nvjpeg=nvjpeg)
     assert sizes == [4]
     for i, data in zip((0, 2, 3), good, strict=True):
         assert isinstance(results[i], np.ndarray), results[i]
         assert np.abs(results[i].astype(np.int16) - pillow(data, RESNET50)).mean() < MEAN_LEVELS  # type: ignore[union-attr]
     # Refused (then Pillow answers it 422, as tests/unit/test_image_upload.py shows) or decoded anyway.
     print(f"nvJPEG on the corrupt scan: {type(results[1]).__name__}")
+
+
+def test_the_hardware_decoder_called_directly_gives_torchvisions_pixels() -> None:
+    """Each launch thread's own nvJPEG state (app/codecs/nvjpeg.py) against torchvision's decode_jpeg, for the
+    JPEGs uploads bring: chroma subsamplings, grey, odd and tiny sizes, and a progressive one the hardware
+    refuses (torchvision decodes it). The same library on the same engines: the same levels."""
+    photo = synthetic_photo(500, 375, seed=5)
+    jpegs = [
+        encode(photo, quality=90),
+        encode(photo, quality=90, subsampling=1),  # 4:2:2
+        encode(photo, quality=90, subsampling=0),  # 4:4:4
+        encode(Image.fromarray(photo).convert("L"), quality=90),  # grey, decoded as RGB for resnet50
+        encode(synthetic_photo(333, 251, seed=6), quality=75),
+        encode(synthetic_photo(28, 28, seed=7), quality=90),
+        encode(photo, quality=90, progressive=True),
+    ]
+    items = [(data, RESNET50) for data in jpegs] * 3 + [(grey_jpeg(g), SEED_CNN) for g in GARMENTS]
+    direct, _ = decode_all(items, max_batch=16, nvjpeg="direct")
+    by_torchvision, _ = decode_all(items, max_batch=16)
+    for i, (got, want) in enumerate(zip(direct, by_torchvision, strict=True)):
+        assert isinstance(got, np.ndarray) and isinstance(want, np.ndarray), (i, got, want)
+        np.testing.assert_array_equal(got, want, err_msg=f"upload {i}")
 
 
 # The decoder lives with the GPU: in each worker, or in the engine process that the workers send uploads to.

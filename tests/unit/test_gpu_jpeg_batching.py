@@ -73,7 +73,11 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     torchvision.io = types.SimpleNamespace(decode_jpeg=decode_jpeg, ImageReadMode=ReadMode)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "torchvision", torchvision)
     monkeypatch.setitem(sys.modules, "torchvision.io", torchvision.io)
-    monkeypatch.setattr(torch.cuda, "Stream", lambda device: types.SimpleNamespace(wait_stream=lambda other: None))
+    monkeypatch.setattr(
+        torch.cuda,
+        "Stream",
+        lambda device: types.SimpleNamespace(wait_stream=lambda other: None, wait_event=lambda event: None),
+    )
     monkeypatch.setattr(torch.cuda, "Event", NoEvent)
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
@@ -200,27 +204,26 @@ def test_a_size_s_images_are_resized_in_groups_of_at_most_the_budget(calls: list
     assert [len(g) for _, g in _by_model_and_size(jobs, decoded[:2], max_values=1)] == [1, 1]
 
 
-def test_pixels_go_into_the_caller_s_buffer_from_bytes_read_in_place(calls: list[int]) -> None:
-    # The engine process hands the worker's segment: the upload's bytes are read from it and its
-    # pixels written back over them, (1, C, h, w) at its start.
+def test_uploads_are_answered_with_their_rows_of_the_batch_s_block_read_in_place(calls: list[int]) -> None:
+    # The engine process hands the worker's segment: the upload's bytes are read from it; each upload's
+    # pixels are its rows of the batch's (pinned) block, not a copy made on the event loop.
     from app.codecs.gpu_jpeg import GpuJpegDecoder
 
-    segment = bytearray(max(len(JPEGS[0]), 3 * 224 * 224))
-    segment[: len(JPEGS[0])] = JPEGS[0]
-    out = np.ndarray((1, 3, 224, 224), np.uint8, buffer=segment)
+    segment = bytearray(JPEGS[0])
 
-    async def run() -> tuple[np.ndarray, np.ndarray]:
+    async def run() -> list[np.ndarray]:
         decoder = GpuJpegDecoder("cpu")
         try:
-            return await decoder.decode(memoryview(segment)[: len(JPEGS[0])], RESNET50, out=out), await decoder.decode(
-                JPEGS[0], RESNET50
+            return list(
+                await asyncio.gather(decoder.decode(memoryview(segment), RESNET50), decoder.decode(JPEGS[0], RESNET50))
             )
         finally:
             decoder.close()
 
-    written, alone = asyncio.run(run())
-    assert written is out
-    np.testing.assert_array_equal(np.frombuffer(segment, np.uint8, out.size).reshape(out.shape), alone)
+    from_segment, from_bytes = asyncio.run(run())
+    assert calls == [2] and from_segment.shape == (1, 3, 224, 224)
+    np.testing.assert_array_equal(from_segment, from_bytes)
+    assert from_segment.base is from_bytes.base  # one block, two rows of it
 
 
 def test_a_writable_view_is_read_in_place_and_anything_else_copied_once(calls: list[int]) -> None:
@@ -233,14 +236,13 @@ def test_a_writable_view_is_read_in_place_and_anything_else_copied_once(calls: l
     assert isinstance(_writable(memoryview(JPEGS[0])), bytearray)  # a read-only view: one copy
 
 
-def test_an_upload_cancelled_after_its_launch_leaves_its_buffer_unwritten(calls: list[int]) -> None:
-    # The worker gave up (disconnected) while its batch ran: its segment may be reused, not written.
+def test_an_upload_cancelled_after_its_launch_is_skipped_at_the_hand_back(calls: list[int]) -> None:
+    # The worker gave up (disconnected) while its batch ran: its future stays cancelled, nothing raises.
     from app.codecs.gpu_jpeg import GpuJpegDecoder
 
     decode_jpeg = sys.modules["torchvision"].io.decode_jpeg
-    out = np.zeros((1, 3, 224, 224), np.uint8)
 
-    async def run() -> Any:
+    async def run() -> tuple[Any, asyncio.Task[np.ndarray]]:
         loop = asyncio.get_running_loop()
         decoder = GpuJpegDecoder("cpu")
         task: asyncio.Task[np.ndarray] | None = None
@@ -252,21 +254,21 @@ def test_an_upload_cancelled_after_its_launch_leaves_its_buffer_unwritten(calls:
 
         sys.modules["torchvision"].io.decode_jpeg = cancel_while_decoding
         try:
-            task = asyncio.ensure_future(decoder.decode(JPEGS[0], RESNET50, out=out))
+            task = asyncio.ensure_future(decoder.decode(JPEGS[0], RESNET50))
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             for _ in range(200):  # its launch returns on the collector, then its hand-back runs
                 if decoder.batches_launched and not decoder._batches:
                     break
                 await asyncio.sleep(0.01)
-            return decoder
+            return decoder, task
         finally:
             sys.modules["torchvision"].io.decode_jpeg = decode_jpeg
             decoder.close()
 
-    decoder = asyncio.run(run())
+    decoder, task = asyncio.run(run())
     assert list(decoder.batch_sizes) == [1]  # it was launched
-    assert not out.any()
+    assert task.cancelled()
 
 
 def test_one_refused_upload_is_retried_alone_and_only_it_falls_back(calls: list[int]) -> None:
@@ -328,3 +330,76 @@ def test_closing_answers_every_upload_still_queued_or_in_a_batch(
 
     results = asyncio.run(run())
     assert len(results) == len(JPEGS) and all(isinstance(r, NotReadyError) for r in results), results
+
+
+class StandInBatchDecoder:
+    """app/codecs/nvjpeg.py's BatchDecoder: Pillow's (C, H, W) pixels, UNSUPPORTED for progressive JPEGs
+    (as the hardware says of them), a header's fault for what Pillow cannot open, NvJpegError for a whole
+    batch holding `fails_batch`; counts its batches."""
+
+    def __init__(self, fails_batch: bytes | None = None) -> None:
+        self.batches: list[int] = []
+        self.fails_batch = fails_batch
+
+    def decode(self, images: list[Any], gray: bool) -> tuple[list[Any], NoEvent]:
+        from app.codecs.nvjpeg import UNSUPPORTED, NvJpegError
+
+        self.batches.append(len(images))
+        if self.fails_batch is not None and any(bytes(image) == self.fails_batch for image in images):
+            raise NvJpegError("nvJPEG batched decode failed: execution failed")
+        results: list[Any] = []
+        for image in images:
+            try:
+                opened = Image.open(io.BytesIO(bytes(image)))
+            except OSError:
+                results.append("nvJPEG could not read its header: bad JPEG")
+                continue
+            if opened.info.get("progressive"):
+                results.append(UNSUPPORTED)
+                continue
+            pixels = np.array(opened.convert("L" if gray else "RGB"))
+            results.append(torch.from_numpy(pixels.reshape(*pixels.shape[:2], -1)).permute(2, 0, 1).contiguous())
+        return results, NoEvent()
+
+
+def decode_directly(uploads: list[bytes], stand_in: StandInBatchDecoder) -> list[Any]:
+    """decode_together with CGSERVE_JPEG_NVJPEG=direct, its decoder state the stand-in."""
+    import queue
+
+    from app.codecs.gpu_jpeg import GpuJpegDecoder  # afresh, against the stand-ins (the fixture)
+
+    async def run() -> list[Any]:
+        decoder = GpuJpegDecoder("cpu", launches=1)
+        decoder._direct = queue.SimpleQueue()
+        decoder._direct.put(stand_in)  # type: ignore[arg-type]
+        try:
+            return list(await asyncio.gather(*(decoder.decode(d, RESNET50) for d in uploads), return_exceptions=True))
+        finally:
+            decoder.close()
+
+    return asyncio.run(run())
+
+
+PROGRESSIVE = encode(synthetic_photo(320, 240, seed=20), quality=90, progressive=True)
+NOT_AN_IMAGE = b"\xff\xd8 not a JPEG after all"
+
+
+def test_the_direct_decoder_s_pixels_are_torchvision_s_and_what_it_does_not_take_goes_there(
+    calls: list[int],
+) -> None:
+    uploads = [JPEGS[3], PROGRESSIVE, JPEGS[4], NOT_AN_IMAGE]
+    stand_in = StandInBatchDecoder()
+    direct = decode_directly(uploads, stand_in)
+    assert stand_in.batches == [4] and calls == [1]  # the progressive one alone through torchvision
+    by_torchvision, _ = decode_together(uploads[:3])
+    for got, want in zip(direct[:3], by_torchvision, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert isinstance(direct[3], GpuDecodeError) and "could not read its header" in str(direct[3])
+
+
+def test_a_batch_the_direct_decoder_refuses_whole_goes_through_torchvision(calls: list[int]) -> None:
+    stand_in = StandInBatchDecoder(fails_batch=BAD)
+    results = decode_directly([JPEGS[5], BAD, JPEGS[6]], stand_in)
+    assert stand_in.batches == [3] and calls == [3, 1, 1, 1]  # torchvision's way: the batch, then one at a time
+    assert isinstance(results[0], np.ndarray) and isinstance(results[2], np.ndarray)
+    assert isinstance(results[1], GpuDecodeError)

@@ -1,0 +1,212 @@
+"""nvJPEG's batched decode on the GPU's JPEG engines, called directly: one decoder state a launch thread, no lock.
+
+torchvision's decode_jpeg holds one lock for the whole process over a batch and ends it in a
+cudaStreamSynchronize of its decoder stream: a process decodes one batch at a time, however many
+threads launch. On the H200 that one decoder was what held JPEG uploads (run 30: 18.8 of a batch's
+22.6 ms in decode_jpeg, the launch threads queued on its lock). Here each launch thread has a state of
+its own (nvjpegJpegState_t) on a stream of its own, so batches decode at once, and nothing waits on the
+host for the decode: the caller orders its resize after it with an event.
+
+    BatchDecoder.decode([k JPEG buffers], gray) →
+        per image (GIL held, µs each): parse its header, its size, whether the hardware takes it
+        one (sum C·H·W) uint8 block on the device, allocated under the state's stream
+        nvjpegDecodeBatched(the supported ones → planes of that block), on the state's stream (GIL released)
+      → per image: a (C, H, W) view of the block, or why it was not decoded (UNSUPPORTED: the hardware
+        does not take it, a progressive JPEG say; the caller decodes those another way)
+
+The library is the one torchvision loaded (its image extension links it), found in the process's
+maps, so that no second copy of nvJPEG is needed. Only the hardware backend is used here
+(NVJPEG_BACKEND_HARDWARE: A100, H100, H200 and their kin); `open_library` says why where it is not
+available, and the caller keeps torchvision's decoder.
+
+The per-image calls go through ctypes' PyDLL, which keeps the GIL: each takes microseconds, and
+giving the GIL back and taking it again per call is what made a batch wait on a busy event loop a
+hundred times (run 24). The batch's decode goes through CDLL, which releases it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+MAX_COMPONENTS = 4  # NVJPEG_MAX_COMPONENT
+BACKEND_HARDWARE = 3  # nvjpegBackend_t
+OUTPUT_Y, OUTPUT_RGB = 2, 3  # nvjpegOutputFormat_t
+STATUS_ARCH_MISMATCH = 7
+STATUS_NAMES = {
+    0: "success",
+    1: "not initialized",
+    2: "invalid parameter",
+    3: "bad JPEG",
+    4: "JPEG not supported",
+    5: "allocator failure",
+    6: "execution failed",
+    7: "architecture mismatch (no hardware JPEG decoder on this GPU)",
+    8: "internal error",
+    9: "implementation not supported",
+    10: "incomplete bitstream",
+}
+UNSUPPORTED = "not a JPEG the hardware decoder takes (progressive, 4:1:1, more than 3 components)"
+# Each image's planes start on a 256-byte boundary of the batch's block, as an allocation of their own would.
+ALIGN = 256
+
+
+class NvJpegError(RuntimeError):
+    pass
+
+
+class _Image(ctypes.Structure):  # nvjpegImage_t: a plane pointer and its pitch (bytes a row) a component
+    _fields_ = [("channel", ctypes.c_void_p * MAX_COMPONENTS), ("pitch", ctypes.c_size_t * MAX_COMPONENTS)]
+
+
+def find_library() -> str | None:
+    """The path of the libnvjpeg this process has loaded (torchvision's image extension links it), else the
+    one the linker would find, else None."""
+    import torchvision.io  # noqa: F401  loads the image extension, and with it libnvjpeg
+
+    try:
+        for line in Path("/proc/self/maps").read_text().splitlines():
+            path = line.split()[-1]
+            if "libnvjpeg" in Path(path).name:
+                return path
+    except OSError:  # no /proc: not Linux
+        pass
+    return ctypes.util.find_library("nvjpeg")
+
+
+@dataclass(frozen=True)
+class _Library:
+    """The functions used, each bound twice where needed: `held` (PyDLL) keeps the GIL, `released` (CDLL) lets
+    it go."""
+
+    held: ctypes.PyDLL
+    released: ctypes.CDLL
+    path: str
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise NvJpegError(f"nvJPEG {what} failed: {STATUS_NAMES.get(status, status)}")
+
+
+class NvJpeg:
+    """One nvJPEG handle on the hardware backend, and the decoder states made from it (one a launch thread).
+    NvJpegError where the library is missing or this GPU has no hardware JPEG decoder."""
+
+    def __init__(self, path: str | None = None) -> None:
+        path = path or find_library()
+        if path is None:
+            raise NvJpegError("libnvjpeg was not found (torchvision's image extension did not load one)")
+        self.library = _Library(ctypes.PyDLL(path), ctypes.CDLL(path), path)
+        held, released = self.library.held, self.library.released
+        p, i, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+        for lib in (held, released):
+            lib.nvjpegCreateEx.argtypes = [i, p, p, ctypes.c_uint, ctypes.POINTER(p)]
+            lib.nvjpegJpegStateCreate.argtypes = [p, ctypes.POINTER(p)]
+            lib.nvjpegJpegStreamCreate.argtypes = [p, ctypes.POINTER(p)]
+            lib.nvjpegJpegStreamParseHeader.argtypes = [p, p, sz, p]
+            u = ctypes.POINTER(ctypes.c_uint)
+            lib.nvjpegJpegStreamGetFrameDimensions.argtypes = [p, u, u]
+            lib.nvjpegDecodeBatchedSupported.argtypes = [p, p, ctypes.POINTER(i)]
+            lib.nvjpegDecodeBatchedInitialize.argtypes = [p, p, i, i, i]
+            lib.nvjpegDecodeBatched.argtypes = [p, p, ctypes.POINTER(p), ctypes.POINTER(sz), ctypes.POINTER(_Image), p]
+        handle = ctypes.c_void_p()
+        status = held.nvjpegCreateEx(BACKEND_HARDWARE, None, None, 0, ctypes.byref(handle))
+        _check(status, "handle creation on the hardware backend")
+        self.handle = handle
+
+    def decoder(self, device: torch.device) -> BatchDecoder:
+        return BatchDecoder(self, device)
+
+
+class BatchDecoder:
+    """One decoder state and its stream: one batch at a time, from one thread at a time. Its previous batch
+    must have been decoded before the next starts (the state's buffers are reused): `decode` waits for that
+    batch's own event, asleep, where it has not (with a state a launch thread, it has)."""
+
+    def __init__(self, nvjpeg: NvJpeg, device: torch.device) -> None:
+        self.nvjpeg, self.device = nvjpeg, device
+        held = nvjpeg.library.held
+        self.stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]  # nvJPEG's work and its output block's allocation
+        self._state, self._parsed = ctypes.c_void_p(), ctypes.c_void_p()
+        _check(held.nvjpegJpegStateCreate(nvjpeg.handle, ctypes.byref(self._state)), "state creation")
+        _check(held.nvjpegJpegStreamCreate(nvjpeg.handle, ctypes.byref(self._parsed)), "stream creation")
+        self._previous: torch.cuda.Event | None = None
+        self._owner = threading.Lock()  # one batch at a time: a second caller is a fault, not a wait
+
+    def decode(
+        self, images: list[bytearray | memoryview], gray: bool
+    ) -> tuple[list[torch.Tensor | str], torch.cuda.Event]:
+        """Each image → its (C, H, W) uint8 view on the device (C 1 if gray, else 3: RGB), or why it was not
+        decoded (UNSUPPORTED, or its header's fault). The views are ready once the returned event has
+        completed on the device; the caller orders its work after it (Stream.wait_event) and keeps the views
+        (and `images`, which nvJPEG may read until then) until its own work on them is done."""
+        if not self._owner.acquire(blocking=False):
+            raise NvJpegError("a BatchDecoder decodes one batch at a time")
+        try:
+            return self._decode(images, gray)
+        finally:
+            self._owner.release()
+
+    def _decode(
+        self, images: list[bytearray | memoryview], gray: bool
+    ) -> tuple[list[torch.Tensor | str], torch.cuda.Event]:
+        held, released, handle = self.nvjpeg.library.held, self.nvjpeg.library.released, self.nvjpeg.handle
+        channels = 1 if gray else 3
+        results: list[torch.Tensor | str] = [UNSUPPORTED] * len(images)
+        taken: list[tuple[int, int, int, int, int]] = []  # (index, address, length, height, width) to decode
+        width, height, supported = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_int()
+        by_width, by_height, by_supported = ctypes.byref(width), ctypes.byref(height), ctypes.byref(supported)
+        parse, dimensions = held.nvjpegJpegStreamParseHeader, held.nvjpegJpegStreamGetFrameDimensions
+        hardware_takes, parsed = held.nvjpegDecodeBatchedSupported, self._parsed
+        for index, image in enumerate(images):
+            length = len(image)
+            address = ctypes.addressof((ctypes.c_ubyte * length).from_buffer(image)) if length else 0
+            status = parse(handle, address, length, parsed)
+            if status != 0:
+                results[index] = f"nvJPEG could not read its header: {STATUS_NAMES.get(status, status)}"
+                continue
+            dimensions(parsed, by_width, by_height)
+            hardware_takes(handle, parsed, by_supported)
+            if supported.value != 0 or not width.value or not height.value:
+                continue  # UNSUPPORTED
+            taken.append((index, address, length, height.value, width.value))
+        # This state's last batch, waited for asleep (a blocking event) and only if not done: a wait gives the GIL up.
+        if self._previous is not None and not self._previous.query():  # type: ignore[no-untyped-call]
+            self._previous.synchronize()
+        done = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
+        if not taken:
+            done.record(self.stream)
+            self._previous = done
+            return results, done
+        sizes = [channels * h * w for _, _, _, h, w in taken]
+        offsets, total = [], 0
+        for size in sizes:
+            offsets.append(total)
+            total += (size + ALIGN - 1) // ALIGN * ALIGN
+        with torch.cuda.stream(self.stream):
+            block = torch.empty(total, dtype=torch.uint8, device=self.device)  # every image's planes
+        base = block.data_ptr()
+        k = len(taken)
+        outputs = (_Image * k)()
+        addresses = (ctypes.c_void_p * k)(*(address for _, address, _, _, _ in taken))
+        lengths = (ctypes.c_size_t * k)(*(length for _, _, length, _, _ in taken))
+        for n, ((_, _, _, h, w), offset) in enumerate(zip(taken, offsets, strict=True)):
+            for c in range(channels):
+                outputs[n].channel[c] = base + offset + c * h * w  # planar: C planes of H rows of W
+                outputs[n].pitch[c] = w
+        output_format = OUTPUT_Y if gray else OUTPUT_RGB
+        _check(held.nvjpegDecodeBatchedInitialize(handle, self._state, k, 1, output_format), "batch initialisation")
+        stream = ctypes.c_void_p(self.stream.cuda_stream)
+        status = released.nvjpegDecodeBatched(handle, self._state, addresses, lengths, outputs, stream)
+        _check(status, f"batched decode of {k} images")
+        done.record(self.stream)
+        self._previous = done
+        for (index, _, _, h, w), offset, size in zip(taken, offsets, sizes, strict=True):
+            results[index] = block[offset : offset + size].view(channels, h, w)
+        return results, done

@@ -1,0 +1,165 @@
+"""nvJPEG's hardware decoder called directly, a state a thread, against torchvision's decode_jpeg: does a
+second decoder state decode more photos a second, beside a busy device?
+
+torchvision decodes one batch at a time in a process (a lock over the batch, then a synchronize of its
+stream); app/codecs/nvjpeg.py gives each launch thread a state of its own. This measures, for each
+--threads count, T threads each decoding batches of --batch photos (loadtest/photos.py, 500×375,
+quality 90) for --seconds, each waiting for its own batch's event before its next (asleep: a blocking
+event), as the launch threads do:
+
+  torchvision   torchvision.io.decode_jpeg([k tensors], device) from every thread (its lock: one at a time)
+  direct        app/codecs/nvjpeg.py's BatchDecoder, one a thread
+
+img/s and the process's CPU µs a photo, idle and at each --busy-gpu fraction (jpeg_stages.py's BusyGpu:
+ResNet-50 replays keeping the device that busy, as the engine does in the server).
+
+First it checks the direct decoder's pixels against torchvision's, photo by photo, for the kinds of JPEG
+uploads bring (4:2:0, 4:2:2, 4:4:4, grayscale, odd sizes, progressive: the hardware refuses the last,
+which the decoder hands to torchvision), in RGB and in gray: the same library, so the same levels.
+
+    python3 bench/nvjpeg_states.py --out $OUT/nvjpeg-states
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+
+from app.codecs.nvjpeg import UNSUPPORTED, NvJpeg
+from bench.jpeg_stages import BusyGpu
+from loadtest.photos import encode, synthetic_photo
+
+
+def equality(nvjpeg: NvJpeg, device: torch.device) -> dict[str, Any]:
+    """Per kind of photo and mode: the largest level difference from torchvision's decode, or what happened."""
+    import torchvision.io
+
+    photo = synthetic_photo(500, 375, seed=1)
+    odd = synthetic_photo(333, 251, seed=2)
+    kinds = {
+        "420": encode(photo, quality=90),
+        "422": encode(photo, quality=90, subsampling=1),
+        "444": encode(photo, quality=90, subsampling=0),
+        "gray": encode(Image.fromarray(photo).convert("L"), quality=90),
+        "odd-333x251": encode(odd, quality=75),
+        "tiny-28x28": encode(synthetic_photo(28, 28, seed=3), quality=90),
+        "progressive": encode(photo, quality=90, progressive=True),
+    }
+    decoder = nvjpeg.decoder(device)
+    out: dict[str, Any] = {}
+    for gray, mode in ((False, torchvision.io.ImageReadMode.RGB), (True, torchvision.io.ImageReadMode.GRAY)):
+        buffers = [bytearray(data) for data in kinds.values()]
+        images, done = decoder.decode(buffers, gray=gray)
+        done.synchronize()
+        for (name, data), image in zip(kinds.items(), images, strict=True):
+            key = f"{name}-{'gray' if gray else 'rgb'}"
+            if isinstance(image, str):
+                out[key] = "unsupported: torchvision's" if image == UNSUPPORTED else image
+                continue
+            reference = torchvision.io.decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=mode,
+                                                   device=device)  # fmt: skip
+            if reference.shape != image.shape:
+                out[key] = f"shape {tuple(image.shape)} against torchvision's {tuple(reference.shape)}"
+                continue
+            out[key] = int((image.int() - reference.int()).abs().max())
+    return out
+
+
+def rate(kind: str, nvjpeg: NvJpeg, device: torch.device, photos: list[bytes], threads: int, batch: int,
+         seconds: float) -> dict[str, float]:  # fmt: skip
+    """Photos a second and CPU µs a photo, `threads` threads each decoding `batch` photos at a time."""
+    import torchvision.io
+
+    mode = torchvision.io.ImageReadMode.RGB
+    counts = [0] * threads
+    stop = threading.Event()
+    start = threading.Barrier(threads + 1)
+
+    def run(n: int) -> None:
+        buffers = [bytearray(photos[(n + i) % len(photos)]) for i in range(batch)]
+        tensors = [torch.frombuffer(b, dtype=torch.uint8) for b in buffers]
+        decoder = nvjpeg.decoder(device) if kind == "direct" else None
+        stream = torch.cuda.Stream(device)
+
+        def one_batch() -> None:
+            if decoder is not None:
+                _, done = decoder.decode(buffers, gray=False)
+            else:
+                torchvision.io.decode_jpeg(tensors, mode=mode, device=device)  # our stream waits for its own
+                done = torch.cuda.Event(blocking=True)
+                done.record(stream)
+            done.synchronize()
+
+        with torch.cuda.device(device), torch.cuda.stream(stream):
+            for _ in range(3):  # warm-up: the state's buffers, the allocator's blocks
+                one_batch()
+            start.wait()
+            while not stop.is_set():
+                one_batch()
+                counts[n] += batch
+
+    workers = [threading.Thread(target=run, args=(n,), daemon=True) for n in range(threads)]
+    for worker in workers:
+        worker.start()
+    start.wait()
+    cpu, began = time.process_time(), time.perf_counter()
+    time.sleep(seconds)
+    stop.set()
+    for worker in workers:
+        worker.join()
+    elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
+    decoded = sum(counts)
+    return {"images_per_s": round(decoded / elapsed, 1), "cpu_us_a_photo": round(cpu / max(decoded, 1) * 1e6, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--threads", default="1,2,4")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--busy-gpu", default="0,0.6")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    import torchvision
+
+    device = torch.device(args.device)
+    nvjpeg = NvJpeg()
+    flags = vars(args).items()
+    record: dict[str, Any] = {
+        "command": "python3 bench/nvjpeg_states.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in flags),
+        "gpu": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "libnvjpeg": nvjpeg.library.path,
+        "photos": "loadtest/photos.py synthetic_photo 500×375, quality 90, 16 seeds",
+    }
+    record["max_level_difference_from_torchvision"] = equality(nvjpeg, device)
+    print(json.dumps(record, indent=1), flush=True)
+    photos = [encode(synthetic_photo(500, 375, seed=i), quality=90) for i in range(16)]
+    points: dict[str, Any] = {}
+    for fraction in map(float, args.busy_gpu.split(",")):
+        busy = BusyGpu(device, fraction) if fraction > 0 else None
+        with busy or contextlib.nullcontext():
+            for threads in map(int, args.threads.split(",")):
+                for kind in ("torchvision", "direct"):
+                    key = f"{kind}-t{threads}" + (f"-busy{fraction:g}" if busy else "")
+                    points[key] = rate(kind, nvjpeg, device, photos, threads, args.batch, args.seconds)
+                    print(key, points[key], flush=True)
+        if busy is not None:
+            points[f"busy{fraction:g}-duty"] = round(busy.duty, 3)
+    record["points"] = points
+    (args.out / "nvjpeg-states.json").write_text(json.dumps(record, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
