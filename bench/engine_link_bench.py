@@ -108,10 +108,10 @@ class StandInDecoder:
                     bytearray(data)
                 if future.done():
                     continue
-                if out is not None:  # a host from before 2026-12-04 (DECODE frames, then UPLOADS): into its row
+                if out is not None:  # the DECODE frame's: written into the worker's segment
                     np.copyto(out, self.pixels)
                     future.set_result(out)
-                else:  # a view of the pinned block, as the real decoder hands back its rows
+                else:  # the UPLOADS frame's: a view of the pinned block, as the real decoder hands back its rows
                     future.set_result(self.pixels)
 
     def close(self) -> None:

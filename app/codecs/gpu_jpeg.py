@@ -31,11 +31,11 @@ decode at once and none waits on the host for its decode (our stream waits for i
 images it does not take (progressive ones) go through torchvision as above.
 
 The event loop awaits `done` through an EventWaiter
-(a thread sleeping in that one event's synchronize, never the device's), then hands each upload its
-(1, C, h, w) rows of the group's pinned block (a view, not a copy). The batcher sees what Pillow
-would have given it. A batch nvJPEG refuses as a whole (one CMYK
-or corrupt image fails the call) is decoded again image by image: those nvJPEG refuses alone answer
-GpuDecodeError, and app/codecs/uploads.py hands them to Pillow.
+(a thread sleeping in that one event's synchronize, never the device's), then copies each row
+out of its pinned buffer into the caller's `out` or a new (1, C, h, w) array. The batcher sees
+what Pillow would have given it. A batch nvJPEG refuses as a whole (one CMYK or corrupt image fails the
+call) is decoded again image by image: those nvJPEG refuses alone answer GpuDecodeError, and
+app/codecs/uploads.py hands them to Pillow.
 """
 
 from __future__ import annotations
@@ -81,15 +81,15 @@ class _Job:
     data: bytes | bytearray | memoryview
     spec: ModelSpec
     future: asyncio.Future[np.ndarray]
+    out: np.ndarray | None  # where the caller wants the (1, C, h, w) pixels written, or None: a new array
     arrived: float = field(default_factory=time.perf_counter)
 
 
 @dataclass(eq=False)
 class _Launched:
     jobs: list[_Job]
-    # per job: its (1, C, h, w) uint8 rows of its group's pinned (g, C, h, w) block, a numpy view (it holds the
-    # block); None where nvJPEG refused it
-    hosts: list[np.ndarray | None]
+    # per job: its row, (C, h, w) uint8, of its group's pinned (g, C, h, w) block; None where nvJPEG refused it
+    hosts: list[torch.Tensor | None]
     done: torch.cuda.Event
     started: float  # perf_counter at the launch, for cgserve_gpu_jpeg_batch_seconds
     decode_s: float  # wall time in decode_jpeg, of the launch's started → launched (cgserve_gpu_jpeg_stage_seconds)
@@ -125,18 +125,21 @@ class GpuJpegDecoder:
         self._collector: asyncio.Task[None] | None = None
         self._batches: set[asyncio.Task[None]] = set()  # launching or handing back (asyncio keeps weak references)
 
-    def decode(self, data: bytes | bytearray | memoryview, spec: ModelSpec) -> asyncio.Future[np.ndarray]:
-        """A JPEG → the future of its (1, C, h, w) uint8 pixels per the spec's [preprocess] (read-only rows of
-        a pinned block its batch-mates share); GpuDecodeError if nvJPEG refused it. A future, not a
-        coroutine: the engine process answers from its callback, with no task an upload.
+    def decode(
+        self, data: bytes | bytearray | memoryview, spec: ModelSpec, out: np.ndarray | None = None
+    ) -> asyncio.Future[np.ndarray]:
+        """A JPEG → the future of its (1, C, h, w) uint8 pixels per the spec's [preprocess]; GpuDecodeError
+        if nvJPEG refused it. A future, not a coroutine: the engine process answers from its callback,
+        with no task an upload. Cancelling it leaves `out` unwritten.
 
-        `data` is read until the decode is launched, and held until the future is done; a bytearray or
+        `data` is read until the decode is launched (and held until the future is done); a bytearray or
         writable memoryview is read in place (an inline body, the worker's segment in the engine process),
-        bytes are copied once."""
+        bytes are copied once. `out`, a (1, C, h, w) uint8 array, receives the pixels and is the result (it
+        may share `data`'s memory: it is written after the decode has read it); without it a new array is."""
         if self._collector is None or self._collector.done():  # first upload (or a collector that died)
             self._collector = asyncio.create_task(self._collect(), name="gpu-jpeg-collector")
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Job(data, spec, future))
+        self._pending.append(_Job(data, spec, future, out))
         self._arrived.set()
         return future
 
@@ -197,7 +200,7 @@ class GpuJpegDecoder:
     def _launch(self, jobs: list[_Job]) -> _Launched:
         """On the worker thread: decode, resize and start the copies out; returns before they finish."""
         started = time.perf_counter()
-        hosts: list[np.ndarray | None] = [None] * len(jobs)
+        hosts: list[torch.Tensor | None] = [None] * len(jobs)
         errors: list[str] = []
         kept: list[torch.Tensor] = []
         decode_s = 0.0
@@ -213,9 +216,8 @@ class GpuJpegDecoder:
                     pixels = preprocess_batch(images, spec)  # (k, C, h, w) uint8 on the GPU
                     host = torch.empty(pixels.shape, dtype=torch.uint8, pin_memory=True)
                     host.copy_(pixels, non_blocking=True)  # one copy out for the group
-                    rows = host.numpy()  # numpy's views of it: a tenth of a torch index's cost a row
                     for row, (i, _) in enumerate(group):
-                        hosts[i] = rows[row : row + 1]
+                        hosts[i] = host[row]
             done = torch.cuda.Event(blocking=True)  # its waiter thread sleeps instead of spinning a core
             done.record(self._stream)
         return _Launched(jobs, hosts, done, started, decode_s, time.perf_counter(), errors, kept)
@@ -274,12 +276,19 @@ class GpuJpegDecoder:
         metrics.GPU_JPEG_BATCH_SECONDS.observe(completed - launched.started)
         refused = "; ".join(launched.errors)
         for job, host in zip(launched.jobs, launched.hosts, strict=True):
-            if job.future.done():  # cancelled meanwhile (the worker may be gone)
+            if job.future.done():  # cancelled meanwhile: its `out` is not written (the worker may be gone)
                 continue
             if host is None:
                 job.future.set_exception(GpuDecodeError(refused or "nvJPEG did not decode this image"))
-            else:  # its rows of the pinned block, not a copy (150 KB on the event loop an upload, for ResNet-50):
-                job.future.set_result(host)  # the block goes back to torch's host cache once its last row does
+                continue
+            try:
+                if job.out is not None:  # the caller's buffer: in the engine process, its UPLOADS frame's row
+                    np.copyto(job.out, host.numpy()[None])
+                    job.future.set_result(job.out)
+                else:  # a copy: the group's pinned block goes back to torch's host cache once its last row is let go
+                    job.future.set_result(np.array(host.numpy())[None])  # (1, C, h, w)
+            except Exception as error:  # an `out` of another shape: this upload's 500, not its batch-mates' hang
+                job.future.set_exception(error)
         _observe_stages(launched, completed)
 
 

@@ -40,9 +40,11 @@ JPEG_END = b"\xff\xd9"  # EOI; byte stuffing keeps it out of the entropy-coded d
 
 
 class JpegBatchDecoder(Protocol):
-    def decode(self, data: bytes | bytearray | memoryview, spec: ModelSpec) -> Awaitable[np.ndarray]:
-        """A JPEG → (1, C, H, W) uint8 per the spec's [preprocess] (to be read, not written: it may share a
-        block with others); GpuDecodeError if nvJPEG refused it. A future (the GPU decoder's) or a coroutine."""
+    def decode(
+        self, data: bytes | bytearray | memoryview, spec: ModelSpec, out: np.ndarray | None = None
+    ) -> Awaitable[np.ndarray]:
+        """A JPEG → (1, C, H, W) uint8 per the spec's [preprocess], written into `out` where given;
+        GpuDecodeError if nvJPEG refused it. A future (the GPU decoder's) or a coroutine."""
         ...
 
     def close(self) -> None: ...

@@ -204,9 +204,9 @@ class WorkerConnection:
         """A frame of JPEGs (one request's or several's), decoded on this process's GPU and inferred here:
         one trip a request, where decoding in one frame and inferring in the next would take two.
         Each image goes to the decoder as a view of the worker's segment (read when its decode is
-        launched; the worker keeps the segment until RESULT); once the last is decoded their pixels are
-        enqueued as an INFER frame's rows. No task: the decoder's futures and the batcher's answer by
-        callback."""
+        launched; the worker keeps the segment until RESULT), its pixels written into its row of one
+        (k, C, h, w) array, which is enqueued as an INFER frame's rows once the last is decoded. No
+        task: the decoder's futures and the batcher's answer by callback."""
         frame_id, deadline, model, k, segment = frames.UPLOADS_HEADER.unpack_from(payload)
         served = self.host.by_id.get(model)
         try:
@@ -221,13 +221,14 @@ class WorkerConnection:
             batcher = served.ready_batcher()
             batcher.admit(deadline)  # as for INFER: refused before its images are decoded
             memory = memoryview(self.segments[segment])
+            images = np.empty((k, *served.spec.input_shape), np.uint8)  # (k, C, h, w): the frame's rows
             lengths = frames.upload_lengths(k).unpack_from(payload, frames.UPLOADS_HEADER.size)
             decodes: list[asyncio.Future[np.ndarray]] = []
             start = 0
-            for length in lengths:
+            for row, length in enumerate(lengths):
                 data, start = memory[start : start + length], start + length
                 # The GPU decoder answers a future (no task); a decoder whose decode is a coroutine gets one.
-                decodes.append(asyncio.ensure_future(decoder.decode(data, served.spec)))
+                decodes.append(asyncio.ensure_future(decoder.decode(data, served.spec, out=images[row : row + 1])))
         except Exception as error:
             self.answer(frame_id, served, error=error)
             return
@@ -238,16 +239,15 @@ class WorkerConnection:
             self.waiting.discard(future)
             left -= 1
             if left == 0:
-                self.infer_decoded(frame_id, served, deadline, decodes)
+                self.infer_decoded(frame_id, served, deadline, images, decodes)
 
         for future in decodes:
             self.waiting.add(future)  # cancelled if the worker goes: the decoder then skips it
             future.add_done_callback(decoded)
 
-    def infer_decoded(self, frame_id: int, served: ServedModel, deadline: float,
+    def infer_decoded(self, frame_id: int, served: ServedModel, deadline: float, images: np.ndarray,
                       decodes: list[asyncio.Future[np.ndarray]]) -> None:  # fmt: skip
-        """A frame's images decoded, each (1, C, h, w): the rows nvJPEG decoded to the batcher (a lone
-        upload's as the decoder handed them, a row of its pinned block: no copy on this loop). The
+        """A frame's images decoded into `images`, (k, C, h, w): the rows nvJPEG decoded to the batcher. The
         images it refused are answered as such, each (PARTLY_REFUSED), or the frame's as a whole where it
         refused them all (REFUSED): the worker decodes those requests with Pillow, as in-process, and one
         bad upload costs its frame-mates nothing."""
@@ -260,13 +260,10 @@ class WorkerConnection:
             error = errors[0]  # REFUSED: nothing to infer
         if error is None:
             try:
-                decoded = [future.result() for future, r in zip(decodes, refused, strict=True) if not r]
-                rows = decoded[0] if len(decoded) == 1 else np.concatenate(decoded)  # (decoded, C, h, w)
-                if rows.shape[1:] != tuple(served.spec.input_shape) or rows.dtype != np.uint8:
-                    raise ServiceError(
-                        f"the JPEG decoder gave {rows.dtype} pixels of {'×'.join(map(str, rows.shape[1:]))} for "
-                        f"{served.spec.name}, built for uint8 {'×'.join(map(str, served.spec.input_shape))}"
-                    )
+                for row, future in enumerate(decodes):
+                    if not refused[row] and (pixels := future.result()).base is not images:
+                        images[row : row + 1] = pixels  # a decoder that gave its own array: into its row
+                rows = images[[not r for r in refused]] if any(refused) else images  # (decoded, C, h, w)
                 # Its batcher again: the version may have retired while the frame was decoded (its batcher
                 # stopped, where an enqueue would never be answered): NotReadyError, as for INFER.
                 future = served.ready_batcher().enqueue(rows, deadline)

@@ -43,15 +43,20 @@ class PillowAsGpu:
     """The engine process's decoder: Pillow's pixels, GpuDecodeError for the images it is told to refuse
     (as nvJPEG refuses what its header did not show), counted."""
 
-    def __init__(self, *, refuses: tuple[bytes, ...] = ()) -> None:
+    def __init__(self, *, writes_out: bool = True, refuses: tuple[bytes, ...] = ()) -> None:
         self.decoded = 0
+        self.writes_out = writes_out  # False: a decoder that answers with an array of its own
         self.refuses = refuses
 
-    async def decode(self, data: bytes | memoryview, spec: ModelSpec) -> np.ndarray:
+    async def decode(self, data: bytes | memoryview, spec: ModelSpec, out: np.ndarray | None = None) -> np.ndarray:
         if bytes(data) in self.refuses:
             raise GpuDecodeError("refused")
         self.decoded += 1
-        return decode_image(bytes(data), max_pixels=MAX_PIXELS, spec=spec)
+        pixels = decode_image(bytes(data), max_pixels=MAX_PIXELS, spec=spec)
+        if out is None or not self.writes_out:
+            return pixels
+        np.copyto(out, pixels)  # as the GPU decoder: into the caller's row
+        return out
 
     def close(self) -> None:
         pass
@@ -59,27 +64,30 @@ class PillowAsGpu:
 
 class HeldFutures:
     """The engine process's decoder as the GPU's answers: a future an upload (no coroutine, so the host
-    runs no task), held until `finish` answers each with Pillow's pixels, only where the future is not
-    done (cancelled: the worker is gone, its segment with it)."""
+    runs no task), held until `finish` fills each with Pillow's pixels as the GPU decoder does: into
+    `out`, only where the future is not done (cancelled: the worker is gone, its segment with it)."""
 
     def __init__(self) -> None:
-        self.held: list[tuple[bytes, ModelSpec, asyncio.Future[np.ndarray]]] = []
+        self.held: list[tuple[bytes, ModelSpec, np.ndarray | None, asyncio.Future[np.ndarray]]] = []
         self.arrived = asyncio.Event()
 
-    def decode(self, data: memoryview, spec: ModelSpec) -> asyncio.Future[np.ndarray]:
+    def decode(self, data: memoryview, spec: ModelSpec, out: np.ndarray | None = None) -> asyncio.Future[np.ndarray]:
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        self.held.append((bytes(data), spec, future))  # read at once, as a launch reads the segment
+        self.held.append((bytes(data), spec, out, future))  # read at once, as a launch reads the segment
         self.arrived.set()
         return future
 
     def finish(self) -> int:
         """Answer everything held; how many were still wanted."""
         wanted = 0
-        for data, spec, future in self.held:
+        for data, spec, out, future in self.held:
             if future.done():
                 continue
             wanted += 1
-            future.set_result(decode_image(data, max_pixels=MAX_PIXELS, spec=spec))
+            pixels = decode_image(data, max_pixels=MAX_PIXELS, spec=spec)
+            if out is not None:
+                np.copyto(out, pixels)
+            future.set_result(out if out is not None else pixels)
         self.held.clear()
         return wanted
 
@@ -254,9 +262,9 @@ def test_a_bad_upload_is_the_same_clear_error_through_the_engine_process(tmp_pat
     asyncio.run(scenario())
 
 
-def test_a_frame_of_several_uploads_is_inferred_on_each_ones_pixels(tmp_path: Path) -> None:
+def test_a_decoder_that_answers_with_its_own_array_is_still_inferred_on_its_pixels(tmp_path: Path) -> None:
     async def scenario() -> None:
-        async with engine_process(tmp_path, PillowAsGpu()) as (link, _):
+        async with engine_process(tmp_path, PillowAsGpu(writes_out=False)) as (link, _):
             uploads = [jpeg(7), jpeg(8)]
             np.testing.assert_array_equal(await infer(link, uploads), pixel_sums(uploads))
 
@@ -288,7 +296,7 @@ def test_a_worker_gone_mid_decode_has_its_decode_cancelled(tmp_path: Path) -> No
         async with engine_process(tmp_path, decoder) as (link, batcher):
             pending = asyncio.ensure_future(infer(link, [jpeg(3)]))
             await decoder.arrived.wait()
-            ((_, _, future),) = decoder.held
+            ((_, _, _, future),) = decoder.held
             await link.close()  # the worker goes while its upload is being decoded
             for _ in range(100):
                 if future.done():
@@ -336,7 +344,7 @@ def test_uploads_go_to_the_version_their_queue_admitted_them_on(tmp_path: Path) 
 
 def test_a_decoder_answering_pixels_of_another_shape_is_a_clear_500_not_a_wait(tmp_path: Path) -> None:
     class WrongShape(HeldFutures):
-        def decode(self, data: memoryview, spec: ModelSpec) -> asyncio.Future[Any]:
+        def decode(self, data: memoryview, spec: ModelSpec, out: np.ndarray | None = None) -> asyncio.Future[Any]:
             future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             future.set_result(np.zeros((1, 3, 5, 5), np.uint8))  # not the model's (1, 1, 28, 28)
             return future
