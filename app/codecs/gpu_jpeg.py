@@ -229,10 +229,13 @@ class GpuJpegDecoder:
         Ordered before what is queued next on our stream."""
         if self._direct is None:
             return self._decode_torchvision(jobs, indices, color, errors)
+        buffers = [_writable(jobs[i].data) for i in indices]
+        for i, buffer in zip(indices, buffers, strict=True):  # nvJPEG may read them until `done`: each held by
+            jobs[i].data = buffer  # its job until the hand-back
         decoder = self._direct.get()  # one a launch thread: never waits
         try:
             try:
-                images, done = decoder.decode([_writable(jobs[i].data) for i in indices], gray=color == "L")
+                images, done = decoder.decode(buffers, gray=color == "L")
             except NvJpegError:  # the hardware refused the batch (a corrupt image, say): torchvision's way for it
                 return self._decode_torchvision(jobs, indices, color, errors)
         finally:
