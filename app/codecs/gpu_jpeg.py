@@ -154,6 +154,12 @@ class GpuJpegDecoder:
             task.cancel()
         self._worker.shutdown(wait=True, cancel_futures=True)
         self._waiter.close()
+        if self._direct is not None:  # every launch has returned its state: destroy them, then the handle
+            decoders = []
+            while not self._direct.empty():
+                decoders.append(self._direct.get())
+            _close_direct(decoders[0].nvjpeg if decoders else None, decoders)
+            self._direct = None
 
     async def _collect(self) -> None:
         # An observation an upload: buffered on the loop (app/ops/metric_buffers.py), made here, on it.
@@ -236,7 +242,8 @@ class GpuJpegDecoder:
         try:
             try:
                 images, done = decoder.decode(buffers, gray=color == "L")
-            except NvJpegError:  # the hardware refused the batch (a corrupt image, say): torchvision's way for it
+            except RuntimeError:  # NvJpegError (a corrupt image, say), the device's memory: torchvision's way for it
+                log.debug("nvJPEG's hardware decoder refused a batch of %d; torchvision decodes it", len(indices))
                 return self._decode_torchvision(jobs, indices, color, errors)
         finally:
             self._direct.put(decoder)
@@ -312,17 +319,27 @@ def _observe_stages(launched: _Launched, completed: float) -> None:
 def _direct_decoders(device: torch.device, launches: int) -> queue.SimpleQueue[BatchDecoder] | None:
     """A decoder state for each launch thread on nvJPEG's hardware backend, or None (logged: why) where this
     GPU or library has none."""
+    nvjpeg: NvJpeg | None = None
+    decoders: list[BatchDecoder] = []
     try:
-        nvjpeg = NvJpeg()
-        with torch.cuda.device(device):
+        with torch.cuda.device(device):  # a handle and its states belong to the device current when made
+            nvjpeg = NvJpeg()
             decoders = [nvjpeg.decoder(device) for _ in range(launches)]
     except (NvJpegError, OSError, AttributeError) as error:  # no hardware decoder, no library, an old library
         log.info("JPEG uploads: nvJPEG's hardware decoder is not available here (%s); torchvision's decoder", error)
+        _close_direct(nvjpeg, decoders)
         return None
     pool: queue.SimpleQueue[BatchDecoder] = queue.SimpleQueue()
     for decoder in decoders:
         pool.put(decoder)
     return pool
+
+
+def _close_direct(nvjpeg: NvJpeg | None, decoders: list[BatchDecoder]) -> None:
+    for decoder in decoders:
+        decoder.close()
+    if nvjpeg is not None:
+        nvjpeg.close()
 
 
 def _writable(data: bytes | bytearray | memoryview) -> bytearray | memoryview:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,8 @@ STATUS_NAMES = {
 UNSUPPORTED = "not a JPEG the hardware decoder takes (progressive, 4:1:1, more than 3 components)"
 # Each image's planes start on a 256-byte boundary of the batch's block, as an allocation of their own would.
 ALIGN = 256
+# libnvjpeg.so.13, torchvision's libnvjpeg.36e11081.so.13; not libnvjpeg2k (JPEG 2000)
+LIBRARY_NAME = re.compile(r"^libnvjpeg[.-]")
 
 
 class NvJpegError(RuntimeError):
@@ -71,9 +74,9 @@ def find_library() -> str | None:
 
     try:
         for line in Path("/proc/self/maps").read_text().splitlines():
-            path = line.split()[-1]
-            if "libnvjpeg" in Path(path).name:
-                return path
+            fields = line.split(maxsplit=5)  # address, perms, offset, dev, inode, path (absent: anonymous)
+            if len(fields) == 6 and LIBRARY_NAME.match(Path(fields[5]).name) and Path(fields[5]).exists():
+                return fields[5]
     except OSError:  # no /proc: not Linux
         pass
     return ctypes.util.find_library("nvjpeg")
@@ -107,8 +110,11 @@ class NvJpeg:
         p, i, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
         for lib in (held, released):
             lib.nvjpegCreateEx.argtypes = [i, p, p, ctypes.c_uint, ctypes.POINTER(p)]
+            lib.nvjpegDestroy.argtypes = [p]
             lib.nvjpegJpegStateCreate.argtypes = [p, ctypes.POINTER(p)]
+            lib.nvjpegJpegStateDestroy.argtypes = [p]
             lib.nvjpegJpegStreamCreate.argtypes = [p, ctypes.POINTER(p)]
+            lib.nvjpegJpegStreamDestroy.argtypes = [p]
             lib.nvjpegJpegStreamParseHeader.argtypes = [p, p, sz, p]
             u = ctypes.POINTER(ctypes.c_uint)
             lib.nvjpegJpegStreamGetFrameDimensions.argtypes = [p, u, u]
@@ -121,7 +127,12 @@ class NvJpeg:
         self.handle = handle
 
     def decoder(self, device: torch.device) -> BatchDecoder:
+        """A state and stream on `device`, which must be the device this handle was made on (current then)."""
         return BatchDecoder(self, device)
+
+    def close(self) -> None:
+        """Destroy the handle (its decoders closed first)."""
+        self.library.held.nvjpegDestroy(self.handle)
 
 
 class BatchDecoder:
@@ -139,6 +150,14 @@ class BatchDecoder:
         self._previous: torch.cuda.Event | None = None
         self._owner = threading.Lock()  # one batch at a time: a second caller is a fault, not a wait
 
+    def close(self) -> None:
+        """Destroy the state once its last batch is done on the device (asleep until then)."""
+        if self._previous is not None:
+            self._previous.synchronize()
+        held = self.nvjpeg.library.held
+        held.nvjpegJpegStreamDestroy(self._parsed)
+        held.nvjpegJpegStateDestroy(self._state)
+
     def decode(
         self, images: list[bytearray | memoryview], gray: bool
     ) -> tuple[list[torch.Tensor | str], torch.cuda.Event]:
@@ -146,8 +165,8 @@ class BatchDecoder:
         decoded (UNSUPPORTED, or its header's fault). The views are ready once the returned event has
         completed on the device; the caller orders its work after it (Stream.wait_event) and keeps the views
         (and `images`, which nvJPEG may read until then) until its own work on them is done."""
-        if not self._owner.acquire(blocking=False):
-            raise NvJpegError("a BatchDecoder decodes one batch at a time")
+        if not self._owner.acquire(blocking=False):  # a fault of the caller's, not a refusal to fall back from
+            raise AssertionError("a BatchDecoder decodes one batch at a time, from one thread")
         try:
             return self._decode(images, gray)
         finally:
@@ -171,8 +190,8 @@ class BatchDecoder:
             if status != 0:
                 results[index] = f"nvJPEG could not read its header: {STATUS_NAMES.get(status, status)}"
                 continue
-            dimensions(parsed, by_width, by_height)
-            hardware_takes(handle, parsed, by_supported)
+            if dimensions(parsed, by_width, by_height) != 0 or hardware_takes(handle, parsed, by_supported) != 0:
+                continue  # UNSUPPORTED: torchvision's decode says what it makes of it
             if supported.value != 0 or not width.value or not height.value:
                 continue  # UNSUPPORTED
             taken.append((index, address, length, height.value, width.value))
@@ -201,12 +220,17 @@ class BatchDecoder:
                 outputs[n].channel[c] = base + offset + c * h * w  # planar: C planes of H rows of W
                 outputs[n].pitch[c] = w
         output_format = OUTPUT_Y if gray else OUTPUT_RGB
-        _check(held.nvjpegDecodeBatchedInitialize(handle, self._state, k, 1, output_format), "batch initialisation")
         stream = ctypes.c_void_p(self.stream.cuda_stream)
-        status = released.nvjpegDecodeBatched(handle, self._state, addresses, lengths, outputs, stream)
-        _check(status, f"batched decode of {k} images")
-        done.record(self.stream)
-        self._previous = done
+        try:
+            # The GIL let go for both: a larger batch than before may have the state free and reallocate its
+            # buffers (a wait for the device), and the decode itself takes a batch's host work.
+            status = released.nvjpegDecodeBatchedInitialize(handle, self._state, k, 1, output_format)
+            _check(status, "batch initialisation")
+            status = released.nvjpegDecodeBatched(handle, self._state, addresses, lengths, outputs, stream)
+            _check(status, f"batched decode of {k} images")
+        finally:  # failed or not, what it queued is waited for before the state is used again
+            done.record(self.stream)
+            self._previous = done
         for (index, _, _, h, w), offset, size in zip(taken, offsets, sizes, strict=True):
             results[index] = block[offset : offset + size].view(channels, h, w)
         return results, done

@@ -339,9 +339,15 @@ class StandInBatchDecoder:
     (as the hardware says of them), a header's fault for what Pillow cannot open, NvJpegError for a whole
     batch holding `fails_batch`; counts its batches."""
 
+    nvjpeg = None  # no handle of its own to destroy
+
     def __init__(self, fails_batch: bytes | None = None) -> None:
         self.batches: list[int] = []
         self.fails_batch = fails_batch
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
 
     def decode(self, images: list[Any], gray: bool) -> tuple[list[Any], NoEvent]:
         from app.codecs.nvjpeg import UNSUPPORTED, NvJpegError
@@ -397,6 +403,7 @@ def test_the_direct_decoder_s_pixels_are_torchvision_s_and_what_it_does_not_take
     for got, want in zip(direct[:3], by_torchvision, strict=True):
         np.testing.assert_array_equal(got, want)
     assert isinstance(direct[3], GpuDecodeError) and "could not read its header" in str(direct[3])
+    assert stand_in.closed  # the decoder's close destroys its states
 
 
 def test_a_batch_the_direct_decoder_refuses_whole_goes_through_torchvision(calls: list[int]) -> None:

@@ -1,0 +1,151 @@
+"""app/codecs/nvjpeg.py's ctypes binding on the CPU, against a stand-in libnvjpeg built here from C.
+
+The stand-in speaks nvJPEG's calls as nvjpeg.h declares them, for "images" of the form b"FAKE <w> <h> <s>"
+(s: 0 the hardware takes it, 1 it does not); its batched decode writes 10·i + c + 1 into every pixel of plane c
+of the batch's i-th image, through the pointers and pitches it is given, into host memory (the block is a CPU
+tensor here: CUDA's streams and events are stood in for). What is tested is ours: the planes' offsets and
+pitches, the views over them, the order of the answers, what is refused and why, the statuses checked, and a
+failed batch leaving the state usable. tests/gpu/test_gpu_jpeg.py runs the real library against torchvision's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import types
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.codecs import nvjpeg
+from app.codecs.nvjpeg import UNSUPPORTED, NvJpeg, NvJpegError
+
+STAND_IN = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+typedef struct { unsigned char *channel[4]; size_t pitch[4]; } nvjpegImage_t;
+typedef struct { unsigned w, h; int unsupported; } parsed_t;
+typedef struct { int k, format; } state_t;
+
+static int parse(const unsigned char *data, size_t length, parsed_t *out) {
+    char text[64];
+    if (length < 5 || length >= sizeof text || memcmp(data, "FAKE ", 5) != 0) return 3; /* BAD_JPEG */
+    memcpy(text, data, length); text[length] = 0;
+    return sscanf(text + 5, "%u %u %d", &out->w, &out->h, &out->unsupported) == 3 ? 0 : 3;
+}
+int nvjpegCreateEx(int backend, void *d, void *p, unsigned flags, void **handle) { *handle = malloc(1); return 0; }
+int nvjpegDestroy(void *handle) { free(handle); return 0; }
+int nvjpegJpegStateCreate(void *handle, void **state) { *state = calloc(1, sizeof(state_t)); return 0; }
+int nvjpegJpegStateDestroy(void *state) { free(state); return 0; }
+int nvjpegJpegStreamCreate(void *handle, void **stream) { *stream = calloc(1, sizeof(parsed_t)); return 0; }
+int nvjpegJpegStreamDestroy(void *stream) { free(stream); return 0; }
+int nvjpegJpegStreamParseHeader(void *handle, const unsigned char *data, size_t length, void *stream) {
+    return parse(data, length, stream);
+}
+int nvjpegJpegStreamGetFrameDimensions(void *stream, unsigned *w, unsigned *h) {
+    *w = ((parsed_t *)stream)->w; *h = ((parsed_t *)stream)->h; return 0;
+}
+int nvjpegDecodeBatchedSupported(void *handle, void *stream, int *unsupported) {
+    *unsupported = ((parsed_t *)stream)->unsupported; return 0;
+}
+int nvjpegDecodeBatchedInitialize(void *handle, void *state, int k, int threads, int format) {
+    ((state_t *)state)->k = k; ((state_t *)state)->format = format; return 0;
+}
+int nvjpegDecodeBatched(void *handle, void *state, const unsigned char *const *data, const size_t *lengths,
+                        nvjpegImage_t *images, void *stream) {
+    int format = ((state_t *)state)->format, planes = format == 2 ? 1 : 3; /* OUTPUT_Y, else OUTPUT_RGB */
+    for (int k = 0; k < ((state_t *)state)->k; k++) {
+        parsed_t p;
+        if (parse(data[k], lengths[k], &p) != 0) return 6;
+        if (memcmp(data[k], "FAKE 9 9 0", 10) == 0) return 6; /* a batch the "hardware" fails */
+        for (int c = 0; c < planes; c++)
+            for (unsigned y = 0; y < p.h; y++)
+                memset(images[k].channel[c] + y * images[k].pitch[c], 10 * k + c + 1, p.w);
+    }
+    return 0;
+}
+"""
+
+
+class Event:
+    def __init__(self, blocking: bool = False) -> None:
+        self.recorded = 0
+
+    def record(self, stream: object) -> None:
+        self.recorded += 1
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+
+@pytest.fixture
+def library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The stand-in's path; CUDA's stream, events and contexts stood in for, the block on the CPU."""
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler to build the stand-in libnvjpeg")
+    source, built = tmp_path / "nvjpeg.c", tmp_path / "libnvjpeg.so.13"
+    source.write_text(STAND_IN)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(built), str(source)], check=True)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: types.SimpleNamespace(cuda_stream=0))
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    yield str(built)
+
+
+def decode(path: str, images: list[bytes], gray: bool = False) -> list[torch.Tensor | str]:
+    handle = NvJpeg(path)
+    decoder = handle.decoder(torch.device("cpu"))
+    results, done = decoder.decode([bytearray(image) for image in images], gray=gray)
+    assert done.recorded == 1
+    decoder.close()  # the state, then the handle: the stand-in frees them
+    handle.close()
+    return results
+
+
+def test_each_image_s_planes_are_where_its_view_says_in_order(library: str) -> None:
+    results = decode(library, [b"FAKE 5 3 0", b"FAKE 2 4 0", b"FAKE 7 1 0"])
+    assert [tuple(r.shape) for r in results] == [(3, 3, 5), (3, 4, 2), (3, 1, 7)]  # type: ignore[union-attr]
+    for i, image in enumerate(results):
+        assert isinstance(image, torch.Tensor)
+        for c in range(3):
+            assert (image[c] == 10 * i + c + 1).all(), (i, c, image[c])
+        assert image.storage_offset() % nvjpeg.ALIGN == 0  # each image's planes start aligned in the block
+
+
+def test_grey_is_one_plane(library: str) -> None:
+    (image,) = decode(library, [b"FAKE 4 2 0"], gray=True)
+    assert isinstance(image, torch.Tensor) and image.shape == (1, 2, 4) and (image == 1).all()
+
+
+def test_what_the_hardware_does_not_take_and_what_does_not_parse_are_said_so_in_place(library: str) -> None:
+    results = decode(library, [b"FAKE 3 3 1", b"not a jpeg", b"FAKE 2 2 0"])
+    assert results[0] == UNSUPPORTED
+    assert isinstance(results[1], str) and "could not read its header: bad JPEG" in results[1]
+    assert isinstance(results[2], torch.Tensor) and (results[2][0] == 1).all()  # the batch's first decoded
+
+
+def test_a_batch_the_library_fails_is_an_error_and_the_state_decodes_the_next(library: str) -> None:
+    decoder = NvJpeg(library).decoder(torch.device("cpu"))
+    with pytest.raises(NvJpegError, match="execution failed"):
+        decoder.decode([bytearray(b"FAKE 2 2 0"), bytearray(b"FAKE 9 9 0")], gray=False)
+    results, _ = decoder.decode([bytearray(b"FAKE 2 2 0")], gray=False)
+    assert isinstance(results[0], torch.Tensor) and (results[0] == torch.tensor(1, dtype=torch.uint8)).any()
+
+
+def test_a_second_caller_of_one_state_is_a_fault_not_a_refusal(library: str) -> None:
+    decoder = NvJpeg(library).decoder(torch.device("cpu"))
+    with decoder._owner, pytest.raises(AssertionError, match="one batch at a time"):  # another thread's batch
+        decoder.decode([bytearray(b"FAKE 2 2 0")], gray=False)
+
+
+def test_the_library_name_is_nvjpeg_s_not_jpeg_2000_s() -> None:
+    for name in ("libnvjpeg.so.13", "libnvjpeg.36e11081.so.13", "libnvjpeg-3c9a3bd2.so.12"):
+        assert nvjpeg.LIBRARY_NAME.match(name), name
+    assert not nvjpeg.LIBRARY_NAME.match("libnvjpeg2k.so.0")
