@@ -194,7 +194,8 @@ class Settings(BaseSettings):
         256 * 2**20,
         ge=1024,
         description="Request bodies being read and decoded at once (by declared length; a chunked body counts as "
-        "max_body_bytes); a request that would go over is refused with 503 before its body is read.",
+        "max_body_bytes); a request that would go over is refused with 503 before its body is read. The front door "
+        "keeps a budget of its own this size for its bodies and gRPC messages being received.",
     )
     max_connections: int = Field(
         0,

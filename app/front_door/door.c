@@ -19,9 +19,10 @@
  * must arrive whole within `request_s` of its first byte (408, closed), and an answer the client
  * does not read within `request_s` is given up with its connection; an idle keep-alive connection
  * is closed after `keepalive_s`; a connection buffers at most one head (8 KiB) and one image, and
- * is not read while its request is in flight and that buffer is full; where `tokens` are set, a
- * request without one of them gets 401 before its pixels are copied (before they are sent, where
- * it asks `Expect: 100-continue`). A request whose client then closes its sending side is still
+ * is not read while its request is in flight and that buffer is full; bodies being read, by their
+ * Content-Length, and grpc.c's messages share `max_held_bytes` (503 before the body is read); where
+ * `tokens` are set, a request without one of them gets 401 before its pixels are copied (before they
+ * are sent, where it asks `Expect: 100-continue`). A request whose client then closes its sending side is still
  * answered. A few GETs (the v2 metadata, configuration and health of the default model, which a v2
  * client reads from the address it then sends its inferences to) get the answers Python set last.
  * fd_drain stops accepting: from then on each answer says `connection: close` and closes its
@@ -98,6 +99,8 @@ void close_conn(door_t *d, conn_t *c, int fd) {
     c->len = 0;
     c->eof = c->close_after = c->paused = c->out_closes = 0;
     c->head.len = 0;
+    let_go_bytes(d, (int64_t)c->held); /* a body that never came whole */
+    c->held = 0;
     free(c->buf);
     c->buf = NULL;
     free(c->out);
@@ -420,6 +423,14 @@ static int parse_head(door_t *d, conn_t *c, int fd) {
         refuse(d, fd, R413, "body_too_large", "the body is larger than one image and its inference header", "", 1, v2);
         return -1;
     }
+    if (!hold_bytes(d, (int64_t)body_len)) { /* refused before the body is read, as the service's ports refuse it */
+        char text[160];
+        snprintf(text, sizeof text, "request bodies of %lld bytes are being read already; this one was refused: retry "
+                 "(CGSERVE_MAX_INFLIGHT_BYTES)", (long long)d->max_held_bytes);
+        refuse(d, fd, R503, "overloaded", text, "retry-after: 1\r\n", 1, v2);
+        return -1;
+    }
+    c->held = body_len;
     refusal_t refusal = check_head(d, c->buf, head_len, body_len, &header_len);
     if (c->len < head_len + body_len) {
         const char *expect = find_header(c->buf, head_len, "expect:", &value_len);
@@ -475,6 +486,8 @@ static int parse_one(door_t *d, conn_t *c, int fd) {
     if (c->len < h.len + h.body_len) return 0;
     /* The whole request is here: whatever the answer, the connection can take the next one after it. */
     c->head.len = 0;
+    let_go_bytes(d, (int64_t)c->held); /* its body is copied into the bulk, or answered here, below */
+    c->held = 0;
     int closing = c->close_after || load(&d->draining);
     int sent = 1, answered_here = 1;
     if (h.refusal.which >= 0) {
@@ -740,14 +753,16 @@ static void *run(void *arg) {
 /* `tokens`: the inference tokens, one a line ("" where requests need none). NULL for arguments out of range. */
 door_t *fd_open(int lfd, int glfd, int threads, int row_bytes, int max_rows, int buffers, int efd, const char *path,
                 const char *v2_path, int full_rows, int max_conns, double keepalive_s, double request_s,
-                const char *tokens) {
+                const char *tokens, long long max_held_bytes) {
     if (threads < 1 || threads > MAX_THREADS || buffers < 2 || buffers > MAX_BUFFERS || row_bytes < 1 ||
-        max_rows < 1 || full_rows < 1 || max_conns < 1 || strlen(path) >= sizeof(((door_t *)0)->path) ||
+        max_rows < 1 || full_rows < 1 || max_conns < 1 || max_held_bytes < 1 ||
+        strlen(path) >= sizeof(((door_t *)0)->path) ||
         strlen(v2_path) >= sizeof(((door_t *)0)->v2_path))
         return NULL;
     door_t *d = calloc(1, sizeof *d);
     d->lfd = lfd; d->glfd = glfd; d->efd = efd; d->threads = threads; d->row_bytes = row_bytes; d->max_rows = max_rows;
     d->max_conns = max_conns; d->keepalive_s = keepalive_s; d->request_s = request_s;
+    d->max_held_bytes = max_held_bytes;
     strcpy(d->path, path);
     d->path_len = strlen(path);
     strcpy(d->v2_path, v2_path);

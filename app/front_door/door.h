@@ -78,6 +78,7 @@ typedef struct {
     size_t len, cap;
     char *buf;
     head_t head;         /* the request being read: its head, parsed once whole (head.len 0 until then) */
+    size_t held;         /* its body's bytes charged to the door's budget (held_bytes) until it is whole */
     char *out;           /* an answer's rest, where the socket took only part of it */
     size_t out_len, out_off;
     struct h2 *h2;       /* an HTTP/2 connection (gRPC): its session and calls (grpc.c); NULL: HTTP/1.1 */
@@ -116,6 +117,10 @@ typedef struct {
     int glfd;                     /* the gRPC listener (HTTP/2 without TLS), or -1 */
     int full_rows;                /* the eventfd is written at the first row of a bulk and again at this many */
     double keepalive_s, request_s;
+    /* Bodies (HTTP/1.1, by Content-Length) and gRPC messages (by what their buffers hold) being received, in bytes
+     * (__atomic), and their limit (CGSERVE_MAX_INFLIGHT_BYTES, as the service's ports): past it a request is
+     * refused 503 before its body is read, a gRPC call RESOURCE_EXHAUSTED. */
+    int64_t held_bytes, max_held_bytes;
     char path[256], v2_path[256]; /* "/predict"; "/v2/models/<default model>/infer" */
     size_t path_len, v2_path_len;
     char *tokens[MAX_TOKENS];
@@ -151,6 +156,13 @@ typedef struct {
 /* door.c's, for grpc.c. */
 double now_s(void);
 static inline int load(const int *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+/* `n` bytes more charged to the door's budget: 1, or 0 (nothing charged) where that would pass its limit. */
+static inline int hold_bytes(door_t *d, int64_t n) {
+    if (__atomic_add_fetch(&d->held_bytes, n, __ATOMIC_RELAXED) <= d->max_held_bytes) return 1;
+    __atomic_sub_fetch(&d->held_bytes, n, __ATOMIC_RELAXED);
+    return 0;
+}
+static inline void let_go_bytes(door_t *d, int64_t n) { __atomic_sub_fetch(&d->held_bytes, n, __ATOMIC_RELAXED); }
 void close_conn(door_t *d, conn_t *c, int fd);
 void watch(conn_t *c, int fd, uint32_t events);
 int token_ok(door_t *d, const char *value, size_t len);

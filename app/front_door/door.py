@@ -32,13 +32,14 @@ class Limits:
     keepalive_s: float
     request_s: float  # a request's whole arrival, from its first byte
     tokens: tuple[str, ...]  # the inference tokens; none: requests need no token
+    max_bytes: int = 256 * 2**20  # bodies and gRPC messages being received at once (CGSERVE_MAX_INFLIGHT_BYTES)
 
 
 def _load(library: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(library))
     lib.fd_open.restype = ctypes.c_void_p
     number, seconds, text, pointer = ctypes.c_int, ctypes.c_double, ctypes.c_char_p, ctypes.c_void_p
-    lib.fd_open.argtypes = (number,) * 7 + (text, text, number, number, seconds, seconds, text)
+    lib.fd_open.argtypes = (number,) * 7 + (text, text, number, number, seconds, seconds, text, ctypes.c_longlong)
     lib.fd_waiting.restype = ctypes.c_int
     lib.fd_waiting.argtypes = [ctypes.c_void_p]
     lib.fd_buffer.restype = ctypes.c_void_p
@@ -84,7 +85,7 @@ class Door:
         grpc_fd = -1 if grpc_listener is None else grpc_listener.fileno()
         self._door = lib.fd_open(listener.fileno(), grpc_fd, threads, row_bytes, MOST_ROWS, buffers, wake_fd, path,
                                  v2_path, full_rows, limits.max_connections, limits.keepalive_s, limits.request_s,
-                                 tokens)  # fmt: skip
+                                 tokens, limits.max_bytes)  # fmt: skip
         if not self._door:
             raise ValueError(f"the front door refused {threads} threads, {buffers} buffers or the path {path!r}")
         self._rows = []  # (MOST_ROWS, C, H, W) each: the C side's buffers, read in place

@@ -18,7 +18,8 @@
  * service's gRPC port, which serves everything.
  *
  * Limits: at most MAX_STREAMS calls a connection at once (its SETTINGS); a call's message at most one image and
- * a 4 KiB header (ModelInfer) or MAX_SMALL_MESSAGE (the rest); a call must arrive whole within `request_s` of its
+ * a 4 KiB header (ModelInfer) or MAX_SMALL_MESSAGE (the rest), its buffer charged to the door's `max_held_bytes`
+ * with the HTTP bodies being read (RESOURCE_EXHAUSTED past it); a call must arrive whole within `request_s` of its
  * headers (else DEADLINE_EXCEEDED, its stream reset) and its answer be taken within `request_s` (else the
  * connection is closed: a client that does not read, or never opens its window); a connection without calls is
  * closed after `keepalive_s`, with a GOAWAY; tokens as HTTP's (`authorization: Bearer …` metadata). A call that no
@@ -79,6 +80,14 @@ struct h2 {
     double stuck_since;     /* when the socket first did not take what was to be sent (0: it does) */
     uint32_t events;        /* as last put in epoll */
 };
+
+/* The call's message freed, and its bytes no longer charged to the door's budget. */
+static void drop_message(door_t *d, call_t *call) {
+    let_go_bytes(d, (int64_t)call->cap);
+    free(call->message);
+    call->message = NULL;
+    call->len = call->cap = 0;
+}
 
 /* An answer's trailers: `lines` ("name: value\r\n"…) as nghttp2's pairs, pointing into `lines`; at most `most`. */
 static int parse_lines(char *lines, size_t len, nghttp2_nv *nv, int most) {
@@ -262,9 +271,7 @@ static void take_infer(struct h2 *h, call_t *call, const uint8_t *request, size_
         return;
     }
     call->done = 1;
-    free(call->message); /* copied into the bulk */
-    call->message = NULL;
-    call->len = call->cap = 0;
+    drop_message(d, call); /* copied into the bulk */
 }
 
 /* The call's bearer token, or NULL (none, or one too long to have been kept: no token then). */
@@ -376,9 +383,7 @@ static int on_data(nghttp2_session *s, uint8_t flags, int32_t stream, const uint
     size_t most = call->infer ? 5 + (size_t)h->d->row_bytes + MAX_V2_HEADER + 64 : 5 + MAX_SMALL_MESSAGE;
     if (call->len + len > most) {
         call->too_large = 1;
-        free(call->message);
-        call->message = NULL;
-        call->len = call->cap = 0;
+        drop_message(h->d, call);
         return 0;
     }
     if (call->len + len > call->cap) {
@@ -389,8 +394,17 @@ static int on_data(nghttp2_session *s, uint8_t flags, int32_t stream, const uint
             cap = 5 + ((size_t)data[1] << 24 | (size_t)data[2] << 16 | (size_t)data[3] << 8 | data[4]);
         while (cap < call->len + len) cap *= 2;
         if (cap > most) cap = most;
+        if (!hold_bytes(h->d, (int64_t)(cap - call->cap))) { /* the call is refused; the connection goes on */
+            char text[160];
+            snprintf(text, sizeof text, "request messages of %lld bytes are being received already; this one was "
+                     "refused: retry (CGSERVE_MAX_INFLIGHT_BYTES)", (long long)h->d->max_held_bytes);
+            drop_message(h->d, call);
+            refuse_call(h, call, RESOURCE_EXHAUSTED, text); /* done: what more comes of it is dropped */
+            return 0;
+        }
         char *grown = realloc(call->message, cap);
         if (!grown) { /* the call is refused; the connection goes on */
+            let_go_bytes(h->d, (int64_t)(cap - call->cap));
             refuse_call(h, call, RESOURCE_EXHAUSTED, "the server is out of memory for this call's message");
             return 0;
         }
@@ -424,8 +438,8 @@ static int on_sent(nghttp2_session *s, const nghttp2_frame *frame, void *user_da
     return 0;
 }
 
-static void free_call(call_t *call) {
-    free(call->message);
+static void free_call(door_t *d, call_t *call) {
+    drop_message(d, call);
     free(call->out);
     free(call->trailers);
     free(call);
@@ -440,7 +454,7 @@ static int on_close(nghttp2_session *s, int32_t stream, uint32_t error_code, voi
     if (call->prev) call->prev->next = call->next;
     else h->calls = call->next;
     if (call->next) call->next->prev = call->prev;
-    free_call(call);
+    free_call(h->d, call);
     return 0;
 }
 
@@ -598,9 +612,7 @@ void h2_sweep(door_t *d, conn_t *c, int fd, double now) {
         }
         if (!call->ended && !call->done && now - call->since > d->request_s) {
             refuse_call(h, call, DEADLINE_EXCEEDED, "the call did not arrive whole in time");
-            free(call->message);
-            call->message = NULL;
-            call->len = call->cap = 0;
+            drop_message(d, call);
             refused = 1;
         }
     }
@@ -613,7 +625,7 @@ void h2_free(conn_t *c) {
     nghttp2_session_del(h->s);
     for (call_t *call = h->calls, *next; call; call = next) {
         next = call->next;
-        free_call(call);
+        free_call(h->d, call);
     }
     free(h);
 }

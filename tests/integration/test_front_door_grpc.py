@@ -21,7 +21,7 @@ from tritonclient.grpc import service_pb2 as pb  # Triton's messages (ours regis
 from tritonclient.utils import InferenceServerException
 
 from tests.integration.server_process import free_port, requests_counted, running_server, settled_metrics
-from tests.integration.test_front_door import SERVE, TOKEN, closed_within, compiler, sample_images
+from tests.integration.test_front_door import SERVE, TOKEN, closed_within, compiler, read_answer, sample_images
 
 __all__ = ["compiler"]  # the C compiler's check, for every test here too
 METADATA = {"authorization": f"Bearer {TOKEN}"}
@@ -270,3 +270,51 @@ def test_the_http_door_does_not_answer_grpcs_calls(server: dict[str, Any]) -> No
     with socket.create_connection(("127.0.0.1", server["http_door"])) as connection:
         connection.sendall(b"GET /inference.GRPCInferenceService/ServerLive? HTTP/1.1\r\nHost: x\r\n\r\n")
         assert connection.recv(65536).startswith(b"HTTP/1.1 404 ")
+
+
+def test_bytes_being_received_are_bounded_by_the_inflight_budget(tmp_path: Any) -> None:
+    """CGSERVE_MAX_INFLIGHT_BYTES holds at the door as at the service's ports: HTTP bodies (by Content-Length) and
+    gRPC messages being received share it; past it a request is refused 503 before its body is read, a call
+    RESOURCE_EXHAUSTED; a body that comes whole, or whose connection closes, gives its bytes back. Without the
+    budget a client's 128 calls a connection, each an image being sent, were held however many connections."""
+    door_port, door_grpc_port = free_port(), free_port()
+    settings = {"device": "cpu", "front_door_port": str(door_port), "front_door_grpc_port": str(door_grpc_port),
+                "front_door_threads": "2", "auth_tokens": TOKEN, "max_inflight_bytes": "1024"}  # fmt: skip
+    image = sample_images(1)[0]  # 784 bytes: one body fits the budget, a second beside it does not
+    head = b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+    head += b"Authorization: Bearer " + TOKEN.encode() + b"\r\nContent-Length: 784\r\n\r\n"
+    with running_server(tmp_path / "server.log", SERVE, **settings):
+        grpc_door = triton_grpc.InferenceServerClient(f"127.0.0.1:{door_grpc_port}")
+
+        def infer() -> None:
+            grpc_door.infer("fashion-cnn", [uint8_input(np.frombuffer(image, np.uint8))], headers=METADATA)
+
+        def full_request() -> bytes:
+            """Its status line and body."""
+            with socket.create_connection(("127.0.0.1", door_port), timeout=5) as connection:
+                connection.sendall(head + image)
+                status, _, body = read_answer(connection)
+                return status + b"\r\n" + body
+
+        for _ in range(3):  # each call's bytes given back once its row is taken: the next fits again
+            infer()
+        with socket.create_connection(("127.0.0.1", door_port), timeout=5) as holding:
+            holding.sendall(head + image[:100])  # 784 bytes held while the rest is awaited
+            time.sleep(0.3)
+            refused = full_request()
+            assert refused.startswith(b"HTTP/1.1 503") and b"CGSERVE_MAX_INFLIGHT_BYTES" in refused, refused[:300]
+            with pytest.raises(InferenceServerException) as caught:
+                infer()
+            assert "RESOURCE_EXHAUSTED" in str(caught.value.status()) and "CGSERVE_MAX_INFLIGHT_BYTES" in str(
+                caught.value
+            )
+            holding.sendall(image[100:])  # whole now: answered, and its bytes given back
+            holding.settimeout(5)
+            assert holding.recv(65536).startswith(b"HTTP/1.1 200")
+        assert full_request().startswith(b"HTTP/1.1 200")
+        with socket.create_connection(("127.0.0.1", door_port), timeout=5) as leaving:
+            leaving.sendall(head + image[:100])
+            time.sleep(0.3)
+        time.sleep(0.3)  # closed mid-body: its bytes given back with the connection
+        assert full_request().startswith(b"HTTP/1.1 200")
+        infer()
