@@ -26,6 +26,10 @@ def running_server(log_path: Path, command: tuple[str, ...] = README_COMMAND, **
     # port the caller picked (settings' grpc_port) is not the HTTP port either.
     port, grpc_port = [p for p in free_ports(3) if str(p) != settings.get("grpc_port")][:2]
     env = {"CGSERVE_HOST": HOST, "CGSERVE_PORT": str(port), "CGSERVE_GRPC_PORT": str(grpc_port)}
+    # A stop's drain (readiness 503 while requests are still served, for load balancers) kept for 0.1 s, not the
+    # default 5: every server a test starts is stopped, and the suite's waits came to minutes of CI. The drain's
+    # own tests set drain_seconds.
+    env["CGSERVE_DRAIN_SECONDS"] = "0.1"
     env |= {f"CGSERVE_{name.upper()}": value for name, value in settings.items()}
     with running(command, log_path, port=port, ready_timeout_s=START_TIMEOUT_S, env=env, cwd=ROOT) as server:
         yield server.url
