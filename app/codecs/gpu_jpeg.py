@@ -108,7 +108,9 @@ class GpuJpegDecoder:
         self.device = torch.device(device)
         # nvJPEG's hardware decoder called directly, a state a launch thread (app/codecs/nvjpeg.py), or None:
         # torchvision's decode_jpeg for every batch.
-        self._direct = _direct_decoders(self.device, launches) if nvjpeg == "direct" else None
+        self._nvjpeg: NvJpeg | None
+        self._direct: queue.SimpleQueue[BatchDecoder] | None
+        self._nvjpeg, self._direct = _direct_decoders(self.device, launches) if nvjpeg == "direct" else (None, None)
         self.nvjpeg = "direct" if self._direct is not None else "torchvision"
         self.max_batch = max_batch
         # The latest launched batches' sizes, for tests (bounded: a server launches batches for ever);
@@ -154,12 +156,9 @@ class GpuJpegDecoder:
             task.cancel()
         self._worker.shutdown(wait=True, cancel_futures=True)
         self._waiter.close()
-        if self._direct is not None:  # every launch has returned its state: destroy them, then the handle
-            decoders = []
-            while not self._direct.empty():
-                decoders.append(self._direct.get())
-            _close_direct(decoders[0].nvjpeg if decoders else None, decoders)
-            self._direct = None
+        if self._nvjpeg is not None:  # every launch has returned its state: destroy them, then the handle
+            self._nvjpeg.close()
+            self._nvjpeg = self._direct = None
 
     async def _collect(self) -> None:
         # An observation an upload: buffered on the loop (app/ops/metric_buffers.py), made here, on it.
@@ -316,30 +315,24 @@ def _observe_stages(launched: _Launched, completed: float) -> None:
     _HAND_BACK.observe(time.perf_counter() - completed)
 
 
-def _direct_decoders(device: torch.device, launches: int) -> queue.SimpleQueue[BatchDecoder] | None:
-    """A decoder state for each launch thread on nvJPEG's hardware backend, or None (logged: why) where this
-    GPU or library has none."""
+def _direct_decoders(
+    device: torch.device, launches: int
+) -> tuple[NvJpeg, queue.SimpleQueue[BatchDecoder]] | tuple[None, None]:
+    """nvJPEG's hardware backend and a decoder state for each launch thread, or (None, None) (logged: why) where
+    this GPU or library has none."""
     nvjpeg: NvJpeg | None = None
-    decoders: list[BatchDecoder] = []
+    pool: queue.SimpleQueue[BatchDecoder] = queue.SimpleQueue()
     try:
         with torch.cuda.device(device):  # a handle and its states belong to the device current when made
             nvjpeg = NvJpeg()
-            decoders = [nvjpeg.decoder(device) for _ in range(launches)]
+            for _ in range(launches):
+                pool.put(nvjpeg.decoder(device))
     except (NvJpegError, OSError, AttributeError) as error:  # no hardware decoder, no library, an old library
         log.info("JPEG uploads: nvJPEG's hardware decoder is not available here (%s); torchvision's decoder", error)
-        _close_direct(nvjpeg, decoders)
-        return None
-    pool: queue.SimpleQueue[BatchDecoder] = queue.SimpleQueue()
-    for decoder in decoders:
-        pool.put(decoder)
-    return pool
-
-
-def _close_direct(nvjpeg: NvJpeg | None, decoders: list[BatchDecoder]) -> None:
-    for decoder in decoders:
-        decoder.close()
-    if nvjpeg is not None:
-        nvjpeg.close()
+        if nvjpeg is not None:
+            nvjpeg.close()
+        return None, None
+    return nvjpeg, pool
 
 
 def _writable(data: bytes | bytearray | memoryview) -> bytearray | memoryview:

@@ -42,7 +42,6 @@ import torch
 MAX_COMPONENTS = 4  # NVJPEG_MAX_COMPONENT
 BACKEND_HARDWARE = 3  # nvjpegBackend_t
 OUTPUT_Y, OUTPUT_RGB = 2, 3  # nvjpegOutputFormat_t
-STATUS_ARCH_MISMATCH = 7
 STATUS_NAMES = {
     0: "success",
     1: "not initialized",
@@ -129,13 +128,19 @@ class NvJpeg:
         status = held.nvjpegCreateEx(BACKEND_HARDWARE, None, None, 0, ctypes.byref(handle))
         _check(status, "handle creation on the hardware backend")
         self.handle = handle
+        self._decoders: list[BatchDecoder] = []  # destroyed with the handle
 
     def decoder(self, device: torch.device) -> BatchDecoder:
         """A state and stream on `device`, which must be the device this handle was made on (current then)."""
-        return BatchDecoder(self, device)
+        decoder = BatchDecoder(self, device)
+        self._decoders.append(decoder)
+        return decoder
 
     def close(self) -> None:
-        """Destroy the handle (its decoders closed first)."""
+        """Destroy the decoders' states (each once its last batch is done on the device), then the handle."""
+        for decoder in self._decoders:
+            decoder.close()
+        self._decoders.clear()
         self.library.held.nvjpegDestroy(self.handle)
 
 
@@ -179,8 +184,7 @@ class BatchDecoder:
     def _decode(
         self, images: list[bytearray | memoryview], gray: bool
     ) -> tuple[list[torch.Tensor | str], torch.cuda.Event]:
-        held, released, handle = self.nvjpeg.library.held, self.nvjpeg.library.released, self.nvjpeg.handle
-        channels = 1 if gray else 3
+        held, handle = self.nvjpeg.library.held, self.nvjpeg.handle
         results: list[torch.Tensor | str] = [UNSUPPORTED] * len(images)
         taken: list[tuple[int, int, int, int, int]] = []  # (index, address, length, height, width) to decode
         width, height, supported = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_int()
@@ -203,10 +207,20 @@ class BatchDecoder:
         if self._previous is not None and not self._previous.query():  # type: ignore[no-untyped-call]
             self._previous.synchronize()
         done = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
-        if not taken:
+        try:
+            views = self._decode_taken(taken, gray) if taken else []
+        finally:  # failed or not, what it queued is waited for before the state is used again
             done.record(self.stream)
             self._previous = done
-            return results, done
+        for (index, *_), view in zip(taken, views, strict=True):
+            results[index] = view
+        return results, done
+
+    def _decode_taken(self, taken: list[tuple[int, int, int, int, int]], gray: bool) -> list[torch.Tensor]:
+        """The hardware's images, (index, address, length, height, width) each, decoded into one block on the
+        state's stream: a (C, H, W) view of it each."""
+        released, handle = self.nvjpeg.library.released, self.nvjpeg.handle
+        channels = 1 if gray else 3
         sizes = [channels * h * w for _, _, _, h, w in taken]
         offsets, total = [], 0
         for size in sizes:
@@ -223,18 +237,15 @@ class BatchDecoder:
             for c in range(channels):
                 outputs[n].channel[c] = base + offset + c * h * w  # planar: C planes of H rows of W
                 outputs[n].pitch[c] = w
-        output_format = OUTPUT_Y if gray else OUTPUT_RGB
-        stream = ctypes.c_void_p(self.stream.cuda_stream)
-        try:
-            # The GIL let go for both: a larger batch than before may have the state free and reallocate its
-            # buffers (a wait for the device), and the decode itself takes a batch's host work.
-            status = released.nvjpegDecodeBatchedInitialize(handle, self._state, k, 1, output_format)
-            _check(status, "batch initialisation")
-            status = released.nvjpegDecodeBatched(handle, self._state, addresses, lengths, outputs, stream)
-            _check(status, f"batched decode of {k} images")
-        finally:  # failed or not, what it queued is waited for before the state is used again
-            done.record(self.stream)
-            self._previous = done
-        for (index, _, _, h, w), offset, size in zip(taken, offsets, sizes, strict=True):
-            results[index] = block[offset : offset + size].view(channels, h, w)
-        return results, done
+        # The GIL let go for both: a larger batch than before may have the state free and reallocate its buffers
+        # (a wait for the device), and the decode itself takes a batch's host work.
+        status = released.nvjpegDecodeBatchedInitialize(handle, self._state, k, 1, OUTPUT_Y if gray else OUTPUT_RGB)
+        _check(status, "batch initialisation")
+        status = released.nvjpegDecodeBatched(
+            handle, self._state, addresses, lengths, outputs, ctypes.c_void_p(self.stream.cuda_stream)
+        )
+        _check(status, f"batched decode of {k} images")
+        return [
+            block[offset : offset + size].view(channels, h, w)
+            for (_, _, _, h, w), offset, size in zip(taken, offsets, sizes, strict=True)
+        ]

@@ -93,7 +93,7 @@ def choose_jpeg_decoder(setting: str, device: str, *, torchvision_imports: bool)
 
 
 def start_jpeg_decoder(
-    setting: str, device: str, *, max_batch: int, launches: int, nvjpeg: str = "torchvision"
+    setting: str, device: str, *, max_batch: int, launches: int, nvjpeg: str
 ) -> JpegBatchDecoder | None:
     """The GPU decoder the setting and device call for (batches of at most `max_batch` uploads, `launches`
     of them launched at once, nvJPEG called as `nvjpeg` says: CGSERVE_JPEG_NVJPEG), or None for Pillow alone."""

@@ -339,8 +339,6 @@ class StandInBatchDecoder:
     (as the hardware says of them), a header's fault for what Pillow cannot open, NvJpegError for a whole
     batch holding `fails_batch`; counts its batches."""
 
-    nvjpeg = None  # no handle of its own to destroy
-
     def __init__(self, fails_batch: bytes | None = None) -> None:
         self.batches: list[int] = []
         self.fails_batch = fails_batch
@@ -380,6 +378,7 @@ def decode_directly(uploads: list[bytes], stand_in: StandInBatchDecoder) -> list
         decoder = GpuJpegDecoder("cpu", launches=1)
         decoder._direct = queue.SimpleQueue()
         decoder._direct.put(stand_in)  # type: ignore[arg-type]
+        decoder._nvjpeg = stand_in  # type: ignore[assignment]  # its close stands for the handle's (states, then it)
         try:
             return list(await asyncio.gather(*(decoder.decode(d, RESNET50) for d in uploads), return_exceptions=True))
         finally:

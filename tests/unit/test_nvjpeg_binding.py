@@ -104,8 +104,7 @@ def decode(path: str, images: list[bytes], gray: bool = False) -> list[torch.Ten
     decoder = handle.decoder(torch.device("cpu"))
     results, done = decoder.decode([bytearray(image) for image in images], gray=gray)
     assert done.recorded == 1
-    decoder.close()  # the state, then the handle: the stand-in frees them
-    handle.close()
+    handle.close()  # its decoder's state, then itself: the stand-in frees them
     return results
 
 
