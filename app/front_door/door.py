@@ -32,7 +32,7 @@ class Limits:
     keepalive_s: float
     request_s: float  # a request's whole arrival, from its first byte
     tokens: tuple[str, ...]  # the inference tokens; none: requests need no token
-    max_bytes: int = 256 * 2**20  # bodies and gRPC messages being received at once (CGSERVE_MAX_INFLIGHT_BYTES)
+    max_bytes: int  # bodies and gRPC messages being received at once (CGSERVE_MAX_INFLIGHT_BYTES)
 
 
 def _load(library: Path) -> ctypes.CDLL:

@@ -575,7 +575,7 @@ def test_an_answer_given_twice_reaches_nobody() -> None:
     wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
     door = Door(door_library(None), listener, threads=1, shape=(1, 28, 28), buffers=3, wake_fd=wake,
                 path=b"/predict", v2_path=b"/v2/models/m/infer", full_rows=8,
-                limits=Limits(max_connections=8, keepalive_s=5, request_s=5, tokens=()))  # fmt: skip
+                limits=Limits(max_connections=8, keepalive_s=5, request_s=5, tokens=(), max_bytes=2**20))  # fmt: skip
 
     def taken() -> np.ndarray:
         latest = time.monotonic() + 5
