@@ -21,9 +21,9 @@ on --loadgen-cores:
            channel, so a connection, per request in flight)
 
 against each of --designs: engine-process (--workers HTTP workers, one engine process), per-process (an
-engine a worker), front-door (one process, the front door's --workers C threads: raw, hey, v2-http and
-gen-v2-http go to its port, POST /predict and the v2 infer; v2-grpc, v2-grpc-channels and gen-v2-grpc to its
-gRPC port, ModelInfer; the streaming kinds to the service's own gRPC port).
+engine a worker), front-door (one process, the front door's --workers C threads: raw, hey, v2-http,
+gen-v2-http and jpeg-body go to its port, POST /predict and the v2 infer; v2-grpc, v2-grpc-channels and
+gen-v2-grpc to its gRPC port, ModelInfer; the streaming kinds to the service's own gRPC port).
 
 each at every --concurrencies, then open loop at 70 % of each generator kind's best figure for its p99 (raw,
 jpeg, jpeg-body, gen-v2-http, gen-v2-grpc). Beside every point: the rows per batch and queue wait the server's own
@@ -75,9 +75,9 @@ PERF_ANALYZER_KINDS = {
 GENERATOR_FORMS = {"raw": "raw", "jpeg": "photo", "jpeg-body": "jpeg"}  # our generator's kinds: its --form
 GENERATOR_V2 = {"gen-v2-http": "lean", "gen-v2-grpc": "grpc", "gen-v2-grpc-stream": "grpc-stream"}  # its --client
 KINDS = (*GENERATOR_FORMS, *GENERATOR_V2, "hey", *PERF_ANALYZER_KINDS)
-DOOR_KINDS = ("raw", "hey", "v2-http", "gen-v2-http")  # the front-door design's kinds that go to its port
+DOOR_KINDS = ("raw", "hey", "v2-http", "gen-v2-http", "jpeg-body")  # the front-door design's kinds that go to its port
 DOOR_GRPC_KINDS = ("v2-grpc", "v2-grpc-channels", "gen-v2-grpc")  # and to its gRPC port (no streams there)
-DOOR_ROUTE = "/predict"  # the door's one route for raw pixels (the default model's)
+DOOR_ROUTE = "/predict"  # the door's one route for pixels and uploads (the default model's)
 
 
 def taskset(cores: str | None, argv: list[str]) -> list[str]:
@@ -226,7 +226,9 @@ class OneImage:
         loop's thread has work), Python frames only; --profile-native adds the native frames and the pauses."""
         raw = self.args.out / f"profile-{tag}.txt"
         target, rate = f"--pid {pid} --subprocesses --nonblocking", 250
-        engine = [p for p in tree(pid) if role(p, pid) == "engine-process"] if self.args.profile_engine else []
+        # The process holding the engines: the engine process, or the server itself where it has none (front-door).
+        holders = [p for p in tree(pid) if role(p, pid) == "engine-process"] or [pid]
+        engine = holders[:1] if self.args.profile_engine else []
         if engine and self.args.profile_native:
             target, rate = f"--pid {engine[0]} --native", 100
         elif engine:
@@ -370,7 +372,9 @@ def main() -> None:
     add("--hey", default=".gpu/bin/hey")
     add("--perf-analyzer", default="/tmp/site/perf_analyzer/bin/perf_analyzer")
     add("--profile", default="", help="kinds whose points py-spy profiles (server and children), e.g. raw")
-    add("--profile-engine", action="store_true", help="profile the engine process alone, each thread, idle too")
+    add("--profile-engine", action="store_true",
+        help="profile the process holding the engines alone (the engine process, or the one process), each thread, "
+        "idle too")  # fmt: skip
     add("--profile-native", action="store_true", help="with --profile-engine: native frames too (pauses it)")
     add("--py-spy", default="/tmp/site/bin/py-spy")
     add(

@@ -262,9 +262,17 @@ static int same(const char *a, size_t a_len, const char *b, size_t b_len) {
     return a_len && a_len == b_len && memcmp(a, b, a_len) == 0;
 }
 
+/* A Content-Type's value is `media`, parameters aside. */
+static int media_is(const char *value, size_t len, const char *media) {
+    size_t n = strlen(media);
+    return value && len >= n && strncasecmp(value, media, n) == 0 && (len == n || value[n] == ';' || value[n] == ' ');
+}
+
 /* What the head asks for, checked before its body is needed: the route, the token, and the body's form and
- * length. Taken (`which` < 0): *header_len is the v2 request's JSON header's length (0 for POST /predict). */
-static refusal_t check_head(door_t *d, const char *buf, size_t head_len, size_t body_len, size_t *header_len) {
+ * length. Taken (`which` < 0): *header_len is the v2 request's JSON header's length (0 for POST /predict), *image
+ * whether its body is an encoded image. */
+static refusal_t check_head(door_t *d, const char *buf, size_t head_len, size_t body_len, size_t *header_len,
+                            int *image) {
     size_t value_len = 0;
     size_t path_len = 0;
     const char *path = target(buf, head_len, 4, &path_len); /* POST */
@@ -279,6 +287,7 @@ static refusal_t check_head(door_t *d, const char *buf, size_t head_len, size_t 
                                "www-authenticate: Bearer\r\n"};
     }
     *header_len = 0;
+    *image = 0;
     if (v2) { /* the JSON header and the pixels; its Content-Type is the client's (Triton's set none) */
         const char *value = find_header(buf, head_len, "inference-header-content-length:", &value_len);
         long n = value ? byte_count(value, value_len) : -1;
@@ -296,12 +305,49 @@ static refusal_t check_head(door_t *d, const char *buf, size_t head_len, size_t 
         return TAKEN;
     }
     const char *type = find_header(buf, head_len, "content-type:", &value_len);
-    int type_ok = type && value_len >= 24 && strncasecmp(type, "application/octet-stream", 24) == 0 &&
-                  (value_len == 24 || type[24] == ';' || type[24] == ' ');
-    if (!type_ok) return (refusal_t){R415, "unsupported_media_type", "the Content-Type is not application/octet-stream", ""};
-    if ((int)body_len != d->row_bytes)
+    *image = media_is(type, value_len, "image/jpeg") || media_is(type, value_len, "image/png");
+    if (!*image && !media_is(type, value_len, "application/octet-stream"))
+        return (refusal_t){R415, "unsupported_media_type",
+                           "the Content-Type is not application/octet-stream, image/jpeg or image/png", ""};
+    if (*image && body_len > (size_t)d->row_bytes) /* it goes into its row, where its pixels will be */
+        return (refusal_t){R413, "body_too_large",
+                           "an image upload here is at most one image's pixels in bytes (C×H×W of the default "
+                           "model): send larger ones to the service's port", ""};
+    if (!*image && (int)body_len != d->row_bytes)
         return (refusal_t){R422, "invalid_input", "the body's length is not one image's pixels", ""};
     return TAKEN;
+}
+
+/* Whether nvJPEG takes this upload as the service's port would send it there (app/codecs/uploads.py's
+ * gpu_decodable, without Pillow): a JPEG (SOI first) whose frame, baseline or progressive, holds 8-bit grey or
+ * YCbCr of at most max_pixels, ending in an EOI (nvJPEG's hardware decoder would fill in the rows of one cut short
+ * without a word). Anything else is Pillow's, which decodes it or says what is wrong with it. The markers before
+ * the frame are walked by their lengths: a few of them, a few bytes each. */
+static int jpeg_for_gpu(const uint8_t *p, size_t n, long long max_pixels) {
+    if (n < 4 || p[0] != 0xFF || p[1] != 0xD8) return 0;
+    size_t i = 2, end = n;
+    while (end > 2 && !(p[end - 2] == 0xFF && p[end - 1] == 0xD9)) end--; /* the last EOI, as Pillow's rfind */
+    if (end <= 2) return 0;
+    while (i + 4 <= n) {
+        if (p[i] != 0xFF) return 0;
+        while (i < n && p[i] == 0xFF) i++; /* fill bytes */
+        if (i + 3 > n) return 0;
+        uint8_t m = p[i++];
+        if (m == 0x01 || (m >= 0xD0 && m <= 0xD7)) continue; /* no length */
+        size_t len = (size_t)p[i] << 8 | p[i + 1];
+        if (len < 2) return 0;
+        if (m == 0xC0 || m == 0xC1 || m == 0xC2) { /* baseline, extended, progressive Huffman */
+            if (i + 8 > n) return 0;
+            long long height = p[i + 3] << 8 | p[i + 4], width = p[i + 5] << 8 | p[i + 6];
+            int precision = p[i + 2], components = p[i + 7];
+            return precision == 8 && (components == 1 || components == 3) && height > 0 && width > 0 &&
+                   height * width <= max_pixels;
+        }
+        if ((m >= 0xC3 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC) || m == 0xDA || m == 0xD9)
+            return 0; /* lossless, arithmetic or hierarchical frames; a scan or the end before any frame */
+        i += len;
+    }
+    return 0;
 }
 
 /* The answers Python set: a GET's by its path, a gRPC call's by its method and request (grpc.c's key). */
@@ -419,6 +465,7 @@ static int parse_head(door_t *d, conn_t *c, int fd) {
         return -1;
     }
     size_t body_len = (size_t)length_value, header_len = 0;
+    int image = 0;
     if (head_len + body_len > c->cap) { /* refused before the body is read: it is not drained */
         refuse(d, fd, R413, "body_too_large", "the body is larger than one image and its inference header", "", 1, v2);
         return -1;
@@ -431,7 +478,7 @@ static int parse_head(door_t *d, conn_t *c, int fd) {
         return -1;
     }
     c->held = body_len;
-    refusal_t refusal = check_head(d, c->buf, head_len, body_len, &header_len);
+    refusal_t refusal = check_head(d, c->buf, head_len, body_len, &header_len, &image);
     if (c->len < head_len + body_len) {
         const char *expect = find_header(c->buf, head_len, "expect:", &value_len);
         if (expect && !http10 && value_len == 12 && strncasecmp(expect, "100-continue", 12) == 0) {
@@ -442,11 +489,12 @@ static int parse_head(door_t *d, conn_t *c, int fd) {
             if (!send_all(fd, "HTTP/1.1 100 Continue\r\n\r\n", 25)) return -1;
         }
     }
-    c->head = (head_t){.len = head_len, .body_len = body_len, .header_len = header_len, .v2 = v2, .refusal = refusal};
+    c->head = (head_t){.len = head_len, .body_len = body_len, .header_len = header_len, .image = image, .v2 = v2,
+                       .refusal = refusal};
     return 2;
 }
 
-int add_row(door_t *d, uint64_t id, uint8_t kind, const char *header, size_t header_len, const char *pixels) {
+int add_row(door_t *d, uint64_t id, uint8_t kind, const char *header, size_t header_len, const char *body, size_t len) {
     pthread_mutex_lock(&d->bulk_mu);
     if (d->bulk_n >= d->max_rows) {
         pthread_mutex_unlock(&d->bulk_mu);
@@ -459,10 +507,11 @@ int add_row(door_t *d, uint64_t id, uint8_t kind, const char *header, size_t hea
     int32_t start = i ? d->bulk_header_ends[i - 1] : 0; /* a few hundred bytes: under the lock */
     memcpy(d->bulk_headers + start, header, header_len);
     d->bulk_header_ends[i] = start + (int32_t)header_len;
+    d->bulk_lens[i] = (int32_t)len;
     d->requests++;
     d->copying[b]++; /* fd_take waits for the copy: 150 KB an image is not copied under the lock */
     pthread_mutex_unlock(&d->bulk_mu);
-    memcpy(d->buffer[b] + (size_t)i * d->row_bytes, pixels, (size_t)d->row_bytes);
+    memcpy(d->buffer[b] + (size_t)i * d->row_bytes, body, len);
     pthread_mutex_lock(&d->bulk_mu);
     d->copying[b]--;
     int wake = i == 0 || i + 1 == d->full_rows;
@@ -494,8 +543,11 @@ static int parse_one(door_t *d, conn_t *c, int fd) {
         sent = refuse(d, fd, h.refusal.which, h.refusal.code, h.refusal.message, h.refusal.extra_head, closing, h.v2);
     } else {
         c->gen++; /* this request's own: an answer for an earlier one (answered twice) goes nowhere */
-        if (add_row(d, http_id(c->gen, fd), h.header_len ? KIND_V2 : KIND_PREDICT, c->buf + h.len, h.header_len,
-                    c->buf + h.len + h.header_len)) {
+        const char *body = c->buf + h.len + h.header_len;
+        size_t len = h.body_len - h.header_len;
+        uint8_t kind = h.header_len ? KIND_V2 : KIND_PREDICT;
+        if (h.image) kind = jpeg_for_gpu((const uint8_t *)body, len, d->max_pixels) ? KIND_JPEG : KIND_IMAGE;
+        if (add_row(d, http_id(c->gen, fd), kind, c->buf + h.len, h.header_len, body, len)) {
             c->state = IN_FLIGHT;
             answered_here = 0;
         } else {
@@ -753,9 +805,9 @@ static void *run(void *arg) {
 /* `tokens`: the inference tokens, one a line ("" where requests need none). NULL for arguments out of range. */
 door_t *fd_open(int lfd, int glfd, int threads, int row_bytes, int max_rows, int buffers, int efd, const char *path,
                 const char *v2_path, int full_rows, int max_conns, double keepalive_s, double request_s,
-                const char *tokens, long long max_held_bytes) {
+                const char *tokens, long long max_held_bytes, long long max_pixels) {
     if (threads < 1 || threads > MAX_THREADS || buffers < 2 || buffers > MAX_BUFFERS || row_bytes < 1 ||
-        max_rows < 1 || full_rows < 1 || max_conns < 1 || max_held_bytes < 1 ||
+        max_rows < 1 || full_rows < 1 || max_conns < 1 || max_held_bytes < 1 || max_pixels < 1 ||
         strlen(path) >= sizeof(((door_t *)0)->path) ||
         strlen(v2_path) >= sizeof(((door_t *)0)->v2_path))
         return NULL;
@@ -763,6 +815,7 @@ door_t *fd_open(int lfd, int glfd, int threads, int row_bytes, int max_rows, int
     d->lfd = lfd; d->glfd = glfd; d->efd = efd; d->threads = threads; d->row_bytes = row_bytes; d->max_rows = max_rows;
     d->max_conns = max_conns; d->keepalive_s = keepalive_s; d->request_s = request_s;
     d->max_held_bytes = max_held_bytes;
+    d->max_pixels = max_pixels;
     strcpy(d->path, path);
     d->path_len = strlen(path);
     strcpy(d->v2_path, v2_path);
@@ -788,6 +841,7 @@ door_t *fd_open(int lfd, int glfd, int threads, int row_bytes, int max_rows, int
     d->bulk_arrived = malloc(sizeof(double) * max_rows);
     d->bulk_headers = malloc((size_t)max_rows * MAX_V2_HEADER);
     d->bulk_header_ends = malloc(sizeof(int32_t) * max_rows);
+    d->bulk_lens = malloc(sizeof(int32_t) * max_rows);
     d->bulk_kinds = malloc((size_t)max_rows);
     for (int t = 0; t < threads; t++) {
         d->epfds[t] = epoll_create1(EPOLL_CLOEXEC);
@@ -813,10 +867,11 @@ door_t *fd_open(int lfd, int glfd, int threads, int row_bytes, int max_rows, int
 uint8_t *fd_buffer(door_t *d, int b) { return d->buffer[b]; }
 
 /* The bulk, if any: its rows' count (0: none; -1: no free buffer to fill next, Python holds them all),
- * its buffer's index in *b (read in place until fd_release), its requests' ids and arrival times, and their
- * v2 headers (`headers`, max_rows × MAX_V2_HEADER bytes; row i's ends at header_ends[i], the previous one's
- * end its start). */
-int fd_take(door_t *d, uint64_t *ids, double *arrived, char *headers, int32_t *header_ends, uint8_t *kinds, int *b) {
+ * its buffer's index in *b (read in place until fd_release), its requests' ids, arrival times, kinds and rows'
+ * bytes (`lens`), and their v2 headers (`headers`, max_rows × MAX_V2_HEADER bytes; row i's ends at header_ends[i],
+ * the previous one's end its start). */
+int fd_take(door_t *d, uint64_t *ids, double *arrived, char *headers, int32_t *header_ends, uint8_t *kinds,
+            int32_t *lens, int *b) {
     pthread_mutex_lock(&d->bulk_mu);
     int next = -1;
     for (int j = 0; j < d->buffers && next < 0; j++)
@@ -831,6 +886,7 @@ int fd_take(door_t *d, uint64_t *ids, double *arrived, char *headers, int32_t *h
     memcpy(arrived, d->bulk_arrived, sizeof(double) * k);
     memcpy(header_ends, d->bulk_header_ends, sizeof(int32_t) * k);
     memcpy(kinds, d->bulk_kinds, (size_t)k);
+    memcpy(lens, d->bulk_lens, sizeof(int32_t) * k);
     memcpy(headers, d->bulk_headers, (size_t)d->bulk_header_ends[k - 1]);
     d->taken[taken] = 1;
     d->filling = next; /* new rows go there from now on, so the copies into this one only end */
@@ -988,5 +1044,6 @@ void fd_close(door_t *d) {
     for (int i = 0; i < MAX_GETS; i++) { free(d->gets[i].path); free(d->gets[i].head); free(d->gets[i].body); }
     if (d->spare_fd >= 0) close(d->spare_fd);
     free(d->bulk_ids); free(d->bulk_arrived); free(d->bulk_headers); free(d->bulk_header_ends); free(d->bulk_kinds);
+    free(d->bulk_lens);
     free(d);
 }

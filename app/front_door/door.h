@@ -31,8 +31,10 @@
 #define LINGER_S 2.0 /* a refused connection's input is read and dropped this long at most */
 
 enum { CLOSED = 0, IDLE = 1, IN_FLIGHT = 2, LINGERING = 3 };
-/* A bulk row's request: what Python reads its header as, and answers it in. */
-enum { KIND_PREDICT = 0, KIND_V2 = 1, KIND_GRPC = 2 };
+/* A bulk row's request: what Python reads its header as, decodes its row from, and answers it in. An image upload
+ * (POST /predict, Content-Type image/jpeg or image/png) is its encoded bytes at the start of its row: KIND_JPEG where
+ * nvJPEG takes it (jpeg_for_gpu), KIND_IMAGE for Pillow. */
+enum { KIND_PREDICT = 0, KIND_V2 = 1, KIND_GRPC = 2, KIND_JPEG = 3, KIND_IMAGE = 4 };
 /* gRPC's status codes 0..16, the refusals grpc.c answers by itself counted by code (fd_counts, after HTTP's). */
 #define GRPC_CODES 17
 /* An answer's id (a bulk row's, fd_answer's): an HTTP/1.1 request's is its connection's generation << 32 | fd; a
@@ -59,6 +61,7 @@ typedef struct {
     size_t len;          /* the head's bytes, its blank line included; 0: not yet whole */
     size_t body_len;     /* Content-Length */
     size_t header_len;   /* a v2 request's JSON inference header (0: a POST /predict) */
+    int image;           /* a POST /predict whose body is an encoded image (its row's kind is decided once it is in) */
     int v2;              /* refused in the protocol's error shape */
     refusal_t refusal;   /* what the head asks that the door refuses (TAKEN: nothing), answered once the body is in */
 } head_t;
@@ -121,6 +124,7 @@ typedef struct {
      * (__atomic), and their limit (CGSERVE_MAX_INFLIGHT_BYTES, as the service's ports): past it a request is
      * refused 503 before its body is read, a gRPC call RESOURCE_EXHAUSTED. */
     int64_t held_bytes, max_held_bytes;
+    long long max_pixels;         /* an image upload's at most (CGSERVE_MAX_IMAGE_PIXELS): past it, Pillow's 413 */
     char path[256], v2_path[256]; /* "/predict"; "/v2/models/<default model>/infer" */
     size_t path_len, v2_path_len;
     char *tokens[MAX_TOKENS];
@@ -149,6 +153,7 @@ typedef struct {
     double *bulk_arrived;         /* CLOCK_MONOTONIC seconds: Python's time.monotonic() */
     char *bulk_headers;           /* the v2 requests' JSON headers, one after another (max_rows × MAX_V2_HEADER) */
     int32_t *bulk_header_ends;    /* row i's header is bulk_headers[ends[i - 1]:ends[i]] (empty: POST /predict) */
+    int32_t *bulk_lens;           /* row i's bytes: row_bytes of pixels, or an image upload's length */
     uint8_t *bulk_kinds;          /* KIND_PREDICT, KIND_V2 or KIND_GRPC */
     uint64_t requests, refused[REFUSALS], grpc_refused[GRPC_CODES];
 } door_t;
@@ -166,8 +171,9 @@ static inline void let_go_bytes(door_t *d, int64_t n) { __atomic_sub_fetch(&d->h
 void close_conn(door_t *d, conn_t *c, int fd);
 void watch(conn_t *c, int fd, uint32_t events);
 int token_ok(door_t *d, const char *value, size_t len);
-/* One request's pixels (row_bytes) and header into the bulk being filled: 1, or 0 where the bulk is full. */
-int add_row(door_t *d, uint64_t id, uint8_t kind, const char *header, size_t header_len, const char *pixels);
+/* One request's body (`len` bytes: row_bytes of pixels, or an image upload's at most) and header into the bulk being
+ * filled: 1, or 0 where the bulk is full. */
+int add_row(door_t *d, uint64_t id, uint8_t kind, const char *header, size_t header_len, const char *body, size_t len);
 /* A copy of the answer Python set for `key`, with its head and body, or 0 (none; -1: it needs a token not given). */
 int find_get(door_t *d, const char *key, size_t key_len, const char *authorization, size_t authorization_len,
              char **head, char **body, size_t *body_len);

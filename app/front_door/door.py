@@ -21,7 +21,9 @@ GRPC_CODE_NAMES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_E
                    "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED")  # fmt: skip
 GRPC_CODES = len(GRPC_CODE_NAMES)
 MAX_GETS = 64  # door.h's: answers set at most (GETs, and gRPC's metadata calls)
-PREDICT, V2, GRPC = 0, 1, 2  # door.h's kinds of request: a bulk row's
+# door.h's kinds of request: a bulk row's. An image upload's row holds its encoded bytes until decoded over them:
+# JPEG where door.c found one nvJPEG takes, IMAGE for Pillow (app/front_door/images.py).
+PREDICT, V2, GRPC, JPEG, IMAGE = 0, 1, 2, 3, 4
 
 
 @dataclass(frozen=True)
@@ -33,19 +35,21 @@ class Limits:
     request_s: float  # a request's whole arrival, from its first byte
     tokens: tuple[str, ...]  # the inference tokens; none: requests need no token
     max_bytes: int  # bodies and gRPC messages being received at once (CGSERVE_MAX_INFLIGHT_BYTES)
+    max_pixels: int  # an image upload's that nvJPEG is given (CGSERVE_MAX_IMAGE_PIXELS); past it, Pillow's 413
 
 
 def _load(library: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(library))
     lib.fd_open.restype = ctypes.c_void_p
     number, seconds, text, pointer = ctypes.c_int, ctypes.c_double, ctypes.c_char_p, ctypes.c_void_p
-    lib.fd_open.argtypes = (number,) * 7 + (text, text, number, number, seconds, seconds, text, ctypes.c_longlong)
+    count = ctypes.c_longlong
+    lib.fd_open.argtypes = (number,) * 7 + (text, text, number, number, seconds, seconds, text, count, count)
     lib.fd_waiting.restype = ctypes.c_int
     lib.fd_waiting.argtypes = [ctypes.c_void_p]
     lib.fd_buffer.restype = ctypes.c_void_p
     lib.fd_buffer.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.fd_take.restype = ctypes.c_int
-    lib.fd_take.argtypes = [ctypes.c_void_p] * 7
+    lib.fd_take.argtypes = [ctypes.c_void_p] * 8
     lib.fd_release.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.fd_answer.restype = None
     lib.fd_answer.argtypes = (pointer, number, pointer, pointer, pointer, text, text, pointer)
@@ -68,7 +72,8 @@ class Bulk:
     ids: np.ndarray  # (k,) uint64: where each answer goes (door.h's id: a connection, and a gRPC call's stream)
     arrived: np.ndarray  # (k,) float64: time.monotonic() of each request's whole arrival
     headers: list[bytes] | None  # each v2 request's JSON header, each gRPC call's other fields; None: all /predict
-    kinds: np.ndarray | None = None  # (k,) uint8: PREDICT, V2 or GRPC; None: all /predict (headers None too)
+    kinds: np.ndarray | None = None  # (k,) uint8: PREDICT, V2, GRPC, JPEG or IMAGE; None: all /predict (headers too)
+    lengths: np.ndarray | None = None  # (k,) int32: each row's bytes (an image upload's, at its row's start)
 
 
 class Door:
@@ -77,15 +82,17 @@ class Door:
                  grpc_listener: socket.socket | None = None) -> None:  # fmt: skip
         """`threads` C threads on `listener` take POST `path` with one (C, H, W) uint8 image as its body, and POST
         `v2_path` with one as the binary section after its JSON header (and, on `grpc_listener`, gRPC's ModelInfer
-        with one as its raw_input_contents); the eventfd `wake_fd` is written when a bulk turns non-empty and when
-        it holds `full_rows`. `buffers`: bulks Python may hold at once, plus the one being filled."""
+        with one as its raw_input_contents), and POST `path` with an encoded image of at most C×H×W bytes as its body
+        (Content-Type image/jpeg or image/png), put at the start of its row for Python to decode. The eventfd
+        `wake_fd` is written when a bulk turns non-empty and when it holds `full_rows`. `buffers`: bulks Python may
+        hold at once, plus the one being filled."""
         self._lib = lib = _load(library)
         row_bytes = int(np.prod(shape))
         tokens = "\n".join(limits.tokens).encode()
         grpc_fd = -1 if grpc_listener is None else grpc_listener.fileno()
         self._door = lib.fd_open(listener.fileno(), grpc_fd, threads, row_bytes, MOST_ROWS, buffers, wake_fd, path,
                                  v2_path, full_rows, limits.max_connections, limits.keepalive_s, limits.request_s,
-                                 tokens, limits.max_bytes)  # fmt: skip
+                                 tokens, limits.max_bytes, limits.max_pixels)  # fmt: skip
         if not self._door:
             raise ValueError(f"the front door refused {threads} threads, {buffers} buffers or the path {path!r}")
         self._rows = []  # (MOST_ROWS, C, H, W) each: the C side's buffers, read in place
@@ -97,6 +104,7 @@ class Door:
         self._headers = ctypes.create_string_buffer(MOST_ROWS * MAX_V2_HEADER)
         self._header_ends = np.empty(MOST_ROWS, np.int32)
         self._kinds = np.empty(MOST_ROWS, np.uint8)
+        self._lengths = np.empty(MOST_ROWS, np.int32)
         self._which = ctypes.c_int()
         self.refusal_codes = [lib.fd_refusal_code(i) for i in range(REFUSALS)]
 
@@ -110,7 +118,7 @@ class Door:
         if not self._door:
             return None
         k = self._lib.fd_take(self._door, self._ids.ctypes.data, self._arrived.ctypes.data, self._headers,
-                              self._header_ends.ctypes.data, self._kinds.ctypes.data,
+                              self._header_ends.ctypes.data, self._kinds.ctypes.data, self._lengths.ctypes.data,
                               ctypes.byref(self._which))  # fmt: skip
         if k <= 0:
             return None
@@ -121,7 +129,7 @@ class Door:
         starts = [0, *ends[:-1].tolist()]
         headers = [joined[start:end] for start, end in zip(starts, ends.tolist(), strict=True)]
         return Bulk(buffer, self._rows[buffer][:k], self._ids[:k].copy(), self._arrived[:k].copy(), headers,
-                    kinds.copy())  # fmt: skip
+                    kinds.copy(), self._lengths[:k].copy())  # fmt: skip
 
     def release(self, buffer: int) -> None:
         if self._door:

@@ -6,9 +6,10 @@ so a bulk is taken only while fewer than `in_flight` are out, and rows gather in
 And while another bulk is out, a partial one waits for the batcher's own launch moment (just in time
 before the running batch ends): taken at once, it would leave behind the clients whose answers just
 went out and who are about to send again, and they would wait a whole batch more (run 34's ResNet-50).
-A bulk is queued a largest bucket at a time, each piece answered as its batch is done. Its v2 requests'
-headers and its gRPC calls' requests are checked first (v2_headers.py, grpc_calls.py); one the service's port
-would refuse is answered so at once, and its row left out.
+A bulk is queued a largest bucket at a time, each piece answered as its batch is done. Its image uploads are
+decoded over their rows first, all at once (images.py); its v2 requests' headers and its gRPC calls' requests are
+checked (v2_headers.py, grpc_calls.py); one the service's port would refuse is answered so at once, and its row
+left out.
 """
 
 from __future__ import annotations
@@ -18,16 +19,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from app.batching.batcher import Batcher
+from app.codecs.uploads import JpegBatchDecoder
 from app.config import Settings
 from app.dataplane import counted
 from app.errors import NotReadyError, ServiceError
 from app.front_door.answers import Answers, head_lines, status_line
-from app.front_door.door import GRPC, PREDICT, V2, Bulk, Door
+from app.front_door.door import GRPC, IMAGE, JPEG, PREDICT, V2, Bulk, Door
+from app.front_door.images import BulkImages
 from app.front_door.v2_headers import V2Headers
 from app.http.answer import error_answer
 from app.ops import metrics
@@ -37,8 +40,9 @@ from app.service import ServedModel, Service
 if TYPE_CHECKING:  # loaded where the door serves gRPC (server.py): the protocol's messages
     from app.front_door.grpc_calls import GrpcAnswers, GrpcRows
 
-PROTOCOL, FORM, V2_FORM, GRPC_FORM, OK = "door", "raw", "v2-binary", "grpc", b"200 OK"
-FORMS = {PREDICT: FORM, V2: V2_FORM, GRPC: GRPC_FORM}  # a row's kind → its metrics' format
+PROTOCOL, FORM, V2_FORM, GRPC_FORM, IMAGE_FORM, OK = "door", "raw", "v2-binary", "grpc", "image", b"200 OK"
+# A row's kind → its metrics' format (an upload's, as the service's port counts it, whichever decoder took it).
+FORMS = {PREDICT: FORM, V2: V2_FORM, GRPC: GRPC_FORM, JPEG: IMAGE_FORM, IMAGE: IMAGE_FORM}
 PATH = "the front door"  # where counted() logs an unexpected error
 # The event loop's timers fire on whole milliseconds (libuv's, uvloop's): a shorter wait would last one, and
 # the seed CNN's batches, a fraction of one, would wait for it each time. Such a wait is looked at again on
@@ -52,7 +56,7 @@ class Requests:
 
     ids: np.ndarray  # (k,) uint64: door.h's answer ids
     arrived: np.ndarray  # (k,) float64: time.monotonic()
-    kinds: np.ndarray | None = None  # (k,) uint8: door.PREDICT, V2 or GRPC; None: each a POST /predict
+    kinds: np.ndarray | None = None  # (k,) uint8: door.PREDICT, V2, GRPC, JPEG or IMAGE; None: each a POST /predict
     asked: list[Asked | None] | None = None  # each v2 or gRPC request's answer as it asks (None: POST /predict's)
 
     def __len__(self) -> int:
@@ -81,6 +85,9 @@ class Feeder:
         self.timer: asyncio.Handle | None = None  # the next pump's, while a partial bulk waits
         self.batcher: Batcher | None = None  # the last bulk's: its clock says when to take a partial one
         self.v2 = V2Codec(service)
+        # The door runs where the engines are: the service's decoder is its own GPU one (or None: Pillow's).
+        self.images = BulkImages(cast(JpegBatchDecoder | None, service.jpeg_decoder), settings.max_image_pixels)
+        self.decoding: set[asyncio.Task[dict[int, Exception]]] = set()  # bulks whose uploads are being decoded
         self._answers: tuple[ServedModel, Answers, V2Headers] | None = None  # the default model's, rebuilt on a change
 
     def pump(self) -> None:
@@ -122,20 +129,58 @@ class Feeder:
         self.pump()
 
     def _queue(self, bulk: Bulk) -> None:
-        """A bulk of (k, C, H, W) rows, read in place until its buffer is released, onto the batcher in pieces."""
-        rows, buffer = bulk.rows, bulk.buffer
+        """A bulk of (k, C, H, W) rows, read in place until its buffer is released, onto the batcher in pieces
+        (its image uploads decoded over their rows first)."""
         requests = Requests(bulk.ids, bulk.arrived, bulk.kinds)
-        deadline = float(bulk.arrived[0]) + self.timeout_s  # its oldest request's
         try:
             served, batcher = self._default_model()
         except Exception as error:  # a ServiceError (404, 503) is answered as it says, anything else 500
             self._refuse(requests, error, model="")
-            self.door.release(buffer)
+            self.door.release(bulk.buffer)
             return
-        answers = self._answers_for(served, batcher)
         metrics.front_door_wait(served.spec.name).observe_many(time.monotonic() - bulk.arrived)
-        if bulk.headers is not None:
-            requests, rows = self._checked(requests, rows, bulk.headers, model=served.spec.name)
+        images = np.flatnonzero(bulk.kinds >= JPEG) if bulk.kinds is not None else np.empty(0, np.int64)
+        if not len(images):
+            self._enqueue(bulk, requests, bulk.rows, bulk.headers, served, batcher)
+            return
+        assert bulk.kinds is not None and bulk.lengths is not None
+        self.pieces[bulk.buffer] = 1  # out while its uploads are decoded: in_flight counts it
+        task = asyncio.ensure_future(self.images.decode(bulk.rows, bulk.lengths, bulk.kinds, images, served.spec))
+        self.decoding.add(task)
+        task.add_done_callback(partial(self._decoded, bulk, requests, served, batcher))
+
+    def _decoded(self, bulk: Bulk, requests: Requests, served: ServedModel, batcher: Batcher,
+                 task: asyncio.Task[dict[int, Exception]]) -> None:  # fmt: skip
+        """A bulk's uploads decoded: those that could not be are answered with why, the rest queued."""
+        self.decoding.discard(task)
+        del self.pieces[bulk.buffer]
+        rows, headers = bulk.rows, bulk.headers
+        try:
+            failed = task.result()
+        except BaseException as error:  # cancelled (the server is stopping), or a fault: every request told
+            failure = error if isinstance(error, Exception) else ServiceError("the request was cancelled")
+            self._refuse(requests, failure, model=served.spec.name)
+            self.door.release(bulk.buffer)
+            self.pump()
+            return
+        for i, why in failed.items():
+            self._refuse(requests[i : i + 1], why, model=served.spec.name)
+        if failed:
+            kept = np.setdiff1d(np.arange(len(rows)), list(failed))
+            requests, rows = requests[kept], rows[kept]
+            headers = None if headers is None else [headers[i] for i in kept.tolist()]
+        self._enqueue(bulk, requests, rows, headers, served, batcher)
+        self.pump()
+
+    def _enqueue(self, bulk: Bulk, requests: Requests, rows: np.ndarray, headers: list[bytes] | None,
+                 served: ServedModel, batcher: Batcher) -> None:  # fmt: skip
+        """(k, C, H, W) pixels onto `batcher`, a largest bucket at a time, once each request's header is checked
+        (`headers`: each row's; None: all POST /predict); the buffer given back with the last piece's answer."""
+        buffer = bulk.buffer
+        deadline = float(bulk.arrived[0]) + self.timeout_s  # its oldest request's
+        answers = self._answers_for(served, batcher)
+        if headers is not None:
+            requests, rows = self._checked(requests, rows, headers, model=served.spec.name)
         starts = range(0, len(rows), self.full)
         if not starts:  # each was refused
             self.door.release(buffer)
@@ -163,7 +208,7 @@ class Feeder:
         if self.grpc is not None:  # else grpc.c takes no call
             checks[GRPC] = self.grpc.parts(served)[0]
         checked = [
-            None if kind == PREDICT else checks[kind](header)
+            checks[kind](header) if kind in checks else None  # POST /predict's, pixels or an upload, has no header
             for kind, header in zip(requests.kinds.tolist(), headers, strict=True)
         ]
         refused = [i for i, found in enumerate(checked) if isinstance(found, ServiceError)]

@@ -266,7 +266,8 @@ static void take_infer(struct h2 *h, call_t *call, const uint8_t *request, size_
         refuse_call(h, call, INVALID_ARGUMENT, text);
         return;
     }
-    if (!add_row(d, grpc_id(h->c->gen, call->stream, h->fd), KIND_GRPC, header, header_len, (const char *)raw)) {
+    if (!add_row(d, grpc_id(h->c->gen, call->stream, h->fd), KIND_GRPC, header, header_len, (const char *)raw,
+                 raw_len)) {
         refuse_call(h, call, RESOURCE_EXHAUSTED, "the front door holds as many images as it may; retry");
         return;
     }

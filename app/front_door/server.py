@@ -87,6 +87,7 @@ class FrontDoor:
             request_s=settings.header_timeout_s + settings.body_timeout_s,
             tokens=tuple(load_tokens(settings.auth_tokens, settings.auth_tokens_file)),
             max_bytes=settings.max_inflight_bytes,  # the door's own budget, beside the service's ports' one
+            max_pixels=default.max_image_pixels(settings.max_image_pixels),  # the uploads nvJPEG is given
         )
         wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         # One buffer more than the bulks Python may hold (in_flight): there is always one to fill.

@@ -14,6 +14,7 @@ import asyncio
 import base64
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -30,7 +31,7 @@ from app.repository import load_model, read_repository
 from app.repository.model_spec import ModelSpec
 from loadtest.photos import encode, fashion_photo, synthetic_photo
 from models.fashion_mnist import load_test_sample
-from tests.integration.server_process import ROOT, running_server
+from tests.integration.server_process import ROOT, free_port, running_server
 
 EXAMPLES = ROOT / "models" / "examples" / "repository"
 SPECS = {spec.name: spec for spec in read_repository(EXAMPLES)}
@@ -253,6 +254,43 @@ def test_the_http_path_with_the_gpu_decoder(design: str, tmp_path: Path) -> None
     for stage in ("decode", "prepare", "device", "hand_back"):  # each batch once a stage
         assert _sample(exposition, f'cgserve_gpu_jpeg_stage_seconds_count{{stage="{stage}"}}') == batches
         assert _sample(exposition, f'cgserve_gpu_jpeg_stage_seconds_sum{{stage="{stage}"}}') >= 0
+
+
+@pytest.mark.parametrize("nvjpeg", ["torchvision", "direct"])
+def test_jpeg_bodies_at_the_front_door_get_the_ports_answers(nvjpeg: str, tmp_path: Path) -> None:
+    """The front door's uploads (app/front_door/images.py): decoded over their rows by the same GPU decoder as the
+    port's, so the same answers; the uploads door.c leaves to Pillow, and the bad ones, as the port answers them."""
+    command = (sys.executable, "-m", "app.cli", "serve")
+    door_port = free_port()
+    settings = {"model_repository": str(EXAMPLES), "device": "cuda", "buckets": "1,8", "compile": "none",
+                "default_model": "resnet50", "front_door_port": str(door_port), "jpeg_nvjpeg": nvjpeg}  # fmt: skip
+    photos = [fashion_photo(g, 500, 375, seed=i) for i, g in enumerate(GARMENTS)]
+    jpegs = [encode(photo, quality=90) for photo in photos]
+    cmyk = encode(Image.fromarray(photos[0]).convert("CMYK"))
+    truncated = jpegs[0][: len(jpegs[0]) // 3]
+    with running_server(tmp_path / "server.log", command=command, jpeg_decoder="gpu", **settings) as url:
+        door = f"http://127.0.0.1:{door_port}/predict"
+
+        def post(target: str, data: bytes) -> httpx.Response:
+            return httpx.post(target, content=data, headers=JPEG_TYPE, timeout=60)
+
+        with ThreadPoolExecutor(len(jpegs)) as pool:  # concurrent: one bulk, one nvJPEG batch
+            mine = list(pool.map(partial(post, door), jpegs))
+        theirs = [post(f"{url}/v1/models/resnet50/predict", data) for data in jpegs]
+        for got, want in zip(mine, theirs, strict=True):
+            assert got.status_code == want.status_code == 200, got.text
+            got_row, want_row = got.json()["predictions"][0], want.json()["predictions"][0]
+            top2 = sorted(want_row["scores"])[-2:]
+            if top2[1] - top2[0] > 0.01:
+                assert got_row["label"] == want_row["label"]
+            np.testing.assert_allclose(got_row["scores"], want_row["scores"], atol=1e-2)
+        assert post(door, cmyk).status_code == 200  # door.c leaves it to Pillow
+        for bad in (truncated, b"\xff\xd8\xff" + b"junk" * 100):
+            got, want = post(door, bad), post(f"{url}/v1/models/resnet50/predict", bad)
+            assert got.status_code == want.status_code == 422 and got.json() == want.json()
+        exposition = httpx.get(f"{url}/metrics").text
+    assert _sample(exposition, 'cgserve_image_decodes_total{decoder="gpu"}') >= 2 * len(jpegs)
+    assert "nvJPEG, batched, " + nvjpeg in (tmp_path / "server.log").read_text()
 
 
 def _sample(exposition: str, name: str) -> float:

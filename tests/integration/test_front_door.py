@@ -2,11 +2,14 @@
 in the service's own bytes, with one process and with the engine process; Triton's HTTP client gets the HTTP
 port's v2 answers from it, and its v2 refusals in the protocol's shape; every refusal is an HTTP answer on
 the connection; its limits (token, idle and slow connections, connection cap) hold; it counts into /metrics;
-and a shutdown answers what it took. door.c is built by the server itself, with the machine's C compiler."""
+and a shutdown answers what it took. Image uploads (a JPEG or PNG as the body) get the HTTP port's answers, and
+door.c tells the JPEGs nvJPEG takes from those Pillow decodes. door.c is built by the server itself, with the
+machine's C compiler."""
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import shutil
 import signal
@@ -23,6 +26,7 @@ import numpy as np
 import orjson
 import pytest
 import tritonclient.http as triton_http
+from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from loadtest.server_process import running
@@ -79,6 +83,20 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
 
 def sample_images(count: int) -> list[bytes]:
     return [image.tobytes() for image in load_test_sample()[0][:count]]  # 784 uint8 pixels each
+
+
+def encoded(pixels: np.ndarray, form: str, **options: Any) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, form, **options)
+    return buffer.getvalue()
+
+
+def garment_uploads(count: int) -> list[bytes]:
+    """Fashion-MNIST garments as JPEGs and PNGs, each under the 784 bytes a row of the seed CNN holds."""
+    garments = load_test_sample()[0][:count]  # (count, 28, 28) uint8
+    return [encoded(g, "JPEG", quality=75, optimize=True) for g in garments] + [
+        encoded(g, "PNG", optimize=True) for g in garments
+    ]
 
 
 def exchange(connection: socket.socket, request: bytes) -> tuple[bytes, dict[bytes, bytes], bytes]:
@@ -154,6 +172,35 @@ def test_the_answer_is_the_services_own(server: dict[str, Any]) -> None:
         theirs = client.post(server["url"] + "/predict", content=image, headers=RAW)
     assert mine.headers["content-type"] == "application/json"
     assert mine.json() == theirs.json()
+
+
+def test_image_uploads_get_the_ports_answers(server: dict[str, Any]) -> None:
+    """JPEG and PNG bodies, several connections at once, each decoded over its row (Pillow here: no GPU) and
+    answered in the port's bytes; a body that is no image, or larger than a row, is refused as the port says."""
+    uploads = garment_uploads(8)
+    assert all(len(body) <= 784 for body in uploads)
+    kinds = ["image/jpeg"] * 8 + ["image/png"] * 8
+
+    def post(base: str, body: bytes, kind: str) -> httpx.Response:
+        headers = {"content-type": kind, "authorization": f"Bearer {TOKEN}"}
+        return httpx.post(base + "/predict", content=body, headers=headers, timeout=30)
+
+    with ThreadPoolExecutor(8) as pool:
+        mine = list(pool.map(lambda pair: post(server["door"], *pair), zip(uploads, kinds, strict=True)))
+    theirs = [post(server["url"], body, kind) for body, kind in zip(uploads, kinds, strict=True)]
+    for door, port in zip(mine, theirs, strict=True):
+        assert door.status_code == port.status_code == 200, door.text
+        got, want = door.json(), port.json()
+        assert got["model"] == want["model"] and got["predictions"][0]["label"] == want["predictions"][0]["label"]
+        # Other batch mates than the port's lone request: the scores of a batch, within float32's rounding.
+        np.testing.assert_allclose(got["predictions"][0]["scores"], want["predictions"][0]["scores"], atol=1e-5)
+    assert len({answer.json()["predictions"][0]["label"] for answer in mine}) > 3  # a mix-up would show
+    not_an_image = b"\xff\xd8\xff" + b"junk" * 50
+    door, port = post(server["door"], not_an_image, "image/jpeg"), post(server["url"], not_an_image, "image/jpeg")
+    assert door.status_code == port.status_code == 422 and door.json() == port.json()
+    larger = post(server["door"], uploads[0] + bytes(785 - len(uploads[0])), "image/jpeg")
+    assert larger.status_code == 413 and "service's port" in larger.json()["error"]["message"]
+    assert post(server["door"], uploads[1], "image/png").status_code == 200  # and it goes on
 
 
 def test_refusals_are_answers_on_the_connection(server: dict[str, Any]) -> None:
@@ -575,7 +622,8 @@ def test_an_answer_given_twice_reaches_nobody() -> None:
     wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
     door = Door(door_library(None), listener, threads=1, shape=(1, 28, 28), buffers=3, wake_fd=wake,
                 path=b"/predict", v2_path=b"/v2/models/m/infer", full_rows=8,
-                limits=Limits(max_connections=8, keepalive_s=5, request_s=5, tokens=(), max_bytes=2**20))  # fmt: skip
+                limits=Limits(max_connections=8, keepalive_s=5, request_s=5, tokens=(), max_bytes=2**20,
+                              max_pixels=2**20))  # fmt: skip
 
     def taken() -> np.ndarray:
         latest = time.monotonic() + 5
@@ -601,6 +649,69 @@ def test_an_answer_given_twice_reaches_nobody() -> None:
             answer(second, b"second")
             assert read_answer(connection)[2] == b"second"
     finally:
+        door.close()
+        listener.close()
+        os.close(wake)
+
+
+def test_it_tells_the_jpegs_nvjpeg_takes_from_those_pillow_decodes() -> None:
+    """door.c's own test for the GPU (app/codecs/uploads.py's gpu_decodable, in C): a whole baseline or progressive
+    JPEG of grey or YCbCr within the pixel limit is a JPEG row; a PNG, a CMYK JPEG, one cut short, one over the
+    limit, or junk after a JPEG's first marker is an IMAGE row, for Pillow. Each row starts with its body's bytes;
+    a body over a row's bytes is refused 413 (door.c alone, Python as the feeder)."""
+    from app.front_door.door import IMAGE, JPEG, Door, Limits
+    from app.front_door.library import door_library
+
+    y, x = np.indices((64, 64))
+    photo = np.stack([x * 4, y * 4, (x + y) * 2], axis=-1).astype(np.uint8)  # (64, 64, 3): colour, small encoded
+    rgb = encoded(photo, "JPEG", quality=75)
+    cmyk = io.BytesIO()
+    Image.fromarray(photo).convert("CMYK").save(cmyk, "JPEG")
+    flat = np.full((128, 128), 100, np.uint8)
+    expected = {
+        rgb: JPEG,
+        encoded(photo[..., 0], "JPEG", quality=75): JPEG,  # grey
+        encoded(photo, "JPEG", quality=75, progressive=True): JPEG,
+        encoded(flat[:64, :64], "JPEG"): JPEG,  # 4,096 pixels: at the limit
+        encoded(flat, "JPEG"): IMAGE,  # 16,384: over it
+        encoded(photo, "PNG"): IMAGE,
+        cmyk.getvalue(): IMAGE,
+        rgb[: len(rgb) * 2 // 3]: IMAGE,  # no end-of-image marker
+        b"\xff\xd8\xff" + b"junk" * 50: IMAGE,
+    }
+    assert all(len(body) <= 3 * 64 * 64 for body in expected)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    door = Door(door_library(None), listener, threads=2, shape=(3, 64, 64), buffers=3, wake_fd=wake,
+                path=b"/predict", v2_path=b"/v2/models/m/infer", full_rows=64,
+                limits=Limits(max_connections=32, keepalive_s=5, request_s=5, tokens=(), max_bytes=2**24,
+                              max_pixels=64 * 64))  # fmt: skip
+    head = b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n"
+    connections = [socket.create_connection(listener.getsockname(), timeout=5) for _ in expected]
+    try:
+        for connection, body in zip(connections, expected, strict=True):
+            kind = b"image/png" if body.startswith(b"\x89PNG") else b"image/jpeg"
+            connection.sendall(head % (kind, len(body)) + body)
+        found: dict[bytes, int] = {}
+        latest = time.monotonic() + 10
+        while len(found) < len(expected) and time.monotonic() < latest:
+            bulk = door.take()
+            if bulk is None:
+                time.sleep(0.01)
+                continue
+            assert bulk.kinds is not None and bulk.lengths is not None
+            for row, kind, length in zip(bulk.rows, bulk.kinds.tolist(), bulk.lengths.tolist(), strict=True):
+                found[row.reshape(-1)[:length].tobytes()] = kind
+            door.answer(bulk.ids, [b"ok"] * len(bulk.ids), b"200 OK", [b"content-type: text/plain\r\n"] * len(bulk.ids))
+            door.release(bulk.buffer)
+        assert found == expected
+        with socket.create_connection(listener.getsockname(), timeout=5) as connection:
+            status, _, body = exchange(connection, head % (b"image/jpeg", 3 * 64 * 64 + 1) + bytes(3 * 64 * 64 + 1))
+            assert status.startswith(b"HTTP/1.1 413 ") and b"service's port" in body, (status, body)
+    finally:
+        for connection in connections:
+            connection.close()
         door.close()
         listener.close()
         os.close(wake)
