@@ -1,12 +1,15 @@
 """app/front_door's Python parts without a server: the bulk answers are encode_predictions' bytes for any
 model, a v2 request's header is checked as the HTTP port checks it, a bulk's latencies land in the buckets one
 observe each would, a missing compiler is a clear error, the service is not ready before the door is open, and the
-feeder's bulks are answered, refused and given back as they should be, a partial one at the batcher's moment."""
+feeder's bulks are answered, refused and given back as they should be, a partial one at the batcher's moment; a
+bulk's image uploads are decoded over their rows and answered as the port answers them, and bulks being decoded
+are taken beside the in_flight."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import sys
 import time
 from pathlib import Path
@@ -16,6 +19,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+from PIL import Image
 from prometheus_client import REGISTRY, CollectorRegistry, Histogram, generate_latest
 
 from app.codecs.bodies import encode_predictions
@@ -23,7 +27,7 @@ from app.config import DEFAULT_REPOSITORY, Settings
 from app.errors import ServiceError
 from app.front_door import library
 from app.front_door.answers import Answers, head_lines
-from app.front_door.door import PREDICT, V2, Bulk
+from app.front_door.door import IMAGE, JPEG, PREDICT, V2, Bulk
 from app.front_door.v2_headers import V2Headers
 from app.ops import metric_buffers
 from app.ops.metric_buffers import BufferedHistogram
@@ -170,7 +174,7 @@ class StandInDoor:
     """door.py's Door without the C side: bulks handed in by the test, answers kept."""
 
     def __init__(self, shape: tuple[int, int, int]) -> None:
-        self.shape, self.bulks = shape, []  # (rows, ids, headers[, kinds]) each
+        self.shape, self.bulks = shape, []  # (rows, ids, headers, kinds[, lengths]) each
         self.answers: list[tuple[int, bytes, bytes, bytes]] = []  # (id, status, head lines, body)
         self.released: list[int] = []
         self.taken = 0
@@ -181,11 +185,11 @@ class StandInDoor:
     def take(self) -> Bulk | None:
         if not self.bulks:
             return None
-        rows, ids, headers, kinds = self.bulks.pop(0)
+        rows, ids, headers, kinds, *lengths = self.bulks.pop(0)
         self.taken += 1  # each bulk its own buffer, as the C side's are while Python holds them
         if headers is not None and kinds is None:  # a v2 request where a header is, as the C side says of its rows
             kinds = np.array([V2 if header else PREDICT for header in headers], np.uint8)
-        return Bulk(self.taken, rows, ids, np.full(len(ids), time.monotonic()), headers, kinds)
+        return Bulk(self.taken, rows, ids, np.full(len(ids), time.monotonic()), headers, kinds, *lengths)
 
     def release(self, buffer: int) -> None:
         self.released.append(buffer)
@@ -319,3 +323,104 @@ def test_a_partial_bulk_waits_for_a_launch_moment_sooner_than_a_timer_can_wait()
     moment, taken = asyncio.run(scenario())
     assert taken is not None, "the partial bulk was never taken"
     assert taken >= moment, f"taken {(moment - taken) * 1e6:.0f} µs before the launch moment"
+
+
+def uploads_bulk(bodies: list[bytes], kinds: list[int], pixels: np.ndarray) -> tuple:
+    """A stand-in bulk as door.c fills it: each upload's bytes at the start of its row, a POST /predict's pixels
+    (`pixels`, (1, 28, 28) uint8) where its kind is PREDICT (its body then b"")."""
+    rows = np.zeros((len(bodies), 1, 28, 28), np.uint8)
+    for row, body, kind in zip(rows, bodies, kinds, strict=True):
+        if kind == PREDICT:
+            row[:] = pixels
+        else:
+            row.reshape(-1)[: len(body)] = np.frombuffer(body, np.uint8)
+    lengths = np.array([len(body) if kind != PREDICT else 784 for body, kind in zip(bodies, kinds, strict=True)],
+                       np.int32)  # fmt: skip
+    return rows, np.arange(len(bodies), dtype=np.uint64), [b""] * len(bodies), np.array(kinds, np.uint8), lengths
+
+
+def garment_file(garment: np.ndarray, form: str) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(garment).save(buffer, form, optimize=True)
+    return buffer.getvalue()
+
+
+def run_feeder(door: StandInDoor, settings: Settings, until: Any, patch: Any = None) -> None:
+    from app.front_door.feeder import Feeder
+
+    async def scenario() -> None:
+        service = Service(settings)
+        service.start()
+        await service.wait_started()
+        try:
+            feeder = Feeder(door, service, (1, 28, 28), service.settings)  # type: ignore[arg-type]
+            if patch is not None:
+                await patch(feeder)
+            latest = time.monotonic() + 30
+            while not until(door, feeder) and time.monotonic() < latest:
+                feeder.pump()
+                await asyncio.sleep(0.01)
+        finally:
+            await service.stop()
+
+    interval = sys.getswitchinterval()
+    try:
+        asyncio.run(scenario())
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def test_a_bulks_uploads_are_decoded_over_their_rows_and_answered_as_the_port_does() -> None:
+    """Pixels, a PNG and a JPEG of one garment, and junk, in one bulk (Pillow decodes here: no GPU): the PNG's row
+    is the pixels' row, so its answer is theirs; the junk gets the port's 422, alone; the buffer comes back once."""
+    garment = load_garment()
+    png, jpeg = garment_file(garment, "PNG"), garment_file(garment, "JPEG")
+    door = StandInDoor((1, 28, 28))
+    door.bulks.append(uploads_bulk([b"", png, jpeg, b"junk" * 20], [PREDICT, IMAGE, JPEG, IMAGE], garment[None]))
+    settings = Settings(model_repository=DEFAULT_REPOSITORY, device="cpu", grpc_port=0)
+    run_feeder(door, settings, until=lambda door, feeder: len(door.answers) == 4 and not feeder.out)
+    answers = {i: (status, body) for i, status, _, body in door.answers}
+    assert [answers[i][0][:3] for i in range(4)] == [b"200"] * 3 + [b"422"], answers[3]
+    pixels, from_png, from_jpeg = (orjson.loads(answers[i][1])["predictions"][0] for i in range(3))
+    assert from_png == pixels  # lossless: the same row in the same batch
+    assert from_jpeg["label"] == pixels["label"]
+    assert b"could not be decoded" in answers[3][1]
+    assert door.released == [1]
+
+
+def test_bulks_being_decoded_are_taken_beside_the_in_flight() -> None:
+    """With in_flight 1, bulks of uploads are taken while earlier ones are still being decoded, DECODE_AHEAD at
+    most: the decoder is fed, not held to one bulk at a time (run 40); each answered once their decodes end."""
+    from app.front_door.feeder import DECODE_AHEAD
+
+    garment = load_garment()
+    png = garment_file(garment, "PNG")
+    door = StandInDoor((1, 28, 28))
+    for _ in range(DECODE_AHEAD + 2):
+        door.bulks.append(uploads_bulk([png, png], [IMAGE, IMAGE], garment[None]))
+    release = asyncio.Event()
+    most = [0]
+
+    async def patch(feeder: Any) -> None:
+        decode = feeder.images.decode
+
+        async def held(*args: Any) -> dict[int, Exception]:
+            most[0] = max(most[0], len(feeder.decoding))
+            await release.wait()
+            return await decode(*args)
+
+        feeder.images.decode = held
+        asyncio.get_running_loop().call_later(0.5, release.set)
+
+    settings = Settings(model_repository=DEFAULT_REPOSITORY, device="cpu", grpc_port=0, in_flight=1)
+    answered = 2 * (DECODE_AHEAD + 2)
+    run_feeder(door, settings, until=lambda door, feeder: len(door.answers) == answered and not feeder.out, patch=patch)
+    assert most[0] == DECODE_AHEAD  # before: 1, the in_flight
+    assert [status for _, status, *_ in door.answers] == [b"200 OK"] * 2 * (DECODE_AHEAD + 2)
+    assert sorted(door.released) == list(range(1, DECODE_AHEAD + 3))
+
+
+def load_garment() -> np.ndarray:
+    from models.fashion_mnist import load_test_sample
+
+    return load_test_sample()[0][0]  # (28, 28) uint8
