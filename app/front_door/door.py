@@ -21,7 +21,6 @@ GRPC_CODE_NAMES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_E
                    "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED")  # fmt: skip
 GRPC_CODES = len(GRPC_CODE_NAMES)
 MAX_GETS = 64  # door.h's: answers set at most (GETs, and gRPC's metadata calls)
-MAX_BUFFERS = 16  # door.h's: bulks at most, the one being filled included
 # door.h's kinds of request: a bulk row's. An image upload's row holds its encoded bytes until decoded over them:
 # JPEG where door.c found one nvJPEG takes, IMAGE for Pillow (app/front_door/images.py).
 PREDICT, V2, GRPC, JPEG, IMAGE = 0, 1, 2, 3, 4

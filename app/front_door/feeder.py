@@ -6,14 +6,10 @@ so a bulk is taken only while fewer than `in_flight` are out, and rows gather in
 And while another bulk is out, a partial one waits for the batcher's own launch moment (just in time
 before the running batch ends): taken at once, it would leave behind the clients whose answers just
 went out and who are about to send again, and they would wait a whole batch more (run 34's ResNet-50).
-A bulk is queued a largest bucket at a time, each piece answered as its batch is done. Its v2 requests' headers
-and its gRPC calls' requests are checked first (v2_headers.py, grpc_calls.py); one the service's port would refuse
-is answered so at once, and its row left out.
-
-A bulk's image uploads are decoded over their rows before it is queued, all at once (images.py). A bulk being
-decoded is not one of the in_flight: up to DECODE_AHEAD of them are taken beside those, so that the GPU decoder is
-fed while the batcher works, as the service's port feeds it upload by upload (counted in in_flight, the decoder
-waited for bulks: run 40).
+A bulk is queued a largest bucket at a time, each piece answered as its batch is done. Its image uploads are
+decoded over their rows first, all at once (images.py); its v2 requests' headers and its gRPC calls' requests are
+checked (v2_headers.py, grpc_calls.py); one the service's port would refuse is answered so at once, and its row
+left out.
 """
 
 from __future__ import annotations
@@ -52,7 +48,6 @@ PATH = "the front door"  # where counted() logs an unexpected error
 # the seed CNN's batches, a fraction of one, would wait for it each time. Such a wait is looked at again on
 # each turn of the loop instead (which polls the running batch's CUDA event meanwhile: CGSERVE_EVENT_WAIT=poll).
 TIMER_RESOLUTION_S = 0.001
-DECODE_AHEAD = 4  # bulks whose uploads are being decoded at once, beside the in_flight on the batcher
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,13 +91,9 @@ class Feeder:
         self._answers: tuple[ServedModel, Answers, V2Headers] | None = None  # the default model's, rebuilt on a change
 
     def pump(self) -> None:
-        """Take bulks while fewer than in_flight are on the batcher and fewer than DECODE_AHEAD are being decoded (a
-        partial one, while another is out, at the batcher's launch moment)."""
-        while (
-            self.out - len(self.decoding) < self.in_flight
-            and len(self.decoding) < DECODE_AHEAD
-            and (waiting := self.door.waiting())
-        ):
+        """Take bulks while fewer than in_flight are out (a partial one, while another is out, at the batcher's
+        launch moment)."""
+        while self.out < self.in_flight and (waiting := self.door.waiting()):
             if self.out and waiting < self.full and self._later():
                 return
             bulk = self.door.take()
@@ -153,7 +144,7 @@ class Feeder:
             self._enqueue(bulk, requests, bulk.rows, bulk.headers, served, batcher)
             return
         assert bulk.kinds is not None and bulk.lengths is not None
-        self.pieces[bulk.buffer] = 1  # out while its uploads are decoded (one of the decoding, not of in_flight)
+        self.pieces[bulk.buffer] = 1  # out while its uploads are decoded: in_flight counts it
         task = asyncio.ensure_future(self.images.decode(bulk.rows, bulk.lengths, bulk.kinds, images, served.spec))
         self.decoding.add(task)
         task.add_done_callback(partial(self._decoded, bulk, requests, served, batcher))

@@ -17,8 +17,8 @@ import orjson
 from app.access.tokens import load_tokens
 from app.errors import ServiceError
 from app.front_door.answers import JSON_HEAD, status_line
-from app.front_door.door import GRPC_CODE_NAMES, MAX_BUFFERS, Door, Limits
-from app.front_door.feeder import DECODE_AHEAD, FORM, GRPC_FORM, PROTOCOL, Feeder
+from app.front_door.door import GRPC_CODE_NAMES, Door, Limits
+from app.front_door.feeder import FORM, GRPC_FORM, PROTOCOL, Feeder
 from app.front_door.library import door_library
 from app.http.answer import error_answer
 from app.http.protocol import open_file_budget
@@ -90,15 +90,14 @@ class FrontDoor:
             max_pixels=default.max_image_pixels(settings.max_image_pixels),  # the uploads nvJPEG is given
         )
         wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        # One buffer more than the bulks Python may hold (in_flight on the batcher, DECODE_AHEAD being decoded):
-        # there is always one to fill.
+        # One buffer more than the bulks Python may hold (in_flight): there is always one to fill.
         door = Door(
             library,
             listener,
             threads=settings.front_door_threads,
             shape=shape,
             wake_fd=wake,
-            buffers=min(settings.in_flight + DECODE_AHEAD, MAX_BUFFERS - 1) + 1,
+            buffers=settings.in_flight + 1,
             path=b"/predict",
             v2_path=f"/v2/models/{default.name}/infer".encode(),
             full_rows=max(settings.buckets),

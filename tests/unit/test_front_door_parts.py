@@ -1,9 +1,8 @@
 """app/front_door's Python parts without a server: the bulk answers are encode_predictions' bytes for any
 model, a v2 request's header is checked as the HTTP port checks it, a bulk's latencies land in the buckets one
 observe each would, a missing compiler is a clear error, the service is not ready before the door is open, and the
-feeder's bulks are answered, refused and given back as they should be, a partial one at the batcher's moment; a
-bulk's image uploads are decoded over their rows and answered as the port answers them, and bulks being decoded
-are taken beside the in_flight."""
+feeder's bulks are answered, refused and given back as they should be, a partial one at the batcher's moment; and a
+bulk's image uploads are decoded over their rows and answered as the port answers them."""
 
 from __future__ import annotations
 
@@ -345,7 +344,8 @@ def garment_file(garment: np.ndarray, form: str) -> bytes:
     return buffer.getvalue()
 
 
-def run_feeder(door: StandInDoor, settings: Settings, until: Any, patch: Any = None) -> None:
+def run_feeder(door: StandInDoor, settings: Settings, until: Any) -> None:
+    """`door`'s bulks through a Feeder onto a real CPU batcher, pumped until `until(door, feeder)`."""
     from app.front_door.feeder import Feeder
 
     async def scenario() -> None:
@@ -354,8 +354,6 @@ def run_feeder(door: StandInDoor, settings: Settings, until: Any, patch: Any = N
         await service.wait_started()
         try:
             feeder = Feeder(door, service, (1, 28, 28), service.settings)  # type: ignore[arg-type]
-            if patch is not None:
-                await patch(feeder)
             latest = time.monotonic() + 30
             while not until(door, feeder) and time.monotonic() < latest:
                 feeder.pump()
@@ -386,38 +384,6 @@ def test_a_bulks_uploads_are_decoded_over_their_rows_and_answered_as_the_port_do
     assert from_jpeg["label"] == pixels["label"]
     assert b"could not be decoded" in answers[3][1]
     assert door.released == [1]
-
-
-def test_bulks_being_decoded_are_taken_beside_the_in_flight() -> None:
-    """With in_flight 1, bulks of uploads are taken while earlier ones are still being decoded, DECODE_AHEAD at
-    most: the decoder is fed, not held to one bulk at a time (run 40); each answered once their decodes end."""
-    from app.front_door.feeder import DECODE_AHEAD
-
-    garment = load_garment()
-    png = garment_file(garment, "PNG")
-    door = StandInDoor((1, 28, 28))
-    for _ in range(DECODE_AHEAD + 2):
-        door.bulks.append(uploads_bulk([png, png], [IMAGE, IMAGE], garment[None]))
-    release = asyncio.Event()
-    most = [0]
-
-    async def patch(feeder: Any) -> None:
-        decode = feeder.images.decode
-
-        async def held(*args: Any) -> dict[int, Exception]:
-            most[0] = max(most[0], len(feeder.decoding))
-            await release.wait()
-            return await decode(*args)
-
-        feeder.images.decode = held
-        asyncio.get_running_loop().call_later(0.5, release.set)
-
-    settings = Settings(model_repository=DEFAULT_REPOSITORY, device="cpu", grpc_port=0, in_flight=1)
-    answered = 2 * (DECODE_AHEAD + 2)
-    run_feeder(door, settings, until=lambda door, feeder: len(door.answers) == answered and not feeder.out, patch=patch)
-    assert most[0] == DECODE_AHEAD  # before: 1, the in_flight
-    assert [status for _, status, *_ in door.answers] == [b"200 OK"] * 2 * (DECODE_AHEAD + 2)
-    assert sorted(door.released) == list(range(1, DECODE_AHEAD + 3))
 
 
 def load_garment() -> np.ndarray:
