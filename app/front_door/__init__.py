@@ -2,15 +2,17 @@
 model.
 
     client ── POST /predict (raw uint8) ────▶ door.c: N epoll threads parse, check the token, copy the
-      or POST /v2/models/<m>/infer            pixels into a bulk (a v2 request's JSON header beside
-         (binary extension, one UINT8 image)  them); the connection waits
+      or POST /predict (a JPEG or PNG body)   pixels (an upload's bytes) into a bulk (a v2 request's JSON
+      or POST /v2/models/<m>/infer            header beside them); the connection waits
+         (binary extension, one UINT8 image)
       or gRPC ModelInfer (one UINT8 raw     ▶ grpc.c, in the same threads: HTTP/2 (nghttp2), the call's
          input) on the gRPC port              pixels into the bulk, its other fields beside them
                                                      │ eventfd: a bulk turned non-empty (or full)
                                                      ▼
                                               feeder.py on the event loop: takes the bulk (rows read in
-                                              place), checks its v2 and gRPC headers, queues it on the model's
-                                              Batcher a bucket at a time
+                                              place), decodes its uploads over their rows (images.py), checks
+                                              its v2 and gRPC headers, queues it on the model's Batcher a
+                                              bucket at a time
                                                      │ the batch's future
                                                      ▼
     client ◀── the service's own answer ───── the connection's own thread writes each answer (gRPC's:
@@ -25,15 +27,18 @@ with a no-op, where this design, with Python's work per bulk, reached 0.72×
 
 It runs in the process that holds the engines (the server with one worker, or the engine process), so
 that one batcher sees every request, and only where front_door_port is set. Everything else (other
-routes and models, JSON, v2's JSON tensors, FP32 or encoded images, multipart, chunked bodies, TLS) is
-the service's ports': the door answers it a 4xx, or a gRPC status, that says so. It keeps its own limits
+routes and models, JSON, v2's JSON tensors, FP32 or encoded v2 images, multipart, chunked bodies, TLS)
+is the service's ports': the door answers it a 4xx, or a gRPC status, that says so. It keeps its own limits
 (door.c's and grpc.c's headers) and counts into the same metrics, under protocol "door" (format "raw",
-"v2-binary" or "grpc"). gRPC on the door (run 38) answered perf_analyzer at 0.94–0.99× its v2 HTTP there,
-where grpcio's server in Python held gRPC to 0.53–0.60× of the engine's peak (run 25).
+"image", "v2-binary" or "grpc"). A JPEG or PNG body of at most one row's bytes is taken too and decoded as
+the port decodes an upload, but for JPEG-heavy traffic the port with the engine process was faster (run 40).
+gRPC on the door (run 38) answered perf_analyzer at 0.94–0.99× its v2 HTTP there, where grpcio's server in
+Python held gRPC to 0.53–0.60× of the engine's peak (run 25).
 
     library.py     door.c and grpc.c built (or the one the settings name)
     door.py        the C side through ctypes
     feeder.py      bulks onto the batcher, answers back: the flow control
+    images.py      a bulk's JPEG and PNG uploads decoded over their own rows (the GPU decoder, Pillow)
     v2_headers.py  a v2 request's JSON header, checked by the HTTP port's codec once per distinct header
     grpc_calls.py  a gRPC call's request checked by the gRPC port's decode once per distinct request, its
                    ModelInferResponse from a template, the metadata calls' answers (loaded only with gRPC on)

@@ -1,7 +1,8 @@
 /* The front door: HTTP/1.1 in C threads for the one request shape that is most of real traffic, one image's
  * uint8 pixels: POST /predict with them as the body, or the default model's v2 infer with them as the one
  * UINT8 tensor of the binary tensor extension, after its JSON inference header (app/front_door/__init__.py
- * says why and where).
+ * says why and where); and POST /predict with a JPEG or PNG as the body, at most one image's pixels in bytes, put
+ * at the start of its row for Python to decode over it (jpeg_for_gpu says which nvJPEG takes).
  *
  * Threads: `threads` POSIX threads each run an epoll loop over the shared listening socket
  * (EPOLLEXCLUSIVE: one thread wakes an accept) and the connections they accepted. A request's
