@@ -468,7 +468,8 @@ static int parse_head(door_t *d, conn_t *c, int fd) {
     size_t body_len = (size_t)length_value, header_len = 0;
     int image = 0;
     if (head_len + body_len > c->cap) { /* refused before the body is read: it is not drained */
-        refuse(d, fd, R413, "body_too_large", "the body is larger than one image and its inference header", "", 1, v2);
+        refuse(d, fd, R413, "body_too_large", "the body is larger than the front door takes (one image's pixels and a "
+               "v2 request's inference header): send it to the service's port", "", 1, v2);
         return -1;
     }
     if (!hold_bytes(d, (int64_t)body_len)) { /* refused before the body is read, as the service's ports refuse it */

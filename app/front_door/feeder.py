@@ -145,32 +145,34 @@ class Feeder:
             return
         assert bulk.kinds is not None and bulk.lengths is not None
         self.pieces[bulk.buffer] = 1  # out while its uploads are decoded: in_flight counts it
+        served.admitted += 1  # as the port admits before it decodes: a version replaced meanwhile waits for these
         task = asyncio.ensure_future(self.images.decode(bulk.rows, bulk.lengths, bulk.kinds, images, served.spec))
         self.decoding.add(task)
         task.add_done_callback(partial(self._decoded, bulk, requests, served, batcher))
 
     def _decoded(self, bulk: Bulk, requests: Requests, served: ServedModel, batcher: Batcher,
                  task: asyncio.Task[dict[int, Exception]]) -> None:  # fmt: skip
-        """A bulk's uploads decoded: those that could not be are answered with why, the rest queued."""
+        """A bulk's uploads decoded: those that could not be are answered with why, the rest queued. Whatever
+        goes wrong, every request is answered and the buffer comes back (a callback's exception would be lost)."""
         self.decoding.discard(task)
         del self.pieces[bulk.buffer]
-        rows, headers = bulk.rows, bulk.headers
+        served.admitted -= 1
         try:
             failed = task.result()
+            for i, why in failed.items():
+                self._refuse(requests[i : i + 1], why, model=served.spec.name)
+            rows, headers = bulk.rows, bulk.headers
+            if failed:
+                kept = np.setdiff1d(np.arange(len(rows)), list(failed))
+                requests, rows = requests[kept], rows[kept]
+                headers = None if headers is None else [headers[i] for i in kept.tolist()]
+            self._enqueue(bulk, requests, rows, headers, served, batcher)
         except BaseException as error:  # cancelled (the server is stopping), or a fault: every request told
-            failure = error if isinstance(error, Exception) else ServiceError("the request was cancelled")
+            failure = error if isinstance(error, Exception) else NotReadyError("the server is stopping")
             self._refuse(requests, failure, model=served.spec.name)
             self.door.release(bulk.buffer)
+        finally:
             self.pump()
-            return
-        for i, why in failed.items():
-            self._refuse(requests[i : i + 1], why, model=served.spec.name)
-        if failed:
-            kept = np.setdiff1d(np.arange(len(rows)), list(failed))
-            requests, rows = requests[kept], rows[kept]
-            headers = None if headers is None else [headers[i] for i in kept.tolist()]
-        self._enqueue(bulk, requests, rows, headers, served, batcher)
-        self.pump()
 
     def _enqueue(self, bulk: Bulk, requests: Requests, rows: np.ndarray, headers: list[bytes] | None,
                  served: ServedModel, batcher: Batcher) -> None:  # fmt: skip

@@ -49,8 +49,9 @@ class BulkImages:
                 self.decoder.decode(memoryview(rows[i].reshape(-1)[: lengths[i]]), spec, out=rows[i : i + 1])
                 for i in on_gpu
             ]
-            metrics.IMAGE_DECODES.labels(decoder="gpu").inc(len(on_gpu))
             decoded = await asyncio.gather(*decodes, return_exceptions=True)
+            # Counted as the port counts an upload: by the decoder that gave its pixels.
+            metrics.IMAGE_DECODES.labels(decoder="gpu").inc(sum(not isinstance(d, BaseException) for d in decoded))
             for i, outcome in zip(on_gpu, decoded, strict=True):
                 if isinstance(outcome, GpuDecodeError):  # nvJPEG would not take it after all: Pillow's, as at the port
                     log.debug("nvJPEG refused an upload at the front door, Pillow decodes it: %s", outcome)

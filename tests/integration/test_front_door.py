@@ -678,6 +678,12 @@ def test_it_tells_the_jpegs_nvjpeg_takes_from_those_pillow_decodes() -> None:
         cmyk.getvalue(): IMAGE,
         rgb[: len(rgb) * 2 // 3]: IMAGE,  # no end-of-image marker
         b"\xff\xd8\xff" + b"junk" * 50: IMAGE,
+        # Each ends in an EOI, so the marker walk decides: fill bytes to the end, a frame header cut short, a scan
+        # before any frame, a marker whose length is under 2.
+        b"\xff\xd8" + b"\xff" * 20 + b"\xff\xd9": IMAGE,
+        b"\xff\xd8\xff\xc0\x00\x11\x08\x00\xff\xd9": IMAGE,
+        b"\xff\xd8\xff\xda\x00\x02\xff\xd9": IMAGE,
+        b"\xff\xd8\xff\xe0\x00\x01\xff\xd9": IMAGE,
     }
     assert all(len(body) <= 3 * 64 * 64 for body in expected)
     listener = socket.create_server(("127.0.0.1", 0))

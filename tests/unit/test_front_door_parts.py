@@ -344,8 +344,9 @@ def garment_file(garment: np.ndarray, form: str) -> bytes:
     return buffer.getvalue()
 
 
-def run_feeder(door: StandInDoor, settings: Settings, until: Any) -> None:
-    """`door`'s bulks through a Feeder onto a real CPU batcher, pumped until `until(door, feeder)`."""
+def run_feeder(door: StandInDoor, settings: Settings, until: Any, prepare: Any = None) -> None:
+    """`door`'s bulks through a Feeder onto a real CPU batcher, pumped until `until(door, feeder)`; `prepare(feeder)`
+    first, where given."""
     from app.front_door.feeder import Feeder
 
     async def scenario() -> None:
@@ -354,6 +355,8 @@ def run_feeder(door: StandInDoor, settings: Settings, until: Any) -> None:
         await service.wait_started()
         try:
             feeder = Feeder(door, service, (1, 28, 28), service.settings)  # type: ignore[arg-type]
+            if prepare is not None:
+                prepare(feeder)
             latest = time.monotonic() + 30
             while not until(door, feeder) and time.monotonic() < latest:
                 feeder.pump()
@@ -384,6 +387,28 @@ def test_a_bulks_uploads_are_decoded_over_their_rows_and_answered_as_the_port_do
     assert from_jpeg["label"] == pixels["label"]
     assert b"could not be decoded" in answers[3][1]
     assert door.released == [1]
+
+
+def test_a_bulk_of_uploads_none_decodable_or_failing_after_its_decode_is_answered_and_given_back() -> None:
+    """Every upload junk: each its own 422, the buffer back once. A fault once the uploads are decoded (the queueing
+    raises): each a 500, the buffer back once, not a bulk left out for ever."""
+    door = StandInDoor((1, 28, 28))
+    door.bulks.append(uploads_bulk([b"junk" * 20, b"\x89PNG" + b"x" * 30], [IMAGE, IMAGE], load_garment()[None]))
+    settings = Settings(model_repository=DEFAULT_REPOSITORY, device="cpu", grpc_port=0)
+    run_feeder(door, settings, until=lambda door, feeder: len(door.answers) == 2 and not feeder.out)
+    assert [status[:3] for _, status, *_ in door.answers] == [b"422"] * 2 and door.released == [1]
+
+    def broken(feeder: Any) -> None:
+        def enqueue(*_: Any) -> None:
+            raise RuntimeError("a fault after the decode")
+
+        feeder._enqueue = enqueue
+
+    png = garment_file(load_garment(), "PNG")
+    door = StandInDoor((1, 28, 28))
+    door.bulks.append(uploads_bulk([png, png], [IMAGE, IMAGE], load_garment()[None]))
+    run_feeder(door, settings, until=lambda door, feeder: len(door.answers) == 2 and not feeder.out, prepare=broken)
+    assert [status[:3] for _, status, *_ in door.answers] == [b"500"] * 2 and door.released == [1]
 
 
 def load_garment() -> np.ndarray:
