@@ -7,6 +7,10 @@ its own `out`: the decoder reads the bytes, and only once its batch is done writ
 them. The others, and any nvJPEG refuses, go to Pillow on the decode pool, which decodes them or says what is
 wrong with them exactly as the service's port does. So a bulk of uploads costs Python a decoder job an image
 and one task a bulk, where the engine process's path costs a frame, a future and a callback an upload.
+
+That did not make it faster: on the H200 the engine process's path answered 1.27× the photos this one did at 1024
+connections (run 40c: bench/results/2026-12-04-run40-h200-front-door-jpeg.md), the door's process under one core
+busy. Its rows wait for their whole bulk's decode, then reach the batcher all at once.
 """
 
 from __future__ import annotations
