@@ -611,34 +611,46 @@ def test_a_client_that_never_reads_is_given_up(server: dict[str, Any]) -> None:
         predict(client, image)
 
 
-def test_an_answer_given_twice_reaches_nobody() -> None:
-    """An id names one request, not its connection: a second answer for it, arriving while the connection's next
-    request is in flight, is dropped, and that request gets its own (door.c alone, Python as the feeder)."""
+@contextlib.contextmanager
+def door_alone(shape: tuple[int, int, int], *, threads: int, full_rows: int, max_connections: int,
+               max_pixels: int = 2**20) -> Iterator[tuple[Any, tuple[str, int]]]:  # fmt: skip
+    """door.c on a port of its own, without a server: (the Door, its address); the test plays the feeder."""
     from app.front_door.door import Door, Limits
     from app.front_door.library import door_library
 
     listener = socket.create_server(("127.0.0.1", 0))
     listener.setblocking(False)
     wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-    door = Door(door_library(None), listener, threads=1, shape=(1, 28, 28), buffers=3, wake_fd=wake,
-                path=b"/predict", v2_path=b"/v2/models/m/infer", full_rows=8,
-                limits=Limits(max_connections=8, keepalive_s=5, request_s=5, tokens=(), max_bytes=2**20,
-                              max_pixels=2**20))  # fmt: skip
-
-    def taken() -> np.ndarray:
-        latest = time.monotonic() + 5
-        while (bulk := door.take()) is None and time.monotonic() < latest:
-            time.sleep(0.01)
-        assert bulk is not None, "the request never reached a bulk"
-        door.release(bulk.buffer)
-        return bulk.ids
-
-    def answer(ids: np.ndarray, body: bytes) -> None:
-        door.answer(ids, [body], b"200 OK", [b"content-type: text/plain\r\n"])
-
-    request = POST % (b"/predict", b"", 784) + bytes(784)
+    limits = Limits(max_connections=max_connections, keepalive_s=5, request_s=5, tokens=(), max_bytes=2**24,
+                    max_pixels=max_pixels)  # fmt: skip
+    door = Door(door_library(None), listener, threads=threads, shape=shape, buffers=3, wake_fd=wake,
+                path=b"/predict", v2_path=b"/v2/models/m/infer", full_rows=full_rows, limits=limits)  # fmt: skip
     try:
-        with socket.create_connection(listener.getsockname(), timeout=5) as connection:
+        yield door, listener.getsockname()
+    finally:
+        door.close()
+        listener.close()
+        os.close(wake)
+
+
+def test_an_answer_given_twice_reaches_nobody() -> None:
+    """An id names one request, not its connection: a second answer for it, arriving while the connection's next
+    request is in flight, is dropped, and that request gets its own (door.c alone, Python as the feeder)."""
+    with door_alone((1, 28, 28), threads=1, full_rows=8, max_connections=8) as (door, address):
+
+        def taken() -> np.ndarray:
+            latest = time.monotonic() + 5
+            while (bulk := door.take()) is None and time.monotonic() < latest:
+                time.sleep(0.01)
+            assert bulk is not None, "the request never reached a bulk"
+            door.release(bulk.buffer)
+            return bulk.ids
+
+        def answer(ids: np.ndarray, body: bytes) -> None:
+            door.answer(ids, [body], b"200 OK", [b"content-type: text/plain\r\n"])
+
+        request = POST % (b"/predict", b"", 784) + bytes(784)
+        with socket.create_connection(address, timeout=5) as connection:
             connection.sendall(request)
             first = taken()
             answer(first, b"first")
@@ -648,10 +660,6 @@ def test_an_answer_given_twice_reaches_nobody() -> None:
             answer(first, b"first, again")  # before the fix: written as the second request's answer
             answer(second, b"second")
             assert read_answer(connection)[2] == b"second"
-    finally:
-        door.close()
-        listener.close()
-        os.close(wake)
 
 
 def test_it_tells_the_jpegs_nvjpeg_takes_from_those_pillow_decodes() -> None:
@@ -659,8 +667,7 @@ def test_it_tells_the_jpegs_nvjpeg_takes_from_those_pillow_decodes() -> None:
     JPEG of grey or YCbCr within the pixel limit is a JPEG row; a PNG, a CMYK JPEG, one cut short, one over the
     limit, or junk after a JPEG's first marker is an IMAGE row, for Pillow. Each row starts with its body's bytes;
     a body over a row's bytes is refused 413 (door.c alone, Python as the feeder)."""
-    from app.front_door.door import IMAGE, JPEG, Door, Limits
-    from app.front_door.library import door_library
+    from app.front_door.door import IMAGE, JPEG
 
     y, x = np.indices((64, 64))
     photo = np.stack([x * 4, y * 4, (x + y) * 2], axis=-1).astype(np.uint8)  # (64, 64, 3): colour, small encoded
@@ -686,16 +693,12 @@ def test_it_tells_the_jpegs_nvjpeg_takes_from_those_pillow_decodes() -> None:
         b"\xff\xd8\xff\xe0\x00\x01\xff\xd9": IMAGE,
     }
     assert all(len(body) <= 3 * 64 * 64 for body in expected)
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.setblocking(False)
-    wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-    door = Door(door_library(None), listener, threads=2, shape=(3, 64, 64), buffers=3, wake_fd=wake,
-                path=b"/predict", v2_path=b"/v2/models/m/infer", full_rows=64,
-                limits=Limits(max_connections=32, keepalive_s=5, request_s=5, tokens=(), max_bytes=2**24,
-                              max_pixels=64 * 64))  # fmt: skip
     head = b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n"
-    connections = [socket.create_connection(listener.getsockname(), timeout=5) for _ in expected]
-    try:
+    with (
+        door_alone((3, 64, 64), threads=2, full_rows=64, max_connections=32, max_pixels=64 * 64) as (door, address),
+        contextlib.ExitStack() as stack,
+    ):
+        connections = [stack.enter_context(socket.create_connection(address, timeout=5)) for _ in expected]
         for connection, body in zip(connections, expected, strict=True):
             kind = b"image/png" if body.startswith(b"\x89PNG") else b"image/jpeg"
             connection.sendall(head % (kind, len(body)) + body)
@@ -712,12 +715,6 @@ def test_it_tells_the_jpegs_nvjpeg_takes_from_those_pillow_decodes() -> None:
             door.answer(bulk.ids, [b"ok"] * len(bulk.ids), b"200 OK", [b"content-type: text/plain\r\n"] * len(bulk.ids))
             door.release(bulk.buffer)
         assert found == expected
-        with socket.create_connection(listener.getsockname(), timeout=5) as connection:
+        with socket.create_connection(address, timeout=5) as connection:
             status, _, body = exchange(connection, head % (b"image/jpeg", 3 * 64 * 64 + 1) + bytes(3 * 64 * 64 + 1))
             assert status.startswith(b"HTTP/1.1 413 ") and b"service's port" in body, (status, body)
-    finally:
-        for connection in connections:
-            connection.close()
-        door.close()
-        listener.close()
-        os.close(wake)
