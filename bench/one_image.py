@@ -46,6 +46,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -151,6 +152,21 @@ def line(result: dict[str, Any]) -> str:
     return text + (f" ERROR {str(result['error'])[:300]}" if "error" in result else "")
 
 
+def under_load(url: str, *, requests: int = 100, poll_s: float = 0.25, timeout_s: float = 30.0) -> bool:
+    """Whether the server at `url` answered `requests` more within one poll (its own handler histogram, every
+    protocol), waited for at most `timeout_s`: the point's load is flowing, its generator's start-up and warm-up
+    under way or over."""
+    latest, last = time.monotonic() + timeout_s, None
+    while time.monotonic() < latest:
+        snapshot = scrape(url) or {}
+        count = snapshot.get("cgserve_request_duration_seconds", {}).get("count", 0.0)
+        if last is not None and count - last >= requests:
+            return True
+        last = count
+        time.sleep(poll_s)
+    return False
+
+
 def observed(server: Any, load: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """A load's result with the server's side of it: each process's cores busy and the step of its own
     histograms over the load (queue wait, batch rows, the engine link's and the JPEG decoder's stages)."""
@@ -214,9 +230,11 @@ class OneImage:
                              a.loadgen_cores, a.image_shape, share_count=share_count,
                              streaming=streaming)  # fmt: skip
 
-    def profile(self, pid: int, tag: str) -> tuple[subprocess.Popen[str], Path]:
-        """py-spy on the server and its children (the workers, the engine process), from 1.5 s into a
-        point for 3 s: where every running thread was, without pausing it (--nonblocking). Not --gil:
+    def profile(self, server: Any, tag: str) -> tuple[threading.Thread, list[subprocess.Popen[str]], Path]:
+        """py-spy on the server and its children (the workers, the engine process), for 3 s once the point's
+        load reaches the server (runs 39c and 40c started 1.5 s into the point and caught the processes before the
+        generator's requests did: every thread at rest): where every running thread was, without pausing it
+        (--nonblocking). Not --gil:
         on the H200's Python 3.12 it kept 15 samples of 9 processes in 3 s (run 19). Non-blocking over
         nine processes kept 55 samples in 3 s and none of the engine process (run 21a): with
         --profile-engine, the engine process alone, native frames too, pausing it for each sample
@@ -224,7 +242,7 @@ class OneImage:
         and it kept 12 samples in 3 s (run 21d). So --profile-engine watches the engine process alone without
         pausing it, every thread apart and idle ones too (--threads --idle: how much of the time its event
         loop's thread has work), Python frames only; --profile-native adds the native frames and the pauses."""
-        raw = self.args.out / f"profile-{tag}.txt"
+        raw, pid = self.args.out / f"profile-{tag}.txt", server.proc.pid
         target, rate = f"--pid {pid} --subprocesses --nonblocking", 250
         # The process holding the engines: the engine process, or the server itself where it has none (front-door).
         holders = [p for p in tree(pid) if role(p, pid) == "engine-process"] or [pid]
@@ -233,15 +251,26 @@ class OneImage:
             target, rate = f"--pid {engine[0]} --native", 100
         elif engine:
             target, rate = f"--pid {engine[0]} --nonblocking --threads --idle", 250
-        spy = f"sleep 1.5; exec {self.args.py_spy} record {target} --duration 3 --rate {rate} "
-        spy += f"--format raw --output {raw}"
-        return subprocess.Popen(["sh", "-c", spy], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), raw
+        spy = f"exec {self.args.py_spy} record {target} --duration 3 --rate {rate} --format raw --output {raw}"
+        started: list[subprocess.Popen[str]] = []
+
+        def when_loaded() -> None:
+            if under_load(server.url):
+                started.append(subprocess.Popen(["sh", "-c", spy], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                text=True))  # fmt: skip
+
+        waiter = threading.Thread(target=when_loaded, daemon=True)
+        waiter.start()
+        return waiter, started, raw
 
     @staticmethod
-    def profiled(spy: tuple[subprocess.Popen[str], Path]) -> dict[str, Any]:
-        process, raw = spy
-        output, _ = process.communicate(timeout=30)
-        return {"raw": raw.name, "rc": process.returncode, "output_tail": output[-500:]}
+    def profiled(spy: tuple[threading.Thread, list[subprocess.Popen[str]], Path]) -> dict[str, Any]:
+        waiter, started, raw = spy
+        waiter.join()
+        if not started:
+            return {"raw": None, "error": "the load never reached the server: no profile"}
+        output, _ = started[0].communicate(timeout=30)
+        return {"raw": raw.name, "rc": started[0].returncode, "output_tail": output[-500:]}
 
     def design(self, design: str, peak: float, variant: str = "", settings: dict[str, str] | None = None) -> None:
         """Every kind and concurrency against one server of `design`; a variant: `settings` over the
@@ -273,7 +302,7 @@ class OneImage:
                         continue
                     tag = f"{name}-{kind}-c{concurrency}"
                     profiled = kind in a.profile.split(",") and not variant
-                    spy = self.profile(server.proc.pid, tag) if profiled else None
+                    spy = self.profile(server, tag) if profiled else None
                     http, route = self.http_target(kind, port, door.get("front_door_port"))
                     to_door = door and kind in DOOR_GRPC_KINDS
                     ports = {"http": http, "grpc": door_grpc_port if to_door else grpc_port}
