@@ -23,9 +23,9 @@ The per-image calls go through ctypes' PyDLL, which keeps the GIL: each takes mi
 giving the GIL back and taking it again per call is what made a batch wait on a busy event loop a
 hundred times (run 24). The batch's initialisation and decode go through CDLL, which releases it.
 
-On the H200 (run 39) two and four states decoded 1.4× and 1.8× what torchvision did with as many threads beside a
-busy device, with the same pixels; in the engine process that gained nothing (its event loop is the next
-limit), so CGSERVE_JPEG_NVJPEG leaves it off by default.
+Beside a busy device, more states decode more than torchvision's one lock lets it, with the same pixels; in the
+engine process that gained nothing, its event loop being the next limit (bench/results/HISTORY.md), so
+CGSERVE_JPEG_NVJPEG leaves it off by default.
 """
 
 from __future__ import annotations

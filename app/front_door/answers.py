@@ -51,7 +51,7 @@ class Answers:
     def __call__(self, scores: np.ndarray, asked: list[Asked | None] | None) -> tuple[list[bytes], list[bytes]]:
         """(k, width) float32 scores → k bodies and their header lines; `asked`: each v2 request's answer as it
         asked (None: a POST /predict one), or None where all are POST /predict."""
-        if asked is None or all(wanted is None for wanted in asked):  # POST /predict's, pixels or uploads
+        if asked is None:
             return self.predictions(scores), [JSON_HEAD] * len(scores)
         bodies: list[bytes] = [b""] * len(scores)
         heads: list[bytes] = [b""] * len(scores)

@@ -217,7 +217,9 @@ class Feeder:
         for i in refused:
             self._refuse(requests[i : i + 1], checked[i], model=model)  # type: ignore[arg-type]
         asked = [None if isinstance(found, ServiceError) else found for found in checked]
-        requests = Requests(requests.ids, requests.arrived, requests.kinds, asked)
+        # None where no row asks (POST /predict's, pixels or uploads): their answers are built k at once.
+        requests = Requests(requests.ids, requests.arrived, requests.kinds,
+                            asked if any(found is not None for found in asked) else None)  # fmt: skip
         if not refused:
             return requests, rows
         kept = np.setdiff1d(np.arange(len(rows)), refused)

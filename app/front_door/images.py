@@ -8,9 +8,9 @@ them. The others, and any nvJPEG refuses, go to Pillow on the decode pool, which
 wrong with them exactly as the service's port does. So a bulk of uploads costs Python a decoder job an image
 and one task a bulk, where the engine process's path costs a frame, a future and a callback an upload.
 
-That did not make it faster: on the H200 the engine process's path answered 1.27× the photos this one did at 1024
-connections (run 40c: bench/results/2026-12-04-run40-h200-front-door-jpeg.md), the door's process under one core
-busy. Its rows wait for their whole bulk's decode, then reach the batcher all at once.
+Fewer Python calls did not make it the faster path for JPEG (bench/results/HISTORY.md): a bulk's rows wait for
+its whole decode, then reach the batcher all at once, where the engine process's path queues each upload's rows
+as they are decoded.
 """
 
 from __future__ import annotations
