@@ -11,8 +11,9 @@ on --server-cores, hey on --loadgen-cores (a second's warm-up, then --seconds) p
 load (rows a batch, the wait in the door, queue wait, a batch's launch to answers, the door's request time) and
 the CPU each kind of thread used: the door's C threads (named cgserve-door), the event loop's (the main thread)
 and the rest (the CUDA event waiter, torch's). With --tree, the servers run from that copy of the repository (a
-tree before a change; --label names its points apart). Writes <out>/<label>sweep.json (every command and figure)
-as it goes.
+tree before a change; --label names its points apart). With --jpeg the body is a 500×375 photo sent as image/jpeg;
+with --server-module bench.sim_gpu.serve the server's GPU JPEG decoder is a timed stand-in (bench/sim_gpu/
+jpeg_decoder.py), for a machine without a GPU. Writes <out>/<label>sweep.json (every command and figure) as it goes.
 """
 
 from __future__ import annotations
@@ -62,8 +63,14 @@ class Sweep:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         shape = tuple(int(n) for n in args.image_shape.split(","))
-        self.body = args.out / "image.u8"
-        self.body.write_bytes(np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8).tobytes())
+        self.body, self.content_type = args.out / "image.u8", "application/octet-stream"
+        if args.jpeg:  # a photo of 500×375, as the JPEG benches send
+            from loadtest.photos import encode, synthetic_photo
+
+            self.body, self.content_type = args.out / "photo.jpg", "image/jpeg"
+            self.body.write_bytes(encode(synthetic_photo(500, 375, seed=0), quality=90))
+        else:
+            self.body.write_bytes(np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8).tobytes())
         self.record: dict[str, Any] = {"command": shlex.join([sys.executable, *sys.argv]), "points": {}}
 
     def save(self) -> None:
@@ -71,7 +78,7 @@ class Sweep:
 
     def load(self, url: str) -> dict[str, Any]:
         a = self.args
-        argv = hey_command(a.hey, url, self.body, content_type="application/octet-stream",
+        argv = hey_command(a.hey, url, self.body, content_type=self.content_type,
                            concurrency=a.concurrency, duration_s=a.seconds)  # fmt: skip
         cores = ["taskset", "-c", a.loadgen_cores]
         run_hey([*cores, *argv[:2], "1s", *argv[3:]], timeout_s=30)  # warm-up
@@ -95,7 +102,7 @@ class Sweep:
     def variant(self, name: str, settings: dict[str, str]) -> None:
         a = self.args
         port, door = free_ports(2)
-        argv = ["taskset", "-c", a.server_cores, sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1",
+        argv = ["taskset", "-c", a.server_cores, sys.executable, "-m", a.server_module, "serve", "--host", "127.0.0.1",
                 "--port", str(port), "--workers", "1", "--grpc-port", "0", "--front-door-port", str(door),
                 "--model-repository", str(a.repository), "--log-level", "warning", "--drain-seconds", "0"]  # fmt: skip
         env = {"CGSERVE_DEVICE": a.device, "CGSERVE_COMPILE": "none", "CGSERVE_FRONT_DOOR_THREADS": "8"} | settings
@@ -150,6 +157,12 @@ def main() -> None:
     add("--device", default="cuda")
     add("--tree", type=Path, default=None, help="run the servers from this copy of the repository")
     add("--label", default="", help="prefix of each point's name and of the record's file, e.g. before-")
+    add("--jpeg", action="store_true", help="post a 500×375 JPEG photo (image/jpeg) rather than --image-shape pixels")
+    add(
+        "--server-module",
+        default="app.cli",
+        help="the server's module: app.cli, or bench.sim_gpu.serve (a CPU machine's stand-in for the GPU JPEG decoder)",
+    )
     add("--server-cores", default="0-7")
     add("--loadgen-cores", default="8-15")
     args = p.parse_args()
