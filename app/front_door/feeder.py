@@ -7,9 +7,9 @@ And while another bulk is out, a partial one waits for the batcher's own launch 
 before the running batch ends): taken at once, it would leave behind the clients whose answers just
 went out and who are about to send again, and they would wait a whole batch more (run 34's ResNet-50).
 A bulk is queued a largest bucket at a time, each piece answered as its batch is done. Its image uploads are
-decoded over their rows first, all at once (images.py); its v2 requests' headers and its gRPC calls' requests are
-checked (v2_headers.py, grpc_calls.py); one the service's port would refuse is answered so at once, and its row
-left out.
+decoded over their rows, and queued a decoder batch at a time as they are handed back (images.py); its v2
+requests' headers and its gRPC calls' requests are checked (v2_headers.py, grpc_calls.py); one the service's port
+would refuse is answered so at once, and its row left out.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class Feeder:
         self.v2 = V2Codec(service)
         # The door runs where the engines are: the service's decoder is its own GPU one (or None: Pillow's).
         self.images = BulkImages(cast(JpegBatchDecoder | None, service.jpeg_decoder), settings.max_image_pixels)
-        self.decoding: set[asyncio.Task[dict[int, Exception]]] = set()  # bulks whose uploads are being decoded
+        self.decoding: set[asyncio.Task[None]] = set()  # bulks whose uploads are being decoded
         self._answers: tuple[ServedModel, Answers, V2Headers] | None = None  # the default model's, rebuilt on a change
 
     def pump(self) -> None:
@@ -129,8 +129,8 @@ class Feeder:
         self.pump()
 
     def _queue(self, bulk: Bulk) -> None:
-        """A bulk of (k, C, H, W) rows, read in place until its buffer is released, onto the batcher in pieces
-        (its image uploads decoded over their rows first)."""
+        """A bulk of (k, C, H, W) rows, read in place until its buffer is released, onto the batcher in pieces;
+        its image uploads once each decoder batch has written their pixels over them."""
         requests = Requests(bulk.ids, bulk.arrived, bulk.kinds)
         try:
             served, batcher = self._default_model()
@@ -139,64 +139,68 @@ class Feeder:
             self.door.release(bulk.buffer)
             return
         metrics.front_door_wait(served.spec.name).observe_many(time.monotonic() - bulk.arrived)
-        images = np.flatnonzero(bulk.kinds >= JPEG) if bulk.kinds is not None else np.empty(0, np.int64)
-        if not len(images):
-            self._enqueue(bulk, requests, bulk.rows, bulk.headers, served, batcher)
+        # Held (a piece of its own) until every row is queued or answered: in_flight counts the bulk meanwhile.
+        self.pieces[bulk.buffer] = 1
+        if bulk.kinds is None or not len(images := np.flatnonzero(bulk.kinds >= JPEG)):
+            self._enqueue(bulk, requests, slice(None), served, batcher)
+            self._piece_done(bulk.buffer, pump=False)
             return
-        assert bulk.kinds is not None and bulk.lengths is not None
-        self.pieces[bulk.buffer] = 1  # out while its uploads are decoded: in_flight counts it
         served.admitted += 1  # as the port admits before it decodes: a version replaced meanwhile waits for these
-        task = asyncio.ensure_future(self.images.decode(bulk.rows, bulk.lengths, bulk.kinds, images, served.spec))
+        handed_on = np.zeros(len(requests), dtype=bool)  # rows queued or answered so far
+        task = asyncio.ensure_future(self._decode_and_queue(bulk, requests, images, handed_on, served, batcher))
         self.decoding.add(task)
-        task.add_done_callback(partial(self._decoded, bulk, requests, served, batcher))
+        task.add_done_callback(partial(self._decoded, bulk, requests, handed_on, served))
 
-    def _decoded(self, bulk: Bulk, requests: Requests, served: ServedModel, batcher: Batcher,
-                 task: asyncio.Task[dict[int, Exception]]) -> None:  # fmt: skip
-        """A bulk's uploads decoded: those that could not be are answered with why, the rest queued. Whatever
-        goes wrong, every request is answered and the buffer comes back (a callback's exception would be lost)."""
+    async def _decode_and_queue(self, bulk: Bulk, requests: Requests, images: np.ndarray, handed_on: np.ndarray,
+                                served: ServedModel, batcher: Batcher) -> None:  # fmt: skip
+        """The rows that are pixels queued at once, then each decoder batch's as it hands them back; an upload that
+        is not an image answered so."""
+        assert bulk.kinds is not None and bulk.lengths is not None
+        for run in runs(np.flatnonzero(bulk.kinds < JPEG)):  # POST /predict's pixels, v2 and gRPC tensors
+            self._enqueue(bulk, requests, run, served, batcher)
+            handed_on[run] = True
+        async for decoded in self.images.decode(bulk.rows, bulk.lengths, bulk.kinds, images, served.spec):
+            for i, why in decoded.failed.items():
+                self._refuse(requests[i : i + 1], why, model=served.spec.name)
+                handed_on[i] = True
+            for run in runs(np.sort(decoded.rows)):
+                self._enqueue(bulk, requests, run, served, batcher)
+                handed_on[run] = True
+
+    def _decoded(self, bulk: Bulk, requests: Requests, handed_on: np.ndarray, served: ServedModel,
+                 task: asyncio.Task[None]) -> None:  # fmt: skip
+        """A bulk's uploads all decoded, or its decoding stopped: whatever went wrong, every request not yet queued
+        is answered, and the buffer comes back with the last piece (a callback's exception would be lost)."""
         self.decoding.discard(task)
-        del self.pieces[bulk.buffer]
         served.admitted -= 1
         try:
-            failed = task.result()
-            for i, why in failed.items():
-                self._refuse(requests[i : i + 1], why, model=served.spec.name)
-            rows, headers = bulk.rows, bulk.headers
-            if failed:
-                kept = np.setdiff1d(np.arange(len(rows)), list(failed))
-                requests, rows = requests[kept], rows[kept]
-                headers = None if headers is None else [headers[i] for i in kept.tolist()]
-            self._enqueue(bulk, requests, rows, headers, served, batcher)
-        except BaseException as error:  # cancelled (the server is stopping), or a fault: every request told
+            task.result()
+        except BaseException as error:  # cancelled (the server is stopping), or a fault
             failure = error if isinstance(error, Exception) else NotReadyError("the server is stopping")
-            self._refuse(requests, failure, model=served.spec.name)
-            self.door.release(bulk.buffer)
+            if not handed_on.all():
+                self._refuse(requests[np.flatnonzero(~handed_on)], failure, model=served.spec.name)
         finally:
-            self.pump()
+            self._piece_done(bulk.buffer, pump=True)
 
-    def _enqueue(self, bulk: Bulk, requests: Requests, rows: np.ndarray, headers: list[bytes] | None,
-                 served: ServedModel, batcher: Batcher) -> None:  # fmt: skip
-        """(k, C, H, W) pixels onto `batcher`, a largest bucket at a time, once each request's header is checked
-        (`headers`: each row's; None: all POST /predict); the buffer given back with the last piece's answer."""
+    def _enqueue(self, bulk: Bulk, requests: Requests, which: slice, served: ServedModel, batcher: Batcher) -> None:
+        """The bulk's rows `which` onto `batcher`, a largest bucket at a time, once each request's header is checked;
+        each piece answered as its batch is done."""
         buffer = bulk.buffer
         deadline = float(bulk.arrived[0]) + self.timeout_s  # its oldest request's
         answers = self._answers_for(served, batcher)
-        if headers is not None:
+        requests, rows = requests[which], bulk.rows[which]  # a view: read in place until staged
+        if bulk.headers is not None:
+            headers = bulk.headers[which]
             requests, rows = self._checked(requests, rows, headers, model=served.spec.name)
-        starts = range(0, len(rows), self.full)
-        if not starts:  # each was refused
-            self.door.release(buffer)
-            return
-        self.pieces[buffer] = len(starts)
-        for start in starts:
+        for start in range(0, len(rows), self.full):
             piece = slice(start, start + self.full)
             try:
                 batcher.admit(deadline)
-                future = batcher.enqueue(rows[piece], deadline)  # read in place until staged
+                future = batcher.enqueue(rows[piece], deadline)
             except Exception as error:
                 self._refuse(requests[piece], error, model=served.spec.name)
-                self._piece_done(buffer, pump=False)
                 continue
+            self.pieces[buffer] += 1
             served.admitted += 1  # a replaced version is freed once none is left (app/dataplane.py's admit)
             future.add_done_callback(partial(self._answered, buffer, served, answers, requests[piece]))
 
@@ -307,3 +311,13 @@ def _bodies(answers: Answers, grpc: GrpcAnswers | None, scores: np.ndarray, requ
     for i, message in zip(grpc_rows, grpc(scores[grpc_rows], calls_asked), strict=True):  # type: ignore[arg-type]
         bodies[i] = message
     return bodies, heads
+
+
+def runs(rows: np.ndarray) -> list[slice]:
+    """Sorted row numbers → a slice for each run of consecutive ones ([3, 4, 5, 9] → [3:6, 9:10]): each run's rows
+    are a view of the bulk, where rows picked one by one would be a copy (150 KB an image for ResNet-50)."""
+    if not len(rows):
+        return []
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    starts, ends = np.concatenate(([0], breaks)), np.concatenate((breaks, [len(rows)]))
+    return [slice(int(rows[a]), int(rows[b - 1]) + 1) for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]

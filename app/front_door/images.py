@@ -1,22 +1,25 @@
-"""A bulk's image uploads decoded over their own rows, in place, before the bulk goes to its batcher.
+"""A bulk's image uploads decoded over their own rows, in place, handed on a decoder batch at a time.
 
 door.c puts an upload's encoded bytes (POST /predict, Content-Type image/jpeg or image/png, at most C×H×W
 bytes) at the start of its row of the bulk, and says which are JPEGs nvJPEG takes (door.py's JPEG: the
 service's port's test, gpu_decodable, made in C on the door's threads). Those go to the GPU decoder, each row
 its own `out`: the decoder reads the bytes, and only once its batch is done writes the (C, h, w) pixels over
 them. The others, and any nvJPEG refuses, go to Pillow on the decode pool, which decodes them or says what is
-wrong with them exactly as the service's port does. So a bulk of uploads costs Python a decoder job an image
-and one task a bulk, where the engine process's path costs a frame, a future and a callback an upload.
+wrong with them exactly as the service's port does.
 
-Fewer Python calls did not make it the faster path for JPEG (bench/results/HISTORY.md): a bulk's rows wait for
-its whole decode, then reach the batcher all at once, where the engine process's path queues each upload's rows
-as they are decoded.
+The rows are handed on as their decodes end, not once the whole bulk's have: a bulk of several hundred photos
+is several decoder batches, and its first batch's rows can be on the GPU while its last is decoded, as the
+engine process's path queues each upload's rows once they are decoded. A decoder batch hands back all its
+futures in one turn of the loop, so each batch's rows come out together (bench/results/HISTORY.md, run 40:
+rows that waited for their whole bulk reached the batcher all at once, and the device waited between bulks).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,47 +34,74 @@ from app.repository.model_spec import ModelSpec
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class Decoded:
+    """Rows whose decodes have ended since the last: those now holding their pixels, and those that could not be
+    decoded, with why (an InputError: answered as the port would)."""
+
+    rows: list[int] = field(default_factory=list)
+    failed: dict[int, Exception] = field(default_factory=dict)
+
+
 class BulkImages:
     def __init__(self, decoder: JpegBatchDecoder | None, max_pixels: int) -> None:
         self.decoder = decoder  # None: Pillow decodes every upload
         self.max_pixels = max_pixels  # CGSERVE_MAX_IMAGE_PIXELS (0: each model's own limit)
 
     async def decode(self, rows: np.ndarray, lengths: np.ndarray, kinds: np.ndarray, images: np.ndarray,
-                     spec: ModelSpec) -> dict[int, Exception]:  # fmt: skip
+                     spec: ModelSpec) -> AsyncIterator[Decoded]:  # fmt: skip
         """Rows `images` of `rows` (k, C, h, w) uint8, each `lengths[i]` encoded bytes at its start, decoded into
-        their pixels; returns the rows that could not be, with why (an InputError: answered as the port would)."""
-        on_gpu = [i for i in images.tolist() if kinds[i] == JPEG] if self.decoder is not None else []
-        in_pillow = [i for i in images.tolist() if self.decoder is None or kinds[i] != JPEG]
-        if in_pillow:
-            metrics.IMAGE_DECODES.labels(decoder="cpu").inc(len(in_pillow))
-        failed: dict[int, Exception] = {}
-        if on_gpu:
-            assert self.decoder is not None
-            # The decoder's futures, awaited together: no task an image. Each reads its row's bytes until its
-            # batch is launched, and writes its pixels over them once that batch is done.
-            decodes = [
-                self.decoder.decode(memoryview(rows[i].reshape(-1)[: lengths[i]]), spec, out=rows[i : i + 1])
-                for i in on_gpu
-            ]
-            decoded = await asyncio.gather(*decodes, return_exceptions=True)
-            # Counted as the port counts an upload: by the decoder that gave its pixels.
-            metrics.IMAGE_DECODES.labels(decoder="gpu").inc(sum(not isinstance(d, BaseException) for d in decoded))
-            for i, outcome in zip(on_gpu, decoded, strict=True):
-                if isinstance(outcome, GpuDecodeError):  # nvJPEG would not take it after all: Pillow's, as at the port
-                    log.debug("nvJPEG refused an upload at the front door, Pillow decodes it: %s", outcome)
-                    metrics.IMAGE_DECODES.labels(decoder="cpu_fallback").inc()
-                    in_pillow.append(i)
-                elif isinstance(outcome, Exception):
-                    failed[i] = outcome
-                elif isinstance(outcome, BaseException):  # cancelled: the server is stopping
-                    raise outcome
-        pillow = [self._pillow(rows, int(lengths[i]), i, spec) for i in in_pillow]
-        for i, done in zip(in_pillow, await asyncio.gather(*pillow, return_exceptions=True), strict=True):
-            if isinstance(done, Exception):
-                failed[i] = done
-            elif isinstance(done, BaseException):
-                raise done
-        return failed
+        their pixels; yields them as their decodes end, a decoder batch's together, until every one has."""
+        ended: list[tuple[int, asyncio.Future[object]]] = []  # (row, its decode), since the last yield
+        turn = asyncio.Event()  # set by the first decode to end after the last yield
+        running: dict[int, asyncio.Future[object]] = {}
+        on_gpu: set[int] = set()  # the rows the GPU decoder has: counted by the decoder that gave their pixels
+
+        def start(i: int, decode: Awaitable[object]) -> None:
+            def on_end(done: asyncio.Future[object]) -> None:
+                ended.append((i, done))
+                turn.set()
+
+            running[i] = future = asyncio.ensure_future(decode)
+            future.add_done_callback(on_end)
+
+        for i in images.tolist():
+            if self.decoder is not None and kinds[i] == JPEG:
+                on_gpu.add(i)
+                # The decoder's future, no task an image: it reads the row's bytes until its batch is launched, and
+                # writes the pixels over them once that batch is done.
+                start(i, self.decoder.decode(memoryview(rows[i].reshape(-1)[: lengths[i]]), spec, out=rows[i : i + 1]))
+            else:
+                metrics.IMAGE_DECODES.labels(decoder="cpu").inc()
+                start(i, self._pillow(rows, int(lengths[i]), i, spec))
+        try:
+            while running:
+                await turn.wait()
+                turn.clear()
+                batch, finished = Decoded(), ended[:]
+                ended.clear()
+                for i, done in finished:
+                    del running[i]
+                    error = done.exception()  # a cancelled decode raises here: the bulk is being stopped
+                    if isinstance(error, GpuDecodeError):  # nvJPEG would not take it after all: Pillow's, as the port
+                        log.debug("nvJPEG refused an upload at the front door, Pillow decodes it: %s", error)
+                        metrics.IMAGE_DECODES.labels(decoder="cpu_fallback").inc()
+                        on_gpu.discard(i)
+                        start(i, self._pillow(rows, int(lengths[i]), i, spec))
+                    elif isinstance(error, Exception):
+                        batch.failed[i] = error
+                    elif error is not None:  # KeyboardInterrupt, SystemExit: not the upload's to answer
+                        raise error
+                    else:
+                        batch.rows.append(i)
+                # Counted as the port counts an upload: by the decoder that gave its pixels.
+                if gpu := sum(i in on_gpu for i in batch.rows):
+                    metrics.IMAGE_DECODES.labels(decoder="gpu").inc(gpu)
+                if batch.rows or batch.failed:
+                    yield batch
+        finally:  # stopped (the server is closing, or the caller's fault): no decode may write a row after this
+            for future in running.values():
+                future.cancel()
 
     async def _pillow(self, rows: np.ndarray, length: int, i: int, spec: ModelSpec) -> None:
         encoded = rows[i].reshape(-1)[:length].tobytes()  # a copy: the pixels are written over the row
