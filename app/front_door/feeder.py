@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, cast
@@ -153,19 +154,22 @@ class Feeder:
 
     async def _decode_and_queue(self, bulk: Bulk, requests: Requests, images: np.ndarray, handed_on: np.ndarray,
                                 served: ServedModel, batcher: Batcher) -> None:  # fmt: skip
-        """The rows that are pixels queued at once, then each decoder batch's as it hands them back; an upload that
-        is not an image answered so."""
+        """The rows that are pixels queued first (on the task's first turn), then each decoder batch's as it hands
+        them back; an upload that is not an image answered so."""
         assert bulk.kinds is not None and bulk.lengths is not None
         for run in runs(np.flatnonzero(bulk.kinds < JPEG)):  # POST /predict's pixels, v2 and gRPC tensors
             self._enqueue(bulk, requests, run, served, batcher)
             handed_on[run] = True
-        async for decoded in self.images.decode(bulk.rows, bulk.lengths, bulk.kinds, images, served.spec):
-            for i, why in decoded.failed.items():
-                self._refuse(requests[i : i + 1], why, model=served.spec.name)
-                handed_on[i] = True
-            for run in runs(np.sort(decoded.rows)):
-                self._enqueue(bulk, requests, run, served, batcher)
-                handed_on[run] = True
+        # Closed here, whatever happens: its decodes left are cancelled before _decoded can release the buffer (an
+        # async for that raises would leave that to the generator's finaliser, a loop turn after _decoded).
+        async with aclosing(self.images.decode(bulk.rows, bulk.lengths, bulk.kinds, images, served.spec)) as decodes:
+            async for decoded in decodes:
+                for i, why in decoded.failed.items():
+                    self._refuse(requests[i : i + 1], why, model=served.spec.name)
+                    handed_on[i] = True
+                for run in runs(np.sort(decoded.rows)):
+                    self._enqueue(bulk, requests, run, served, batcher)
+                    handed_on[run] = True
 
     def _decoded(self, bulk: Bulk, requests: Requests, handed_on: np.ndarray, served: ServedModel,
                  task: asyncio.Task[None]) -> None:  # fmt: skip
@@ -184,14 +188,17 @@ class Feeder:
 
     def _enqueue(self, bulk: Bulk, requests: Requests, which: slice, served: ServedModel, batcher: Batcher) -> None:
         """The bulk's rows `which` onto `batcher`, a largest bucket at a time, once each request's header is checked;
-        each piece answered as its batch is done."""
+        each piece answered as its batch is done. Never raises: a request it cannot queue is answered with why."""
         buffer = bulk.buffer
         deadline = float(bulk.arrived[0]) + self.timeout_s  # its oldest request's
-        answers = self._answers_for(served, batcher)
         requests, rows = requests[which], bulk.rows[which]  # a view: read in place until staged
-        if bulk.headers is not None:
-            headers = bulk.headers[which]
-            requests, rows = self._checked(requests, rows, headers, model=served.spec.name)
+        try:
+            answers = self._answers_for(served, batcher)
+            if bulk.headers is not None:
+                requests, rows = self._checked(requests, rows, bulk.headers[which], model=served.spec.name)
+        except Exception as error:  # a fault before any is queued or answered: each told, none left out for ever
+            self._refuse(requests, error, model=served.spec.name)
+            return
         for start in range(0, len(rows), self.full):
             piece = slice(start, start + self.full)
             try:

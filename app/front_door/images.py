@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,7 +49,7 @@ class BulkImages:
         self.max_pixels = max_pixels  # CGSERVE_MAX_IMAGE_PIXELS (0: each model's own limit)
 
     async def decode(self, rows: np.ndarray, lengths: np.ndarray, kinds: np.ndarray, images: np.ndarray,
-                     spec: ModelSpec) -> AsyncIterator[Decoded]:  # fmt: skip
+                     spec: ModelSpec) -> AsyncGenerator[Decoded, None]:  # fmt: skip
         """Rows `images` of `rows` (k, C, h, w) uint8, each `lengths[i]` encoded bytes at its start, decoded into
         their pixels; yields them as their decodes end, a decoder batch's together, until every one has."""
         ended: list[tuple[int, asyncio.Future[object]]] = []  # (row, its decode), since the last yield
@@ -99,9 +99,10 @@ class BulkImages:
                     metrics.IMAGE_DECODES.labels(decoder="gpu").inc(gpu)
                 if batch.rows or batch.failed:
                     yield batch
-        finally:  # stopped (the server is closing, or the caller's fault): no decode may write a row after this
-            for future in running.values():
-                future.cancel()
+        finally:  # stopped (the server is closing, or the caller closed it early): no decode writes a row after this
+            for future in [*running.values(), *(done for _, done in ended)]:
+                if not future.cancel() and not future.cancelled():
+                    future.exception()  # ended and not looked at: read, so that asyncio does not log it as lost
 
     async def _pillow(self, rows: np.ndarray, length: int, i: int, spec: ModelSpec) -> None:
         encoded = rows[i].reshape(-1)[:length].tobytes()  # a copy: the pixels are written over the row

@@ -23,7 +23,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Histogram, generate_l
 
 from app.codecs.bodies import encode_predictions
 from app.config import DEFAULT_REPOSITORY, Settings
-from app.errors import ServiceError
+from app.errors import GpuDecodeError, ServiceError
 from app.front_door import library
 from app.front_door.answers import Answers, head_lines
 from app.front_door.door import IMAGE, JPEG, PREDICT, V2, Bulk
@@ -426,11 +426,17 @@ class HeldDecoder:
         self.waiting.append((future, out))
         return future
 
-    def hand_back(self, n: int) -> None:
-        """The first n waiting, as one decoder batch hands back: all in one turn of the loop."""
+    def hand_back(self, n: int, refuse: bool = False) -> None:
+        """The first n waiting, as one decoder batch hands back: all in one turn of the loop (`refuse`: as nvJPEG
+        refusing them, GpuDecodeError). A cancelled one is not written, as the decoder's hand-back skips it."""
         for future, out in self.waiting[:n]:
-            out[...] = self.pixels
-            future.set_result(out)
+            if future.done():
+                continue
+            if refuse:
+                future.set_exception(GpuDecodeError("not a JPEG the hardware decoder takes"))
+            else:
+                out[...] = self.pixels
+                future.set_result(out)
         del self.waiting[:n]
 
     def close(self) -> None:
@@ -494,6 +500,88 @@ def test_a_bulk_stopped_while_decoding_answers_each_request_once_and_gives_its_b
     assert len(door.answers) == 4 and answers == {0: b"200", 1: b"200", 2: b"503", 3: b"503"}, door.answers
     assert door.released == [1]
     assert all(future.cancelled() for future, _ in decoder.waiting)  # no decode left to write over a released row
+
+
+def test_a_fault_while_a_bulk_decodes_cancels_its_decodes_before_its_buffer_goes_back() -> None:
+    """Three JPEGs; the first decoder batch's row handed back, and queueing it raises: every request answered 500
+    once, and by the time the buffer is released no decode is left to write over its rows (the door refills them)."""
+    from app.front_door.images import BulkImages
+
+    garment = load_garment()
+    jpeg = garment_file(garment, "JPEG")
+    decoder = HeldDecoder(garment[None, None])
+    door = StandInDoor((1, 28, 28))
+    door.bulks.append(uploads_bulk([jpeg] * 3, [JPEG] * 3, garment[None]))
+    settings = Settings(model_repository=DEFAULT_REPOSITORY, device="cpu", grpc_port=0)
+    at_release: list[bool] = []  # whether every decode left was stopped, when the buffer went back
+    release = door.release
+
+    def released(buffer: int) -> None:
+        at_release.append(all(future.done() for future, _ in decoder.waiting))
+        release(buffer)
+
+    door.release = released  # type: ignore[method-assign]
+
+    def broken(feeder: Any) -> None:
+        def enqueue(*_: Any) -> None:
+            raise RuntimeError("a fault while queueing")
+
+        feeder.images = BulkImages(decoder, 0)
+        feeder._enqueue = enqueue
+
+    def step(door: StandInDoor, feeder: Any) -> bool:
+        if len(decoder.waiting) == 3:
+            decoder.hand_back(1)
+        return len(door.answers) >= 3 and not feeder.out
+
+    run_feeder(door, settings, until=step, prepare=broken)
+    assert sorted((i, status[:3]) for i, status, *_ in door.answers) == [(0, b"500"), (1, b"500"), (2, b"500")]
+    assert at_release == [True], "the buffer went back while a decode could still write over its rows"
+
+
+def test_a_bulk_of_pixels_whose_queueing_faults_is_answered_and_given_back() -> None:
+    """Pixels only; building their answers raises: each request 500, the buffer back, the bulk no longer out."""
+    door = StandInDoor((1, 28, 28))
+    door.bulks.append(uploads_bulk([b"", b""], [PREDICT, PREDICT], load_garment()[None]))
+    settings = Settings(model_repository=DEFAULT_REPOSITORY, device="cpu", grpc_port=0)
+
+    def broken(feeder: Any) -> None:
+        def answers_for(*_: Any) -> None:
+            raise RuntimeError("a fault before queueing")
+
+        feeder._answers_for = answers_for
+
+    run_feeder(door, settings, until=lambda door, feeder: len(door.answers) == 2 and not feeder.out, prepare=broken)
+    assert [status[:3] for _, status, *_ in door.answers] == [b"500"] * 2 and door.released == [1]
+
+
+def test_a_jpeg_nvjpeg_refuses_at_the_front_door_is_decoded_by_pillow_and_counted_so() -> None:
+    """Two JPEGs, the decoder's batch refusing one (GpuDecodeError) and decoding the other: both answered 200 with
+    the garment's label, counted once as gpu and once as cpu_fallback, as the service's port counts them."""
+    from app.front_door.images import BulkImages
+
+    garment = load_garment()
+    jpeg = garment_file(garment, "JPEG")
+    decoder = HeldDecoder(garment[None, None])
+    door = StandInDoor((1, 28, 28))
+    door.bulks.append(uploads_bulk([jpeg] * 2, [JPEG] * 2, garment[None]))
+    settings = Settings(model_repository=DEFAULT_REPOSITORY, device="cpu", grpc_port=0)
+
+    def count(decoder: str) -> float:
+        return REGISTRY.get_sample_value("cgserve_image_decodes_total", {"decoder": decoder}) or 0.0
+
+    before = {name: count(name) for name in ("gpu", "cpu", "cpu_fallback")}
+
+    def step(door: StandInDoor, feeder: Any) -> bool:
+        if len(decoder.waiting) == 2:
+            decoder.hand_back(1, refuse=True)
+            decoder.hand_back(1)
+        return len(door.answers) == 2 and not feeder.out
+
+    run_feeder(door, settings, until=step, prepare=lambda feeder: setattr(feeder, "images", BulkImages(decoder, 0)))
+    assert [status[:3] for _, status, *_ in door.answers] == [b"200"] * 2, door.answers
+    assert {orjson.loads(body)["predictions"][0]["label"] for *_, body in door.answers} == {9}
+    assert {name: count(name) - before[name] for name in before} == {"gpu": 1, "cpu": 0, "cpu_fallback": 1}
 
 
 def load_garment() -> np.ndarray:
