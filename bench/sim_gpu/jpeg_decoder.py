@@ -8,6 +8,8 @@ the event loop hands the rows back, copying each into the caller's `out`. The ti
 preparation ~2.4 ms, resize and copy out ~3.6), as bench/sim_gpu/timed's ResNet-50 is: so that on a laptop's two
 cores the decoder and the device stay the bottlenecks while the server and the load generator share the CPU, and
 the paths that feed them can be compared there. The pixels are a grey image, not the photo's: no answer is checked.
+With CGSERVE_JPEG_NVJPEG=direct the decodes take no lock, as the direct decoder's states do not (the H200's
+direct decoder is not otherwise modelled: its host time grew with its threads there, run 40b).
 
     python3 -m bench.sim_gpu.serve serve --device cpu --model-repository bench/sim_gpu/timed_photos/.. ...
 """
@@ -15,6 +17,7 @@ the paths that feed them can be compared there. The pixels are a grey image, not
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -35,11 +38,16 @@ class _Job:
 
 
 class TimedJpegDecoder:
-    def __init__(self, shape: tuple[int, int, int], *, max_batch: int = 128, launches: int = 2) -> None:
+    def __init__(self, shape: tuple[int, int, int], *, max_batch: int = 128, launches: int = 2,
+                 nvjpeg: str = "torchvision") -> None:  # fmt: skip
         self.max_batch = max_batch
         self.pixels = np.full((1, *shape), 128, np.uint8)  # (1, C, h, w): what each upload decodes to
-        self.nvjpeg = "simulated"
-        self._lock = threading.Lock()  # torchvision's decoder lock: one decode at a time in the process
+        self.nvjpeg = f"simulated {nvjpeg}"
+        # torchvision's decoder lock: one decode at a time in the process; the direct decoder (CGSERVE_JPEG_NVJPEG=
+        # direct) has a state a launch, so none: its batches decode at once, each in its own time.
+        self._lock: threading.Lock | contextlib.nullcontext[None] = (
+            threading.Lock() if nvjpeg == "torchvision" else contextlib.nullcontext()
+        )
         self._worker = ThreadPoolExecutor(max_workers=launches, thread_name_prefix="sim-jpeg")
         self._slots = asyncio.Semaphore(launches)
         self._pending: list[_Job] = []

@@ -16,8 +16,9 @@ from app.cli import main
 from bench.sim_gpu.jpeg_decoder import TimedJpegDecoder
 
 
-def start_timed_decoder(setting: str, device: str, *, max_batch: int, launches: int, **_: Any) -> TimedJpegDecoder:
-    return TimedJpegDecoder((3, 224, 224), max_batch=max_batch, launches=launches)
+def start_timed_decoder(setting: str, device: str, *, max_batch: int, launches: int, nvjpeg: str,
+                        **_: Any) -> TimedJpegDecoder:  # fmt: skip
+    return TimedJpegDecoder((3, 224, 224), max_batch=max_batch, launches=launches, nvjpeg=nvjpeg)
 
 
 if __name__ == "__main__":
