@@ -65,16 +65,17 @@ class BulkImages:
             running[i] = future = asyncio.ensure_future(decode)
             future.add_done_callback(on_end)
 
-        for i in images.tolist():
-            if self.decoder is not None and kinds[i] == JPEG:
-                on_gpu.add(i)
-                # The decoder's future, no task an image: it reads the row's bytes until its batch is launched, and
-                # writes the pixels over them once that batch is done.
-                start(i, self.decoder.decode(memoryview(rows[i].reshape(-1)[: lengths[i]]), spec, out=rows[i : i + 1]))
-            else:
-                metrics.IMAGE_DECODES.labels(decoder="cpu").inc()
-                start(i, self._pillow(rows, int(lengths[i]), i, spec))
         try:
+            for i in images.tolist():
+                if self.decoder is not None and kinds[i] == JPEG:
+                    on_gpu.add(i)
+                    # The decoder's future, no task an image: it reads the row's bytes until its batch is launched,
+                    # and writes the pixels over them once that batch is done.
+                    out = rows[i : i + 1]
+                    start(i, self.decoder.decode(memoryview(rows[i].reshape(-1)[: lengths[i]]), spec, out=out))
+                else:
+                    metrics.IMAGE_DECODES.labels(decoder="cpu").inc()
+                    start(i, self._pillow(rows, int(lengths[i]), i, spec))
             while running:
                 await turn.wait()
                 turn.clear()

@@ -539,6 +539,38 @@ def test_a_fault_while_a_bulk_decodes_cancels_its_decodes_before_its_buffer_goes
     assert at_release == [True], "the buffer went back while a decode could still write over its rows"
 
 
+def test_a_decoder_that_refuses_a_bulks_third_jpeg_outright_leaves_none_of_its_decodes_running() -> None:
+    """The decoder raises at the third JPEG of a bulk (not a future's error: the call itself): the two it took are
+    cancelled before the buffer goes back, and all three requests are answered 500 once."""
+    from app.front_door.images import BulkImages
+
+    garment = load_garment()
+    decoder = HeldDecoder(garment[None, None])
+    held = decoder.decode
+
+    def decode(data: Any, spec: Any, out: np.ndarray | None = None) -> asyncio.Future[np.ndarray]:
+        if len(decoder.waiting) == 2:
+            raise RuntimeError("the decoder is gone")
+        return held(data, spec, out)
+
+    decoder.decode = decode  # type: ignore[method-assign]
+    door = StandInDoor((1, 28, 28))
+    door.bulks.append(uploads_bulk([garment_file(garment, "JPEG")] * 3, [JPEG] * 3, garment[None]))
+    settings = Settings(model_repository=DEFAULT_REPOSITORY, device="cpu", grpc_port=0)
+    at_release: list[bool] = []
+    release = door.release
+
+    def released(buffer: int) -> None:
+        at_release.append(len(decoder.waiting) == 2 and all(future.cancelled() for future, _ in decoder.waiting))
+        release(buffer)
+
+    door.release = released  # type: ignore[method-assign]
+    run_feeder(door, settings, until=lambda door, feeder: len(door.answers) >= 3 and not feeder.out,
+               prepare=lambda feeder: setattr(feeder, "images", BulkImages(decoder, 0)))  # fmt: skip
+    assert sorted((i, status[:3]) for i, status, *_ in door.answers) == [(0, b"500"), (1, b"500"), (2, b"500")]
+    assert at_release == [True]
+
+
 def test_a_bulk_of_pixels_whose_queueing_faults_is_answered_and_given_back() -> None:
     """Pixels only; building their answers raises: each request 500, the buffer back, the bulk no longer out."""
     door = StandInDoor((1, 28, 28))
