@@ -373,7 +373,8 @@ def run_feeder(door: StandInDoor, settings: Settings, until: Any, prepare: Any =
 
 def test_a_bulks_uploads_are_decoded_over_their_rows_and_answered_as_the_port_does() -> None:
     """Pixels, a PNG and a JPEG of one garment, and junk, in one bulk (Pillow decodes here: no GPU): the PNG's row
-    is the pixels' row, so its answer is theirs; the junk gets the port's 422, alone; the buffer comes back once."""
+    is the pixels' row, so its answer is theirs (to float rounding: it rides a later batch); the junk gets the port's
+    422, alone; the buffer comes back once."""
     garment = load_garment()
     png, jpeg = garment_file(garment, "PNG"), garment_file(garment, "JPEG")
     door = StandInDoor((1, 28, 28))
