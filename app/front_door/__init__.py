@@ -31,8 +31,8 @@ routes and models, JSON, v2's JSON tensors, FP32 or encoded v2 images, multipart
 is the service's ports': the door answers it a 4xx, or a gRPC status, that says so. It keeps its own limits
 (door.c's and grpc.c's headers) and counts into the same metrics, under protocol "door" (format "raw",
 "image", "v2-binary" or "grpc"). A JPEG or PNG body of at most one row's bytes is taken too and decoded as
-the port decodes an upload; for JPEG-heavy traffic the port with the engine process is the faster path
-(images.py says why).
+the port decodes an upload, each decoder batch's rows queued as they are decoded (images.py); which path is the
+faster for JPEG-heavy traffic, the door or the port with the engine process, is docs/api.md's to say.
 gRPC on the door (run 38) answered perf_analyzer at 0.94–0.99× its v2 HTTP there, where grpcio's server in
 Python held gRPC to 0.53–0.60× of the engine's peak (run 25).
 

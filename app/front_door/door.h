@@ -154,7 +154,7 @@ typedef struct {
     char *bulk_headers;           /* the v2 requests' JSON headers, one after another (max_rows × MAX_V2_HEADER) */
     int32_t *bulk_header_ends;    /* row i's header is bulk_headers[ends[i - 1]:ends[i]] (empty: POST /predict) */
     int32_t *bulk_lens;           /* row i's bytes: row_bytes of pixels, or an image upload's length */
-    uint8_t *bulk_kinds;          /* KIND_PREDICT, KIND_V2 or KIND_GRPC */
+    uint8_t *bulk_kinds;          /* KIND_PREDICT, KIND_V2, KIND_GRPC, KIND_JPEG or KIND_IMAGE */
     uint64_t requests, refused[REFUSALS], grpc_refused[GRPC_CODES];
 } door_t;
 

@@ -10,8 +10,8 @@ wrong with them exactly as the service's port does.
 The rows are handed on as their decodes end, not once the whole bulk's have: a bulk of several hundred photos
 is several decoder batches, and its first batch's rows can be on the GPU while its last is decoded, as the
 engine process's path queues each upload's rows once they are decoded. A decoder batch hands back all its
-futures in one turn of the loop, so each batch's rows come out together (bench/results/HISTORY.md, run 40:
-rows that waited for their whole bulk reached the batcher all at once, and the device waited between bulks).
+futures in one turn of the loop, so each batch's rows come out together. Rows that waited for their whole bulk
+reached the batcher all at once, and the device waited between bulks (bench/results/HISTORY.md).
 """
 
 from __future__ import annotations

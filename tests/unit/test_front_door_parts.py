@@ -444,21 +444,46 @@ class HeldDecoder:
         pass
 
 
-def test_a_bulks_uploads_are_queued_a_decoder_batch_at_a_time_as_they_are_handed_back() -> None:
-    """Four JPEGs in one bulk, decoded in two batches: the first batch's two are answered while the other two are still
-    being decoded (they do not wait for the whole bulk's decode), then those two; the buffer comes back once."""
-    from app.front_door.images import BulkImages
-
+def held_bulk(kinds: list[int]) -> tuple[StandInDoor, HeldDecoder]:
+    """A door holding one bulk of the garment, its pixels where `kinds` says PREDICT and its JPEG where JPEG, and the
+    HeldDecoder that decodes the JPEGs when the test says (run_held gives it to the feeder)."""
     garment = load_garment()
     jpeg = garment_file(garment, "JPEG")
-    decoder = HeldDecoder(garment[None, None])
     door = StandInDoor((1, 28, 28))
-    door.bulks.append(uploads_bulk([jpeg] * 4, [JPEG] * 4, garment[None]))
-    settings = Settings(model_repository=DEFAULT_REPOSITORY, device="cpu", grpc_port=0)
-    seen: list[list[int]] = []  # the rows answered when the second batch was handed back
+    door.bulks.append(uploads_bulk([jpeg if kind == JPEG else b"" for kind in kinds], kinds, garment[None]))
+    return door, HeldDecoder(garment[None, None])
+
+
+def run_held(door: StandInDoor, decoder: HeldDecoder, until: Any, prepare: Any = None) -> None:
+    """run_feeder on the seed CNN with `decoder` as the feeder's GPU decoder, and `prepare(feeder)` after."""
+    from app.front_door.images import BulkImages
 
     def use_held(feeder: Any) -> None:
         feeder.images = BulkImages(decoder, 0)
+        if prepare is not None:
+            prepare(feeder)
+
+    run_feeder(door, Settings(model_repository=DEFAULT_REPOSITORY, device="cpu", grpc_port=0), until, use_held)
+
+
+def on_release(door: StandInDoor, look: Any) -> list[bool]:
+    """What `look()` said at each of the door's releases of a buffer."""
+    seen: list[bool] = []
+    release = door.release
+
+    def released(buffer: int) -> None:
+        seen.append(look())
+        release(buffer)
+
+    door.release = released  # type: ignore[method-assign]
+    return seen
+
+
+def test_a_bulks_uploads_are_queued_a_decoder_batch_at_a_time_as_they_are_handed_back() -> None:
+    """Four JPEGs in one bulk, decoded in two batches: the first batch's two are answered while the other two are still
+    being decoded (they do not wait for the whole bulk's decode), then those two; the buffer comes back once."""
+    door, decoder = held_bulk([JPEG] * 4)
+    seen: list[list[int]] = []  # the rows answered when the second batch was handed back
 
     def step(door: StandInDoor, feeder: Any) -> bool:
         if len(decoder.waiting) == 4:
@@ -468,7 +493,7 @@ def test_a_bulks_uploads_are_queued_a_decoder_batch_at_a_time_as_they_are_handed
             decoder.hand_back(2)
         return len(door.answers) == 4 and not feeder.out
 
-    run_feeder(door, settings, until=step, prepare=use_held)
+    run_held(door, decoder, until=step)
     assert seen == [[0, 1]], (seen, door.answers)
     assert [status[:3] for _, status, *_ in door.answers] == [b"200"] * 4
     assert door.released == [1]
@@ -477,17 +502,7 @@ def test_a_bulks_uploads_are_queued_a_decoder_batch_at_a_time_as_they_are_handed
 def test_a_bulk_stopped_while_decoding_answers_each_request_once_and_gives_its_buffer_back() -> None:
     """Pixels and three JPEGs; the first JPEG handed back, then the bulk's decoding cancelled (the server stopping):
     the pixels and that JPEG are answered by the model, the other two 503, none twice, the buffer back once."""
-    from app.front_door.images import BulkImages
-
-    garment = load_garment()
-    jpeg = garment_file(garment, "JPEG")
-    decoder = HeldDecoder(garment[None, None])
-    door = StandInDoor((1, 28, 28))
-    door.bulks.append(uploads_bulk([b"", jpeg, jpeg, jpeg], [PREDICT, JPEG, JPEG, JPEG], garment[None]))
-    settings = Settings(model_repository=DEFAULT_REPOSITORY, device="cpu", grpc_port=0)
-
-    def use_held(feeder: Any) -> None:
-        feeder.images = BulkImages(decoder, 0)
+    door, decoder = held_bulk([PREDICT, JPEG, JPEG, JPEG])
 
     def step(door: StandInDoor, feeder: Any) -> bool:
         if len(decoder.waiting) == 3:
@@ -496,7 +511,7 @@ def test_a_bulk_stopped_while_decoding_answers_each_request_once_and_gives_its_b
             next(iter(feeder.decoding)).cancel()
         return len(door.answers) >= 4 and not feeder.out
 
-    run_feeder(door, settings, until=step, prepare=use_held)
+    run_held(door, decoder, until=step)
     answers = {i: status[:3] for i, status, *_ in door.answers}
     assert len(door.answers) == 4 and answers == {0: b"200", 1: b"200", 2: b"503", 3: b"503"}, door.answers
     assert door.released == [1]
@@ -506,28 +521,13 @@ def test_a_bulk_stopped_while_decoding_answers_each_request_once_and_gives_its_b
 def test_a_fault_while_a_bulk_decodes_cancels_its_decodes_before_its_buffer_goes_back() -> None:
     """Three JPEGs; the first decoder batch's row handed back, and queueing it raises: every request answered 500
     once, and by the time the buffer is released no decode is left to write over its rows (the door refills them)."""
-    from app.front_door.images import BulkImages
-
-    garment = load_garment()
-    jpeg = garment_file(garment, "JPEG")
-    decoder = HeldDecoder(garment[None, None])
-    door = StandInDoor((1, 28, 28))
-    door.bulks.append(uploads_bulk([jpeg] * 3, [JPEG] * 3, garment[None]))
-    settings = Settings(model_repository=DEFAULT_REPOSITORY, device="cpu", grpc_port=0)
-    at_release: list[bool] = []  # whether every decode left was stopped, when the buffer went back
-    release = door.release
-
-    def released(buffer: int) -> None:
-        at_release.append(all(future.done() for future, _ in decoder.waiting))
-        release(buffer)
-
-    door.release = released  # type: ignore[method-assign]
+    door, decoder = held_bulk([JPEG] * 3)
+    stopped = on_release(door, lambda: all(future.done() for future, _ in decoder.waiting))
 
     def broken(feeder: Any) -> None:
         def enqueue(*_: Any) -> None:
             raise RuntimeError("a fault while queueing")
 
-        feeder.images = BulkImages(decoder, 0)
         feeder._enqueue = enqueue
 
     def step(door: StandInDoor, feeder: Any) -> bool:
@@ -535,18 +535,15 @@ def test_a_fault_while_a_bulk_decodes_cancels_its_decodes_before_its_buffer_goes
             decoder.hand_back(1)
         return len(door.answers) >= 3 and not feeder.out
 
-    run_feeder(door, settings, until=step, prepare=broken)
+    run_held(door, decoder, until=step, prepare=broken)
     assert sorted((i, status[:3]) for i, status, *_ in door.answers) == [(0, b"500"), (1, b"500"), (2, b"500")]
-    assert at_release == [True], "the buffer went back while a decode could still write over its rows"
+    assert stopped == [True], "the buffer went back while a decode could still write over its rows"
 
 
 def test_a_decoder_that_refuses_a_bulks_third_jpeg_outright_leaves_none_of_its_decodes_running() -> None:
     """The decoder raises at the third JPEG of a bulk (not a future's error: the call itself): the two it took are
     cancelled before the buffer goes back, and all three requests are answered 500 once."""
-    from app.front_door.images import BulkImages
-
-    garment = load_garment()
-    decoder = HeldDecoder(garment[None, None])
+    door, decoder = held_bulk([JPEG] * 3)
     held = decoder.decode
 
     def decode(data: Any, spec: Any, out: np.ndarray | None = None) -> asyncio.Future[np.ndarray]:
@@ -555,21 +552,10 @@ def test_a_decoder_that_refuses_a_bulks_third_jpeg_outright_leaves_none_of_its_d
         return held(data, spec, out)
 
     decoder.decode = decode  # type: ignore[method-assign]
-    door = StandInDoor((1, 28, 28))
-    door.bulks.append(uploads_bulk([garment_file(garment, "JPEG")] * 3, [JPEG] * 3, garment[None]))
-    settings = Settings(model_repository=DEFAULT_REPOSITORY, device="cpu", grpc_port=0)
-    at_release: list[bool] = []
-    release = door.release
-
-    def released(buffer: int) -> None:
-        at_release.append(len(decoder.waiting) == 2 and all(future.cancelled() for future, _ in decoder.waiting))
-        release(buffer)
-
-    door.release = released  # type: ignore[method-assign]
-    run_feeder(door, settings, until=lambda door, feeder: len(door.answers) >= 3 and not feeder.out,
-               prepare=lambda feeder: setattr(feeder, "images", BulkImages(decoder, 0)))  # fmt: skip
+    stopped = on_release(door, lambda: len(decoder.waiting) == 2 and all(f.cancelled() for f, _ in decoder.waiting))
+    run_held(door, decoder, until=lambda door, feeder: len(door.answers) >= 3 and not feeder.out)
     assert sorted((i, status[:3]) for i, status, *_ in door.answers) == [(0, b"500"), (1, b"500"), (2, b"500")]
-    assert at_release == [True]
+    assert stopped == [True]
 
 
 def test_a_bulk_of_pixels_whose_queueing_faults_is_answered_and_given_back() -> None:
@@ -591,14 +577,7 @@ def test_a_bulk_of_pixels_whose_queueing_faults_is_answered_and_given_back() -> 
 def test_a_jpeg_nvjpeg_refuses_at_the_front_door_is_decoded_by_pillow_and_counted_so() -> None:
     """Two JPEGs, the decoder's batch refusing one (GpuDecodeError) and decoding the other: both answered 200 with
     the garment's label, counted once as gpu and once as cpu_fallback, as the service's port counts them."""
-    from app.front_door.images import BulkImages
-
-    garment = load_garment()
-    jpeg = garment_file(garment, "JPEG")
-    decoder = HeldDecoder(garment[None, None])
-    door = StandInDoor((1, 28, 28))
-    door.bulks.append(uploads_bulk([jpeg] * 2, [JPEG] * 2, garment[None]))
-    settings = Settings(model_repository=DEFAULT_REPOSITORY, device="cpu", grpc_port=0)
+    door, decoder = held_bulk([JPEG] * 2)
 
     def count(decoder: str) -> float:
         return REGISTRY.get_sample_value("cgserve_image_decodes_total", {"decoder": decoder}) or 0.0
@@ -611,7 +590,7 @@ def test_a_jpeg_nvjpeg_refuses_at_the_front_door_is_decoded_by_pillow_and_counte
             decoder.hand_back(1)
         return len(door.answers) == 2 and not feeder.out
 
-    run_feeder(door, settings, until=step, prepare=lambda feeder: setattr(feeder, "images", BulkImages(decoder, 0)))
+    run_held(door, decoder, until=step)
     assert [status[:3] for _, status, *_ in door.answers] == [b"200"] * 2, door.answers
     assert {orjson.loads(body)["predictions"][0]["label"] for *_, body in door.answers} == {9}
     assert {name: count(name) - before[name] for name in before} == {"gpu": 1, "cpu": 0, "cpu_fallback": 1}
