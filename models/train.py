@@ -1,6 +1,6 @@
 """Train FashionCNN on Fashion-MNIST on the CPU and write the weights the server ships.
 
-    python -m models.train [--epochs 8] [--seed 0] [--out models/fashion_cnn.pt]
+    python -m models.train [--epochs 8] [--seed 0] [--out models/repository/fashion-cnn/fashion_cnn.pt]
 
 Writes the state dict to --out and a record (test accuracy, epochs, seed, torch version,
 training seconds, command) beside it as .json. Seeded end to end: the same command on the same

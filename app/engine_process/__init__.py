@@ -5,7 +5,7 @@ workers the GPU time-slices N contexts and each batcher sees only 1/N of the req
 batches stay small. Here the workers keep the HTTP path (parsing, decoding, encoding) and one
 engine process holds every engine and one batcher per model:
 
-    HTTP worker ──(requests' images into a /dev/shm segment; a 45-byte frame on a Unix socket)──▶ engine process
+    HTTP worker ──(requests' images into a /dev/shm segment; a 49-byte frame on a Unix socket)──▶ engine process
                 ◀──(their probabilities, or the error, in a frame)──────────────────────────
 
 The engine process also decodes JPEG uploads on its GPU: a worker sends a request's JPEGs as they
