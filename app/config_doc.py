@@ -10,6 +10,8 @@ app/cli.py derives it for `serve` and `tune`.
 from __future__ import annotations
 
 import sys
+import types
+import typing
 
 from pydantic.fields import FieldInfo
 
@@ -66,6 +68,25 @@ def default_text(name: str, field: FieldInfo) -> str:
     return f"`{value}`"
 
 
+def choices(field: FieldInfo) -> tuple[str, ...]:
+    """A Literal field's values (`Literal[...] | None` too), else ()."""
+    annotation = field.annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        annotation = next((a for a in typing.get_args(annotation) if a is not type(None)), None)
+    if typing.get_origin(annotation) is typing.Literal:
+        return tuple(str(value) for value in typing.get_args(annotation))
+    return ()
+
+
+def description_text(field: FieldInfo) -> str:
+    """The field's description, ending with its choices where it does not name each of them in backticks."""
+    text = field.description or ""
+    values = choices(field)
+    if values and not all(f"`{value}`" in text for value in values):
+        text += " One of " + ", ".join(f"`{value}`" for value in values) + "."
+    return text
+
+
 def _cell(text: str) -> str:
     """One table cell: pipes escaped, whitespace folded onto one line."""
     return " ".join(text.split()).replace("|", "\\|")
@@ -74,7 +95,7 @@ def _cell(text: str) -> str:
 def render() -> str:
     rows = [
         f"| `{env_name(name)}` | `{flag_name(name)}` | {_cell(default_text(name, field))} | "
-        f"{_cell(field.description or '')} |"
+        f"{_cell(description_text(field))} |"
         for name, field in Settings.model_fields.items()
     ]
     return _HEAD + "\n".join(rows) + "\n"

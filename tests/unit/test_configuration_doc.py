@@ -54,3 +54,9 @@ def test_the_page_names_no_machine_specific_path() -> None:
 
 def test_the_readme_links_to_the_page() -> None:
     assert "(docs/configuration.md)" in (ROOT / "README.md").read_text()
+
+
+def test_a_setting_of_fixed_choices_lists_them() -> None:
+    """CGSERVE_LOG_LEVEL's description names none of its values: the page adds them."""
+    row = next(line for line in config_doc.render().splitlines() if line.startswith("| `CGSERVE_LOG_LEVEL`"))
+    assert "One of `debug`, `info`, `warning`, `error`." in row
