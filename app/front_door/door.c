@@ -94,6 +94,7 @@ static int refuse(door_t *d, int fd, int which, const char *code, const char *me
 /* With c->mu held. The buffer goes too: a flood of connections leaves no memory behind it. */
 void close_conn(door_t *d, conn_t *c, int fd) {
     close(fd); /* also leaves its epoll */
+    c->events = 0;
     if (c->h2) h2_free(c);
     c->state = CLOSED;
     c->gen++;
@@ -112,14 +113,14 @@ void close_conn(door_t *d, conn_t *c, int fd) {
     pthread_mutex_unlock(&d->table_mu);
 }
 
-/* The connection's events in its thread's epoll, added again where it had left it (paused, or its client's
- * last byte read). */
+/* The connection's events in its thread's epoll, changed only where they change (an answer written puts back
+ * the EPOLLIN it already has: no call); 0 takes it out (paused, or its client's last byte read). */
 void watch(conn_t *c, int fd, uint32_t events) {
+    if (c->events == events) return;
     struct epoll_event ev = {.events = events, .data.fd = fd};
-    if (epoll_ctl(c->epfd, EPOLL_CTL_MOD, fd, &ev) < 0 && errno == ENOENT) epoll_ctl(c->epfd, EPOLL_CTL_ADD, fd, &ev);
+    epoll_ctl(c->epfd, !events ? EPOLL_CTL_DEL : c->events ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, fd, &ev);
+    c->events = events;
 }
-
-static void unwatch(conn_t *c, int fd) { epoll_ctl(c->epfd, EPOLL_CTL_DEL, fd, NULL); }
 
 /* With c->mu held, after a refusal that ends the connection: its sending side is shut, and what the client
  * still sends is read and dropped until it closes too (or LINGER_S), since closing a socket with unread
@@ -582,14 +583,17 @@ static void serve_conn(door_t *d, conn_t *c, int fd) {
         if (c->len == c->cap) {
             if (c->state == IN_FLIGHT) { /* its answer resumes the reading */
                 c->paused = 1;
-                unwatch(c, fd);
+                watch(c, fd, 0);
             }
             break;
         }
         ssize_t r = read(fd, c->buf + c->len, c->cap - c->len);
         if (r > 0) {
             if (c->len == 0 && c->state == IDLE) c->since = now_s();
+            size_t asked = c->cap - c->len;
             c->len += (size_t)r;
+            if ((size_t)r < asked) break; /* the socket is empty: a read more would only say EAGAIN, and epoll
+                                           * (level-triggered) wakes this thread again for what comes next */
             continue;
         }
         if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
@@ -597,7 +601,7 @@ static void serve_conn(door_t *d, conn_t *c, int fd) {
         if (r < 0) { close_conn(d, c, fd); return; } /* reset */
         /* The client's last byte (it may have closed its sending side only): what it sent is still answered. */
         c->eof = 1;
-        unwatch(c, fd);
+        watch(c, fd, 0);
         break;
     }
     parse_buffered(d, c, fd);
@@ -666,8 +670,9 @@ static void accept_all(door_t *d, int epfd, int owner, int lfd, int h2) {
             pthread_mutex_unlock(&c->mu);
             continue;
         }
+        c->events = EPOLLIN | EPOLLRDHUP;
         pthread_mutex_unlock(&c->mu);
-        struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.fd = fd};
+        struct epoll_event ev = {.events = c->events, .data.fd = fd};
         epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev);
     }
 }
@@ -698,13 +703,13 @@ static void flush_out(door_t *d, conn_t *c, int fd) {
     c->state = IDLE;
     c->since = now_s();
     if (c->eof) { /* out of epoll again: what it sent before its last byte is answered, then it is closed */
-        unwatch(c, fd);
+        watch(c, fd, 0);
         parse_buffered(d, c, fd);
         return;
     }
     c->paused = 0;
-    watch(c, fd, EPOLLIN | EPOLLRDHUP);
-    serve_conn(d, c, fd); /* bytes that came while it was in flight, and any the pause left unread */
+    watch(c, fd, EPOLLIN | EPOLLRDHUP); /* back in epoll if the pause took it out: bytes left unread wake it */
+    parse_buffered(d, c, fd); /* requests read while it was in flight */
 }
 
 /* With c->mu held: an answer to the connection it was for, unless that one is gone. */

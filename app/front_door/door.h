@@ -75,6 +75,7 @@ typedef struct {
     int paused;          /* out of epoll while in flight with a full buffer: read again once answered */
     int out_closes;      /* the answer being written said `connection: close`: closed once written */
     int epfd;            /* the owning thread's epoll */
+    uint32_t events;     /* what that epoll watches on it (0: it is out of it): see watch() */
     int owner;           /* the owning thread's index: its outbox gets the connection's answers */
     double since;        /* the request being read: its first byte; idle: its last answer; an answer's
                           * rest waiting for the socket: when it first had to wait */

@@ -78,7 +78,6 @@ struct h2 {
     int goaway;             /* a drain's GOAWAY sent */
     double idle_since;      /* when its last call closed (or it was accepted): idle for keepalive_s, it is closed */
     double stuck_since;     /* when the socket first did not take what was to be sent (0: it does) */
-    uint32_t events;        /* as last put in epoll */
 };
 
 /* The call's message freed, and its bytes no longer charged to the door's budget. */
@@ -459,20 +458,12 @@ static int on_close(nghttp2_session *s, int32_t stream, uint32_t error_code, voi
     return 0;
 }
 
-/* The connection's events in epoll, changed only where they change; none: out of epoll (its client's last byte
- * came, and nothing waits to be sent: an answer's hand-over flushes it). */
-static void want(struct h2 *h, uint32_t events) {
-    if (h->events == events) return;
-    if (events) watch(h->c, h->fd, events);
-    else epoll_ctl(h->c->epfd, EPOLL_CTL_DEL, h->fd, NULL);
-    h->events = events;
-}
-
 /* With c->mu held: what nghttp2 has to send, sent as far as the socket takes it; the rest waits in c->out. Closed
  * where the session is done (both sides' GOAWAY, or an error it answered), or where its client sent its last byte
  * and every call is answered. */
 static void flush(door_t *d, conn_t *c, int fd) {
     struct h2 *h = c->h2;
+    /* Its client's last byte came: out of epoll unless something waits to be sent (an answer's hand-over flushes). */
     uint32_t reading = c->eof ? 0 : EPOLLIN | EPOLLRDHUP;
     for (;;) {
         while (c->out_off < c->out_len) {
@@ -481,7 +472,7 @@ static void flush(door_t *d, conn_t *c, int fd) {
             if (w < 0 && errno == EINTR) continue;
             if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
                 if (!(h->stuck_since > 0)) h->stuck_since = now_s(); /* the sweep's clock for a client that does not read */
-                want(h, reading | EPOLLOUT);
+                watch(c, fd, reading | EPOLLOUT);
                 return;
             }
             close_conn(d, c, fd);
@@ -512,14 +503,13 @@ static void flush(door_t *d, conn_t *c, int fd) {
         close_conn(d, c, fd);
         return;
     }
-    want(h, reading);
+    watch(c, fd, reading);
 }
 
 int h2_open(door_t *d, conn_t *c, int fd) {
     struct h2 *h = calloc(1, sizeof *h);
     if (!h) return 0;
     h->d = d; h->c = c; h->fd = fd;
-    h->events = EPOLLIN | EPOLLRDHUP; /* as accept_all adds it */
     h->idle_since = now_s();
     nghttp2_session_callbacks *callbacks;
     nghttp2_option *option;

@@ -266,6 +266,21 @@ def test_expect_continue_and_pipelined_requests(server: dict[str, Any]) -> None:
     assert b'"label":%d' % alone[0] in first and b'"label":%d' % alone[1] in second, both
 
 
+def test_a_pipelined_burst_larger_than_the_buffer_is_answered_in_order(server: dict[str, Any]) -> None:
+    """64 requests sent at once (~60 KB, over four times a connection's 13 KB buffer): the door stops reading the
+    socket while one is in flight with the buffer full, and takes up the rest after each answer, in order."""
+    images = sample_images(4)
+    burst = [images[i % 4] for i in range(64)]
+    with httpx.Client(base_url=server["url"]) as client:
+        alone = [predict(client, image)["predictions"][0]["label"] for image in images]
+    with socket.create_connection(("127.0.0.1", server["port"]), timeout=10) as connection:
+        connection.sendall(b"".join(POST % (b"/predict", AUTH, len(one)) + one for one in burst))
+        answers = [read_answer(connection) for _ in burst]
+    assert all(status.startswith(b"HTTP/1.1 200 ") for status, _, _ in answers), answers[0]
+    labels = [orjson.loads(body)["predictions"][0]["label"] for _, _, body in answers]
+    assert labels == [alone[i % 4] for i in range(len(burst))]
+
+
 def test_idle_and_slow_connections_are_closed(server: dict[str, Any]) -> None:
     with socket.create_connection(("127.0.0.1", server["port"]), timeout=5) as idle:
         assert closed_within(idle, 4) == b""  # keepalive_timeout_s 1: closed quietly
