@@ -457,6 +457,9 @@ def test_what_hostile_or_odd_clients_send(server: dict[str, Any]) -> None:
         raw.settimeout(10)
         sender = ThreadPoolExecutor(1).submit(lambda: raw.sendall(refused * 20000))
         time.sleep(2)  # the server writes what it can while nobody reads
+        # Then what it wrote (~400 KB in its socket) is read through a window wider than 4 KiB: through that one,
+        # each 4 KiB waits for a delayed ACK, 12 s here and minutes on a busy machine.
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
         data = closed_within(raw, 10)
         with contextlib.suppress(OSError):
             sender.result(timeout=10)
