@@ -16,16 +16,13 @@ import os
 import socket
 import sys
 import threading
-import types
-import typing
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
-from pydantic.fields import FieldInfo
 
 from app import __version__
-from app.config import Settings, describe_errors
+from app.config import Settings, choices, describe_errors, env_name, flag_name
 from app.tuning.flags import add_tune_flags
 
 log = logging.getLogger("app.cli")
@@ -35,26 +32,18 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per Settings field: its CGSERVE_ name, default and description in --help."""
     for name, field in Settings.model_fields.items():
         options: dict[str, Any] = {"default": None, "dest": name}
-        choices = _choices(field)
+        values = choices(field)
         if field.annotation is bool:
             options["action"] = argparse.BooleanOptionalAction
-        elif choices:
-            options["choices"] = choices
+        elif values:
+            options["choices"] = list(values)
         else:
             options["metavar"] = name.upper()
         default = field.get_default(call_default_factory=True)
         if isinstance(default, tuple):
             default = ",".join(map(str, default))
-        text = f"{field.description or ''} [env CGSERVE_{name.upper()}; default {default}]"
-        parser.add_argument(f"--{name.replace('_', '-')}", help=text.replace("%", "%%"), **options)
-
-
-def _choices(field: FieldInfo) -> list[str]:
-    """The values of a Literal field (also inside `| None`), else none."""
-    annotation = field.annotation
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
-        annotation = next(arg for arg in typing.get_args(annotation) if arg is not type(None))
-    return [str(v) for v in typing.get_args(annotation)] if typing.get_origin(annotation) is typing.Literal else []
+        text = f"{field.description or ''} [env {env_name(name)}; default {default}]"
+        parser.add_argument(flag_name(name), help=text.replace("%", "%%"), **options)
 
 
 def build_parser() -> argparse.ArgumentParser:

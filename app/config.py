@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import re
 import ssl
+import types
+import typing
 from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.access.tokens import Origins, TokenFile, Tokens
@@ -489,12 +492,30 @@ def _no_passphrase() -> str:
     raise ValueError("the key is encrypted; give it unencrypted (openssl pkey -in KEY -out PLAIN)")
 
 
+def env_name(name: str) -> str:
+    """A setting's environment variable: CGSERVE_ and its field's name in capitals."""
+    return f"CGSERVE_{name.upper()}"
+
+
+def flag_name(name: str) -> str:
+    """A setting's flag of `serve` and `tune`: its field's name with dashes."""
+    return f"--{name.replace('_', '-')}"
+
+
+def choices(field: FieldInfo) -> tuple[str, ...]:
+    """A Literal setting's values (also inside `| None`), else ()."""
+    annotation = field.annotation
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        annotation = next(arg for arg in typing.get_args(annotation) if arg is not type(None))
+    return tuple(str(v) for v in typing.get_args(annotation)) if typing.get_origin(annotation) is typing.Literal else ()
+
+
 def describe_errors(error: ValidationError) -> str:
     """One line per invalid setting, named as the user would set it (env var and flag)."""
     lines = []
     for item in error.errors():
         name = ".".join(str(part) for part in item["loc"]) or "settings"
-        where = f"CGSERVE_{name.upper()} / --{name.replace('_', '-')}" if item["loc"] else name
+        where = f"{env_name(name)} / {flag_name(name)}" if item["loc"] else name
         lines.append(f"  {where}: {item['msg']}")
     return "invalid configuration:\n" + "\n".join(lines)
 

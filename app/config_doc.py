@@ -3,19 +3,17 @@
     python -m app.config_doc > docs/configuration.md     (or `make docs`)
 
 tests/unit/test_configuration_doc.py checks that the committed page equals this output, so the page
-cannot drift from the settings the service reads. The flag is the field's name with dashes, as
-app/cli.py derives it for `serve` and `tune`.
+cannot drift from the settings the service reads. Names and choices are app/config.py's (env_name,
+flag_name, choices), as app/cli.py's flags of `serve` and `tune` are.
 """
 
 from __future__ import annotations
 
 import sys
-import types
-import typing
 
 from pydantic.fields import FieldInfo
 
-from app.config import Settings
+from app.config import Settings, choices, env_name, flag_name
 
 # Defaults computed at start-up, rendered as what they mean rather than as this machine's path.
 _COMPUTED_DEFAULTS = {
@@ -44,14 +42,6 @@ shows flags); they never appear in `--help`, the logs or the error lines.
 """
 
 
-def env_name(name: str) -> str:
-    return f"CGSERVE_{name.upper()}"
-
-
-def flag_name(name: str) -> str:
-    return f"--{name.replace('_', '-')}"
-
-
 def default_text(name: str, field: FieldInfo) -> str:
     """The default as a user would write it: `1,2,4` for tuples, `true` for booleans, blank for none."""
     if name in _COMPUTED_DEFAULTS:
@@ -66,16 +56,6 @@ def default_text(name: str, field: FieldInfo) -> str:
     if isinstance(value, tuple):
         return f"`{','.join(map(str, value))}`"
     return f"`{value}`"
-
-
-def choices(field: FieldInfo) -> tuple[str, ...]:
-    """A Literal field's values (`Literal[...] | None` too), else ()."""
-    annotation = field.annotation
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        annotation = next((a for a in typing.get_args(annotation) if a is not type(None)), None)
-    if typing.get_origin(annotation) is typing.Literal:
-        return tuple(str(value) for value in typing.get_args(annotation))
-    return ()
 
 
 def description_text(field: FieldInfo) -> str:

@@ -3,7 +3,7 @@
     ingress: a Codec each                       the data plane, once                      batching
     POST /predict, /v1/models/{m}/predict   ┐   lookup → readiness → admission (before
     POST /v2/models/{m}[/versions/v]/infer  ├─▶ a byte of the body is read) → deadline ─▶ BatchQueue: a Batcher
-    gRPC ModelInfer                         ┘   → read → decode → submit → answer → metrics  here, or the engine process
+    gRPC ModelInfer                         ┘   → read → decode → enqueue → answer → metrics here, or the engine process
 
 An ingress only translates, as KServe's REST and gRPC endpoints translate for its DataPlane: its
 Codec says how a request names a model, how the wire request becomes (k, C, H, W) images, how the
@@ -24,14 +24,16 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from app.batching.queue import BatchQueue, enqueue
 from app.codecs.uploads import Images
-from app.errors import ClientClosedError, ServiceError, within
+from app.errors import ClientClosedError, DeadlineExceededError, ServiceError
 from app.ops import metrics, tracing
+from app.ops.timers import timeout_at
 from app.repository.model_spec import ModelSpec
 from app.service import ServedModel, Service
 
@@ -216,3 +218,24 @@ def counted(error: Exception, model: str, path: str, *, requests: int = 1) -> Se
 def observe(model: str, protocol: str, form: str, status: str, started: float) -> None:
     """One request's end: its latency (from `started`, a time.perf_counter()) and count, by its labels."""
     metrics.observe_request(model, protocol, form, status, time.perf_counter() - started)
+
+
+class within(timeout_at):
+    """Bound a request's reading, decoding and queueing by its deadline (time.monotonic()): 504 past it.
+
+    On the coarse timer (app/ops/timers.py): up to its tick late, and cheaper than
+    asyncio.timeout_at on every request."""
+
+    __slots__ = ("_entered",)
+
+    async def __aenter__(self) -> None:
+        self._entered = time.monotonic()
+        await super().__aenter__()
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        try:
+            await super().__aexit__(kind, error, traceback)
+        except TimeoutError:  # the time it had left when the block began, as the batcher reports it
+            raise DeadlineExceededError(max(0.0, self._deadline - self._entered)) from None

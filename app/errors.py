@@ -1,18 +1,15 @@
 """Errors that become HTTP answers, each with a status, a code, what was wrong and what was expected.
 
-Every error body has one shape: {"error": {"code": ..., "message": ..., "expected": ...}}.
+Every error body has one shape: {"error": {"code": ..., "message": ..., "expected": ...}}. One error here
+never becomes an answer: GpuDecodeError, the GPU decoder's refusal of an upload, which sends it to Pillow.
 """
 
 from __future__ import annotations
 
 import math
-import time
-from types import TracebackType
 
 import orjson
 from starlette.responses import Response
-
-from app.ops.timers import timeout_at
 
 
 def quoted(text: object, most: int = 60) -> str:
@@ -181,27 +178,6 @@ class RequestTimeoutError(ServiceError):
             expected="the whole body, sent without long pauses (CGSERVE_BODY_TIMEOUT_S)",
             headers={"Connection": "close"},
         )
-
-
-class within(timeout_at):
-    """Bound a request's reading, decoding and queueing by its deadline (time.monotonic()): 504 past it.
-
-    On the coarse timer (app/ops/timers.py): up to its tick late, and cheaper than
-    asyncio.timeout_at on every request."""
-
-    __slots__ = ("_entered",)
-
-    async def __aenter__(self) -> None:
-        self._entered = time.monotonic()
-        await super().__aenter__()
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        try:
-            await super().__aexit__(kind, error, traceback)
-        except TimeoutError:  # the time it had left when the block began, as the batcher reports it
-            raise DeadlineExceededError(max(0.0, self._deadline - self._entered)) from None
 
 
 class UnauthorizedError(ServiceError):

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from app import __version__
 from app.access.middleware import AccessLayers, access_layers
 from app.config import Settings, get_settings
 from app.dataplane import DataPlane
@@ -44,8 +45,8 @@ from app.service import Service
 # naive servers use the same setting, so the comparison stays like for like.
 NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
 ROUTES = (
-    "POST /predict, POST /v1/models/{name}/predict, GET /v1/models[/{name}], /healthz, /readyz, /metrics, /docs; "
-    "the Open Inference Protocol under /v2"
+    "POST /predict, POST /v1/models/{name}/predict, GET /v1/models[/{name}[/ready]], /healthz, /readyz, /metrics, "
+    "/docs; the Open Inference Protocol under /v2"
 )
 
 
@@ -118,7 +119,7 @@ def create_app(
     app = FastAPIOffline(
         title="cudagraph-serve",
         summary="CNNs served with dynamic batching and one CUDA graph per batch size.",
-        version="0.2.0",
+        version=__version__,
         lifespan=lifespan,
         telemetry=NO_TELEMETRY,
     )

@@ -17,7 +17,7 @@ needs valgrind (Debian: valgrind).
 
 --without runs ours again with one part of the request path taken out, for what each costs:
 metrics (the per-request counter and latency histogram), deadline (the handler's end-to-end
-deadline, errors.within), guard (the RequestGuard middleware), batch-metrics (every metric the
+deadline, app/dataplane.py's within), guard (the RequestGuard middleware), batch-metrics (every metric the
 batcher keeps, per request and per batch) or batcher (submit answers at once: no queue, future,
 wait, batch, staging or launch). --concurrency 1 makes every request a batch of its own: the
 per-batch costs in full. Measurement only: the service
@@ -80,12 +80,14 @@ def take_out(app: Any, part: str) -> None:
     """Remove one part of ours' request path (see --without)."""
     import contextlib
 
-    import app.http.routes.predict as predict_route
+    import app.dataplane as dataplane
 
-    if part == "metrics":
-        predict_route.metrics = SimpleNamespace(observe_request=lambda *args: None)  # type: ignore[assignment]
+    if part == "metrics":  # the per-request counter and latency histogram, and the refusals' counter
+        dataplane.metrics = SimpleNamespace(  # type: ignore[assignment]
+            observe_request=lambda *args: None, reject=lambda *args: None
+        )
     elif part == "deadline":
-        predict_route.within = lambda deadline: contextlib.nullcontext()  # type: ignore[assignment,misc]
+        dataplane.within = lambda deadline: contextlib.nullcontext()  # type: ignore[assignment,misc]
     elif part == "guard":
         app.user_middleware = [m for m in app.user_middleware if m.cls.__name__ != "RequestGuard"]
     elif part == "batch-metrics":  # every metric the batcher keeps, per request and per batch

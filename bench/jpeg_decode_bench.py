@@ -1,8 +1,8 @@
 """JPEG uploads, img/s: Pillow on the CPU (the service's decode pool) against the batched GPU decoder.
 
 Two parts, one run, one JSON record:
-  decode    the service's own upload path (app/image_upload.decode_upload) with no HTTP, `--clients`
-            uploads in flight at once and one at a time: Pillow on app/off_loop's pool, or nvJPEG.
+  decode    the service's own upload path (app/codecs/uploads.py decode_upload) with no HTTP, `--clients`
+            uploads in flight at once and one at a time: Pillow on app/ops/off_loop.py's pool, or nvJPEG.
   http      the real server twice (CGSERVE_JPEG_DECODER=cpu, then gpu), resnet50 (fp16, channels_last)
             alone, multipart JPEG uploads from loadtest's closed-loop generator.
 

@@ -27,7 +27,7 @@ Pipelining and devices: one task collects and launches while a free Slot exists;
 Slot returns to the pool only after its batch's results were copied out.
 
 Every request gets exactly one answer: its probabilities, or an error — 503 when the queue is
-over its limit (checked before the body is read, `admit`, and again on submit), 504 when its
+over its limit (checked before the body is read, `admit`, and again at `enqueue`), 504 when its
 end-to-end deadline passes before its rows are launched (the rows of a split request left
 unlaunched are dropped), 500 when its batch failed, 503 when the device is dead. A batch not
 back within `batch_timeout_s`, or a sticky device error, on any device, declares the service's
@@ -211,16 +211,14 @@ class Batcher:
                 task.cancel()
 
     async def submit(self, images: np.ndarray, deadline: float | None = None) -> np.ndarray:
-        """(k, C, H, W) uint8 pixels or float32 intensities → (k, num_classes) probabilities, in order.
-
-        `deadline` (time.monotonic()) ends the request's life; at most request_timeout_s from now.
-        """
+        """`enqueue` awaited, for tests and benches: (k, C, H, W) uint8 pixels or float32 intensities →
+        (k, num_classes) probabilities, in order. `deadline` (time.monotonic()) ends the request's life; at
+        most request_timeout_s from now."""
         return await self.enqueue(images, deadline)
 
     def enqueue(self, images: np.ndarray, deadline: float | None = None) -> asyncio.Future[np.ndarray]:
-        """`submit` without the await: the future of its answer, for a caller that is not a coroutine
-        (app/http/inline.py answers from the future's callback). Cancelling it drops the rows
-        not yet launched."""
+        """The future of these images' answer (the data plane awaits it; app/http/inline.py and the front
+        door answer from its callback). Cancelling it drops the rows not yet launched."""
         rows = len(images)
         if self.dead is not None:
             raise NotReadyError(f"the device is dead ({self.dead}); the service is restarting")

@@ -50,12 +50,9 @@ class BatchQueue(Protocol):
         queue ahead would outlast `deadline`, a time.monotonic())."""
         ...
 
-    async def submit(self, images: np.ndarray, deadline: float | None = None) -> np.ndarray:
-        """(k, C, H, W) uint8 or float32 images → (k, classes) float32 scores once their batch ran."""
-        ...
-
     def enqueue(self, images: np.ndarray, deadline: float | None = None) -> asyncio.Future[np.ndarray]:
-        """submit's future, for a caller that waits by callback."""
+        """(k, C, H, W) uint8 or float32 images → the future of their (k, classes) float32 scores, once their
+        batch ran; cancelling it drops the rows not yet launched."""
         ...
 
     def device_figures(self) -> dict[str, dict[str, Any]]:

@@ -1,10 +1,10 @@
 """A worker's side of the engine process: one connection, and a batcher stand-in per model.
 
-The routes call `admit` and `submit` (or `enqueue`) as they would a local Batcher. A request
+The data plane calls `admit` and `enqueue` as it would a local Batcher's. A request
 waits in this worker's outbox for the next frame: requests of one model and one image shape go
 together, their (k, C, H, W) pixels copied one after the other into one shared-memory segment
-and sent as one INFER frame (a 40-byte header); the RESULT frame's (rows, classes) scores are cut
-back into each request's rows. Admission uses the engine's queue figures from the latest answer
+and sent as one INFER frame (49 bytes: its prefix and header); the RESULT frame's (rows, classes)
+scores are cut back into each request's rows. Admission uses the engine's queue figures from the latest answer
 (one answer old); the engine process checks again on arrival.
 
 Why frames of many requests: the engine process is one event loop serving every worker, so
@@ -405,7 +405,7 @@ class EngineLink:
 
 
 class RemoteBatcher:
-    """A model's batcher as the routes see it (admit, submit, engines, dead), held by the engine process."""
+    """A model's batcher as the data plane sees it (admit, enqueue, engines, dead), held by the engine process."""
 
     def __init__(self, link: EngineLink, info: dict[str, Any]) -> None:
         self.link, self.model_id = link, int(info["id"])
@@ -427,9 +427,6 @@ class RemoteBatcher:
             raise QueueFullError(queued, self.queue_limit, retry_after_s=wait or 1.0)
         if wait and time.monotonic() + wait > deadline:
             raise QueueFullError(queued, self.queue_limit, retry_after_s=wait, deadline_first=True)
-
-    async def submit(self, images: np.ndarray, deadline: float | None = None) -> np.ndarray:
-        return await self.enqueue(images, deadline)
 
     def enqueue(self, images: np.ndarray, deadline: float | None = None) -> asyncio.Future[np.ndarray]:
         # No deadline: the engine's batcher caps it at its request timeout, as a local one does.
@@ -467,7 +464,7 @@ class RemoteJpegDecoder:
 @dataclass(slots=True, eq=False)
 class EngineUploads:
     """A request's encoded JPEGs on their way to the engine process's GPU decoder and batcher: what a
-    codec's decode gives the data plane in place of pixels (app/batching/queue.py's Uploads)."""
+    codec's decode gives the data plane in place of pixels (app/codecs/uploads.py's Uploads)."""
 
     link: EngineLink
     encoded: Sequence[bytes | bytearray]

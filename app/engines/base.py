@@ -51,7 +51,7 @@ class Engine(Protocol):
     name: str  # "eager" | "cuda-graph" | "compile" | "onnxruntime"
     device: str  # "cpu" | "cuda:0" …
     buckets: tuple[int, ...]  # ascending batch sizes the engine runs
-    slots: tuple[Slot, ...]  # host buffers, one per batch in flight: the engine's `slots` argument
+    slots: tuple[Slot, ...]  # host buffers, one per batch in flight: the engine's `in_flight` argument
     report: EngineReport
 
     async def run(self, slot: Slot, bucket: int, dtype: InputDtype) -> float:

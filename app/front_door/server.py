@@ -21,8 +21,8 @@ from app.front_door.door import GRPC_CODE_NAMES, Door, Limits
 from app.front_door.feeder import FORM, GRPC_FORM, PROTOCOL, Feeder
 from app.front_door.library import door_library
 from app.http.answer import error_answer
-from app.http.protocol import open_file_budget
 from app.ops import metrics
+from app.ops.connection_budgets import open_file_budget
 from app.protocols.v2 import tensors
 from app.protocols.v2.rest import config_body, metadata_body
 from app.service import Service

@@ -40,7 +40,8 @@
   serves, its ProtocolHooks' `inline` (app/http/inline.py) may take a request at the end of its headers; it is
   then answered from here, below the ASGI stack, when its body is whole. Only a request that
   starts as its headers end (not a pipelined one queued behind another).
-This module is where the service reaches below uvicorn's public API, and the only one: the class
+This module is where the service reaches below uvicorn's public protocol API (app/runtime/workers.py does the
+same for its process manager, checked likewise): the class
 overrides parts of its HttpToolsProtocol (its parser callbacks, _start_asgi_task, send_400_response,
 on_response_complete), and write_answer writes an inline answer on a request's cycle as uvicorn's
 own send() would (app/http/inline.py reads only a cycle's scope and body). pyproject.toml pins the
@@ -57,7 +58,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -71,6 +71,7 @@ from app.config import Settings
 from app.errors import RequestTimeoutError, ServiceError, error_body, retry_after
 from app.http.limits import BODY_TIMED_OUT_KEY, FIRST_BYTE_KEY, BodyTooSlowError
 from app.ops import timers
+from app.ops.connection_budgets import connection_budgets
 
 
 class _ConnectionRefused(ServiceError):
@@ -600,6 +601,7 @@ SERVER_NEEDS = (
     "on_body",
     "on_message_complete",
     "timeout_keep_alive_handler",
+    "shutdown",  # DrainingHttpProtocol's
 )  # data_received, connection_made and _lost: asyncio.Protocol's own, public
 
 
@@ -612,22 +614,6 @@ def check_server(base: type = HttpToolsProtocol) -> None:
             f"cannot start: uvicorn {uvicorn.__version__}'s {base.__name__} has no {', '.join(missing)}, which "
             f"app/http/protocol.py's protocol needs; install the uvicorn pyproject.toml names (pip install -e .)"
         )
-
-
-def connection_budgets(settings: Settings) -> tuple[int, int]:
-    """(HTTP, gRPC) connections a process may hold: CGSERVE_MAX_CONNECTIONS each, or (0) the open-file
-    budget split three to one where gRPC listens, so that together they never run out of descriptors."""
-    if settings.max_connections:
-        return settings.max_connections, settings.max_connections
-    budget = open_file_budget()
-    grpc = max(16, budget // 4) if settings.grpc_port else 0
-    return budget - grpc, grpc
-
-
-def open_file_budget() -> int:
-    """What the process may hold in connections: its open-file limit, less some for everything else."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return max(64, (soft if soft != resource.RLIM_INFINITY else 65536) - 128)
 
 
 class DrainingHttpProtocol(GuardedHttpProtocol):

@@ -7,7 +7,7 @@ a request three more, 63,000 instructions a batch at one row a batch, an eighth 
 observe a bisect and an int add; flush() moves the totals into the Prometheus children:
 
 - every FLUSH_S, from the task Service runs (`flush_every`), in each process that serves;
-- at once before a process renders /metrics (app/metrics.exposition), so a scrape of a single
+- at once before a process renders /metrics (app/ops/metrics.py's exposition_off_loop), so a scrape of a single
   process sees every request it answered. With several workers, what another worker did in its
   last FLUSH_S shows at the next scrape: for Prometheus, scraping every few seconds, nothing.
 

@@ -2,7 +2,7 @@
 
 Every request of the hot path carried three: the header timeout, the body's pause timeout (both
 app/http/protocol.py now; the second armed only while part of a body is still to come) and the
-end-to-end deadline (app/errors.py). Each armed a
+end-to-end deadline (app/dataplane.py's within). Each armed a
 loop timer and cancelled it again, two of them through asyncio.timeout, which wraps that in more
 Python: together 33,000-37,000 instructions a request more than this module
 (bench/results/2026-12-01-cpu-instructions-per-request.md). They all guard against the rare

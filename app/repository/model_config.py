@@ -32,7 +32,6 @@ from app.repository.versions import VersionPolicy
 Format = Literal["torchscript", "exported", "onnx", "torchvision", "python"]
 ModelEngine = Literal["eager", "cuda-graph", "compile", "onnxruntime"]
 Postprocess = Literal["softmax", "sigmoid", "none"]  # app/engines/postprocess.py applies it
-FILE_FORMATS = ("torchscript", "exported", "onnx")
 
 
 class ModelConfigError(ValueError):

@@ -33,8 +33,8 @@ from app.codecs.uploads import Images, upload_images
 from app.config import Settings
 from app.dataplane import DataPlane
 from app.errors import ClientClosedError, DeadlineExceededError, InputError, ServiceError, quoted
-from app.http.protocol import connection_budgets
 from app.model_control import IGNORED_LOAD_PARAMETERS, LOAD_EXPECTED, ControlError, RepositoryControl
+from app.ops.connection_budgets import connection_budgets
 from app.ops.off_loop import LARGE_JSON_BYTES, off_loop
 from app.protocols.v2 import tensors
 from app.protocols.v2.grpc_methods import SERVICE, Unparsed, add_service
@@ -274,18 +274,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             raise
 
 
-def _platform(served: ServedModel) -> str:
-    return f"cudagraph-serve_{served.options.engine}"
-
-
 def metadata_response(service: Service, served: ServedModel) -> pb.ModelMetadataResponse:
     versions = sorted(service.versions[served.spec.name], key=int)
-    return pb.ModelMetadataResponse(**tensors.model_metadata(served.spec, _platform(served), versions))
+    platform = tensors.platform(served.options.engine)
+    return pb.ModelMetadataResponse(**tensors.model_metadata(served.spec, platform, versions))
 
 
 def config_response(served: ServedModel) -> pb.ModelConfigResponse:
     options = served.options
-    config = tensors.model_config(served.spec, _platform(served), options.buckets, options.max_delay_ms)
+    platform = tensors.platform(options.engine)
+    config = tensors.model_config(served.spec, platform, options.buckets, options.max_delay_ms)
     return pb.ModelConfigResponse(config=pb.ModelConfig(**config))
 
 
@@ -298,7 +296,7 @@ def _rows(request: Any) -> int:
 
 
 def _raw_contents(request: Any) -> bytes | None:
-    """The one raw tensor's bytes, or None (no raw contents, or more than one: `_input` refuses those). Taken
+    """The one raw tensor's bytes, or None (no raw contents, or more than one: `input_images` refuses those). Taken
     once: each read of a bytes field copies it out of the message (upb), 150 KB for one ResNet-50 image."""
     contents = request.raw_input_contents
     return contents[0] if len(contents) == 1 else None
@@ -451,7 +449,7 @@ class GrpcServer:
             specs = read_repository(settings.model_repository)
         except (ModelConfigError, OSError):  # the service's start-up names every problem
             specs = []
-        limit = self.message_limit = message_limit(settings.max_body_bytes, settings.buckets, specs)
+        limit = message_limit(settings.max_body_bytes, settings.buckets, specs)
         options = [
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", max(limit, 64 * 2**20)),

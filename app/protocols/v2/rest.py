@@ -59,10 +59,6 @@ def served_model(service: Service, name: str, version: str | None) -> ServedMode
     return service.model(name, version or None)
 
 
-def platform(served: ServedModel) -> str:
-    return f"cudagraph-serve_{served.options.engine}"
-
-
 @router.get("", summary="Server metadata and the protocol extensions supported")
 async def server_metadata() -> dict[str, Any]:
     return tensors.server_metadata()
@@ -96,13 +92,15 @@ async def model_metadata(name: str, service: ServiceDep, version: str | None = N
 def metadata_body(service: Service, served: ServedModel) -> bytes:
     """GET /v2/models/{name}'s answer: the model's tensors and every version served now."""
     versions = sorted(service.versions[served.spec.name], key=int)
-    return orjson.dumps(tensors.model_metadata(served.spec, platform(served), versions))
+    platform = tensors.platform(served.options.engine)
+    return orjson.dumps(tensors.model_metadata(served.spec, platform, versions))
 
 
 def config_body(served: ServedModel) -> bytes:
     """GET /v2/models/{name}/config's answer: Triton's model configuration (batch sizes, tensors)."""
     options = served.options
-    return orjson.dumps(tensors.model_config(served.spec, platform(served), options.buckets, options.max_delay_ms))
+    platform = tensors.platform(options.engine)
+    return orjson.dumps(tensors.model_config(served.spec, platform, options.buckets, options.max_delay_ms))
 
 
 READY_RESPONSES: dict[int | str, dict[str, Any]] = {

@@ -26,7 +26,6 @@ from app.repository.outputs import DATATYPES as OUTPUT_DATATYPES
 from app.repository.outputs import Output
 
 INPUT = "input"
-OUTPUT = "probabilities"
 DATATYPES: dict[str, np.dtype[Any]] = {"FP32": np.dtype("<f4"), "UINT8": np.dtype(np.uint8)}
 # A request's `id` is echoed in its answer: bounded, or a stream of unread answers to 16 MiB ids held
 # gigabytes (a review's attack on ModelStreamInfer).
@@ -248,6 +247,11 @@ def classification(probabilities: np.ndarray, count: int, labels: tuple[str, ...
 
 def server_metadata() -> dict[str, Any]:
     return {"name": "cudagraph-serve", "version": __version__, "extensions": EXTENSIONS}
+
+
+def platform(engine: str) -> str:
+    """The `platform` of a model's metadata and configuration, over REST and gRPC alike."""
+    return f"cudagraph-serve_{engine}"
 
 
 def model_metadata(spec: ModelSpec, platform: str, versions: list[str] | None = None) -> dict[str, Any]:
