@@ -26,9 +26,11 @@ LOG_TAIL_CHARS = 6000  # enough for a traceback and what a `make` wrapper says a
 
 
 def service_env(port: int, **settings: object) -> dict[str, str]:
-    """The environment of a service (app.cli serve) on HOST:`port`, gRPC off, logging warnings only,
-    and `settings` as CGSERVE_<NAME> (device="cuda" → CGSERVE_DEVICE=cuda), for benchmarks and tools."""
-    env = {"CGSERVE_HOST": HOST, "CGSERVE_PORT": str(port), "CGSERVE_GRPC_PORT": "0", "CGSERVE_LOG_LEVEL": "warning"}
+    """The environment of a service (app.cli serve) on HOST:`port`, gRPC off, logging warnings only, a stop's
+    drain of 0.1 s (the default 5 s is for load balancers, and none is in front of these), and `settings` as
+    CGSERVE_<NAME> (device="cuda" → CGSERVE_DEVICE=cuda), for benchmarks, tools and tests."""
+    env = {"CGSERVE_HOST": HOST, "CGSERVE_PORT": str(port), "CGSERVE_GRPC_PORT": "0", "CGSERVE_LOG_LEVEL": "warning",
+           "CGSERVE_DRAIN_SECONDS": "0.1"}  # fmt: skip
     return env | {f"CGSERVE_{name.upper()}": str(value) for name, value in settings.items()}
 
 

@@ -47,7 +47,7 @@ def prometheus_binary() -> str:
 def service(tmp_path: Path) -> Iterator[str]:
     """The real service on a free loopback port; yields its base URL; always stopped."""
     port = free_port()
-    argv = [sys.executable, "-m", "app.cli", "serve", "--host", HOST, "--port", str(port)]
+    argv = [sys.executable, "-m", "app.cli", "serve", "--host", HOST, "--port", str(port), "--drain-seconds", "0.1"]
     # cwd: no stray .env from the checkout
     with running(argv, tmp_path / "service.log", port=port, ready_timeout_s=START_TIMEOUT_S, cwd=tmp_path) as server:
         yield server.url

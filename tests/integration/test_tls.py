@@ -86,7 +86,7 @@ def tls_server(log_path: Path, pki: Path, **settings: str) -> Iterator[tuple[str
     over https (presenting the client certificate: it works with a client CA and without)."""
     port, grpc_port = free_ports(2)
     env = {"CGSERVE_HOST": HOST, "CGSERVE_PORT": str(port), "CGSERVE_GRPC_PORT": str(grpc_port)}
-    env |= {"CGSERVE_DEVICE": "cpu", "CGSERVE_BUCKETS": "1,2,4"}
+    env |= {"CGSERVE_DEVICE": "cpu", "CGSERVE_BUCKETS": "1,2,4", "CGSERVE_DRAIN_SECONDS": "0.1"}  # a quick stop
     env |= {"CGSERVE_TLS_CERT_FILE": str(pki / "server.crt"), "CGSERVE_TLS_KEY_FILE": str(pki / "server.key")}
     env |= {f"CGSERVE_{name.upper()}": value for name, value in settings.items()}
     server = ServerProcess(SERVE, log_path, port=port, env=env, cwd=ROOT)

@@ -28,7 +28,7 @@ def serve(tmp_path_factory: pytest.TempPathFactory, name: str, *argv: str) -> It
 @pytest.fixture(scope="module")
 def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The real service on the CPU (eager engine)."""
-    yield from serve(tmp_path_factory, "server", "app.cli", "serve", "--device", "cpu")
+    yield from serve(tmp_path_factory, "server", "app.cli", "serve", "--device", "cpu", "--drain-seconds", "0.1")
 
 
 @pytest.fixture(scope="module")
