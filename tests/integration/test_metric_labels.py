@@ -7,6 +7,7 @@ of series in /metrics where it was, and the server's memory nearly so.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import string
 from collections.abc import Callable, Iterator
@@ -43,7 +44,10 @@ def chunks(body: bytes) -> Iterator[bytes]:
     yield body
 
 
-def ingresses(server: dict[str, str]) -> list[Callable[[str], object]]:
+@contextlib.contextmanager
+def ingresses(server: dict[str, str]) -> Iterator[list[Callable[[str], object]]]:
+    """One call a route, each taking a model name; its clients closed after (an open keep-alive connection holds
+    the server's stop for its keep-alive timeout)."""
     http = httpx.Client(base_url=server["url"], timeout=30, trust_env=False)
     triton = triton_grpc.InferenceServerClient(server["grpc"])
     octets, json = {"content-type": "application/octet-stream"}, {"content-type": "application/json"}
@@ -60,19 +64,20 @@ def ingresses(server: dict[str, str]) -> list[Callable[[str], object]]:
 
         return refused
 
-    return [
-        lambda n: http.post(f"/v1/models/{n}/predict", content=IMAGE, headers=octets),  # inline
-        lambda n: http.post(f"/v1/models/{n}/predict", content=chunks(IMAGE), headers=octets),  # ASGI
-        lambda n: http.post(f"/v2/models/{n}/infer", content=V2_BODY, headers=json),  # inline
-        lambda n: http.post(f"/v2/models/{n}/versions/1/infer", content=chunks(V2_BODY), headers=json),  # ASGI
-        lambda n: http.post(f"/v2/models/{n}/versions/{n}/infer", content=V2_BODY, headers=json),
-        lambda n: http.get(f"/v2/models/{n}/ready"),
-        lambda n: http.get(f"/v2/models/{n}"),
-        lambda n: http.get(f"/v1/models/{n}/ready"),
-        grpc_call(grpc_infer),
-        grpc_call(lambda n: triton.is_model_ready(n)),
-        grpc_call(lambda n: triton.get_model_metadata(n)),
-    ]
+    with http, contextlib.closing(triton):
+        yield [
+            lambda n: http.post(f"/v1/models/{n}/predict", content=IMAGE, headers=octets),  # inline
+            lambda n: http.post(f"/v1/models/{n}/predict", content=chunks(IMAGE), headers=octets),  # ASGI
+            lambda n: http.post(f"/v2/models/{n}/infer", content=V2_BODY, headers=json),  # inline
+            lambda n: http.post(f"/v2/models/{n}/versions/1/infer", content=chunks(V2_BODY), headers=json),  # ASGI
+            lambda n: http.post(f"/v2/models/{n}/versions/{n}/infer", content=V2_BODY, headers=json),
+            lambda n: http.get(f"/v2/models/{n}/ready"),
+            lambda n: http.get(f"/v2/models/{n}"),
+            lambda n: http.get(f"/v1/models/{n}/ready"),
+            grpc_call(grpc_infer),
+            grpc_call(lambda n: triton.is_model_ready(n)),
+            grpc_call(lambda n: triton.get_model_metadata(n)),
+        ]
 
 
 def series_and_rss(url: str) -> tuple[int, float]:
@@ -88,15 +93,15 @@ def random_name(rng: random.Random) -> str:
 
 def test_unknown_model_names_create_no_series(server: dict[str, str]) -> None:
     rng = random.Random(23_2)
-    send = ingresses(server)
-    for index in range(2 * len(send)):  # every refusal's own series once (under no client's name)
-        send[index % len(send)](quote(random_name(rng), safe=""))
-    before, rss_before = series_and_rss(server["url"])
-    for index in range(NAMES):
-        name = random_name(rng)
-        status = send[index % len(send)](quote(name, safe=""))
-        if isinstance(status, httpx.Response):
-            assert status.status_code in (400, 404, 422), (name, status.status_code, status.text)
+    with ingresses(server) as send:
+        for index in range(2 * len(send)):  # every refusal's own series once (under no client's name)
+            send[index % len(send)](quote(random_name(rng), safe=""))
+        before, rss_before = series_and_rss(server["url"])
+        for index in range(NAMES):
+            name = random_name(rng)
+            status = send[index % len(send)](quote(name, safe=""))
+            if isinstance(status, httpx.Response):
+                assert status.status_code in (400, 404, 422), (name, status.status_code, status.text)
     after, rss_after = series_and_rss(server["url"])
     assert after == before, f"{after - before} series appeared for {NAMES} unknown model names"
     assert rss_after - rss_before < RSS_GROWTH_LIMIT, (rss_before, rss_after)
