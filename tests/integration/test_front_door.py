@@ -124,6 +124,26 @@ def read_answer(connection: socket.socket) -> tuple[bytes, dict[bytes, bytes], b
     return status, headers, body
 
 
+def read_answers(connection: socket.socket, count: int) -> list[tuple[bytes, dict[bytes, bytes], bytes]]:
+    """The next `count` answers on `connection`, in order: one read may hold the end of one and the start of
+    the next (read_answer would drop the rest of its read)."""
+    answers, data = [], b""
+    while len(answers) < count:
+        head_end = data.find(b"\r\n\r\n")
+        if head_end >= 0:
+            status, *lines = data[:head_end].split(b"\r\n")
+            headers = {name.strip().lower(): value.strip() for name, _, value in (ln.partition(b":") for ln in lines)}
+            end = head_end + 4 + int(headers[b"content-length"])
+            if len(data) >= end:
+                answers.append((status, headers, data[head_end + 4 : end]))
+                data = data[end:]
+                continue
+        chunk = connection.recv(65536)
+        assert chunk, f"the connection was closed after {len(answers)} answers and {data[:200]!r}"
+        data += chunk
+    return answers
+
+
 def closed_within(connection: socket.socket, seconds: float) -> bytes | None:
     """What the server wrote before closing the connection, or None if it is still open after `seconds`."""
     connection.settimeout(seconds)
@@ -275,7 +295,7 @@ def test_a_pipelined_burst_larger_than_the_buffer_is_answered_in_order(server: d
         alone = [predict(client, image)["predictions"][0]["label"] for image in images]
     with socket.create_connection(("127.0.0.1", server["port"]), timeout=10) as connection:
         connection.sendall(b"".join(POST % (b"/predict", AUTH, len(one)) + one for one in burst))
-        answers = [read_answer(connection) for _ in burst]
+        answers = read_answers(connection, len(burst))
     assert all(status.startswith(b"HTTP/1.1 200 ") for status, _, _ in answers), answers[0]
     labels = [orjson.loads(body)["predictions"][0]["label"] for _, _, body in answers]
     assert labels == [alone[i % 4] for i in range(len(burst))]
