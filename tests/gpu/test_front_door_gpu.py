@@ -18,8 +18,8 @@ import orjson
 import pytest
 
 from tests.gpu.test_cuda_engine import eager, relative_error
+from tests.integration.door_toolchain import door_toolchain
 from tests.integration.server_process import free_port, running_server, settled_metrics
-from tests.integration.test_front_door import door_toolchain
 
 pytestmark = pytest.mark.skipif(door_toolchain() is not None, reason="no C compiler or nghttp2 headers for the door")
 SERVE = (sys.executable, "-m", "app.cli", "serve")

@@ -11,10 +11,8 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -31,16 +29,8 @@ from tritonclient.utils import InferenceServerException
 
 from loadtest.server_process import running
 from models.fashion_mnist import load_test_sample
+from tests.integration.door_toolchain import door_toolchain
 from tests.integration.server_process import ROOT, free_port, requests_counted, running_server, settled_metrics
-
-
-def door_toolchain() -> str | None:
-    """What the server lacks to build door.c and grpc.c (a C compiler, nghttp2's headers), or None."""
-    if shutil.which("cc") is None:
-        return "no C compiler (cc)"
-    probe = subprocess.run(["cc", "-E", "-x", "c", "-", "-o", os.devnull], input="#include <nghttp2/nghttp2.h>\n",
-                           capture_output=True, text=True)  # fmt: skip
-    return None if probe.returncode == 0 else "no nghttp2 headers"
 
 
 @pytest.fixture(autouse=True)
