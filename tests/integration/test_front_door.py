@@ -95,28 +95,9 @@ def exchange(connection: socket.socket, request: bytes) -> tuple[bytes, dict[byt
     return read_answer(connection)
 
 
-def read_answer(connection: socket.socket) -> tuple[bytes, dict[bytes, bytes], bytes]:
-    """The next answer on `connection`, whole: (status line, headers, body)."""
-
-    def more(data: bytes) -> bytes:
-        chunk = connection.recv(65536)
-        assert chunk, f"the connection was closed after {data[:200]!r}"
-        return data + chunk
-
-    data = b""
-    while b"\r\n\r\n" not in data:
-        data = more(data)
-    head, _, body = data.partition(b"\r\n\r\n")
-    status, *lines = head.split(b"\r\n")
-    headers = {name.strip().lower(): value.strip() for name, _, value in (line.partition(b":") for line in lines)}
-    while len(body) < int(headers[b"content-length"]):
-        body = more(body)
-    return status, headers, body
-
-
 def read_answers(connection: socket.socket, count: int) -> list[tuple[bytes, dict[bytes, bytes], bytes]]:
     """The next `count` answers on `connection`, in order: one read may hold the end of one and the start of
-    the next (read_answer would drop the rest of its read)."""
+    the next, kept for it; what follows the last is dropped."""
     answers, data = [], b""
     while len(answers) < count:
         head_end = data.find(b"\r\n\r\n")
@@ -132,6 +113,12 @@ def read_answers(connection: socket.socket, count: int) -> list[tuple[bytes, dic
         assert chunk, f"the connection was closed after {len(answers)} answers and {data[:200]!r}"
         data += chunk
     return answers
+
+
+def read_answer(connection: socket.socket) -> tuple[bytes, dict[bytes, bytes], bytes]:
+    """The next answer on `connection`, whole: (status line, headers, body); what follows it in the same read is
+    dropped (read_answers keeps it, for pipelined answers)."""
+    return read_answers(connection, 1)[0]
 
 
 def closed_within(connection: socket.socket, seconds: float) -> bytes | None:
