@@ -10,7 +10,8 @@ others (8-15), closed loop at --per-worker × workers connections for --seconds:
   granian     the same app (fast path, no inline) on granian, a Rust HTTP server, through its ASGI interface
   front-door  app.cli serve --front-door-port: app/front_door's C threads (--workers of them) on a port of
               their own, batching in Python, one process (raw bodies only; readiness on the HTTP port)
-Ours run cuda-graph engines with --compile none (seconds to capture), one per worker process.
+Ours run cuda-graph engines, one per worker process, at --compile none by default (seconds to capture; inductor,
+the service's default, takes minutes for all buckets of ResNet-50, about one for the seed CNN).
 Writes <out>/front-ends.json (every figure and command) and <out>/front-ends.md.
 """
 
@@ -32,7 +33,7 @@ from loadtest.payloads import build_payloads
 from loadtest.server_process import ServerProcess, free_port
 
 OURS = "{python} -m app.cli serve --host {host} --port {port} --workers {workers} --grpc-port 0 --log-level warning "
-OURS += "--engine {engine} --device {device} --compile none --drain-seconds 0"
+OURS += "--engine {engine} --device {device} --compile {compile} --drain-seconds 0"
 DESIGNS = {
     "raw-noop": ("{python} -m loadtest.servers.raw_noop --host {host} --port {port} --workers {workers}", {}),
     "inline": (OURS, {}),
@@ -40,7 +41,7 @@ DESIGNS = {
     "granian": (
         "{python} -m granian --interface asgi --loop uvloop --host {host} --port {port} --workers {workers} "
         "--no-ws --log-level warning --factory app.main:create_app",
-        {"CGSERVE_ENGINE": "{engine}", "CGSERVE_DEVICE": "{device}", "CGSERVE_COMPILE": "none",
+        {"CGSERVE_ENGINE": "{engine}", "CGSERVE_DEVICE": "{device}", "CGSERVE_COMPILE": "{compile}",
          "CGSERVE_GRPC_PORT": "0", "CGSERVE_INLINE_PREDICT": "false"},
     ),
     "front-door": (
@@ -63,6 +64,7 @@ def main() -> int:
     p.add_argument("--server-cores", default="0-7")
     p.add_argument("--loadgen-cores", default="8-15")
     p.add_argument("--device", default="cuda", help="cuda (cuda-graph engines) or cpu (eager: a check of the harness)")
+    p.add_argument("--compile", default="none", choices=["none", "inductor"], help="our engines' kernels")
     p.add_argument(
         "--tree",
         type=Path,
@@ -87,6 +89,7 @@ def main() -> int:
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": shlex.join([sys.executable, *sys.argv]),
         "tree": str(args.tree) if args.tree else "this checkout",
+        "compile": args.compile,
         "runs": runs,
     }
     (args.out / f"{args.label}front-ends.json").write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2))
@@ -99,8 +102,9 @@ def run_design(args: argparse.Namespace, design: str, workers: int, bodies: dict
     template, env = DESIGNS[design]
     port, http_port, engine = free_port(), free_port(), "cuda-graph" if args.device == "cuda" else "eager"
     values = {"python": sys.executable, "host": "127.0.0.1", "port": port, "workers": workers, "http_port": http_port}
-    argv = shlex.split(template.format(**values, engine=engine, device=args.device))
-    env = {name: value.format(engine=engine, device=args.device) for name, value in env.items()}
+    fields = {"engine": engine, "device": args.device, "compile": args.compile}
+    argv = shlex.split(template.format(**values, **fields))
+    env = {name: value.format(**fields) for name, value in env.items()}
     argv = ["taskset", "-c", args.server_cores, *argv]
     out: dict[str, Any] = {"design": design, "workers": workers, "command": shlex.join(argv), "env": env, "forms": {}}
     print(f"{design} × {workers}: {out['command']}", flush=True)
