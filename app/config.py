@@ -332,6 +332,12 @@ class Settings(BaseSettings):
         "device direct decodes faster; in the engine process it lost to torchvision on the H200 "
         "(bench/results/HISTORY.md, run 39).",
     )
+    jpeg_stream_priority: Literal["normal", "high"] = Field(
+        "normal",
+        description="GPU decoder: the CUDA stream priority of its resizes and copies out, and of the direct "
+        "decoder's decodes. high: the device runs them ahead of the models' batches, which wait for their pixels "
+        "(torchvision's decode runs on a stream of its own, at normal).",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log verbosity.")
     auth_tokens: Tokens = Field(
         None,

@@ -298,6 +298,7 @@ class Service:
             max_batch=s.jpeg_max_batch,
             launches=s.jpeg_launches,
             nvjpeg=s.jpeg_nvjpeg,
+            priority=s.jpeg_stream_priority,
         )
 
     async def _own_jpeg_decoder(self, link: EngineLink) -> JpegBatchDecoder | DeferringDecoder | None:

@@ -8,7 +8,7 @@ quality 90) for --seconds, each waiting for its own batch's event before its nex
 event), as the launch threads do:
 
   torchvision   torchvision.io.decode_jpeg([k tensors], device) from every thread (its lock: one at a time)
-  direct        app/codecs/nvjpeg.py's BatchDecoder, one a thread
+  direct        app/codecs/nvjpeg.py's BatchDecoder, one a thread, its stream at each of --priorities
 
 img/s and the process's CPU µs a photo, idle and at each --busy-gpu fraction (jpeg_stages.py's BusyGpu:
 ResNet-50 replays keeping the device that busy, as the engine does in the server).
@@ -74,8 +74,9 @@ def equality(nvjpeg: NvJpeg, device: torch.device) -> dict[str, Any]:
 
 
 def rate(kind: str, nvjpeg: NvJpeg, device: torch.device, photos: list[bytes], threads: int, batch: int,
-         seconds: float) -> dict[str, float]:  # fmt: skip
-    """Photos a second and CPU µs a photo, `threads` threads each decoding `batch` photos at a time."""
+         seconds: float, priority: int = 0) -> dict[str, float]:  # fmt: skip
+    """Photos a second and CPU µs a photo, `threads` threads each decoding `batch` photos at a time, the direct
+    decoder's streams at torch.cuda.Stream's `priority` (torchvision's decode runs on a stream of its own)."""
     import torchvision.io
 
     mode = torchvision.io.ImageReadMode.RGB
@@ -86,8 +87,8 @@ def rate(kind: str, nvjpeg: NvJpeg, device: torch.device, photos: list[bytes], t
     def run(n: int) -> None:
         buffers = [bytearray(photos[(n + i) % len(photos)]) for i in range(batch)]
         tensors = [torch.frombuffer(b, dtype=torch.uint8) for b in buffers]
-        decoder = nvjpeg.decoder(device) if kind == "direct" else None
-        stream = torch.cuda.Stream(device)
+        decoder = nvjpeg.decoder(device, priority) if kind == "direct" else None
+        stream = torch.cuda.Stream(device, priority=priority)
 
         def one_batch() -> None:
             if decoder is not None:
@@ -128,6 +129,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--busy-gpu", default="0,0.6")
+    parser.add_argument(
+        "--priorities", default="0", help="the direct decoder's stream priorities, e.g. 0,-1 (lower is sooner)"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     import torchvision
@@ -151,9 +155,11 @@ def main() -> None:
         busy = BusyGpu(device, fraction) if fraction > 0 else None
         with busy or contextlib.nullcontext():
             for threads in map(int, args.threads.split(",")):
-                for kind in ("torchvision", "direct"):
-                    key = f"{kind}-t{threads}" + (f"-busy{fraction:g}" if busy else "")
-                    points[key] = rate(kind, nvjpeg, device, photos, threads, args.batch, args.seconds)
+                kinds = [("torchvision", 0)] + [("direct", int(p)) for p in args.priorities.split(",")]
+                for kind, priority in kinds:
+                    key = f"{kind}-t{threads}" + (f"-p{priority}" if priority else "")
+                    key += f"-busy{fraction:g}" if busy else ""
+                    points[key] = rate(kind, nvjpeg, device, photos, threads, args.batch, args.seconds, priority)
                     print(key, points[key], flush=True)
         if busy is not None:
             points[f"busy{fraction:g}-duty"] = round(busy.duty, 3)

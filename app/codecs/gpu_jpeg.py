@@ -25,6 +25,11 @@ overwrite it first. Ours waits for that stream, and the batch holds its decoded 
 has completed, so that their memory is not reused before our resize of them has run (one reference
 kept, where a record_stream an image was a torch call, and a wait for the GIL, an image).
 
+With CGSERVE_JPEG_STREAM_PRIORITY=high our streams (and the direct decoder's) are made at a higher priority
+than the models' streams: beside a busy device the decoder's few small kernels start ahead of a ResNet-50 batch's
+many, so that the decoder which feeds those batches does not queue behind them (beside a device kept 0.6 busy,
+nvJPEG decoded at half its idle rate: bench/results/HISTORY.md, run 39).
+
 With CGSERVE_JPEG_NVJPEG=direct, nvJPEG's hardware decoder is called without torchvision
 (app/codecs/nvjpeg.py): each launch thread has a decoder state and a stream of its own, so batches
 decode at once and none waits on the host for its decode (our stream waits for its event). The
@@ -68,6 +73,10 @@ log = logging.getLogger(__name__)
 MAX_BATCH: int = Settings.model_fields["jpeg_max_batch"].default
 LAUNCHES: int = Settings.model_fields["jpeg_launches"].default
 NVJPEG: str = Settings.model_fields["jpeg_nvjpeg"].default
+PRIORITY: str = Settings.model_fields["jpeg_stream_priority"].default
+# CGSERVE_JPEG_STREAM_PRIORITY → torch.cuda.Stream's priority: lower is sooner. The models' streams are at 0, so
+# at -1 the device starts the decoder's kernels ahead of a batch's where both wait for room.
+STREAM_PRIORITIES = {"normal": 0, "high": -1}
 # Values a group resizes at once: its stack and float copy take 5 bytes a value on the device
 # (uint8 + float32), so 2^25 is 168 MB: 59 photos of 500×375, 10 of 1024², where one image
 # at a time took 15 MB. Past it a size's images are resized in several groups.
@@ -101,7 +110,13 @@ class _Launched:
 
 class GpuJpegDecoder:
     def __init__(
-        self, device: str, *, max_batch: int = MAX_BATCH, launches: int = LAUNCHES, nvjpeg: str = NVJPEG
+        self,
+        device: str,
+        *,
+        max_batch: int = MAX_BATCH,
+        launches: int = LAUNCHES,
+        nvjpeg: str = NVJPEG,
+        priority: str = PRIORITY,
     ) -> None:
         if max_batch < 1 or launches < 1:
             raise ValueError(f"max_batch and launches must be at least 1; got {max_batch} and {launches}")
@@ -110,15 +125,19 @@ class GpuJpegDecoder:
         # torchvision's decode_jpeg for every batch.
         self._nvjpeg: NvJpeg | None
         self._direct: queue.SimpleQueue[BatchDecoder] | None
-        self._nvjpeg, self._direct = _direct_decoders(self.device, launches) if nvjpeg == "direct" else (None, None)
+        stream_priority = STREAM_PRIORITIES[priority]
+        self._nvjpeg, self._direct = (
+            _direct_decoders(self.device, launches, stream_priority) if nvjpeg == "direct" else (None, None)
+        )
         self.nvjpeg = "direct" if self._direct is not None else "torchvision"
         self.max_batch = max_batch
         # The latest launched batches' sizes, for tests (bounded: a server launches batches for ever);
         # the running totals, for the benchmark's mean batch.
         self.batch_sizes: deque[int] = deque(maxlen=RECENT_BATCHES)
         self.batches_launched = self.images_launched = 0
-        self._stream = torch.cuda.Stream(self.device)  # resizes and copies out
-        self._decode_stream = torch.cuda.Stream(self.device)  # nvJPEG's outputs are allocated under it (above)
+        self._stream = torch.cuda.Stream(self.device, priority=stream_priority)  # resizes and copies out
+        # nvJPEG's outputs are allocated under it (above)
+        self._decode_stream = torch.cuda.Stream(self.device, priority=stream_priority)
         self._worker = ThreadPoolExecutor(max_workers=launches, thread_name_prefix="gpu-jpeg")
         self._launch_slots = asyncio.Semaphore(launches)
         self._waiter = EventWaiter("gpu-jpeg-event-waiter")
@@ -316,17 +335,17 @@ def _observe_stages(launched: _Launched, completed: float) -> None:
 
 
 def _direct_decoders(
-    device: torch.device, launches: int
+    device: torch.device, launches: int, priority: int
 ) -> tuple[NvJpeg, queue.SimpleQueue[BatchDecoder]] | tuple[None, None]:
-    """nvJPEG's hardware backend and a decoder state for each launch thread, or (None, None) (logged: why) where
-    this GPU or library has none."""
+    """nvJPEG's hardware backend and a decoder state for each launch thread (its stream at `priority`), or
+    (None, None) (logged: why) where this GPU or library has none."""
     nvjpeg: NvJpeg | None = None
     pool: queue.SimpleQueue[BatchDecoder] = queue.SimpleQueue()
     try:
         with torch.cuda.device(device):  # a handle and its states belong to the device current when made
             nvjpeg = NvJpeg()
             for _ in range(launches):
-                pool.put(nvjpeg.decoder(device))
+                pool.put(nvjpeg.decoder(device, priority))
     except (NvJpegError, OSError, AttributeError) as error:  # no hardware decoder, no library, an old library
         log.info("JPEG uploads: nvJPEG's hardware decoder is not available here (%s); torchvision's decoder", error)
         if nvjpeg is not None:

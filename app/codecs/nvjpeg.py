@@ -130,9 +130,10 @@ class NvJpeg:
         self.handle = handle
         self._decoders: list[BatchDecoder] = []  # destroyed with the handle
 
-    def decoder(self, device: torch.device) -> BatchDecoder:
-        """A state and stream on `device`, which must be the device this handle was made on (current then)."""
-        decoder = BatchDecoder(self, device)
+    def decoder(self, device: torch.device, priority: int = 0) -> BatchDecoder:
+        """A state and stream (at torch.cuda.Stream's `priority`) on `device`, which must be the device this handle
+        was made on (current then)."""
+        decoder = BatchDecoder(self, device, priority)
         self._decoders.append(decoder)
         return decoder
 
@@ -149,10 +150,11 @@ class BatchDecoder:
     must have been decoded before the next starts (the state's buffers are reused): `decode` waits for that
     batch's own event, asleep, where it has not (with a state a launch thread, it has)."""
 
-    def __init__(self, nvjpeg: NvJpeg, device: torch.device) -> None:
+    def __init__(self, nvjpeg: NvJpeg, device: torch.device, priority: int = 0) -> None:
         self.nvjpeg, self.device = nvjpeg, device
         held = nvjpeg.library.held
-        self.stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]  # nvJPEG's work and its output block's allocation
+        # nvJPEG's work and its output block's allocation
+        self.stream = torch.cuda.Stream(device, priority=priority)  # type: ignore[no-untyped-call]
         self._state, self._parsed = ctypes.c_void_p(), ctypes.c_void_p()
         _check(held.nvjpegJpegStateCreate(nvjpeg.handle, ctypes.byref(self._state)), "state creation")
         _check(held.nvjpegJpegStreamCreate(nvjpeg.handle, ctypes.byref(self._parsed)), "stream creation")

@@ -93,17 +93,18 @@ def choose_jpeg_decoder(setting: str, device: str, *, torchvision_imports: bool)
 
 
 def start_jpeg_decoder(
-    setting: str, device: str, *, max_batch: int, launches: int, nvjpeg: str
+    setting: str, device: str, *, max_batch: int, launches: int, nvjpeg: str, priority: str
 ) -> JpegBatchDecoder | None:
     """The GPU decoder the setting and device call for (batches of at most `max_batch` uploads, `launches`
-    of them launched at once, nvJPEG called as `nvjpeg` says: CGSERVE_JPEG_NVJPEG), or None for Pillow alone."""
+    of them launched at once, nvJPEG called as `nvjpeg` says: CGSERVE_JPEG_NVJPEG, its streams at `priority`:
+    CGSERVE_JPEG_STREAM_PRIORITY), or None for Pillow alone."""
     torchvision_imports = device.startswith("cuda") and _imports("torchvision.io")
     if choose_jpeg_decoder(setting, device, torchvision_imports=torchvision_imports) == "cpu":
         return None
     from app.codecs.gpu_jpeg import GpuJpegDecoder  # torchvision and CUDA only from here on
 
-    decoder = GpuJpegDecoder(device, max_batch=max_batch, launches=launches, nvjpeg=nvjpeg)
-    log.info("JPEG uploads are decoded on %s (nvJPEG, batched, %s)", device, decoder.nvjpeg)
+    decoder = GpuJpegDecoder(device, max_batch=max_batch, launches=launches, nvjpeg=nvjpeg, priority=priority)
+    log.info("JPEG uploads are decoded on %s (nvJPEG, batched, %s, %s priority)", device, decoder.nvjpeg, priority)
     return decoder
 
 

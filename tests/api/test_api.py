@@ -288,7 +288,7 @@ def test_no_model_serves_while_the_jpeg_decoder_starts(monkeypatch: pytest.Monke
     models_ready: list[bool] = []
     app = create_app(Settings())
 
-    def starting_decoder(setting: str, device: str, **decoder_settings: int) -> None:
+    def starting_decoder(setting: str, device: str, **decoder_settings: int | str) -> None:
         service = app.state.service
         models_ready.extend(served.batcher is not None for served in service.models.values())
         models_ready.append(service.readiness()[0])

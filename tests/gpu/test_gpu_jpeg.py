@@ -47,12 +47,17 @@ def grey_jpeg(garment: np.ndarray, quality: int = 90) -> bytes:
 
 
 def decode_all(
-    items: list[tuple[bytes, ModelSpec]], *, max_batch: int = 32, launches: int = 2, nvjpeg: str = "torchvision"
+    items: list[tuple[bytes, ModelSpec]],
+    *,
+    max_batch: int = 32,
+    launches: int = 2,
+    nvjpeg: str = "torchvision",
+    priority: str = "normal",
 ) -> tuple[list[object], list[int]]:
     """Decode concurrently on one decoder: each result (array or exception) and the batch sizes it launched."""
 
     async def run() -> tuple[list[object], list[int]]:
-        decoder = GpuJpegDecoder("cuda:0", max_batch=max_batch, launches=launches, nvjpeg=nvjpeg)
+        decoder = GpuJpegDecoder("cuda:0", max_batch=max_batch, launches=launches, nvjpeg=nvjpeg, priority=priority)
         assert decoder.nvjpeg == nvjpeg  # the H200 has JPEG engines: direct is not turned down there
         try:
             tasks = [decoder.decode(data, spec) for data, spec in items]
@@ -124,16 +129,18 @@ def test_concurrent_uploads_are_decoded_together_and_each_as_if_alone() -> None:
 NVJPEG = ["torchvision", "direct"]  # CGSERVE_JPEG_NVJPEG: whose nvJPEG call, with memory handled each its own way
 
 
+@pytest.mark.parametrize("priority", ["normal", "high"])  # CGSERVE_JPEG_STREAM_PRIORITY: the same pixels
 @pytest.mark.parametrize("nvjpeg", NVJPEG)
-def test_two_launches_at_once_give_every_upload_the_pixels_it_gets_alone(nvjpeg: str) -> None:
+def test_two_launches_at_once_give_every_upload_the_pixels_it_gets_alone(nvjpeg: str, priority: str) -> None:
     """Batches of mixed photo sizes launched two at a time, their device memory freed and reused while the
     other batch's resize is still queued (run 22's review: nvJPEG's outputs, once allocated under the
     stream the resizes run on, could take memory a queued resize still read): each of 200 uploads equals
-    its own photo decoded one at a time."""
+    its own photo decoded one at a time, on a decoder of normal priority."""
     sizes = [(500, 375), (640, 480), (375, 500), (320, 240), (1024, 768)]
     jpegs = [encode(synthetic_photo(*sizes[i % len(sizes)], seed=i), quality=90) for i in range(40)]
     alone, _ = decode_all([(data, RESNET50) for data in jpegs], max_batch=1, launches=1, nvjpeg=nvjpeg)
-    together, batch_sizes = decode_all([(jpegs[i % 40], RESNET50) for i in range(200)], max_batch=7, nvjpeg=nvjpeg)
+    uploads = [(jpegs[i % 40], RESNET50) for i in range(200)]
+    together, batch_sizes = decode_all(uploads, max_batch=7, nvjpeg=nvjpeg, priority=priority)
     assert sum(batch_sizes) == 200 and len(batch_sizes) >= 29
     for i, got in enumerate(together):
         assert isinstance(got, np.ndarray), got
@@ -256,14 +263,15 @@ def test_the_http_path_with_the_gpu_decoder(design: str, tmp_path: Path) -> None
         assert _sample(exposition, f'cgserve_gpu_jpeg_stage_seconds_sum{{stage="{stage}"}}') >= 0
 
 
-@pytest.mark.parametrize("nvjpeg", ["torchvision", "direct"])
-def test_jpeg_bodies_at_the_front_door_get_the_ports_answers(nvjpeg: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("nvjpeg", "priority"), [("torchvision", "normal"), ("direct", "high")])
+def test_jpeg_bodies_at_the_front_door_get_the_ports_answers(nvjpeg: str, priority: str, tmp_path: Path) -> None:
     """The front door's uploads (app/front_door/images.py): decoded over their rows by the same GPU decoder as the
     port's, so the same answers; the uploads door.c leaves to Pillow, and the bad ones, as the port answers them."""
     command = (sys.executable, "-m", "app.cli", "serve")
     door_port = free_port()
     settings = {"model_repository": str(EXAMPLES), "device": "cuda", "buckets": "1,8", "compile": "none",
-                "default_model": "resnet50", "front_door_port": str(door_port), "jpeg_nvjpeg": nvjpeg}  # fmt: skip
+                "default_model": "resnet50", "front_door_port": str(door_port), "jpeg_nvjpeg": nvjpeg,
+                "jpeg_stream_priority": priority}  # fmt: skip
     photos = [fashion_photo(g, 500, 375, seed=i) for i, g in enumerate(GARMENTS)]
     jpegs = [encode(photo, quality=90) for photo in photos]
     cmyk = encode(Image.fromarray(photos[0]).convert("CMYK"))

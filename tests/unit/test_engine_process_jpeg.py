@@ -381,7 +381,9 @@ def test_with_decode_in_workers_a_worker_decodes_on_the_engine_process_s_cuda_de
 
     started: list[tuple[object, ...]] = []
 
-    def start_jpeg_decoder(setting: str, device: str, *, max_batch: int, launches: int, nvjpeg: str) -> PillowAsGpu:
+    def start_jpeg_decoder(
+        setting: str, device: str, *, max_batch: int, launches: int, nvjpeg: str, priority: str
+    ) -> PillowAsGpu:
         started.append((setting, device, max_batch, launches))
         if len(started) == 2:
             raise RuntimeError("CUDA error: out of memory")

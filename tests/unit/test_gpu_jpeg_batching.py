@@ -76,7 +76,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     monkeypatch.setattr(
         torch.cuda,
         "Stream",
-        lambda device: types.SimpleNamespace(wait_stream=lambda other: None, wait_event=lambda event: None),
+        lambda device, priority=0: types.SimpleNamespace(wait_stream=lambda other: None, wait_event=lambda event: None),
     )
     monkeypatch.setattr(torch.cuda, "Event", NoEvent)
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())

@@ -82,8 +82,8 @@ def test_gpu_without_what_it_needs_says_what_to_change() -> None:
 
 
 def test_on_the_cpu_no_gpu_decoder_starts() -> None:
-    assert start_jpeg_decoder("auto", "cpu", max_batch=32, launches=2, nvjpeg="torchvision") is None
-    assert start_jpeg_decoder("cpu", "cpu", max_batch=32, launches=2, nvjpeg="torchvision") is None
+    assert start_jpeg_decoder("auto", "cpu", max_batch=32, launches=2, nvjpeg="torchvision", priority="normal") is None
+    assert start_jpeg_decoder("cpu", "cpu", max_batch=32, launches=2, nvjpeg="torchvision", priority="normal") is None
 
 
 def test_the_header_sends_baseline_progressive_and_grey_jpegs_to_the_gpu_and_the_rest_to_pillow() -> None:
