@@ -93,7 +93,7 @@ def library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     source, built = tmp_path / "nvjpeg.c", tmp_path / "libnvjpeg.so.13"
     source.write_text(STAND_IN)
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(built), str(source)], check=True)
-    monkeypatch.setattr(torch.cuda, "Stream", lambda device: types.SimpleNamespace(cuda_stream=0))
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device, priority=0: types.SimpleNamespace(cuda_stream=0))
     monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
     yield str(built)
