@@ -47,6 +47,12 @@ def on_client_core() -> None:
         os.sched_setaffinity(0, {CLIENT_CORE})
 
 
+def recording_figures() -> bool:
+    """Whether bench/reliability_figures.py is running these tests for their figures: runs that only give a
+    figure (a baseline beside an attack) are made then, not in every test run."""
+    return bool(os.environ.get("CGSERVE_FIGURES_OUT"))
+
+
 def record_figure(test: str, **figures: float) -> None:
     """A speed or time figure of a run, which a test prints and never asserts: on a shared 2-core
     machine it is noise. bench/reliability_figures.py runs these tests with CGSERVE_FIGURES_OUT set
