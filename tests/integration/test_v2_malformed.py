@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from loadtest.server_process import free_port
-from tests.integration.server_process import running_server, settled_metrics
+from tests.integration.server_process import running_server
 from tests.reliability.common import SERVE
 
 MODEL = "fashion-cnn"
@@ -95,9 +95,12 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
 
 
 def batches(url: str) -> float:
+    """Batches the server has launched. Each server here is one process (one worker, no engine process), whose
+    /metrics flushes its own buffered figures as it answers: exact at once, with no wait for other processes'
+    flushes (settled_metrics' 0.3 s, twice a case, was 40 of this module's 52 s)."""
     return sum(
         sample.value
-        for family in text_string_to_metric_families(settled_metrics(url))
+        for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
         for sample in family.samples
         if sample.name == "cgserve_batches_total"
     )
