@@ -135,7 +135,7 @@ def test_two_launches_at_once_give_every_upload_the_pixels_it_gets_alone(nvjpeg:
     """Batches of mixed photo sizes launched two at a time, their device memory freed and reused while the
     other batch's resize is still queued (run 22's review: nvJPEG's outputs, once allocated under the
     stream the resizes run on, could take memory a queued resize still read): each of 200 uploads equals
-    its own photo decoded one at a time, on a decoder of normal priority."""
+    its own photo decoded one at a time (by a decoder at normal priority), at either stream priority."""
     sizes = [(500, 375), (640, 480), (375, 500), (320, 240), (1024, 768)]
     jpegs = [encode(synthetic_photo(*sizes[i % len(sizes)], seed=i), quality=90) for i in range(40)]
     alone, _ = decode_all([(data, RESNET50) for data in jpegs], max_batch=1, launches=1, nvjpeg=nvjpeg)

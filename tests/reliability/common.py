@@ -47,10 +47,13 @@ def on_client_core() -> None:
         os.sched_setaffinity(0, {CLIENT_CORE})
 
 
+FIGURES_OUT = "CGSERVE_FIGURES_OUT"  # set by bench/reliability_figures.py: the file each figure is appended to
+
+
 def recording_figures() -> bool:
     """Whether bench/reliability_figures.py is running these tests for their figures: runs that only give a
     figure (a baseline beside an attack) are made then, not in every test run."""
-    return bool(os.environ.get("CGSERVE_FIGURES_OUT"))
+    return bool(os.environ.get(FIGURES_OUT))
 
 
 def record_figure(test: str, **figures: float) -> None:
@@ -58,7 +61,7 @@ def record_figure(test: str, **figures: float) -> None:
     machine it is noise. bench/reliability_figures.py runs these tests with CGSERVE_FIGURES_OUT set
     and keeps every figure (one JSON object a line there) in its record."""
     print(f"{test}: {figures}")
-    out = os.environ.get("CGSERVE_FIGURES_OUT")
+    out = os.environ.get(FIGURES_OUT)
     if out:
         with open(out, "a") as lines:
             lines.write(json.dumps({"test": test, **figures}) + "\n")

@@ -58,7 +58,8 @@ def under_attack(url: str, tmp_path: Path, attack: Callable[[threading.Event], N
     """Normal traffic, every request answered 200, while `threads` attackers run; when figures are recorded,
     its throughput as a share of it without them (the mean of a run just before and one just after: the
     machine's own drift cancels)."""
-    before = throughput(url, tmp_path / "before.json") if recording_figures() else None
+    recording = recording_figures()
+    before = throughput(url, tmp_path / "before.json") if recording else 0.0
     stop = threading.Event()
 
     def pinned_attack(stop: threading.Event) -> None:
@@ -74,7 +75,7 @@ def under_attack(url: str, tmp_path: Path, attack: Callable[[threading.Event], N
         stop.set()
         for attacker in attackers:
             attacker.join(timeout=15)
-    if before is None:
+    if not recording:
         return
     after = throughput(url, tmp_path / "after.json")
     share = attacked / ((before + after) / 2)  # issue 11's target: ≥ 0.8
