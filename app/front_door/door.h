@@ -25,7 +25,7 @@
 #define MAX_V2_HEADER 4096 /* a v2 request's JSON inference header (Triton's clients send ~250 bytes), or a gRPC
                            * call's fields but its pixels (~100 bytes) */
 #define MAX_GETS 64        /* the answers Python sets (fd_set_get): the v2 metadata a client reads first */
-#define MAX_BUFFERS 16
+#define MAX_BUFFERS 17 /* a bulk for each of in_flight batches (at most 16: app/config.py) and one to fill */
 #define MAX_TOKENS 64
 #define SWEEP_S 0.25
 #define LINGER_S 2.0 /* a refused connection's input is read and dropped this long at most */

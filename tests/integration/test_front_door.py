@@ -631,7 +631,7 @@ def test_a_client_that_never_reads_is_given_up(server: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def door_alone(shape: tuple[int, int, int], *, threads: int, full_rows: int, max_connections: int,
-               max_pixels: int = 2**20) -> Iterator[tuple[Any, tuple[str, int]]]:  # fmt: skip
+               max_pixels: int = 2**20, buffers: int = 3) -> Iterator[tuple[Any, tuple[str, int]]]:  # fmt: skip
     """door.c on a port of its own, without a server: (the Door, its address); the test plays the feeder."""
     from app.front_door.door import Door, Limits
     from app.front_door.library import door_library
@@ -641,7 +641,7 @@ def door_alone(shape: tuple[int, int, int], *, threads: int, full_rows: int, max
     wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
     limits = Limits(max_connections=max_connections, keepalive_s=5, request_s=5, tokens=(), max_bytes=2**24,
                     max_pixels=max_pixels)  # fmt: skip
-    door = Door(door_library(None), listener, threads=threads, shape=shape, buffers=3, wake_fd=wake,
+    door = Door(door_library(None), listener, threads=threads, shape=shape, buffers=buffers, wake_fd=wake,
                 path=b"/predict", v2_path=b"/v2/models/m/infer", full_rows=full_rows, limits=limits)  # fmt: skip
     try:
         yield door, listener.getsockname()
@@ -649,6 +649,25 @@ def door_alone(shape: tuple[int, int, int], *, threads: int, full_rows: int, max
         door.close()
         listener.close()
         os.close(wake)
+
+
+def test_the_most_batches_in_flight_the_settings_allow_open_the_door() -> None:
+    """server.py opens the door with a buffer for each of in_flight bulks and one to fill: CGSERVE_IN_FLIGHT at
+    its largest (16) once stopped the server's start-up ("the front door refused … 17 buffers")."""
+    from annotated_types import Le
+
+    from app.config import Settings
+
+    (most,) = (limit.le for limit in Settings.model_fields["in_flight"].metadata if isinstance(limit, Le))
+    with door_alone((1, 28, 28), threads=1, full_rows=8, max_connections=8, buffers=most + 1) as (door, address):
+        connection = socket.create_connection(address, timeout=5)
+        connection.sendall(POST % (b"/predict", b"", 784) + bytes(784))
+        latest = time.monotonic() + 5
+        while (bulk := door.take()) is None and time.monotonic() < latest:
+            time.sleep(0.01)
+        connection.close()
+        assert bulk is not None and len(bulk.ids) == 1, "the request never reached a bulk"
+        door.release(bulk.buffer)
 
 
 def test_an_answer_given_twice_reaches_nobody() -> None:
