@@ -11,7 +11,9 @@ on --server-cores, hey on --loadgen-cores (a second's warm-up, then --seconds) p
 load (rows a batch, the wait in the door, queue wait, a batch's launch to answers, the door's request time) and
 the CPU each kind of thread used: the door's C threads (named cgserve-door), the event loop's (the main thread)
 and the rest (the CUDA event waiter, torch's). With --tree, the servers run from that copy of the repository (a
-tree before a change; --label names its points apart). With --jpeg the body is a 500×375 photo sent as image/jpeg;
+tree before a change; --label names its points apart). With --rate, an open loop of our generator at that rate
+in place of hey (latency from each request's scheduled send). With --jpeg the body is a 500×375 photo sent as
+image/jpeg;
 with --server-module bench.sim_gpu.serve the server's GPU JPEG decoder is a timed stand-in (bench/sim_gpu/
 jpeg_decoder.py), for a machine without a GPU. Writes <out>/<label>sweep.json (every command and figure) as it goes.
 """
@@ -22,6 +24,7 @@ import argparse
 import json
 import os
 import shlex
+import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -78,11 +81,38 @@ class Sweep:
 
     def load(self, url: str) -> dict[str, Any]:
         a = self.args
+        cores = ["taskset", "-c", a.loadgen_cores]
+        if a.rate:
+            return self.open_loop(url, cores)
         argv = hey_command(a.hey, url, self.body, content_type=self.content_type,
                            concurrency=a.concurrency, duration_s=a.seconds)  # fmt: skip
-        cores = ["taskset", "-c", a.loadgen_cores]
         run_hey([*cores, *argv[:2], "1s", *argv[3:]], timeout_s=30)  # warm-up
         return run_hey([*cores, *argv], timeout_s=a.seconds + 60)
+
+    def open_loop(self, url: str, cores: list[str]) -> dict[str, Any]:
+        """Our generator at --rate requests a second, each latency from its scheduled send (hey has no open loop):
+        a second's warm-up, then --seconds; the same body form as hey's, on up to 1024 connections."""
+        a = self.args
+        base, _, path = url.partition("/predict")
+        out = a.out / f"open-loop-{time.monotonic_ns()}.json"
+        argv = [*cores, sys.executable, "-m", "loadtest", "--url", base, "--path", f"/predict{path}",
+                "--form", "jpeg" if a.jpeg else "raw", "--image-shape", a.image_shape, "--rate", str(a.rate),
+                "--duration", str(a.seconds), "--warmup", "1", "--no-check-labels", "--processes", "2",
+                "--connections", "1024", "--out", str(out), "--quiet"]  # fmt: skip
+        done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=a.seconds + 120)
+        if done.returncode != 0 or not out.exists():
+            return {"requests_per_s": None, "error": f"loadtest exited with {done.returncode}",
+                    "raw_tail": (done.stdout + done.stderr)[-1500:], "command": shlex.join(argv)}  # fmt: skip
+        record = json.loads(out.read_text())
+        out.unlink()
+        return {
+            "requests_per_s": record["achieved_rate_rps"],
+            "offered_rps": a.rate,
+            "latency_ms": record["latency_ms"],
+            "status_codes": {"200": record["counts"]["ok"]},
+            "errors": record["errors"],
+            "command": shlex.join(argv),
+        }
 
     def noop(self) -> None:
         a = self.args
@@ -151,6 +181,8 @@ def main() -> None:
     add("--repository", type=Path, default=None, help="model repository (default: the seed CNN's alone)")
     add("--image-shape", default="1,28,28", help="the default model's input C,H,W")
     add("--concurrency", type=int, default=64)
+    add("--rate", type=float, default=0.0, help="open loop at this many requests a second (our generator), not hey's "
+        "closed loop of --concurrency")  # fmt: skip
     add("--seconds", type=float, default=4.0)
     add("--variants", default="default=", help="'name=CGSERVE_X=1,CGSERVE_Y=2;name2=…'")
     add("--noop-workers", type=int, default=8, help="the no-op's workers (0: no no-op)")
