@@ -50,6 +50,7 @@ import logging
 import queue
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -145,6 +146,11 @@ class GpuJpegDecoder:
         self._arrived = asyncio.Event()
         self._collector: asyncio.Task[None] | None = None
         self._batches: set[asyncio.Task[None]] = set()  # launching or handing back (asyncio keeps weak references)
+        self.on_caught_up: Callable[[], None] | None = None  # app/codecs/uploads.py's PacedDecoder: the front door's
+
+    def backlog(self) -> int:
+        """Uploads given to `decode` and not yet taken into a launch."""
+        return len(self._pending)
 
     def decode(
         self, data: bytes | bytearray | memoryview, spec: ModelSpec, out: np.ndarray | None = None
@@ -190,6 +196,8 @@ class GpuJpegDecoder:
                     await self._launch_slots.acquire()  # taken here, given back once its batch is launched
                     jobs = [job for job in self._pending[: self.max_batch] if not job.future.done()]
                     del self._pending[: self.max_batch]
+                    if not self._pending and self.on_caught_up is not None:
+                        asyncio.get_running_loop().call_soon(self.on_caught_up)
                     if not jobs:  # all cancelled (their deadline passed while queued)
                         self._launch_slots.release()
                         continue

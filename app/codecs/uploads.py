@@ -21,7 +21,7 @@ import importlib
 import io
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Literal, Protocol, cast
+from typing import Literal, Protocol, cast, runtime_checkable
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -48,6 +48,19 @@ class JpegBatchDecoder(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class PacedDecoder(JpegBatchDecoder, Protocol):
+    """A JpegBatchDecoder that says when it has caught up: the front door takes a bulk of JPEGs then, whatever else
+    it has out (app/front_door/feeder.py), so that uploads gather in its C side while the decoder is behind."""
+
+    # Called on the loop (call_soon) each time every upload given to `decode` has been taken into a launch.
+    on_caught_up: Callable[[], None] | None
+
+    def backlog(self) -> int:
+        """Uploads given to `decode` and not yet taken into a launch."""
+        ...
 
 
 class Uploads(Protocol):

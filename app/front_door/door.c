@@ -511,6 +511,7 @@ int add_row(door_t *d, uint64_t id, uint8_t kind, const char *header, size_t hea
     memcpy(d->bulk_headers + start, header, header_len);
     d->bulk_header_ends[i] = start + (int32_t)header_len;
     d->bulk_lens[i] = (int32_t)len;
+    d->bulk_jpegs += kind == KIND_JPEG;
     d->requests++;
     d->copying[b]++; /* fd_take waits for the copy: 150 KB an image is not copied under the lock */
     pthread_mutex_unlock(&d->bulk_mu);
@@ -897,7 +898,7 @@ int fd_take(door_t *d, uint64_t *ids, double *arrived, char *headers, int32_t *h
     memcpy(headers, d->bulk_headers, (size_t)d->bulk_header_ends[k - 1]);
     d->taken[taken] = 1;
     d->filling = next; /* new rows go there from now on, so the copies into this one only end */
-    d->bulk_n = 0;
+    d->bulk_n = d->bulk_jpegs = 0;
     while (d->copying[taken] > 0) { /* a row still being copied in: wait for it */
         pthread_mutex_unlock(&d->bulk_mu);
         sched_yield();
@@ -922,9 +923,11 @@ int fd_set_get(door_t *d, int i, const char *path, const char *head, const char 
     return 1;
 }
 
-int fd_waiting(door_t *d) {
+/* The bulk being filled: its rows, and of those the JPEGs for the GPU decoder in *jpegs (where not NULL). */
+int fd_waiting(door_t *d, int *jpegs) {
     pthread_mutex_lock(&d->bulk_mu);
     int n = d->bulk_n;
+    if (jpegs) *jpegs = d->bulk_jpegs;
     pthread_mutex_unlock(&d->bulk_mu);
     return n;
 }

@@ -25,7 +25,7 @@
 #define MAX_V2_HEADER 4096 /* a v2 request's JSON inference header (Triton's clients send ~250 bytes), or a gRPC
                            * call's fields but its pixels (~100 bytes) */
 #define MAX_GETS 64        /* the answers Python sets (fd_set_get): the v2 metadata a client reads first */
-#define MAX_BUFFERS 17 /* a bulk for each of in_flight batches (at most 16: app/config.py) and one to fill */
+#define MAX_BUFFERS 34 /* server.py's door_buffers at app/config.py's largest in_flight (16) and jpeg_launches (8) */
 #define MAX_TOKENS 64
 #define SWEEP_S 0.25
 #define LINGER_S 2.0 /* a refused connection's input is read and dropped this long at most */
@@ -150,6 +150,7 @@ typedef struct {
     int copying[MAX_BUFFERS];     /* rows being copied in outside the lock */
     int filling;                  /* the bulk's buffer */
     int bulk_n;
+    int bulk_jpegs;               /* its rows that are JPEGs for the GPU decoder (KIND_JPEG) */
     uint64_t *bulk_ids;           /* where each answer goes: http_id, grpc_id */
     double *bulk_arrived;         /* CLOCK_MONOTONIC seconds: Python's time.monotonic() */
     char *bulk_headers;           /* the v2 requests' JSON headers, one after another (max_rows × MAX_V2_HEADER) */

@@ -45,7 +45,7 @@ def _load(library: Path) -> ctypes.CDLL:
     count = ctypes.c_longlong
     lib.fd_open.argtypes = (number,) * 7 + (text, text, number, number, seconds, seconds, text, count, count)
     lib.fd_waiting.restype = ctypes.c_int
-    lib.fd_waiting.argtypes = [ctypes.c_void_p]
+    lib.fd_waiting.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     lib.fd_buffer.restype = ctypes.c_void_p
     lib.fd_buffer.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.fd_take.restype = ctypes.c_int
@@ -106,11 +106,19 @@ class Door:
         self._kinds = np.empty(MOST_ROWS, np.uint8)
         self._lengths = np.empty(MOST_ROWS, np.int32)
         self._which = ctypes.c_int()
+        self._jpegs = ctypes.c_int()
         self.refusal_codes = [lib.fd_refusal_code(i) for i in range(REFUSALS)]
 
     def waiting(self) -> int:
         """Rows in the bulk being filled."""
-        return int(self._lib.fd_waiting(self._door)) if self._door else 0
+        return int(self._lib.fd_waiting(self._door, None)) if self._door else 0
+
+    def only_jpegs_waiting(self) -> bool:
+        """The bulk being filled holds rows, each a JPEG for the GPU decoder (JPEG)."""
+        if not self._door:
+            return False
+        rows = self._lib.fd_waiting(self._door, ctypes.byref(self._jpegs))
+        return bool(rows > 0 and rows == self._jpegs.value)
 
     def take(self) -> Bulk | None:
         """The bulk, if any. None also where every buffer is held (the caller's flow control should leave one

@@ -6,6 +6,10 @@ so a bulk is taken only while fewer than `in_flight` are out, and rows gather in
 And while another bulk is out, a partial one waits for the batcher's own launch moment (just in time
 before the running batch ends): taken at once, it would leave behind the clients whose answers just
 went out and who are about to send again, and they would wait a whole batch more (run 34's ResNet-50).
+A bulk of JPEGs for the GPU decoder is paced by the decoder instead: taken whenever the decoder has caught up
+(every upload it was given is in a launch), whatever else is out. Held until a bulk was answered, JPEGs waited
+in C through a whole bulk's decode and inference while the decoder had room (run 41: 17 of an upload's 55 ms at
+70 % load), where the GPU batch they wait for is milliseconds.
 A bulk is queued a largest bucket at a time, each piece answered as its batch is done. Its image uploads are
 decoded over their rows, and queued a decoder batch at a time as they are handed back (images.py); its v2
 requests' headers and its gRPC calls' requests are checked (v2_headers.py, grpc_calls.py); one the service's port
@@ -87,20 +91,29 @@ class Feeder:
         self.batcher: Batcher | None = None  # the last bulk's: its clock says when to take a partial one
         self.v2 = V2Codec(service)
         # The door runs where the engines are: the service's decoder is its own GPU one (or None: Pillow's).
-        self.images = BulkImages(cast(JpegBatchDecoder | None, service.jpeg_decoder), settings.max_image_pixels)
+        self.images = BulkImages(cast(JpegBatchDecoder | None, service.jpeg_decoder), settings.max_image_pixels,
+                                 caught_up=self.pump)  # fmt: skip
         self.decoding: set[asyncio.Task[None]] = set()  # bulks whose uploads are being decoded
+        self.unstarted: set[int] = set()  # taken bulks' buffers whose uploads are not yet given to the decoder
         self._answers: tuple[ServedModel, Answers, V2Headers] | None = None  # the default model's, rebuilt on a change
 
     def pump(self) -> None:
         """Take bulks while fewer than in_flight are out (a partial one, while another is out, at the batcher's
-        launch moment)."""
-        while self.out < self.in_flight and (waiting := self.door.waiting()):
-            if self.out and waiting < self.full and self._later():
+        launch moment), and a bulk of JPEGs whenever the GPU decoder has caught up; while the door has a buffer."""
+        while waiting := self.door.waiting():
+            held = self.out >= self.in_flight or (self.out and waiting < self.full and self._later())
+            if held and not self._decoder_caught_up():
                 return
             bulk = self.door.take()
             if bulk is None:
                 return
             self._queue(bulk)
+
+    def _decoder_caught_up(self) -> bool:
+        """The GPU decoder has taken every upload it was given into a launch, no bulk taken is yet to give it its
+        own, and the bulk being filled is JPEGs for it alone."""
+        decoder = self.images.paced
+        return decoder is not None and not self.unstarted and not decoder.backlog() and self.door.only_jpegs_waiting()
 
     @property
     def out(self) -> int:
@@ -148,6 +161,7 @@ class Feeder:
             return
         served.admitted += 1  # as the port admits before it decodes: a version replaced meanwhile waits for these
         handed_on = np.zeros(len(requests), dtype=bool)  # rows queued or answered so far
+        self.unstarted.add(bulk.buffer)  # until the task's first step gives the decoder its uploads
         task = asyncio.ensure_future(self._decode_and_queue(bulk, requests, images, handed_on, served, batcher))
         self.decoding.add(task)
         task.add_done_callback(partial(self._decoded, bulk, requests, handed_on, served))
@@ -157,6 +171,8 @@ class Feeder:
         """The rows that are pixels queued first (on the task's first turn), then each decoder batch's as it hands
         them back; an upload that is not an image answered so."""
         assert bulk.kinds is not None and bulk.lengths is not None
+        # Its uploads are given to the decoder below, in this step of the task: no other pump runs in between.
+        self.unstarted.discard(bulk.buffer)
         for run in runs(np.flatnonzero(bulk.kinds < JPEG)):  # POST /predict's pixels, v2 and gRPC tensors
             self._enqueue(bulk, requests, run, served, batcher)
             handed_on[run] = True
@@ -176,6 +192,7 @@ class Feeder:
         """A bulk's uploads all decoded, or its decoding stopped: whatever went wrong, every request not yet queued
         is answered, and the buffer comes back with the last piece (a callback's exception would be lost)."""
         self.decoding.discard(task)
+        self.unstarted.discard(bulk.buffer)  # cancelled before its first step
         served.admitted -= 1
         try:
             task.result()

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from app.codecs.bodies import decode_image
-from app.codecs.uploads import JpegBatchDecoder
+from app.codecs.uploads import JpegBatchDecoder, PacedDecoder
 from app.errors import GpuDecodeError
 from app.front_door.door import JPEG
 from app.ops import metrics
@@ -44,9 +44,14 @@ class Decoded:
 
 
 class BulkImages:
-    def __init__(self, decoder: JpegBatchDecoder | None, max_pixels: int) -> None:
+    def __init__(self, decoder: JpegBatchDecoder | None, max_pixels: int,
+                 caught_up: Callable[[], None] | None = None) -> None:  # fmt: skip
         self.decoder = decoder  # None: Pillow decodes every upload
         self.max_pixels = max_pixels  # CGSERVE_MAX_IMAGE_PIXELS (0: each model's own limit)
+        # The decoder, where it says when it has caught up (the GPU's): `caught_up` is called each time it has.
+        self.paced = decoder if isinstance(decoder, PacedDecoder) else None
+        if self.paced is not None:
+            self.paced.on_caught_up = caught_up
 
     async def decode(self, rows: np.ndarray, lengths: np.ndarray, kinds: np.ndarray, images: np.ndarray,
                      spec: ModelSpec) -> AsyncGenerator[Decoded, None]:  # fmt: skip

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 import orjson
 
 from app.access.tokens import load_tokens
+from app.codecs.uploads import PacedDecoder
+from app.config import Settings
 from app.errors import ServiceError
 from app.front_door.answers import JSON_HEAD, status_line
 from app.front_door.door import GRPC_CODE_NAMES, Door, Limits
@@ -33,6 +35,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 TEND_EVERY_S = 1.0  # how often the C side's refusals are counted and its GET answers set afresh
 DRAIN_POLL_S = 0.01  # how often a drain looks whether every request is answered and every connection closed
+
+
+def door_buffers(settings: Settings, *, paced: bool) -> int:
+    """The bulks door.c holds (MOST_ROWS × C×H×W bytes each, touched as rows come): one for each batch in flight, one
+    to fill, and where the GPU decoder paces bulks of JPEGs (feeder.py), for each of its launches one being decoded
+    and one whose rows wait for the model, and one waiting for a launch."""
+    return settings.in_flight + 1 + (2 * settings.jpeg_launches + 1 if paced else 0)
 
 
 def attach(service: Service) -> None:
@@ -90,14 +99,13 @@ class FrontDoor:
             max_pixels=default.max_image_pixels(settings.max_image_pixels),  # the uploads nvJPEG is given
         )
         wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        # One buffer more than the bulks Python may hold (in_flight): there is always one to fill.
         door = Door(
             library,
             listener,
             threads=settings.front_door_threads,
             shape=shape,
             wake_fd=wake,
-            buffers=settings.in_flight + 1,
+            buffers=door_buffers(settings, paced=isinstance(service.jpeg_decoder, PacedDecoder)),
             path=b"/predict",
             v2_path=f"/v2/models/{default.name}/infer".encode(),
             full_rows=max(settings.buckets),

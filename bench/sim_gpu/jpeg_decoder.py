@@ -1,7 +1,8 @@
 """The GPU JPEG decoder's stand-in for a machine without one: its batching and its H200 times ×10, slept.
 
 app/codecs/gpu_jpeg.py's structure, kept: uploads queue; a collector takes everything waiting (up to `max_batch`)
-as soon as fewer than `launches` batches are being launched; a launch runs on a worker thread, its decode under one
+as soon as fewer than `launches` batches are being launched (and, having taken every one, calls `on_caught_up`, as the
+front door's pacing needs); a launch runs on a worker thread, its decode under one
 lock for the process (torchvision's decoder lock); the batch's resize and copy out then run beside the next launch;
 the event loop hands the rows back, copying each into the caller's `out`. The times are a batch's on the H200 ×10
 (bench/results/HISTORY.md, runs 30c and 40a: nvJPEG's decode of 128 photos ~9 ms beside a busy device, its
@@ -20,6 +21,7 @@ import asyncio
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -54,6 +56,10 @@ class TimedJpegDecoder:
         self._arrived = asyncio.Event()
         self._collector: asyncio.Task[None] | None = None
         self._batches: set[asyncio.Task[None]] = set()
+        self.on_caught_up: Callable[[], None] | None = None  # as GpuJpegDecoder's: the front door's pacing
+
+    def backlog(self) -> int:
+        return len(self._pending)
 
     def decode(self, data: object, spec: object, out: np.ndarray | None = None) -> asyncio.Future[np.ndarray]:
         if self._collector is None:
@@ -76,6 +82,8 @@ class TimedJpegDecoder:
                 await self._slots.acquire()
                 jobs = [job for job in self._pending[: self.max_batch] if not job.future.done()]
                 del self._pending[: self.max_batch]
+                if not self._pending and self.on_caught_up is not None:
+                    asyncio.get_running_loop().call_soon(self.on_caught_up)
                 task = asyncio.create_task(self._batch(jobs))
                 self._batches.add(task)
                 task.add_done_callback(self._batches.discard)

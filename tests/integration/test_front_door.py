@@ -651,15 +651,22 @@ def door_alone(shape: tuple[int, int, int], *, threads: int, full_rows: int, max
         os.close(wake)
 
 
-def test_the_most_batches_in_flight_the_settings_allow_open_the_door() -> None:
-    """server.py opens the door with a buffer for each of in_flight bulks and one to fill: CGSERVE_IN_FLIGHT at
-    its largest (16) once stopped the server's start-up ("the front door refused … 17 buffers")."""
+def test_the_most_buffers_the_settings_ask_for_open_the_door() -> None:
+    """server.py's door_buffers at the largest CGSERVE_IN_FLIGHT and CGSERVE_JPEG_LAUNCHES, with the GPU decoder's
+    share: door.c takes them (in_flight at 16 once stopped the server's start-up: "the front door refused … 17
+    buffers")."""
     from annotated_types import Le
 
     from app.config import Settings
+    from app.front_door.server import door_buffers
 
-    (most,) = (limit.le for limit in Settings.model_fields["in_flight"].metadata if isinstance(limit, Le))
-    with door_alone((1, 28, 28), threads=1, full_rows=8, max_connections=8, buffers=most + 1) as (door, address):
+    def largest(name: str) -> int:
+        (most,) = (limit.le for limit in Settings.model_fields[name].metadata if isinstance(limit, Le))
+        return int(most)
+
+    settings = Settings(in_flight=largest("in_flight"), jpeg_launches=largest("jpeg_launches"))
+    buffers = door_buffers(settings, paced=True)
+    with door_alone((1, 28, 28), threads=1, full_rows=8, max_connections=8, buffers=buffers) as (door, address):
         connection = socket.create_connection(address, timeout=5)
         connection.sendall(POST % (b"/predict", b"", 784) + bytes(784))
         latest = time.monotonic() + 5

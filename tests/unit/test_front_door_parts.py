@@ -181,6 +181,10 @@ class StandInDoor:
     def waiting(self) -> int:
         return len(self.bulks[0][0]) if self.bulks else 0
 
+    def only_jpegs_waiting(self) -> bool:
+        kinds = self.bulks[0][3] if self.bulks else None
+        return kinds is not None and bool((kinds == JPEG).all())
+
     def take(self) -> Bulk | None:
         if not self.bulks:
             return None
@@ -444,6 +448,27 @@ class HeldDecoder:
         pass
 
 
+class PacedHeldDecoder(HeldDecoder):
+    """A HeldDecoder that says when it has caught up, as the GPU decoder does (app/codecs/uploads.py's PacedDecoder):
+    the uploads given it are its backlog until the test launches them."""
+
+    def __init__(self, pixels: np.ndarray) -> None:
+        super().__init__(pixels)
+        self.unlaunched = 0
+        self.on_caught_up: Any = None
+
+    def decode(self, data: Any, spec: Any, out: np.ndarray | None = None) -> asyncio.Future[np.ndarray]:
+        self.unlaunched += 1
+        return super().decode(data, spec, out)
+
+    def backlog(self) -> int:
+        return self.unlaunched
+
+    def launch_all(self) -> None:
+        self.unlaunched = 0
+        asyncio.get_running_loop().call_soon(self.on_caught_up)
+
+
 def held_bulk(kinds: list[int]) -> tuple[StandInDoor, HeldDecoder]:
     """A door holding one bulk of the garment, its pixels where `kinds` says PREDICT and its JPEG where JPEG, and the
     HeldDecoder that decodes the JPEGs when the test says (run_held gives it to the feeder)."""
@@ -454,16 +479,17 @@ def held_bulk(kinds: list[int]) -> tuple[StandInDoor, HeldDecoder]:
     return door, HeldDecoder(garment[None, None])
 
 
-def run_held(door: StandInDoor, decoder: HeldDecoder, until: Any, prepare: Any = None) -> None:
+def run_held(door: StandInDoor, decoder: HeldDecoder, until: Any, prepare: Any = None, **settings: Any) -> None:
     """run_feeder on the seed CNN with `decoder` as the feeder's GPU decoder, and `prepare(feeder)` after."""
     from app.front_door.images import BulkImages
 
     def use_held(feeder: Any) -> None:
-        feeder.images = BulkImages(decoder, 0)
+        feeder.images = BulkImages(decoder, 0, caught_up=feeder.pump)
         if prepare is not None:
             prepare(feeder)
 
-    run_feeder(door, Settings(model_repository=DEFAULT_REPOSITORY, device="cpu", grpc_port=0), until, use_held)
+    settings = {"model_repository": DEFAULT_REPOSITORY, "device": "cpu", "grpc_port": 0} | settings
+    run_feeder(door, Settings(**settings), until, use_held)
 
 
 def on_release(door: StandInDoor, look: Any) -> list[bool]:
@@ -497,6 +523,33 @@ def test_a_bulks_uploads_are_queued_a_decoder_batch_at_a_time_as_they_are_handed
     assert seen == [[0, 1]], (seen, door.answers)
     assert [status[:3] for _, status, *_ in door.answers] == [b"200"] * 4
     assert door.released == [1]
+
+
+@pytest.mark.parametrize("paced", [True, False], ids=["decoder-says-when-caught-up", "decoder-says-nothing"])
+def test_a_bulk_of_jpegs_is_taken_once_the_decoder_has_caught_up_whatever_is_out(paced: bool) -> None:
+    """in_flight 1, a bulk of two JPEGs out being decoded, a second bulk of JPEGs waiting in the door: once the decoder
+    has taken the first bulk's uploads into a launch, the second is taken, before the first is answered; a decoder
+    that does not say when it has caught up leaves it in the door until the first bulk is answered (run 41's wait)."""
+    garment = load_garment()
+    jpeg = garment_file(garment, "JPEG")
+    door = StandInDoor((1, 28, 28))
+    for _ in range(2):
+        door.bulks.append(uploads_bulk([jpeg, jpeg], [JPEG, JPEG], garment[None]))
+    decoder = (PacedHeldDecoder if paced else HeldDecoder)(garment[None, None])
+    taken: list[int] = []  # the bulks the door had given each time the decoder handed back
+
+    def step(door: StandInDoor, feeder: Any) -> bool:
+        if isinstance(decoder, PacedHeldDecoder) and decoder.unlaunched == 2 and door.taken == 1:
+            decoder.launch_all()  # the first bulk's uploads taken into a launch: the decoder has caught up
+        elif decoder.waiting:
+            taken.append(door.taken)
+            decoder.hand_back(len(decoder.waiting))
+        return len(door.answers) == 4 and not feeder.out
+
+    run_held(door, decoder, until=step, in_flight=1)
+    assert [status[:3] for _, status, *_ in door.answers] == [b"200"] * 4
+    assert sorted(door.released) == [1, 2]
+    assert taken == ([2] if paced else [1, 2]), taken  # paced: both bulks with the decoder before either's answer
 
 
 def test_a_bulk_stopped_while_decoding_answers_each_request_once_and_gives_its_buffer_back() -> None:
