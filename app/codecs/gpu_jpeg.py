@@ -146,7 +146,9 @@ class GpuJpegDecoder:
         self._arrived = asyncio.Event()
         self._collector: asyncio.Task[None] | None = None
         self._batches: set[asyncio.Task[None]] = set()  # launching or handing back (asyncio keeps weak references)
-        self.on_caught_up: Callable[[], None] | None = None  # app/codecs/uploads.py's PacedDecoder: the front door's
+        # Called soon each time every upload given is in a launch (app/codecs/uploads.py's PacedDecoder): the front
+        # door's feeder takes its next bulk of JPEGs then.
+        self.on_caught_up: Callable[[], None] | None = None
 
     def backlog(self) -> int:
         """Uploads given to `decode` and not yet taken into a launch."""

@@ -113,16 +113,16 @@ class Door:
         """Rows in the bulk being filled."""
         return int(self._lib.fd_waiting(self._door, None)) if self._door else 0
 
-    def only_jpegs_waiting(self) -> bool:
-        """The bulk being filled holds rows, each a JPEG for the GPU decoder (JPEG)."""
+    def jpegs_waiting(self) -> int:
+        """The bulk being filled's rows that are JPEGs for the GPU decoder (JPEG)."""
         if not self._door:
-            return False
-        rows = self._lib.fd_waiting(self._door, ctypes.byref(self._jpegs))
-        return bool(rows > 0 and rows == self._jpegs.value)
+            return 0
+        self._lib.fd_waiting(self._door, ctypes.byref(self._jpegs))
+        return self._jpegs.value
 
     def take(self) -> Bulk | None:
-        """The bulk, if any. None also where every buffer is held (the caller's flow control should leave one
-        free)."""
+        """The bulk, if any. None also where every other buffer is held: its rows then wait in C until one is
+        released."""
         if not self._door:
             return None
         k = self._lib.fd_take(self._door, self._ids.ctypes.data, self._arrived.ctypes.data, self._headers,

@@ -38,9 +38,10 @@ DRAIN_POLL_S = 0.01  # how often a drain looks whether every request is answered
 
 
 def door_buffers(settings: Settings, *, paced: bool) -> int:
-    """The bulks door.c holds (MOST_ROWS × C×H×W bytes each, touched as rows come): one for each batch in flight, one
-    to fill, and where the GPU decoder paces bulks of JPEGs (feeder.py), for each of its launches one being decoded
-    and one whose rows wait for the model, and one waiting for a launch."""
+    """The bulks door.c holds (MOST_ROWS × C×H×W bytes each, touched as rows come): one for each batch in flight and
+    one to fill; and where the GPU decoder paces bulks of JPEGs (feeder.py), room for those too: at each of its
+    launches about one being decoded and one whose rows wait for the model, and one waiting for a launch. Nothing
+    else bounds the bulks the decoder paces: once every buffer is held, rows wait in C until one is released."""
     return settings.in_flight + 1 + (2 * settings.jpeg_launches + 1 if paced else 0)
 
 

@@ -181,9 +181,9 @@ class StandInDoor:
     def waiting(self) -> int:
         return len(self.bulks[0][0]) if self.bulks else 0
 
-    def only_jpegs_waiting(self) -> bool:
+    def jpegs_waiting(self) -> int:
         kinds = self.bulks[0][3] if self.bulks else None
-        return kinds is not None and bool((kinds == JPEG).all())
+        return 0 if kinds is None else int((kinds == JPEG).sum())
 
     def take(self) -> Bulk | None:
         if not self.bulks:
@@ -525,16 +525,18 @@ def test_a_bulks_uploads_are_queued_a_decoder_batch_at_a_time_as_they_are_handed
     assert door.released == [1]
 
 
+@pytest.mark.parametrize("second", [[JPEG, JPEG], [JPEG, PREDICT]], ids=["jpegs", "a-jpeg-and-pixels"])
 @pytest.mark.parametrize("paced", [True, False], ids=["decoder-says-when-caught-up", "decoder-says-nothing"])
-def test_a_bulk_of_jpegs_is_taken_once_the_decoder_has_caught_up_whatever_is_out(paced: bool) -> None:
-    """in_flight 1, a bulk of two JPEGs out being decoded, a second bulk of JPEGs waiting in the door: once the decoder
-    has taken the first bulk's uploads into a launch, the second is taken, before the first is answered; a decoder
-    that does not say when it has caught up leaves it in the door until the first bulk is answered (run 41's wait)."""
+def test_a_bulk_with_jpegs_is_taken_once_the_decoder_has_caught_up(paced: bool, second: list[int]) -> None:
+    """in_flight 1, a bulk of two JPEGs out being decoded, a second bulk holding a JPEG waiting in the door (with
+    another JPEG, or pixels: one other row must not hold it back): once the decoder has taken the first bulk's uploads
+    into a launch, the second is taken, before the first is answered; a decoder that does not say when it has caught
+    up leaves it in the door until the first bulk is answered (run 41's wait)."""
     garment = load_garment()
     jpeg = garment_file(garment, "JPEG")
     door = StandInDoor((1, 28, 28))
-    for _ in range(2):
-        door.bulks.append(uploads_bulk([jpeg, jpeg], [JPEG, JPEG], garment[None]))
+    door.bulks.append(uploads_bulk([jpeg, jpeg], [JPEG, JPEG], garment[None]))
+    door.bulks.append(uploads_bulk([jpeg if kind == JPEG else b"" for kind in second], second, garment[None]))
     decoder = (PacedHeldDecoder if paced else HeldDecoder)(garment[None, None])
     taken: list[int] = []  # the bulks the door had given each time the decoder handed back
 
