@@ -12,8 +12,8 @@ load (rows a batch, the wait in the door, queue wait, a batch's launch to answer
 the CPU each kind of thread used: the door's C threads (named cgserve-door), the event loop's (the main thread)
 and the rest (the CUDA event waiter, torch's). With --tree, the servers run from that copy of the repository (a
 tree before a change; --label names its points apart). With --rate, an open loop of our generator at that rate
-in place of hey (latency from each request's scheduled send). With --jpeg the body is a 500×375 photo sent as
-image/jpeg;
+in place of hey (latency from each request's scheduled send); with --trickle, one more client beside it posting a
+small PNG. With --jpeg the body is a 500×375 photo sent as image/jpeg;
 with --server-module bench.sim_gpu.serve the server's GPU JPEG decoder is a timed stand-in (bench/sim_gpu/
 jpeg_decoder.py), for a machine without a GPU. Writes <out>/<label>sweep.json (every command and figure) as it goes.
 """
@@ -24,10 +24,12 @@ import argparse
 import json
 import os
 import shlex
+import socket
 import subprocess
 import sys
+import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,7 @@ import numpy as np
 from bench.harness.server_histograms import scrape, step_view
 from loadtest.hey import hey_command, run_hey
 from loadtest.server_process import ServerProcess, free_ports
+from loadtest.stats import latency_summary_ms
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = ROOT / "models" / "examples" / "repository" / "fashion-cnn"
@@ -55,6 +58,41 @@ def thread_cpu_s(pid: int) -> dict[str, float]:
         kind = "door" if name == "cgserve-door" else "loop" if int(task.name) == pid else "other"
         kinds[kind] += (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
     return dict(kinds)
+
+
+class Trickle(threading.Thread):
+    """One keep-alive connection posting a 100×75 PNG to the door `hz` times a second beside the load: a client of
+    another kind among the JPEGs (--trickle), each answer's status and time kept."""
+
+    def __init__(self, port: int, hz: float) -> None:
+        super().__init__(daemon=True)
+        from loadtest.photos import encode, synthetic_photo
+
+        self.port, self.hz = port, hz
+        self.body = encode(synthetic_photo(100, 75, seed=1), "PNG")
+        self.stop = threading.Event()
+        self.latencies_s: list[float] = []
+        self.codes: Counter[str] = Counter()
+
+    def run(self) -> None:
+        head = b"POST /predict HTTP/1.1\r\nHost: door\r\nContent-Type: image/png\r\nContent-Length: %d\r\n\r\n"
+        with socket.create_connection(("127.0.0.1", self.port), timeout=30) as connection:
+            answers = connection.makefile("rb")
+            while not self.stop.is_set():
+                sent = time.monotonic()
+                connection.sendall(head % len(self.body) + self.body)
+                status, length = answers.readline(), 0
+                while (line := answers.readline()) not in (b"\r\n", b""):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                answers.read(length)
+                self.latencies_s.append(time.monotonic() - sent)
+                self.codes[status[9:12].decode()] += 1
+                self.stop.wait(max(0.0, 1 / self.hz - (time.monotonic() - sent)))
+
+    def figures(self) -> dict[str, Any]:
+        return {"hz": self.hz, "requests": len(self.latencies_s), "status_codes": dict(self.codes),
+                "latency_ms": latency_summary_ms(np.array(self.latencies_s)) if self.latencies_s else None}  # fmt: skip
 
 
 def settings_of(text: str) -> dict[str, str]:
@@ -145,7 +183,14 @@ class Sweep:
         try:
             server.wait_ready(240.0)
             before, cpu_before, start = scrape(server.url), thread_cpu_s(server.proc.pid), time.monotonic()
+            trickle = Trickle(door, a.trickle) if a.trickle else None
+            if trickle is not None:
+                trickle.start()
             point |= self.load(f"http://127.0.0.1:{door}/predict")
+            if trickle is not None:
+                trickle.stop.set()
+                trickle.join(timeout=30)
+                point["trickle"] = trickle.figures()
             cpu_after, wall = thread_cpu_s(server.proc.pid), time.monotonic() - start
             after = scrape(server.url)
             # Cores busy over the warm-up and the load together, each kind of thread.
@@ -170,6 +215,8 @@ class Sweep:
         print(f"{name}: {figure} req/s ({point['ratio_to_noop']} of the no-op), p99 {p99} ms, codes "
               f"{point.get('status_codes')}; server means {means}; cores busy {point.get('cores_busy')} "
               f"{point.get('error', '')}", flush=True)  # fmt: skip
+        if "trickle" in point:
+            print(f"  beside it, a PNG {a.trickle}/s: {point['trickle']}", flush=True)
         self.save()
 
 
@@ -181,6 +228,8 @@ def main() -> None:
     add("--repository", type=Path, default=None, help="model repository (default: the seed CNN's alone)")
     add("--image-shape", default="1,28,28", help="the default model's input C,H,W")
     add("--concurrency", type=int, default=64)
+    add("--trickle", type=float, default=0.0, help="beside the load, one connection posting a small PNG this many "
+        "times a second")  # fmt: skip
     add("--rate", type=float, default=0.0, help="open loop at this many requests a second (our generator), not hey's "
         "closed loop of --concurrency")  # fmt: skip
     add("--seconds", type=float, default=4.0)
