@@ -42,8 +42,9 @@ lint: $(VENV)/.dev
 	$(BIN)/ruff format --check app models loadtest tests bench
 	$(BIN)/mypy
 
+# Two workers, each module's tests on one of them (--dist loadfile: a module's server starts once).
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # docs/configuration.md is generated from Settings (tests/unit/test_configuration_doc.py checks it).
 docs: $(VENV)/.runtime

@@ -82,7 +82,9 @@ def test_a_collection_inside_a_metric_update_cannot_deadlock_it() -> None:
 def test_the_frozen_start_up_heap_is_skipped_by_full_collections() -> None:
     try:
         frozen = freeze_startup_heap()
-        assert frozen == gc.get_freeze_count() > 10_000  # torch, numpy, the app: everything imported
+        # torch, numpy, the app: everything imported. Not equal to the count now: a frozen object another thread
+        # lets go of meanwhile (pytest-xdist's I/O thread) leaves the permanent generation.
+        assert frozen > 10_000 and frozen - 1_000 < gc.get_freeze_count() <= frozen
         survivors = len(gc.get_objects(generation=2))
         assert survivors < frozen // 10  # what a full collection still walks
     finally:
