@@ -346,11 +346,12 @@ class OneImage:
         load = (*form, "--rate", str(rate), "--processes", str(a.processes))
         if kind == "gen-v2-grpc":  # the gRPC port its closed loop went to
             url = f"grpc://127.0.0.1:{grpc_port}"
-        result = observed(server, partial(self.generator, url, f"{kind}-open-loop", *load, path=path))
-        result["rate"] = rate
-        points[f"{kind}-open-{a.p99_fraction:g}"] = result
-        print(f"{design} {kind} open loop at {rate} req/s: {line(result)}", flush=True)
-        self.save()
+        for repeat in range(a.open_loop_repeats):  # a tail moves from run to run: how far, in one server
+            result = observed(server, partial(self.generator, url, f"{kind}-open-loop", *load, path=path))
+            result["rate"] = rate
+            points[f"{kind}-open-{a.p99_fraction:g}" + (f"-r{repeat + 1}" if repeat else "")] = result
+            print(f"{design} {kind} open loop at {rate} req/s: {line(result)}", flush=True)
+            self.save()
 
     def run(self) -> None:
         a = self.args
@@ -396,6 +397,7 @@ def main() -> None:
     add("--peak-seconds", type=float, default=4.0)
     add("--processes", type=int, default=8, help="our generator's processes")
     add("--p99-fraction", type=float, default=0.7, help="open loop at this share of each kind's best (0: none)")
+    add("--open-loop-repeats", type=int, default=1, help="that open loop this many times, one after the other")
     add("--server-cores", default="0-7")
     add("--loadgen-cores", default="8-15")
     add("--hey", default=".gpu/bin/hey")
