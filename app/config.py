@@ -332,6 +332,14 @@ class Settings(BaseSettings):
         "device direct decodes faster; in the engine process it lost to torchvision on the H200 "
         "(bench/results/HISTORY.md, run 39).",
     )
+    jpeg_preallocate: str = Field(
+        "0",
+        pattern=r"^(0|[1-9][0-9]{0,4}x[1-9][0-9]{0,4})$",
+        description="GPU decoder, direct: WIDTHxHEIGHT (e.g. 1024x768) sizes each decoder state's buffers at "
+        "start-up for jpeg_max_batch photos that large, so that a larger batch than any before does not make "
+        "nvJPEG reallocate them while serving (a cudaFree waits for the whole device); 0: nvJPEG grows them as "
+        "batches come. Device memory: about 6 bytes a pixel a photo a launch.",
+    )
     jpeg_stream_priority: Literal["normal", "high"] = Field(
         "normal",
         description="GPU decoder: the CUDA stream priority of its resizes and copies out, and of the direct "

@@ -299,6 +299,7 @@ class Service:
             launches=s.jpeg_launches,
             nvjpeg=s.jpeg_nvjpeg,
             priority=s.jpeg_stream_priority,
+            preallocate=s.jpeg_preallocate,
         )
 
     async def _own_jpeg_decoder(self, link: EngineLink) -> JpegBatchDecoder | DeferringDecoder | None:

@@ -118,6 +118,7 @@ class GpuJpegDecoder:
         launches: int = LAUNCHES,
         nvjpeg: str = NVJPEG,
         priority: str = PRIORITY,
+        preallocate: tuple[int, int] | None = None,
     ) -> None:
         if max_batch < 1 or launches < 1:
             raise ValueError(f"max_batch and launches must be at least 1; got {max_batch} and {launches}")
@@ -128,7 +129,9 @@ class GpuJpegDecoder:
         self._direct: queue.SimpleQueue[BatchDecoder] | None
         stream_priority = STREAM_PRIORITIES[priority]
         self._nvjpeg, self._direct = (
-            _direct_decoders(self.device, launches, stream_priority) if nvjpeg == "direct" else (None, None)
+            _direct_decoders(self.device, launches, stream_priority, (max_batch, *preallocate) if preallocate else None)
+            if nvjpeg == "direct"
+            else (None, None)
         )
         self.nvjpeg = "direct" if self._direct is not None else "torchvision"
         self.max_batch = max_batch
@@ -345,17 +348,21 @@ def _observe_stages(launched: _Launched, completed: float) -> None:
 
 
 def _direct_decoders(
-    device: torch.device, launches: int, priority: int
+    device: torch.device, launches: int, priority: int, preallocate: tuple[int, int, int] | None = None
 ) -> tuple[NvJpeg, queue.SimpleQueue[BatchDecoder]] | tuple[None, None]:
-    """nvJPEG's hardware backend and a decoder state for each launch thread (its stream at `priority`), or
-    (None, None) (logged: why) where this GPU or library has none."""
+    """nvJPEG's hardware backend and a decoder state for each launch thread (its stream at `priority`, its
+    buffers sized now for `preallocate`'s (batch, width, height) where given), or (None, None) (logged: why)
+    where this GPU or library has none."""
     nvjpeg: NvJpeg | None = None
     pool: queue.SimpleQueue[BatchDecoder] = queue.SimpleQueue()
     try:
         with torch.cuda.device(device):  # a handle and its states belong to the device current when made
             nvjpeg = NvJpeg()
             for _ in range(launches):
-                pool.put(nvjpeg.decoder(device, priority))
+                decoder = nvjpeg.decoder(device, priority)
+                if preallocate is not None:
+                    decoder.preallocate(*preallocate)
+                pool.put(decoder)
     except (NvJpegError, OSError, AttributeError) as error:  # no hardware decoder, no library, an old library
         log.info("JPEG uploads: nvJPEG's hardware decoder is not available here (%s); torchvision's decoder", error)
         if nvjpeg is not None:

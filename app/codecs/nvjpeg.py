@@ -42,6 +42,7 @@ import torch
 MAX_COMPONENTS = 4  # NVJPEG_MAX_COMPONENT
 BACKEND_HARDWARE = 3  # nvjpegBackend_t
 OUTPUT_Y, OUTPUT_RGB = 2, 3  # nvjpegOutputFormat_t
+CSS_444 = 0  # nvjpegChromaSubsampling_t: the most planes' worth of memory, what preallocate() sizes for
 STATUS_NAMES = {
     0: "success",
     1: "not initialized",
@@ -124,6 +125,7 @@ class NvJpeg:
             lib.nvjpegDecodeBatchedSupported.argtypes = [p, p, ctypes.POINTER(i)]
             lib.nvjpegDecodeBatchedInitialize.argtypes = [p, p, i, i, i]
             lib.nvjpegDecodeBatched.argtypes = [p, p, ctypes.POINTER(p), ctypes.POINTER(sz), ctypes.POINTER(_Image), p]
+            lib.nvjpegDecodeBatchedPreAllocate.argtypes = [p, p, i, i, i, i, i]
         handle = ctypes.c_void_p()
         status = held.nvjpegCreateEx(BACKEND_HARDWARE, None, None, 0, ctypes.byref(handle))
         _check(status, "handle creation on the hardware backend")
@@ -168,6 +170,15 @@ class BatchDecoder:
         held = self.nvjpeg.library.held
         held.nvjpegJpegStreamDestroy(self._parsed)
         held.nvjpegJpegStateDestroy(self._state)
+
+    def preallocate(self, batch: int, width: int, height: int) -> None:
+        """Size the state's buffers for `batch` images of up to width × height now, at start-up, so that a batch
+        larger than any before does not make nvJPEG reallocate them in the middle of serving: a cudaFree waits
+        for the whole device, the models' queued batches included (DALI and nvImageCodec do the same)."""
+        status = self.nvjpeg.library.released.nvjpegDecodeBatchedPreAllocate(
+            self.nvjpeg.handle, self._state, batch, width, height, CSS_444, OUTPUT_RGB
+        )
+        _check(status, f"preallocation for {batch} images of {width}x{height}")
 
     def decode(
         self, images: list[bytearray | memoryview], gray: bool

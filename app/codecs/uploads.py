@@ -106,17 +106,22 @@ def choose_jpeg_decoder(setting: str, device: str, *, torchvision_imports: bool)
 
 
 def start_jpeg_decoder(
-    setting: str, device: str, *, max_batch: int, launches: int, nvjpeg: str, priority: str
+    setting: str, device: str, *, max_batch: int, launches: int, nvjpeg: str, priority: str, preallocate: str = "0"
 ) -> JpegBatchDecoder | None:
     """The GPU decoder the setting and device call for (batches of at most `max_batch` uploads, `launches`
     of them launched at once, nvJPEG called as `nvjpeg` says: CGSERVE_JPEG_NVJPEG, its streams at `priority`:
-    CGSERVE_JPEG_STREAM_PRIORITY), or None for Pillow alone."""
+    CGSERVE_JPEG_STREAM_PRIORITY, the direct decoder's states sized for photos of `preallocate`, WIDTHxHEIGHT or
+    0: CGSERVE_JPEG_PREALLOCATE), or None for Pillow alone."""
     torchvision_imports = device.startswith("cuda") and _imports("torchvision.io")
     if choose_jpeg_decoder(setting, device, torchvision_imports=torchvision_imports) == "cpu":
         return None
     from app.codecs.gpu_jpeg import GpuJpegDecoder  # torchvision and CUDA only from here on
 
-    decoder = GpuJpegDecoder(device, max_batch=max_batch, launches=launches, nvjpeg=nvjpeg, priority=priority)
+    width, _, height = preallocate.partition("x")
+    size = (int(width), int(height)) if height else None
+    decoder = GpuJpegDecoder(
+        device, max_batch=max_batch, launches=launches, nvjpeg=nvjpeg, priority=priority, preallocate=size
+    )
     log.info("JPEG uploads are decoded on %s (nvJPEG, batched, %s, %s priority)", device, decoder.nvjpeg, priority)
     return decoder
 

@@ -53,11 +53,14 @@ def decode_all(
     launches: int = 2,
     nvjpeg: str = "torchvision",
     priority: str = "normal",
+    preallocate: tuple[int, int] | None = None,
 ) -> tuple[list[object], list[int]]:
     """Decode concurrently on one decoder: each result (array or exception) and the batch sizes it launched."""
 
     async def run() -> tuple[list[object], list[int]]:
-        decoder = GpuJpegDecoder("cuda:0", max_batch=max_batch, launches=launches, nvjpeg=nvjpeg, priority=priority)
+        decoder = GpuJpegDecoder(
+            "cuda:0", max_batch=max_batch, launches=launches, nvjpeg=nvjpeg, priority=priority, preallocate=preallocate
+        )
         assert decoder.nvjpeg == nvjpeg  # the H200 has JPEG engines: direct is not turned down there
         try:
             tasks = [decoder.decode(data, spec) for data, spec in items]
@@ -179,6 +182,23 @@ def test_the_hardware_decoder_called_directly_gives_torchvisions_pixels() -> Non
     items = [(data, RESNET50) for data in jpegs] * 3 + [(grey_jpeg(g), SEED_CNN) for g in GARMENTS]
     direct, _ = decode_all(items, max_batch=16, nvjpeg="direct")
     by_torchvision, _ = decode_all(items, max_batch=16)
+    for i, (got, want) in enumerate(zip(direct, by_torchvision, strict=True)):
+        assert isinstance(got, np.ndarray) and isinstance(want, np.ndarray), (i, got, want)
+        np.testing.assert_array_equal(got, want, err_msg=f"upload {i}")
+
+
+@pytest.mark.parametrize("preallocate", [(500, 375), (320, 240)])  # photos as large, and some larger
+def test_preallocated_hardware_states_give_the_pixels_of_states_grown_as_batches_come(
+    preallocate: tuple[int, int],
+) -> None:
+    """CGSERVE_JPEG_PREALLOCATE: the direct decoder's states sized at start-up for batches of max_batch photos of
+    that size decode batches of every size up to it, and photos larger than it, as torchvision does."""
+    sizes = [(500, 375), (640, 480), (320, 240), (1024, 768)]
+    jpegs = [encode(synthetic_photo(*sizes[i % len(sizes)], seed=i), quality=90) for i in range(24)]
+    items = [(jpegs[i % 24], RESNET50) for i in range(120)]
+    direct, batch_sizes = decode_all(items, max_batch=16, nvjpeg="direct", preallocate=preallocate)
+    by_torchvision, _ = decode_all(items, max_batch=16)
+    assert len(set(batch_sizes)) > 1, batch_sizes  # batches of several sizes met the preallocated states
     for i, (got, want) in enumerate(zip(direct, by_torchvision, strict=True)):
         assert isinstance(got, np.ndarray) and isinstance(want, np.ndarray), (i, got, want)
         np.testing.assert_array_equal(got, want, err_msg=f"upload {i}")

@@ -382,7 +382,7 @@ def test_with_decode_in_workers_a_worker_decodes_on_the_engine_process_s_cuda_de
     started: list[tuple[object, ...]] = []
 
     def start_jpeg_decoder(
-        setting: str, device: str, *, max_batch: int, launches: int, nvjpeg: str, priority: str
+        setting: str, device: str, *, max_batch: int, launches: int, nvjpeg: str, priority: str, preallocate: str
     ) -> PillowAsGpu:
         started.append((setting, device, max_batch, launches))
         if len(started) == 2:

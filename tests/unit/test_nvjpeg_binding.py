@@ -55,6 +55,9 @@ int nvjpegDecodeBatchedSupported(void *handle, void *stream, int *unsupported) {
 int nvjpegDecodeBatchedInitialize(void *handle, void *state, int k, int threads, int format) {
     ((state_t *)state)->k = k; ((state_t *)state)->format = format; return 0;
 }
+int nvjpegDecodeBatchedPreAllocate(void *handle, void *state, int k, int w, int h, int css, int format) {
+    return k < 1 || w < 1 || h < 1 || css != 0 || format != 3 ? 2 : 0; /* INVALID_PARAMETER, else sized */
+}
 int nvjpegDecodeBatched(void *handle, void *state, const unsigned char *const *data, const size_t *lengths,
                         nvjpegImage_t *images, void *stream) {
     int format = ((state_t *)state)->format, planes = format == 2 ? 1 : 3; /* OUTPUT_Y, else OUTPUT_RGB */
@@ -136,6 +139,15 @@ def test_a_batch_the_library_fails_is_an_error_and_the_state_decodes_the_next(li
         decoder.decode([bytearray(b"FAKE 2 2 0"), bytearray(b"FAKE 9 9 0")], gray=False)
     results, _ = decoder.decode([bytearray(b"FAKE 2 2 0")], gray=False)
     assert isinstance(results[0], torch.Tensor) and (results[0] == torch.tensor(1, dtype=torch.uint8)).any()
+
+
+def test_preallocation_asks_for_the_batch_at_its_size_and_says_what_it_was_refused(library: str) -> None:
+    decoder = NvJpeg(library).decoder(torch.device("cpu"))
+    decoder.preallocate(128, 500, 375)  # 4:4:4 to RGB: the most memory a batch of such photos can need
+    with pytest.raises(NvJpegError, match="preallocation for 128 images of 0x375 failed: invalid parameter"):
+        decoder.preallocate(128, 0, 375)
+    results, _ = decoder.decode([bytearray(b"FAKE 2 2 0")], gray=False)  # and the state still decodes
+    assert isinstance(results[0], torch.Tensor)
 
 
 def test_a_second_caller_of_one_state_is_a_fault_not_a_refusal(library: str) -> None:
