@@ -5,10 +5,13 @@ torchvision decodes one batch at a time in a process (a lock over the batch, the
 stream); app/codecs/nvjpeg.py gives each launch thread a state of its own. This measures, for each
 --threads count, T threads each decoding batches of --batch photos (loadtest/photos.py, 500×375,
 quality 90) for --seconds, each waiting for its own batch's event before its next (asleep: a blocking
-event), as the launch threads do:
+event), as the launch threads do. --batch may list sizes, taken in turn: the server's batches vary with the
+load, and a batch larger than the state's buffers makes nvJPEG reallocate them (a cudaFree waits for the device):
 
   torchvision   torchvision.io.decode_jpeg([k tensors], device) from every thread (its lock: one at a time)
   direct        app/codecs/nvjpeg.py's BatchDecoder, one a thread, its stream at each of --priorities
+  direct-pre    the same, each state preallocated (BatchDecoder.preallocate) for the largest --batch of
+                --preallocate's WIDTHxHEIGHT (with --preallocate; the device memory it took is recorded)
 
 img/s and the process's CPU µs a photo, idle and at each --busy-gpu fraction (jpeg_stages.py's BusyGpu:
 ResNet-50 replays keeping the device that busy, as the engine does in the server).
@@ -73,39 +76,47 @@ def equality(nvjpeg: NvJpeg, device: torch.device) -> dict[str, Any]:
     return out
 
 
-def rate(kind: str, nvjpeg: NvJpeg, device: torch.device, photos: list[bytes], threads: int, batch: int,
-         seconds: float, priority: int = 0) -> dict[str, float]:  # fmt: skip
-    """Photos a second and CPU µs a photo, `threads` threads each decoding `batch` photos at a time, the direct
-    decoder's streams at torch.cuda.Stream's `priority` (torchvision's decode runs on a stream of its own)."""
+def rate(kind: str, nvjpeg: NvJpeg, device: torch.device, photos: list[bytes], threads: int, batches: list[int],
+         seconds: float, priority: int = 0, preallocate: tuple[int, int] | None = None
+         ) -> dict[str, float]:  # fmt: skip
+    """Photos a second and CPU µs a photo, `threads` threads each decoding batches of `batches`' sizes in turn,
+    the direct decoder's streams at torch.cuda.Stream's `priority` (torchvision's decode runs on a stream of its
+    own), its states preallocated for the largest batch of `preallocate`'s (width, height) where given."""
     import torchvision.io
 
     mode = torchvision.io.ImageReadMode.RGB
     counts = [0] * threads
     stop = threading.Event()
     start = threading.Barrier(threads + 1)
+    free_before = torch.cuda.mem_get_info(device)[0]
 
     def run(n: int) -> None:
-        buffers = [bytearray(photos[(n + i) % len(photos)]) for i in range(batch)]
+        buffers = [bytearray(photos[(n + i) % len(photos)]) for i in range(max(batches))]
         tensors = [torch.frombuffer(b, dtype=torch.uint8) for b in buffers]
-        decoder = nvjpeg.decoder(device, priority) if kind == "direct" else None
+        decoder = nvjpeg.decoder(device, priority) if kind.startswith("direct") else None
+        if decoder is not None and preallocate is not None:
+            decoder.preallocate(max(batches), *preallocate)
         stream = torch.cuda.Stream(device, priority=priority)
 
-        def one_batch() -> None:
+        def one_batch(k: int) -> None:
             if decoder is not None:
-                _, done = decoder.decode(buffers, gray=False)
+                _, done = decoder.decode(buffers[:k], gray=False)
             else:
-                torchvision.io.decode_jpeg(tensors, mode=mode, device=device)  # our stream waits for its own
+                torchvision.io.decode_jpeg(tensors[:k], mode=mode, device=device)  # our stream waits for its own
                 done = torch.cuda.Event(blocking=True)
                 done.record(stream)
             done.synchronize()
 
         with torch.cuda.device(device), torch.cuda.stream(stream):
-            for _ in range(3):  # warm-up: the state's buffers, the allocator's blocks
-                one_batch()
+            for k in batches[:1] * 3:  # warm-up at the first size only: later sizes meet the state as serving does
+                one_batch(k)
             start.wait()
+            turn = n  # the threads' sizes out of step, as launches' are
             while not stop.is_set():
-                one_batch()
-                counts[n] += batch
+                k = batches[turn % len(batches)]
+                one_batch(k)
+                counts[n] += k
+                turn += 1
 
     workers = [threading.Thread(target=run, args=(n,), daemon=True) for n in range(threads)]
     for worker in workers:
@@ -118,7 +129,9 @@ def rate(kind: str, nvjpeg: NvJpeg, device: torch.device, photos: list[bytes], t
         worker.join()
     elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
     decoded = sum(counts)
-    return {"images_per_s": round(decoded / elapsed, 1), "cpu_us_a_photo": round(cpu / max(decoded, 1) * 1e6, 1)}
+    taken_mb = (free_before - torch.cuda.mem_get_info(device)[0]) / 2**20  # states made here live until the end
+    return {"images_per_s": round(decoded / elapsed, 1), "cpu_us_a_photo": round(cpu / max(decoded, 1) * 1e6, 1),
+            "device_mb_taken": round(taken_mb)}  # fmt: skip
 
 
 def main() -> None:
@@ -126,7 +139,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--threads", default="1,2,4")
-    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--batch", default="64", help="photos a batch; several, e.g. 16,128,40: taken in turn")
+    parser.add_argument("--preallocate", default="", help="WIDTHxHEIGHT: also the direct-pre kind")
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--busy-gpu", default="0,0.6")
     parser.add_argument(
@@ -150,16 +164,21 @@ def main() -> None:
     record["max_level_difference_from_torchvision"] = equality(nvjpeg, device)
     print(json.dumps(record, indent=1), flush=True)
     photos = [encode(synthetic_photo(500, 375, seed=i), quality=90) for i in range(16)]
+    batches = [int(k) for k in args.batch.split(",")]
+    width, _, height = args.preallocate.partition("x")
+    preallocate = (int(width), int(height)) if height else None
     points: dict[str, Any] = {}
     for fraction in map(float, args.busy_gpu.split(",")):
         busy = BusyGpu(device, fraction) if fraction > 0 else None
         with busy or contextlib.nullcontext():
             for threads in map(int, args.threads.split(",")):
                 kinds = [("torchvision", 0)] + [("direct", int(p)) for p in args.priorities.split(",")]
+                kinds += [("direct-pre", int(p)) for p in args.priorities.split(",") if preallocate]
                 for kind, priority in kinds:
                     key = f"{kind}-t{threads}" + (f"-p{priority}" if priority else "")
                     key += f"-busy{fraction:g}" if busy else ""
-                    points[key] = rate(kind, nvjpeg, device, photos, threads, args.batch, args.seconds, priority)
+                    size = preallocate if kind == "direct-pre" else None
+                    points[key] = rate(kind, nvjpeg, device, photos, threads, batches, args.seconds, priority, size)
                     print(key, points[key], flush=True)
         if busy is not None:
             points[f"busy{fraction:g}-duty"] = round(busy.duty, 3)
