@@ -338,7 +338,8 @@ class Settings(BaseSettings):
         description="GPU decoder, direct: WIDTHxHEIGHT (e.g. 1024x768) sizes each decoder state's buffers at "
         "start-up for jpeg_max_batch photos that large, so that a larger batch than any before does not make "
         "nvJPEG reallocate them while serving (a cudaFree waits for the whole device); 0: nvJPEG grows them as "
-        "batches come. Device memory: about 6 bytes a pixel a photo a launch.",
+        "batches come. Too large for the device's memory, start-up stops saying so (bench/nvjpeg_states.py "
+        "--preallocate records what the states take).",
     )
     jpeg_stream_priority: Literal["normal", "high"] = Field(
         "normal",

@@ -352,22 +352,34 @@ def _direct_decoders(
 ) -> tuple[NvJpeg, queue.SimpleQueue[BatchDecoder]] | tuple[None, None]:
     """nvJPEG's hardware backend and a decoder state for each launch thread (its stream at `priority`, its
     buffers sized now for `preallocate`'s (batch, width, height) where given), or (None, None) (logged: why)
-    where this GPU or library has none."""
+    where this GPU or library has none. ValueError where the states cannot be sized as asked: the operator
+    asked for it, and a server quietly decoding otherwise is what they would not see."""
     nvjpeg: NvJpeg | None = None
     pool: queue.SimpleQueue[BatchDecoder] = queue.SimpleQueue()
     try:
         with torch.cuda.device(device):  # a handle and its states belong to the device current when made
             nvjpeg = NvJpeg()
             for _ in range(launches):
-                decoder = nvjpeg.decoder(device, priority)
-                if preallocate is not None:
-                    decoder.preallocate(*preallocate)
-                pool.put(decoder)
+                pool.put(nvjpeg.decoder(device, priority))
     except (NvJpegError, OSError, AttributeError) as error:  # no hardware decoder, no library, an old library
         log.info("JPEG uploads: nvJPEG's hardware decoder is not available here (%s); torchvision's decoder", error)
         if nvjpeg is not None:
             nvjpeg.close()
         return None, None
+    if preallocate is not None:
+        batch, width, height = preallocate
+        try:
+            with torch.cuda.device(device):
+                for _ in range(launches):  # each state once: taken from the pool and put back
+                    decoder = pool.get()
+                    decoder.preallocate(batch, width, height)
+                    pool.put(decoder)
+        except (NvJpegError, AttributeError) as error:  # the device's memory, or a library without the call
+            nvjpeg.close()
+            raise ValueError(
+                f"CGSERVE_JPEG_PREALLOCATE={width}x{height}: nvJPEG could not size its {launches} decoder states "
+                f"for {batch} photos that large ({error}); set a smaller size, or 0 to let them grow as batches come"
+            ) from error
     return nvjpeg, pool
 
 

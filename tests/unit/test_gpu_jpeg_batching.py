@@ -411,3 +411,45 @@ def test_a_batch_the_direct_decoder_refuses_whole_goes_through_torchvision(calls
     assert stand_in.batches == [3] and calls == [3, 1, 1, 1]  # torchvision's way: the batch, then one at a time
     assert isinstance(results[0], np.ndarray) and isinstance(results[2], np.ndarray)
     assert isinstance(results[1], GpuDecodeError)
+
+
+class StandInHandle:
+    """NvJpeg's stand-in for _direct_decoders: its decoders' preallocations, and whether it was closed."""
+
+    def __init__(self, refuses: bool = False) -> None:
+        self.sized: list[tuple[int, int, int]] = []
+        self.refuses, self.closed = refuses, False
+
+    def decoder(self, device: Any, priority: int = 0) -> Any:
+        from app.codecs.nvjpeg import NvJpegError
+
+        def preallocate(batch: int, width: int, height: int) -> None:
+            if self.refuses:
+                raise NvJpegError(
+                    f"nvJPEG preallocation for {batch} images of {width}x{height} failed: allocator failure"
+                )
+            self.sized.append((batch, width, height))
+
+        return types.SimpleNamespace(preallocate=preallocate)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_each_launch_s_state_is_sized_once_and_a_size_nvjpeg_refuses_stops_start_up_saying_so(
+    calls: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.codecs import gpu_jpeg  # afresh, against the stand-ins (the fixture)
+
+    handle = StandInHandle()
+    monkeypatch.setattr(gpu_jpeg, "NvJpeg", lambda: handle)
+    nvjpeg, pool = gpu_jpeg._direct_decoders(torch.device("cpu"), 3, 0, (128, 500, 375))
+    assert nvjpeg is handle and pool is not None and pool.qsize() == 3
+    assert handle.sized == [(128, 500, 375)] * 3 and not handle.closed
+
+    refusing = StandInHandle(refuses=True)  # CGSERVE_JPEG_PREALLOCATE too large for the device: not a quiet fallback
+    monkeypatch.setattr(gpu_jpeg, "NvJpeg", lambda: refusing)
+    said = r"CGSERVE_JPEG_PREALLOCATE=9000x9000: nvJPEG could not size its 2 decoder states for 128 photos that large"
+    with pytest.raises(ValueError, match=said + r" \(.*allocator failure\); set a smaller size"):
+        gpu_jpeg._direct_decoders(torch.device("cpu"), 2, 0, (128, 9000, 9000))
+    assert refusing.closed  # its states and handle let go
