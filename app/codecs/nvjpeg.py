@@ -30,6 +30,7 @@ CGSERVE_JPEG_NVJPEG leaves it off by default.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import re
@@ -125,7 +126,8 @@ class NvJpeg:
             lib.nvjpegDecodeBatchedSupported.argtypes = [p, p, ctypes.POINTER(i)]
             lib.nvjpegDecodeBatchedInitialize.argtypes = [p, p, i, i, i]
             lib.nvjpegDecodeBatched.argtypes = [p, p, ctypes.POINTER(p), ctypes.POINTER(sz), ctypes.POINTER(_Image), p]
-            lib.nvjpegDecodeBatchedPreAllocate.argtypes = [p, p, i, i, i, i, i]
+            with contextlib.suppress(AttributeError):  # an older library: preallocate() says it has not the call
+                lib.nvjpegDecodeBatchedPreAllocate.argtypes = [p, p, i, i, i, i, i]
         handle = ctypes.c_void_p()
         status = held.nvjpegCreateEx(BACKEND_HARDWARE, None, None, 0, ctypes.byref(handle))
         _check(status, "handle creation on the hardware backend")

@@ -123,6 +123,9 @@ def start_jpeg_decoder(
         device, max_batch=max_batch, launches=launches, nvjpeg=nvjpeg, priority=priority, preallocate=size
     )
     log.info("JPEG uploads are decoded on %s (nvJPEG, batched, %s, %s priority)", device, decoder.nvjpeg, priority)
+    if size is not None and decoder.nvjpeg != "direct":
+        log.warning("CGSERVE_JPEG_PREALLOCATE=%s sizes the direct decoder's states; this one is %s's: ignored",
+                    preallocate, decoder.nvjpeg)  # fmt: skip
     return decoder
 
 
