@@ -338,8 +338,11 @@ class Settings(BaseSettings):
         description="GPU decoder, direct: WIDTHxHEIGHT (e.g. 1024x768) sizes each decoder state's buffers at "
         "start-up for jpeg_max_batch photos that large, so that a larger batch than any before does not make "
         "nvJPEG reallocate them while serving (a cudaFree waits for the whole device); 0: nvJPEG grows them as "
-        "batches come. Too large for the device's memory, start-up stops saying so (bench/nvjpeg_states.py "
-        "--preallocate records what the states take).",
+        "batches come. Each process holding a GPU decoder sizes its own (each worker's, with several workers "
+        "and no engine process or with jpeg_decode_in_workers: that many times the memory). A size the device "
+        "cannot take stops start-up saying so (a worker with jpeg_decode_in_workers logs it and sends its uploads "
+        "to the engine process); "
+        "bench/nvjpeg_states.py --preallocate records what the states take.",
     )
     jpeg_stream_priority: Literal["normal", "high"] = Field(
         "normal",

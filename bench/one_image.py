@@ -347,10 +347,14 @@ class OneImage:
         if kind == "gen-v2-grpc":  # the gRPC port its closed loop went to
             url = f"grpc://127.0.0.1:{grpc_port}"
         for repeat in range(a.open_loop_repeats):  # a tail moves from run to run: how far, in one server
-            result = observed(server, partial(self.generator, url, f"{kind}-open-loop", *load, path=path))
+            if repeat and time.monotonic() > self.deadline:
+                self.record["notes"].append(f"{design} {kind} open loop r{repeat + 1} on: past the budget")
+                break
+            again = f"-r{repeat + 1}" if repeat else ""
+            result = observed(server, partial(self.generator, url, f"{kind}-open-loop{again}", *load, path=path))
             result["rate"] = rate
-            points[f"{kind}-open-{a.p99_fraction:g}" + (f"-r{repeat + 1}" if repeat else "")] = result
-            print(f"{design} {kind} open loop at {rate} req/s: {line(result)}", flush=True)
+            points[f"{kind}-open-{a.p99_fraction:g}{again}"] = result
+            print(f"{design} {kind} open loop{again} at {rate} req/s: {line(result)}", flush=True)
             self.save()
 
     def run(self) -> None:

@@ -374,11 +374,12 @@ def _direct_decoders(
                     decoder = pool.get()
                     decoder.preallocate(batch, width, height)
                     pool.put(decoder)
-        except (NvJpegError, AttributeError) as error:  # the device's memory, or a library without the call
+        except NvJpegError as error:  # the device's memory, or a library without the call
             nvjpeg.close()
             raise ValueError(
                 f"CGSERVE_JPEG_PREALLOCATE={width}x{height}: nvJPEG could not size its {launches} decoder states "
-                f"for {batch} photos that large ({error}); set a smaller size, or 0 to let them grow as batches come"
+                f"for {batch} photos that large ({error}); set 0 to let them grow as batches come, or a smaller "
+                "size where the device's memory ran short"
             ) from error
     return nvjpeg, pool
 

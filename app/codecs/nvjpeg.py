@@ -177,9 +177,10 @@ class BatchDecoder:
         """Size the state's buffers for `batch` images of up to width × height now, at start-up, so that a batch
         larger than any before does not make nvJPEG reallocate them in the middle of serving: a cudaFree waits
         for the whole device, the models' queued batches included (DALI and nvImageCodec do the same)."""
-        status = self.nvjpeg.library.released.nvjpegDecodeBatchedPreAllocate(
-            self.nvjpeg.handle, self._state, batch, width, height, CSS_444, OUTPUT_RGB
-        )
+        call = getattr(self.nvjpeg.library.released, "nvjpegDecodeBatchedPreAllocate", None)
+        if call is None:
+            raise NvJpegError(f"this libnvjpeg ({self.nvjpeg.library.path}) has no nvjpegDecodeBatchedPreAllocate")
+        status = call(self.nvjpeg.handle, self._state, batch, width, height, CSS_444, OUTPUT_RGB)
         _check(status, f"preallocation for {batch} images of {width}x{height}")
 
     def decode(

@@ -27,6 +27,7 @@ pytest.importorskip("torchvision")  # the optional extra; without it the GPU dec
 
 from app.codecs.bodies import decode_image
 from app.codecs.gpu_jpeg import GpuJpegDecoder
+from app.codecs.nvjpeg import BatchDecoder
 from app.repository import load_model, read_repository
 from app.repository.model_spec import ModelSpec
 from loadtest.photos import encode, fashion_photo, synthetic_photo
@@ -189,15 +190,24 @@ def test_the_hardware_decoder_called_directly_gives_torchvisions_pixels() -> Non
 
 @pytest.mark.parametrize("preallocate", [(500, 375), (320, 240)])  # photos as large, and some larger
 def test_preallocated_hardware_states_give_the_pixels_of_states_grown_as_batches_come(
-    preallocate: tuple[int, int],
+    preallocate: tuple[int, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """CGSERVE_JPEG_PREALLOCATE: the direct decoder's states sized at start-up for batches of max_batch photos of
-    that size decode batches of every size up to it, and photos larger than it, as torchvision does."""
+    """CGSERVE_JPEG_PREALLOCATE: the direct decoder's states, each sized at start-up for batches of max_batch photos
+    of that size, decode batches of several sizes, and photos larger than it, as torchvision does."""
+    sized: list[tuple[int, int, int]] = []
+    preallocate_state = BatchDecoder.preallocate
+
+    def spy(decoder: BatchDecoder, batch: int, width: int, height: int) -> None:
+        sized.append((batch, width, height))
+        preallocate_state(decoder, batch, width, height)
+
+    monkeypatch.setattr(BatchDecoder, "preallocate", spy)
     sizes = [(500, 375), (640, 480), (320, 240), (1024, 768)]
     jpegs = [encode(synthetic_photo(*sizes[i % len(sizes)], seed=i), quality=90) for i in range(24)]
     items = [(jpegs[i % 24], RESNET50) for i in range(120)]
     direct, batch_sizes = decode_all(items, max_batch=16, nvjpeg="direct", preallocate=preallocate)
     by_torchvision, _ = decode_all(items, max_batch=16)
+    assert sized == [(16, *preallocate)] * 2  # each of the two launches' states, once
     assert len(set(batch_sizes)) > 1, batch_sizes  # batches of several sizes met the preallocated states
     for i, (got, want) in enumerate(zip(direct, by_torchvision, strict=True)):
         assert isinstance(got, np.ndarray) and isinstance(want, np.ndarray), (i, got, want)

@@ -417,18 +417,22 @@ class StandInHandle:
     """NvJpeg's stand-in for _direct_decoders: its decoders' preallocations, and whether it was closed."""
 
     def __init__(self, refuses: bool = False) -> None:
-        self.sized: list[tuple[int, int, int]] = []
+        self.sized: list[tuple[int, int, int, int]] = []  # (state, batch, width, height)
         self.refuses, self.closed = refuses, False
+        self.made: list[int] = []  # the states made, numbered
 
     def decoder(self, device: Any, priority: int = 0) -> Any:
         from app.codecs.nvjpeg import NvJpegError
+
+        state = len(self.made)
+        self.made.append(state)
 
         def preallocate(batch: int, width: int, height: int) -> None:
             if self.refuses:
                 raise NvJpegError(
                     f"nvJPEG preallocation for {batch} images of {width}x{height} failed: allocator failure"
                 )
-            self.sized.append((batch, width, height))
+            self.sized.append((state, batch, width, height))
 
         return types.SimpleNamespace(preallocate=preallocate)
 
@@ -445,11 +449,11 @@ def test_each_launch_s_state_is_sized_once_and_a_size_nvjpeg_refuses_stops_start
     monkeypatch.setattr(gpu_jpeg, "NvJpeg", lambda: handle)
     nvjpeg, pool = gpu_jpeg._direct_decoders(torch.device("cpu"), 3, 0, (128, 500, 375))
     assert nvjpeg is handle and pool is not None and pool.qsize() == 3
-    assert handle.sized == [(128, 500, 375)] * 3 and not handle.closed
+    assert sorted(handle.sized) == [(state, 128, 500, 375) for state in range(3)] and not handle.closed  # each once
 
     refusing = StandInHandle(refuses=True)  # CGSERVE_JPEG_PREALLOCATE too large for the device: not a quiet fallback
     monkeypatch.setattr(gpu_jpeg, "NvJpeg", lambda: refusing)
     said = r"CGSERVE_JPEG_PREALLOCATE=9000x9000: nvJPEG could not size its 2 decoder states for 128 photos that large"
-    with pytest.raises(ValueError, match=said + r" \(.*allocator failure\); set a smaller size"):
+    with pytest.raises(ValueError, match=said + r" \(.*allocator failure\); set 0 to let them grow"):
         gpu_jpeg._direct_decoders(torch.device("cpu"), 2, 0, (128, 9000, 9000))
     assert refusing.closed  # its states and handle let go

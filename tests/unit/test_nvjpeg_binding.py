@@ -11,6 +11,7 @@ failed batch leaving the state usable. tests/gpu/test_gpu_jpeg.py runs the real 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import shutil
 import subprocess
 import types
@@ -55,9 +56,15 @@ int nvjpegDecodeBatchedSupported(void *handle, void *stream, int *unsupported) {
 int nvjpegDecodeBatchedInitialize(void *handle, void *state, int k, int threads, int format) {
     ((state_t *)state)->k = k; ((state_t *)state)->format = format; return 0;
 }
+#ifndef WITHOUT_PREALLOCATE /* an older library has not the call */
+void *preallocated_state; /* the last call's state and its (batch, width, height, subsampling, format), for the tests */
+int preallocated[5];
 int nvjpegDecodeBatchedPreAllocate(void *handle, void *state, int k, int w, int h, int css, int format) {
-    return k < 1 || w < 1 || h < 1 || css != 0 || format != 3 ? 2 : 0; /* INVALID_PARAMETER, else sized */
+    preallocated_state = state;
+    preallocated[0] = k; preallocated[1] = w; preallocated[2] = h; preallocated[3] = css; preallocated[4] = format;
+    return k < 1 || w < 1 || h < 1 ? 2 : 0; /* INVALID_PARAMETER, else sized */
 }
+#endif
 int nvjpegDecodeBatched(void *handle, void *state, const unsigned char *const *data, const size_t *lengths,
                         nvjpegImage_t *images, void *stream) {
     int format = ((state_t *)state)->format, planes = format == 2 ? 1 : 3; /* OUTPUT_Y, else OUTPUT_RGB */
@@ -96,6 +103,9 @@ def library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     source, built = tmp_path / "nvjpeg.c", tmp_path / "libnvjpeg.so.13"
     source.write_text(STAND_IN)
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(built), str(source)], check=True)
+    older = tmp_path / "older" / "libnvjpeg.so.13"  # the same without nvjpegDecodeBatchedPreAllocate
+    older.parent.mkdir()
+    subprocess.run(["cc", "-shared", "-fPIC", "-DWITHOUT_PREALLOCATE", "-o", str(older), str(source)], check=True)
     monkeypatch.setattr(torch.cuda, "Stream", lambda device, priority=0: types.SimpleNamespace(cuda_stream=0))
     monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
@@ -142,11 +152,25 @@ def test_a_batch_the_library_fails_is_an_error_and_the_state_decodes_the_next(li
 
 
 def test_preallocation_asks_for_the_batch_at_its_size_and_says_what_it_was_refused(library: str) -> None:
-    decoder = NvJpeg(library).decoder(torch.device("cpu"))
-    decoder.preallocate(128, 500, 375)  # 4:4:4 to RGB: the most memory a batch of such photos can need
+    handle = NvJpeg(library)
+    decoder = handle.decoder(torch.device("cpu"))
+    decoder.preallocate(128, 500, 375)
+    held = handle.library.held
+    asked = list((ctypes.c_int * 5).in_dll(held, "preallocated"))
+    assert asked == [128, 500, 375, nvjpeg.CSS_444, nvjpeg.OUTPUT_RGB]  # 4:4:4 to RGB: the most a photo can need
+    assert ctypes.c_void_p.in_dll(held, "preallocated_state").value == decoder._state.value  # its own state
     with pytest.raises(NvJpegError, match="preallocation for 128 images of 0x375 failed: invalid parameter"):
         decoder.preallocate(128, 0, 375)
     results, _ = decoder.decode([bytearray(b"FAKE 2 2 0")], gray=False)  # and the state still decodes
+    assert isinstance(results[0], torch.Tensor)
+
+
+def test_a_library_without_preallocation_still_decodes_and_says_it_has_not_the_call(library: str) -> None:
+    older = str(Path(library).parent / "older" / "libnvjpeg.so.13")
+    decoder = NvJpeg(older).decoder(torch.device("cpu"))
+    with pytest.raises(NvJpegError, match="has no nvjpegDecodeBatchedPreAllocate"):
+        decoder.preallocate(128, 500, 375)
+    results, _ = decoder.decode([bytearray(b"FAKE 2 2 0")], gray=False)
     assert isinstance(results[0], torch.Tensor)
 
 
