@@ -341,8 +341,7 @@ class Settings(BaseSettings):
         "batches come. Each process holding a GPU decoder sizes its own (each worker's, with several workers "
         "and no engine process or with jpeg_decode_in_workers: that many times the memory). A size the device "
         "cannot take stops start-up saying so (a worker with jpeg_decode_in_workers logs it and sends its uploads "
-        "to the engine process); "
-        "bench/nvjpeg_states.py --preallocate records what the states take.",
+        "to the engine process); bench/nvjpeg_states.py --preallocate records what the states take.",
     )
     jpeg_stream_priority: Literal["normal", "high"] = Field(
         "normal",

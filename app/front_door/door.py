@@ -109,16 +109,13 @@ class Door:
         self._jpegs = ctypes.c_int()
         self.refusal_codes = [lib.fd_refusal_code(i) for i in range(REFUSALS)]
 
-    def waiting(self) -> int:
-        """Rows in the bulk being filled."""
-        return int(self._lib.fd_waiting(self._door, None)) if self._door else 0
-
-    def jpegs_waiting(self) -> int:
-        """The bulk being filled's rows that are JPEGs for the GPU decoder (JPEG)."""
+    def waiting(self) -> tuple[int, int]:
+        """Rows in the bulk being filled, and how many of them are JPEGs for the GPU decoder (JPEG): one call,
+        one take of the C side's lock."""
         if not self._door:
-            return 0
-        self._lib.fd_waiting(self._door, ctypes.byref(self._jpegs))
-        return self._jpegs.value
+            return 0, 0
+        rows = self._lib.fd_waiting(self._door, ctypes.byref(self._jpegs))
+        return int(rows), self._jpegs.value
 
     def take(self) -> Bulk | None:
         """The bulk, if any. None also where every other buffer is held: its rows then wait in C until one is

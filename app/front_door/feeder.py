@@ -100,9 +100,10 @@ class Feeder:
     def pump(self) -> None:
         """Take bulks while fewer than in_flight are out (a partial one, while another is out, at the batcher's
         launch moment), and one holding JPEGs whenever the GPU decoder has caught up; while the door has a buffer."""
-        while waiting := self.door.waiting():
-            held = self.out >= self.in_flight or (self.out and waiting < self.full and self._later())
-            if held and not self._decoder_caught_up():
+        while (waiting := self.door.waiting())[0]:
+            rows, jpegs = waiting
+            held = self.out >= self.in_flight or (self.out and rows < self.full and self._later())
+            if held and not (jpegs and self._decoder_caught_up()):
                 return
             bulk = self.door.take()
             if bulk is None:
@@ -110,12 +111,12 @@ class Feeder:
             self._queue(bulk)
 
     def _decoder_caught_up(self) -> bool:
-        """The GPU decoder has taken every upload it was given into a launch, no bulk taken is yet to give it its
-        own, and the bulk being filled holds JPEGs for it. Any JPEG, not only a bulk of them: one other row (a PNG,
-        pixels, a v2 request) would otherwise hold every JPEG after it to the in_flight rule, behind the bulks
-        the decoder paced (a review's simulation: 0.6 % of PNGs cost a fifth of the photos a second)."""
+        """The GPU decoder has taken every upload it was given into a launch, and no bulk taken is yet to give it
+        its own: pump takes the bulk being filled then if it holds any JPEG, not only a bulk of them (one other row,
+        a PNG, pixels, a v2 request, would otherwise hold every JPEG after it to the in_flight rule, behind the
+        bulks the decoder paced: a review's simulation, 0.6 % of PNGs cost a fifth of the photos a second)."""
         decoder = self.images.paced
-        return decoder is not None and not self.unstarted and not decoder.backlog() and self.door.jpegs_waiting() > 0
+        return decoder is not None and not self.unstarted and not decoder.backlog()
 
     @property
     def out(self) -> int:
@@ -123,7 +124,7 @@ class Feeder:
         return len(self.pieces)
 
     def idle(self) -> bool:
-        return self.out == 0 and self.door.waiting() == 0
+        return self.out == 0 and self.door.waiting()[0] == 0
 
     def _later(self) -> bool:
         """True where a partial bulk should wait for the batcher's launch moment; a timer then pumps again."""

@@ -178,12 +178,11 @@ class StandInDoor:
         self.released: list[int] = []
         self.taken = 0
 
-    def waiting(self) -> int:
-        return len(self.bulks[0][0]) if self.bulks else 0
-
-    def jpegs_waiting(self) -> int:
-        kinds = self.bulks[0][3] if self.bulks else None
-        return 0 if kinds is None else int((kinds == JPEG).sum())
+    def waiting(self) -> tuple[int, int]:
+        if not self.bulks:
+            return 0, 0
+        rows, kinds = self.bulks[0][0], self.bulks[0][3]
+        return len(rows), 0 if kinds is None else int((kinds == JPEG).sum())
 
     def take(self) -> Bulk | None:
         if not self.bulks:
