@@ -941,9 +941,12 @@ void fd_release(door_t *d, int b) {
 /* Answer k requests: answer i is bodies[offsets[i]:offsets[i+1]], with `status` ("200 OK") and the header
  * lines heads[head_offsets[i]:head_offsets[i+1]] (its content-type and any others), handed to the outbox of
  * the thread that owns its connection (which writes it). A gRPC call's (its id says so: door.h's H2_ID): its
- * response message and its trailers' lines, which grpc.c sends; `status` is not. */
+ * response message and its trailers' lines, which grpc.c sends; `status` is not.
+ * `write_here`: an HTTP/1.1 answer is written by the calling thread instead, under its connection's lock as the
+ * owner would (what the socket does not take at once waits for EPOLLOUT in the owner's epoll), and the requests
+ * its client pipelined meanwhile are parsed here too: one thread woken fewer a request, for the caller's time. */
 void fd_answer(door_t *d, int k, const uint64_t *ids, const char *bodies, const int64_t *offsets,
-               const char *status, const char *heads, const int64_t *head_offsets) {
+               const char *status, const char *heads, const int64_t *head_offsets, int write_here) {
     int woken[MAX_THREADS] = {0};
     for (int i = 0; i < k; i++) {
         target_t t = id_target(ids[i]);
@@ -982,6 +985,12 @@ void fd_answer(door_t *d, int k, const uint64_t *ids, const char *bodies, const 
             r.text = malloc(r.len);
             memcpy(r.text, head, (size_t)n);
             memcpy(r.text + n, bodies + offsets[i], body_len);
+            if (write_here) {
+                pthread_mutex_lock(&c->mu);
+                write_reply(d, c, &r); /* or dropped, where the connection closed since the look above */
+                pthread_mutex_unlock(&c->mu);
+                continue;
+            }
         }
         outbox_t *box = &d->outboxes[owner];
         pthread_mutex_lock(&box->mu);

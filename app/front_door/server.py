@@ -112,6 +112,7 @@ class FrontDoor:
             full_rows=max(settings.buckets),
             limits=limits,
             grpc_listener=grpc_listener,
+            answers_written_by=settings.front_door_answers_written_by,
         )
         log.info(
             "front door on %s:%d: %d threads, POST /predict and /v2/models/%s/infer with %s uint8 pixels",
