@@ -180,10 +180,14 @@ class Door:
     def grpc_refusals(self) -> list[int]:
         """gRPC calls refused by the C side, by status code (0..16): totals since the door opened."""
         counts = self._counts()
-        return [int(n) for n in counts[REFUSALS + 2 :]]
+        return [int(n) for n in counts[REFUSALS + 2 : REFUSALS + 2 + GRPC_CODES]]
+
+    def written_by_caller(self) -> int:
+        """Answers answer()'s caller wrote itself (answers_written_by "caller"): a total since the door opened."""
+        return int(self._counts()[REFUSALS + 2 + GRPC_CODES])
 
     def _counts(self) -> ctypes.Array[ctypes.c_uint64]:
-        counts = (ctypes.c_uint64 * (REFUSALS + 2 + GRPC_CODES))()
+        counts = (ctypes.c_uint64 * (REFUSALS + 3 + GRPC_CODES))()
         if self._door:
             self._lib.fd_counts(self._door, counts)
         return counts

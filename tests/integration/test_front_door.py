@@ -13,6 +13,7 @@ import io
 import os
 import signal
 import socket
+import struct
 import sys
 import time
 from collections.abc import Iterator
@@ -71,8 +72,15 @@ def server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequ
         "max_connections": str(MAX_CONNECTIONS),
         "log_level": "debug",
     }
-    with running_server(tmp_path_factory.mktemp("front-door") / "server.log", SERVE, **settings) as url:
-        yield {"url": url, "door": f"http://127.0.0.1:{door_port}", "port": door_port}
+    log = tmp_path_factory.mktemp("front-door") / "server.log"
+    with running_server(log, SERVE, **settings) as url:
+        yield {"url": url, "door": f"http://127.0.0.1:{door_port}", "port": door_port, "log": log,
+               "writer": request.param}  # fmt: skip
+
+
+def test_its_answers_are_written_as_set(server: dict[str, Any]) -> None:
+    """The setting reaches the door: the module's tests run once with each writer, not twice with one."""
+    assert f"answers written by the {server['writer']}" in server["log"].read_text()
 
 
 def sample_images(count: int) -> list[bytes]:
@@ -715,6 +723,7 @@ def test_an_answer_given_twice_reaches_nobody(writer: str) -> None:
             answer(first, b"first, again")  # before the fix: written as the second request's answer
             answer(second, b"second")
             assert read_answer(connection)[2] == b"second"
+        assert door.written_by_caller() == (2 if writer == "caller" else 0)  # the first and the second
 
 
 def test_answers_written_by_the_caller_leave_the_rest_to_the_door() -> None:
@@ -742,12 +751,14 @@ def test_answers_written_by_the_caller_leave_the_rest_to_the_door() -> None:
         gone = socket.create_connection(address, timeout=5)
         gone.sendall(request)
         third = taken(door)
-        gone.close()
-        time.sleep(0.2)  # the door sees the close
+        gone.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        gone.close()  # a reset: the door closes its side (a plain close would still be answered)
+        time.sleep(0.2)  # the door sees the reset
         door.answer(third, [b"nobody"], b"200 OK", [b"content-type: text/plain\r\n"])  # dropped, not a crash
         connection.sendall(request)
         door.answer(taken(door), [b"still"], b"200 OK", [b"content-type: text/plain\r\n"])
         assert read_answer(connection)[2] == b"still"
+        assert door.written_by_caller() == 3  # the large one, the second and the last: not the reset one's
 
 
 def test_it_tells_the_jpegs_nvjpeg_takes_from_those_pillow_decodes() -> None:
