@@ -111,12 +111,6 @@ class Settings(BaseSettings):
         "UNIMPLEMENTED there and goes to grpc_port. 0: off.",
     )
     front_door_threads: int = Field(4, ge=1, le=64, description="C threads serving front_door_port.")
-    front_door_answers_written_by: Literal["door", "caller"] = Field(
-        "door",
-        description="Who writes an HTTP/1.1 answer on front_door_port: door, the C thread owning its connection, "
-        "woken for it; caller, the event loop's thread as its batch ends (one thread woken fewer a request, "
-        "the sends on the loop's time). gRPC's answers are always the door's.",
-    )
     front_door_library: Path | None = Field(
         None,
         description="app/front_door/door.c built as a shared library (the image builds it); unset: built on first "

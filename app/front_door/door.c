@@ -13,8 +13,7 @@
  * bulk (fd_take: the next free buffer is filled from then on; fd_release gives it back once its
  * rows are staged), queues it on the model's batcher, and hands the answers over (fd_answer): each
  * goes to the outbox of the thread that owns its connection, which writes it, so Python's thread
- * makes no syscall an answer; or, where Python asks (write_here), Python's thread writes each HTTP/1.1
- * answer itself under the connection's lock, and the owner is woken only for what the socket did not take.
+ * makes no syscall an answer.
  *
  * Limits kept here, as app/http/protocol.py keeps them for the service's port: at most
  * `max_conns` connections (more get 503 and are closed; over the open-file limit too); a request
@@ -941,13 +940,10 @@ void fd_release(door_t *d, int b) {
 
 /* Answer k requests: answer i is bodies[offsets[i]:offsets[i+1]], with `status` ("200 OK") and the header
  * lines heads[head_offsets[i]:head_offsets[i+1]] (its content-type and any others), handed to the outbox of
- * the thread that owns its connection (which writes it), or written here (write_here, below). A gRPC call's (its id says so: door.h's H2_ID): its
- * response message and its trailers' lines, which grpc.c sends; `status` is not.
- * `write_here`: an HTTP/1.1 answer is written by the calling thread instead, under its connection's lock as the
- * owner would (what the socket does not take at once waits for EPOLLOUT in the owner's epoll), and the requests
- * its client pipelined meanwhile are parsed here too: one thread woken fewer a request, for the caller's time. */
+ * the thread that owns its connection (which writes it). A gRPC call's (its id says so: door.h's H2_ID): its
+ * response message and its trailers' lines, which grpc.c sends; `status` is not. */
 void fd_answer(door_t *d, int k, const uint64_t *ids, const char *bodies, const int64_t *offsets,
-               const char *status, const char *heads, const int64_t *head_offsets, int write_here) {
+               const char *status, const char *heads, const int64_t *head_offsets) {
     int woken[MAX_THREADS] = {0};
     for (int i = 0; i < k; i++) {
         target_t t = id_target(ids[i]);
@@ -958,8 +954,7 @@ void fd_answer(door_t *d, int k, const uint64_t *ids, const char *bodies, const 
         pthread_mutex_lock(&c->mu);
         int owner = c->owner, current = (h2 ? H2_GEN(c->gen) : c->gen) == gen && (c->h2 != NULL) == h2;
         int closing = c->close_after || load(&d->draining);
-        int here = write_here && !h2 && current; /* the lock held on to the write: nothing changes in between */
-        if (!here) pthread_mutex_unlock(&c->mu);
+        pthread_mutex_unlock(&c->mu);
         if (!current) continue; /* closed since: nobody to answer */
         size_t body_len = (size_t)(offsets[i + 1] - offsets[i]);
         int lines_len = (int)(head_offsets[i + 1] - head_offsets[i]);
@@ -987,12 +982,6 @@ void fd_answer(door_t *d, int k, const uint64_t *ids, const char *bodies, const 
             r.text = malloc(r.len);
             memcpy(r.text, head, (size_t)n);
             memcpy(r.text + n, bodies + offsets[i], body_len);
-            if (here) {
-                write_reply(d, c, &r);
-                pthread_mutex_unlock(&c->mu);
-                __atomic_add_fetch(&d->written_here, 1, __ATOMIC_RELAXED);
-                continue;
-            }
         }
         outbox_t *box = &d->outboxes[owner];
         pthread_mutex_lock(&box->mu);
@@ -1013,15 +1002,13 @@ void fd_answer(door_t *d, int k, const uint64_t *ids, const char *bodies, const 
 }
 
 /* out[0]: requests taken; out[1 + i]: refusals with refusal_codes[i]; out[1 + REFUSALS]: connections open;
- * out[2 + REFUSALS + i]: gRPC calls refused with status i; out[2 + REFUSALS + GRPC_CODES]: answers fd_answer's
- * caller wrote itself (write_here). */
+ * out[2 + REFUSALS + i]: gRPC calls refused with status i. */
 void fd_counts(door_t *d, uint64_t *out) {
     pthread_mutex_lock(&d->bulk_mu);
     out[0] = d->requests;
     for (int i = 0; i < REFUSALS; i++) out[1 + i] = d->refused[i];
     for (int i = 0; i < GRPC_CODES; i++) out[2 + REFUSALS + i] = d->grpc_refused[i];
     pthread_mutex_unlock(&d->bulk_mu);
-    out[2 + REFUSALS + GRPC_CODES] = load(&d->written_here);
     pthread_mutex_lock(&d->table_mu);
     out[1 + REFUSALS] = (uint64_t)d->open_conns;
     pthread_mutex_unlock(&d->table_mu);

@@ -67,8 +67,7 @@ typedef struct {
 } head_t;
 
 typedef struct {
-    pthread_mutex_t mu;  /* the fields below: the owning thread's, but for an answer's hand-over or its write by
-                          * fd_answer's caller (write_here), under this lock as the owner would */
+    pthread_mutex_t mu;  /* the fields below: the owning thread's, but for an answer's hand-over */
     uint32_t gen;        /* bumped at each accept, close and request taken: an answer for another is dropped */
     int state;
     int eof;             /* the client sent its last byte (it may still read): out of epoll, closed once idle */
@@ -77,8 +76,7 @@ typedef struct {
     int out_closes;      /* the answer being written said `connection: close`: closed once written */
     int epfd;            /* the owning thread's epoll */
     uint32_t events;     /* what that epoll watches on it (0: it is out of it): see watch() */
-    int owner;           /* the owning thread's index: its outbox gets the connection's answers (unless the
-                          * caller writes them, write_here) and its epoll waits for what a write left */
+    int owner;           /* the owning thread's index: its outbox gets the connection's answers */
     double since;        /* the request being read: its first byte; idle: its last answer; an answer's
                           * rest waiting for the socket: when it first had to wait */
     size_t len, cap;
@@ -160,7 +158,6 @@ typedef struct {
     int32_t *bulk_lens;           /* row i's bytes: row_bytes of pixels, or an image upload's length */
     uint8_t *bulk_kinds;          /* KIND_PREDICT, KIND_V2, KIND_GRPC, KIND_JPEG or KIND_IMAGE */
     uint64_t requests, refused[REFUSALS], grpc_refused[GRPC_CODES];
-    uint64_t written_here;        /* __atomic: answers fd_answer's caller wrote itself (write_here) */
 } door_t;
 
 /* door.c's, for grpc.c. */

@@ -52,7 +52,7 @@ def _load(library: Path) -> ctypes.CDLL:
     lib.fd_take.argtypes = [ctypes.c_void_p] * 8
     lib.fd_release.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.fd_answer.restype = None
-    lib.fd_answer.argtypes = (pointer, number, pointer, pointer, pointer, text, text, pointer, number)
+    lib.fd_answer.argtypes = (pointer, number, pointer, pointer, pointer, text, text, pointer)
     lib.fd_counts.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     lib.fd_refusal_code.restype = ctypes.c_int
     lib.fd_refusal_code.argtypes = [ctypes.c_int]
@@ -79,18 +79,13 @@ class Bulk:
 class Door:
     def __init__(self, library: Path, listener: socket.socket, *, threads: int, shape: tuple[int, int, int],
                  buffers: int, wake_fd: int, path: bytes, v2_path: bytes, full_rows: int, limits: Limits,
-                 grpc_listener: socket.socket | None = None, answers_written_by: str = "door") -> None:  # fmt: skip
+                 grpc_listener: socket.socket | None = None) -> None:  # fmt: skip
         """`threads` C threads on `listener` take POST `path` with one (C, H, W) uint8 image as its body, and POST
         `v2_path` with one as the binary section after its JSON header (and, on `grpc_listener`, gRPC's ModelInfer
         with one as its raw_input_contents), and POST `path` with an encoded image of at most C×H×W bytes as its body
         (Content-Type image/jpeg or image/png), put at the start of its row for Python to decode. The eventfd
         `wake_fd` is written when a bulk turns non-empty and when it holds `full_rows`. `buffers`: bulks Python may
-        hold at once, plus the one being filled. `answers_written_by`: "door", each HTTP/1.1 answer handed to the C
-        thread owning its connection, which is woken to write it; "caller", written by answer()'s caller (the
-        event loop's thread) where the socket takes it at once."""
-        if answers_written_by not in ("door", "caller"):
-            raise ValueError(f"answers_written_by is 'door' or 'caller', not {answers_written_by!r}")
-        self._write_here = int(answers_written_by == "caller")
+        hold at once, plus the one being filled."""
         self._lib = lib = _load(library)
         row_bytes = int(np.prod(shape))
         tokens = "\n".join(limits.tokens).encode()
@@ -147,14 +142,14 @@ class Door:
 
     def answer(self, ids: np.ndarray, bodies: list[bytes], status: bytes, heads: list[bytes]) -> None:
         """Each request of `ids` its body and its head's lines past the status and content-length (whole header
-        lines: "content-type: application/json\\r\\n"), written as answers_written_by says. A gRPC
+        lines: "content-type: application/json\\r\\n"), written by the thread owning its connection. A gRPC
         call's: its response message (b"": an error) and its trailers' lines ("grpc-status: 0\\r\\n"); `status`
         is not sent."""
         if not self._door:  # closed: a batch that outlived the drain's timeout has nobody left to answer
             return
         body_ends, head_ends = _offsets(bodies), _offsets(heads)
         self._lib.fd_answer(self._door, len(ids), ids.ctypes.data, b"".join(bodies), body_ends.ctypes.data, status,
-                            b"".join(heads), head_ends.ctypes.data, self._write_here)  # fmt: skip
+                            b"".join(heads), head_ends.ctypes.data)  # fmt: skip
 
     def set_gets(self, answers: list[tuple[bytes, bytes, bytes, bool]]) -> None:
         """The GETs the door answers itself, each (path, status and header lines, body, whether it asks for an
@@ -180,14 +175,10 @@ class Door:
     def grpc_refusals(self) -> list[int]:
         """gRPC calls refused by the C side, by status code (0..16): totals since the door opened."""
         counts = self._counts()
-        return [int(n) for n in counts[REFUSALS + 2 : REFUSALS + 2 + GRPC_CODES]]
-
-    def written_by_caller(self) -> int:
-        """Answers answer()'s caller wrote itself (answers_written_by "caller"): a total since the door opened."""
-        return int(self._counts()[REFUSALS + 2 + GRPC_CODES])
+        return [int(n) for n in counts[REFUSALS + 2 :]]
 
     def _counts(self) -> ctypes.Array[ctypes.c_uint64]:
-        counts = (ctypes.c_uint64 * (REFUSALS + 3 + GRPC_CODES))()
+        counts = (ctypes.c_uint64 * (REFUSALS + 2 + GRPC_CODES))()
         if self._door:
             self._lib.fd_counts(self._door, counts)
         return counts

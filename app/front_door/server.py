@@ -112,13 +112,11 @@ class FrontDoor:
             full_rows=max(settings.buckets),
             limits=limits,
             grpc_listener=grpc_listener,
-            answers_written_by=settings.front_door_answers_written_by,
         )
         log.info(
-            "front door on %s:%d: %d threads, POST /predict and /v2/models/%s/infer with %s uint8 pixels, answers "
-            "written by the %s",
+            "front door on %s:%d: %d threads, POST /predict and /v2/models/%s/infer with %s uint8 pixels",
             settings.host, settings.front_door_port, settings.front_door_threads, default.name,
-            "×".join(map(str, shape)), settings.front_door_answers_written_by,
+            "×".join(map(str, shape)),
         )  # fmt: skip
         if grpc_listener is not None:
             log.info("front door gRPC on %s:%d: ModelInfer of %s", settings.host, settings.front_door_grpc_port,

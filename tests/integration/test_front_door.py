@@ -13,13 +13,11 @@ import io
 import os
 import signal
 import socket
-import struct
 import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
-from typing import Any, cast
+from typing import Any
 
 import httpx
 import numpy as np
@@ -55,16 +53,13 @@ POST = b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r
 AUTH = b"Authorization: Bearer " + TOKEN.encode() + b"\r\n"
 
 
-@pytest.fixture(scope="module", params=["door", "caller"], ids=lambda writer: f"answers-by-{writer}")
-def server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
-    """One server for the module's tests, once with each writer of the door's answers (the owning C thread, or
-    the event loop's thread as the batch ends: CGSERVE_FRONT_DOOR_ANSWERS_WRITTEN_BY)."""
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     door_port = free_port()
     settings = {
         "device": "cpu",
         "front_door_port": str(door_port),
         "front_door_threads": "2",
-        "front_door_answers_written_by": request.param,
         "auth_tokens": TOKEN,
         "keepalive_timeout_s": "1",
         "header_timeout_s": "1",
@@ -72,15 +67,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequ
         "max_connections": str(MAX_CONNECTIONS),
         "log_level": "debug",
     }
-    log = tmp_path_factory.mktemp("front-door") / "server.log"
-    with running_server(log, SERVE, **settings) as url:
-        yield {"url": url, "door": f"http://127.0.0.1:{door_port}", "port": door_port, "log": log,
-               "writer": request.param}  # fmt: skip
-
-
-def test_its_answers_are_written_as_set(server: dict[str, Any]) -> None:
-    """The setting reaches the door: the module's tests run once with each writer, not twice with one."""
-    assert f"answers written by the {server['writer']}" in server["log"].read_text()
+    with running_server(tmp_path_factory.mktemp("front-door") / "server.log", SERVE, **settings) as url:
+        yield {"url": url, "door": f"http://127.0.0.1:{door_port}", "port": door_port}
 
 
 def sample_images(count: int) -> list[bytes]:
@@ -643,8 +631,7 @@ def test_a_client_that_never_reads_is_given_up(server: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def door_alone(shape: tuple[int, int, int], *, threads: int, full_rows: int, max_connections: int,
-               max_pixels: int = 2**20, buffers: int = 3,
-               answers_written_by: str = "door") -> Iterator[tuple[Any, tuple[str, int]]]:  # fmt: skip
+               max_pixels: int = 2**20, buffers: int = 3) -> Iterator[tuple[Any, tuple[str, int]]]:  # fmt: skip
     """door.c on a port of its own, without a server: (the Door, its address); the test plays the feeder."""
     from app.front_door.door import Door, Limits
     from app.front_door.library import door_library
@@ -655,8 +642,7 @@ def door_alone(shape: tuple[int, int, int], *, threads: int, full_rows: int, max
     limits = Limits(max_connections=max_connections, keepalive_s=5, request_s=5, tokens=(), max_bytes=2**24,
                     max_pixels=max_pixels)  # fmt: skip
     door = Door(door_library(None), listener, threads=threads, shape=shape, buffers=buffers, wake_fd=wake,
-                path=b"/predict", v2_path=b"/v2/models/m/infer", full_rows=full_rows, limits=limits,
-                answers_written_by=answers_written_by)  # fmt: skip
+                path=b"/predict", v2_path=b"/v2/models/m/infer", full_rows=full_rows, limits=limits)  # fmt: skip
     try:
         yield door, listener.getsockname()
     finally:
@@ -691,23 +677,18 @@ def test_the_most_buffers_the_settings_ask_for_open_the_door() -> None:
         door.release(bulk.buffer)
 
 
-def taken(door: Any) -> np.ndarray:
-    """The ids of the next bulk door.c fills, its buffer given back (the test plays the feeder)."""
-    latest = time.monotonic() + 5
-    while (bulk := door.take()) is None and time.monotonic() < latest:
-        time.sleep(0.01)
-    assert bulk is not None, "the request never reached a bulk"
-    door.release(bulk.buffer)
-    return cast(np.ndarray, bulk.ids)
-
-
-@pytest.mark.parametrize("writer", ["door", "caller"])
-def test_an_answer_given_twice_reaches_nobody(writer: str) -> None:
+def test_an_answer_given_twice_reaches_nobody() -> None:
     """An id names one request, not its connection: a second answer for it, arriving while the connection's next
     request is in flight, is dropped, and that request gets its own (door.c alone, Python as the feeder)."""
-    door_of = door_alone((1, 28, 28), threads=1, full_rows=8, max_connections=8, answers_written_by=writer)
-    with door_of as (door, address):
-        taken_ids = partial(taken, door)
+    with door_alone((1, 28, 28), threads=1, full_rows=8, max_connections=8) as (door, address):
+
+        def taken() -> np.ndarray:
+            latest = time.monotonic() + 5
+            while (bulk := door.take()) is None and time.monotonic() < latest:
+                time.sleep(0.01)
+            assert bulk is not None, "the request never reached a bulk"
+            door.release(bulk.buffer)
+            return bulk.ids
 
         def answer(ids: np.ndarray, body: bytes) -> None:
             door.answer(ids, [body], b"200 OK", [b"content-type: text/plain\r\n"])
@@ -715,50 +696,14 @@ def test_an_answer_given_twice_reaches_nobody(writer: str) -> None:
         request = POST % (b"/predict", b"", 784) + bytes(784)
         with socket.create_connection(address, timeout=5) as connection:
             connection.sendall(request)
-            first = taken_ids()
+            first = taken()
             answer(first, b"first")
             assert read_answer(connection)[2] == b"first"
             connection.sendall(request)
-            second = taken_ids()
+            second = taken()
             answer(first, b"first, again")  # before the fix: written as the second request's answer
             answer(second, b"second")
             assert read_answer(connection)[2] == b"second"
-        assert door.written_by_caller() == (2 if writer == "caller" else 0)  # the first and the second
-
-
-def test_answers_written_by_the_caller_leave_the_rest_to_the_door() -> None:
-    """With answers written by answer()'s caller, what the socket does not take at once (16 MiB, past what the
-    kernel buffers for a client not yet reading) is written by the connection's own thread as the client reads,
-    whole; the request the client pipelined behind it is then read and answered; and an answer for a connection
-    closed meanwhile is dropped (door.c alone, Python as the feeder)."""
-    request = POST % (b"/predict", b"", 784) + bytes(784)
-    large = bytes(range(256)) * (16 * 2**20 // 256)
-    door_of = door_alone((1, 28, 28), threads=2, full_rows=8, max_connections=8, answers_written_by="caller")
-    with door_of as (door, address), socket.create_connection(address, timeout=5) as connection:
-        connection.sendall(request)
-        first = taken(door)
-        connection.sendall(request)  # pipelined: read by the door while the first is in flight
-        door.answer(first, [large], b"200 OK", [b"content-type: application/octet-stream\r\n"])  # returns at once
-        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ncontent-length: %d\r\n\r\n" % len(large)
-        received, count = [], 0
-        while count < len(head) + len(large) and (chunk := connection.recv(2**20)):
-            received.append(chunk)
-            count += len(chunk)
-        assert b"".join(received) == head + large
-        second = taken(door)
-        door.answer(second, [b"second"], b"200 OK", [b"content-type: text/plain\r\n"])
-        assert read_answer(connection)[2] == b"second"
-        gone = socket.create_connection(address, timeout=5)
-        gone.sendall(request)
-        third = taken(door)
-        gone.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        gone.close()  # a reset: the door closes its side (a plain close would still be answered)
-        time.sleep(0.2)  # the door sees the reset
-        door.answer(third, [b"nobody"], b"200 OK", [b"content-type: text/plain\r\n"])  # dropped, not a crash
-        connection.sendall(request)
-        door.answer(taken(door), [b"still"], b"200 OK", [b"content-type: text/plain\r\n"])
-        assert read_answer(connection)[2] == b"still"
-        assert door.written_by_caller() == 3  # the large one, the second and the last: not the reset one's
 
 
 def test_it_tells_the_jpegs_nvjpeg_takes_from_those_pillow_decodes() -> None:
