@@ -155,7 +155,15 @@ def main() -> None:
     parser.add_argument(
         "--priorities", default="0", help="the direct decoder's stream priorities, e.g. 0,-1 (lower is sooner)"
     )
+    parser.add_argument(
+        "--kinds",
+        default="torchvision,direct,direct-pre",
+        help="which kinds, in this order (direct-pre needs --preallocate). Run 44: torchvision's, with sizes in turn "
+        "beside a busy device, ended the process on an illegal memory access: leave it out to measure the others",
+    )
     args = parser.parse_args()
+    if unknown := set(args.kinds.split(",")) - {"torchvision", "direct", "direct-pre"}:
+        parser.error(f"--kinds: {', '.join(sorted(unknown))} not one of torchvision, direct, direct-pre")
     args.out.mkdir(parents=True, exist_ok=True)
     import torchvision
 
@@ -181,8 +189,13 @@ def main() -> None:
         busy = BusyGpu(device, fraction) if fraction > 0 else None
         with busy or contextlib.nullcontext():
             for threads in map(int, args.threads.split(",")):
-                kinds = [("torchvision", 0)] + [("direct", int(p)) for p in args.priorities.split(",")]
-                kinds += [("direct-pre", int(p)) for p in args.priorities.split(",") if preallocate]
+                priorities = [int(p) for p in args.priorities.split(",")]
+                kinds = [
+                    (kind, priority)
+                    for kind in args.kinds.split(",")
+                    for priority in ([0] if kind == "torchvision" else priorities)
+                    if kind != "direct-pre" or preallocate
+                ]
                 for kind, priority in kinds:
                     key = f"{kind}-t{threads}" + (f"-p{priority}" if priority else "")
                     key += f"-busy{fraction:g}" if busy else ""
