@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from app.codecs.nvjpeg import UNSUPPORTED, NvJpeg
+from app.codecs.nvjpeg import UNSUPPORTED, NvJpeg, photo_size
 from bench.jpeg_stages import BusyGpu
 from loadtest.photos import encode, synthetic_photo
 
@@ -182,8 +182,7 @@ def main() -> None:
     print(json.dumps(record, indent=1), flush=True)
     photos = [encode(synthetic_photo(500, 375, seed=i), quality=90) for i in range(16)]
     batches = [int(k) for k in args.batch.split(",")]
-    width, _, height = args.preallocate.partition("x")
-    preallocate = (int(width), int(height)) if height else None
+    preallocate = photo_size(args.preallocate)
     points: dict[str, Any] = {}
     for fraction in map(float, args.busy_gpu.split(",")):
         busy = BusyGpu(device, fraction) if fraction > 0 else None

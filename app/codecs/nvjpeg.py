@@ -68,6 +68,12 @@ class NvJpegError(RuntimeError):
     pass
 
 
+def photo_size(text: str) -> tuple[int, int] | None:
+    """CGSERVE_JPEG_PREALLOCATE's "WIDTHxHEIGHT" → (width, height); "0" (or "") → None: no preallocation."""
+    width, _, height = text.partition("x")
+    return (int(width), int(height)) if height else None
+
+
 class _Image(ctypes.Structure):  # nvjpegImage_t: a plane pointer and its pitch (bytes a row) a component
     _fields_ = [("channel", ctypes.c_void_p * MAX_COMPONENTS), ("pitch", ctypes.c_size_t * MAX_COMPONENTS)]
 

@@ -116,9 +116,9 @@ def start_jpeg_decoder(
     if choose_jpeg_decoder(setting, device, torchvision_imports=torchvision_imports) == "cpu":
         return None
     from app.codecs.gpu_jpeg import GpuJpegDecoder  # torchvision and CUDA only from here on
+    from app.codecs.nvjpeg import photo_size
 
-    width, _, height = preallocate.partition("x")
-    size = (int(width), int(height)) if height else None
+    size = photo_size(preallocate)
     decoder = GpuJpegDecoder(
         device, max_batch=max_batch, launches=launches, nvjpeg=nvjpeg, priority=priority, preallocate=size
     )

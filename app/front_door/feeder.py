@@ -100,8 +100,10 @@ class Feeder:
     def pump(self) -> None:
         """Take bulks while fewer than in_flight are out (a partial one, while another is out, at the batcher's
         launch moment), and one holding JPEGs whenever the GPU decoder has caught up; while the door has a buffer."""
-        while (waiting := self.door.waiting())[0]:
-            rows, jpegs = waiting
+        while True:
+            rows, jpegs = self.door.waiting()
+            if not rows:
+                return
             held = self.out >= self.in_flight or (self.out and rows < self.full and self._later())
             if held and not (jpegs and self._decoder_caught_up()):
                 return

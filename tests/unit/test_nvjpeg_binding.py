@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from app.codecs import nvjpeg
-from app.codecs.nvjpeg import UNSUPPORTED, NvJpeg, NvJpegError
+from app.codecs.nvjpeg import UNSUPPORTED, NvJpeg, NvJpegError, photo_size
 
 STAND_IN = r"""
 #include <stdio.h>
@@ -184,3 +184,9 @@ def test_the_library_name_is_nvjpeg_s_not_jpeg_2000_s() -> None:
     for name in ("libnvjpeg.so.13", "libnvjpeg.36e11081.so.13", "libnvjpeg-3c9a3bd2.so.12"):
         assert nvjpeg.LIBRARY_NAME.match(name), name
     assert not nvjpeg.LIBRARY_NAME.match("libnvjpeg2k.so.0")
+
+
+def test_the_preallocation_setting_reads_as_a_photo_size_or_none() -> None:
+    """CGSERVE_JPEG_PREALLOCATE (config.py's pattern has checked it): WIDTHxHEIGHT, or 0 for none."""
+    assert photo_size("500x375") == (500, 375)
+    assert photo_size("0") is None and photo_size("") is None
