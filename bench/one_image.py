@@ -149,6 +149,8 @@ def line(result: dict[str, Any]) -> str:
                            for stage in ("decode", "prepare", "device", "hand_back"))  # fmt: skip
         text += (f"; jpeg ms: wait {server.get('jpeg_wait_ms', {}).get('mean')}, batch "
                  f"{server['jpeg_batch_ms'].get('mean')} ({stages})")  # fmt: skip
+    if tail := result.get("tail_over_time"):  # 0.1 for a tail spread over the run, near 1 for a stall
+        text += f"; slowest 1 % in the busiest tenth of the run: {tail['slowest_1pct_in_busiest_tenth']}"
     return text + (f" ERROR {str(result['error'])[:300]}" if "error" in result else "")
 
 

@@ -38,5 +38,7 @@ def load_summary(url: str, out: Path, *args: str, cores: str | None = None, time
         "latency_ms": {q: record["latency_ms"][q] for q in ("p50", "p90", "p99")},
         "errors": record["errors"],
         "loadgen_cpu_busy": record["loadgen_cpu_busy"],
+        "loadgen_lag_ms": record["loadgen_lag_ms"],
+        "tail_over_time": record["tail_over_time"],
         "args": list(args),
     }

@@ -10,11 +10,12 @@ import numpy as np
 
 from loadtest.payloads import Payloads
 from loadtest.spec import LoadSpec
-from loadtest.stats import WorkerResult, latency_summary_ms, percentile
+from loadtest.stats import WorkerResult, latency_summary_ms, percentile, tail_over_time
 
 LAG_WARN_MS = 5.0  # generator p99 send delay above which its figures are suspect
 LOADGEN_BUSY_WARN = 0.9  # share of a core per generator process
 SCHEMA = "cgserve-loadtest/1"
+TAIL_BIN_S = 0.1  # tail_over_time's bins: a few batches' time, so that a stall shows as a bin of its own
 
 
 def build_record(
@@ -52,6 +53,7 @@ def build_record(
             for outcome, values in sorted(merged.latencies_by_outcome.items())
         },
         "latency_from": "scheduled send time" if spec.mode == "open" else "send time",
+        "tail_over_time": tail_over_time(merged.offsets_s, merged.latencies_s, d, TAIL_BIN_S),
         "loadgen_lag_ms": {
             "p50": _round(percentile(lag_ms, 50)),
             "p99": _round(percentile(lag_ms, 99)),

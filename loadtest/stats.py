@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -63,10 +64,12 @@ class WorkerResult:
 
     latencies_s: float64 (M,) per measured request, from its scheduled send to its outcome
     lags_s:      float64 (M,) actual send − scheduled send (the generator's own delay)
+    offsets_s:   float64 (M,) scheduled send − the window's start: when in the run each one was due
     """
 
     latencies_s: np.ndarray = field(default_factory=lambda: np.empty(0))
     lags_s: np.ndarray = field(default_factory=lambda: np.empty(0))
+    offsets_s: np.ndarray = field(default_factory=lambda: np.empty(0))
     sent_in_window: int = 0  # requests whose actual send fell in the window (achieved rate)
     ok_in_window: int = 0  # correct answers that arrived in the window (throughput)
     ok: int = 0  # measured requests answered correctly
@@ -97,7 +100,7 @@ def window_result(rows: list[tuple[float, float, float, str | None]], w0: float,
     little early, never to the server's credit.
     """
     res = WorkerResult(requests=len(rows))
-    latencies, lags = [], []
+    latencies, lags, offsets = [], [], []
     for t_sched, t_send, t_done, kind in rows:
         if w0 <= t_send < w1:
             res.sent_in_window += 1
@@ -114,12 +117,14 @@ def window_result(rows: list[tuple[float, float, float, str | None]], w0: float,
         latencies.append(latency)
         res.latencies_by_outcome.setdefault(kind or "ok", []).append(latency)
         lags.append(t_send - t_sched)
+        offsets.append(t_sched - w0)
         if kind is None:
             res.ok += 1
         else:
             res.errors[kind] += 1
     res.latencies_s = np.asarray(latencies, dtype=np.float64)
     res.lags_s = np.asarray(lags, dtype=np.float64)
+    res.offsets_s = np.asarray(offsets, dtype=np.float64)
     return res
 
 
@@ -129,6 +134,7 @@ def merge_results(results: list[WorkerResult]) -> WorkerResult:
     merged = WorkerResult(
         latencies_s=np.concatenate([r.latencies_s for r in results]) if results else np.empty(0),
         lags_s=np.concatenate([r.lags_s for r in results]) if results else np.empty(0),
+        offsets_s=np.concatenate([r.offsets_s for r in results]) if results else np.empty(0),
     )
     for r in results:
         merged.sent_in_window += r.sent_in_window
@@ -149,6 +155,37 @@ def merge_results(results: list[WorkerResult]) -> WorkerResult:
         for key, value in r.server.items():
             merged.server.setdefault(key, value)
     return merged
+
+
+def tail_over_time(offsets_s: np.ndarray, latencies_s: np.ndarray, duration_s: float, bin_s: float) -> dict[str, Any]:
+    """Where in the run its slowest 1 % were due: a tail spread over the whole run is queueing at the
+    load; one packed into a few bins is a stall (a pause, a burst the server fell behind on).
+
+    offsets_s, latencies_s: float64 (M,), each measured request's due time from the window's start
+    and its latency. Per bin of `bin_s` seconds: its requests, their p99 (ms) and how many of the
+    run's slowest 1 % it holds; and the share of those the busiest tenth of the bins holds (0.1 for
+    an even spread, near 1 for a stall).
+    """
+    n_bins = max(1, math.ceil(duration_s / bin_s))
+    empty = {"bin_s": bin_s, "requests": [0] * n_bins, "p99_ms": [None] * n_bins, "slowest_1pct": [0] * n_bins,
+             "slowest_1pct_in_busiest_tenth": None}  # fmt: skip
+    if len(latencies_s) == 0:
+        return empty
+    bins = np.minimum((np.asarray(offsets_s) / bin_s).astype(np.int64), n_bins - 1)
+    cut = percentile(latencies_s, 99)
+    slow = latencies_s > cut if cut is not None else np.zeros(len(latencies_s), dtype=bool)
+    if not slow.any():  # fewer than 100 requests, or all equal: the slowest 1 % is the top one
+        slow = latencies_s >= cut
+    slow_per_bin = np.bincount(bins[slow], minlength=n_bins)
+    busiest = np.sort(slow_per_bin)[::-1][: max(1, n_bins // 10)]
+    p99s = [percentile(latencies_s[bins == b], 99) for b in range(n_bins)]
+    return {
+        "bin_s": bin_s,
+        "requests": np.bincount(bins, minlength=n_bins).tolist(),
+        "p99_ms": [None if v is None else round(v * 1e3, 2) for v in p99s],
+        "slowest_1pct": slow_per_bin.tolist(),
+        "slowest_1pct_in_busiest_tenth": round(float(busiest.sum() / slow_per_bin.sum()), 3),
+    }
 
 
 def split_evenly(total: int, parts: int) -> list[int]:

@@ -24,6 +24,7 @@ def merged(*, n: int, lag_s: float, busy: float) -> WorkerResult:
     return WorkerResult(
         latencies_s=np.arange(1, n + 1) / 1e3,
         lags_s=np.full(n, lag_s),
+        offsets_s=(np.arange(n) + 0.5) / n,  # due evenly over the first second
         sent_in_window=n,
         ok_in_window=n - 4,
         ok=n - 2,
@@ -57,6 +58,10 @@ def test_open_loop_record_figures(payloads: Payloads) -> None:
         "retried_stale_connection": 0,
     }
     assert r["errors"] == {"timeout": 2} and r["loadgen_cpu_busy"] == 0.2
+    # Requests due over the first of the 2 s, slowest last: the slowest 1 % (199, 200 ms) in the tenth 0.1 s bin.
+    tail = r["tail_over_time"]
+    assert tail["requests"] == [20] * 10 + [0] * 10 and tail["slowest_1pct"][9] == 2 == sum(tail["slowest_1pct"])
+    assert tail["slowest_1pct_in_busiest_tenth"] == 1.0
     assert r["warnings"] == ["200 measured requests: p99.9 is not meaningful below 1000"]
     assert "open loop, Poisson 100 req/s" in r["summary"] and "errors: timeout 2" in r["summary"]
 

@@ -14,6 +14,7 @@ from loadtest.stats import (
     percentile,
     poisson_schedule,
     split_evenly,
+    tail_over_time,
     window_result,
 )
 
@@ -92,6 +93,7 @@ def test_window_result_counts_by_schedule_send_and_completion() -> None:
     assert res.ok_in_window == 4  # 10.5, 11.004, 12.6, 13.002
     assert res.latencies_s.tolist() == pytest.approx([0.004, 0.6, 0.0025, 0.1, 0.4])
     assert res.lags_s.tolist() == pytest.approx([0.0, 0.5, -0.0005, 0.0, 0.0])
+    assert res.offsets_s.tolist() == pytest.approx([1.0, 2.0, 3.0, 4.0, 9.9])  # due times from the window's start
 
 
 def test_merge_results_concatenates_raw_samples() -> None:
@@ -134,3 +136,27 @@ def test_split_evenly() -> None:
     assert sum(split_evenly(64, 7)) == 64
     with pytest.raises(ValueError):
         split_evenly(4, 0)
+
+
+def test_tail_over_time_tells_a_stall_from_a_spread_tail() -> None:
+    # 2 s in 0.1 s bins, 100 requests a bin at 5 ms; then a 300 ms stall in bin 7 (its 100 requests at 300 ms).
+    offsets = np.repeat(np.arange(20) * 0.1, 100) + np.tile(np.linspace(0, 0.099, 100), 20)
+    latencies = np.full(2000, 0.005)
+    stalled = latencies.copy()
+    stalled[700:800] = 0.300
+    stall = tail_over_time(offsets, stalled, 2.0, 0.1)
+    assert stall["requests"] == [100] * 20
+    assert stall["slowest_1pct"][7] == sum(stall["slowest_1pct"]) > 0
+    assert stall["slowest_1pct_in_busiest_tenth"] == 1.0
+    assert stall["p99_ms"][7] == 300.0 and stall["p99_ms"][0] == 5.0
+    # The same count of slow requests, one in every fifth of each bin's: spread over the run.
+    spread = latencies.copy()
+    spread[::20] = 0.300
+    even = tail_over_time(offsets, spread, 2.0, 0.1)
+    assert even["slowest_1pct"] == [5] * 20
+    assert even["slowest_1pct_in_busiest_tenth"] == 0.1
+
+
+def test_tail_over_time_of_no_requests_has_empty_bins() -> None:
+    out = tail_over_time(np.empty(0), np.empty(0), 0.25, 0.1)
+    assert out["requests"] == [0, 0, 0] and out["slowest_1pct_in_busiest_tenth"] is None
