@@ -55,6 +55,7 @@ from typing import Any
 
 import numpy as np
 
+from bench import stage_trace
 from bench.harness.process_cpu import TreeCpu, role, tree
 from bench.harness.server_histograms import scrape, step_view
 from bench.resnet50_e2e import EXAMPLE, engine_peak
@@ -290,9 +291,12 @@ class OneImage:
                           max_inflight_bytes=1024 * 2**20, engine_process=str(design == "engine-process").lower(),
                           **door)  # fmt: skip
         env |= settings or {}
-        serve = taskset(a.server_cores, [sys.executable, "-m", "app.cli", "serve"])  # taskset execs: same pid
         points: dict[str, Any] = {}
         name = f"{design}+{variant}" if variant else design
+        server_module = "app.cli"
+        if a.stage_trace:  # the same server, its stages on a timeline (bench/stage_trace.py)
+            server_module, env["STAGE_TRACE"] = "bench.stage_trace", str(a.out / f"stage-trace-{name}.jsonl")
+        serve = taskset(a.server_cores, [sys.executable, "-m", server_module, "serve"])  # taskset execs: same pid
         self.record["designs"][name] = {"env": env, "points": points}
         log = self.work / f"server-{name}.log"
         kinds = a.variant_kinds if variant else a.kinds
@@ -356,8 +360,22 @@ class OneImage:
             result = observed(server, partial(self.generator, url, f"{kind}-open-loop{again}", *load, path=path))
             result["rate"] = rate
             points[f"{kind}-open-{a.p99_fraction:g}{again}"] = result
+            if a.stage_trace:
+                self.stalls(design, f"{kind}-open{again}", result)
             print(f"{design} {kind} open loop{again} at {rate} req/s: {line(result)}", flush=True)
             self.save()
+
+    def stalls(self, design: str, tag: str, result: dict[str, Any]) -> None:
+        """The server's stages around the three 0.1 s bins that held most of a load's slowest 1 %, written beside
+        its stage trace."""
+        tail, start = result.get("tail_over_time"), result.get("window_start_monotonic_s")
+        if not tail or start is None:
+            return
+        worst = sorted(range(len(tail["slowest_1pct"])), key=lambda b: -tail["slowest_1pct"][b])[:3]
+        moments = [start + (b + 0.5) * tail["bin_s"] for b in sorted(worst) if tail["slowest_1pct"][b]]
+        time.sleep(2 * stage_trace.WRITE_EVERY_S)  # its writer's last events on file
+        text = stage_trace.show(self.args.out / f"stage-trace-{design}.jsonl", moments, around_s=0.3)
+        (self.args.out / f"stalls-{design}-{tag}.txt").write_text(text + "\n")
 
     def run(self) -> None:
         a = self.args
@@ -417,6 +435,11 @@ def main() -> None:
         "idle too")  # fmt: skip
     add("--profile-native", action="store_true", help="with --profile-engine: native frames too (pauses it)")
     add("--py-spy", default="/tmp/site/bin/py-spy")
+    add(
+        "--stage-trace",
+        action="store_true",
+        help="serve through bench/stage_trace.py: a timeline of its stages, and around each open loop's worst bins",
+    )
     add(
         "--variants",
         default="",

@@ -40,5 +40,6 @@ def load_summary(url: str, out: Path, *args: str, cores: str | None = None, time
         "loadgen_cpu_busy": record["loadgen_cpu_busy"],
         "loadgen_lag_ms": record["loadgen_lag_ms"],
         "tail_over_time": record["tail_over_time"],
+        "window_start_monotonic_s": record["window_start_monotonic_s"],
         "args": list(args),
     }

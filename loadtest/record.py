@@ -53,6 +53,7 @@ def build_record(
             for outcome, values in sorted(merged.latencies_by_outcome.items())
         },
         "latency_from": "scheduled send time" if spec.mode == "open" else "send time",
+        "window_start_monotonic_s": merged.window_start_s,  # where tail_over_time's bins start, on the host's clock
         "tail_over_time": tail_over_time(merged.offsets_s, merged.latencies_s, d, TAIL_BIN_S),
         "loadgen_lag_ms": {
             "p50": _round(percentile(lag_ms, 50)),

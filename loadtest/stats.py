@@ -70,6 +70,7 @@ class WorkerResult:
     latencies_s: np.ndarray = field(default_factory=lambda: np.empty(0))
     lags_s: np.ndarray = field(default_factory=lambda: np.empty(0))
     offsets_s: np.ndarray = field(default_factory=lambda: np.empty(0))
+    window_start_s: float | None = None  # the window's start, time.perf_counter (CLOCK_MONOTONIC: the server's clock)
     sent_in_window: int = 0  # requests whose actual send fell in the window (achieved rate)
     ok_in_window: int = 0  # correct answers that arrived in the window (throughput)
     ok: int = 0  # measured requests answered correctly
@@ -99,7 +100,7 @@ def window_result(rows: list[tuple[float, float, float, str | None]], w0: float,
     throughput by its completion. Latency runs from min(scheduled, sent): timers may fire a
     little early, never to the server's credit.
     """
-    res = WorkerResult(requests=len(rows))
+    res = WorkerResult(requests=len(rows), window_start_s=w0)
     latencies, lags, offsets = [], [], []
     for t_sched, t_send, t_done, kind in rows:
         if w0 <= t_send < w1:
@@ -135,6 +136,8 @@ def merge_results(results: list[WorkerResult]) -> WorkerResult:
         latencies_s=np.concatenate([r.latencies_s for r in results]) if results else np.empty(0),
         lags_s=np.concatenate([r.lags_s for r in results]) if results else np.empty(0),
         offsets_s=np.concatenate([r.offsets_s for r in results]) if results else np.empty(0),
+        # The processes' windows start together (one wall-clock start, each translated to its clock): the first.
+        window_start_s=min((r.window_start_s for r in results if r.window_start_s is not None), default=None),
     )
     for r in results:
         merged.sent_in_window += r.sent_in_window

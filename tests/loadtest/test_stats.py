@@ -94,6 +94,7 @@ def test_window_result_counts_by_schedule_send_and_completion() -> None:
     assert res.latencies_s.tolist() == pytest.approx([0.004, 0.6, 0.0025, 0.1, 0.4])
     assert res.lags_s.tolist() == pytest.approx([0.0, 0.5, -0.0005, 0.0, 0.0])
     assert res.offsets_s.tolist() == pytest.approx([1.0, 2.0, 3.0, 4.0, 9.9])  # due times from the window's start
+    assert res.window_start_s == w0
 
 
 def test_merge_results_concatenates_raw_samples() -> None:
@@ -128,6 +129,8 @@ def test_merge_results_concatenates_raw_samples() -> None:
     # A percentile of the merge is not an average of the processes' percentiles.
     assert percentile(merged.latencies_s, 50) == 0.002
     assert merge_results([]).measured == 0
+    starts = merge_results([WorkerResult(window_start_s=5.002), WorkerResult(window_start_s=5.0), WorkerResult()])
+    assert starts.window_start_s == 5.0
 
 
 def test_split_evenly() -> None:

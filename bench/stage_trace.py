@@ -1,0 +1,183 @@
+"""The server with a timeline of its stages, to tell what a latency tail's stalls are (run 45).
+
+    STAGE_TRACE=trace.jsonl python3 -m bench.stage_trace serve …   # as python3 -m app.cli serve …
+    python3 -m bench.stage_trace show trace.jsonl --at 1234.5,1236.1 [--around 0.3]
+
+Run 45's open loops at 70 % had their slowest 1 % packed into one to five 0.1 s bins (loadtest's tail_over_time),
+not spread over the run: something stalls, and the server's histograms cannot say what or when. This wraps, in the
+server process only and for the bench alone, the stages a JPEG upload passes through, each event one JSON line
+{"kind", "start", "end", "n"} with times on time.monotonic() (CLOCK_MONOTONIC, the load generator's clock too:
+its record's window_start_monotonic_s places its bins on this timeline):
+
+  bulk        the feeder takes a bulk from the door: n rows, start = its oldest request's arrival
+  jpeg_launch a decoder batch's decode, resize and copies out queued, on its launch thread: n photos
+  jpeg_back   from that launch's start to its pixels handed back on the event loop
+  batch       the model's batch: staged, replayed, answered (n rows)
+  loop_late   the event loop ran a 5 ms sleep's wake-up late by more than 2 ms (start: when it was due)
+  gc          a garbage collection (n: its generation)
+
+A thread appends the events to the file every half second. `show` sums them, 10 ms at a time, around given moments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import gc
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+LOOP_SAMPLE_S, LOOP_LATE_S, WRITE_EVERY_S = 0.005, 0.002, 0.5
+
+_events: list[tuple[str, float, float, int]] = []  # appended from any thread: list.append holds the GIL
+
+
+def _note(kind: str, start: float, end: float, n: int) -> None:
+    _events.append((kind, start, end, n))
+
+
+def _writer(path: Path) -> None:
+    global _events
+    with path.open("a") as out:
+        while True:
+            time.sleep(WRITE_EVERY_S)
+            taken, _events = _events, []
+            out.writelines(json.dumps({"kind": k, "start": s, "end": e, "n": n}) + "\n" for k, s, e, n in taken)
+            out.flush()
+
+
+async def _loop_lateness() -> None:
+    while True:
+        due = time.monotonic() + LOOP_SAMPLE_S
+        await asyncio.sleep(LOOP_SAMPLE_S)
+        if (late := time.monotonic() - due) > LOOP_LATE_S:
+            _note("loop_late", due, due + late, 0)
+
+
+def _timed_async(kind: str, size: Callable[..., int], start_of: Callable[..., float] | None = None) -> Callable:
+    def wrap(method: Callable) -> Callable:
+        @functools.wraps(method)
+        async def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+            start = start_of(self, *args) if start_of else time.monotonic()
+            try:
+                return await method(self, *args, **kwargs)
+            finally:
+                _note(kind, start, time.monotonic(), size(self, *args))
+
+        return timed
+
+    return wrap
+
+
+def install(path: Path) -> None:
+    """Wrap the stages (those this process has: the GPU decoder needs torchvision) and start the writer."""
+    from app.batching.batcher import Batcher
+    from app.front_door.feeder import Feeder
+
+    sampler: list[asyncio.Task[None]] = []  # the loop's sampler, started with the first batch (on the loop)
+
+    run_batch = Batcher._run_batch
+
+    @functools.wraps(run_batch)
+    async def traced_batch(self: Any, lease: Any, shares: Any, rows: int, *args: Any, **kwargs: Any) -> None:
+        if not sampler:
+            sampler.append(asyncio.get_running_loop().create_task(_loop_lateness()))
+        start = time.monotonic()
+        try:
+            await run_batch(self, lease, shares, rows, *args, **kwargs)
+        finally:
+            _note("batch", start, time.monotonic(), rows)
+
+    Batcher._run_batch = traced_batch  # type: ignore[method-assign]
+
+    queue = Feeder._queue
+
+    @functools.wraps(queue)
+    def traced_queue(self: Any, bulk: Any) -> None:
+        _note("bulk", float(bulk.arrived.min()), time.monotonic(), len(bulk.ids))
+        queue(self, bulk)
+
+    Feeder._queue = traced_queue  # type: ignore[method-assign]
+
+    try:
+        from app.codecs.gpu_jpeg import GpuJpegDecoder
+    except ImportError:  # no torchvision: no GPU decoder to time
+        pass
+    else:
+        launch = GpuJpegDecoder._launch
+
+        @functools.wraps(launch)
+        def traced_launch(self: Any, jobs: list[Any]) -> Any:
+            start = time.monotonic()
+            try:
+                return launch(self, jobs)
+            finally:
+                _note("jpeg_launch", start, time.monotonic(), len(jobs))
+
+        GpuJpegDecoder._launch = traced_launch  # type: ignore[method-assign]
+        # _Launched.started is time.perf_counter(): the same clock as time.monotonic() on Linux.
+        GpuJpegDecoder._hand_back = _timed_async(  # type: ignore[method-assign]
+            "jpeg_back", lambda self, launched: len(launched.jobs), lambda self, launched: launched.started
+        )(GpuJpegDecoder._hand_back)
+
+    collecting: dict[str, float] = {}
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collecting["start"] = time.monotonic()
+        elif "start" in collecting:
+            _note("gc", collecting.pop("start"), time.monotonic(), info["generation"])
+
+    gc.callbacks.append(on_gc)
+    threading.Thread(target=_writer, args=(path,), name="stage-trace", daemon=True).start()
+
+
+KINDS = ("bulk", "jpeg_launch", "jpeg_back", "batch", "loop_late", "gc")
+
+
+def show(path: Path, moments: list[float], around_s: float, slice_s: float = 0.01) -> str:
+    """Around each moment, a line a `slice_s` slice: for each kind of event that ended in it, how many, their
+    sizes summed and the longest (ms; a bulk's: its oldest request's wait). Times relative to the moment."""
+    events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = []
+    for moment in moments:
+        lines.append(f"== around {moment:.3f}: slice (ms), then per kind: events / their n summed / longest ms")
+        first = moment - around_s
+        slices: dict[int, dict[str, list[float]]] = {}
+        for e in events:
+            if first <= e["end"] < moment + around_s:
+                cell = slices.setdefault(int((e["end"] - first) / slice_s), {}).setdefault(e["kind"], [0, 0, 0.0])
+                cell[0] += 1
+                cell[1] += e["n"]
+                cell[2] = max(cell[2], (e["end"] - e["start"]) * 1e3)
+        for i in range(round(2 * around_s / slice_s)):
+            cells = slices.get(i, {})
+            text = "  ".join(f"{k} {c[0]}/{c[1]}/{c[2]:.1f}" for k in KINDS if (c := cells.get(k)))
+            lines.append(f"  {(first + i * slice_s - moment) * 1e3:+7.0f}  {text}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["show"]:
+        parser = argparse.ArgumentParser(prog="bench.stage_trace show")
+        parser.add_argument("trace", type=Path)
+        parser.add_argument("--at", required=True, help="moments, time.monotonic() s, comma-separated")
+        parser.add_argument("--around", type=float, default=0.3)
+        args = parser.parse_args(sys.argv[2:])
+        print(show(args.trace, [float(t) for t in args.at.split(",")], args.around))
+        return 0
+    install(Path(os.environ["STAGE_TRACE"]))
+    from app.cli import main as serve
+
+    return serve(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
