@@ -10,7 +10,8 @@ rows scaled to [0, 1] on the way in.
 Staging is a memcpy into the slot's pinned memory: nothing for the seed CNN (a full batch of 128
 is 100 KB), but 19 MB for resnet50 (128 × 3 × 224 × 224 uint8), ~2 ms that the event loop would
 not read, batch or hand back anything else; with several GPUs fed by one loop that becomes the
-ceiling. Large batches are therefore staged on a thread (numpy releases the GIL while it copies).
+ceiling. Large batches are therefore staged on a thread, a request's rows at a time holding the GIL: a batch of
+128 one-image requests is 128 copies, and giving the GIL up for each waited for the loop's Python every time.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.engines.base import InputDtype, Slot
+from app.ops.held_copy import copy_holding_gil
 
 
 @dataclass(slots=True, eq=False)
@@ -64,8 +66,8 @@ def stage(shares: list[Share], slot: Slot) -> InputDtype:
     offset = 0
     for request, start, end in shares:
         rows_in = request.images[start:end]
-        if rows_in.dtype == staging.dtype:
-            staging[offset : offset + end - start] = rows_in
+        if rows_in.dtype == staging.dtype:  # a copy a request: made holding the GIL (app/ops/held_copy.py)
+            copy_holding_gil(staging[offset : offset + end - start], rows_in)
         else:  # uint8 pixels riding in a float32 batch
             np.multiply(rows_in, np.float32(1 / 255), out=staging[offset : offset + end - start])
         offset += end - start

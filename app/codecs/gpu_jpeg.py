@@ -64,6 +64,7 @@ from app.config import Settings
 from app.engines.event_waiter import EventWaiter
 from app.errors import GpuDecodeError, NotReadyError
 from app.ops import metrics
+from app.ops.held_copy import copy_holding_gil
 from app.ops.metric_buffers import BufferedHistogram
 from app.repository.model_spec import ModelSpec
 
@@ -324,7 +325,7 @@ class GpuJpegDecoder:
                 continue
             try:
                 if job.out is not None:  # the caller's buffer: in the engine process, its UPLOADS frame's row
-                    np.copyto(job.out, host.numpy()[None])
+                    copy_holding_gil(job.out, host.numpy()[None])  # a copy a photo: app/ops/held_copy.py
                     job.future.set_result(job.out)
                 else:  # a copy: the group's pinned block goes back to torch's host cache once its last row is let go
                     job.future.set_result(np.array(host.numpy())[None])  # (1, C, h, w)

@@ -1,0 +1,30 @@
+"""Row copies made holding the GIL: a run of small copies that does not queue behind other threads' Python.
+
+numpy gives the GIL up for each copy it makes (np.copyto, slice assignment, each input of np.concatenate) and must
+win it back to go on. While another thread runs Python, winning it back waits out the switch interval
+(CGSERVE_SWITCH_INTERVAL_MS, 1 ms). On the development machine, 128 copies of a 150 KB row took 1.35 ms alone and
+110–124 ms beside one thread running Python; made holding the GIL, 1.6–6.7 ms
+(bench/results/2026-12-05-cpu-gil-convoy.md). The server makes such runs: a JPEG decoder batch's hand-back on
+the event loop, and the staging of a batch of one-image requests on a staging thread, a copy a photo each. Each
+side's Python is the other's wait. Run 45 on an H100 saw the event loop late by 15–30 ms during the stalls that
+made JPEG uploads' p99. A row copies in ~10 µs, less than one wait for the GIL, and CPython's memoryview
+assignment is a memcpy that keeps it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# A larger copy gives the GIL up as numpy does: one wait to win it back is worth its time to the other threads
+# (1 MiB: ~70 µs at the development machine's ~15 GB/s).
+HOLD_BELOW_BYTES = 2**20
+
+
+def copy_holding_gil(dst: np.ndarray, src: np.ndarray) -> None:
+    """dst[...] = src, without giving the GIL up, where both are C-contiguous with one dtype and shape and smaller
+    than HOLD_BELOW_BYTES; numpy's copy (which casts, broadcasts and gives the GIL up) otherwise."""
+    if (0 < src.nbytes < HOLD_BELOW_BYTES and dst.shape == src.shape and dst.dtype == src.dtype
+            and dst.flags.c_contiguous and src.flags.c_contiguous):  # fmt: skip
+        dst.data.cast("B")[:] = src.data.cast("B")  # ndarray.data: a memoryview of its buffer
+    else:
+        np.copyto(dst, src)
