@@ -128,6 +128,11 @@ def perf_analyzer(binary: str, model: str, protocol: str, address: str, concurre
     }
 
 
+def file_safe(name: str) -> str:
+    """A design's name (front-door+mb32) as a file's: the device tool brings back no file with a + in its name."""
+    return name.replace("+", "_")
+
+
 def line(result: dict[str, Any]) -> str:
     """One point as the progress line prints it."""
     server = result.get("server", {})
@@ -295,7 +300,7 @@ class OneImage:
         name = f"{design}+{variant}" if variant else design
         server_module = "app.cli"
         if a.stage_trace:  # the same server, its stages on a timeline (bench/stage_trace.py)
-            server_module, env["STAGE_TRACE"] = "bench.stage_trace", str(a.out / f"stage-trace-{name}.jsonl")
+            server_module, env["STAGE_TRACE"] = "bench.stage_trace", str(a.out / f"stage-trace-{file_safe(name)}.jsonl")
         serve = taskset(a.server_cores, [sys.executable, "-m", server_module, "serve"])  # taskset execs: same pid
         self.record["designs"][name] = {"env": env, "points": points}
         log = self.work / f"server-{name}.log"
@@ -374,8 +379,8 @@ class OneImage:
         worst = sorted(range(len(tail["slowest_1pct"])), key=lambda b: -tail["slowest_1pct"][b])[:3]
         moments = [start + (b + 0.5) * tail["bin_s"] for b in sorted(worst) if tail["slowest_1pct"][b]]
         time.sleep(2 * stage_trace.WRITE_EVERY_S)  # its writer's last events on file
-        text = stage_trace.show(self.args.out / f"stage-trace-{design}.jsonl", moments, around_s=0.3)
-        (self.args.out / f"stalls-{design}-{tag}.txt").write_text(text + "\n")
+        text = stage_trace.show(self.args.out / f"stage-trace-{file_safe(design)}.jsonl", moments, around_s=0.3)
+        (self.args.out / f"stalls-{file_safe(design)}-{tag}.txt").write_text(text + "\n")
 
     def run(self) -> None:
         a = self.args

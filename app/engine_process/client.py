@@ -37,6 +37,7 @@ from app.engine_process import frames
 from app.engine_process.segments import Segment, SegmentPool
 from app.errors import NotReadyError, QueueFullError, ServiceError
 from app.ops import metrics
+from app.ops.held_copy import copy_holding_gil
 from app.ops.metric_buffers import BufferedHistogram
 from app.repository.model_spec import ModelSpec
 
@@ -243,9 +244,9 @@ class EngineLink:
             segment, new = self.pool.take(rows * first.itemsize * math.prod(shape[1:]))
             staged = np.ndarray(shape, first.dtype, buffer=segment.memory)
             offset = 0
-            for request in requests:  # one copy each, whatever the strides (an nhwc body is a transposed view)
-                k = len(request.images)
-                np.copyto(staged[offset : offset + k], request.images)  # type: ignore[arg-type]  # the lane's: pixels
+            for request in requests:  # one copy each, whatever the strides (an nhwc body is a transposed view),
+                k = len(request.images)  # holding the GIL where it can (app/ops/held_copy.py)
+                copy_holding_gil(staged[offset : offset + k], request.images)  # type: ignore[arg-type]  # the lane's
                 offset += k
             dtype = frames.DTYPES.index(first.dtype)
             frame = frames.frame(frames.INFER, frames.INFER_HEADER.pack(frame_id, deadline, dtype, model, *shape,

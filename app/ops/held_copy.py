@@ -2,8 +2,8 @@
 
 numpy gives the GIL up for each copy it makes (np.copyto, slice assignment, each input of np.concatenate) and must
 win it back to go on. While another thread runs Python, winning it back waits out the switch interval
-(CGSERVE_SWITCH_INTERVAL_MS, 1 ms). On the development machine, 128 copies of a 150 KB row took 1.35 ms alone and
-110–124 ms beside one thread running Python; made holding the GIL, 1.6–6.7 ms
+(CGSERVE_SWITCH_INTERVAL_MS, 1 ms). On the development machine, staging 128 one-image requests (a 150 KB copy each)
+took 1.35 ms alone and 124 ms beside one thread running Python; holding the GIL, 2.7 ms
 (bench/results/2026-12-05-cpu-gil-convoy.md). The server makes such runs: a JPEG decoder batch's hand-back on
 the event loop, and the staging of a batch of one-image requests on a staging thread, a copy a photo each. Each
 side's Python is the other's wait. Run 45 on an H100 saw the event loop late by 15–30 ms during the stalls that
