@@ -16,6 +16,10 @@ its record's window_start_monotonic_s places its bins on this timeline):
   loop_late   the event loop ran a 5 ms sleep's wake-up late by more than 2 ms (start: when it was due)
   gc          a garbage collection (n: its generation)
 
+With STAGE_TRACE_COPIES=numpy the server copies rows as it did before app/ops/held_copy.py (numpy's copies, giving
+the GIL up for each): one run can set the two side by side (bench/one_image.py --stage-trace --variants
+'numpy-copies=STAGE_TRACE_COPIES=numpy').
+
 A thread appends the events to the file every half second. `show` sums them, 10 ms at a time, around given moments.
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import gc
 import json
@@ -76,11 +81,29 @@ def _timed_async(kind: str, size: Callable[..., int], start_of: Callable[..., fl
     return wrap
 
 
+def _numpy_copies() -> None:
+    """Every module that copies rows with copy_holding_gil gets numpy's copy in its place."""
+    import numpy as np
+
+    from app.batching import shares
+    from app.engine_process import client
+
+    modules: list[Any] = [shares, client]
+    with contextlib.suppress(ImportError):  # no torchvision: no GPU decoder
+        from app.codecs import gpu_jpeg
+
+        modules.append(gpu_jpeg)
+    for module in modules:
+        module.copy_holding_gil = np.copyto
+
+
 def install(path: Path) -> None:
     """Wrap the stages (those this process has: the GPU decoder needs torchvision) and start the writer."""
     from app.batching.batcher import Batcher
     from app.front_door.feeder import Feeder
 
+    if os.environ.get("STAGE_TRACE_COPIES") == "numpy":
+        _numpy_copies()
     sampler: list[asyncio.Task[None]] = []  # the loop's sampler, started with the first batch (on the loop)
 
     run_batch = Batcher._run_batch

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from bench.stage_trace import show
 
 
@@ -25,3 +27,16 @@ def test_show_sums_each_kind_by_the_slice_its_events_end_in(tmp_path: Path) -> N
     assert "batch 1/32/5.0" in by_slice[-10]
     assert "jpeg_launch 1/90/44.0" in by_slice[0] and "batch 1/16/5.0" in by_slice[0]
     assert "loop_late" not in "".join(lines) and "8/" not in "".join(lines)
+
+
+def test_numpy_copies_put_numpys_copy_where_the_held_one_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    from app.batching import shares
+    from app.engine_process import client
+    from bench import stage_trace
+
+    for module in (shares, client):
+        monkeypatch.setattr(module, "copy_holding_gil", module.copy_holding_gil)  # put back after the test
+    stage_trace._numpy_copies()
+    assert shares.copy_holding_gil is np.copyto and client.copy_holding_gil is np.copyto
