@@ -299,7 +299,9 @@ class OneImage:
         points: dict[str, Any] = {}
         name = f"{design}+{variant}" if variant else design
         server_module = "app.cli"
-        if a.stage_trace:  # the same server, its stages on a timeline (bench/stage_trace.py)
+        if a.stage_trace and design != "front-door":  # its patches reach the server process alone, not its children
+            self.record["notes"].append(f"{name}: no stage trace (the front door's design only: one process)")
+        elif a.stage_trace:  # the same server, its stages on a timeline (bench/stage_trace.py)
             server_module, env["STAGE_TRACE"] = "bench.stage_trace", str(a.out / f"stage-trace-{file_safe(name)}.jsonl")
         serve = taskset(a.server_cores, [sys.executable, "-m", server_module, "serve"])  # taskset execs: same pid
         self.record["designs"][name] = {"env": env, "points": points}

@@ -4,10 +4,10 @@
     python3 -m bench.stage_trace show trace.jsonl --at 1234.5,1236.1 [--around 0.3]
 
 Run 45's open loops at 70 % had their slowest 1 % packed into one to five 0.1 s bins (loadtest's tail_over_time),
-not spread over the run: something stalls, and the server's histograms cannot say what or when. This wraps, in the
-server process only and for the bench alone, the stages a JPEG upload passes through, each event one JSON line
-{"kind", "start", "end", "n"} with times on time.monotonic() (CLOCK_MONOTONIC, the load generator's clock too:
-its record's window_start_monotonic_s places its bins on this timeline):
+not spread over the run: something stalls, and the server's histograms cannot say what or when. This wraps, for the
+bench alone, the stages a JPEG upload passes through, each event one JSON line {"kind", "start", "end", "n"} with
+times on time.monotonic() (CLOCK_MONOTONIC, the load generator's clock too: its record's window_start_monotonic_s
+places its bins on this timeline):
 
   bulk        the feeder takes a bulk from the door: n rows, start = its oldest request's arrival
   jpeg_launch a decoder batch's decode, resize and copies out queued, on its launch thread: n photos
@@ -19,6 +19,9 @@ its record's window_start_monotonic_s places its bins on this timeline):
 With STAGE_TRACE_COPIES=numpy the server copies rows as it did before app/ops/held_copy.py (numpy's copies, giving
 the GIL up for each): one run can set the two side by side (bench/one_image.py --stage-trace --variants
 'numpy-copies=STAGE_TRACE_COPIES=numpy').
+
+The wrapping reaches the server process alone: a server whose engines live there (the front door's design, or one
+worker and no engine process). Spawned workers and an engine process import the app afresh, untraced.
 
 A thread appends the events to the file every half second. `show` sums them, 10 ms at a time, around given moments.
 """

@@ -21,9 +21,12 @@ HOLD_BELOW_BYTES = 2**20
 
 
 def copy_holding_gil(dst: np.ndarray, src: np.ndarray) -> None:
-    """dst[...] = src, without giving the GIL up, where both are C-contiguous with one dtype and shape and smaller
-    than HOLD_BELOW_BYTES; numpy's copy (which casts, broadcasts and gives the GIL up) otherwise."""
+    """dst[...] = src, without giving the GIL up, where both are C-contiguous numbers (bool, integers, floats,
+    complex: bytes that mean the same wherever they are, unlike an object's pointers) of one dtype and shape,
+    smaller than HOLD_BELOW_BYTES, into a writable dst; numpy's copy (which casts, broadcasts, says what is wrong
+    and gives the GIL up) otherwise."""
     if (0 < src.nbytes < HOLD_BELOW_BYTES and dst.shape == src.shape and dst.dtype == src.dtype
+            and dst.dtype.kind in "biufc" and dst.flags.writeable
             and dst.flags.c_contiguous and src.flags.c_contiguous):  # fmt: skip
         dst.data.cast("B")[:] = src.data.cast("B")  # ndarray.data: a memoryview of its buffer
     else:

@@ -149,15 +149,18 @@ def test_tail_over_time_tells_a_stall_from_a_spread_tail() -> None:
     stalled[700:800] = 0.300
     stall = tail_over_time(offsets, stalled, 2.0, 0.1)
     assert stall["requests"] == [100] * 20
-    assert stall["slowest_1pct"][7] == sum(stall["slowest_1pct"]) > 0
+    assert stall["slowest_1pct"][7] == sum(stall["slowest_1pct"]) == 20  # the 1 %: 20 of 2000, all in the stall
     assert stall["slowest_1pct_in_busiest_tenth"] == 1.0
     assert stall["p99_ms"][7] == 300.0 and stall["p99_ms"][0] == 5.0
-    # The same count of slow requests, one in every fifth of each bin's: spread over the run.
+    # 20 slow requests, one in each bin, each a little slower than the last: spread over the run.
     spread = latencies.copy()
-    spread[::20] = 0.300
+    spread[50::100] = 0.300 + np.arange(20) * 1e-3
     even = tail_over_time(offsets, spread, 2.0, 0.1)
-    assert even["slowest_1pct"] == [5] * 20
+    assert even["slowest_1pct"] == [1] * 20
     assert even["slowest_1pct_in_busiest_tenth"] == 0.1
+    # Ties: still the 20 slowest, not every request at the cut.
+    ties = tail_over_time(offsets, latencies, 2.0, 0.1)
+    assert sum(ties["slowest_1pct"]) == 20
 
 
 def test_tail_over_time_of_no_requests_has_empty_bins() -> None:
