@@ -38,7 +38,6 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,21 +66,6 @@ async def _loop_lateness() -> None:
         await asyncio.sleep(LOOP_SAMPLE_S)
         if (late := time.monotonic() - due) > LOOP_LATE_S:
             _note("loop_late", due, due + late, 0)
-
-
-def _timed_async(kind: str, size: Callable[..., int], start_of: Callable[..., float] | None = None) -> Callable:
-    def wrap(method: Callable) -> Callable:
-        @functools.wraps(method)
-        async def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
-            start = start_of(self, *args) if start_of else time.monotonic()
-            try:
-                return await method(self, *args, **kwargs)
-            finally:
-                _note(kind, start, time.monotonic(), size(self, *args))
-
-        return timed
-
-    return wrap
 
 
 def _numpy_copies() -> None:
@@ -148,10 +132,16 @@ def install(path: Path) -> None:
                 _note("jpeg_launch", start, time.monotonic(), len(jobs))
 
         GpuJpegDecoder._launch = traced_launch  # type: ignore[method-assign]
-        # _Launched.started is time.perf_counter(): the same clock as time.monotonic() on Linux.
-        GpuJpegDecoder._hand_back = _timed_async(  # type: ignore[method-assign]
-            "jpeg_back", lambda self, launched: len(launched.jobs), lambda self, launched: launched.started
-        )(GpuJpegDecoder._hand_back)
+        hand_back = GpuJpegDecoder._hand_back
+
+        @functools.wraps(hand_back)
+        async def traced_hand_back(self: Any, launched: Any) -> None:
+            try:
+                await hand_back(self, launched)
+            finally:  # from its launch's start: _Launched.started is time.perf_counter(), time.monotonic()'s clock
+                _note("jpeg_back", launched.started, time.monotonic(), len(launched.jobs))
+
+        GpuJpegDecoder._hand_back = traced_hand_back  # type: ignore[method-assign]
 
     collecting: dict[str, float] = {}
 

@@ -10,8 +10,9 @@ rows scaled to [0, 1] on the way in.
 Staging is a memcpy into the slot's pinned memory: nothing for the seed CNN (a full batch of 128
 is 100 KB), but 19 MB for resnet50 (128 × 3 × 224 × 224 uint8), ~2 ms that the event loop would
 not read, batch or hand back anything else; with several GPUs fed by one loop that becomes the
-ceiling. Large batches are therefore staged on a thread, a request's rows at a time holding the GIL: a batch of
-128 one-image requests is 128 copies, and giving the GIL up for each waited for the loop's Python every time.
+ceiling. Large batches are therefore staged on a thread, a request's rows at a time, a small request's holding the
+GIL: a batch of 128 one-image requests is 128 copies, and giving the GIL up for each waited for the loop's Python
+every time (app/ops/held_copy.py).
 """
 
 from __future__ import annotations
