@@ -9,12 +9,17 @@ that waits out the switch interval (the server sets 1 ms). This times `stage` as
 assignment, `numpy`) and as it is (app/ops/held_copy.py, `held`), alone and beside one thread that runs Python
 without pause (the event loop, for a staging thread; a staging or launch thread's Python, for the loop), each
 --repeats times, and writes the medians and every figure.
+
+It also times the front door's calls from the event loop, four a bulk (fd_waiting, fd_take, fd_release, fd_answer),
+through ctypes' CDLL (which gives the GIL up for each call) and PyDLL (which keeps it), alone and beside the same
+thread. The call timed is door.c's fd_refusal_code, which does nothing: what is left is winning the GIL back.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import json
 import statistics
 import sys
@@ -27,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from app.batching.shares import PendingRequest, Share, stage
+from app.front_door.library import door_library
 
 ROWS, SHAPE, SWITCH_INTERVAL_S = 128, (3, 224, 224), 0.001
 
@@ -45,6 +51,37 @@ def timed_ms(fn: Any, repeats: int) -> list[float]:
         started = time.perf_counter()
         fn()
         out.append(round((time.perf_counter() - started) * 1e3, 3))
+    return out
+
+
+def door_calls(beside_python: bool, pumps: int = 2000) -> dict[str, Any]:
+    """Four door calls a pump, `pumps` times, through CDLL and PyDLL: mean ms a pump and pumps past 0.5 ms."""
+    path = str(door_library(None))  # builds door.c (cc, nghttp2's headers) if it is not built yet
+    out: dict[str, Any] = {}
+    stop = threading.Event()
+
+    def python_thread() -> None:
+        while not stop.is_set():
+            pass
+
+    beside = threading.Thread(target=python_thread, daemon=True)
+    if beside_python:
+        beside.start()
+        time.sleep(0.05)
+    for name, lib in (("CDLL", ctypes.CDLL(path)), ("PyDLL", ctypes.PyDLL(path))):
+        call = lib.fd_refusal_code
+        call.restype, call.argtypes = ctypes.c_int, [ctypes.c_int]
+        ms = []
+        for _ in range(pumps):
+            started = time.perf_counter()
+            for i in range(4):
+                call(i)
+            ms.append((time.perf_counter() - started) * 1e3)
+        out[name] = {"mean_ms": round(statistics.mean(ms), 4), "max_ms": round(max(ms), 3),
+                     "pumps_past_0.5_ms": sum(m > 0.5 for m in ms), "pumps": pumps}  # fmt: skip
+    stop.set()
+    if beside_python:
+        beside.join()
     return out
 
 
@@ -91,9 +128,13 @@ def main() -> int:
     beside.join()
     record["median_ms"] = {key: statistics.median(values) for key, values in record["ms"].items()}
     loop.close()
+    record["door_calls"] = {"alone": door_calls(False), "beside Python": door_calls(True)}
     args.out.write_text(json.dumps(record, indent=2) + "\n")
     for key, value in record["median_ms"].items():
         print(f"{key:>22}: {value:8.2f} ms (median of {args.repeats})")
+    for where, ways in record["door_calls"].items():
+        for name, figures in ways.items():
+            print(f"door calls {where}, {name}: {figures}")
     return 0
 
 
