@@ -86,16 +86,18 @@ class BusyGpu:
     def __init__(self, device: torch.device, fraction: float, batch: int = 64) -> None:
         import torchvision
 
-        model = torchvision.models.resnet50().to(device, torch.half).eval().to(memory_format=torch.channels_last)
+        # The graph reads the weights and the input where they were at capture: they must live as long as it does
+        # (as locals they were freed when __init__ returned, and the replays read blocks the allocator gave others).
+        self.model = torchvision.models.resnet50().to(device, torch.half).eval().to(memory_format=torch.channels_last)
         images = torch.randn(batch, 3, 224, 224, device=device, dtype=torch.half)
-        images = images.contiguous(memory_format=torch.channels_last)
+        self.images = images.contiguous(memory_format=torch.channels_last)
         self.fraction, self.stream, self.graph = fraction, torch.cuda.Stream(device), torch.cuda.CUDAGraph()
         with torch.no_grad(), torch.cuda.stream(self.stream):
             for _ in range(3):  # cuDNN's choices before the capture
-                model(images)
+                self.model(self.images)
         self.stream.synchronize()
         with torch.no_grad(), torch.cuda.graph(self.graph, stream=self.stream):
-            model(images)
+            self.model(self.images)
         self.stop, self.busy_s, self.replays = threading.Event(), 0.0, 0
         self.thread = threading.Thread(target=self._run, name="busy-gpu", daemon=True)
 
@@ -110,6 +112,15 @@ class BusyGpu:
             busy = time.perf_counter() - started
             self.busy_s, self.replays = self.busy_s + busy, self.replays + 1
             time.sleep(busy * (1 - self.fraction) / self.fraction)
+
+    def replay_window(self) -> tuple[float, int]:
+        """Where the replays stand now, for replay_ms_since."""
+        return self.busy_s, self.replays
+
+    def replay_ms_since(self, window: tuple[float, int]) -> float | None:
+        """The mean time of the replays since `window` (from its record to its event), ms; None if none ended."""
+        busy_s, replays = self.busy_s - window[0], self.replays - window[1]
+        return round(busy_s / replays * 1e3, 3) if replays else None
 
     def __enter__(self) -> BusyGpu:
         self.started = time.perf_counter()

@@ -14,7 +14,9 @@ load, and a batch larger than the state's buffers makes nvJPEG reallocate them (
                 --preallocate's WIDTHxHEIGHT (with --preallocate; the device memory it took is recorded)
 
 img/s and the process's CPU µs a photo, idle and at each --busy-gpu fraction (jpeg_stages.py's BusyGpu:
-ResNet-50 replays keeping the device that busy, as the engine does in the server).
+ResNet-50 replays keeping the device that busy, as the engine does in the server). Beside a busy device each point
+also gives ResNet-50's mean replay time while it decoded (`busy_replay_ms`), and `busyF-replay-ms-alone` the same
+with no decoder: which of the two stages slows the other on one device.
 
 First it checks the direct decoder's pixels against torchvision's, photo by photo, for the kinds of JPEG
 uploads bring (4:2:0, 4:2:2, 4:4:4, grayscale, odd sizes, progressive: the hardware refuses the last,
@@ -158,8 +160,9 @@ def main() -> None:
     parser.add_argument(
         "--kinds",
         default="torchvision,direct,direct-pre",
-        help="which kinds, in this order (direct-pre needs --preallocate). Run 44: torchvision's, with sizes in turn "
-        "beside a busy device, ended the process on an illegal memory access: leave it out to measure the others",
+        help="which kinds, in this order (direct-pre needs --preallocate). Runs 44, 45b and 46d ended on an illegal "
+        "memory access beside a busy device: BusyGpu's graph read weights freed after its capture, which this bench's "
+        "empty_cache gave back to the driver (mended after 46d; sizes in turn not run since)",
     )
     args = parser.parse_args()
     if unknown := set(args.kinds.split(",")) - {"torchvision", "direct", "direct-pre"}:
@@ -187,6 +190,10 @@ def main() -> None:
     for fraction in map(float, args.busy_gpu.split(",")):
         busy = BusyGpu(device, fraction) if fraction > 0 else None
         with busy or contextlib.nullcontext():
+            if busy is not None:  # ResNet-50's replays with no decoder beside them: what busy_replay_ms compares with
+                before = busy.replay_window()
+                time.sleep(args.seconds)
+                points[f"busy{fraction:g}-replay-ms-alone"] = busy.replay_ms_since(before)
             for threads in map(int, args.threads.split(",")):
                 priorities = [int(p) for p in args.priorities.split(",")]
                 kinds = [
@@ -199,7 +206,10 @@ def main() -> None:
                     key = f"{kind}-t{threads}" + (f"-p{priority}" if priority else "")
                     key += f"-busy{fraction:g}" if busy else ""
                     size = preallocate if kind == "direct-pre" else None
+                    before = busy.replay_window() if busy else None
                     points[key] = rate(kind, nvjpeg, device, photos, threads, batches, args.seconds, priority, size)
+                    if busy is not None:  # does this decoder slow ResNet-50's replays, as they slow it?
+                        points[key]["busy_replay_ms"] = busy.replay_ms_since(before)
                     print(key, points[key], flush=True)
         if busy is not None:
             points[f"busy{fraction:g}-duty"] = round(busy.duty, 3)
