@@ -154,6 +154,8 @@ def main() -> None:
     parser.add_argument("--preallocate", default="", help="WIDTHxHEIGHT: also the direct-pre kind")
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--busy-gpu", default="0,0.6")
+    parser.add_argument("--busy-batch", type=int, default=64, help="ResNet-50's rows a replay beside the decoders "
+                        "(the server's engine replays 128 at 1024 connections)")  # fmt: skip
     parser.add_argument(
         "--priorities", default="0", help="the direct decoder's stream priorities, e.g. 0,-1 (lower is sooner)"
     )
@@ -188,7 +190,7 @@ def main() -> None:
     preallocate = photo_size(args.preallocate)
     points: dict[str, Any] = {}
     for fraction in map(float, args.busy_gpu.split(",")):
-        busy = BusyGpu(device, fraction) if fraction > 0 else None
+        busy = BusyGpu(device, fraction, args.busy_batch) if fraction > 0 else None
         with busy or contextlib.nullcontext():
             if busy is not None:  # ResNet-50's replays with no decoder beside them: what busy_replay_ms compares with
                 before = busy.replay_window()
