@@ -11,8 +11,10 @@ without pause (the event loop, for a staging thread; a staging or launch thread'
 --repeats times, and writes the medians and every figure.
 
 It also times the front door's calls from the event loop, four a bulk (fd_waiting, fd_take, fd_release, fd_answer),
-through ctypes' CDLL (which gives the GIL up for each call) and PyDLL (which keeps it), alone and beside the same
-thread. The call timed is door.c's fd_refusal_code, which does nothing: what is left is winning the GIL back.
+alone and beside the same thread, bound as app/front_door/door.py binds them (all four through ctypes' CDLL, which
+gives the GIL up for a call), with the two that never wait on the door's threads (waiting, release) through PyDLL,
+which keeps it, and all four through PyDLL. The call timed is door.c's fd_refusal_code, which does nothing: what is
+left is winning the GIL back, so the real calls, which give it up for longer, cost CDLL at least this.
 """
 
 from __future__ import annotations
@@ -54,9 +56,18 @@ def timed_ms(fn: Any, repeats: int) -> list[float]:
     return out
 
 
+# A bulk's calls in the order the loop makes them: fd_waiting, fd_take, fd_release, fd_answer; True: through PyDLL.
+DOOR_PUMPS = {"all CDLL (door.py)": (False,) * 4, "waiting and release PyDLL": (True, False, True, False),
+              "all PyDLL": (True,) * 4}  # fmt: skip
+
+
 def door_calls(beside_python: bool, pumps: int = 2000) -> dict[str, Any]:
-    """Four door calls a pump, `pumps` times, through CDLL and PyDLL: mean ms a pump and pumps past 0.5 ms."""
+    """A bulk's four door calls, `pumps` times, bound each way of DOOR_PUMPS: mean ms a pump, pumps past 0.5 ms."""
     path = str(door_library(None))  # builds door.c (cc, nghttp2's headers) if it is not built yet
+    calls = {}
+    for held, lib in ((False, ctypes.CDLL(path)), (True, ctypes.PyDLL(path))):
+        calls[held] = call = lib.fd_refusal_code
+        call.restype, call.argtypes = ctypes.c_int, [ctypes.c_int]
     out: dict[str, Any] = {}
     stop = threading.Event()
 
@@ -68,13 +79,12 @@ def door_calls(beside_python: bool, pumps: int = 2000) -> dict[str, Any]:
     if beside_python:
         beside.start()
         time.sleep(0.05)
-    for name, lib in (("CDLL", ctypes.CDLL(path)), ("PyDLL", ctypes.PyDLL(path))):
-        call = lib.fd_refusal_code
-        call.restype, call.argtypes = ctypes.c_int, [ctypes.c_int]
+    for name, bindings in DOOR_PUMPS.items():
+        pump = [calls[held] for held in bindings]
         ms = []
         for _ in range(pumps):
             started = time.perf_counter()
-            for i in range(4):
+            for i, call in enumerate(pump):
                 call(i)
             ms.append((time.perf_counter() - started) * 1e3)
         out[name] = {"mean_ms": round(statistics.mean(ms), 4), "max_ms": round(max(ms), 3),

@@ -1,11 +1,6 @@
 """door.c through ctypes: its threads serve the port; Python takes bulks of pixels and hands answers back.
 
-Every call here is per bulk, never per request. The event loop's calls (a bulk's take and release, its answers,
-the counts) go through ctypes' PyDLL, which keeps the GIL: each takes microseconds under a lock the door's threads
-hold as briefly, and they never take the GIL. Through CDLL, which gives the GIL up for the call, the loop had to win
-it back after each, and beside a thread running Python that waits out the switch interval: 4 calls took 0.15 ms on
-average, one time in eight a whole 1 ms (bench/results/2026-12-05-cpu-door-calls-holding-gil.md). Opening and
-closing, which start and join the door's threads, still give the GIL up.
+ctypes releases the GIL for each foreign call, and every call here is per bulk, never per request.
 """
 
 from __future__ import annotations
@@ -43,22 +38,8 @@ class Limits:
     max_pixels: int  # an image upload's that nvJPEG is given (CGSERVE_MAX_IMAGE_PIXELS); past it, Pillow's 413
 
 
-@dataclass(frozen=True)
-class _Library:
-    """door.c's functions bound twice: `held` (PyDLL) keeps the GIL, `released` (CDLL) gives it up for the call."""
-
-    held: ctypes.PyDLL
-    released: ctypes.CDLL
-
-
-def _load(library: Path) -> _Library:
-    held, released = ctypes.PyDLL(str(library)), ctypes.CDLL(str(library))
-    for lib in (held, released):
-        _declare(lib)
-    return _Library(held, released)
-
-
-def _declare(lib: ctypes.CDLL) -> None:
+def _load(library: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(library))
     lib.fd_open.restype = ctypes.c_void_p
     number, seconds, text, pointer = ctypes.c_int, ctypes.c_double, ctypes.c_char_p, ctypes.c_void_p
     count = ctypes.c_longlong
@@ -79,6 +60,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.fd_set_get.argtypes = (pointer, number, text, text, text, number, number)
     lib.fd_drain.argtypes = [ctypes.c_void_p]
     lib.fd_close.argtypes = [ctypes.c_void_p]
+    return lib
 
 
 @dataclass(frozen=True)
@@ -104,15 +86,13 @@ class Door:
         (Content-Type image/jpeg or image/png), put at the start of its row for Python to decode. The eventfd
         `wake_fd` is written when a bulk turns non-empty and when it holds `full_rows`. `buffers`: bulks Python may
         hold at once, plus the one being filled."""
-        self._lib = _load(library)
-        lib = self._lib.held
+        self._lib = lib = _load(library)
         row_bytes = int(np.prod(shape))
         tokens = "\n".join(limits.tokens).encode()
         grpc_fd = -1 if grpc_listener is None else grpc_listener.fileno()
-        self._door = self._lib.released.fd_open(listener.fileno(), grpc_fd, threads, row_bytes, MOST_ROWS, buffers,
-                                                wake_fd, path, v2_path, full_rows, limits.max_connections,
-                                                limits.keepalive_s, limits.request_s, tokens, limits.max_bytes,
-                                                limits.max_pixels)  # fmt: skip
+        self._door = lib.fd_open(listener.fileno(), grpc_fd, threads, row_bytes, MOST_ROWS, buffers, wake_fd, path,
+                                 v2_path, full_rows, limits.max_connections, limits.keepalive_s, limits.request_s,
+                                 tokens, limits.max_bytes, limits.max_pixels)  # fmt: skip
         if not self._door:
             raise ValueError(f"the front door refused {threads} threads, {buffers} buffers or the path {path!r}")
         self._rows = []  # (MOST_ROWS, C, H, W) each: the C side's buffers, read in place
@@ -134,7 +114,7 @@ class Door:
         one take of the C side's lock."""
         if not self._door:
             return 0, 0
-        rows = self._lib.held.fd_waiting(self._door, ctypes.byref(self._jpegs))
+        rows = self._lib.fd_waiting(self._door, ctypes.byref(self._jpegs))
         return int(rows), self._jpegs.value
 
     def take(self) -> Bulk | None:
@@ -142,7 +122,7 @@ class Door:
         released."""
         if not self._door:
             return None
-        k = self._lib.held.fd_take(self._door, self._ids.ctypes.data, self._arrived.ctypes.data, self._headers,
+        k = self._lib.fd_take(self._door, self._ids.ctypes.data, self._arrived.ctypes.data, self._headers,
                               self._header_ends.ctypes.data, self._kinds.ctypes.data, self._lengths.ctypes.data,
                               ctypes.byref(self._which))  # fmt: skip
         if k <= 0:
@@ -158,7 +138,7 @@ class Door:
 
     def release(self, buffer: int) -> None:
         if self._door:
-            self._lib.held.fd_release(self._door, buffer)
+            self._lib.fd_release(self._door, buffer)
 
     def answer(self, ids: np.ndarray, bodies: list[bytes], status: bytes, heads: list[bytes]) -> None:
         """Each request of `ids` its body and its head's lines past the status and content-length (whole header
@@ -168,7 +148,7 @@ class Door:
         if not self._door:  # closed: a batch that outlived the drain's timeout has nobody left to answer
             return
         body_ends, head_ends = _offsets(bodies), _offsets(heads)
-        self._lib.held.fd_answer(self._door, len(ids), ids.ctypes.data, b"".join(bodies), body_ends.ctypes.data, status,
+        self._lib.fd_answer(self._door, len(ids), ids.ctypes.data, b"".join(bodies), body_ends.ctypes.data, status,
                             b"".join(heads), head_ends.ctypes.data)  # fmt: skip
 
     def set_gets(self, answers: list[tuple[bytes, bytes, bytes, bool]]) -> None:
@@ -181,7 +161,7 @@ class Door:
         if not self._door:
             return
         for i, (path, head, body, token) in enumerate(answers):
-            self._lib.held.fd_set_get(self._door, i, path, head, body, len(body), token)
+            self._lib.fd_set_get(self._door, i, path, head, body, len(body), token)
 
     def open_connections(self) -> int:
         return self.counts()[2] if self._door else 0
@@ -200,13 +180,13 @@ class Door:
     def _counts(self) -> ctypes.Array[ctypes.c_uint64]:
         counts = (ctypes.c_uint64 * (REFUSALS + 2 + GRPC_CODES))()
         if self._door:
-            self._lib.held.fd_counts(self._door, counts)
+            self._lib.fd_counts(self._door, counts)
         return counts
 
     def drain(self) -> None:
         """Stop accepting; answers close their connections from now on (idle ones at their keep-alive timeout)."""
         if self._door:
-            self._lib.released.fd_drain(self._door)
+            self._lib.fd_drain(self._door)
 
     def close(self) -> None:
         """Every connection closed and the C side freed; from now on every call here does nothing."""
@@ -222,7 +202,7 @@ class Door:
     def free(self, door: int | None) -> None:
         """Every connection of a detached door closed and its C side freed, on any thread (it joins the door's)."""
         if door:
-            self._lib.released.fd_close(door)
+            self._lib.fd_close(door)
 
 
 def _offsets(parts: list[bytes]) -> np.ndarray:
