@@ -15,8 +15,9 @@ load, and a batch larger than the state's buffers makes nvJPEG reallocate them (
 
 img/s and the process's CPU µs a photo, idle and at each --busy-gpu fraction (jpeg_stages.py's BusyGpu:
 ResNet-50 replays keeping the device that busy, as the engine does in the server). Beside a busy device each point
-also gives ResNet-50's mean replay time while it decoded (`busy_replay_ms`), and `busyF-replay-ms-alone` the same
-with no decoder: which of the two stages slows the other on one device.
+also gives ResNet-50's mean replay time on the device while it decoded (`busy_replay_ms`, CUDA events around each
+replay; run 46e's figures were wall time on BusyGpu's thread, the GIL's waits included), and
+`busyF-replay-ms-alone` the same with no decoder: which of the two stages slows the other on one device.
 
 First it checks the direct decoder's pixels against torchvision's, photo by photo, for the kinds of JPEG
 uploads bring (4:2:0, 4:2:2, 4:4:4, grayscale, odd sizes, progressive: the hardware refuses the last,
@@ -193,9 +194,9 @@ def main() -> None:
         busy = BusyGpu(device, fraction, args.busy_batch) if fraction > 0 else None
         with busy or contextlib.nullcontext():
             if busy is not None:  # ResNet-50's replays with no decoder beside them: what busy_replay_ms compares with
-                before = busy.replay_window()
+                alone = busy.replay_window()
                 time.sleep(args.seconds)
-                points[f"busy{fraction:g}-replay-ms-alone"] = busy.replay_ms_since(before)
+                points[f"busy{fraction:g}-replay-ms-alone"] = busy.replay_ms_since(alone)
             for threads in map(int, args.threads.split(",")):
                 priorities = [int(p) for p in args.priorities.split(",")]
                 kinds = [
@@ -208,10 +209,10 @@ def main() -> None:
                     key = f"{kind}-t{threads}" + (f"-p{priority}" if priority else "")
                     key += f"-busy{fraction:g}" if busy else ""
                     size = preallocate if kind == "direct-pre" else None
-                    before = busy.replay_window() if busy else None
+                    window = busy.replay_window() if busy else None
                     points[key] = rate(kind, nvjpeg, device, photos, threads, batches, args.seconds, priority, size)
-                    if busy is not None:  # does this decoder slow ResNet-50's replays, as they slow it?
-                        points[key]["busy_replay_ms"] = busy.replay_ms_since(before)
+                    if busy is not None and window is not None:  # does this decoder slow ResNet-50's, as they slow it?
+                        points[key]["busy_replay_ms"] = busy.replay_ms_since(window)
                     print(key, points[key], flush=True)
         if busy is not None:
             points[f"busy{fraction:g}-duty"] = round(busy.duty, 3)
