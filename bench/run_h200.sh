@@ -11,8 +11,8 @@
 #   them) and nvImageCodec (no faster than torchvision's nvJPEG). perf_analyzer at 1024 in flight runs out of memory
 #   (~120 GB: it keeps a request's input per request; over HTTP at 256 too in 23b and 25b), so its figures stay at 256
 #   (run 25a). bench/jpeg_hw_decode.py's CPU and GIL figures: run 27a (41 us of CPU a photo in batches of 32).
-#   The whole GPU suite fits one call as two pytest processes side by side (run 25c: 303 s and 522 s); see
-#   bench/results/README.md's run 25c for the command.
+#   The whole GPU suite fits one call: bash bench/gpu_suite.sh (four pytest processes side by side, then the two
+#   model-control files alone; runs 46b and 46c).
 #   JPEG uploads (runs 27, 28: 0.43x with batches of 128; the GIL on the decoder's thread was not the limit, the
 #   device it shares with the engine is part of it): the decoder's rate beside a busy device:
 #     STEPS=jpeg-stages JPEG_STAGES_ARGS="--batches 32,128 --clients 512 --max-batches 32,128 --busy-gpu 0,0.5,0.9" \
