@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -40,8 +40,17 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "models/examples/repository/resnet50"
 
 
-def engine_peak(repository: Path, buckets: str, seconds: float, device: str = "cuda") -> dict[str, Any]:
-    """img/s of the service's own engine at its largest bucket, every slot in flight."""
+class ServiceEngine(NamedTuple):
+    engine: Any
+    model: Any  # app.repository.LoadedModel
+    options: Any  # app.engines.factory.EngineOptions
+    settings: Any  # app.config.Settings
+    build_s: float
+
+
+def build_service_engine(repository: Path, buckets: str, device: str = "cuda") -> ServiceEngine:
+    """The repository's one model's engine, built as the service builds it (its factory, the repository's compile
+    setting, the settings' defaults)."""
     from app.config import Settings
     from app.engines.factory import build_engine, use_compile_cache
     from app.service import prepare_models
@@ -51,36 +60,44 @@ def engine_peak(repository: Path, buckets: str, seconds: float, device: str = "c
     ((model, options),) = prepare_models(settings)
     started = time.perf_counter()
     engine = build_engine(model, options, in_flight=settings.in_flight, event_wait=settings.event_wait)
-    built_s = time.perf_counter() - started
+    return ServiceEngine(engine, model, options, settings, round(time.perf_counter() - started, 1))
+
+
+async def peak_of(engine: Any, seconds: float) -> dict[str, Any]:
+    """img/s of `engine` at its largest bucket, every slot in flight (random pixels)."""
     bucket = engine.buckets[-1]
     for slot in engine.slots:
         slot.inputs["uint8"][:] = np.random.default_rng(slot.index).integers(0, 256, slot.inputs["uint8"].shape)
 
-    async def keep_busy() -> tuple[int, float]:
-        async def one_slot(slot: Any) -> int:
-            batches = 0
-            while time.perf_counter() < until:
-                await engine.run(slot, bucket, "uint8")
-                batches += 1
-            return batches
-
-        for slot in engine.slots:  # warm
+    async def one_slot(slot: Any) -> int:
+        batches = 0
+        while time.perf_counter() < until:
             await engine.run(slot, bucket, "uint8")
-        begun = time.perf_counter()
-        until = begun + seconds
-        counts = await asyncio.gather(*(one_slot(slot) for slot in engine.slots))
-        return sum(counts), time.perf_counter() - begun
+            batches += 1
+        return batches
 
-    batches, elapsed = asyncio.run(keep_busy())
-    engine.close()
+    for slot in engine.slots:  # warm
+        await engine.run(slot, bucket, "uint8")
+    begun = time.perf_counter()
+    until = begun + seconds
+    batches = sum(await asyncio.gather(*(one_slot(slot) for slot in engine.slots)))
+    elapsed = time.perf_counter() - begun
     return {
         "bucket": bucket,
         "in_flight": len(engine.slots),
         "images_per_s": round(batches * bucket / elapsed, 1),
         "batch_ms": round(elapsed / batches * len(engine.slots) * 1000, 3),
-        "build_s": round(built_s, 1),
         "facts": {k: str(v) for k, v in engine.report.facts.items()},
     }
+
+
+def engine_peak(repository: Path, buckets: str, seconds: float, device: str = "cuda") -> dict[str, Any]:
+    """img/s of the service's own engine at its largest bucket, every slot in flight."""
+    built = build_service_engine(repository, buckets, device)
+    try:
+        return {**asyncio.run(peak_of(built.engine, seconds)), "build_s": built.build_s}
+    finally:
+        built.engine.close()
 
 
 def generate(url: str, work: Path, name: str, cores: str | None, *args: str) -> dict[str, Any]:
