@@ -25,16 +25,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from app.ops import metric_buffers, metrics
+from app.ops.switch_interval import set_switch_interval
 from bench.jpeg_stages import stage_sums
 from bench.resnet50_e2e import EXAMPLE, build_service_engine, peak_of
 from loadtest.photos import encode, synthetic_photo
@@ -80,9 +85,23 @@ def histogram_sum_count(histogram: Any) -> tuple[float, float]:
     return total, count
 
 
-async def point(batcher: Any, decoder: Any, spec: Any, photos: list[bytes], clients: int, seconds: float
-                ) -> dict[str, Any]:  # fmt: skip
-    """Photos a second with `clients` uploads in flight through decode and ResNet-50, after a second's warm-up."""
+def start_py_spy(py_spy: str, out: Path, tag: str, seconds: float) -> list[subprocess.Popen[bytes]]:
+    """Two py-spy samplers of this process for `seconds`, neither pausing it: every thread, idle ones too (where
+    each thread is: <tag>-threads.txt), and only the thread holding the GIL (who holds it: <tag>-gil.txt)."""
+    common = [py_spy, "record", "--pid", str(os.getpid()), "--nonblocking", "--duration", str(int(seconds))]
+    common += ["--rate", "200", "--format", "raw"]
+    return [
+        subprocess.Popen([*common, "--threads", "--idle", "--output", str(out / f"{tag}-threads.txt")],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT),
+        subprocess.Popen([*common, "--gil", "--threads", "--output", str(out / f"{tag}-gil.txt")],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT),
+    ]  # fmt: skip
+
+
+async def point(batcher: Any, decoder: Any, spec: Any, photos: list[bytes], clients: int, seconds: float,
+                profile: Callable[[], list[subprocess.Popen[bytes]]] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Photos a second with `clients` uploads in flight through decode and ResNet-50, after a second's warm-up;
+    `profile` starts samplers for the measured seconds."""
     done = 0
     measuring = False
     until = time.monotonic() + 1.0 + seconds
@@ -102,6 +121,7 @@ async def point(batcher: Any, decoder: Any, spec: Any, photos: list[bytes], clie
         await asyncio.sleep(1.0)
         metric_buffers.flush()  # the batcher's buffered figures into prometheus's
         before = {name: histogram_sum_count(h) for name, h in HISTOGRAMS.items()}, stage_sums()
+        samplers = profile() if profile is not None else []
         measuring, cpu, began = True, time.process_time(), time.perf_counter()
         await asyncio.sleep(seconds)
         measuring = False
@@ -120,6 +140,8 @@ async def point(batcher: Any, decoder: Any, spec: Any, photos: list[bytes], clie
             if count > count0:
                 stages[stage] = round((total - total0) / (count - count0) * 1e3, 2)
         figures["decoder_ms"] = stages
+        for sampler in samplers:
+            await asyncio.to_thread(sampler.wait)
 
     figures: dict[str, Any] = {"clients": clients}
     await asyncio.gather(measure(), *(client(n) for n in range(clients)))
@@ -141,6 +163,8 @@ def main() -> None:
         help="name=KIND:LAUNCHES[:pre][:high], comma-separated: torchvision or direct; pre: states preallocated for "
         "500x375; high: the decoder's streams at high priority",
     )
+    p.add_argument("--profile", default="", help="points py-spy samples, e.g. tv2-c1024,direct2-c1024")
+    p.add_argument("--py-spy", default="/tmp/site/bin/py-spy")
     args = p.parse_args()
     entries = decoder_entries(args.decoders)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -155,6 +179,7 @@ def main() -> None:
         "points": {},
     }
     engine, model, options, settings, build_s = build_service_engine(repository, args.buckets, args.device)
+    set_switch_interval(settings.switch_interval_ms)  # the server's: how long a thread waits for the GIL
 
     async def run_points() -> None:
         from app.batching.batcher import Batcher
@@ -175,9 +200,13 @@ def main() -> None:
             decoder = GpuJpegDecoder(args.device, max_batch=args.max_batch, **options_)
             try:
                 for clients in map(int, args.clients.split(",")):
-                    figures = await point(batcher, decoder, model.spec, photos, clients, args.seconds)
+                    tag = f"{name}-c{clients}"
+                    profile = None
+                    if tag in args.profile.split(","):
+                        profile = partial(start_py_spy, args.py_spy, args.out, f"profile-{tag}", args.seconds)
+                    figures = await point(batcher, decoder, model.spec, photos, clients, args.seconds, profile)
                     figures["ratio_to_engine_peak"] = round(figures["images_per_s"] / peak["images_per_s"], 3)
-                    record["points"][f"{name}-c{clients}"] = {"decoder": options_, **figures}
+                    record["points"][tag] = {"decoder": options_, **figures}
                     print(f"{name} c{clients}: {figures}", flush=True)
                     (args.out / "jpeg-ceiling.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
             finally:
