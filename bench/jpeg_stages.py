@@ -79,9 +79,9 @@ def stages(photos: list[bytes], spec: Any, device: torch.device, k: int, repeats
 
 
 class BusyGpu:
-    """A thread replaying ResNet-50 (fp16, (batch, 3, 224, 224)) as one CUDA graph on its own stream, then
-    sleeping, so that the device is busy `fraction` of the time; waits on a blocking event (no spinning
-    core, no device-wide synchronize)."""
+    """A thread replaying ResNet-50 (fp16, (batch, 3, 224, 224)) as one CUDA graph on its own stream, two replays
+    at a time, then sleeping, so that the device is busy `fraction` of the time; waits on a blocking event (no
+    spinning core, no device-wide synchronize)."""
 
     def __init__(self, device: torch.device, fraction: float, batch: int = 64) -> None:
         import torchvision
@@ -100,9 +100,12 @@ class BusyGpu:
             self.model(self.images)
         self.graph.replay()  # the first replay uploads the graph: not one of the timed ones
         self.stream.synchronize()
-        # busy_s: wall time from each replay's launch to its event seen on this thread (the GIL's waits included),
-        # what the duty is kept by; device_s: the same replays timed on the device by CUDA events, what
-        # replay_ms_since reports (another stage's kernels slow it; another thread's Python does not).
+        # busy_s: wall time from each pair of replays' launch to its event seen on this thread (the GIL's waits
+        # included), what the duty is kept by; device_s: the second replay of each pair timed on the device by CUDA
+        # events, what replay_ms_since reports. It is queued behind the first, so a wait for the GIL between its
+        # start event and its launch leaves no gap on the stream to be counted (run 47a's direct threads may have
+        # made such gaps: bench/results/2026-12-05-run47-h100-jpeg-ceiling-of-one-process.md). Another stage's
+        # kernels slow it; another thread's Python does not, unless it delays the launch past the first replay.
         self.stop, self.busy_s, self.device_s, self.replays = threading.Event(), 0.0, 0.0, 0
         self.thread = threading.Thread(target=self._run, name="busy-gpu", daemon=True)
 
@@ -111,6 +114,7 @@ class BusyGpu:
         while not self.stop.is_set():
             started = time.perf_counter()
             with torch.cuda.stream(self.stream):
+                self.graph.replay()  # the stream's work while this thread records `began` and launches the next
                 began.record(self.stream)
                 self.graph.replay()
                 done.record(self.stream)
@@ -125,7 +129,8 @@ class BusyGpu:
         return self.device_s, self.replays
 
     def replay_ms_since(self, window: tuple[float, int]) -> float | None:
-        """The replays' mean time on the device since `window` (CUDA events around each), ms; None if none ended."""
+        """The timed replays' mean time on the device since `window` (CUDA events around the second of each pair),
+        ms; None if none ended."""
         device_s, replays = self.device_s - window[0], self.replays - window[1]
         return round(device_s / replays * 1e3, 3) if replays else None
 
