@@ -131,6 +131,20 @@ def test_each_image_s_planes_are_where_its_view_says_in_order(library: str) -> N
         assert image.storage_offset() % nvjpeg.ALIGN == 0  # each image's planes start aligned in the block
 
 
+@pytest.mark.parametrize("gray", [False, True])
+def test_a_batch_of_one_size_gives_the_same_views_as_one_of_many(library: str, gray: bool) -> None:
+    # One size: the views come from one call over the block (45 bytes of planes, padded to 256, an image), with a
+    # refused image between them as a batch may have.
+    results = decode(library, [b"FAKE 5 3 0", b"FAKE 5 3 0", b"FAKE 5 3 1", b"FAKE 5 3 0"], gray=gray)
+    channels = 1 if gray else 3
+    assert results[2] == UNSUPPORTED
+    for i, image in ((0, results[0]), (1, results[1]), (2, results[3])):  # i: its place among the decoded
+        assert isinstance(image, torch.Tensor) and tuple(image.shape) == (channels, 3, 5)
+        for c in range(channels):
+            assert (image[c] == 10 * i + c + 1).all(), (i, c, image[c])
+        assert image.storage_offset() == i * nvjpeg.ALIGN and image.is_contiguous()
+
+
 def test_grey_is_one_plane(library: str) -> None:
     (image,) = decode(library, [b"FAKE 4 2 0"], gray=True)
     assert isinstance(image, torch.Tensor) and image.shape == (1, 2, 4) and (image == 1).all()
