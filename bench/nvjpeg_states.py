@@ -15,9 +15,10 @@ load, and a batch larger than the state's buffers makes nvJPEG reallocate them (
 
 img/s and the process's CPU µs a photo, idle and at each --busy-gpu fraction (jpeg_stages.py's BusyGpu:
 ResNet-50 replays keeping the device that busy, as the engine does in the server). Beside a busy device each point
-also gives ResNet-50's mean replay time on the device while it decoded (`busy_replay_ms`, CUDA events around each
-replay; run 46e's figures were wall time on BusyGpu's thread, the GIL's waits included), and
-`busyF-replay-ms-alone` the same with no decoder: which of the two stages slows the other on one device.
+also gives ResNet-50's mean replay time on the device while it decoded (`busy_queued_replay_ms`: CUDA events around
+the second of two queued replays, so that a wait for the GIL before its launch is not counted; run 46e's
+`busy_replay_ms` was wall time on BusyGpu's thread, and run 47a's timed a lone replay, host gaps included), and
+`busyF-queued-replay-ms-alone` the same with no decoder: which of the two stages slows the other on one device.
 
 First it checks the direct decoder's pixels against torchvision's, photo by photo, for the kinds of JPEG
 uploads bring (4:2:0, 4:2:2, 4:4:4, grayscale, odd sizes, progressive: the hardware refuses the last,
@@ -193,10 +194,10 @@ def main() -> None:
     for fraction in map(float, args.busy_gpu.split(",")):
         busy = BusyGpu(device, fraction, args.busy_batch) if fraction > 0 else None
         with busy or contextlib.nullcontext():
-            if busy is not None:  # ResNet-50's replays with no decoder beside them: what busy_replay_ms compares with
+            if busy is not None:  # ResNet-50's replays with no decoder beside them: busy_queued_replay_ms's baseline
                 alone = busy.replay_window()
                 time.sleep(args.seconds)
-                points[f"busy{fraction:g}-replay-ms-alone"] = busy.replay_ms_since(alone)
+                points[f"busy{fraction:g}-queued-replay-ms-alone"] = busy.replay_ms_since(alone)
             for threads in map(int, args.threads.split(",")):
                 priorities = [int(p) for p in args.priorities.split(",")]
                 kinds = [
@@ -212,7 +213,7 @@ def main() -> None:
                     window = busy.replay_window() if busy else None
                     points[key] = rate(kind, nvjpeg, device, photos, threads, batches, args.seconds, priority, size)
                     if busy is not None and window is not None:  # does this decoder slow ResNet-50's, as they slow it?
-                        points[key]["busy_replay_ms"] = busy.replay_ms_since(window)
+                        points[key]["busy_queued_replay_ms"] = busy.replay_ms_since(window)
                     print(key, points[key], flush=True)
         if busy is not None:
             points[f"busy{fraction:g}-duty"] = round(busy.duty, 3)

@@ -157,7 +157,7 @@ def line(result: dict[str, Any]) -> str:
                  f"{server['jpeg_batch_ms'].get('mean')} ({stages})")  # fmt: skip
     if tail := result.get("tail_over_time"):  # 0.1 for a tail spread over the run, near 1 for a stall
         text += f"; slowest 1 % in the busiest tenth of the run: {tail['slowest_1pct_in_busiest_tenth']}"
-    text += f" VOID: {result['void']}" if "void" in result else ""
+    text += f" VOID ({result['void']['images_per_s']} img/s): {result['void']['why']}" if "void" in result else ""
     return text + (f" ERROR {str(result['error'])[:300]}" if "error" in result else "")
 
 
@@ -324,10 +324,11 @@ class OneImage:
                     result = observed(server, partial(self.point, url, route, kind, concurrency, ports))
                     if spy is not None:
                         result["profile"] = self.profiled(spy)
+                    if spy is not None and a.profile_engine and a.profile_native:  # a fraction of the point's rate
+                        # Kept under `void`, out of images_per_s, so that no open loop takes its rate from it.
+                        result["void"] = {"why": "py-spy --native paused the process for every sample: not a figure",
+                                          "images_per_s": result.pop("images_per_s", None)}  # fmt: skip
                     figure = result.get("images_per_s")
-                    if spy is not None and a.profile_engine and a.profile_native:  # run 47a: 2,048 img/s, not 9,500
-                        result["void"] = "py-spy --native paused the process for every sample: not a figure"
-                        figure = None
                     result["ratio_to_engine_peak"] = round(figure / peak, 3) if figure else None
                     points[f"{kind}-c{concurrency}"] = result
                     print(f"{name} {kind} c{concurrency}: {line(result)}", flush=True)
@@ -357,6 +358,8 @@ class OneImage:
             return
         best = max((p.get("images_per_s") or 0 for k, p in points.items() if k.startswith(f"{kind}-c")), default=0)
         if not best or time.monotonic() > self.deadline:
+            why = "past the budget" if best else "no closed-loop figure to take its rate from"
+            self.record["notes"].append(f"{design} {kind} open loop not run: {why}")
             return
         rate = round(best * a.p99_fraction)
         form, path = self.generator_load(kind, route)
