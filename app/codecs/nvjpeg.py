@@ -79,6 +79,10 @@ class _Image(ctypes.Structure):  # nvjpegImage_t: a plane pointer and its pitch 
     _fields_ = [("channel", ctypes.c_void_p * MAX_COMPONENTS), ("pitch", ctypes.c_size_t * MAX_COMPONENTS)]
 
 
+# _decode_taken fills a batch's nvjpegImage_t as (k, 8) uint64 words: pointers and sizes of 8 bytes, no padding.
+assert ctypes.sizeof(_Image) == 2 * MAX_COMPONENTS * 8, "nvjpegImage_t is not 8 words on this platform"
+
+
 def find_library() -> str | None:
     """The path of the libnvjpeg this process has loaded (torchvision's image extension links it), else the
     one the linker would find, else None."""
