@@ -104,7 +104,7 @@ class BusyGpu:
         # included), what the duty is kept by; device_s: the second replay of each pair timed on the device by CUDA
         # events, what replay_ms_since reports. It is queued behind the first, so a wait for the GIL between its
         # start event and its launch leaves no gap on the stream to be counted (run 47a's direct threads may have
-        # made such gaps: bench/results/2026-12-05-run47-h100-jpeg-ceiling-of-one-process.md). Another stage's
+        # made such gaps: bench/results/2026-12-05-run47-h100-jpeg-in-process-launches-gil.md). Another stage's
         # kernels slow it; another thread's Python does not, unless it delays the launch past the first replay.
         self.stop, self.busy_s, self.device_s, self.replays = threading.Event(), 0.0, 0.0, 0
         self.thread = threading.Thread(target=self._run, name="busy-gpu", daemon=True)
