@@ -13,9 +13,10 @@ upload, where the front door answers from callbacks a bulk at a time).
 Built as the service builds them (app/service.py, app/codecs/uploads.py): the engine by its factory with the
 repository's compile setting, the batcher with the settings' defaults, the decoder from each --decoders entry;
 the server's GIL switch interval; the start-up heap frozen; uvloop where installed. One engine for every point.
-A point reports photos a second and its ratio to the engine's peak (measured first, in this process), ResNet-50's
-mean rows, device ms and queue wait, the decoder's kind, mean batch and stage times, and the process's CPU seconds
-a second (the event loop, the decoder's launch threads and the engine's waiters share one GIL).
+A point reports photos a second and its ratio to the engine's peak (measured first, in this process), the service's
+own histograms over its window as one_image reads a server's (ResNet-50's rows, device ms and queue wait, the
+decoder's stage times), the decoder's kind and mean batch, and the process's CPU seconds a second (the event
+loop, the decoder's launch threads and the engine's waiters share one GIL).
 
     python3 bench/jpeg_in_process.py --out $OUT/in-process --decoders 'tv2=torchvision:2,direct2=direct:2:pre:high'
 """
@@ -39,12 +40,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import prometheus_client
 import torch
 
-from app.ops import metric_buffers, metrics
+from app.ops import metric_buffers
 from app.ops.heap import freeze_startup_heap
 from app.ops.switch_interval import set_switch_interval
-from bench.jpeg_stages import stage_sums
+from bench.harness.server_histograms import Snapshot, snapshot, step_view
 from bench.resnet50_e2e import EXAMPLE, build_service_engine, peak_of
 from loadtest.photos import encode, synthetic_photo
 
@@ -65,40 +67,6 @@ def decoder_entries(text: str) -> dict[str, dict[str, Any]]:
             "priority": "high" if "high" in flags else "normal",
         }
     return entries
-
-
-# ResNet-50's batches over a point, each histogram's mean: rows; device ms (CUDA events); ms from launch to answers
-# handed back; ms a request's rows waited in the batcher's queue.
-HISTOGRAMS = {
-    "rows_a_batch": metrics.BATCH_ROWS,
-    "batch_device_ms": metrics.BATCH_COMPUTE,
-    "batch_wall_ms": metrics.BATCH_WALL,
-    "queue_wait_ms": metrics.QUEUE_WAIT,
-}
-
-
-# The GPU decoder's histograms (bench/jpeg_stages.py's stage_sums names) → this bench's keys, means in ms: a decoder
-# batch's stages and its whole time, and an upload's wait for its batch's launch.
-DECODER_STAGES = {
-    "decode": "decode_ms",
-    "prepare": "prepare_ms",
-    "device": "device_ms",
-    "hand_back": "hand_back_ms",
-    "cgserve_gpu_jpeg_batch_seconds": "batch_ms",
-    "cgserve_gpu_jpeg_wait_seconds": "upload_wait_ms",
-}
-
-
-def histogram_sum_count(histogram: Any) -> tuple[float, float]:
-    """A prometheus histogram's sum and count over all its labels."""
-    total = count = 0.0
-    for family in histogram.collect():
-        for sample in family.samples:
-            if sample.name.endswith("_sum"):
-                total += sample.value
-            elif sample.name.endswith("_count"):
-                count += sample.value
-    return total, count
 
 
 def start_py_spy(py_spy: str, out: Path, tag: str, seconds: float) -> list[tuple[str, subprocess.Popen[bytes]]]:
@@ -133,35 +101,32 @@ async def point(batcher: Any, decoder: Any, spec: Any, photos: list[bytearray], 
             if measuring:
                 done += 1
 
-    def snapshot() -> tuple[dict[str, tuple[float, float]], dict[str, tuple[float, float]], int, int]:
+    def counts() -> tuple[Snapshot, int, int]:
         metric_buffers.flush()  # the batcher's buffered figures into prometheus's
-        histograms = {name: histogram_sum_count(h) for name, h in HISTOGRAMS.items()}
-        return histograms, stage_sums(), decoder.batches_launched, decoder.images_launched
+        text = prometheus_client.generate_latest().decode()  # this process's registry: the service's histograms
+        return snapshot(text), decoder.batches_launched, decoder.images_launched
 
     async def measure() -> None:
         nonlocal measuring
         try:
             await asyncio.sleep(1.0)
             samplers = profile() if profile is not None else []
-            before = snapshot()
+            before = counts()
             measuring, cpu, began = True, time.process_time(), time.perf_counter()
             await asyncio.sleep(seconds)
             measuring = False
             elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
-            after = snapshot()
+            after = counts()
         finally:
             stop.set()
         figures["images_per_s"] = round(done / elapsed, 1)
         figures["cpu_s_a_s"] = round(cpu / elapsed, 2)
-        for name in HISTOGRAMS:  # each histogram's mean over the window
-            (total, count), (total0, count0) = after[0][name], before[0][name]
-            scale = 1 if name == "rows_a_batch" else 1e3
-            figures[name] = round((total - total0) / (count - count0) * scale, 2) if count > count0 else None
-        batches, images = after[2] - before[2], after[3] - before[3]
+        # ResNet-50's batches (batch_rows, batch_compute_ms: on the device, batch_wall_ms, queue_wait_ms) and the
+        # GPU decoder's (jpeg_wait_ms: an upload's wait for its launch, jpeg_batch_ms, jpeg_stage_ms_<stage>) over
+        # the window: count, mean, p50, p99, as one_image reads a server's.
+        figures["server"] = step_view(before[0], after[0])
+        batches, images = after[1] - before[1], after[2] - before[2]
         figures["decoder"] = {"kind": decoder.nvjpeg, "photos_a_batch": round(images / batches, 1) if batches else None}
-        for stage, key in DECODER_STAGES.items():
-            (total, count), (total0, count0) = after[1].get(stage, (0.0, 0.0)), before[1].get(stage, (0.0, 0.0))
-            figures["decoder"][key] = round((total - total0) / (count - count0) * 1e3, 2) if count > count0 else None
         for name, sampler in samplers:
             try:
                 figures.setdefault("py_spy", {})[name] = await asyncio.to_thread(sampler.wait, 30 + seconds)

@@ -106,7 +106,7 @@ class BusyGpu:
         # start event and its launch leaves no gap on the stream to be counted (run 47a's direct threads may have
         # made such gaps: bench/results/2026-12-05-run47-h100-jpeg-in-process-launches-gil.md). Another stage's
         # kernels slow it; another thread's Python does not, unless it delays the launch past the first replay.
-        self.stop, self.busy_s, self.device_s, self.replays = threading.Event(), 0.0, 0.0, 0
+        self.stop, self.busy_s, self.device_s, self.pairs = threading.Event(), 0.0, 0.0, 0  # pairs: timed replays
         self.thread = threading.Thread(target=self._run, name="busy-gpu", daemon=True)
 
     def _run(self) -> None:
@@ -121,18 +121,18 @@ class BusyGpu:
             done.synchronize()
             busy = time.perf_counter() - started
             device_s = began.elapsed_time(done) / 1e3
-            self.busy_s, self.device_s, self.replays = self.busy_s + busy, self.device_s + device_s, self.replays + 1
+            self.busy_s, self.device_s, self.pairs = self.busy_s + busy, self.device_s + device_s, self.pairs + 1
             time.sleep(busy * (1 - self.fraction) / self.fraction)
 
     def replay_window(self) -> tuple[float, int]:
         """Where the replays stand now, for replay_ms_since."""
-        return self.device_s, self.replays
+        return self.device_s, self.pairs
 
     def replay_ms_since(self, window: tuple[float, int]) -> float | None:
         """The timed replays' mean time on the device since `window` (CUDA events around the second of each pair),
         ms; None if none ended."""
-        device_s, replays = self.device_s - window[0], self.replays - window[1]
-        return round(device_s / replays * 1e3, 3) if replays else None
+        device_s, pairs = self.device_s - window[0], self.pairs - window[1]
+        return round(device_s / pairs * 1e3, 3) if pairs else None
 
     def __enter__(self) -> BusyGpu:
         self.started = time.perf_counter()
@@ -235,7 +235,7 @@ def main() -> None:
                         decoder_rate(photos, spec, args.device, args.clients, args.seconds, max_batch, nvjpeg)
                     )
                 if busy is not None:  # its whole time: the decoder's warm-up and the measured seconds
-                    rate |= {"busy_duty": round(busy.duty, 3), "busy_replays": busy.replays}
+                    rate |= {"busy_duty": round(busy.duty, 3), "busy_replays": 2 * busy.pairs}
                 key = f"max_batch_{max_batch}" + (f"_busy_{fraction}" if busy else "") + f"_{nvjpeg}"
                 record["decoder"][key] = rate
                 print(f"decoder ({nvjpeg}), {args.clients} clients, max_batch {max_batch}, device busy {fraction}: "

@@ -1,4 +1,5 @@
-"""The direct decoder's Python a batch, held with the GIL, as it was before run 47 and as it is (app/codecs/nvjpeg.py).
+"""The direct decoder's Python a batch, held with the GIL, as it was before run 47 (written out here) and as it is
+(app/codecs/nvjpeg.py's first_byte, image_descriptors and plane_views, called).
 
 Run 47c's py-spy --gil had the direct decoder's launch threads holding the GIL a third of the time. Three of the
 lines it named are timed here, on the CPU (no nvJPEG is called), for a batch of --photos 500×375 photos:
@@ -25,10 +26,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from app.codecs.nvjpeg import ALIGN, MAX_COMPONENTS, _Image
+from app.codecs.nvjpeg import ALIGN, _Image, first_byte, image_descriptors, plane_views
 
 CHANNELS, HEIGHT, WIDTH = 3, 375, 500
 
@@ -60,7 +60,7 @@ def main() -> None:
 
     def address_by_char() -> None:
         for _ in range(k):
-            ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+            first_byte(buffer)
 
     offsets, base = [n * padded for n in range(k)], 1 << 40
 
@@ -71,14 +71,10 @@ def main() -> None:
                 outputs[n].channel[c] = base + offset + c * HEIGHT * WIDTH
                 outputs[n].pitch[c] = WIDTH
 
+    shapes = [(HEIGHT, WIDTH)] * k
+
     def descriptors_by_array() -> None:
-        outputs = (_Image * k)()
-        words = np.frombuffer(memoryview(outputs).cast("B"), dtype=np.uint64).reshape(k, 2 * MAX_COMPONENTS)
-        heights, widths = np.full(k, HEIGHT, np.uint64), np.full(k, WIDTH, np.uint64)
-        starts = np.uint64(base) + np.array(offsets, dtype=np.uint64)
-        for c in range(CHANNELS):
-            words[:, c] = starts + np.uint64(c) * heights * widths
-            words[:, MAX_COMPONENTS + c] = widths
+        image_descriptors(base, offsets, shapes, CHANNELS)
 
     block = torch.empty(k * padded, dtype=torch.uint8)
 
@@ -86,7 +82,7 @@ def main() -> None:
         [block[offset : offset + size].view(CHANNELS, HEIGHT, WIDTH) for offset in offsets]
 
     def views_a_batch() -> None:
-        list(block.view(k, padded)[:, :size].view(k, CHANNELS, HEIGHT, WIDTH).unbind(0))
+        plane_views(block, offsets, shapes, CHANNELS)
 
     record = {
         "command": f"PYTHONPATH=. python3 bench/nvjpeg_batch_python.py --out {args.out} --photos {k} "

@@ -164,9 +164,7 @@ def main() -> None:
     parser.add_argument(
         "--kinds",
         default="torchvision,direct,direct-pre",
-        help="which kinds, in this order (direct-pre needs --preallocate). Runs 44, 45b and 46d ended on an illegal "
-        "memory access beside a busy device: BusyGpu's graph read weights freed after its capture, which this bench's "
-        "empty_cache gave back to the driver (mended after 46d; sizes in turn not run since)",
+        help="which kinds, in this order (direct-pre needs --preallocate)",
     )
     args = parser.parse_args()
     if unknown := set(args.kinds.split(",")) - {"torchvision", "direct", "direct-pre"}:

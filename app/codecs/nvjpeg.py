@@ -2,13 +2,12 @@
 
 torchvision's decode_jpeg holds one lock for the whole process over a batch and ends it in a
 cudaStreamSynchronize of its decoder stream: a process decodes one batch at a time, however many
-threads launch. On the H200 that one decoder was what held JPEG uploads (run 30: 18.8 of a batch's
-22.6 ms in decode_jpeg, the launch threads queued on its lock). Here each launch thread has a state of
-its own (nvjpegJpegState_t) on a stream of its own, so batches decode at once, and nothing waits on the
-host for the decode: the caller orders its resize after it with an event.
+threads launch, and each batch's wait for the device holds the next one's host work back. Here each
+launch thread has a state of its own (nvjpegJpegState_t) on a stream of its own, so batches decode at
+once, and nothing waits on the host for the decode: the caller orders its resize after it with an event.
 
     BatchDecoder.decode([k JPEG buffers], gray) →
-        per image (GIL held, µs each): parse its header, its size, whether the hardware takes it
+        per image (GIL held, a few calls each): parse its header, its size, whether the hardware takes it
         one (sum C·H·W) uint8 block on the device, allocated under the state's stream
         nvjpegDecodeBatched(the supported ones → planes of that block), on the state's stream (GIL released)
       → per image: a (C, H, W) view of the block, or why it was not decoded (UNSUPPORTED: the hardware
@@ -19,13 +18,14 @@ maps, so that no second copy of nvJPEG is needed. Only the hardware backend is u
 (NVJPEG_BACKEND_HARDWARE: A100, H100, H200 and their kin); where it is not available NvJpeg raises
 NvJpegError saying why, and the caller keeps torchvision's decoder.
 
-The per-image calls go through ctypes' PyDLL, which keeps the GIL: each takes microseconds, and
-giving the GIL back and taking it again per call is what made a batch wait on a busy event loop a
-hundred times (run 24). The batch's initialisation and decode go through CDLL, which releases it.
+The per-image calls go through ctypes' PyDLL, which keeps the GIL: each is short, and giving the GIL
+back and taking it again per call makes a batch wait for the event loop's Python once an image. The
+batch's initialisation and decode go through CDLL, which releases it. What is done per image with the
+GIL held is kept to those calls; the rest is done once a batch (the descriptors as one array, a batch
+of one size's views in one call), since every launch thread's Python shares the one GIL with the loop.
 
-Beside a busy device, more states decode more than torchvision's one lock lets it, with the same pixels; in the
-engine process that gained nothing, its event loop being the next limit (bench/results/HISTORY.md), so
-CGSERVE_JPEG_NVJPEG leaves it off by default.
+CGSERVE_JPEG_NVJPEG leaves it off by default: in the server it has not yet beaten torchvision's decoder
+(the runs: bench/results/HISTORY.md).
 """
 
 from __future__ import annotations
@@ -220,9 +220,7 @@ class BatchDecoder:
         hardware_takes, parsed = held.nvjpegDecodeBatchedSupported, self._parsed
         for index, image in enumerate(images):
             length = len(image)
-            # Its first byte's address, through c_char: `c_ubyte * length` makes an array type for each new length,
-            # and every photo has its own (bench/nvjpeg_batch_python.py times both).
-            address = ctypes.addressof(ctypes.c_char.from_buffer(image)) if length else 0
+            address = first_byte(image) if length else 0
             status = parse(handle, address, length, parsed)
             if status != 0:
                 results[index] = f"nvJPEG could not read its header: {STATUS_NAMES.get(status, status)}"
@@ -259,17 +257,10 @@ class BatchDecoder:
             block = torch.empty(total, dtype=torch.uint8, device=self.device)  # every image's planes
         base = block.data_ptr()
         k = len(taken)
-        outputs = (_Image * k)()
+        shapes = [(h, w) for _, _, _, h, w in taken]
+        outputs = image_descriptors(base, offsets, shapes, channels)
         addresses = (ctypes.c_void_p * k)(*(address for _, address, _, _, _ in taken))
         lengths = (ctypes.c_size_t * k)(*(length for _, _, length, _, _ in taken))
-        # Each image's nvjpegImage_t, filled for the whole batch at once (through ctypes a field at a time, each a
-        # Python call with the GIL held): (k, 8) words, channel pointers then pitches, 4 of each.
-        words = np.frombuffer(memoryview(outputs).cast("B"), dtype=np.uint64).reshape(k, 2 * MAX_COMPONENTS)
-        heights, widths = (np.array([t[i] for t in taken], dtype=np.uint64) for i in (3, 4))
-        starts = np.uint64(base) + np.array(offsets, dtype=np.uint64)
-        for c in range(channels):  # planar: C planes of H rows of W
-            words[:, c] = starts + np.uint64(c) * heights * widths
-            words[:, MAX_COMPONENTS + c] = widths
         # The GIL let go for both: a larger batch than before may have the state free and reallocate its buffers
         # (a wait for the device), and the decode itself takes a batch's host work.
         status = released.nvjpegDecodeBatchedInitialize(handle, self._state, k, 1, OUTPUT_Y if gray else OUTPUT_RGB)
@@ -278,10 +269,45 @@ class BatchDecoder:
             handle, self._state, addresses, lengths, outputs, ctypes.c_void_p(self.stream.cuda_stream)
         )
         _check(status, f"batched decode of {k} images")
-        if len({(h, w) for _, _, _, h, w in taken}) == 1:  # one size (one camera, one client): k views in one call
-            padded, (_, _, _, h, w) = total // k, taken[0]  # every image's planes, then its padding to ALIGN
-            return list(block.view(k, padded)[:, : sizes[0]].view(k, channels, h, w).unbind(0))
-        return [  # a view an image, each a torch call with the GIL held: the batch's largest Python cost (run 47c)
-            block[offset : offset + size].view(channels, h, w)
-            for (_, _, _, h, w), offset, size in zip(taken, offsets, sizes, strict=True)
-        ]
+        return plane_views(block, offsets, shapes, channels)
+
+
+# A batch's Python with the GIL held, written once a batch where it can be (bench/nvjpeg_batch_python.py times each
+# against the call an image it replaced): every launch thread's Python shares the one GIL with the event loop.
+
+
+def first_byte(image: bytearray | memoryview) -> int:
+    """The address of a writable, non-empty buffer's first byte. Through c_char: `c_ubyte * len(image)` would make
+    an array type for each new length, and every upload has its own."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(image))
+
+
+def image_descriptors(
+    base: int, offsets: list[int], shapes: list[tuple[int, int]], channels: int
+) -> ctypes.Array[_Image]:
+    """One nvjpegImage_t an image: its `channels` planes of (H, W) at base + its offset, one after the other, each row
+    W bytes; filled as a (k, 8) array of words (channel pointers, then pitches, 4 of each) rather than a field at a
+    time through ctypes."""
+    k = len(shapes)
+    outputs = (_Image * k)()
+    words = np.frombuffer(memoryview(outputs).cast("B"), dtype=np.uint64).reshape(k, 2 * MAX_COMPONENTS)
+    heights, widths = np.array(shapes, dtype=np.uint64).reshape(k, 2).T  # (k,) each
+    starts = np.uint64(base) + np.array(offsets, dtype=np.uint64)
+    for c in range(channels):  # planar: C planes of H rows of W
+        words[:, c] = starts + np.uint64(c) * heights * widths
+        words[:, MAX_COMPONENTS + c] = widths
+    return outputs
+
+
+def plane_views(block: torch.Tensor, offsets: list[int], shapes: list[tuple[int, int]], channels: int
+                ) -> list[torch.Tensor]:  # fmt: skip
+    """A (C, H, W) view of `block` an image, at its offset. Images of one size (one camera, one client) are
+    ALIGN-padded alike, so their views come from one view of the block, in one call."""
+    if len(set(shapes)) == 1:
+        k, (h, w) = len(shapes), shapes[0]
+        padded = block.numel() // k  # an image's planes, then its padding to ALIGN
+        return list(block.view(k, padded)[:, : channels * h * w].view(k, channels, h, w).unbind(0))
+    return [  # a view an image, each a torch call with the GIL held
+        block[offset : offset + channels * h * w].view(channels, h, w)
+        for offset, (h, w) in zip(offsets, shapes, strict=True)
+    ]

@@ -54,8 +54,14 @@ def scrape(url: str, timeout_s: float = 5.0) -> Snapshot | None:
         return None
     if response.status_code != 200 or not response.headers.get("content-type", "").startswith("text/plain"):
         return None  # no Prometheus text here (a no-op answers every GET with its readiness JSON)
+    return snapshot(response.text)
+
+
+def snapshot(text: str) -> Snapshot:
+    """The histograms of FAMILIES in Prometheus's text format (a scrape's, or a process's own registry's through
+    prometheus_client.generate_latest)."""
     out: Snapshot = {}
-    for family in text_string_to_metric_families(response.text):
+    for family in text_string_to_metric_families(text):
         if family.name not in FAMILIES:
             continue
         label = SPLIT_BY.get(family.name)
