@@ -35,10 +35,13 @@ With CGSERVE_JPEG_NVJPEG=direct, nvJPEG's hardware decoder is called without tor
 decode at once and none waits on the host for its decode (our stream waits for its event). The
 images it does not take (progressive ones) go through torchvision as above.
 
-The event loop awaits `done` through an EventWaiter
-(a thread sleeping in that one event's synchronize, never the device's), then copies each row
-out of its pinned buffer into the caller's `out` or a new (1, C, h, w) array. The batcher sees
-what Pillow would have given it. A batch nvJPEG refuses as a whole (one CMYK or corrupt image fails the
+Where the caller's `out` is a row of an array registered with `pin` (the front door's bulks), the copy out of the
+device writes that row itself, a run of consecutive rows one copy (app/codecs/pinned_rows.py); the other rows go
+to a pinned block of the batch's. The event loop awaits `done` through an EventWaiter
+(a thread sleeping in that one event's synchronize, never the device's), then copies each row of a block into
+the caller's `out` or a new (1, C, h, w) array. The batcher sees what Pillow would have given it.
+A pinned `out` is written by the device whether or not its future was cancelled meanwhile: `settled()` says when
+no batch launched so far can still write one. A batch nvJPEG refuses as a whole (one CMYK or corrupt image fails the
 call) is decoded again image by image: those nvJPEG refuses alone answer GpuDecodeError, and
 app/codecs/uploads.py hands them to Pillow.
 """
@@ -59,6 +62,7 @@ import torch
 import torchvision.io
 
 from app.codecs.nvjpeg import UNSUPPORTED, BatchDecoder, NvJpeg, NvJpegError
+from app.codecs.pinned_rows import PinnedRows, Place, copy_runs
 from app.codecs.preprocess import preprocess_batch
 from app.config import Settings
 from app.engines.event_waiter import EventWaiter
@@ -100,6 +104,7 @@ class _Job:
 class _Launched:
     jobs: list[_Job]
     # per job: its row, (C, h, w) uint8, of its group's pinned (g, C, h, w) block; None where nvJPEG refused it
+    # or where its pixels are copied straight into its `out` (a pinned row: its index is in `in_out`)
     hosts: list[torch.Tensor | None]
     done: torch.cuda.Event
     started: float  # perf_counter at the launch, for cgserve_gpu_jpeg_batch_seconds
@@ -108,6 +113,7 @@ class _Launched:
     errors: list[str] = field(default_factory=list)
     # nvJPEG's (C, H_i, W_i) outputs, read by the resize queued on our stream: let go once `done` has completed
     decoded: list[torch.Tensor] = field(default_factory=list)
+    in_out: set[int] = field(default_factory=set)  # the jobs whose `out` the device writes (pinned rows)
 
 
 class GpuJpegDecoder:
@@ -140,6 +146,7 @@ class GpuJpegDecoder:
         # the running totals, for the benchmark's mean batch.
         self.batch_sizes: deque[int] = deque(maxlen=RECENT_BATCHES)
         self.batches_launched = self.images_launched = 0
+        self.images_in_place = 0  # those whose pixels the device wrote straight into their pinned `out`
         self._stream = torch.cuda.Stream(self.device, priority=stream_priority)  # resizes and copies out
         # nvJPEG's outputs are allocated under it (above)
         self._decode_stream = torch.cuda.Stream(self.device, priority=stream_priority)
@@ -147,6 +154,9 @@ class GpuJpegDecoder:
         self._launch_slots = asyncio.Semaphore(launches)
         self._waiter = EventWaiter("gpu-jpeg-event-waiter")
         self._pending: list[_Job] = []
+        self._pinned = PinnedRows()  # the callers' arrays whose rows the device writes directly
+        # One a batch, from its collection until no copy of it can write an `out` any more (settled()).
+        self._unsettled: set[asyncio.Future[None]] = set()
         self._arrived = asyncio.Event()
         self._collector: asyncio.Task[None] | None = None
         self._batches: set[asyncio.Task[None]] = set()  # launching or handing back (asyncio keeps weak references)
@@ -157,6 +167,22 @@ class GpuJpegDecoder:
     def backlog(self) -> int:
         """Uploads given to `decode` and not yet taken into a launch."""
         return len(self._pending)
+
+    def pin(self, rows: np.ndarray) -> bool:
+        """Register `rows`, a C-contiguous (n, C, h, w) uint8 array whose rows will be given as `out`, for the device
+        to write them directly; False (logged) where CUDA refused. It stays registered until `unpin` or `close`."""
+        with torch.cuda.device(self.device):
+            return self._pinned.pin(rows)
+
+    def unpin(self, rows: np.ndarray) -> None:
+        """Unregister `rows`, once `settled()`: no copy writes them any more."""
+        self._pinned.unpin(rows)
+
+    async def settled(self) -> None:
+        """Once every batch launched so far is done with its `out`s: a pinned row given to a decode since cancelled
+        may still be written until then."""
+        if self._unsettled:
+            await asyncio.wait(list(self._unsettled))
 
     def decode(
         self, data: bytes | bytearray | memoryview, spec: ModelSpec, out: np.ndarray | None = None
@@ -186,6 +212,13 @@ class GpuJpegDecoder:
         for task in self._batches:  # each fails its own uploads when its cancellation reaches it
             task.cancel()
         self._worker.shutdown(wait=True, cancel_futures=True)
+        if self._pinned:  # what the launches queued, copies into pinned rows among it, is done before they go
+            with torch.cuda.device(self.device):
+                self._stream.synchronize()
+            self._pinned.close()
+        for settled in self._unsettled:
+            settled.set_result(None)
+        self._unsettled.clear()
         self._waiter.close()
         if self._nvjpeg is not None:  # every launch has returned its state: destroy them, then the handle
             self._nvjpeg.close()
@@ -210,13 +243,15 @@ class GpuJpegDecoder:
                     now = time.perf_counter()
                     for job in jobs:
                         waits.observe(now - job.arrived)
-                    task = asyncio.create_task(self._launch_and_hand_back(jobs))
+                    settled = asyncio.get_running_loop().create_future()  # from now on a copy may write an `out`
+                    self._unsettled.add(settled)
+                    task = asyncio.create_task(self._launch_and_hand_back(jobs, settled))
                     self._batches.add(task)
                     task.add_done_callback(self._batches.discard)
         finally:
             waits.flush()  # what it holds when the decoder closes
 
-    async def _launch_and_hand_back(self, jobs: list[_Job]) -> None:
+    async def _launch_and_hand_back(self, jobs: list[_Job], settled: asyncio.Future[None]) -> None:
         try:
             try:
                 launched = await asyncio.get_running_loop().run_in_executor(self._worker, self._launch, jobs)
@@ -234,31 +269,61 @@ class GpuJpegDecoder:
         except asyncio.CancelledError:  # close(): nobody will hand these back
             _fail(jobs, _closed())
             raise
+        finally:  # its launch returned (or raised, its stream synchronized) and `done` completed: or close() did
+            if not settled.done():
+                settled.set_result(None)
+            self._unsettled.discard(settled)
 
     def _launch(self, jobs: list[_Job]) -> _Launched:
-        """On the worker thread: decode, resize and start the copies out; returns before they finish."""
+        """On the worker thread: decode, resize and start the copies out; returns before they finish (or, raising,
+        once what it queued has: a copy into a pinned `out` then writes no more)."""
         started = time.perf_counter()
         hosts: list[torch.Tensor | None] = [None] * len(jobs)
+        in_out: set[int] = set()
         errors: list[str] = []
         kept: list[torch.Tensor] = []
         decode_s = 0.0
         with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
-            for color, indices in _by_color(jobs).items():
-                decode_started = time.perf_counter()
-                decoded = self._decode(jobs, indices, color, errors)  # [(job index, (C, H_i, W_i) uint8 on the GPU)]
-                decode_s += time.perf_counter() - decode_started
-                kept.extend(image for _, image in decoded)
-                for spec, group in _by_model_and_size(jobs, decoded):
-                    # Photos from one camera or one client share a size: one resize for all of them.
-                    images = torch.stack([image for _, image in group])  # (k, C, H, W) uint8
-                    pixels = preprocess_batch(images, spec)  # (k, C, h, w) uint8 on the GPU
-                    host = torch.empty(pixels.shape, dtype=torch.uint8, pin_memory=True)
-                    host.copy_(pixels, non_blocking=True)  # one copy out for the group
-                    for row, (i, _) in enumerate(group):
-                        hosts[i] = host[row]
+            try:
+                for color, indices in _by_color(jobs).items():
+                    decode_started = time.perf_counter()
+                    decoded = self._decode(jobs, indices, color, errors)  # [(job index, (C, H_i, W_i) uint8 on GPU)]
+                    decode_s += time.perf_counter() - decode_started
+                    kept.extend(image for _, image in decoded)
+                    for spec, group in _by_model_and_size(jobs, decoded):
+                        # Photos from one camera or one client share a size: one resize for all of them.
+                        images = torch.stack([image for _, image in group])  # (k, C, H, W) uint8
+                        pixels = preprocess_batch(images, spec)  # (k, C, h, w) uint8 on the GPU
+                        self._copy_out(jobs, group, pixels, hosts, in_out)
+            except BaseException:
+                if self._pinned:  # a copy into a pinned `out` may be queued: done before its caller hears
+                    self._stream.synchronize()
+                raise
             done = torch.cuda.Event(blocking=True)  # its waiter thread sleeps instead of spinning a core
             done.record(self._stream)
-        return _Launched(jobs, hosts, done, started, decode_s, time.perf_counter(), errors, kept)
+        return _Launched(jobs, hosts, done, started, decode_s, time.perf_counter(), errors, kept, in_out)
+
+    def _copy_out(self, jobs: list[_Job], group: list[tuple[int, torch.Tensor]], pixels: torch.Tensor,
+                  hosts: list[torch.Tensor | None], in_out: set[int]) -> None:  # fmt: skip
+        """Queue a group's (k, C, h, w) pixels' copies out: straight into the pinned `out`s, a run of consecutive rows
+        a copy, and the others' into one pinned block of the group's."""
+        placed: list[tuple[int, Place]] = []  # (group row, where its `out` is pinned)
+        others: list[int] = []
+        for row, (i, _) in enumerate(group):
+            out = jobs[i].out
+            place = self._pinned.place(out) if out is not None and self._pinned else None
+            if place is not None and place.region.rows.shape[1:] == pixels.shape[1:]:
+                placed.append((row, place))
+                in_out.add(i)
+            else:
+                others.append(row)
+        for region, first, source, n in copy_runs(placed):
+            region.rows[first : first + n].copy_(pixels[source : source + n], non_blocking=True)
+        if others:
+            host = torch.empty(pixels.shape, dtype=torch.uint8, pin_memory=True)
+            host.copy_(pixels, non_blocking=True)  # one copy out for the group
+            for row in others:
+                hosts[group[row][0]] = host[row]
 
     def _decode(
         self, jobs: list[_Job], indices: list[int], color: str, errors: list[str]
@@ -314,11 +379,15 @@ class GpuJpegDecoder:
             _fail(launched.jobs, error)
             return
         launched.decoded.clear()  # the resize has read them: their memory may go to the next decode
+        self.images_in_place += len(launched.in_out)
         completed = time.perf_counter()
         metrics.GPU_JPEG_BATCH_SECONDS.observe(completed - launched.started)
         refused = "; ".join(launched.errors)
-        for job, host in zip(launched.jobs, launched.hosts, strict=True):
+        for i, (job, host) in enumerate(zip(launched.jobs, launched.hosts, strict=True)):
             if job.future.done():  # cancelled meanwhile: its `out` is not written (the worker may be gone)
+                continue
+            if i in launched.in_out:  # the device wrote it
+                job.future.set_result(job.out)  # type: ignore[arg-type]
                 continue
             if host is None:
                 job.future.set_exception(GpuDecodeError(refused or "nvJPEG did not decode this image"))

@@ -63,6 +63,22 @@ class PacedDecoder(JpegBatchDecoder, Protocol):
         ...
 
 
+@runtime_checkable
+class RowWritingDecoder(JpegBatchDecoder, Protocol):
+    """A JpegBatchDecoder whose device writes an upload's pixels straight into its `out` where that is a row of an
+    array registered with `pin` (pinned host memory: app/codecs/pinned_rows.py): the front door pins its bulks."""
+
+    def pin(self, rows: np.ndarray) -> bool:
+        """Register `rows`, (n, C, h, w) uint8; False where it could not (logged): its rows are copied into."""
+        ...
+
+    def unpin(self, rows: np.ndarray) -> None: ...
+
+    async def settled(self) -> None:
+        """Once no batch launched so far can still write an `out` (one whose decode was cancelled among them)."""
+        ...
+
+
 class Uploads(Protocol):
     """Encoded images that go to their batcher undecoded, to be decoded where it runs."""
 

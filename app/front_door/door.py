@@ -109,6 +109,11 @@ class Door:
         self._jpegs = ctypes.c_int()
         self.refusal_codes = [lib.fd_refusal_code(i) for i in range(REFUSALS)]
 
+    @property
+    def buffers(self) -> list[np.ndarray]:
+        """The C side's buffers as (MOST_ROWS, C, H, W) uint8 arrays, each bulk's rows a prefix of one of them."""
+        return self._rows
+
     def waiting(self) -> tuple[int, int]:
         """Rows in the bulk being filled, and how many of them are JPEGs for the GPU decoder (JPEG): one call,
         one take of the C side's lock."""

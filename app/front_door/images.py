@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from app.codecs.bodies import decode_image
-from app.codecs.uploads import JpegBatchDecoder, PacedDecoder
+from app.codecs.uploads import JpegBatchDecoder, PacedDecoder, RowWritingDecoder
 from app.errors import GpuDecodeError
 from app.front_door.door import JPEG
 from app.ops import metrics
@@ -52,6 +52,8 @@ class BulkImages:
         self.paced = decoder if isinstance(decoder, PacedDecoder) else None
         if self.paced is not None:
             self.paced.on_caught_up = caught_up
+        # The decoder, where its device may write a row after its decode was cancelled (a pinned row's copy).
+        self.row_writer = decoder if isinstance(decoder, RowWritingDecoder) else None
 
     async def decode(self, rows: np.ndarray, lengths: np.ndarray, kinds: np.ndarray, images: np.ndarray,
                      spec: ModelSpec) -> AsyncGenerator[Decoded, None]:  # fmt: skip
@@ -106,9 +108,12 @@ class BulkImages:
                 if batch.rows or batch.failed:
                     yield batch
         finally:  # stopped (the server is closing, or the caller closed it early): no decode writes a row after this
+            on_gpu_cancelled = any(i in on_gpu for i in running)
             for future in [*running.values(), *(done for _, done in ended)]:
                 if not future.cancel() and not future.cancelled():
                     future.exception()  # ended and not looked at: read, so that asyncio does not log it as lost
+            if on_gpu_cancelled and self.row_writer is not None:  # a launched batch's copy may still write its row
+                await self.row_writer.settled()
 
     async def _pillow(self, rows: np.ndarray, length: int, i: int, spec: ModelSpec) -> None:
         encoded = rows[i].reshape(-1)[:length].tobytes()  # a copy: the pixels are written over the row

@@ -166,6 +166,51 @@ def test_one_bad_jpeg_does_not_cost_its_batch_mates(nvjpeg: str) -> None:
     print(f"nvJPEG on the corrupt scan: {type(results[1]).__name__}")
 
 
+@pytest.mark.parametrize("nvjpeg", NVJPEG)
+def test_pinned_rows_get_the_pixels_of_a_copy_written_by_the_device_even_once_cancelled(nvjpeg: str) -> None:
+    """A bulk of rows registered with pin(), each JPEG's bytes at the start of its row as door.c puts them, decoded
+    over it (rows in runs with gaps: several copies a batch): each row gets the pixels the decoder's own copy gives,
+    written in place by the device. A decode cancelled once taken into a launch still has its row written: settled()
+    returns once it has been."""
+    jpegs = [encode(synthetic_photo(500, 375, seed=i), quality=90) for i in range(12)]
+    rows = [0, 1, 2, 3, 5, 6, 8, 9, 10, 11, 12, 15]
+
+    async def run() -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray], int, np.ndarray]:
+        decoder = GpuJpegDecoder("cuda:0", max_batch=16, nvjpeg=nvjpeg)
+        bulk = np.zeros((16, *RESNET50.input_shape), np.uint8)
+        try:
+            assert decoder.pin(bulk)
+            copies = await asyncio.gather(*(decoder.decode(data, RESNET50) for data in jpegs))
+            futures = []
+            for data, row in zip(jpegs, rows, strict=True):
+                encoded = bulk[row].reshape(-1)[: len(data)]
+                encoded[:] = np.frombuffer(data, np.uint8)
+                futures.append(decoder.decode(memoryview(encoded), RESNET50, out=bulk[row : row + 1]))
+            mine = await asyncio.gather(*futures)
+            in_place = decoder.images_in_place
+            # Once more, the last one cancelled after its launch took it.
+            late = jpegs[0]
+            bulk[14].reshape(-1)[: len(late)] = np.frombuffer(late, np.uint8)
+            caught_up = asyncio.Event()
+            decoder.on_caught_up = caught_up.set  # called once every upload given is in a launch
+            future = decoder.decode(memoryview(bulk[14].reshape(-1)[: len(late)]), RESNET50, out=bulk[14:15])
+            await caught_up.wait()
+            future.cancel()
+            await decoder.settled()
+            cancelled_row = bulk[14].copy()
+            decoder.unpin(bulk)
+            return bulk, list(mine), list(copies), in_place, cancelled_row
+        finally:
+            decoder.close()
+
+    bulk, mine, copies, in_place, cancelled_row = asyncio.run(run())
+    assert in_place == len(jpegs)
+    for i, (got, want, row) in enumerate(zip(mine, copies, rows, strict=True)):
+        assert np.shares_memory(got, bulk[row]), f"upload {i}: not its own row"
+        np.testing.assert_array_equal(got, want, err_msg=f"upload {i}")
+    np.testing.assert_array_equal(cancelled_row, copies[0][0])
+
+
 def test_the_hardware_decoder_called_directly_gives_torchvisions_pixels() -> None:
     """Each launch thread's own nvJPEG state (app/codecs/nvjpeg.py) against torchvision's decode_jpeg, for the
     JPEGs uploads bring: chroma subsamplings, grey, odd and tiny sizes, and a progressive one the hardware
@@ -328,7 +373,9 @@ def test_jpeg_bodies_at_the_front_door_get_the_ports_answers(nvjpeg: str, priori
             assert got.status_code == want.status_code == 422 and got.json() == want.json()
         exposition = httpx.get(f"{url}/metrics").text
     assert _sample(exposition, 'cgserve_image_decodes_total{decoder="gpu"}') >= 2 * len(jpegs)
-    assert "nvJPEG, batched, " + nvjpeg in (tmp_path / "server.log").read_text()
+    log = (tmp_path / "server.log").read_text()
+    assert "nvJPEG, batched, " + nvjpeg in log
+    assert "buffers pinned" in log and " 0 of its" not in log  # jpeg_pinned_rows: the device writes the rows
 
 
 def _sample(exposition: str, name: str) -> float:

@@ -612,6 +612,63 @@ def test_a_decoder_that_refuses_a_bulks_third_jpeg_outright_leaves_none_of_its_d
     assert stopped == [True]
 
 
+class RowWritingHeldDecoder(HeldDecoder):
+    """A HeldDecoder whose device writes pinned rows, as the GPU decoder's does into the door's buffers: a decode
+    launched stays able to write its row until the test lands its batch, cancelled or not (`settled`)."""
+
+    def __init__(self, pixels: np.ndarray) -> None:
+        super().__init__(pixels)
+        self.launched = 0  # rows in a batch the "device" may still write, until land()
+        self.landed: asyncio.Event | None = None
+
+    def decode(self, data: Any, spec: Any, out: np.ndarray | None = None) -> asyncio.Future[np.ndarray]:
+        if self.landed is None:
+            self.landed = asyncio.Event()  # on the test's loop
+        return super().decode(data, spec, out)
+
+    def land(self) -> None:
+        self.launched = 0
+        assert self.landed is not None
+        self.landed.set()
+
+    def pin(self, rows: np.ndarray) -> bool:
+        return True
+
+    def unpin(self, rows: np.ndarray) -> None:
+        pass
+
+    async def settled(self) -> None:
+        if self.launched:
+            assert self.landed is not None
+            await self.landed.wait()
+
+
+def test_a_bulk_stopped_while_a_launched_batch_may_write_its_rows_keeps_its_buffer_until_that_batch_lands() -> None:
+    """Three JPEGs launched onto a device that writes their pinned rows directly; the bulk's decoding cancelled (the
+    server stopping) before they come back: each request is answered 503 once, and the buffer goes back only once the
+    batch has landed, for the device could still write its rows until then (the door refills them)."""
+    door, held = held_bulk([JPEG] * 3)
+    decoder = RowWritingHeldDecoder(held.pixels)
+    stopped = on_release(door, lambda: decoder.launched == 0)
+    turns_since_cancel: list[int] = []
+
+    def step(door: StandInDoor, feeder: Any) -> bool:
+        if len(decoder.waiting) == 3 and not turns_since_cancel:
+            decoder.launched = 3
+            next(iter(feeder.decoding)).cancel()
+            turns_since_cancel.append(0)
+        elif turns_since_cancel:
+            turns_since_cancel[0] += 1
+            if turns_since_cancel[0] == 5:  # the "device" lands the batch a few turns after the cancel
+                assert door.released == [], "the buffer went back while a launched batch could write its rows"
+                decoder.land()
+        return len(door.answers) >= 3 and bool(door.released) and not feeder.out
+
+    run_held(door, decoder, until=step)
+    assert sorted((i, status[:3]) for i, status, *_ in door.answers) == [(0, b"503"), (1, b"503"), (2, b"503")]
+    assert door.released == [1] and stopped == [True]
+
+
 def test_a_bulk_of_pixels_whose_queueing_faults_is_answered_and_given_back() -> None:
     """Pixels only; building their answers raises: each request 500, the buffer back, the bulk no longer out."""
     door = StandInDoor((1, 28, 28))
