@@ -171,8 +171,8 @@ class GpuJpegDecoder:
     def pin(self, rows: np.ndarray) -> bool:
         """Register `rows`, a C-contiguous (n, C, h, w) uint8 array whose rows will be given as `out`, for the device
         to write them directly; False (logged) where CUDA refused. It stays registered until `unpin` or `close`."""
-        with torch.cuda.device(self.device):
-            return self._pinned.pin(rows)
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        return self._pinned.pin(rows, index)
 
     def unpin(self, rows: np.ndarray) -> None:
         """Unregister `rows`, once `settled()`: no copy writes them any more."""
@@ -295,12 +295,12 @@ class GpuJpegDecoder:
                         images = torch.stack([image for _, image in group])  # (k, C, H, W) uint8
                         pixels = preprocess_batch(images, spec)  # (k, C, h, w) uint8 on the GPU
                         self._copy_out(jobs, group, pixels, hosts, in_out)
+                done = torch.cuda.Event(blocking=True)  # its waiter thread sleeps instead of spinning a core
+                done.record(self._stream)
             except BaseException:
                 if self._pinned:  # a copy into a pinned `out` may be queued: done before its caller hears
                     self._stream.synchronize()
                 raise
-            done = torch.cuda.Event(blocking=True)  # its waiter thread sleeps instead of spinning a core
-            done.record(self._stream)
         return _Launched(jobs, hosts, done, started, decode_s, time.perf_counter(), errors, kept, in_out)
 
     def _copy_out(self, jobs: list[_Job], group: list[tuple[int, torch.Tensor]], pixels: torch.Tensor,

@@ -13,6 +13,7 @@ only the rows touched so far.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -25,7 +26,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-REGISTER_PORTABLE = 1  # cudaHostRegisterPortable: pinned for every device's context, as torch's own pinning does
+REGISTER_PORTABLE = 1  # cudaHostRegisterPortable: pinned for every device's context, not only the registering one
 
 
 @dataclass(frozen=True, eq=False)
@@ -34,6 +35,7 @@ class Region:
     end: int  # one past its last
     rows: torch.Tensor  # (n, C, h, w) uint8 over the array's memory, the device copies' destination
     row_bytes: int
+    device: int | None  # the device whose context registered it (None: the caller's current one)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,68 +45,72 @@ class Place:
 
 
 class PinnedRows:
-    """The arrays registered so far, and for a (1, C, h, w) view which pinned row it is."""
+    """The arrays registered so far, and for a (1, C, h, w) view which pinned row it is. `place` runs on the decoder's
+    launch threads while `pin` or `unpin` may run on another: the index is a new tuple each time, swapped in whole."""
 
     def __init__(self, cudart: Any = None) -> None:
         self._cudart = cudart  # torch.cuda.cudart() once first needed; tests give a stand-in
-        self._regions: list[Region] = []  # by start address
-        self._starts: list[int] = []
+        self._index: tuple[tuple[int, ...], tuple[Region, ...]] = ((), ())  # start addresses, regions, by address
 
-    def pin(self, rows: np.ndarray) -> bool:
-        """Register `rows`, a C-contiguous (n, C, h, w) uint8 array that outlives its registration; False (logged,
-        nothing registered) where CUDA refused it: its rows are then copied into as before."""
+    def pin(self, rows: np.ndarray, device: int | None = None) -> bool:
+        """Register `rows`, a C-contiguous (n, C, h, w) uint8 array that outlives its registration, from `device`'s
+        context (None: the calling thread's current device); False (logged, nothing registered) where CUDA refused
+        it: its rows are then copied into as before."""
         if rows.dtype != np.uint8 or rows.ndim < 2 or not rows.flags.c_contiguous or not rows.nbytes:
             raise ValueError(f"pinned rows are a C-contiguous (n, ...) uint8 array; got {rows.dtype} {rows.shape}")
         start = rows.ctypes.data
         if self._find(start) is not None:
             return True  # already registered
         cudart = self._runtime()
-        error = on_own_thread(partial(cudart.cudaHostRegister, start, rows.nbytes, REGISTER_PORTABLE))
+        error = on_own_thread(partial(cudart.cudaHostRegister, start, rows.nbytes, REGISTER_PORTABLE), device)
         if error != 0:
             log.warning("could not register %d MB of rows as pinned memory (cudaError %d): they are copied into",
                         rows.nbytes >> 20, error)  # fmt: skip
             return False
-        region = Region(start, start + rows.nbytes, torch.from_numpy(rows), rows[0].nbytes)
-        i = bisect.bisect(self._starts, start)
-        self._starts.insert(i, start)
-        self._regions.insert(i, region)
+        region = Region(start, start + rows.nbytes, torch.from_numpy(rows), rows[0].nbytes, device)
+        self._swap([*self._index[1], region])
         return True
 
     def unpin(self, rows: np.ndarray) -> None:
         """Unregister `rows` (nothing where it is not registered). The caller makes sure no copy still writes it."""
         i = self._find(rows.ctypes.data)
-        if i is None or self._regions[i].start != rows.ctypes.data:
+        regions = self._index[1]
+        if i is None or regions[i].start != rows.ctypes.data:
             return
-        cudart, start = self._runtime(), self._starts.pop(i)
-        on_own_thread(partial(cudart.cudaHostUnregister, start))
-        del self._regions[i]
+        self._swap([region for j, region in enumerate(regions) if j != i])  # no place() finds it from now on
+        on_own_thread(partial(self._runtime().cudaHostUnregister, regions[i].start), regions[i].device)
 
     def close(self) -> None:
         """Unregister every array still registered."""
-        cudart = self._runtime()
-        for region in list(self._regions):
-            on_own_thread(partial(cudart.cudaHostUnregister, region.start))
-        self._regions.clear()
-        self._starts.clear()
+        regions = self._index[1]
+        self._swap([])
+        for region in regions:
+            on_own_thread(partial(self._runtime().cudaHostUnregister, region.start), region.device)
 
     def __bool__(self) -> bool:
-        return bool(self._regions)
+        return bool(self._index[1])
 
     def place(self, out: np.ndarray) -> Place | None:
         """Where `out`, a (1, C, h, w) uint8 view, is one whole row of a registered array; None where it is not."""
         start = out.__array_interface__["data"][0]
-        i = self._find(start)
-        if i is None:
+        starts, regions = self._index  # one snapshot: pin() or unpin() may swap it meanwhile
+        i = bisect.bisect(starts, start) - 1
+        if i < 0 or start >= regions[i].end:
             return None
-        region = self._regions[i]
+        region = regions[i]
         row, offset = divmod(start - region.start, region.row_bytes)
-        if offset or out.nbytes != region.row_bytes or out.dtype != np.uint8 or not out.flags.c_contiguous:
+        if offset or out.shape != (1, *region.rows.shape[1:]) or out.dtype != np.uint8 or not out.flags.c_contiguous:
             return None
         return Place(region, row)
 
     def _find(self, address: int) -> int | None:
-        i = bisect.bisect(self._starts, address) - 1
-        return i if i >= 0 and address < self._regions[i].end else None
+        starts, regions = self._index
+        i = bisect.bisect(starts, address) - 1
+        return i if i >= 0 and address < regions[i].end else None
+
+    def _swap(self, regions: list[Region]) -> None:
+        regions.sort(key=lambda region: region.start)
+        self._index = (tuple(region.start for region in regions), tuple(regions))
 
     def _runtime(self) -> Any:
         if self._cudart is None:
@@ -112,12 +118,18 @@ class PinnedRows:
         return self._cudart
 
 
-def on_own_thread(call: Callable[[], Any]) -> int:
-    """A CUDA runtime call's error code, the call made on a thread of its own: the runtime keeps a refusal as the
-    calling thread's last error, which torch's next kernel launch on that thread would read as its own
-    (C10_CUDA_KERNEL_LAUNCH_CHECK); this thread ends with it."""
+def on_own_thread(call: Callable[[], Any], device: int | None = None) -> int:
+    """A CUDA runtime call's error code, the call made on a thread of its own with `device` current (None: the
+    runtime's default): the runtime keeps a refusal as the calling thread's last error, which torch's next kernel
+    launch on that thread would read as its own (C10_CUDA_KERNEL_LAUNCH_CHECK); this thread ends with it. A fresh
+    thread's current device is 0, whose context a call made there would create on another GPU's host."""
     result: list[int] = []
-    thread = threading.Thread(target=lambda: result.append(int(call())), name="cuda-host-register")
+
+    def run() -> None:
+        with torch.cuda.device(device) if device is not None else contextlib.nullcontext():
+            result.append(int(call()))
+
+    thread = threading.Thread(target=run, name="cuda-host-register")
     thread.start()
     thread.join()
     return result[0] if result else -1

@@ -158,18 +158,38 @@ class FrontDoor:
         self.counter.cancel()
         await asyncio.gather(self.counter, return_exceptions=True)
         self._count()
-        if self.pinned:  # unregistered before C frees them, once no decoder batch can still write their rows
-            decoder = self.service.jpeg_decoder
-            assert isinstance(decoder, RowWritingDecoder)
-            await decoder.settled()
-            for rows in self.pinned:
-                decoder.unpin(rows)
+        if self.pinned and not await self._unpinned(timeout_s):
+            self.door.detach()
+            return  # a decoder batch may still write the buffers: the door left open (and pinned) for the process's end
         # Detached here, on the loop, where a batch that outlived the timeout may still answer: that answer then
         # finds the door gone, not freed under it. Freed on a thread: it joins the door's, up to one sweep's wait.
         await asyncio.to_thread(self.door.free, self.door.detach())
         for listener in self.listeners:
             listener.close()
         os.close(self.wake)
+
+    async def _unpinned(self, timeout_s: float) -> bool:
+        """The door's pinned buffers unregistered once no decoder batch can write their rows any more: bulks still
+        decoding after the drain are stopped (their requests answered 503), then every batch launched is waited
+        for. False, leaving them as they are, where the device is dead or that wait outlasts `timeout_s`: C must
+        not free a row the device may still write, and the process is ending."""
+        decoder = self.service.jpeg_decoder
+        assert isinstance(decoder, RowWritingDecoder)
+        if self.service.device_dead:
+            return False
+        for task in list(self.feeder.decoding):
+            task.cancel()  # each waits, in BulkImages.decode, for the launched batches that hold its rows
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.gather(*self.feeder.decoding, return_exceptions=True)
+                await decoder.settled()  # the batches of bulks that ended without waiting: none is launched now
+        except TimeoutError:
+            log.warning("front door: the GPU decoder's batches outlasted %.0f s; its buffers are left allocated",
+                        timeout_s)  # fmt: skip
+            return False
+        for rows in self.pinned:
+            decoder.unpin(rows)
+        return True
 
     async def _tend_forever(self) -> None:
         with contextlib.suppress(Exception):  # a failed start-up is the service's to report

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -209,6 +210,7 @@ def test_pinned_rows_get_the_pixels_of_a_copy_written_by_the_device_even_once_ca
         assert np.shares_memory(got, bulk[row]), f"upload {i}: not its own row"
         np.testing.assert_array_equal(got, want, err_msg=f"upload {i}")
     np.testing.assert_array_equal(cancelled_row, copies[0][0])
+    assert not bulk[[4, 7, 13]].any(), "a run's copy wrote past its rows"
 
 
 def test_the_hardware_decoder_called_directly_gives_torchvisions_pixels() -> None:
@@ -375,7 +377,8 @@ def test_jpeg_bodies_at_the_front_door_get_the_ports_answers(nvjpeg: str, priori
     assert _sample(exposition, 'cgserve_image_decodes_total{decoder="gpu"}') >= 2 * len(jpegs)
     log = (tmp_path / "server.log").read_text()
     assert "nvJPEG, batched, " + nvjpeg in log
-    assert "buffers pinned" in log and " 0 of its" not in log  # jpeg_pinned_rows: the device writes the rows
+    pinned = re.search(r"front door: (\d+) of its (\d+) buffers pinned", log)  # jpeg_pinned_rows: all of them
+    assert pinned is not None and int(pinned[1]) == int(pinned[2]) > 0, log[-2000:]
 
 
 def _sample(exposition: str, name: str) -> float:

@@ -11,6 +11,7 @@ import contextlib
 import io
 import sys
 import time
+import types
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -711,3 +712,65 @@ def load_garment() -> np.ndarray:
     from models.fashion_mnist import load_test_sample
 
     return load_test_sample()[0][0]  # (28, 28) uint8
+
+
+class UnpinningDecoder:
+    """A RowWritingDecoder that records what the door's stop asks of it; `settles` False: its batches never land."""
+
+    def __init__(self, settles: bool = True) -> None:
+        self.settles, self.calls = settles, []  # type: ignore[var-annotated]
+
+    def decode(self, data: Any, spec: Any, out: np.ndarray | None = None) -> Any:
+        raise AssertionError("not decoding here")
+
+    def close(self) -> None:
+        pass
+
+    def pin(self, rows: np.ndarray) -> bool:
+        return True
+
+    def unpin(self, rows: np.ndarray) -> None:
+        self.calls.append(("unpin", rows.shape[0]))
+
+    async def settled(self) -> None:
+        self.calls.append(("settled", None))
+        if not self.settles:
+            await asyncio.Event().wait()
+
+
+@pytest.mark.parametrize("case", ["settles", "device dead", "never settles"])
+def test_the_doors_stop_unpins_its_buffers_only_once_no_decode_can_write_them(case: str) -> None:
+    """FrontDoor.stop's last step: a bulk still decoding is stopped and awaited (it waits for its own launched
+    batches), then every launched batch; only then each pinned buffer is unregistered (then C frees them). With
+    the device dead, or batches that outlast the timeout, nothing is unregistered and the door is not freed."""
+    from app.front_door.server import FrontDoor
+
+    async def scenario() -> tuple[bool, list[Any], bool]:
+        decoder = UnpinningDecoder(settles=case != "never settles")
+        stopped = asyncio.Event()
+
+        async def decoding() -> None:
+            try:
+                await asyncio.Event().wait()
+            finally:
+                decoder.calls.append(("bulk stopped", None))
+                stopped.set()
+
+        task = asyncio.ensure_future(decoding())
+        await asyncio.sleep(0)
+        door = object.__new__(FrontDoor)
+        door.service = types.SimpleNamespace(jpeg_decoder=decoder, device_dead=case == "device dead")  # type: ignore[assignment]
+        door.feeder = types.SimpleNamespace(decoding={task})  # type: ignore[assignment]
+        door.pinned = [np.zeros((4, 1, 2, 2), np.uint8), np.zeros((5, 1, 2, 2), np.uint8)]
+        unpinned = await door._unpinned(0.2)
+        calls, bulk_stopped = list(decoder.calls), stopped.is_set()
+        task.cancel()
+        return unpinned, calls, bulk_stopped
+
+    unpinned, calls, bulk_stopped = asyncio.run(scenario())
+    if case == "settles":
+        assert unpinned and calls == [("bulk stopped", None), ("settled", None), ("unpin", 4), ("unpin", 5)]
+    elif case == "device dead":
+        assert not unpinned and calls == [] and not bulk_stopped
+    else:
+        assert not unpinned and calls == [("bulk stopped", None), ("settled", None)]

@@ -46,6 +46,7 @@ def test_a_row_of_a_pinned_array_is_found_and_anything_else_is_not() -> None:
     assert pinned.place(np.zeros((1, 3, 4, 5), np.uint8)) is None  # another array
     assert pinned.place(first[2:4]) is None  # two rows: not one row
     assert pinned.place(first.reshape(-1)[1:61].reshape(1, 3, 4, 5)) is None  # not on a row's start
+    assert pinned.place(first[2:3].reshape(1, 3, 5, 4)) is None  # a row's bytes in another shape
 
 
 def test_registering_is_done_on_a_thread_of_its_own_and_a_refusal_leaves_nothing_registered() -> None:
