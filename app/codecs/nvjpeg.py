@@ -7,7 +7,8 @@ launch thread has a state of its own (nvjpegJpegState_t) on a stream of its own,
 once, and nothing waits on the host for the decode: the caller orders its resize after it with an event.
 
     BatchDecoder.decode([k JPEG buffers], gray) →
-        per image (GIL held, a few calls each): parse its header, its size, whether the hardware takes it
+        per image: parse its header, its size, whether the hardware takes it (nvjpeg_headers.c's one call a
+            batch, the GIL released; or, with no C compiler, three ctypes calls an image, the GIL held)
         one (sum C·H·W) uint8 block on the device, allocated under the state's stream
         nvjpegDecodeBatched(the supported ones → planes of that block), on the state's stream (GIL released)
       → per image: a (C, H, W) view of the block, or why it was not decoded (UNSUPPORTED: the hardware
@@ -18,9 +19,10 @@ maps, so that no second copy of nvJPEG is needed. Only the hardware backend is u
 (NVJPEG_BACKEND_HARDWARE: A100, H100, H200 and their kin); where it is not available NvJpeg raises
 NvJpegError saying why, and the caller keeps torchvision's decoder.
 
-The per-image calls go through ctypes' PyDLL, which keeps the GIL: each is short, and giving the GIL
-back and taking it again per call makes a batch wait for the event loop's Python once an image. The
-batch's initialisation and decode go through CDLL, which releases it. What is done per image with the
+A batch's headers are read in one call into nvjpeg_headers.c (built once with cc: app/ops/c_library.py), through
+CDLL, which gives the GIL up for it. Where it cannot be built the per-image calls go through ctypes' PyDLL, which
+keeps the GIL: each is short, and giving the GIL back and taking it again per call makes a batch wait for the event
+loop's Python once an image. The batch's initialisation and decode go through CDLL too. What is done per image with the
 GIL held is kept to those calls; the rest is done once a batch (the descriptors as one array, a batch
 of one size's views in one call), since every launch thread's Python shares the one GIL with the loop.
 
@@ -33,13 +35,20 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import logging
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from app.ops.c_library import BuildError, built_library
+
+log = logging.getLogger(__name__)
 
 MAX_COMPONENTS = 4  # NVJPEG_MAX_COMPONENT
 BACKEND_HARDWARE = 3  # nvjpegBackend_t
@@ -63,6 +72,7 @@ UNSUPPORTED = "not a JPEG the hardware decoder takes (progressive, 4:1:1, more t
 ALIGN = 256
 # libnvjpeg.so.13, torchvision's libnvjpeg.36e11081.so.13; not libnvjpeg2k (JPEG 2000)
 LIBRARY_NAME = re.compile(r"^libnvjpeg[.-]")
+HEADERS_SOURCE = Path(__file__).with_name("nvjpeg_headers.c")
 
 
 class NvJpegError(RuntimeError):
@@ -139,6 +149,8 @@ class NvJpeg:
             lib.nvjpegDecodeBatched.argtypes = [p, p, ctypes.POINTER(p), ctypes.POINTER(sz), ctypes.POINTER(_Image), p]
             with contextlib.suppress(AttributeError):  # an older library: preallocate() says it has not the call
                 lib.nvjpegDecodeBatchedPreAllocate.argtypes = [p, p, i, i, i, i, i]
+        # nvjpeg_headers.c's loop, given this library's functions; None: the per-image calls through PyDLL
+        self.read_headers = headers_reader(released)
         handle = ctypes.c_void_p()
         status = held.nvjpegCreateEx(BACKEND_HARDWARE, None, None, 0, ctypes.byref(handle))
         _check(status, "handle creation on the hardware backend")
@@ -211,9 +223,48 @@ class BatchDecoder:
     def _decode(
         self, images: list[bytearray | memoryview], gray: bool
     ) -> tuple[list[torch.Tensor | str], torch.cuda.Event]:
-        held, handle = self.nvjpeg.library.held, self.nvjpeg.handle
         results: list[torch.Tensor | str] = [UNSUPPORTED] * len(images)
-        taken: list[tuple[int, int, int, int, int]] = []  # (index, address, length, height, width) to decode
+        if self.nvjpeg.read_headers is not None:
+            taken = self._headers_in_one_call(images, results)
+        else:
+            taken = self._headers_an_image_at_a_time(images, results)
+        # This state's last batch, waited for asleep (a blocking event) and only if not done: a wait gives the GIL up.
+        if self._previous is not None and not self._previous.query():  # type: ignore[no-untyped-call]
+            self._previous.synchronize()
+        done = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
+        try:
+            views = self._decode_taken(taken, gray) if taken else []
+        finally:  # failed or not, what it queued is waited for before the state is used again
+            done.record(self.stream)
+            self._previous = done
+        for (index, *_), view in zip(taken, views, strict=True):
+            results[index] = view
+        return results, done
+
+    def _headers_in_one_call(self, images: list[bytearray | memoryview], results: list[torch.Tensor | str]
+                             ) -> list[tuple[int, int, int, int, int]]:  # fmt: skip
+        """(index, address, length, height, width) of each image the hardware decodes, read by nvjpeg_headers.c in
+        one call with the GIL given up; a header that does not parse says why in `results`."""
+        k = len(images)
+        lengths = np.fromiter(map(len, images), np.uint64, k)
+        addresses = np.fromiter((first_byte(image) if len(image) else 0 for image in images), np.uint64, k)
+        statuses, widths, heights = np.empty(k, np.int32), np.empty(k, np.uint32), np.empty(k, np.uint32)
+        assert self.nvjpeg.read_headers is not None
+        self.nvjpeg.read_headers(self.nvjpeg.handle, self._parsed, k, addresses.ctypes.data, lengths.ctypes.data,
+                                 statuses.ctypes.data, widths.ctypes.data, heights.ctypes.data)  # fmt: skip
+        for index in np.flatnonzero(statuses > 0).tolist():  # < 0: parsed, the hardware does not take it
+            status = int(statuses[index])
+            results[index] = f"nvJPEG could not read its header: {STATUS_NAMES.get(status, status)}"
+        taken = np.flatnonzero(statuses == 0)
+        return list(zip(taken.tolist(), addresses[taken].tolist(), lengths[taken].tolist(), heights[taken].tolist(),
+                        widths[taken].tolist(), strict=True))  # fmt: skip
+
+    def _headers_an_image_at_a_time(self, images: list[bytearray | memoryview], results: list[torch.Tensor | str]
+                                    ) -> list[tuple[int, int, int, int, int]]:  # fmt: skip
+        """_headers_in_one_call's answer through three PyDLL calls an image, the GIL held: where nvjpeg_headers.c
+        could not be built."""
+        held, handle = self.nvjpeg.library.held, self.nvjpeg.handle
+        taken: list[tuple[int, int, int, int, int]] = []
         width, height, supported = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_int()
         by_width, by_height, by_supported = ctypes.byref(width), ctypes.byref(height), ctypes.byref(supported)
         parse, dimensions = held.nvjpegJpegStreamParseHeader, held.nvjpegJpegStreamGetFrameDimensions
@@ -230,18 +281,7 @@ class BatchDecoder:
             if supported.value != 0 or not width.value or not height.value:
                 continue  # UNSUPPORTED
             taken.append((index, address, length, height.value, width.value))
-        # This state's last batch, waited for asleep (a blocking event) and only if not done: a wait gives the GIL up.
-        if self._previous is not None and not self._previous.query():  # type: ignore[no-untyped-call]
-            self._previous.synchronize()
-        done = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
-        try:
-            views = self._decode_taken(taken, gray) if taken else []
-        finally:  # failed or not, what it queued is waited for before the state is used again
-            done.record(self.stream)
-            self._previous = done
-        for (index, *_), view in zip(taken, views, strict=True):
-            results[index] = view
-        return results, done
+        return taken
 
     def _decode_taken(self, taken: list[tuple[int, int, int, int, int]], gray: bool) -> list[torch.Tensor]:
         """The hardware's images, (index, address, length, height, width) each, decoded into one block on the
@@ -270,6 +310,24 @@ class BatchDecoder:
         )
         _check(status, f"batched decode of {k} images")
         return plane_views(block, offsets, shapes, channels)
+
+
+def headers_reader(released: ctypes.CDLL) -> Callable[..., None] | None:
+    """nvjpeg_headers.c's cg_read_headers bound to `released`'s nvJPEG functions: (handle, parsed, k, addresses,
+    lengths, statuses, widths, heights), the last five the addresses of (k,) uint64, uint64, int32, uint32, uint32
+    arrays. None where it cannot be built (logged): the caller reads headers an image at a time."""
+    try:
+        path = built_library("nvjpegheaders", (HEADERS_SOURCE,))
+    except (BuildError, OSError) as error:  # no compiler, or no cache directory it may write
+        log.info("JPEG headers are read an image at a time, holding the GIL: %s", error)
+        return None
+    helper = ctypes.CDLL(str(path)).cg_read_headers  # CDLL: the GIL given up for the call
+    p, i = ctypes.c_void_p, ctypes.c_int
+    helper.argtypes = [p, p, p, p, p, i, p, p, p, p, p]
+    helper.restype = None
+    names = ("nvjpegJpegStreamParseHeader", "nvjpegJpegStreamGetFrameDimensions", "nvjpegDecodeBatchedSupported")
+    functions = [ctypes.cast(getattr(released, name), p).value for name in names]
+    return partial(helper, *functions)
 
 
 # A batch's Python with the GIL held, written once a batch where it can be (bench/nvjpeg_batch_python.py times each

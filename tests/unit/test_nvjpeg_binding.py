@@ -95,11 +95,22 @@ class Event:
         pass
 
 
-@pytest.fixture
-def library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The stand-in's path; CUDA's stream, events and contexts stood in for, the block on the CPU."""
+@pytest.fixture(params=["headers in one call", "headers an image at a time"])
+def library(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The stand-in's path; CUDA's stream, events and contexts stood in for, the block on the CPU. Each test runs
+    with the headers read by nvjpeg_headers.c in one call, and as where it cannot be built (three PyDLL calls an
+    image)."""
     if shutil.which("cc") is None:
         pytest.skip("no C compiler to build the stand-in libnvjpeg")
+    one_call = request.param == "headers in one call"
+    reader = nvjpeg.headers_reader
+
+    def headers_reader(released: ctypes.CDLL) -> object:
+        found = reader(released) if one_call else None
+        assert (found is not None) == one_call, "nvjpeg_headers.c was not built here, where cc is"
+        return found
+
+    monkeypatch.setattr(nvjpeg, "headers_reader", headers_reader)
     source, built = tmp_path / "nvjpeg.c", tmp_path / "libnvjpeg.so.13"
     source.write_text(STAND_IN)
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(built), str(source)], check=True)
@@ -151,10 +162,13 @@ def test_grey_is_one_plane(library: str) -> None:
 
 
 def test_what_the_hardware_does_not_take_and_what_does_not_parse_are_said_so_in_place(library: str) -> None:
-    results = decode(library, [b"FAKE 3 3 1", b"not a jpeg", b"FAKE 2 2 0"])
+    results = decode(library, [b"FAKE 3 3 1", b"not a jpeg", b"FAKE 2 2 0", b"", b"FAKE 0 3 0", b"FAKE 4 1 0"])
     assert results[0] == UNSUPPORTED
     assert isinstance(results[1], str) and "could not read its header: bad JPEG" in results[1]
     assert isinstance(results[2], torch.Tensor) and (results[2][0] == 1).all()  # the batch's first decoded
+    assert isinstance(results[3], str) and "could not read its header" in results[3]  # empty
+    assert results[4] == UNSUPPORTED  # no pixels to decode
+    assert isinstance(results[5], torch.Tensor) and tuple(results[5].shape) == (3, 1, 4) and (results[5][0] == 11).all()
 
 
 def test_a_batch_the_library_fails_is_an_error_and_the_state_decodes_the_next(library: str) -> None:
@@ -204,3 +218,15 @@ def test_the_preallocation_setting_reads_as_a_photo_size_or_none() -> None:
     """CGSERVE_JPEG_PREALLOCATE (config.py's pattern has checked it): WIDTHxHEIGHT, or 0 for none."""
     assert photo_size("500x375") == (500, 375)
     assert photo_size("0") is None and photo_size("") is None
+
+
+def test_without_a_compiler_headers_are_read_an_image_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    """nvjpeg_headers.c unbuilt (nothing cached, no cc on PATH): no reader, said in the log, and the decoder reads
+    headers through PyDLL (the fixture's second parameter runs every test so)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CC", raising=False)
+    with caplog.at_level("INFO", logger="app.codecs.nvjpeg"):
+        assert nvjpeg.headers_reader(ctypes.CDLL(None)) is None
+    assert "an image at a time" in caplog.text and "no C compiler" in caplog.text
