@@ -2,9 +2,9 @@
 
 The front door's bulks are (MOST_ROWS, C, h, w) uint8 arrays that C fills with uploads; the GPU JPEG decoder writes
 each upload's pixels over its row. Copied out of the device into a pinned block of the decoder's own, every photo
-then cost a host copy into its row on the event loop (a quarter of the loop's samples in run 47's profile:
-bench/results/HISTORY.md). Registered once (cudaHostRegister), the rows themselves are what the device's copies
-write: a run of consecutive rows is one DMA, and no host copy is left.
+then cost a host copy into its row on the event loop, where every other request's Python waits its turn
+(bench/results/HISTORY.md, runs 47 and 48). Registered once (cudaHostRegister), the rows themselves are what the
+device's copies write: a run of consecutive rows is one DMA, and no host copy is left.
 
 A registered array's pages are locked for as long as it stays registered: all of it is resident from then on, not
 only the rows touched so far.
