@@ -309,9 +309,10 @@ class GpuJpegDecoder:
         a copy, and the others' into one pinned block of the group's."""
         placed: list[tuple[int, Place]] = []  # (group row, where its `out` is pinned)
         others: list[int] = []
+        find = self._pinned.place if self._pinned else None  # none pinned (the engine process): no look an image
         for row, (i, _) in enumerate(group):
             out = jobs[i].out
-            place = self._pinned.place(out) if out is not None and self._pinned else None
+            place = find(out) if find is not None and out is not None else None
             if place is not None and place.region.rows.shape[1:] == pixels.shape[1:]:
                 placed.append((row, place))
                 in_out.add(i)

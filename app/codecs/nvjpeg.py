@@ -224,8 +224,8 @@ class BatchDecoder:
         self, images: list[bytearray | memoryview], gray: bool
     ) -> tuple[list[torch.Tensor | str], torch.cuda.Event]:
         results: list[torch.Tensor | str] = [UNSUPPORTED] * len(images)
-        if self.nvjpeg.read_headers is not None:
-            taken = self._headers_in_one_call(images, results)
+        if (read := self.nvjpeg.read_headers) is not None:
+            taken = self._headers_in_one_call(read, images, results)
         else:
             taken = self._headers_an_image_at_a_time(images, results)
         # This state's last batch, waited for asleep (a blocking event) and only if not done: a wait gives the GIL up.
@@ -241,17 +241,19 @@ class BatchDecoder:
             results[index] = view
         return results, done
 
-    def _headers_in_one_call(self, images: list[bytearray | memoryview], results: list[torch.Tensor | str]
-                             ) -> list[tuple[int, int, int, int, int]]:  # fmt: skip
-        """(index, address, length, height, width) of each image the hardware decodes, read by nvjpeg_headers.c in
-        one call with the GIL given up; a header that does not parse says why in `results`."""
+    def _headers_in_one_call(self, read: Callable[..., None], images: list[bytearray | memoryview],
+                             results: list[torch.Tensor | str]) -> list[tuple[int, int, int, int, int]]:  # fmt: skip
+        """(index, address, length, height, width) of each image the hardware decodes, read by nvjpeg_headers.c
+        (`read`: headers_reader's) in one call with the GIL given up; a header that does not parse says why in
+        `results`."""
         k = len(images)
-        lengths = np.fromiter(map(len, images), np.uint64, k)
-        addresses = np.fromiter((first_byte(image) if len(image) else 0 for image in images), np.uint64, k)
+        sizes = [len(image) for image in images]
+        lengths = np.array(sizes, np.uint64)
+        addresses = np.fromiter((first_byte(image) if n else 0 for image, n in zip(images, sizes, strict=True)),
+                                np.uint64, k)  # fmt: skip
         statuses, widths, heights = np.empty(k, np.int32), np.empty(k, np.uint32), np.empty(k, np.uint32)
-        assert self.nvjpeg.read_headers is not None
-        self.nvjpeg.read_headers(self.nvjpeg.handle, self._parsed, k, addresses.ctypes.data, lengths.ctypes.data,
-                                 statuses.ctypes.data, widths.ctypes.data, heights.ctypes.data)  # fmt: skip
+        read(self.nvjpeg.handle, self._parsed, k, addresses.ctypes.data, lengths.ctypes.data, statuses.ctypes.data,
+             widths.ctypes.data, heights.ctypes.data)  # fmt: skip
         for index in np.flatnonzero(statuses > 0).tolist():  # < 0: parsed, the hardware does not take it
             status = int(statuses[index])
             results[index] = f"nvJPEG could not read its header: {STATUS_NAMES.get(status, status)}"
