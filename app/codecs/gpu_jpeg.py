@@ -155,6 +155,7 @@ class GpuJpegDecoder:
         self._waiter = EventWaiter("gpu-jpeg-event-waiter")
         self._pending: list[_Job] = []
         self._pinned = PinnedRows()  # the callers' arrays whose rows the device writes directly
+        self._pinned_abandoned = False  # abandon_pinned(): close() leaves them, and waits for nothing
         # One a batch, from its collection until no copy of it can write an `out` any more (settled()).
         self._unsettled: set[asyncio.Future[None]] = set()
         self._arrived = asyncio.Event()
@@ -178,6 +179,11 @@ class GpuJpegDecoder:
         """Unregister `rows`, once `settled()`: no copy writes them any more."""
         self._pinned.unpin(rows)
 
+    def abandon_pinned(self) -> None:
+        """Leave every pinned array registered, and `close` wait for neither the launches nor the stream: a batch
+        outlasted the caller's wait for it (a device that does not answer), and the process is ending."""
+        self._pinned_abandoned = True
+
     async def settled(self) -> None:
         """Once every batch launched so far is done with its `out`s: a pinned row given to a decode since cancelled
         may still be written until then."""
@@ -189,7 +195,8 @@ class GpuJpegDecoder:
     ) -> asyncio.Future[np.ndarray]:
         """A JPEG → the future of its (1, C, h, w) uint8 pixels per the spec's [preprocess]; GpuDecodeError
         if nvJPEG refused it. A future, not a coroutine: the engine process answers from its callback,
-        with no task an upload. Cancelling it leaves `out` unwritten.
+        with no task an upload. Cancelled, its `out` is not written by the hand-back; a pinned `out` whose batch
+        was launched is still written by the device (`settled()` says when that is over).
 
         `data` is read until the decode is launched (and held until the future is done); a bytearray or
         writable memoryview is read in place (an inline body, the worker's segment in the engine process),
@@ -204,15 +211,17 @@ class GpuJpegDecoder:
 
     def close(self) -> None:
         """Stop. Uploads queued or in a batch not yet handed back get 503 (the server is stopping); a
-        launch already on its thread finishes first."""
+        launch already on its thread finishes first, and the device's copies into pinned rows (after
+        abandon_pinned, nothing is waited for: a launch may still be on its thread, with its state)."""
         if self._collector is not None:
             self._collector.cancel()
         _fail(self._pending, _closed())
         self._pending.clear()
         for task in self._batches:  # each fails its own uploads when its cancellation reaches it
             task.cancel()
-        self._worker.shutdown(wait=True, cancel_futures=True)
-        if self._pinned:  # what the launches queued, copies into pinned rows among it, is done before they go
+        waits = not self._pinned_abandoned
+        self._worker.shutdown(wait=waits, cancel_futures=True)
+        if self._pinned and waits:  # what the launches queued, copies into pinned rows among it, is done first
             with torch.cuda.device(self.device):
                 self._stream.synchronize()
             self._pinned.close()
@@ -220,7 +229,7 @@ class GpuJpegDecoder:
             settled.set_result(None)
         self._unsettled.clear()
         self._waiter.close()
-        if self._nvjpeg is not None:  # every launch has returned its state: destroy them, then the handle
+        if self._nvjpeg is not None and waits:  # every launch has returned its state: destroy them, then the handle
             self._nvjpeg.close()
             self._nvjpeg = self._direct = None
 
@@ -309,7 +318,7 @@ class GpuJpegDecoder:
         a copy, and the others' into one pinned block of the group's."""
         placed: list[tuple[int, Place]] = []  # (group row, where its `out` is pinned)
         others: list[int] = []
-        find = self._pinned.place if self._pinned else None  # none pinned (the engine process): no look an image
+        find = self._pinned.place if self._pinned else None  # none pinned (no front door here): no look an image
         for row, (i, _) in enumerate(group):
             out = jobs[i].out
             place = find(out) if find is not None and out is not None else None
@@ -385,7 +394,7 @@ class GpuJpegDecoder:
         metrics.GPU_JPEG_BATCH_SECONDS.observe(completed - launched.started)
         refused = "; ".join(launched.errors)
         for i, (job, host) in enumerate(zip(launched.jobs, launched.hosts, strict=True)):
-            if job.future.done():  # cancelled meanwhile: its `out` is not written (the worker may be gone)
+            if job.future.done():  # cancelled meanwhile: nothing is copied into its `out` (the worker may be gone)
                 continue
             if i in launched.in_out:  # the device wrote it
                 job.future.set_result(job.out)  # type: ignore[arg-type]

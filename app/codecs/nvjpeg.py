@@ -234,9 +234,13 @@ class BatchDecoder:
         done = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
         try:
             views = self._decode_taken(taken, gray) if taken else []
-        finally:  # failed or not, what it queued is waited for before the state is used again
+        except BaseException:  # what it queued may still read `images`, which the caller reuses once it hears
             done.record(self.stream)
             self._previous = done
+            done.synchronize()  # an error's path: the wait is worth the order
+            raise
+        done.record(self.stream)  # the next batch on this state waits for it
+        self._previous = done
         for (index, *_), view in zip(taken, views, strict=True):
             results[index] = view
         return results, done
@@ -320,10 +324,11 @@ def headers_reader(released: ctypes.CDLL) -> Callable[..., None] | None:
     arrays. None where it cannot be built (logged): the caller reads headers an image at a time."""
     try:
         path = built_library("nvjpegheaders", (HEADERS_SOURCE,))
-    except (BuildError, OSError) as error:  # no compiler, or no cache directory it may write
+        helper = ctypes.CDLL(str(path)).cg_read_headers  # CDLL: the GIL given up for the call
+    except (BuildError, OSError, AttributeError) as error:  # no compiler, no cache directory it may write, a cached
+        # file that does not load (a noexec mount) or lacks the function: the loop, not the direct decoder, is lost
         log.info("JPEG headers are read an image at a time, holding the GIL: %s", error)
         return None
-    helper = ctypes.CDLL(str(path)).cg_read_headers  # CDLL: the GIL given up for the call
     p, i = ctypes.c_void_p, ctypes.c_int
     helper.argtypes = [p, p, p, p, p, i, p, p, p, p, p]
     helper.restype = None

@@ -78,6 +78,11 @@ class RowWritingDecoder(JpegBatchDecoder, Protocol):
         """Once no batch launched so far can still write an `out` (one whose decode was cancelled among them)."""
         ...
 
+    def abandon_pinned(self) -> None:
+        """The pinned arrays stay registered and their copies unwaited for, `close` too: a launched batch outlasted
+        the caller's wait for it (a device that does not answer), and the process is ending."""
+        ...
+
 
 class Uploads(Protocol):
     """Encoded images that go to their batcher undecoded, to be decoded where it runs."""

@@ -96,11 +96,12 @@ class Feeder:
         self.decoding: set[asyncio.Task[None]] = set()  # bulks whose uploads are being decoded
         self.unstarted: set[int] = set()  # taken bulks' buffers whose uploads are not yet given to the decoder
         self._answers: tuple[ServedModel, Answers, V2Headers] | None = None  # the default model's, rebuilt on a change
+        self.closed = False  # close(): no bulk is taken any more
 
     def pump(self) -> None:
         """Take bulks while fewer than in_flight are out (a partial one, while another is out, at the batcher's
         launch moment), and one holding JPEGs whenever the GPU decoder has caught up; while the door has a buffer."""
-        while True:
+        while not self.closed:
             rows, jpegs = self.door.waiting()
             if not rows:
                 return
@@ -111,6 +112,13 @@ class Feeder:
             if bulk is None:
                 return
             self._queue(bulk)
+
+    def close(self) -> None:
+        """Take no bulk from now on (the door is stopping, its drain over): what was taken is still answered."""
+        self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
     def _decoder_caught_up(self) -> bool:
         """The GPU decoder has taken every upload it was given into a launch, and no bulk taken is yet to give it

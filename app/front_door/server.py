@@ -155,10 +155,11 @@ class FrontDoor:
             self.feeder.pump()
             await asyncio.sleep(DRAIN_POLL_S)
         asyncio.get_running_loop().remove_reader(self.wake)
+        self.feeder.close()  # no bulk is taken from here on: none can start a decode while the buffers are unpinned
         self.counter.cancel()
         await asyncio.gather(self.counter, return_exceptions=True)
         self._count()
-        if self.pinned and not await self._unpinned(timeout_s):
+        if self.pinned and not await self._unpinned(max(0.0, latest - time.monotonic())):
             self.door.detach()
             return  # a decoder batch may still write the buffers: the door left open (and pinned) for the process's end
         # Detached here, on the loop, where a batch that outlived the timeout may still answer: that answer then
@@ -170,25 +171,29 @@ class FrontDoor:
 
     async def _unpinned(self, timeout_s: float) -> bool:
         """The door's pinned buffers unregistered once no decoder batch can write their rows any more: bulks still
-        decoding after the drain are stopped (their requests answered 503), then every batch launched is waited
-        for. False, leaving them as they are, where the device is dead or that wait outlasts `timeout_s`: C must
-        not free a row the device may still write, and the process is ending."""
+        decoding after the drain are stopped (their requests answered 503; the feeder, closed, takes no other),
+        then every batch launched is waited for. False where the device is dead or that wait outlasts `timeout_s`:
+        C must not free a row the device may still write, so the buffers are left as they are (the decoder told
+        to leave them too) for the process's end."""
         decoder = self.service.jpeg_decoder
         assert isinstance(decoder, RowWritingDecoder)
         if self.service.device_dead:
             return False
-        for task in list(self.feeder.decoding):
-            task.cancel()  # each waits, in BulkImages.decode, for the launched batches that hold its rows
         try:
             async with asyncio.timeout(timeout_s):
-                await asyncio.gather(*self.feeder.decoding, return_exceptions=True)
+                while self.feeder.decoding:  # each waits, in BulkImages.decode, for the launched batches with its rows
+                    stopping = list(self.feeder.decoding)
+                    for task in stopping:
+                        task.cancel()
+                    await asyncio.gather(*stopping, return_exceptions=True)
                 await decoder.settled()  # the batches of bulks that ended without waiting: none is launched now
         except TimeoutError:
-            log.warning("front door: the GPU decoder's batches outlasted %.0f s; its buffers are left allocated",
-                        timeout_s)  # fmt: skip
+            log.warning("front door: the GPU decoder's batches outlasted the shutdown timeout; its buffers are left "
+                        "allocated")  # fmt: skip
+            decoder.abandon_pinned()
             return False
         for rows in self.pinned:
-            decoder.unpin(rows)
+            await asyncio.to_thread(decoder.unpin, rows)  # a CUDA call that can wait: off the loop
         return True
 
     async def _tend_forever(self) -> None:

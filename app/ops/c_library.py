@@ -1,9 +1,9 @@
 """C sources built once into a shared library with the system's compiler, cached under their hash.
 
 Built at first use, as torch inductor builds its C++ kernels, into ~/.cache/cgserve under a name holding the
-sources' hash (a changed source is built again) and moved into place whole, so that processes starting together
-never load a half-written file. Used for the front door (app/front_door/library.py) and the direct nvJPEG
-decoder's header loop (app/codecs/nvjpeg.py).
+hash of the sources, the compiler's name, the flags and the libraries (a change to any is built again), and moved
+into place whole, so that processes starting together never load a half-written file. Used for the front door
+(app/front_door/library.py) and the direct nvJPEG decoder's header loop (app/codecs/nvjpeg.py).
 """
 
 from __future__ import annotations
@@ -28,9 +28,11 @@ def built_library(stem: str, sources: Sequence[Path], *, headers: Sequence[Path]
     """The library `stem`-<hash>.so built from `sources` (and `headers`, which they include) with `libraries`
     linked, from the cache where it is there. BuildError where there is no compiler (`no_compiler` says what to do)
     or it fails (`hint(stderr)` adds what to install)."""
-    source = b"".join(path.read_bytes() for path in (*sources, *headers))
+    # What makes the library: the sources, and how they are built (another flag or library is another build).
+    recipe = b"".join(path.read_bytes() for path in (*sources, *headers))
+    recipe += "\0".join((os.environ.get("CC", "cc"), *FLAGS, *libraries)).encode()
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cgserve"
-    built = cache / f"{stem}-{hashlib.sha256(source).hexdigest()[:16]}.so"
+    built = cache / f"{stem}-{hashlib.sha256(recipe).hexdigest()[:16]}.so"
     if built.is_file():
         return built
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")

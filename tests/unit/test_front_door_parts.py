@@ -643,6 +643,9 @@ class RowWritingHeldDecoder(HeldDecoder):
             assert self.landed is not None
             await self.landed.wait()
 
+    def abandon_pinned(self) -> None:
+        raise AssertionError("not stopping the door here")
+
 
 def test_a_bulk_stopped_while_a_launched_batch_may_write_its_rows_keeps_its_buffer_until_that_batch_lands() -> None:
     """Three JPEGs launched onto a device that writes their pinned rows directly; the bulk's decoding cancelled (the
@@ -737,6 +740,9 @@ class UnpinningDecoder:
         if not self.settles:
             await asyncio.Event().wait()
 
+    def abandon_pinned(self) -> None:
+        self.calls.append(("abandon", None))
+
 
 @pytest.mark.parametrize("case", ["settles", "device dead", "never settles"])
 def test_the_doors_stop_unpins_its_buffers_only_once_no_decode_can_write_them(case: str) -> None:
@@ -761,6 +767,7 @@ def test_the_doors_stop_unpins_its_buffers_only_once_no_decode_can_write_them(ca
         door = object.__new__(FrontDoor)
         door.service = types.SimpleNamespace(jpeg_decoder=decoder, device_dead=case == "device dead")  # type: ignore[assignment]
         door.feeder = types.SimpleNamespace(decoding={task})  # type: ignore[assignment]
+        task.add_done_callback(door.feeder.decoding.discard)  # as Feeder._decoded does
         door.pinned = [np.zeros((4, 1, 2, 2), np.uint8), np.zeros((5, 1, 2, 2), np.uint8)]
         unpinned = await door._unpinned(0.2)
         calls, bulk_stopped = list(decoder.calls), stopped.is_set()
@@ -773,4 +780,64 @@ def test_the_doors_stop_unpins_its_buffers_only_once_no_decode_can_write_them(ca
     elif case == "device dead":
         assert not unpinned and calls == [] and not bulk_stopped
     else:
-        assert not unpinned and calls == [("bulk stopped", None), ("settled", None)]
+        assert not unpinned and calls == [("bulk stopped", None), ("settled", None), ("abandon", None)]
+
+
+class UnpinRecordingDecoder(HeldDecoder):
+    """A HeldDecoder that records, at each unpin, how many of its decodes are still live."""
+
+    def __init__(self, pixels: np.ndarray) -> None:
+        super().__init__(pixels)
+        self.calls: list[str] = []
+
+    def pin(self, rows: np.ndarray) -> bool:
+        return True
+
+    def unpin(self, rows: np.ndarray) -> None:
+        self.calls.append(f"unpin with {sum(not future.done() for future, _ in self.waiting)} live decodes")
+
+    async def settled(self) -> None:
+        self.calls.append("settled")
+
+    def abandon_pinned(self) -> None:
+        self.calls.append("abandon")
+
+
+def test_the_doors_stop_takes_no_bulk_while_it_unpins() -> None:
+    """Two bulks of JPEGs, the second held in C by in_flight 1. The door's stop closes the feeder, then stops the
+    bulk still decoding: that bulk's end, which pumps, takes no other (its decodes would be given to the decoder
+    after the stop had waited for the launched batches), and no decode is live when the buffers are unpinned."""
+    from app.front_door.feeder import Feeder
+    from app.front_door.images import BulkImages
+    from app.front_door.server import FrontDoor
+
+    async def scenario() -> tuple[bool, list[str], int, int]:
+        service = Service(Settings(model_repository=DEFAULT_REPOSITORY, device="cpu", grpc_port=0, in_flight=1))
+        service.start()
+        await service.wait_started()
+        try:
+            garment = load_garment()
+            jpeg = garment_file(garment, "JPEG")
+            door = StandInDoor((1, 28, 28))
+            for _ in range(2):
+                door.bulks.append(uploads_bulk([jpeg, jpeg], [JPEG, JPEG], garment[None]))
+            decoder = UnpinRecordingDecoder(garment[None, None])
+            feeder = Feeder(door, service, (1, 28, 28), service.settings)  # type: ignore[arg-type]
+            feeder.images = BulkImages(decoder, 0, caught_up=feeder.pump)
+            feeder.pump()
+            for _ in range(5):
+                await asyncio.sleep(0)
+            assert door.taken == 1 and len(decoder.waiting) == 2  # the second bulk held back by in_flight 1
+            front = object.__new__(FrontDoor)
+            front.service = types.SimpleNamespace(jpeg_decoder=decoder, device_dead=False)  # type: ignore[assignment]
+            front.feeder, front.pinned = feeder, [np.zeros((4, 1, 28, 28), np.uint8)]
+            feeder.close()  # as FrontDoor.stop does once its drain is over
+            unpinned = await front._unpinned(1.0)
+            return unpinned, decoder.calls, door.taken, len(feeder.decoding)
+        finally:
+            await service.stop()
+
+    unpinned, calls, taken, decoding = asyncio.run(scenario())
+    assert unpinned and taken == 1 and decoding == 0
+    # The stopped bulk waits for its launched batches (BulkImages.decode), then the stop for every batch.
+    assert calls == ["settled", "settled", "unpin with 0 live decodes"]

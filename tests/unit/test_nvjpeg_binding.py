@@ -83,7 +83,7 @@ int nvjpegDecodeBatched(void *handle, void *state, const unsigned char *const *d
 
 class Event:
     def __init__(self, blocking: bool = False) -> None:
-        self.recorded = 0
+        self.recorded = self.synchronized = 0
 
     def record(self, stream: object) -> None:
         self.recorded += 1
@@ -92,7 +92,7 @@ class Event:
         return True
 
     def synchronize(self) -> None:
-        pass
+        self.synchronized += 1
 
 
 @pytest.fixture(params=["headers in one call", "headers an image at a time"])
@@ -175,6 +175,8 @@ def test_a_batch_the_library_fails_is_an_error_and_the_state_decodes_the_next(li
     decoder = NvJpeg(library).decoder(torch.device("cpu"))
     with pytest.raises(NvJpegError, match="execution failed"):
         decoder.decode([bytearray(b"FAKE 2 2 0"), bytearray(b"FAKE 9 9 0")], gray=False)
+    # Waited for before it raised: what it queued may read the images, which the caller reuses once it hears.
+    assert decoder._previous is not None and decoder._previous.synchronized == 1  # type: ignore[attr-defined]
     results, _ = decoder.decode([bytearray(b"FAKE 2 2 0")], gray=False)
     assert isinstance(results[0], torch.Tensor) and (results[0] == torch.tensor(1, dtype=torch.uint8)).any()
 
@@ -230,3 +232,13 @@ def test_without_a_compiler_headers_are_read_an_image_at_a_time(tmp_path: Path, 
     with caplog.at_level("INFO", logger="app.codecs.nvjpeg"):
         assert nvjpeg.headers_reader(ctypes.CDLL(None)) is None
     assert "an image at a time" in caplog.text and "no C compiler" in caplog.text
+
+
+def test_a_cached_header_library_that_does_not_load_costs_the_one_call_not_the_decoder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A cached nvjpeg_headers library that does not load (a noexec cache mount, a file cut short): no reader, so the
+    decoder reads headers an image at a time, where the OSError would have turned the whole direct decoder off."""
+    broken = tmp_path / "nvjpegheaders-0123456789abcdef.so"
+    broken.write_bytes(b"not a shared library")
+    monkeypatch.setattr(nvjpeg, "built_library", lambda *args, **kwargs: broken)
+    assert nvjpeg.headers_reader(ctypes.CDLL(None)) is None
