@@ -97,8 +97,9 @@ class Settings(BaseSettings):
         ge=0,
         le=65535,
         description="A second HTTP port, served by C threads in the process that runs the engines, for the one "
-        "request most clients send: one image's uint8 pixels for the default model, as POST /predict's raw body "
-        "or as the v2 infer's one UINT8 binary tensor (Triton's clients, perf_analyzer), with the v2 metadata "
+        "request most clients send: one image's uint8 pixels, as POST /predict's raw body (the default model) "
+        "or as the v2 infer's one UINT8 binary tensor of any model that takes the default model's images "
+        "(Triton's clients, perf_analyzer), with the v2 metadata "
         "GETs (app/front_door/). Every other request gets a 4xx there and goes to port. Plain HTTP; 0: off.",
     )
     front_door_grpc_port: int = Field(
@@ -106,9 +107,9 @@ class Settings(BaseSettings):
         ge=0,
         le=65535,
         description="gRPC (HTTP/2 without TLS) on the front door's C threads, where front_door_port is set: "
-        "ModelInfer of the default model with one image's uint8 pixels as its one raw_input_contents entry, and "
-        "the model's metadata, configuration and readiness calls a client makes first. Every other call is "
-        "UNIMPLEMENTED there and goes to grpc_port. 0: off.",
+        "ModelInfer with one image's uint8 pixels as its one raw_input_contents entry (any model that takes the "
+        "default model's images), and the models' metadata, configuration and readiness calls a client makes "
+        "first. Every other call is UNIMPLEMENTED there and goes to grpc_port. 0: off.",
     )
     front_door_threads: int = Field(4, ge=1, le=64, description="C threads serving front_door_port.")
     front_door_library: Path | None = Field(

@@ -1,5 +1,5 @@
 """The front door: a second HTTP port (and a gRPC one), served in C, for one image's uint8 pixels to the default
-model.
+model, or to any other model of its images that a v2 infer or a gRPC call names.
 
     client ── POST /predict (raw uint8) ────▶ door.c: N epoll threads parse, check the token, copy the
       or POST /predict (a JPEG or PNG body)   pixels (an upload's bytes) into a bulk (a v2 request's JSON
@@ -11,8 +11,8 @@ model.
                                                      ▼
                                               feeder.py on the event loop: takes the bulk (rows read in
                                               place), decodes its uploads over their rows (images.py), checks
-                                              its v2 and gRPC headers, queues it on the model's Batcher a
-                                              bucket at a time
+                                              its v2 and gRPC headers, queues each model's rows (models.py)
+                                              on that model's Batcher a bucket at a time
                                                      │ the batch's future
                                                      ▼
     client ◀── the service's own answer ───── the connection's own thread writes each answer (gRPC's:
@@ -27,7 +27,7 @@ with a no-op, where this design, with Python's work per bulk, reached 0.72×
 
 It runs in the process that holds the engines (the server with one worker, or the engine process), so
 that one batcher sees every request, and only where front_door_port is set. Everything else (other
-routes and models, JSON, v2's JSON tensors, FP32 or encoded v2 images, multipart, chunked bodies, TLS)
+routes, models of other images, JSON, v2's JSON tensors, FP32 or encoded v2 images, multipart, chunked bodies, TLS)
 is the service's ports': the door answers it a 4xx, or a gRPC status, that says so. It keeps its own limits
 (door.c's and grpc.c's headers) and counts into the same metrics, under protocol "door" (format "raw",
 "image", "v2-binary" or "grpc"). A JPEG or PNG body of at most one row's bytes is taken too and decoded as

@@ -1,6 +1,6 @@
 /* The front door: HTTP/1.1 in C threads for the one request shape that is most of real traffic, one image's
- * uint8 pixels: POST /predict with them as the body, or the default model's v2 infer with them as the one
- * UINT8 tensor of the binary tensor extension, after its JSON inference header (app/front_door/__init__.py
+ * uint8 pixels: POST /predict with them as the body, or a model's v2 infer with them as the one UINT8 tensor of
+ * the binary tensor extension, after its JSON inference header (app/front_door/__init__.py
  * says why and where); and POST /predict with a JPEG or PNG as the body, at most one image's pixels in bytes, put
  * at the start of its row for Python to decode over it (jpeg_for_gpu says which nvJPEG takes).
  *
@@ -24,7 +24,7 @@
  * Content-Length, and grpc.c's messages share `max_held_bytes` (503 before the body is read); where
  * `tokens` are set, a request without one of them gets 401 before its pixels are copied (before they
  * are sent, where it asks `Expect: 100-continue`). A request whose client then closes its sending side is still
- * answered. A few GETs (the v2 metadata, configuration and health of the default model, which a v2
+ * answered. A few GETs (the v2 metadata, configuration and health of the models it serves, which a v2
  * client reads from the address it then sends its inferences to) get the answers Python set last.
  * fd_drain stops accepting: from then on each answer says `connection: close` and closes its
  * connection (an answer built before it began does not close its connection). Every other request (route,
@@ -73,11 +73,11 @@ static int refuse(door_t *d, int fd, int which, const char *code, const char *me
         "Content Too Large", "Unsupported Media Type", "Unprocessable Content", "Request Header Fields Too Large",
         "Service Unavailable"};
     static const char expected[] = "one image's uint8 pixels (%d bytes): POST /predict with Content-Type "
-                                   "application/octet-stream and the pixels as the body, or POST %s with them as the "
-                                   "one UINT8 input of the binary tensor extension; every other request goes to the "
-                                   "service's HTTP port";
+                                   "application/octet-stream and the pixels as the body, or POST "
+                                   "/v2/models/<model>/infer with them as the one UINT8 input of the binary tensor "
+                                   "extension; every other request goes to the service's HTTP port";
     char wanted[512], body[1024], text[1536];
-    snprintf(wanted, sizeof wanted, expected, d->row_bytes, d->v2_path);
+    snprintf(wanted, sizeof wanted, expected, d->row_bytes);
     int body_len = v2 ? snprintf(body, sizeof body, "{\"error\":\"%s; expected %s\"}", message, wanted)
                       : snprintf(body, sizeof body,
                                  "{\"error\":{\"code\":\"%s\",\"message\":\"%s\",\"expected\":\"%s\"}}", code,
@@ -270,17 +270,51 @@ static int media_is(const char *value, size_t len, const char *media) {
     return value && len >= n && strncasecmp(value, media, n) == 0 && (len == n || value[n] == ';' || value[n] == ' ');
 }
 
+/* How many bytes at `p` (of `n`) a model's name or version spans, as the repository names them (app/repository's
+ * _NAME): a letter or digit, then letters, digits, '_', '.' and '-'. */
+static size_t name_length(const char *p, size_t n) {
+    size_t i = 0;
+    for (; i < n; i++) {
+        char ch = p[i];
+        int alnum = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9');
+        if (!alnum && !(i && (ch == '_' || ch == '.' || ch == '-'))) break;
+    }
+    return i;
+}
+
+/* Whether `path` is a v2 infer, /v2/models/<name>[/versions/<version>]/infer, and then where its model is: the part
+ * between "/v2/models/" and "/infer", at *off from `path`, *len bytes. Python looks the model up; a name the
+ * repository could not hold (percent-encoded, say) is not one, and is the service's port's. */
+static int v2_infer_model(const char *path, size_t path_len, size_t *off, size_t *len) {
+    static const char models[] = "/v2/models/", versions[] = "/versions/", infer[] = "/infer";
+    size_t start = sizeof models - 1, i;
+    if (path_len <= start || memcmp(path, models, start) != 0) return 0;
+    i = start + name_length(path + start, path_len - start);
+    if (i == start) return 0;
+    if (path_len - i > sizeof versions - 1 && memcmp(path + i, versions, sizeof versions - 1) == 0) {
+        size_t version = i + sizeof versions - 1, n = name_length(path + version, path_len - version);
+        if (!n) return 0;
+        i = version + n;
+    }
+    if (path_len - i != sizeof infer - 1 || memcmp(path + i, infer, sizeof infer - 1) != 0) return 0;
+    *off = start;
+    *len = i - start;
+    return 1;
+}
+
 /* What the head asks for, checked before its body is needed: the route, the token, and the body's form and
- * length. Taken (`which` < 0): *header_len is the v2 request's JSON header's length (0 for POST /predict), *image
- * whether its body is an encoded image. */
+ * length. Taken (`which` < 0): *header_len is the v2 request's JSON header's length (0 for POST /predict) and
+ * *model_off, *model_len where its model is in `buf` (v2_infer_model), *image whether its body is an encoded image. */
 static refusal_t check_head(door_t *d, const char *buf, size_t head_len, size_t body_len, size_t *header_len,
-                            int *image) {
+                            size_t *model_off, size_t *model_len, int *image) {
     size_t value_len = 0;
     size_t path_len = 0;
     const char *path = target(buf, head_len, 4, &path_len); /* POST */
-    int v2 = same(path, path_len, d->v2_path, d->v2_path_len);
+    int v2 = v2_infer_model(path, path_len, model_off, model_len);
     if (!v2 && !same(path, path_len, d->path, d->path_len))
-        return (refusal_t){R404, "not_found", "the front door serves only the two routes expected, no query", ""};
+        return (refusal_t){R404, "not_found",
+                           "the front door serves POST /predict and POST /v2/models/<model>/infer, no query", ""};
+    if (v2) *model_off += (size_t)(path - buf);
     if (d->n_tokens) {
         const char *auth = find_header(buf, head_len, "authorization:", &value_len);
         if (!auth || !token_ok(d, auth, value_len))
@@ -299,7 +333,7 @@ static refusal_t check_head(door_t *d, const char *buf, size_t head_len, size_t 
         if (n == 0) /* else its row would pass for a POST /predict's */
             return (refusal_t){R422, "invalid_input",
                                "the Inference-Header-Content-Length is 0: the JSON inference header comes first", ""};
-        if (n > MAX_V2_HEADER)
+        if ((size_t)n + *model_len + 1 > MAX_V2_HEADER) /* its model and a newline go before it (add_row) */
             return (refusal_t){R431, "header_too_large", "the inference header is over 4 KiB", ""};
         if (body_len != (size_t)n + (size_t)d->row_bytes)
             return (refusal_t){R422, "invalid_input", "the binary section is not one image's uint8 pixels", ""};
@@ -396,7 +430,8 @@ static int answer_get(door_t *d, int fd, const char *buf, size_t head_len, int c
     if (found < 0)
         return refuse(d, fd, R401, "unauthorized", "the bearer token is missing or not one of the inference tokens",
                       "www-authenticate: Bearer\r\n", closing, v2);
-    int post_route = same(path, path_len, d->path, d->path_len) || same(path, path_len, d->v2_path, d->v2_path_len);
+    size_t model_off, model_len;
+    int post_route = same(path, path_len, d->path, d->path_len) || v2_infer_model(path, path_len, &model_off, &model_len);
     if (!found && post_route) { /* as a wrong method always is here: refused, and the connection closed */
         refuse(d, fd, R405, "method_not_allowed", "the route takes POST", "allow: POST\r\n", 1, v2);
         return 0;
@@ -466,7 +501,7 @@ static int parse_head(door_t *d, conn_t *c, int fd) {
         refuse(d, fd, R400, "bad_request", "the Content-Length is not a number of bytes (at most 9 digits)", "", 1, v2);
         return -1;
     }
-    size_t body_len = (size_t)length_value, header_len = 0;
+    size_t body_len = (size_t)length_value, header_len = 0, model_off = 0, model_len = 0;
     int image = 0;
     if (head_len + body_len > c->cap) { /* refused before the body is read: it is not drained */
         refuse(d, fd, R413, "body_too_large", "the body is larger than the front door takes (one image's pixels and a "
@@ -481,7 +516,7 @@ static int parse_head(door_t *d, conn_t *c, int fd) {
         return -1;
     }
     c->held = body_len;
-    refusal_t refusal = check_head(d, c->buf, head_len, body_len, &header_len, &image);
+    refusal_t refusal = check_head(d, c->buf, head_len, body_len, &header_len, &model_off, &model_len, &image);
     if (c->len < head_len + body_len) {
         const char *expect = find_header(c->buf, head_len, "expect:", &value_len);
         if (expect && !http10 && value_len == 12 && strncasecmp(expect, "100-continue", 12) == 0) {
@@ -493,11 +528,12 @@ static int parse_head(door_t *d, conn_t *c, int fd) {
         }
     }
     c->head = (head_t){.len = head_len, .body_len = body_len, .header_len = header_len, .image = image, .v2 = v2,
-                       .refusal = refusal};
+                       .model_off = model_off, .model_len = model_len, .refusal = refusal};
     return 2;
 }
 
-int add_row(door_t *d, uint64_t id, uint8_t kind, const char *header, size_t header_len, const char *body, size_t len) {
+int add_row(door_t *d, uint64_t id, uint8_t kind, const char *prefix, size_t prefix_len, const char *header,
+            size_t header_len, const char *body, size_t len) {
     pthread_mutex_lock(&d->bulk_mu);
     if (d->bulk_n >= d->max_rows) {
         pthread_mutex_unlock(&d->bulk_mu);
@@ -508,8 +544,9 @@ int add_row(door_t *d, uint64_t id, uint8_t kind, const char *header, size_t hea
     d->bulk_kinds[i] = kind;
     d->bulk_arrived[i] = now_s();
     int32_t start = i ? d->bulk_header_ends[i - 1] : 0; /* a few hundred bytes: under the lock */
-    memcpy(d->bulk_headers + start, header, header_len);
-    d->bulk_header_ends[i] = start + (int32_t)header_len;
+    if (prefix_len) memcpy(d->bulk_headers + start, prefix, prefix_len);
+    memcpy(d->bulk_headers + start + prefix_len, header, header_len);
+    d->bulk_header_ends[i] = start + (int32_t)(prefix_len + header_len);
     d->bulk_lens[i] = (int32_t)len;
     d->bulk_jpegs += kind == KIND_JPEG;
     d->requests++;
@@ -551,7 +588,14 @@ static int parse_one(door_t *d, conn_t *c, int fd) {
         size_t len = h.body_len - h.header_len;
         uint8_t kind = h.header_len ? KIND_V2 : KIND_PREDICT;
         if (h.image) kind = jpeg_for_gpu((const uint8_t *)body, len, d->max_pixels) ? KIND_JPEG : KIND_IMAGE;
-        if (add_row(d, http_id(c->gen, fd), kind, c->buf + h.len, h.header_len, body, len)) {
+        /* A v2 infer's header goes with its model as its path names it, and a newline: "<model>\n{...}" */
+        char prefix[MAX_V2_HEADER];
+        size_t prefix_len = h.header_len ? h.model_len + 1 : 0;
+        if (prefix_len) {
+            memcpy(prefix, c->buf + h.model_off, h.model_len);
+            prefix[h.model_len] = '\n';
+        }
+        if (add_row(d, http_id(c->gen, fd), kind, prefix, prefix_len, c->buf + h.len, h.header_len, body, len)) {
             c->state = IN_FLIGHT;
             answered_here = 0;
         } else {
@@ -812,12 +856,11 @@ static void *run(void *arg) {
 
 /* `tokens`: the inference tokens, one a line ("" where requests need none). NULL for arguments out of range. */
 door_t *fd_open(int lfd, int glfd, int threads, int row_bytes, int max_rows, int buffers, int efd, const char *path,
-                const char *v2_path, int full_rows, int max_conns, double keepalive_s, double request_s,
-                const char *tokens, long long max_held_bytes, long long max_pixels) {
+                int full_rows, int max_conns, double keepalive_s, double request_s, const char *tokens,
+                long long max_held_bytes, long long max_pixels) {
     if (threads < 1 || threads > MAX_THREADS || buffers < 2 || buffers > MAX_BUFFERS || row_bytes < 1 ||
         max_rows < 1 || full_rows < 1 || max_conns < 1 || max_held_bytes < 1 || max_pixels < 1 ||
-        strlen(path) >= sizeof(((door_t *)0)->path) ||
-        strlen(v2_path) >= sizeof(((door_t *)0)->v2_path))
+        strlen(path) >= sizeof(((door_t *)0)->path))
         return NULL;
     door_t *d = calloc(1, sizeof *d);
     d->lfd = lfd; d->glfd = glfd; d->efd = efd; d->threads = threads; d->row_bytes = row_bytes; d->max_rows = max_rows;
@@ -826,8 +869,6 @@ door_t *fd_open(int lfd, int glfd, int threads, int row_bytes, int max_rows, int
     d->max_pixels = max_pixels;
     strcpy(d->path, path);
     d->path_len = strlen(path);
-    strcpy(d->v2_path, v2_path);
-    d->v2_path_len = strlen(v2_path);
     for (const char *t = tokens; *t && d->n_tokens < MAX_TOKENS;) {
         const char *end = strchr(t, '\n');
         size_t len = end ? (size_t)(end - t) : strlen(t);

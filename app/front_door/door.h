@@ -24,7 +24,7 @@
 #define MAX_HEAD 8192
 #define MAX_V2_HEADER 4096 /* a v2 request's JSON inference header (Triton's clients send ~250 bytes), or a gRPC
                            * call's fields but its pixels (~100 bytes) */
-#define MAX_GETS 64        /* the answers Python sets (fd_set_get): the v2 metadata a client reads first */
+#define MAX_GETS 256       /* the answers Python sets (fd_set_get): the v2 metadata a client reads first, per model */
 #define MAX_BUFFERS 34 /* server.py's door_buffers at app/config.py's largest in_flight (16) and jpeg_launches (8) */
 #define MAX_TOKENS 64
 #define SWEEP_S 0.25
@@ -33,7 +33,8 @@
 enum { CLOSED = 0, IDLE = 1, IN_FLIGHT = 2, LINGERING = 3 };
 /* A bulk row's request: what Python reads its header as, decodes its row from, and answers it in. An image upload
  * (POST /predict, Content-Type image/jpeg or image/png) is its encoded bytes at the start of its row: KIND_JPEG where
- * nvJPEG takes it (jpeg_for_gpu), KIND_IMAGE for Pillow. */
+ * nvJPEG takes it (jpeg_for_gpu), KIND_IMAGE for Pillow. A KIND_V2 row's header is its model as its path names it
+ * ("<name>" or "<name>/versions/<version>"), a newline, then its JSON inference header. */
 enum { KIND_PREDICT = 0, KIND_V2 = 1, KIND_GRPC = 2, KIND_JPEG = 3, KIND_IMAGE = 4 };
 /* gRPC's status codes 0..16, the refusals grpc.c answers by itself counted by code (fd_counts, after HTTP's). */
 #define GRPC_CODES 17
@@ -63,6 +64,7 @@ typedef struct {
     size_t header_len;   /* a v2 request's JSON inference header (0: a POST /predict) */
     int image;           /* a POST /predict whose body is an encoded image (its row's kind is decided once it is in) */
     int v2;              /* refused in the protocol's error shape */
+    size_t model_off, model_len; /* a v2 infer's model in its path ("<name>[/versions/<version>]"): its bytes */
     refusal_t refusal;   /* what the head asks that the door refuses (TAKEN: nothing), answered once the body is in */
 } head_t;
 
@@ -126,8 +128,8 @@ typedef struct {
      * refused 503 before its body is read, a gRPC call RESOURCE_EXHAUSTED. */
     int64_t held_bytes, max_held_bytes;
     long long max_pixels;         /* an image upload's at most (CGSERVE_MAX_IMAGE_PIXELS): past it, Pillow's 413 */
-    char path[256], v2_path[256]; /* "/predict"; "/v2/models/<default model>/infer" */
-    size_t path_len, v2_path_len;
+    char path[256];               /* "/predict"; and every model's v2 infer (v2_infer_model) */
+    size_t path_len;
     char *tokens[MAX_TOKENS];
     size_t token_lens[MAX_TOKENS];
     int n_tokens;
@@ -173,9 +175,10 @@ static inline void let_go_bytes(door_t *d, int64_t n) { __atomic_sub_fetch(&d->h
 void close_conn(door_t *d, conn_t *c, int fd);
 void watch(conn_t *c, int fd, uint32_t events);
 int token_ok(door_t *d, const char *value, size_t len);
-/* One request's body (`len` bytes: row_bytes of pixels, or an image upload's at most) and header into the bulk being
- * filled: 1, or 0 where the bulk is full. */
-int add_row(door_t *d, uint64_t id, uint8_t kind, const char *header, size_t header_len, const char *body, size_t len);
+/* One request's body (`len` bytes: row_bytes of pixels, or an image upload's at most) and header (`prefix`, then
+ * `header`: at most MAX_V2_HEADER together) into the bulk being filled: 1, or 0 where the bulk is full. */
+int add_row(door_t *d, uint64_t id, uint8_t kind, const char *prefix, size_t prefix_len, const char *header,
+            size_t header_len, const char *body, size_t len);
 /* A copy of the answer Python set for `key`, with its head and body, or 0 (none; -1: it needs a token not given). */
 int find_get(door_t *d, const char *key, size_t key_len, const char *authorization, size_t authorization_len,
              char **head, char **body, size_t *body_len);

@@ -20,9 +20,10 @@ GRPC_CODE_NAMES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_E
                    "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
                    "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED")  # fmt: skip
 GRPC_CODES = len(GRPC_CODE_NAMES)
-MAX_GETS = 64  # door.h's: answers set at most (GETs, and gRPC's metadata calls)
+MAX_GETS = 256  # door.h's: answers set at most (GETs, and gRPC's metadata calls)
 # door.h's kinds of request: a bulk row's. An image upload's row holds its encoded bytes until decoded over them:
-# JPEG where door.c found one nvJPEG takes, IMAGE for Pillow (app/front_door/images.py).
+# JPEG where door.c found one nvJPEG takes, IMAGE for Pillow (app/front_door/images.py). A V2 row's header is its
+# model as its path names it, b"\n", then its JSON inference header (model_and_header).
 PREDICT, V2, GRPC, JPEG, IMAGE = 0, 1, 2, 3, 4
 
 
@@ -43,7 +44,7 @@ def _load(library: Path) -> ctypes.CDLL:
     lib.fd_open.restype = ctypes.c_void_p
     number, seconds, text, pointer = ctypes.c_int, ctypes.c_double, ctypes.c_char_p, ctypes.c_void_p
     count = ctypes.c_longlong
-    lib.fd_open.argtypes = (number,) * 7 + (text, text, number, number, seconds, seconds, text, count, count)
+    lib.fd_open.argtypes = (number,) * 7 + (text, number, number, seconds, seconds, text, count, count)
     lib.fd_waiting.restype = ctypes.c_int
     lib.fd_waiting.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     lib.fd_buffer.restype = ctypes.c_void_p
@@ -71,28 +72,29 @@ class Bulk:
     rows: np.ndarray  # (k, C, H, W) uint8
     ids: np.ndarray  # (k,) uint64: where each answer goes (door.h's id: a connection, and a gRPC call's stream)
     arrived: np.ndarray  # (k,) float64: time.monotonic() of each request's whole arrival
-    headers: list[bytes] | None  # each v2 request's JSON header, each gRPC call's other fields; None: all /predict
+    headers: list[bytes] | None  # each v2 request's model and JSON header, each gRPC call's other fields; None: all
+    # POST /predict
     kinds: np.ndarray | None = None  # (k,) uint8: PREDICT, V2, GRPC, JPEG or IMAGE; None: all /predict (headers too)
     lengths: np.ndarray | None = None  # (k,) int32: each row's bytes (an image upload's, at its row's start)
 
 
 class Door:
     def __init__(self, library: Path, listener: socket.socket, *, threads: int, shape: tuple[int, int, int],
-                 buffers: int, wake_fd: int, path: bytes, v2_path: bytes, full_rows: int, limits: Limits,
+                 buffers: int, wake_fd: int, path: bytes, full_rows: int, limits: Limits,
                  grpc_listener: socket.socket | None = None) -> None:  # fmt: skip
         """`threads` C threads on `listener` take POST `path` with one (C, H, W) uint8 image as its body, and POST
-        `v2_path` with one as the binary section after its JSON header (and, on `grpc_listener`, gRPC's ModelInfer
-        with one as its raw_input_contents), and POST `path` with an encoded image of at most C×H×W bytes as its body
-        (Content-Type image/jpeg or image/png), put at the start of its row for Python to decode. The eventfd
-        `wake_fd` is written when a bulk turns non-empty and when it holds `full_rows`. `buffers`: bulks Python may
-        hold at once, plus the one being filled."""
+        /v2/models/<model>/infer with one as the binary section after its JSON header (and, on `grpc_listener`,
+        gRPC's ModelInfer with one as its raw_input_contents), and POST `path` with an encoded image of at most C×H×W
+        bytes as its body (Content-Type image/jpeg or image/png), put at the start of its row for Python to decode.
+        The eventfd `wake_fd` is written when a bulk turns non-empty and when it holds `full_rows`. `buffers`: bulks
+        Python may hold at once, plus the one being filled."""
         self._lib = lib = _load(library)
         row_bytes = int(np.prod(shape))
         tokens = "\n".join(limits.tokens).encode()
         grpc_fd = -1 if grpc_listener is None else grpc_listener.fileno()
         self._door = lib.fd_open(listener.fileno(), grpc_fd, threads, row_bytes, MOST_ROWS, buffers, wake_fd, path,
-                                 v2_path, full_rows, limits.max_connections, limits.keepalive_s, limits.request_s,
-                                 tokens, limits.max_bytes, limits.max_pixels)  # fmt: skip
+                                 full_rows, limits.max_connections, limits.keepalive_s, limits.request_s, tokens,
+                                 limits.max_bytes, limits.max_pixels)  # fmt: skip
         if not self._door:
             raise ValueError(f"the front door refused {threads} threads, {buffers} buffers or the path {path!r}")
         self._rows = []  # (MOST_ROWS, C, H, W) each: the C side's buffers, read in place
@@ -108,6 +110,7 @@ class Door:
         self._which = ctypes.c_int()
         self._jpegs = ctypes.c_int()
         self.refusal_codes = [lib.fd_refusal_code(i) for i in range(REFUSALS)]
+        self._gets_set = 0  # set_gets' answers last set
 
     @property
     def buffers(self) -> list[np.ndarray]:
@@ -159,14 +162,17 @@ class Door:
     def set_gets(self, answers: list[tuple[bytes, bytes, bytes, bool]]) -> None:
         """The GETs the door answers itself, each (path, status and header lines, body, whether it asks for an
         inference token): e.g. (b"/v2/models/m", b"200 OK\\r\\ncontent-type: application/json\\r\\n", b"{…}",
-        True). A gRPC call's: (its grpc_key, its trailers' lines, its response message, token). Set again, each
-        replaces the one before at its place in the list."""
+        True). A gRPC call's: (its grpc_key, its trailers' lines, its response message, token). Set again, the
+        list replaces the one before: each at its place, and the places past it emptied (an unloaded model's)."""
         if len(answers) > MAX_GETS:
             raise ValueError(f"the front door answers at most {MAX_GETS} GETs, not {len(answers)}")
         if not self._door:
             return
         for i, (path, head, body, token) in enumerate(answers):
             self._lib.fd_set_get(self._door, i, path, head, body, len(body), token)
+        for i in range(len(answers), self._gets_set):  # an empty path is found by no request
+            self._lib.fd_set_get(self._door, i, b"", b"", b"", 0, 0)
+        self._gets_set = len(answers)
 
     def open_connections(self) -> int:
         return self.counts()[2] if self._door else 0
@@ -208,6 +214,14 @@ class Door:
         """Every connection of a detached door closed and its C side freed, on any thread (it joins the door's)."""
         if door:
             self._lib.fd_close(door)
+
+
+def model_and_header(header: bytes) -> tuple[str, str | None, bytes]:
+    """A V2 row's header → (its model's name, the version its path names or None, its JSON inference header).
+    door.c matched the path's name and version to the repository's characters: ASCII."""
+    model, _, json = header.partition(b"\n")
+    name, _, version = model.decode("ascii").partition("/versions/")
+    return name, version or None, json
 
 
 def _offsets(parts: list[bytes]) -> np.ndarray:

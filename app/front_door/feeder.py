@@ -1,4 +1,4 @@
-"""Bulks from the front door to the default model's batcher, and their answers back: Python's whole share.
+"""Bulks from the front door to their models' batchers, and their answers back: Python's whole share.
 
 Python works once per bulk, not once per request (run 34: bench/results/2026-12-03-run34-h200-front-door.md).
 Taken at every wake-up, bulks held a few rows each, and each cost a future, a callback and an answer call;
@@ -10,7 +10,8 @@ A bulk holding JPEGs for the GPU decoder is paced by the decoder as well: taken 
 up (every upload it was given is in a launch), whatever else is out, with any other rows it holds. Held until a
 bulk was answered, JPEGs waited in C through a whole bulk's decode and inference while the decoder had room
 (run 41: 17 of an upload's 55 ms at 70 % load).
-A bulk is queued a largest bucket at a time, each piece answered as its batch is done. Its image uploads are
+A bulk's rows are grouped by the model each names (models.py), and each group queued on its model's batcher a
+largest bucket at a time, each piece answered as its batch is done. Its image uploads are
 decoded over their rows, and queued a decoder batch at a time as they are handed back (images.py); its v2
 requests' headers and its gRPC calls' requests are checked (v2_headers.py, grpc_calls.py); one the service's port
 would refuse is answered so at once, and its row left out.
@@ -36,7 +37,7 @@ from app.errors import NotReadyError, ServiceError
 from app.front_door.answers import Answers, head_lines, status_line
 from app.front_door.door import GRPC, IMAGE, JPEG, PREDICT, V2, Bulk, Door
 from app.front_door.images import BulkImages
-from app.front_door.v2_headers import V2Headers
+from app.front_door.models import DoorModel, DoorModels
 from app.http.answer import error_answer
 from app.ops import metrics
 from app.protocols.v2.rest import Asked, V2Codec
@@ -88,14 +89,13 @@ class Feeder:
         self.full = max(settings.buckets)  # a largest bucket's rows: a bulk's pieces
         self.pieces: dict[int, int] = {}  # a taken bulk's buffer → its pieces not yet answered
         self.timer: asyncio.Handle | None = None  # the next pump's, while a partial bulk waits
-        self.batcher: Batcher | None = None  # the last bulk's: its clock says when to take a partial one
-        self.v2 = V2Codec(service)
+        self.batcher: Batcher | None = None  # the last bulk's model's: its clock says when to take a partial one
+        self.models = DoorModels(service, shape, V2Codec(service), grpc)  # which model each row is for, its parts
         # The door runs where the engines are: the service's decoder is its own GPU one (or None: Pillow's).
         self.images = BulkImages(cast(JpegBatchDecoder | None, service.jpeg_decoder), settings.max_image_pixels,
                                  caught_up=self.pump)  # fmt: skip
         self.decoding: set[asyncio.Task[None]] = set()  # bulks whose uploads are being decoded
         self.unstarted: set[int] = set()  # taken bulks' buffers whose uploads are not yet given to the decoder
-        self._answers: tuple[ServedModel, Answers, V2Headers] | None = None  # the default model's, rebuilt on a change
         self.closed = False  # close(): no bulk is taken any more
 
     def pump(self) -> None:
@@ -156,49 +156,62 @@ class Feeder:
         self.pump()
 
     def _queue(self, bulk: Bulk) -> None:
-        """A bulk of (k, C, H, W) rows, read in place until its buffer is released, onto the batcher in pieces;
-        its image uploads once each decoder batch has written their pixels over them."""
+        """A bulk of (k, C, H, W) rows, read in place until its buffer is released, onto its models' batchers in
+        pieces (models.py groups its rows by the model each names); its image uploads once each decoder batch has
+        written their pixels over them."""
         requests = Requests(bulk.ids, bulk.arrived, bulk.kinds)
-        try:
-            served, batcher = self._default_model()
-        except Exception as error:  # a ServiceError (404, 503) is answered as it says, anything else 500
-            self._refuse(requests, error, model="")
-            self.door.release(bulk.buffer)
-            return
-        metrics.front_door_wait(served.spec.name).observe_many(time.monotonic() - bulk.arrived)
         # Held (a piece of its own) until every row is queued or answered: in_flight counts the bulk meanwhile.
         self.pieces[bulk.buffer] = 1
-        if bulk.kinds is None or not len(images := np.flatnonzero(bulk.kinds >= JPEG)):
-            self._enqueue(bulk, requests, slice(None), served, batcher)
+        try:
+            groups, headers = self.models.groups(len(requests), bulk.kinds, bulk.headers)
+        except Exception as error:  # a fault: every request answered 500, none left out for ever
+            self._refuse(requests, error, model="")
             self._piece_done(bulk.buffer, pump=False)
             return
-        served.admitted += 1  # as the port admits before it decodes: a version replaced meanwhile waits for these
-        handed_on = np.zeros(len(requests), dtype=bool)  # rows queued or answered so far
-        if (bulk.kinds == JPEG).any():  # until the task's first step gives the GPU decoder its uploads
-            self.unstarted.add(bulk.buffer)
-        task = asyncio.ensure_future(self._decode_and_queue(bulk, requests, images, handed_on, served, batcher))
-        self.decoding.add(task)
-        task.add_done_callback(partial(self._decoded, bulk, requests, handed_on, served))
+        images = np.flatnonzero(bulk.kinds >= JPEG) if bulk.kinds is not None else np.empty(0, np.int64)
+        for group in groups:
+            model = group.model
+            if model is None:  # not served, or not here: as the service's port says (no model label: not looked up)
+                assert group.error is not None
+                self._refuse(requests[group.rows], group.error, model="")
+                continue
+            self.batcher = model.batcher
+            metrics.front_door_wait(model.name).observe_many(time.monotonic() - bulk.arrived[group.rows])
+            for run in runs(np.setdiff1d(group.rows, images)):  # pixels: POST /predict's, v2 and gRPC tensors
+                self._enqueue(bulk, requests, headers, run, model)
+            if (uploads := np.intersect1d(group.rows, images)).size:  # the default model's: POST /predict's
+                self._decode(bulk, requests, uploads, model)
+        self._piece_done(bulk.buffer, pump=False)
 
-    async def _decode_and_queue(self, bulk: Bulk, requests: Requests, images: np.ndarray, handed_on: np.ndarray,
-                                served: ServedModel, batcher: Batcher) -> None:  # fmt: skip
-        """The rows that are pixels queued first (on the task's first turn), then each decoder batch's as it hands
-        them back; an upload that is not an image answered so."""
+    def _decode(self, bulk: Bulk, requests: Requests, uploads: np.ndarray, model: DoorModel) -> None:
+        """The bulk's image uploads decoded over their rows, then queued, on a task of their own."""
+        assert bulk.kinds is not None
+        model.served.admitted += 1  # as the port admits before it decodes: a version replaced meanwhile waits
+        handed_on = np.ones(len(requests), dtype=bool)  # rows queued or answered so far
+        handed_on[uploads] = False
+        self.pieces[bulk.buffer] += 1  # the decoding's, until _decoded
+        if (bulk.kinds[uploads] == JPEG).any():  # until the task's first step gives the GPU decoder its uploads
+            self.unstarted.add(bulk.buffer)
+        task = asyncio.ensure_future(self._decode_and_queue(bulk, requests, uploads, handed_on, model))
+        self.decoding.add(task)
+        task.add_done_callback(partial(self._decoded, bulk, requests, handed_on, model.served))
+
+    async def _decode_and_queue(self, bulk: Bulk, requests: Requests, uploads: np.ndarray, handed_on: np.ndarray,
+                                model: DoorModel) -> None:  # fmt: skip
+        """Each decoder batch's rows queued as it hands them back; an upload that is not an image answered so."""
         assert bulk.kinds is not None and bulk.lengths is not None
         # Its uploads are given to the decoder below, in this step of the task: no other pump runs in between.
         self.unstarted.discard(bulk.buffer)
-        for run in runs(np.flatnonzero(bulk.kinds < JPEG)):  # POST /predict's pixels, v2 and gRPC tensors
-            self._enqueue(bulk, requests, run, served, batcher)
-            handed_on[run] = True
+        spec = model.served.spec
         # Closed here, whatever happens: its decodes left are cancelled before _decoded can release the buffer (an
         # async for that raises would leave that to the generator's finaliser, a loop turn after _decoded).
-        async with aclosing(self.images.decode(bulk.rows, bulk.lengths, bulk.kinds, images, served.spec)) as decodes:
+        async with aclosing(self.images.decode(bulk.rows, bulk.lengths, bulk.kinds, uploads, spec)) as decodes:
             async for decoded in decodes:
                 for i, why in decoded.failed.items():
-                    self._refuse(requests[i : i + 1], why, model=served.spec.name)
+                    self._refuse(requests[i : i + 1], why, model=spec.name)
                     handed_on[i] = True
                 for run in runs(np.sort(decoded.rows)):
-                    self._enqueue(bulk, requests, run, served, batcher)
+                    self._enqueue(bulk, requests, None, run, model)
                     handed_on[run] = True
 
     def _decoded(self, bulk: Bulk, requests: Requests, handed_on: np.ndarray, served: ServedModel,
@@ -217,18 +230,19 @@ class Feeder:
         finally:
             self._piece_done(bulk.buffer, pump=True)
 
-    def _enqueue(self, bulk: Bulk, requests: Requests, which: slice, served: ServedModel, batcher: Batcher) -> None:
-        """The bulk's rows `which` onto `batcher`, a largest bucket at a time, once each request's header is checked;
-        each piece answered as its batch is done. Never raises: a request it cannot queue is answered with why."""
-        buffer = bulk.buffer
-        deadline = float(bulk.arrived[0]) + self.timeout_s  # its oldest request's
+    def _enqueue(self, bulk: Bulk, requests: Requests, headers: list[bytes] | None, which: slice,
+                 model: DoorModel) -> None:  # fmt: skip
+        """The bulk's rows `which` onto `model`'s batcher, a largest bucket at a time, once each request's header
+        (`headers`, as models.py gives them; None: none has one) is checked; each piece answered as its batch is
+        done. Never raises: a request it cannot queue is answered with why."""
+        buffer, served, batcher, name = bulk.buffer, model.served, model.batcher, model.name
+        deadline = float(bulk.arrived[which][0]) + self.timeout_s  # its oldest request's
         requests, rows = requests[which], bulk.rows[which]  # a view: read in place until staged
         try:
-            answers = self._answers_for(served, batcher)
-            if bulk.headers is not None:
-                requests, rows = self._checked(requests, rows, bulk.headers[which], model=served.spec.name)
+            if headers is not None:
+                requests, rows = self._checked(requests, rows, headers[which], model)
         except Exception as error:  # a fault before any is queued or answered: each told, none left out for ever
-            self._refuse(requests, error, model=served.spec.name)
+            self._refuse(requests, error, model=name)
             return
         for start in range(0, len(rows), self.full):
             piece = slice(start, start + self.full)
@@ -236,28 +250,27 @@ class Feeder:
                 batcher.admit(deadline)
                 future = batcher.enqueue(rows[piece], deadline)
             except Exception as error:
-                self._refuse(requests[piece], error, model=served.spec.name)
+                self._refuse(requests[piece], error, model=name)
                 continue
             self.pieces[buffer] += 1
             served.admitted += 1  # a replaced version is freed once none is left (app/dataplane.py's admit)
-            future.add_done_callback(partial(self._answered, buffer, served, answers, requests[piece]))
+            future.add_done_callback(partial(self._answered, buffer, model, requests[piece]))
 
-    def _checked(self, requests: Requests, rows: np.ndarray, headers: list[bytes], *,
-                 model: str) -> tuple[Requests, np.ndarray]:  # fmt: skip
+    def _checked(self, requests: Requests, rows: np.ndarray, headers: list[bytes],
+                 model: DoorModel) -> tuple[Requests, np.ndarray]:  # fmt: skip
         """Each v2 request's header and gRPC call's request checked: one the service's port would refuse is refused
         now, and the others go on (their rows copied out where some were refused)."""
-        assert self._answers is not None and requests.kinds is not None
-        served, _, v2 = self._answers
-        checks: dict[int, Callable[[bytes], Asked | ServiceError]] = {V2: v2}
-        if self.grpc is not None:  # else grpc.c takes no call
-            checks[GRPC] = self.grpc.parts(served)[0]
+        assert requests.kinds is not None
+        checks: dict[int, Callable[[bytes], Asked | ServiceError]] = {V2: model.v2}
+        if model.grpc is not None:  # else grpc.c takes no call
+            checks[GRPC] = model.grpc[0]
         checked = [
             checks[kind](header) if kind in checks else None  # POST /predict's, pixels or an upload, has no header
             for kind, header in zip(requests.kinds.tolist(), headers, strict=True)
         ]
         refused = [i for i, found in enumerate(checked) if isinstance(found, ServiceError)]
         for i in refused:
-            self._refuse(requests[i : i + 1], checked[i], model=model)  # type: ignore[arg-type]
+            self._refuse(requests[i : i + 1], checked[i], model=model.name)  # type: ignore[arg-type]
         asked = [None if isinstance(found, ServiceError) else found for found in checked]
         # None where no row asks (POST /predict's, pixels or uploads): their answers are built k at once.
         requests = Requests(requests.ids, requests.arrived, requests.kinds,
@@ -267,36 +280,19 @@ class Feeder:
         kept = np.setdiff1d(np.arange(len(rows)), refused)
         return requests[kept], rows[kept]
 
-    def _default_model(self) -> tuple[ServedModel, Batcher]:
-        served = self.service.model(None)
-        if served.spec.input_shape != self.shape:
-            raise NotReadyError(
-                f"the default model {served.spec.name} now takes {served.spec.input_shape} images and the front "
-                f"door was opened for {self.shape}: send to the HTTP port, or restart the server"
-            )
-        batcher = served.ready_batcher()
-        assert isinstance(batcher, Batcher), "the front door runs in the process of the engines"
-        self.batcher = batcher
-        return served, batcher
-
-    def _answers_for(self, served: ServedModel, batcher: Batcher) -> tuple[Answers, GrpcAnswers | None]:
-        if self._answers is None or self._answers[0] is not served:
-            answers = Answers(served, batcher.engines[0].name, self.v2)
-            self._answers = (served, answers, V2Headers(self.v2, served.spec))
-        return self._answers[1], None if self.grpc is None else self.grpc.parts(served)[1]
-
-    def _answered(self, buffer: int, served: ServedModel, answers: tuple[Answers, GrpcAnswers | None],
-                  requests: Requests, future: asyncio.Future[np.ndarray]) -> None:  # fmt: skip
+    def _answered(self, buffer: int, door_model: DoorModel, requests: Requests,
+                  future: asyncio.Future[np.ndarray]) -> None:  # fmt: skip
         """One queued piece answered (or failed); the bulk's buffer is given back with its last piece."""
-        served.admitted -= 1
+        door_model.served.admitted -= 1
         error = None if future.cancelled() else future.exception()
-        model = served.spec.name
+        model = door_model.name
         try:
             if future.cancelled() or error is not None:
                 failure = error if isinstance(error, Exception) else ServiceError("the request was cancelled")
                 self._refuse(requests, failure, model=model)
             else:
-                bodies, heads = _bodies(*answers, future.result(), requests)  # from (k, classes) scores
+                grpc = None if door_model.grpc is None else door_model.grpc[1]
+                bodies, heads = _bodies(door_model.answers, grpc, future.result(), requests)  # from (k, classes)
                 self.door.answer(requests.ids, bodies, OK, heads)
                 waited = time.monotonic() - requests.arrived
                 for kind, rows in requests.forms():

@@ -1,6 +1,6 @@
 /* gRPC on the front door: HTTP/2 (nghttp2) in the door's own threads, for the call that is most of a gRPC
- * client's traffic: ModelInfer of the default model with one image's uint8 pixels as its one
- * raw_input_contents entry (Triton's clients and perf_analyzer send a UINT8 input so).
+ * client's traffic: ModelInfer with one image's uint8 pixels as its one raw_input_contents entry (Triton's clients
+ * and perf_analyzer send a UINT8 input so), of any model that takes them (Python routes each by its model_name).
  *
  * A connection accepted on the gRPC listener gets an nghttp2 server session, driven by its owning thread as
  * door.c drives an HTTP/1.1 connection: bytes read go into nghttp2_session_mem_recv, whose callbacks gather each
@@ -265,8 +265,8 @@ static void take_infer(struct h2 *h, call_t *call, const uint8_t *request, size_
         refuse_call(h, call, INVALID_ARGUMENT, text);
         return;
     }
-    if (!add_row(d, grpc_id(h->c->gen, call->stream, h->fd), KIND_GRPC, header, header_len, (const char *)raw,
-                 raw_len)) {
+    if (!add_row(d, grpc_id(h->c->gen, call->stream, h->fd), KIND_GRPC, NULL, 0, header, header_len,
+                 (const char *)raw, raw_len)) {
         refuse_call(h, call, RESOURCE_EXHAUSTED, "the front door holds as many images as it may; retry");
         return;
     }

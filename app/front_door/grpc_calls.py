@@ -15,7 +15,7 @@ import grpc
 import numpy as np
 from google.protobuf.message import DecodeError, Message
 
-from app.errors import InputError, ServiceError
+from app.errors import InputError, NotReadyError, ServiceError
 from app.front_door.v2_headers import KnownHeaders, remember
 from app.protocols.v2 import tensors
 from app.protocols.v2.grpc_server import (
@@ -70,7 +70,7 @@ class GrpcHeaders(KnownHeaders):
             return found
         if header[:1] != ID_FIELD:
             return remember(self.known, header, lambda: self._check(header, id_first=False))
-        length, start = _varint(header, 1)
+        start, length = _id_field(header)
         if start + length > len(header):
             return InputError("the request is not a ModelInferRequest", expected=EXPECTED)
         rest = header[start + length :]
@@ -91,11 +91,8 @@ class GrpcHeaders(KnownHeaders):
             return InputError("the request is not a ModelInferRequest", expected=EXPECTED)
         try:
             served = self.service.model(request.model_name, request.model_version or None)
-            if served is not self.served:
-                raise InputError(
-                    f"the front door serves the model {self.spec.name} version {self.spec.version} only",
-                    expected="calls to other models and versions on the service's gRPC port",
-                )
+            if served is not self.served:  # the door grouped it with another model's (replaced since, say)
+                raise NotReadyError(f"the model {request.model_name} changed while this call was taken: retry")
             if any(tensor.datatype != "UINT8" for tensor in request.inputs):  # its bytes are not what grpc.c copied
                 return self._not_one_image()
             # Without an id cut off the front, an id among the fields (a tag in an unusual encoding) is the request's,
@@ -198,6 +195,21 @@ def _varint(data: bytes, at: int) -> tuple[int, int]:
     return value, len(data) + 1  # cut short: past the end, which the caller refuses
 
 
+def _id_field(header: bytes) -> tuple[int, int]:
+    """Where the id's value starts in a header that begins with ID_FIELD, and its length (which may run past the end
+    of a header cut short: the caller's check)."""
+    length, start = _varint(header, 1)
+    return start, length
+
+
+def _model_named(fields: bytes) -> tuple[str, str | None] | None:
+    try:
+        request = pb.ModelInferRequest.FromString(fields)
+    except DecodeError:
+        return None
+    return request.model_name, request.model_version or None
+
+
 def _varint_bytes(n: int) -> bytes:
     out = bytearray()
     while n >= 0x80:
@@ -208,34 +220,47 @@ def _varint_bytes(n: int) -> bytes:
 
 
 class GrpcRows:
-    """The front door's gRPC calls, for the feeder and the door's life: each model's checks and answers, refusals'
-    trailers, and the messages grpc.c answers the calls before a client's inferences with."""
+    """The front door's gRPC calls, for the feeder and the door's life: which model each names, each model's checks
+    and answers, refusals' trailers, and the messages grpc.c answers the calls before a client's inferences with."""
 
     def __init__(self, service: Service) -> None:
         self.service = service
-        self._parts: tuple[ServedModel, GrpcHeaders, GrpcAnswers] | None = None  # the default model's
+        self._models: dict[bytes, tuple[str, str | None] | None] = {}  # a request's fields but its id → its model
 
     def parts(self, served: ServedModel) -> tuple[GrpcHeaders, GrpcAnswers]:
-        """`served`'s checks and answers, made again when the default model changes."""
-        if self._parts is None or self._parts[0] is not served:
-            self._parts = (served, GrpcHeaders(self.service, served), GrpcAnswers(served))
-        return self._parts[1], self._parts[2]
+        """`served`'s checks and answers (app/front_door/models.py keeps them while it is served)."""
+        return GrpcHeaders(self.service, served), GrpcAnswers(served)
+
+    def model_of(self, header: bytes) -> tuple[str, str | None] | None:
+        """The model a call names, (model_name, model_version or None), read once per distinct request but its id;
+        None where the request does not parse (its model's check says why)."""
+        rest = header
+        if header[:1] == ID_FIELD:
+            start, length = _id_field(header)
+            rest = header[start + length :]
+        return remember(self._models, rest, lambda: _model_named(rest))
 
     @staticmethod
     def refusal(error: ServiceError) -> tuple[bytes, str]:
         return error_trailers(error)
 
-    def gets(self, model: str) -> list[tuple[bytes, bytes, bytes, bool]]:
-        """gRPC's calls before a client's inferences, for the default model by name, and by name and version,
-        answered as the gRPC port answers them: each (key, trailers, response message, asks for a token)."""
+    def server_gets(self) -> list[tuple[bytes, bytes, bytes, bool]]:
+        """gRPC's server calls before a client's inferences, answered as the gRPC port answers them: each (key,
+        trailers, response message, asks for a token)."""
         service = self.service
-        answers = [
+        return [
             (grpc_key("ServerLive", b""), OK_TRAILERS, pb.ServerLiveResponse(live=True).SerializeToString(), False),
             (grpc_key("ServerReady", b""), OK_TRAILERS,
              pb.ServerReadyResponse(ready=service.readiness()[0]).SerializeToString(), False),
             (grpc_key("ServerMetadata", b""), OK_TRAILERS,
              pb.ServerMetadataResponse(**tensors.server_metadata()).SerializeToString(), True),
         ]  # fmt: skip
+
+    def model_gets(self, model: str) -> list[tuple[bytes, bytes, bytes, bool]]:
+        """gRPC's calls before a client's inferences for `model`, by name, and by name and version, answered as the
+        gRPC port answers them."""
+        service = self.service
+        answers: list[tuple[bytes, bytes, bytes, bool]] = []
         versions = [""]  # the request without a version, and with the served one
         try:
             served = service.model(model)

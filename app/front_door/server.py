@@ -20,7 +20,7 @@ from app.codecs.uploads import PacedDecoder, RowWritingDecoder
 from app.config import Settings
 from app.errors import ServiceError
 from app.front_door.answers import JSON_HEAD, status_line
-from app.front_door.door import GRPC_CODE_NAMES, Door, Limits
+from app.front_door.door import GRPC_CODE_NAMES, MAX_GETS, Door, Limits
 from app.front_door.feeder import FORM, GRPC_FORM, PROTOCOL, Feeder
 from app.front_door.library import door_library
 from app.http.answer import error_answer
@@ -83,14 +83,15 @@ class FrontDoor:
         self.grpc = grpc  # the gRPC calls' parts, where the door serves gRPC
         self.pinned = pinned  # the door's buffers the GPU decoder writes pixels into directly (pin_buffers)
         self.refused: dict[tuple[str, str], int] = {}  # (format, code) → what was counted into Prometheus so far
-        self.model = service.model(None).spec.name  # the default model, whose v2 metadata the door answers
+        self.model = service.model(None).spec.name  # the default model: the door opened for its images
         self._set_gets()
         self.counter = asyncio.create_task(self._tend_forever(), name="front-door-tending")
         asyncio.get_running_loop().add_reader(wake, self._woken)
 
     @classmethod
     async def open(cls, service: Service) -> FrontDoor:
-        """The door on front_door_port for the default model (its input shape decides a request's body)."""
+        """The door on front_door_port, for the default model's images (its input shape decides a request's body)
+        and every other model that takes them."""
         settings = service.settings
         default = service.model(None).spec
         shape = default.input_shape
@@ -122,19 +123,18 @@ class FrontDoor:
             wake_fd=wake,
             buffers=door_buffers(settings, paced=isinstance(service.jpeg_decoder, PacedDecoder)),
             path=b"/predict",
-            v2_path=f"/v2/models/{default.name}/infer".encode(),
             full_rows=max(settings.buckets),
             limits=limits,
             grpc_listener=grpc_listener,
         )
         log.info(
-            "front door on %s:%d: %d threads, POST /predict and /v2/models/%s/infer with %s uint8 pixels",
+            "front door on %s:%d: %d threads, POST /predict (%s) and /v2/models/<model>/infer with %s uint8 pixels "
+            "(every model that takes them)",
             settings.host, settings.front_door_port, settings.front_door_threads, default.name,
             "×".join(map(str, shape)),
         )  # fmt: skip
         if grpc_listener is not None:
-            log.info("front door gRPC on %s:%d: ModelInfer of %s", settings.host, settings.front_door_grpc_port,
-                     default.name)  # fmt: skip
+            log.info("front door gRPC on %s:%d: ModelInfer", settings.host, settings.front_door_grpc_port)
         listeners = [listener] if grpc_listener is None else [listener, grpc_listener]
         pinned = await asyncio.to_thread(pin_buffers, service, door)
         return cls(service, door, listeners, wake, Feeder(door, service, shape, settings, grpc), grpc, pinned)
@@ -208,8 +208,8 @@ class FrontDoor:
     def _set_gets(self) -> None:
         """The GETs a v2 client sends before its inferences (perf_analyzer reads the model's metadata and
         configuration from the address it is given), answered as the HTTP port answers them, a second stale at
-        most."""
-        service, model = self.service, f"/v2/models/{self.model}".encode()
+        most: for the default model (what the port says of it, unloaded or not) and every model the door serves."""
+        service = self.service
 
         def answer(status: int, body: bytes) -> tuple[bytes, bytes]:
             return status_line(status) + b"\r\n" + JSON_HEAD, body
@@ -217,22 +217,39 @@ class FrontDoor:
         def readiness(ready: bool) -> tuple[bytes, bytes]:
             return answer(200 if ready else 503, orjson.dumps({"ready": ready}))
 
-        try:
-            served = service.model(self.model)
-            metadata, config = answer(200, metadata_body(service, served)), answer(200, config_body(served))
-            model_ready = readiness(served.readiness()[0])
-        except ServiceError as error:  # unloaded since: what the HTTP port says of it
-            refused = error_answer(error, v2=True)
-            metadata = config = model_ready = answer(refused.status, refused.body)
         gets = [
             (b"/v2/health/live", *answer(200, b'{"live":true}'), False),
             (b"/v2/health/ready", *readiness(service.readiness()[0]), False),
             (b"/v2", *answer(200, orjson.dumps(tensors.server_metadata())), True),
-            (model, *metadata, True),
-            (model + b"/config", *config, True),
-            (model + b"/ready", *model_ready, True),
         ]
-        self.door.set_gets(gets + (self.grpc.gets(self.model) if self.grpc else []))
+        grpc = self.grpc.server_gets() if self.grpc else []
+        for name in self._served_here():
+            path = f"/v2/models/{name}".encode()
+            try:
+                served = service.model(name)
+                metadata, config = answer(200, metadata_body(service, served)), answer(200, config_body(served))
+                model_ready = readiness(served.readiness()[0])
+            except ServiceError as error:  # unloaded since: what the HTTP port says of it
+                refused = error_answer(error, v2=True)
+                metadata = config = model_ready = answer(refused.status, refused.body)
+            model = [(path, *metadata, True), (path + b"/config", *config, True),
+                     (path + b"/ready", *model_ready, True)]  # fmt: skip
+            model_grpc = self.grpc.model_gets(name) if self.grpc else []
+            if len(gets) + len(grpc) + len(model) + len(model_grpc) > MAX_GETS:
+                log.warning("front door: the v2 metadata of models past %s are the HTTP port's (%d answers at most)",
+                            name, MAX_GETS)  # fmt: skip
+                break
+            gets += model
+            grpc += model_grpc
+        self.door.set_gets(gets + grpc)
+
+    def _served_here(self) -> list[str]:
+        """The default model's name (the door opened for it), then every other served model whose images are the
+        door's, by name."""
+        shape = self.feeder.models.shape
+        others = sorted(name for name, served in self.service.models.items()
+                        if name != self.model and served.spec.input_shape == shape)  # fmt: skip
+        return [self.model, *others]
 
     def _count(self) -> None:
         """The C side's refusals since the last count, into cgserve_requests (no model: none was looked up)."""

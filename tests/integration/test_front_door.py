@@ -205,8 +205,12 @@ def test_refusals_are_answers_on_the_connection(server: dict[str, Any]) -> None:
     with socket.create_connection(("127.0.0.1", server["port"]), timeout=5) as connection:  # one throughout
         status, _, body = exchange(connection, POST % (b"/predict", AUTH, 100) + b"\0" * 100)
         assert status.startswith(b"HTTP/1.1 422 ") and b"one image" in body, (status, body)
-        status, _, body = exchange(connection, POST % (b"/v2/models/other/infer", AUTH, len(image)) + image)
+        status, _, body = exchange(connection, POST % (b"/v1/models/fashion-cnn/predict", AUTH, len(image)) + image)
         assert status.startswith(b"HTTP/1.1 404 ") and b"HTTP port" in body, (status, body)
+        for path in (b"/v2/models/fashion%2Dcnn/infer", b"/v2/models/fashion-cnn/versions//infer",
+                     b"/v2/models//infer", b"/v2/models/fashion-cnn/inferx", b"/v2/models/.x/infer"):  # fmt: skip
+            status, _, body = exchange(connection, POST % (path, AUTH, len(image)) + image)  # not a model's v2 infer
+            assert status.startswith(b"HTTP/1.1 404 ") and b"HTTP port" in body, (path, status, body)
         status, _, body = exchange(connection, POST % (b"/v2/models/fashion-cnn/infer", AUTH, len(image)) + image)
         assert status.startswith(b"HTTP/1.1 400 ") and b"Inference-Header-Content-Length" in body, (status, body)
         assert isinstance(orjson.loads(body)["error"], str)  # the protocol's shape, for Triton's clients
@@ -517,8 +521,8 @@ def test_triton_clients_get_the_http_ports_v2_answers(server: dict[str, Any]) ->
 
 
 def test_v2_requests_the_door_does_not_take_are_refused_as_the_protocol_says(server: dict[str, Any]) -> None:
-    """FP32 (four times the bytes), a header the HTTP port refuses, and a wrong model: a v2 error Triton's client
-    reads, each saying what to send instead; the door goes on serving."""
+    """FP32 (four times the bytes), a header the HTTP port refuses, and a model not served: a v2 error Triton's
+    client reads, each saying what to send instead (or, for the model, what the port says); the door goes on."""
     images = load_test_sample()[0][:1].reshape(1, 1, 28, 28)
     with triton_http.InferenceServerClient(server["door"].removeprefix("http://")) as client:
         auth = {"authorization": f"Bearer {TOKEN}"}
@@ -532,7 +536,7 @@ def test_v2_requests_the_door_does_not_take_are_refused_as_the_protocol_says(ser
         with pytest.raises(InferenceServerException, match="logits") as refused:
             client.infer("fashion-cnn", [wrong], outputs=[triton_http.InferRequestedOutput("logits")], headers=auth)
         assert refused.value.status() == "400"
-        with pytest.raises(InferenceServerException, match="HTTP port") as refused:
+        with pytest.raises(InferenceServerException, match="other") as refused:  # the port's words: no such model
             client.infer("other", [wrong], headers=auth)
         assert refused.value.status() == "404"
         assert client.infer("fashion-cnn", [wrong], headers=auth).as_numpy("probabilities").shape == (1, 10)
@@ -642,7 +646,7 @@ def door_alone(shape: tuple[int, int, int], *, threads: int, full_rows: int, max
     limits = Limits(max_connections=max_connections, keepalive_s=5, request_s=5, tokens=(), max_bytes=2**24,
                     max_pixels=max_pixels)  # fmt: skip
     door = Door(door_library(None), listener, threads=threads, shape=shape, buffers=buffers, wake_fd=wake,
-                path=b"/predict", v2_path=b"/v2/models/m/infer", full_rows=full_rows, limits=limits)  # fmt: skip
+                path=b"/predict", full_rows=full_rows, limits=limits)  # fmt: skip
     try:
         yield door, listener.getsockname()
     finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import io
 import sys
 import time
@@ -170,6 +171,9 @@ def test_readiness_waits_for_what_starts_with_the_models() -> None:
         sys.setswitchinterval(interval)
 
 
+DEFAULT_V2 = b"fashion-cnn\n"  # door.c's start of a V2 row's header: the model its path names, and a newline
+
+
 class StandInDoor:
     """door.py's Door without the C side: bulks handed in by the test, answers kept."""
 
@@ -192,6 +196,9 @@ class StandInDoor:
         self.taken += 1  # each bulk its own buffer, as the C side's are while Python holds them
         if headers is not None and kinds is None:  # a v2 request where a header is, as the C side says of its rows
             kinds = np.array([V2 if header else PREDICT for header in headers], np.uint8)
+        if headers is not None:  # a v2 request's model before its header, as its path names it (the default's here)
+            headers = [DEFAULT_V2 + header if kind == V2 and b"\n" not in header else header
+                       for kind, header in zip(kinds.tolist(), headers, strict=True)]  # fmt: skip
         return Bulk(self.taken, rows, ids, np.full(len(ids), time.monotonic()), headers, kinds, *lengths)
 
     def release(self, buffer: int) -> None:
@@ -229,8 +236,9 @@ def feed(bulks: list[int], settings: dict[str, Any], break_answers: bool = False
 
                 rows = GrpcRows(service)
             feeder = Feeder(door, service, (1, 28, 28), service.settings, rows)  # type: ignore[arg-type]
-            if break_answers:
-                feeder._answers_for = lambda *_: (lambda *_: 1 / 0, lambda _: None)  # type: ignore[method-assign]
+            if break_answers:  # each model's answers raise
+                made = feeder.models._model
+                feeder.models._model = lambda served: dataclasses.replace(made(served), answers=lambda *_: 1 / 0)  # type: ignore[method-assign]
             latest = time.monotonic() + 30  # a bulk never given back fails the test's assertions, not hangs it
             while (door.bulks or feeder.out) and time.monotonic() < latest:
                 feeder.pump()
@@ -674,16 +682,16 @@ def test_a_bulk_stopped_while_a_launched_batch_may_write_its_rows_keeps_its_buff
 
 
 def test_a_bulk_of_pixels_whose_queueing_faults_is_answered_and_given_back() -> None:
-    """Pixels only; building their answers raises: each request 500, the buffer back, the bulk no longer out."""
+    """Pixels only; grouping them by model raises: each request 500, the buffer back, the bulk no longer out."""
     door = StandInDoor((1, 28, 28))
     door.bulks.append(uploads_bulk([b"", b""], [PREDICT, PREDICT], load_garment()[None]))
     settings = Settings(model_repository=DEFAULT_REPOSITORY, device="cpu", grpc_port=0)
 
     def broken(feeder: Any) -> None:
-        def answers_for(*_: Any) -> None:
+        def groups(*_: Any) -> None:
             raise RuntimeError("a fault before queueing")
 
-        feeder._answers_for = answers_for
+        feeder.models.groups = groups
 
     run_feeder(door, settings, until=lambda door, feeder: len(door.answers) == 2 and not feeder.out, prepare=broken)
     assert [status[:3] for _, status, *_ in door.answers] == [b"500"] * 2 and door.released == [1]
