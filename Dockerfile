@@ -64,8 +64,8 @@ ENV CGSERVE_FRONT_DOOR_LIBRARY=/opt/cgserve/libfrontdoor.so
 USER 10001:10001
 
 # HTTP (our API and the Open Inference Protocol's REST form), gRPC (CGSERVE_GRPC_PORT) and the
-# front door where it is on (CGSERVE_FRONT_DOOR_PORT).
-EXPOSE 8000 8001 8002
+# front door and its gRPC where they are on (CGSERVE_FRONT_DOOR_PORT, CGSERVE_FRONT_DOOR_GRPC_PORT).
+EXPOSE 8000 8001 8002 8003
 
 # Ready = every model's engine built (GET /readyz answers 200). urlopen raises on 503 or no
 # answer, and python3 then exits 1 (unhealthy). The image has python3 but no curl.
@@ -134,7 +134,7 @@ COPY --from=door /libfrontdoor.so /opt/cgserve/libfrontdoor.so
 ENV CGSERVE_FRONT_DOOR_LIBRARY=/opt/cgserve/libfrontdoor.so
 USER 10001:10001
 
-EXPOSE 8000 8001 8002
+EXPOSE 8000 8001 8002 8003
 
 # The start period covers CUDA start-up, inductor's compile and graph capture (60 s for
 # ResNet-50 with a cold cache on the H200, bench/results/README.md).

@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from app import __version__
-from app.config import Settings, choices, describe_errors, env_name, flag_name
+from app.config import Settings, choices, describe_errors, env_name, flag_name, unknown_variables
 from app.tuning.flags import add_tune_flags
 
 log = logging.getLogger("app.cli")
@@ -116,6 +116,8 @@ def bind_or_exit(settings: Settings, port: int) -> socket.socket:
 
 def serve(settings: Settings, overrides: dict[str, Any]) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for line in unknown_variables(os.environ):
+        log.warning(line)
     prepared = prepare_or_exit(settings)
     sock = bind_or_exit(settings, settings.port)
     if settings.grpc_port:  # checked, then freed for the gRPC server to bind

@@ -7,6 +7,7 @@ the same name here are the defaults a model.toml may override.
 
 from __future__ import annotations
 
+import difflib
 import re
 import ssl
 import types
@@ -16,6 +17,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Literal
 
+from dotenv import dotenv_values
 from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -520,6 +522,31 @@ def _no_passphrase() -> str:
 def env_name(name: str) -> str:
     """A setting's environment variable: CGSERVE_ and its field's name in capitals."""
     return f"CGSERVE_{name.upper()}"
+
+
+# CGSERVE_ variables that are not settings: those the server sets for its own processes (app/runtime/drain.py,
+# app/runtime/workers.py, app/engine_process/), the published ports docker-compose reads from .env, and the
+# address Kubernetes' service links give a Service named cgserve (the manifests turn those off).
+NOT_SETTINGS = re.compile(
+    r"CGSERVE_(DRAIN_MANAGED|ENGINE_SOCKET|ENGINE_SEGMENTS|START_UP_FAILED_MARKER|([A-Z_]+_)?PUBLISHED_PORT"
+    r"|SERVICE_[A-Z0-9_]+|PORT_[A-Z0-9_]+)"
+)
+
+
+def unknown_variables(environ: typing.Mapping[str, str], env_file: Path = Path(".env")) -> list[str]:
+    """A line for each CGSERVE_ variable of the environment or `env_file` that is no setting (a misspelt one is
+    otherwise ignored without a word), with the setting it most resembles."""
+    names = {name for name in environ if name.startswith("CGSERVE_")}
+    if env_file.is_file():
+        names |= {name for name in dotenv_values(env_file) if name.startswith("CGSERVE_")}
+    known = [env_name(name) for name in Settings.model_fields]
+    lines = []
+    for name in sorted(names - set(known)):
+        if NOT_SETTINGS.fullmatch(name):
+            continue
+        close = difflib.get_close_matches(name, known, n=1)
+        lines.append(f"{name} is not a setting and is ignored" + (f": did you mean {close[0]}?" if close else ""))
+    return lines
 
 
 def flag_name(name: str) -> str:

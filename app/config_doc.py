@@ -34,6 +34,8 @@ settings of the same name for that model. `cudagraph-serve serve --help` prints 
 
 An invalid setting stops the start-up with one line per problem, naming the variable and the flag,
 e.g. `CGSERVE_BUCKETS / --buckets: Value error, every bucket must be a positive batch size; got [0, 4]`.
+A `CGSERVE_*` variable that is no setting (a misspelt one) is ignored, and named in a warning at start-up with
+the setting it most resembles.
 Token settings are secrets: set them in the environment, `.env` or a file, not as flags (`ps`
 shows flags); they never appear in `--help`, the logs or the error lines.
 

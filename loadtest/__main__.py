@@ -27,7 +27,7 @@ import orjson
 from loadtest.payloads import DEFAULT_MIN_MARGIN, FORMS, RAW_DTYPES, PayloadOptions
 from loadtest.runner import run_load
 from loadtest.spec import CLIENTS, GRPC_CLIENTS, LoadSpec
-from loadtest.sweep import plot_sweep, run_sweep, sweep_summary
+from loadtest.sweep import plot_path, plot_sweep, run_sweep, sweep_summary
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -178,9 +178,15 @@ def _sweep(args: argparse.Namespace, options: PayloadOptions, command: str) -> i
         command=command,
         progress=not args.quiet,
     )
-    plot = args.plot or (args.out.with_suffix(".png") if args.out else None)
+    plot = plot_path(args.plot, args.out)
     if plot is not None:
-        plot_sweep(sweep, plot)
+        try:
+            plot_sweep(sweep, plot)
+        except ModuleNotFoundError as missing:  # --plot without matplotlib: the steps are kept all the same
+            _write(args.out, sweep)
+            print(f"{plot} not drawn: {missing.name} is not installed (.venv/bin/pip install -e '.[loadtest]')",
+                  file=sys.stderr)  # fmt: skip
+            return 1
         sweep["plot"] = str(plot)
         print(f"wrote {plot}")
     _write(args.out, sweep)

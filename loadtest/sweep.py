@@ -7,6 +7,7 @@ writes every step to JSON and draws p50/p99 latency against achieved throughput 
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import shlex
 from dataclasses import replace
@@ -96,6 +97,14 @@ def sweep_summary(sweep: dict[str, Any]) -> str:
             f"(p99 {sweep['capacity_p99_ms']:.2f} ms, {sweep['capacity_throughput_rps']:,.1f} req/s answered)"
         )
     return "\n".join(rows)
+
+
+def plot_path(asked: Path | None, out: Path | None) -> Path | None:
+    """Where the sweep's plot goes: `asked` (--plot), else beside `out` (--out, as .png) where matplotlib is there to
+    draw it (`make serve` does not install it: `.[loadtest]` does); None: no plot."""
+    if asked is not None:
+        return asked
+    return out.with_suffix(".png") if out is not None and importlib.util.find_spec("matplotlib") else None
 
 
 def plot_sweep(sweep: dict[str, Any], path: Path) -> None:

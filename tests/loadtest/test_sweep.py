@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
-from loadtest.sweep import plot_sweep, step_verdict, sweep_summary
+import pytest
+
+from loadtest import sweep as sweep_module
+from loadtest.sweep import plot_path, plot_sweep, step_verdict, sweep_summary
 
 
 def step(rate: float, p50: float, p99: float, errors: int = 0) -> dict[str, Any]:
@@ -41,3 +45,17 @@ def test_summary_and_plot(tmp_path: Path) -> None:
     path = tmp_path / "sweep.png"
     plot_sweep(sweep, path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_plot_goes_beside_the_record_only_where_matplotlib_can_draw_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--plot is where it says; without it, beside --out as .png where matplotlib is installed, and no plot where it
+    is not (make serve's environment), so that a sweep without it still writes its steps."""
+    assert plot_path(Path("a.png"), Path("b.json")) == Path("a.png")
+    assert plot_path(None, None) is None
+    found = importlib.util.find_spec
+    monkeypatch.setattr(
+        sweep_module.importlib.util, "find_spec", lambda name: found(name) if name != "matplotlib" else 1
+    )
+    assert plot_path(None, Path("b.json")) == Path("b.png")
+    monkeypatch.setattr(sweep_module.importlib.util, "find_spec", lambda name: None)
+    assert plot_path(None, Path("b.json")) is None
