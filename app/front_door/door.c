@@ -334,7 +334,8 @@ static refusal_t check_head(door_t *d, const char *buf, size_t head_len, size_t 
             return (refusal_t){R422, "invalid_input",
                                "the Inference-Header-Content-Length is 0: the JSON inference header comes first", ""};
         if ((size_t)n + *model_len + 1 > MAX_V2_HEADER) /* its model and a newline go before it (add_row) */
-            return (refusal_t){R431, "header_too_large", "the inference header is over 4 KiB", ""};
+            return (refusal_t){R431, "header_too_large",
+                               "the inference header and the model's name in the path are over 4 KiB together", ""};
         if (body_len != (size_t)n + (size_t)d->row_bytes)
             return (refusal_t){R422, "invalid_input", "the binary section is not one image's uint8 pixels", ""};
         *header_len = (size_t)n;

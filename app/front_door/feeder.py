@@ -37,7 +37,7 @@ from app.errors import NotReadyError, ServiceError
 from app.front_door.answers import Answers, head_lines, status_line
 from app.front_door.door import GRPC, IMAGE, JPEG, PREDICT, V2, Bulk, Door
 from app.front_door.images import BulkImages
-from app.front_door.models import DoorModel, DoorModels
+from app.front_door.models import DoorModel, DoorModels, Group
 from app.http.answer import error_answer
 from app.ops import metrics
 from app.protocols.v2.rest import Asked, V2Codec
@@ -169,40 +169,42 @@ class Feeder:
             self._piece_done(bulk.buffer, pump=False)
             return
         images = np.flatnonzero(bulk.kinds >= JPEG) if bulk.kinds is not None else np.empty(0, np.int64)
+        served = [group for group in groups if group.batcher is not None]
+        if served:  # the model with most of the bulk's rows paces the next partial one (_later)
+            self.batcher = max(served, key=lambda group: len(group.rows)).batcher
         for group in groups:
-            model = group.model
-            if model is None:  # not served, or not here: as the service's port says (no model label: not looked up)
+            if group.model is None:  # not served, or not here: as the service's port says (no label: none looked up)
                 assert group.error is not None
                 self._refuse(requests[group.rows], group.error, model="")
                 continue
-            self.batcher = model.batcher
-            metrics.front_door_wait(model.name).observe_many(time.monotonic() - bulk.arrived[group.rows])
-            for run in runs(np.setdiff1d(group.rows, images)):  # pixels: POST /predict's, v2 and gRPC tensors
-                self._enqueue(bulk, requests, headers, run, model)
+            metrics.front_door_wait(group.model.name).observe_many(time.monotonic() - bulk.arrived[group.rows])
+            for which in pieces_of(np.setdiff1d(group.rows, images)):  # pixels: /predict's, v2 and gRPC tensors
+                self._enqueue(bulk, requests, headers, which, group)
             if (uploads := np.intersect1d(group.rows, images)).size:  # the default model's: POST /predict's
-                self._decode(bulk, requests, uploads, model)
+                self._decode(bulk, requests, uploads, group)
         self._piece_done(bulk.buffer, pump=False)
 
-    def _decode(self, bulk: Bulk, requests: Requests, uploads: np.ndarray, model: DoorModel) -> None:
+    def _decode(self, bulk: Bulk, requests: Requests, uploads: np.ndarray, group: Group) -> None:
         """The bulk's image uploads decoded over their rows, then queued, on a task of their own."""
-        assert bulk.kinds is not None
+        assert bulk.kinds is not None and group.model is not None
+        model = group.model
         model.served.admitted += 1  # as the port admits before it decodes: a version replaced meanwhile waits
         handed_on = np.ones(len(requests), dtype=bool)  # rows queued or answered so far
         handed_on[uploads] = False
         self.pieces[bulk.buffer] += 1  # the decoding's, until _decoded
         if (bulk.kinds[uploads] == JPEG).any():  # until the task's first step gives the GPU decoder its uploads
             self.unstarted.add(bulk.buffer)
-        task = asyncio.ensure_future(self._decode_and_queue(bulk, requests, uploads, handed_on, model))
+        task = asyncio.ensure_future(self._decode_and_queue(bulk, requests, uploads, handed_on, group))
         self.decoding.add(task)
         task.add_done_callback(partial(self._decoded, bulk, requests, handed_on, model.served))
 
     async def _decode_and_queue(self, bulk: Bulk, requests: Requests, uploads: np.ndarray, handed_on: np.ndarray,
-                                model: DoorModel) -> None:  # fmt: skip
+                                group: Group) -> None:  # fmt: skip
         """Each decoder batch's rows queued as it hands them back; an upload that is not an image answered so."""
-        assert bulk.kinds is not None and bulk.lengths is not None
+        assert bulk.kinds is not None and bulk.lengths is not None and group.model is not None
         # Its uploads are given to the decoder below, in this step of the task: no other pump runs in between.
         self.unstarted.discard(bulk.buffer)
-        spec = model.served.spec
+        spec = group.model.served.spec
         # Closed here, whatever happens: its decodes left are cancelled before _decoded can release the buffer (an
         # async for that raises would leave that to the generator's finaliser, a loop turn after _decoded).
         async with aclosing(self.images.decode(bulk.rows, bulk.lengths, bulk.kinds, uploads, spec)) as decodes:
@@ -211,7 +213,7 @@ class Feeder:
                     self._refuse(requests[i : i + 1], why, model=spec.name)
                     handed_on[i] = True
                 for run in runs(np.sort(decoded.rows)):
-                    self._enqueue(bulk, requests, None, run, model)
+                    self._enqueue(bulk, requests, None, run, group)
                     handed_on[run] = True
 
     def _decoded(self, bulk: Bulk, requests: Requests, handed_on: np.ndarray, served: ServedModel,
@@ -230,17 +232,20 @@ class Feeder:
         finally:
             self._piece_done(bulk.buffer, pump=True)
 
-    def _enqueue(self, bulk: Bulk, requests: Requests, headers: list[bytes] | None, which: slice,
-                 model: DoorModel) -> None:  # fmt: skip
-        """The bulk's rows `which` onto `model`'s batcher, a largest bucket at a time, once each request's header
+    def _enqueue(self, bulk: Bulk, requests: Requests, headers: list[bytes] | None, which: slice | np.ndarray,
+                 group: Group) -> None:  # fmt: skip
+        """The bulk's rows `which` onto the group's batcher, a largest bucket at a time, once each request's header
         (`headers`, as models.py gives them; None: none has one) is checked; each piece answered as its batch is
         done. Never raises: a request it cannot queue is answered with why."""
-        buffer, served, batcher, name = bulk.buffer, model.served, model.batcher, model.name
-        deadline = float(bulk.arrived[which][0]) + self.timeout_s  # its oldest request's
-        requests, rows = requests[which], bulk.rows[which]  # a view: read in place until staged
+        model, batcher = group.model, group.batcher
+        assert model is not None and batcher is not None
+        buffer, served, name = bulk.buffer, model.served, model.name
+        deadline = float(bulk.arrived[which].min()) + self.timeout_s  # its oldest request's
+        requests, rows = requests[which], bulk.rows[which]  # a run: a view, read in place until staged; else a copy
         try:
             if headers is not None:
-                requests, rows = self._checked(requests, rows, headers[which], model)
+                asked = headers[which] if isinstance(which, slice) else [headers[i] for i in which.tolist()]
+                requests, rows = self._checked(requests, rows, asked, model)
         except Exception as error:  # a fault before any is queued or answered: each told, none left out for ever
             self._refuse(requests, error, model=name)
             return
@@ -345,6 +350,19 @@ def _bodies(answers: Answers, grpc: GrpcAnswers | None, scores: np.ndarray, requ
     for i, message in zip(grpc_rows, grpc(scores[grpc_rows], calls_asked), strict=True):  # type: ignore[arg-type]
         bodies[i] = message
     return bodies, heads
+
+
+# A model's rows in more runs than this are gathered into one array, one copy, rather than queued a run at a time:
+# each piece costs a future, a callback and an answer call, and a bulk of two models taking turns would be a piece
+# a row (a review's count: 64 rows alternating, 64 pieces).
+MOST_RUNS = 4
+
+
+def pieces_of(rows: np.ndarray) -> list[slice] | list[np.ndarray]:
+    """Sorted row numbers of one model → what to queue: each run of consecutive rows, a view of the bulk; or, in more
+    than MOST_RUNS runs, the rows themselves (queued as one copy of them)."""
+    found = runs(rows)
+    return found if len(found) <= MOST_RUNS else [rows]
 
 
 def runs(rows: np.ndarray) -> list[slice]:

@@ -256,24 +256,21 @@ class GrpcRows:
              pb.ServerMetadataResponse(**tensors.server_metadata()).SerializeToString(), True),
         ]  # fmt: skip
 
-    def model_gets(self, model: str) -> list[tuple[bytes, bytes, bytes, bool]]:
-        """gRPC's calls before a client's inferences for `model`, by name, and by name and version, answered as the
-        gRPC port answers them."""
-        service = self.service
+    def model_gets(self, model: str, versions: list[str]) -> list[tuple[bytes, bytes, bytes, bool]]:
+        """gRPC's calls before a client's inferences for `model`, by name ("") and by each of `versions`, answered as
+        the gRPC port answers them (for a model unloaded since, what the port says of it)."""
         answers: list[tuple[bytes, bytes, bytes, bool]] = []
-        versions = [""]  # the request without a version, and with the served one
-        try:
-            served = service.model(model)
-            versions.append(served.spec.version)
-            asked: dict[str, Message] = {
-                "ModelMetadata": metadata_response(service, served),
-                "ModelConfig": config_response(served),
-                "ModelReady": pb.ModelReadyResponse(ready=served.readiness()[0]),
-            }
-            found = {method: (OK_TRAILERS, response.SerializeToString()) for method, response in asked.items()}
-        except ServiceError as error:  # unloaded since: what the gRPC port says of it
-            found = dict.fromkeys(("ModelMetadata", "ModelConfig", "ModelReady"), (error_trailers(error)[0], b""))
         for version in versions:
+            try:
+                served = self.service.model(model, version or None)
+                asked: dict[str, Message] = {
+                    "ModelMetadata": metadata_response(self.service, served),
+                    "ModelConfig": config_response(served),
+                    "ModelReady": pb.ModelReadyResponse(ready=served.readiness()[0]),
+                }
+                found = {method: (OK_TRAILERS, response.SerializeToString()) for method, response in asked.items()}
+            except ServiceError as error:
+                found = dict.fromkeys(("ModelMetadata", "ModelConfig", "ModelReady"), (error_trailers(error)[0], b""))
             request = pb.ModelMetadataRequest(name=model, version=version).SerializeToString()
             for method, (trailers, message) in found.items():  # the three requests have the same fields
                 answers.append((grpc_key(method, request), trailers, message, True))

@@ -35,10 +35,11 @@ Key = tuple[str, str | None] | None  # (name, version or None) as the request na
 
 @dataclass(frozen=True, eq=False)
 class DoorModel:
-    """A served model's parts at the door: where its rows go and how they are checked and answered."""
+    """A served model's parts at the door: how its rows are checked and answered. Its batcher is not among them: a
+    version replaced or unloaded lets its batcher and engines go (app/service.py's retire), and a part kept here must
+    not hold them."""
 
     served: ServedModel
-    batcher: Batcher
     answers: Answers
     v2: V2Headers
     grpc: tuple[GrpcHeaders, GrpcAnswers] | None  # None: the door serves no gRPC
@@ -50,10 +51,12 @@ class DoorModel:
 
 @dataclass(frozen=True, eq=False)
 class Group:
-    """A bulk's rows for one model (`rows`: their indices, in order), or for a model refused with `error`."""
+    """A bulk's rows for one model (`rows`: their indices, in order) and its batcher as the bulk was taken, or rows
+    for a model refused with `error`."""
 
     rows: np.ndarray
     model: DoorModel | None
+    batcher: Batcher | None = None
     error: ServiceError | None = None
 
 
@@ -87,8 +90,9 @@ class DoorModels:
 
     def groups(self, count: int, kinds: np.ndarray | None, headers: list[bytes] | None
                ) -> tuple[list[Group], list[bytes] | None]:  # fmt: skip
-        """A bulk's `count` rows grouped by model, and its headers as each model's checks read them (a v2
-        request's without its model). A group's error is the one its rows are answered with."""
+        """A bulk's `count` rows grouped by the model each names (requests that name one model differently, by
+        /predict, by name, by name and version, are one group), and its headers as each model's checks read them
+        (a v2 request's without its model). A group's error is the one its rows are answered with."""
         if kinds is None or headers is None or not (named := (kinds == V2) | (kinds == GRPC)).any():
             return [self._group(np.arange(count), None)], headers
         headers = list(headers)
@@ -104,29 +108,32 @@ class DoorModels:
             keys.setdefault(key, []).append(i)
         if (rest := np.flatnonzero(~named)).size:
             keys[None] = [*keys.get(None, []), *rest.tolist()]
-        return [self._group(np.sort(np.array(rows)), key) for key, rows in keys.items()], headers
+        groups: dict[int, Group] = {}  # by the served model (an error: by its key), so that one model is one group
+        for key, rows in keys.items():
+            group = self._group(np.sort(np.array(rows)), key)
+            mine = id(group.model.served) if group.model is not None else id(group)
+            if mine in groups:
+                both = np.sort(np.concatenate((groups[mine].rows, group.rows)))
+                group = Group(both, group.model, group.batcher)
+            groups[mine] = group
+        return list(groups.values()), headers
 
     def _group(self, rows: np.ndarray, key: Key) -> Group:
         try:
-            return Group(rows, self.default() if key is None else self.named(*key))
+            model = self.default() if key is None else self.named(*key)
+            batcher = model.served.ready_batcher()  # not ready (a failure, a broken device): as the port refuses it
         except ServiceError as error:
-            return Group(rows, None, error)
+            return Group(rows, None, error=error)
+        assert isinstance(batcher, Batcher), "the front door runs in the process of the engines"
+        return Group(rows, model, batcher)
 
     def _model(self, served: ServedModel) -> DoorModel:
+        engine = served.ready_batcher().engines[0].name  # the answers name it
         found = self._parts.get(served)
-        if found is not None and found.batcher is served.batcher:
-            served.ready_batcher()  # not ready (a failure, a broken device): refused as the port refuses it
+        if found is not None and found.answers.engine == engine:
             return found
-        batcher = served.ready_batcher()
-        assert isinstance(batcher, Batcher), "the front door runs in the process of the engines"
-        if len(self._parts) > 2 * len(self.service.models):  # some were replaced or unloaded since: let go
-            self._parts = {old: parts for old, parts in self._parts.items() if self._serving(old)}
+        self._parts = {old: parts for old, parts in self._parts.items() if not old.retired}  # replaced, unloaded
         grpc = None if self.grpc is None else self.grpc.parts(served)
-        answers = Answers(served, batcher.engines[0].name, self.v2)
-        made = DoorModel(served, batcher, answers, V2Headers(self.v2, served.spec), grpc)
+        made = DoorModel(served, Answers(served, engine, self.v2), V2Headers(self.v2, served.spec), grpc)
         self._parts[served] = made
         return made
-
-    def _serving(self, served: ServedModel) -> bool:
-        name = served.spec.name
-        return self.service.models.get(name) is served or served in self.service.versions.get(name, {}).values()

@@ -83,6 +83,7 @@ class FrontDoor:
         self.grpc = grpc  # the gRPC calls' parts, where the door serves gRPC
         self.pinned = pinned  # the door's buffers the GPU decoder writes pixels into directly (pin_buffers)
         self.refused: dict[tuple[str, str], int] = {}  # (format, code) → what was counted into Prometheus so far
+        self.left_out: list[str] = []  # the models whose metadata the door's answers have no room for
         self.model = service.model(None).spec.name  # the default model: the door opened for its images
         self._set_gets()
         self.counter = asyncio.create_task(self._tend_forever(), name="front-door-tending")
@@ -209,39 +210,45 @@ class FrontDoor:
         """The GETs a v2 client sends before its inferences (perf_analyzer reads the model's metadata and
         configuration from the address it is given), answered as the HTTP port answers them, a second stale at
         most: for the default model (what the port says of it, unloaded or not) and every model the door serves."""
-        service = self.service
-
-        def answer(status: int, body: bytes) -> tuple[bytes, bytes]:
-            return status_line(status) + b"\r\n" + JSON_HEAD, body
-
-        def readiness(ready: bool) -> tuple[bytes, bytes]:
-            return answer(200 if ready else 503, orjson.dumps({"ready": ready}))
-
         gets = [
-            (b"/v2/health/live", *answer(200, b'{"live":true}'), False),
-            (b"/v2/health/ready", *readiness(service.readiness()[0]), False),
-            (b"/v2", *answer(200, orjson.dumps(tensors.server_metadata())), True),
+            (b"/v2/health/live", *_answer(200, b'{"live":true}'), False),
+            (b"/v2/health/ready", *_readiness(self.service.readiness()[0]), False),
+            (b"/v2", *_answer(200, orjson.dumps(tensors.server_metadata())), True),
         ]
         grpc = self.grpc.server_gets() if self.grpc else []
+        left_out = []
         for name in self._served_here():
-            path = f"/v2/models/{name}".encode()
-            try:
-                served = service.model(name)
-                metadata, config = answer(200, metadata_body(service, served)), answer(200, config_body(served))
-                model_ready = readiness(served.readiness()[0])
-            except ServiceError as error:  # unloaded since: what the HTTP port says of it
-                refused = error_answer(error, v2=True)
-                metadata = config = model_ready = answer(refused.status, refused.body)
-            model = [(path, *metadata, True), (path + b"/config", *config, True),
-                     (path + b"/ready", *model_ready, True)]  # fmt: skip
-            model_grpc = self.grpc.model_gets(name) if self.grpc else []
+            model = [get for version in self._versions(name) for get in self._model_gets(name, version)]
+            model_grpc = self.grpc.model_gets(name, self._versions(name)) if self.grpc else []
             if len(gets) + len(grpc) + len(model) + len(model_grpc) > MAX_GETS:
-                log.warning("front door: the v2 metadata of models past %s are the HTTP port's (%d answers at most)",
-                            name, MAX_GETS)  # fmt: skip
-                break
+                left_out.append(name)
+                continue
             gets += model
             grpc += model_grpc
+        if left_out != self.left_out:  # said once a change, not each second
+            self.left_out = left_out
+            if left_out:
+                log.warning("front door: the v2 metadata of %s are the service's ports' only (it holds %d answers)",
+                            ", ".join(left_out), MAX_GETS)  # fmt: skip
         self.door.set_gets(gets + grpc)
+
+    def _versions(self, name: str) -> list[str]:
+        """ "" (the model by name) and each version of it served now."""
+        return ["", *sorted(self.service.versions.get(name, {}), key=int)]
+
+    def _model_gets(self, name: str, version: str) -> list[tuple[bytes, bytes, bytes, bool]]:
+        """GET /v2/models/<name>[/versions/<version>], its /config and /ready, as the HTTP port answers them (for a
+        model unloaded since, what the port says of it)."""
+        service = self.service
+        path = f"/v2/models/{name}".encode() + (f"/versions/{version}".encode() if version else b"")
+        try:
+            served = service.model(name, version or None)
+            metadata, config = _answer(200, metadata_body(service, served)), _answer(200, config_body(served))
+            model_ready = _readiness(served.readiness()[0])
+        except ServiceError as error:
+            refused = error_answer(error, v2=True)
+            metadata = config = model_ready = _answer(refused.status, refused.body)
+        return [(path, *metadata, True), (path + b"/config", *config, True), (path + b"/ready", *model_ready, True)]
 
     def _served_here(self) -> list[str]:
         """The default model's name (the door opened for it), then every other served model whose images are the
@@ -261,3 +268,12 @@ class FrontDoor:
             if total > counted:
                 metrics.REQUESTS.labels(model="", protocol=PROTOCOL, format=form, code=code).inc(total - counted)
                 self.refused[(form, code)] = total
+
+
+def _answer(status: int, body: bytes) -> tuple[bytes, bytes]:
+    """A GET's status and header lines, and its JSON body, as door.c writes them."""
+    return status_line(status) + b"\r\n" + JSON_HEAD, body
+
+
+def _readiness(ready: bool) -> tuple[bytes, bytes]:
+    return _answer(200 if ready else 503, orjson.dumps({"ready": ready}))

@@ -82,13 +82,15 @@ def test_each_model_that_takes_the_doors_images_gets_the_ports_answers_there(ser
             mine_grpc, theirs_grpc = calls
             assert mine_grpc.get_response() == theirs_grpc.get_response()
             assert mine_grpc.get_response().model_name == model
-        with triton_http.InferenceServerClient(server["door"]) as door, triton_http.InferenceServerClient(port) as it:
-            for call in ("get_model_metadata", "get_model_config", "is_model_ready"):
-                assert getattr(door, call)(model) == getattr(it, call)(model), (model, call)
-        with triton_grpc.InferenceServerClient(server["door_grpc"]) as door, \
-             triton_grpc.InferenceServerClient(server["grpc"]) as it:  # fmt: skip
-            for call in ("get_model_metadata", "get_model_config", "is_model_ready"):
-                assert getattr(door, call)(model) == getattr(it, call)(model), (model, call)
+        for version in ("", "1"):  # by name, and by name and version (perf_analyzer's -x)
+            with triton_http.InferenceServerClient(server["door"]) as door, \
+                 triton_http.InferenceServerClient(port) as it:  # fmt: skip
+                for call in ("get_model_metadata", "get_model_config", "is_model_ready"):
+                    assert getattr(door, call)(model, version) == getattr(it, call)(model, version), (model, call)
+            with triton_grpc.InferenceServerClient(server["door_grpc"]) as door, \
+                 triton_grpc.InferenceServerClient(server["grpc"]) as it:  # fmt: skip
+                for call in ("get_model_metadata", "get_model_config", "is_model_ready"):
+                    assert getattr(door, call)(model, version) == getattr(it, call)(model, version), (model, call)
     metrics = settled_metrics(server["url"])
     for form in ("v2-binary", "grpc"):
         assert requests_counted(metrics, f'model="{TWIN}",protocol="door",format="{form}",code="200"') == 2
