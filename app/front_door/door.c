@@ -392,7 +392,7 @@ int find_get(door_t *d, const char *key, size_t key_len, const char *authorizati
              char **head, char **body, size_t *body_len) {
     int found = 0;
     pthread_mutex_lock(&d->gets_mu);
-    for (int i = 0; i < MAX_GETS && !found; i++) {
+    for (int i = 0; i < d->n_gets && !found; i++) {
         get_t *g = &d->gets[i];
         if (!g->path || !same(key, key_len, g->path, strlen(g->path))) continue;
         found = 1;
@@ -951,17 +951,33 @@ int fd_take(door_t *d, uint64_t *ids, double *arrived, char *headers, int32_t *h
     return k;
 }
 
-/* GET answer i (< MAX_GETS) set, or replaced: `path`'s answer is "HTTP/1.1 " + `head` (the status's rest and
- * whole header lines) + its length + `body`; `token`: it asks for an inference token. 0 where i is out of range. */
-int fd_set_get(door_t *d, int i, const char *path, const char *head, const char *body, int body_len, int token) {
-    if (i < 0 || i >= MAX_GETS || body_len < 0) return 0;
-    get_t fresh = {strdup(path), strdup(head), malloc((size_t)body_len + 1), (size_t)body_len, token};
-    memcpy(fresh.body, body, (size_t)body_len);
+static void free_gets(get_t *gets, int n) {
+    for (int i = 0; i < n; i++) { free(gets[i].path); free(gets[i].head); free(gets[i].body); }
+    free(gets);
+}
+
+/* The GET answers, all n of them (at most MAX_GETS), in place of the last set: answer i is paths[i]'s, "HTTP/1.1 "
+ * + heads[i] (the status's rest and whole header lines) + its length + bodies[i] (body_lens[i] bytes); tokens[i]:
+ * it asks for an inference token. Made aside and swapped in whole, so that a GET while the set changes (a model
+ * loaded) finds either the old answer or the new. 0 where n or a length is out of range (nothing changed). */
+int fd_set_gets(door_t *d, int n, char *const *paths, char *const *heads, char *const *bodies, const int *body_lens,
+                const int *tokens) {
+    if (n < 0 || n > MAX_GETS) return 0;
+    for (int i = 0; i < n; i++)
+        if (body_lens[i] < 0) return 0;
+    get_t *fresh = calloc((size_t)n + 1, sizeof *fresh);
+    for (int i = 0; i < n; i++) {
+        fresh[i] = (get_t){strdup(paths[i]), strdup(heads[i]), malloc((size_t)body_lens[i] + 1), (size_t)body_lens[i],
+                           tokens[i]};
+        memcpy(fresh[i].body, bodies[i], (size_t)body_lens[i]);
+    }
     pthread_mutex_lock(&d->gets_mu);
-    get_t old = d->gets[i];
-    d->gets[i] = fresh;
+    get_t *old = d->gets;
+    int old_n = d->n_gets;
+    d->gets = fresh;
+    d->n_gets = n;
     pthread_mutex_unlock(&d->gets_mu);
-    free(old.path); free(old.head); free(old.body);
+    free_gets(old, old_n);
     return 1;
 }
 
@@ -1093,7 +1109,7 @@ void fd_close(door_t *d) {
     for (int b = 0; b < d->buffers; b++)
         if (!d->taken[b]) free(d->buffer[b]);
     for (int t = 0; t < d->n_tokens; t++) free(d->tokens[t]);
-    for (int i = 0; i < MAX_GETS; i++) { free(d->gets[i].path); free(d->gets[i].head); free(d->gets[i].body); }
+    free_gets(d->gets, d->n_gets);
     if (d->spare_fd >= 0) close(d->spare_fd);
     free(d->bulk_ids); free(d->bulk_arrived); free(d->bulk_headers); free(d->bulk_header_ends); free(d->bulk_kinds);
     free(d->bulk_lens);

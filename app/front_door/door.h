@@ -24,7 +24,7 @@
 #define MAX_HEAD 8192
 #define MAX_V2_HEADER 4096 /* a v2 request's JSON inference header (Triton's clients send ~250 bytes), or a gRPC
                            * call's fields but its pixels (~100 bytes) */
-#define MAX_GETS 256       /* the answers Python sets (fd_set_get): the v2 metadata a client reads first, per model */
+#define MAX_GETS 1024      /* the answers Python sets (fd_set_gets): the v2 metadata a client reads first, per model */
 #define MAX_BUFFERS 34 /* server.py's door_buffers at app/config.py's largest in_flight (16) and jpeg_launches (8) */
 #define MAX_TOKENS 64
 #define SWEEP_S 0.25
@@ -134,7 +134,8 @@ typedef struct {
     size_t token_lens[MAX_TOKENS];
     int n_tokens;
     pthread_mutex_t gets_mu;      /* the GET answers: set by Python's thread, read by the door's */
-    get_t gets[MAX_GETS];
+    get_t *gets;                  /* n_gets of them (fd_set_gets), swapped whole */
+    int n_gets;
     int stop, draining;           /* __atomic: set by Python's thread, read by the door's */
     int open_conns;               /* under table_mu */
     int high_fd;                  /* the highest fd accepted (__atomic): sweeps look no further */

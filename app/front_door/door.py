@@ -20,7 +20,7 @@ GRPC_CODE_NAMES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_E
                    "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
                    "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED")  # fmt: skip
 GRPC_CODES = len(GRPC_CODE_NAMES)
-MAX_GETS = 256  # door.h's: answers set at most (GETs, and gRPC's metadata calls)
+MAX_GETS = 1024  # door.h's: answers set at most (GETs, and gRPC's metadata calls)
 # door.h's kinds of request: a bulk row's. An image upload's row holds its encoded bytes until decoded over them:
 # JPEG where door.c found one nvJPEG takes, IMAGE for Pillow (app/front_door/images.py). A V2 row's header is its
 # model as its path names it, b"\n", then its JSON inference header (model_and_header).
@@ -57,8 +57,8 @@ def _load(library: Path) -> ctypes.CDLL:
     lib.fd_counts.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     lib.fd_refusal_code.restype = ctypes.c_int
     lib.fd_refusal_code.argtypes = [ctypes.c_int]
-    lib.fd_set_get.restype = ctypes.c_int
-    lib.fd_set_get.argtypes = (pointer, number, text, text, text, number, number)
+    lib.fd_set_gets.restype = ctypes.c_int
+    lib.fd_set_gets.argtypes = (pointer, number, pointer, pointer, pointer, pointer, pointer)
     lib.fd_drain.argtypes = [ctypes.c_void_p]
     lib.fd_close.argtypes = [ctypes.c_void_p]
     return lib
@@ -110,7 +110,6 @@ class Door:
         self._which = ctypes.c_int()
         self._jpegs = ctypes.c_int()
         self.refusal_codes = [lib.fd_refusal_code(i) for i in range(REFUSALS)]
-        self._gets_set = 0  # set_gets' answers last set
 
     @property
     def buffers(self) -> list[np.ndarray]:
@@ -163,16 +162,19 @@ class Door:
         """The GETs the door answers itself, each (path, status and header lines, body, whether it asks for an
         inference token): e.g. (b"/v2/models/m", b"200 OK\\r\\ncontent-type: application/json\\r\\n", b"{…}",
         True). A gRPC call's: (its grpc_key, its trailers' lines, its response message, token). Set again, the
-        list replaces the one before: each at its place, and the places past it emptied (an unloaded model's)."""
+        list replaces the one before whole (door.c swaps it in at once)."""
         if len(answers) > MAX_GETS:
             raise ValueError(f"the front door answers at most {MAX_GETS} GETs, not {len(answers)}")
         if not self._door:
             return
-        for i, (path, head, body, token) in enumerate(answers):
-            self._lib.fd_set_get(self._door, i, path, head, body, len(body), token)
-        for i in range(len(answers), self._gets_set):  # an empty path is found by no request
-            self._lib.fd_set_get(self._door, i, b"", b"", b"", 0, 0)
-        self._gets_set = len(answers)
+        n = len(answers)
+        paths = (ctypes.c_char_p * n)(*(path for path, _, _, _ in answers))
+        heads = (ctypes.c_char_p * n)(*(head for _, head, _, _ in answers))
+        bodies = (ctypes.c_char_p * n)(*(body for _, _, body, _ in answers))  # bytes, NULs and all: lengths below
+        lengths = (ctypes.c_int * n)(*(len(body) for _, _, body, _ in answers))
+        tokens = (ctypes.c_int * n)(*(int(token) for *_, token in answers))
+        if not self._lib.fd_set_gets(self._door, n, paths, heads, bodies, lengths, tokens):
+            raise ValueError("the front door refused the GET answers")  # n and lengths are checked above: a fault
 
     def open_connections(self) -> int:
         return self.counts()[2] if self._door else 0
