@@ -19,6 +19,9 @@ on --loadgen-cores:
   gen-v2-http, gen-v2-grpc, gen-v2-grpc-stream  our generator over the Open Inference Protocol, UINT8
            (--form v2): binary tensors over HTTP, ModelInfer calls, ModelStreamInfer streams (a
            channel, so a connection, per request in flight)
+  gen-v2-http-twins  gen-v2-http split between two models of one server, the model and its twin (a copy
+           under another name, served beside it wherever this kind is asked): two generators at once, half
+           the requests in flight each, their images a second summed; several models through one front door
 
 against each of --designs: engine-process (--workers HTTP workers, one engine process), per-process (an
 engine a worker), front-door (one process, the front door's --workers C threads: raw, hey, v2-http,
@@ -76,8 +79,9 @@ PERF_ANALYZER_KINDS = {
 }
 GENERATOR_FORMS = {"raw": "raw", "jpeg": "photo", "jpeg-body": "jpeg"}  # our generator's kinds: its --form
 GENERATOR_V2 = {"gen-v2-http": "lean", "gen-v2-grpc": "grpc", "gen-v2-grpc-stream": "grpc-stream"}  # its --client
-KINDS = (*GENERATOR_FORMS, *GENERATOR_V2, "hey", *PERF_ANALYZER_KINDS)
-DOOR_KINDS = ("raw", "hey", "v2-http", "gen-v2-http", "jpeg-body")  # the front-door design's kinds that go to its port
+TWINS = "gen-v2-http-twins"  # gen-v2-http over the model and its twin at once
+KINDS = (*GENERATOR_FORMS, *GENERATOR_V2, TWINS, "hey", *PERF_ANALYZER_KINDS)
+DOOR_KINDS = ("raw", "hey", "v2-http", "gen-v2-http", TWINS, "jpeg-body")  # the front-door design's kinds to its port
 DOOR_GRPC_KINDS = ("v2-grpc", "v2-grpc-channels", "gen-v2-grpc")  # and to its gRPC port (no streams there)
 DOOR_ROUTE = "/predict"  # the door's one route for pixels and uploads (the default model's)
 
@@ -198,6 +202,7 @@ class OneImage:
         self.hey = resolve_hey(args.hey)
         self.record: dict[str, Any] = {"command": shlex.join(["python3", *sys.argv]), "designs": {}, "notes": []}
         self.model = args.model_folder.name
+        self.twin = f"{self.model}-twin"  # served beside it where gen-v2-http-twins is asked
         self.route = f"/v1/models/{self.model}/predict"  # raw and hey's, but at the front door (DOOR_ROUTE)
 
     def save(self) -> None:
@@ -219,6 +224,8 @@ class OneImage:
         """One closed-loop point of `kind` at `url` (raw's and hey's path: `route`)."""
         a = self.args
         processes = str(min(a.processes, concurrency))
+        if kind == TWINS:
+            return self.twins(url, concurrency)
         if kind in GENERATOR_FORMS or kind in GENERATOR_V2:
             load, path = self.generator_load(kind, route)
             target = f"grpc://127.0.0.1:{ports['grpc']}" if kind in ("gen-v2-grpc", "gen-v2-grpc-stream") else url
@@ -238,6 +245,29 @@ class OneImage:
         return perf_analyzer(a.perf_analyzer, self.model, protocol, address, concurrency, window_s, self.work,
                              a.loadgen_cores, a.image_shape, share_count=share_count,
                              streaming=streaming)  # fmt: skip
+
+    def twins(self, url: str, concurrency: int) -> dict[str, Any]:
+        """gen-v2-http against the model and its twin at once, half of `concurrency` (and of the generator's
+        processes) each: their images a second summed, and each one's figures."""
+        half, processes = max(1, concurrency // 2), str(max(1, min(self.args.processes, concurrency) // 2))
+        each: dict[str, dict[str, Any]] = {}
+
+        def run(model: str) -> None:
+            each[model] = self.generator(url, f"{TWINS}-{model}-{concurrency}", "--form", "v2", "--client", "lean",
+                                         "--concurrency", str(half), "--processes", processes,
+                                         path=f"/v2/models/{model}/infer")  # fmt: skip
+
+        threads = [threading.Thread(target=run, args=(model,)) for model in (self.model, self.twin)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        errors = [f"{model}: {result['error']}" for model, result in each.items() if "error" in result]
+        if errors:
+            return {"error": "; ".join(errors), "each": each}
+        p99 = max(result["latency_ms"]["p99"] for result in each.values())
+        return {"images_per_s": sum(result["images_per_s"] for result in each.values()), "latency_ms": {"p99": p99},
+                "each": each}  # fmt: skip
 
     def profile(self, server: Any, tag: str) -> tuple[threading.Thread, list[subprocess.Popen[str]], Path]:
         """py-spy on the server and its children (the workers, the engine process), for 3 s once the point's
@@ -292,7 +322,8 @@ class OneImage:
         if design == "front-door":
             door = {"front_door_port": door_port, "front_door_grpc_port": door_grpc_port}
             door["front_door_threads"] = a.workers
-        env = service_env(port, device=a.device, model_repository=repository, buckets=a.buckets,
+        twins = {"default_model": self.model} if (repository / self.twin).is_dir() else {}
+        env = service_env(port, device=a.device, model_repository=repository, buckets=a.buckets, **twins,
                           workers=1 if door else a.workers, grpc_port=grpc_port, max_body_bytes=64 * 2**20,
                           max_inflight_bytes=1024 * 2**20, engine_process=str(design == "engine-process").lower(),
                           **door)  # fmt: skip
@@ -400,6 +431,9 @@ class OneImage:
         self.record["engine_peak"] = peak
         print(f"engine peak: {peak['images_per_s']} img/s at bucket {peak['bucket']}", flush=True)
         self.save()
+        if TWINS in f"{a.kinds},{a.variant_kinds}":  # every server of the run serves both: the peak is one model's
+            shutil.copytree(a.model_folder, repository / self.twin)
+            self.record["notes"].append(f"{self.twin}: {self.model} under another name, served beside it")
         for design in a.designs.split(","):
             self.design(design, peak["images_per_s"])
         for entry in filter(None, a.variants.split(";")):  # name=CGSERVE_X=1,CGSERVE_Y=2, on the first design
