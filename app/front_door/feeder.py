@@ -89,7 +89,8 @@ class Feeder:
         self.full = max(settings.buckets)  # a largest bucket's rows: a bulk's pieces
         self.pieces: dict[int, int] = {}  # a taken bulk's buffer → its pieces not yet answered
         self.timer: asyncio.Handle | None = None  # the next pump's, while a partial bulk waits
-        self.batcher: Batcher | None = None  # the last bulk's model's: its clock says when to take a partial one
+        self.batcher: Batcher | None = None  # the model of most of the last bulk's rows: its clock says when to take
+        # a partial one
         self.models = DoorModels(service, shape, V2Codec(service), grpc)  # which model each row is for, its parts
         # The door runs where the engines are: the service's decoder is its own GPU one (or None: Pillow's).
         self.images = BulkImages(cast(JpegBatchDecoder | None, service.jpeg_decoder), settings.max_image_pixels,
@@ -178,9 +179,10 @@ class Feeder:
                 self._refuse(requests[group.rows], group.error, model="")
                 continue
             metrics.front_door_wait(group.model.name).observe_many(time.monotonic() - bulk.arrived[group.rows])
-            for which in pieces_of(np.setdiff1d(group.rows, images)):  # pixels: /predict's, v2 and gRPC tensors
+            pixels = np.setdiff1d(group.rows, images) if images.size else group.rows  # /predict's, v2, gRPC tensors
+            for which in pieces_of(pixels):
                 self._enqueue(bulk, requests, headers, which, group)
-            if (uploads := np.intersect1d(group.rows, images)).size:  # the default model's: POST /predict's
+            if images.size and (uploads := np.intersect1d(group.rows, images)).size:  # the default model's
                 self._decode(bulk, requests, uploads, group)
         self._piece_done(bulk.buffer, pump=False)
 
