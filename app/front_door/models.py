@@ -3,9 +3,10 @@
 The door takes one image's pixels for any model whose input is an image of the shape its rows were opened for
 (the default model's): POST /predict is the default model's; a v2 infer names its model in its path (door.c puts
 "<name>[/versions/<version>]" before its JSON header); a gRPC call in its model_name and model_version fields. A
-bulk's rows are grouped by the model they name, each group queued on that model's batcher and answered in its
-model's words. A model that is not served, or takes images of another shape, is refused as the service's port
-would refuse it, or with what to do instead.
+bulk's rows are grouped by the served model they name (one group however they name it: /predict, by name, by
+name and version), each group queued on that model's batcher and answered in its model's words. A model that is
+not served, or takes images of another shape, is refused as the service's port would refuse it, or with what to
+do instead.
 
 A client sends the same fields with every call, so a gRPC call's model is read once per distinct request (its id
 cut off: grpc_calls.py), and each model's parts (its answers, and the checks of its v2 headers and gRPC requests)
