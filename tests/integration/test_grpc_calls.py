@@ -315,3 +315,13 @@ def test_a_large_typed_fp32_input_is_decoded(server: dict[str, str]) -> None:
         answer = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=WAIT_S)
     probabilities = np.frombuffer(answer.raw_output_contents[0], dtype="<f4").reshape(8, 10)
     assert np.allclose(probabilities.sum(axis=1), 1, atol=1e-5)
+
+
+def test_a_load_with_model_control_off_says_how_to_turn_it_on(server: dict[str, str]) -> None:
+    """RepositoryModelLoad on a server whose model control is off: UNAVAILABLE in Triton's words, and, as the HTTP
+    port says it, the setting that allows it."""
+    with pytest.raises(InferenceServerException) as refused:
+        triton_grpc.InferenceServerClient(server["grpc"]).load_model("gated")
+    assert refused.value.status() == str(grpc.StatusCode.UNAVAILABLE)
+    assert "not allowed if polling is enabled" in refused.value.message()
+    assert "CGSERVE_MODEL_CONTROL=explicit" in refused.value.message()

@@ -80,6 +80,11 @@ STOPPED = (
 FINAL_RESPONSE_ASKED, FINAL_RESPONSE = "triton_enable_empty_final_response", "triton_final_response"
 
 
+def status_text(error: ServiceError) -> str:
+    """A refusal's grpc-message: what was wrong, and what was expected where the error says."""
+    return f"{error.message}; expected {error.expected}" if error.expected else error.message
+
+
 @dataclass(frozen=True, slots=True)
 class Abort:
     """A refused or failed call: aborted with this code and text."""
@@ -123,8 +128,7 @@ class GrpcCodec:
 
     def failure(self, error: ServiceError) -> tuple[Any, str]:
         code = STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL)
-        text = f"{error.message}; expected {error.expected}" if error.expected else error.message
-        return Abort(code, text), code.name
+        return Abort(code, status_text(error)), code.name
 
     def cancelled(self) -> tuple[str, str]:
         """grpc.aio cancels the handler when the client cancels the call or its deadline passes: nobody is
@@ -263,8 +267,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             if unsupported:
                 raise ControlError(400, f"load parameters {unsupported} are not supported", expected=LOAD_EXPECTED)
             await operation(request.model_name)
-        except ServiceError as error:
-            await context.abort(STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL), error.message)
+        except ServiceError as error:  # what to do instead too, as the HTTP port says it
+            await context.abort(STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL), status_text(error))
 
     async def _model(self, name: str, version: str, context: Any) -> ServedModel:
         try:
