@@ -105,3 +105,70 @@ def test_each_of_64_connections_gets_its_images_scores(door: tuple[str, str, str
     connections = {form: len(range(kind, CONNECTIONS, 3)) for kind, form in enumerate(("raw", "v2-binary", "grpc"))}
     assert answered == {form: n * EACH for form, n in connections.items()}
     assert "cgserve_batches_total{" in metrics
+
+
+@pytest.fixture
+def twins_door(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
+    """One process serving the seed CNN and a twin of it (the same weights under another name) on the GPU."""
+    import shutil
+
+    repository = tmp_path / "repository"
+    for name in ("fashion-cnn", "fashion-twin"):
+        shutil.copytree(Path(__file__).resolve().parents[2] / "models" / "repository" / "fashion-cnn",
+                        repository / name)  # fmt: skip
+    port, grpc_port = free_port(), free_port()
+    settings = {"device": "cuda", "engine": "cuda-graph", "compile": "none", "front_door_port": str(port),
+                "front_door_grpc_port": str(grpc_port), "front_door_threads": "4",
+                "model_repository": str(repository), "default_model": "fashion-cnn"}  # fmt: skip
+    with running_server(tmp_path / "server.log", SERVE, **settings) as url:
+        yield url, f"http://127.0.0.1:{port}", f"127.0.0.1:{grpc_port}"
+
+
+def test_two_models_behind_one_door_each_answer_their_own_requests(twins_door: tuple[str, str, str]) -> None:
+    """32 connections, every other one to the twin, half over v2 HTTP and half over gRPC, at once: each model's
+    graphs answer their own requests (the answer names the model) with each image's eager scores."""
+    import grpc
+
+    from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
+
+    url, door_url, grpc_address = twins_door
+    connections = 32
+    images = np.random.default_rng(1).integers(0, 256, (connections * EACH, 1, 28, 28), dtype=np.uint8)
+    want = eager(images.astype(np.float32) / 255)
+
+    def one_connection(first: int) -> list[list[float]]:
+        model = ("fashion-cnn", "fashion-twin")[first % 2]
+        answers = []
+        if first % 4 >= 2:
+            with grpc.insecure_channel(grpc_address) as channel:
+                infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                            pb.ModelInferRequest.SerializeToString,
+                                            pb.ModelInferResponse.FromString)  # fmt: skip
+                tensor = pb.ModelInferRequest.InferInputTensor(name="input", datatype="UINT8", shape=[1, 1, 28, 28])
+                for i in range(first, len(images), connections):
+                    request = pb.ModelInferRequest(model_name=model, inputs=[tensor],
+                                                   raw_input_contents=[images[i].tobytes()])  # fmt: skip
+                    answer = infer(request, timeout=30)
+                    assert answer.model_name == model
+                    answers.append(np.frombuffer(answer.raw_output_contents[0], np.float32).tolist())
+            return answers
+        with httpx.Client(base_url=door_url, timeout=30) as client:
+            for i in range(first, len(images), connections):
+                answer = client.post(f"/v2/models/{model}/infer", content=V2_HEADER + images[i].tobytes(),
+                                     headers={"inference-header-content-length": str(len(V2_HEADER))})  # fmt: skip
+                assert answer.status_code == 200, answer.text
+                length = int(answer.headers["inference-header-content-length"])
+                assert orjson.loads(answer.content[:length])["model_name"] == model
+                answers.append(np.frombuffer(answer.content[length:], np.float32).tolist())
+        return answers
+
+    with ThreadPoolExecutor(connections) as pool:
+        together = list(pool.map(one_connection, range(connections)))
+    got = np.empty_like(want)
+    for first, answers in enumerate(together):
+        got[first::connections] = answers
+    assert relative_error(got, want) < 1e-3
+    metrics = settled_metrics(url).splitlines()
+    for model in ("fashion-cnn", "fashion-twin"):  # each model's own graphs ran
+        batches = [line for line in metrics if line.startswith("cgserve_batches_total{") and f'model="{model}"' in line]
+        assert sum(float(line.rsplit(" ", 1)[1]) for line in batches) > 0, model
