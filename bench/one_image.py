@@ -25,8 +25,9 @@ on --loadgen-cores:
 
 against each of --designs: engine-process (--workers HTTP workers, one engine process), per-process (an
 engine a worker), front-door (one process, the front door's --workers C threads: raw, hey, v2-http,
-gen-v2-http and jpeg-body go to its port, POST /predict and the v2 infer; v2-grpc, v2-grpc-channels and
-gen-v2-grpc to its gRPC port, ModelInfer; the streaming kinds to the service's own gRPC port).
+gen-v2-http, gen-v2-http-twins and jpeg-body go to its port, POST /predict and the v2 infer; v2-grpc,
+v2-grpc-channels and gen-v2-grpc to its gRPC port, ModelInfer; the streaming kinds to the service's own gRPC
+port).
 
 each at every --concurrencies, then open loop at 70 % of each generator kind's best figure for its p99 (raw,
 jpeg, jpeg-body, gen-v2-http, gen-v2-grpc). Beside every point: the rows per batch and queue wait the server's own
@@ -322,8 +323,9 @@ class OneImage:
         if design == "front-door":
             door = {"front_door_port": door_port, "front_door_grpc_port": door_grpc_port}
             door["front_door_threads"] = a.workers
-        twins = {"default_model": self.model} if (repository / self.twin).is_dir() else {}
-        env = service_env(port, device=a.device, model_repository=repository, buckets=a.buckets, **twins,
+        # Two models in the repository (the twin): the default named, or POST /predict would have none.
+        default_model = {"default_model": self.model} if (repository / self.twin).is_dir() else {}
+        env = service_env(port, device=a.device, model_repository=repository, buckets=a.buckets, **default_model,
                           workers=1 if door else a.workers, grpc_port=grpc_port, max_body_bytes=64 * 2**20,
                           max_inflight_bytes=1024 * 2**20, engine_process=str(design == "engine-process").lower(),
                           **door)  # fmt: skip

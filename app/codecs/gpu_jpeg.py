@@ -318,7 +318,8 @@ class GpuJpegDecoder:
         a copy, and the others' into one pinned block of the group's."""
         placed: list[tuple[int, Place]] = []  # (group row, where its `out` is pinned)
         others: list[int] = []
-        find = self._pinned.place if self._pinned else None  # none pinned (no front door here): no look an image
+        # None where none is pinned (no front door here, or jpeg_pinned_rows off): no look an image then.
+        find = self._pinned.place if self._pinned else None
         for row, (i, _) in enumerate(group):
             out = jobs[i].out
             place = find(out) if find is not None and out is not None else None

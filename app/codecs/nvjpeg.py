@@ -237,7 +237,7 @@ class BatchDecoder:
         except BaseException:  # what it queued may still read `images`, which the caller reuses once it hears
             done.record(self.stream)
             self._previous = done
-            done.synchronize()  # an error's path: the wait is worth the order
+            done.synchronize()  # on the error path only: the caller may reuse `images` once it hears of it
             raise
         done.record(self.stream)  # the next batch on this state waits for it
         self._previous = done

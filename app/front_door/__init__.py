@@ -26,7 +26,7 @@ with a no-op, where this design, with Python's work per bulk, reached 0.72×
 (bench/results/2026-12-03-run34-h200-front-door.md).
 
 It runs in the process that holds the engines (the server with one worker, or the engine process), so
-that one batcher sees every request, and only where front_door_port is set. Everything else (other
+that each model's one batcher sees every request for it, and only where front_door_port is set. Everything else (other
 routes, models of other images, JSON, v2's JSON tensors, FP32 or encoded v2 images, multipart, chunked bodies, TLS)
 is the service's ports': the door answers it a 4xx, or a gRPC status, that says so. It keeps its own limits
 (door.c's and grpc.c's headers) and counts into the same metrics, under protocol "door" (format "raw",
@@ -38,7 +38,8 @@ Python held gRPC to 0.53–0.60× of the engine's peak (run 25).
 
     library.py     door.c and grpc.c built (or the one the settings name)
     door.py        the C side through ctypes
-    feeder.py      bulks onto the batcher, answers back: the flow control
+    feeder.py      bulks onto their models' batchers, answers back: the flow control
+    models.py      which model each row is for (POST /predict, a v2 path, a gRPC model_name), and its parts
     images.py      a bulk's JPEG and PNG uploads decoded over their own rows (the GPU decoder, Pillow)
     v2_headers.py  a v2 request's JSON header, checked by the HTTP port's codec once per distinct header
     grpc_calls.py  a gRPC call's request checked by the gRPC port's decode once per distinct request, its

@@ -7,11 +7,12 @@
  * Threads: `threads` POSIX threads each run an epoll loop over the shared listening socket
  * (EPOLLEXCLUSIVE: one thread wakes an accept) and the connections they accepted. A request's
  * pixels are copied into the bulk being filled (one of `buffers` of max_rows × row_bytes, which
- * Python reads in place; a v2 request's JSON header goes beside them, for Python to check) and its
+ * Python reads in place; its header goes beside them, for Python to check: a v2 request's model and JSON
+ * inference header, a gRPC call's other fields) and its
  * connection waits. The bulk's first row writes the eventfd, and so does its `full_rows`-th, so
  * Python's event loop wakes once for however many rows gather before it runs. Python takes the
  * bulk (fd_take: the next free buffer is filled from then on; fd_release gives it back once its
- * rows are staged), queues it on the model's batcher, and hands the answers over (fd_answer): each
+ * rows are staged), queues each model's rows on that model's batcher, and hands the answers over (fd_answer): each
  * goes to the outbox of the thread that owns its connection, which writes it, so Python's thread
  * makes no syscall an answer.
  *
@@ -918,8 +919,8 @@ uint8_t *fd_buffer(door_t *d, int b) { return d->buffer[b]; }
 
 /* The bulk, if any: its rows' count (0: none; -1: no free buffer to fill next, Python holds them all),
  * its buffer's index in *b (read in place until fd_release), its requests' ids, arrival times, kinds and rows'
- * bytes (`lens`), and their v2 headers (`headers`, max_rows × MAX_V2_HEADER bytes; row i's ends at header_ends[i],
- * the previous one's end its start). */
+ * bytes (`lens`), and their headers (`headers`, max_rows × MAX_V2_HEADER bytes; row i's ends at header_ends[i],
+ * the previous one's end its start: a v2 row's "<model>\n" and JSON header, a gRPC row's fields). */
 int fd_take(door_t *d, uint64_t *ids, double *arrived, char *headers, int32_t *header_ends, uint8_t *kinds,
             int32_t *lens, int *b) {
     pthread_mutex_lock(&d->bulk_mu);

@@ -22,9 +22,9 @@
 #define MAX_FD 65536
 #define MAX_THREADS 64
 #define MAX_HEAD 8192
-#define MAX_V2_HEADER 4096 /* a v2 request's JSON inference header (Triton's clients send ~250 bytes), or a gRPC
-                           * call's fields but its pixels (~100 bytes) */
-#define MAX_GETS 1024      /* the answers Python sets (fd_set_gets): the v2 metadata a client reads first, per model */
+#define MAX_V2_HEADER 4096 /* a row's header: a v2 request's model, a newline and its JSON inference header
+                           * (Triton's clients send ~250 bytes), or a gRPC call's fields but its pixels (~100) */
+#define MAX_GETS 1024      /* the answers Python sets (fd_set_gets), for every model the door serves together */
 #define MAX_BUFFERS 34 /* server.py's door_buffers at app/config.py's largest in_flight (16) and jpeg_launches (8) */
 #define MAX_TOKENS 64
 #define SWEEP_S 0.25
@@ -128,7 +128,7 @@ typedef struct {
      * refused 503 before its body is read, a gRPC call RESOURCE_EXHAUSTED. */
     int64_t held_bytes, max_held_bytes;
     long long max_pixels;         /* an image upload's at most (CGSERVE_MAX_IMAGE_PIXELS): past it, Pillow's 413 */
-    char path[256];               /* "/predict"; and every model's v2 infer (v2_infer_model) */
+    char path[256];               /* "/predict" (a v2 infer's path is matched by v2_infer_model, not kept) */
     size_t path_len;
     char *tokens[MAX_TOKENS];
     size_t token_lens[MAX_TOKENS];
@@ -156,7 +156,7 @@ typedef struct {
     int bulk_jpegs;               /* its rows that are JPEGs for the GPU decoder (KIND_JPEG) */
     uint64_t *bulk_ids;           /* where each answer goes: http_id, grpc_id */
     double *bulk_arrived;         /* CLOCK_MONOTONIC seconds: Python's time.monotonic() */
-    char *bulk_headers;           /* the v2 requests' JSON headers, one after another (max_rows × MAX_V2_HEADER) */
+    char *bulk_headers;           /* the rows' headers, one after another (max_rows × MAX_V2_HEADER) */
     int32_t *bulk_header_ends;    /* row i's header is bulk_headers[ends[i - 1]:ends[i]] (empty: POST /predict) */
     int32_t *bulk_lens;           /* row i's bytes: row_bytes of pixels, or an image upload's length */
     uint8_t *bulk_kinds;          /* KIND_PREDICT, KIND_V2, KIND_GRPC, KIND_JPEG or KIND_IMAGE */

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 MOST_ROWS = 1024  # a bulk's rows at most (the C side answers 503 past it); more than a batch's: pieces
-MAX_V2_HEADER = 4096  # door.c's: a v2 request's JSON inference header at most
+MAX_V2_HEADER = 4096  # door.c's: a row's header at most (a v2 request's model and JSON header, a gRPC call's fields)
 REFUSALS = 11  # door.c's refusal statuses (fd_refusal_code)
 # gRPC's status codes by number: grpc.c's refusals are counted by code.
 GRPC_CODE_NAMES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
@@ -174,7 +174,8 @@ class Door:
         lengths = (ctypes.c_int * n)(*(len(body) for _, _, body, _ in answers))
         tokens = (ctypes.c_int * n)(*(int(token) for *_, token in answers))
         if not self._lib.fd_set_gets(self._door, n, paths, heads, bodies, lengths, tokens):
-            raise ValueError("the front door refused the GET answers")  # n and lengths are checked above: a fault
+            # n is checked above and the lengths are len()s: a refusal is a fault
+            raise ValueError("the front door refused the GET answers")
 
     def open_connections(self) -> int:
         return self.counts()[2] if self._door else 0

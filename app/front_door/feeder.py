@@ -84,13 +84,13 @@ class Requests:
 class Feeder:
     def __init__(self, door: Door, service: Service, shape: tuple[int, int, int], settings: Settings,
                  grpc: GrpcRows | None = None) -> None:  # fmt: skip
-        self.door, self.service, self.shape, self.grpc = door, service, shape, grpc
+        self.door, self.grpc = door, grpc
         self.in_flight, self.timeout_s = settings.in_flight, settings.request_timeout_s
         self.full = max(settings.buckets)  # a largest bucket's rows: a bulk's pieces
         self.pieces: dict[int, int] = {}  # a taken bulk's buffer → its pieces not yet answered
         self.timer: asyncio.Handle | None = None  # the next pump's, while a partial bulk waits
-        self.batcher: Batcher | None = None  # the model of most of the last bulk's rows: its clock says when to take
-        # a partial one
+        self.batcher: Batcher | None = None  # the batcher of the model with most of the last bulk's rows: its clock
+        # says when to take a partial one
         self.models = DoorModels(service, shape, V2Codec(service), grpc)  # which model each row is for, its parts
         # The door runs where the engines are: the service's decoder is its own GPU one (or None: Pillow's).
         self.images = BulkImages(cast(JpegBatchDecoder | None, service.jpeg_decoder), settings.max_image_pixels,
@@ -170,11 +170,12 @@ class Feeder:
             self._piece_done(bulk.buffer, pump=False)
             return
         images = np.flatnonzero(bulk.kinds >= JPEG) if bulk.kinds is not None else np.empty(0, np.int64)
-        served = [group for group in groups if group.batcher is not None]
-        if served:  # the model with most of the bulk's rows paces the next partial one (_later)
-            self.batcher = max(served, key=lambda group: len(group.rows)).batcher
+        ready = [group for group in groups if group.batcher is not None]
+        if ready:  # the model with most of the bulk's rows paces the next partial one (_later)
+            self.batcher = max(ready, key=lambda group: len(group.rows)).batcher
         for group in groups:
-            if group.model is None:  # not served, or not here: as the service's port says (no label: none looked up)
+            if group.model is None:  # unknown, not ready or not of the door's images (no model label: the name may
+                # be no served model's)
                 assert group.error is not None
                 self._refuse(requests[group.rows], group.error, model="")
                 continue

@@ -26,6 +26,7 @@ from app.protocols.v2.grpc_server import (
     infer_response,
     input_images,
     metadata_response,
+    status_text,
 )
 from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
 from app.protocols.v2.rest import Asked
@@ -44,8 +45,7 @@ def grpc_key(method: str, request: bytes) -> bytes:
 def error_trailers(error: ServiceError) -> tuple[bytes, str]:
     """A refused call's trailers, as the gRPC port aborts it (its code and text), and the code's name."""
     code = STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL)
-    text = f"{error.message}; expected {error.expected}" if error.expected else error.message
-    return b"grpc-status: %d\r\ngrpc-message: %s\r\n" % (code.value[0], _percent(text)), code.name
+    return b"grpc-status: %d\r\ngrpc-message: %s\r\n" % (code.value[0], _percent(status_text(error))), code.name
 
 
 def _percent(text: str) -> bytes:
@@ -233,7 +233,7 @@ class GrpcRows:
 
     def model_of(self, header: bytes) -> tuple[str, str | None] | None:
         """The model a call names, (model_name, model_version or None), read once per distinct request but its id;
-        None where the request does not parse (its model's check says why)."""
+        None where the request does not parse (its model's check says why; such a request is read each time)."""
         rest = header
         if header[:1] == ID_FIELD:
             start, length = _id_field(header)

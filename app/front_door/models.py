@@ -120,9 +120,9 @@ class DoorModels:
         return list(groups.values()), headers
 
     def _group(self, rows: np.ndarray, key: Key) -> Group:
-        try:
+        try:  # unknown, not ready (a failure, a broken device), or of other images: as the port refuses it
             model = self.default() if key is None else self.named(*key)
-            batcher = model.served.ready_batcher()  # not ready (a failure, a broken device): as the port refuses it
+            batcher = model.served.ready_batcher()  # _model's check has passed: the batcher the group goes to
         except ServiceError as error:
             return Group(rows, None, error=error)
         assert isinstance(batcher, Batcher), "the front door runs in the process of the engines"

@@ -84,7 +84,7 @@ class FrontDoor:
         self.pinned = pinned  # the door's buffers the GPU decoder writes pixels into directly (pin_buffers)
         self.refused: dict[tuple[str, str], int] = {}  # (format, code) → what was counted into Prometheus so far
         self.left_out: list[str] = []  # the models whose metadata the door's answers have no room for
-        self.model = service.model(None).spec.name  # the default model: the door opened for its images
+        self.default_name = service.model(None).spec.name  # the default model: the door opened for its images
         self._set_gets()
         self.counter = asyncio.create_task(self._tend_forever(), name="front-door-tending")
         asyncio.get_running_loop().add_reader(wake, self._woken)
@@ -255,8 +255,8 @@ class FrontDoor:
         door's, by name."""
         shape = self.feeder.models.shape
         others = sorted(name for name, served in self.service.models.items()
-                        if name != self.model and served.spec.input_shape == shape)  # fmt: skip
-        return [self.model, *others]
+                        if name != self.default_name and served.spec.input_shape == shape)  # fmt: skip
+        return [self.default_name, *others]
 
     def _count(self) -> None:
         """The C side's refusals since the last count, into cgserve_requests (no model: none was looked up)."""

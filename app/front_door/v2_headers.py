@@ -1,7 +1,8 @@
 """The front door's v2 requests: each JSON inference header checked as the HTTP port checks it, once.
 
-door.c takes POST /v2/models/<default model>/infer whose binary section is one image's uint8 pixels, and
-hands Python each request's JSON header (a Triton client's ~250 bytes: the input's name, shape, datatype and
+door.c takes POST /v2/models/<model>[/versions/<v>]/infer whose binary section is one image's uint8 pixels,
+for any model of the door's images, and hands Python each request's JSON header (models.py takes the model's
+name off its front first) (a Triton client's ~250 bytes: the input's name, shape, datatype and
 binary_data_size, and the outputs it wants). A client sends the same header with every request, so a header
 is checked once, by the HTTP port's own codec, and what it asks is looked up by its bytes from then on. But
 for its "id": perf_analyzer's asynchronous mode numbers every request (run 36: each header checked afresh held

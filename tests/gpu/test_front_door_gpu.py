@@ -2,7 +2,8 @@
 with the engine process; 64 connections' images at once (a third POST /predict, a third v2 binary UINT8 as Triton's
 HTTP clients send it, a third gRPC ModelInfer with UINT8 raw contents, on the door's gRPC port) each get their own
 image's scores, equal to the fp32 model run eagerly, and the bulks went through the graphs (/metrics counts the
-door's answers)."""
+door's answers). And two models behind one door (the seed CNN and its twin, 32 connections over v2 HTTP and gRPC):
+each request answered by its own model's graphs."""
 
 from __future__ import annotations
 

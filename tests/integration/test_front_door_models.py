@@ -70,8 +70,8 @@ def grpc_infer(address: str, model: str, pixels: np.ndarray, version: str = "") 
 
 def test_each_model_that_takes_the_doors_images_gets_the_ports_answers_there(server: dict[str, Any]) -> None:
     """Both models of the door's images, by name and by name and version, over v2 HTTP and gRPC: the door's answer
-    is the port's for that model; so are each one's metadata, configuration and readiness; counted under its
-    own model's name."""
+    is the port's for that model; so are each one's metadata, configuration and readiness; the twin's requests
+    counted under its own name."""
     port = server["url"].removeprefix("http://")
     counted = {form: f'model="{TWIN}",protocol="door",format="{form}",code="200"' for form in ("v2-binary", "grpc")}
     before = settled_metrics(server["url"])  # the module's server: other tests' requests are counted too
