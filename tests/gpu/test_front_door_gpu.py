@@ -8,7 +8,7 @@ each request answered by its own model's graphs."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,17 @@ def grpc_scores(channel: Any, image: np.ndarray) -> list[float]:
     return np.frombuffer(answer.raw_output_contents[0], np.float32).tolist()
 
 
+def at_once(one_connection: Callable[[int], list[list[float]]], connections: int, want: np.ndarray) -> np.ndarray:
+    """Each of `connections` connections' answers at once (connection c sends images c, c + connections, …), put
+    back in the images' order: (k, 10) scores, the shape of `want`."""
+    with ThreadPoolExecutor(connections) as pool:
+        together = list(pool.map(one_connection, range(connections)))
+    got = np.empty_like(want)
+    for first, answers in enumerate(together):
+        got[first::connections] = answers
+    return got
+
+
 @pytest.fixture(params=["one process", "engine process"])
 def door(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str, str]]:
     port, grpc_port = free_port(), free_port()
@@ -88,11 +99,7 @@ def test_each_of_64_connections_gets_its_images_scores(door: tuple[str, str, str
                 answers.append(answer.json()["predictions"][0]["scores"])
             return answers
 
-    with ThreadPoolExecutor(CONNECTIONS) as pool:
-        together = list(pool.map(one_connection, range(CONNECTIONS)))
-    got = np.empty_like(want)
-    for first, answers in enumerate(together):
-        got[first::CONNECTIONS] = answers
+    got = at_once(one_connection, CONNECTIONS, want)
     assert relative_error(got, want) < 1e-3  # fp32 graphs against eager fp32 without TF32
     assert (got.argmax(axis=1) == want.argmax(axis=1)).mean() > 0.99
     metrics = settled_metrics(url)
@@ -163,12 +170,7 @@ def test_two_models_behind_one_door_each_answer_their_own_requests(twins_door: t
                 answers.append(np.frombuffer(answer.content[length:], np.float32).tolist())
         return answers
 
-    with ThreadPoolExecutor(connections) as pool:
-        together = list(pool.map(one_connection, range(connections)))
-    got = np.empty_like(want)
-    for first, answers in enumerate(together):
-        got[first::connections] = answers
-    assert relative_error(got, want) < 1e-3
+    assert relative_error(at_once(one_connection, connections, want), want) < 1e-3
     metrics = settled_metrics(url).splitlines()
     for model in ("fashion-cnn", "fashion-twin"):  # each model's own graphs ran
         batches = [line for line in metrics if line.startswith("cgserve_batches_total{") and f'model="{model}"' in line]
