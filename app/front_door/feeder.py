@@ -181,7 +181,7 @@ class Feeder:
                 continue
             metrics.front_door_wait(group.model.name).observe_many(time.monotonic() - bulk.arrived[group.rows])
             pixels = np.setdiff1d(group.rows, images) if images.size else group.rows  # /predict's, v2, gRPC tensors
-            for which in pieces_of(pixels):
+            for which in pieces_of(pixels, bulk.rows[0].nbytes):
                 self._enqueue(bulk, requests, headers, which, group)
             if images.size and (uploads := np.intersect1d(group.rows, images)).size:  # the default model's
                 self._decode(bulk, requests, uploads, group)
@@ -355,17 +355,20 @@ def _bodies(answers: Answers, grpc: GrpcAnswers | None, scores: np.ndarray, requ
     return bodies, heads
 
 
-# A model's rows in more runs than this are gathered into one array, one copy, rather than queued a run at a time:
-# each piece costs a future, a callback and an answer call, and a bulk of two models taking turns would be a piece
-# a row (a review's count: 64 rows alternating, 64 pieces).
+# A model's rows in more runs than this are gathered into one array, one copy, rather than queued a run at a time,
+# where a row is small: each piece costs a future, a callback and an answer call, and a bulk of two models taking
+# turns would be a piece a row (a review's count: 64 rows alternating, 64 pieces). Past GATHER_ROW_BYTES the copy
+# costs the event loop more than the pieces do (run 49, bench/results/HISTORY.md: two ResNet-50s taking turns
+# through the door, 150 KB a row, lost a seventh of their rate gathered).
 MOST_RUNS = 4
+GATHER_ROW_BYTES = 64 * 1024
 
 
-def pieces_of(rows: np.ndarray) -> list[slice] | list[np.ndarray]:
-    """Sorted row numbers of one model → what to queue: each run of consecutive rows, a view of the bulk; or, in more
-    than MOST_RUNS runs, the rows themselves (queued as one copy of them)."""
+def pieces_of(rows: np.ndarray, row_bytes: int) -> list[slice] | list[np.ndarray]:
+    """Sorted row numbers of one model → what to queue: each run of consecutive rows, a view of the bulk; or, where
+    they are in more than MOST_RUNS runs and a row is at most GATHER_ROW_BYTES, the rows themselves (one copy)."""
     found = runs(rows)
-    return found if len(found) <= MOST_RUNS else [rows]
+    return [rows] if len(found) > MOST_RUNS and row_bytes <= GATHER_ROW_BYTES else found
 
 
 def runs(rows: np.ndarray) -> list[slice]:

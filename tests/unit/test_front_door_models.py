@@ -119,3 +119,16 @@ def test_a_version_replaced_is_let_go_by_the_door(tmp_path: Path) -> None:
         assert gone() is None, [type(holder).__name__ for holder in gc.get_referrers(gone())]
 
     run(tmp_path, scenario)
+
+
+def test_small_rows_are_gathered_and_large_ones_queued_a_run_at_a_time() -> None:
+    """A model's rows in many runs: gathered into one copy where a row is small (the seed CNN's 784 bytes), a view a
+    run where a row is a photo's pixels (150 KB: the copy would cost the event loop more than the pieces)."""
+    from app.front_door.feeder import GATHER_ROW_BYTES, pieces_of
+
+    taking_turns = np.arange(0, 64, 2)
+    gathered = pieces_of(taking_turns, 784)
+    assert len(gathered) == 1 and isinstance(gathered[0], np.ndarray) and (gathered[0] == taking_turns).all()
+    assert len(pieces_of(taking_turns, 3 * 224 * 224)) == 32  # a slice a row
+    assert 3 * 224 * 224 > GATHER_ROW_BYTES >= 784
+    assert pieces_of(np.arange(10), 3 * 224 * 224) == [slice(0, 10)]  # one run: one view, whatever the size
