@@ -67,19 +67,19 @@ class DoorModels:
         self.service, self.shape, self.v2, self.grpc = service, shape, v2, grpc
         self._parts: dict[ServedModel, DoorModel] = {}  # each served model's (and version's) once made
 
-    def default(self) -> DoorModel:
-        """The default model's parts; a ServiceError where it is not ready or no longer takes the door's images."""
+    def default(self) -> ServedModel:
+        """The default model; a ServiceError where it no longer takes the door's images."""
         served = self.service.model(None)
         if served.spec.input_shape != self.shape:
             raise NotReadyError(
                 f"the default model {served.spec.name} now takes {served.spec.input_shape} images and the front "
                 f"door was opened for {self.shape}: send to the HTTP port, or restart the server"
             )
-        return self._model(served)
+        return served
 
-    def named(self, name: str, version: str | None) -> DoorModel:
-        """The named model's parts (its `version`, else its newest); a ServiceError as the service's port answers an
-        unknown one, or where its images are not the door's."""
+    def named(self, name: str, version: str | None) -> ServedModel:
+        """The named model (its `version`, else its newest); a ServiceError as the service's port answers an unknown
+        one, or where its images are not the door's."""
         served = self.service.model(name, version)
         if served.spec.input_shape != self.shape:
             raise InputError(
@@ -87,7 +87,7 @@ class DoorModels:
                 f"{self.shape} only",
                 expected=f"requests for {name} on the service's ports",
             )
-        return self._model(served)
+        return served
 
     def groups(self, count: int, kinds: np.ndarray | None, headers: list[bytes] | None
                ) -> tuple[list[Group], list[bytes] | None]:  # fmt: skip
@@ -121,15 +121,15 @@ class DoorModels:
 
     def _group(self, rows: np.ndarray, key: Key) -> Group:
         try:  # unknown, not ready (a failure, a broken device), or of other images: as the port refuses it
-            model = self.default() if key is None else self.named(*key)
-            batcher = model.served.ready_batcher()  # _model's check has passed: the batcher the group goes to
+            served = self.default() if key is None else self.named(*key)
+            batcher = served.ready_batcher()
         except ServiceError as error:
             return Group(rows, None, error=error)
         assert isinstance(batcher, Batcher), "the front door runs in the process of the engines"
-        return Group(rows, model, batcher)
+        return Group(rows, self._model(served, batcher.engines[0].name), batcher)
 
-    def _model(self, served: ServedModel) -> DoorModel:
-        engine = served.ready_batcher().engines[0].name  # the answers name it
+    def _model(self, served: ServedModel, engine: str) -> DoorModel:
+        """`served`'s parts, made again where its engine (which the answers name) changed."""
         found = self._parts.get(served)
         if found is not None and found.answers.engine == engine:
             return found

@@ -238,7 +238,7 @@ def feed(bulks: list[int], settings: dict[str, Any], break_answers: bool = False
             feeder = Feeder(door, service, (1, 28, 28), service.settings, rows)  # type: ignore[arg-type]
             if break_answers:  # each model's answers raise
                 made = feeder.models._model
-                feeder.models._model = lambda served: dataclasses.replace(made(served), answers=lambda *_: 1 / 0)  # type: ignore[method-assign]
+                feeder.models._model = lambda *parts: dataclasses.replace(made(*parts), answers=lambda *_: 1 / 0)  # type: ignore[method-assign]
             latest = time.monotonic() + 30  # a bulk never given back fails the test's assertions, not hangs it
             while (door.bulks or feeder.out) and time.monotonic() < latest:
                 feeder.pump()
