@@ -76,7 +76,7 @@ def tune(
         say(f"overhead: {args.overhead_requests} lone requests to the real server (bucket {smallest}, max delay 0)")
         passed = {k: v for k, v in overrides.items() if k not in ("buckets", "max_delay_ms", "host", "port")}
         try:
-            overhead = measure_overhead(
+            overhead, subtracted = measure_overhead(
                 model=name,
                 input_shape=model.spec.input_shape,
                 bucket=smallest,
@@ -89,7 +89,7 @@ def tune(
         except (RuntimeError, TimeoutError) as error:  # the server's log tail is in the message
             sys.stderr.write(f"the overhead server failed (give --overhead-ms to skip it): {error}\n")
             return 1
-        source = "measured: the real server at low load, latency less the median replay of its bucket"
+        source = f"measured: the real server at low load, latency less {subtracted}"
     say(f"overhead: median {overhead.median_s * 1e3:.3f} ms  p99 {overhead.p99_s * 1e3:.3f} ms ({source})")
     try:
         chosen = choose(replay, overhead, args.slo_p99_ms)

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import time
 
-from app.tuning.overhead import WARMUP_REQUESTS, _lone_requests
+from app.tuning.overhead import WARMUP_REQUESTS, _lone_requests, _mean_batch_s, batch_totals
 from loadtest.lean_driver import request_bytes
 
 SLOW_FOR_S = 1.0  # the stand-in's slow start
@@ -67,3 +67,55 @@ def test_without_a_timed_warm_up_the_slow_start_is_measured() -> None:
     latencies, slow = asyncio.run(measured(warmup_s=0.0))
     assert len(latencies) == 20
     assert any(slow[-20:]), slow
+
+
+def test_the_warmed_hook_runs_once_between_the_warm_up_and_the_first_measured_request() -> None:
+    # The tuner reads the server's batch histogram there: its batches then are the measured requests' only.
+    calls: list[int] = []
+    answered: list[float] = []
+
+    async def measured_with_hook() -> list[float]:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(asyncio.IncompleteReadError):
+                while head := await reader.readuntil(b"\r\n\r\n"):
+                    lines = head.lower().split(b"\r\n")
+                    await reader.readexactly(next(int(ln.split(b":")[1]) for ln in lines if b"content-length" in ln))
+                    answered.append(time.monotonic())
+                    writer.write(ANSWER)
+                    await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        request = request_bytes("POST", "127.0.0.1", port, "/predict", "application/octet-stream", b"\x00" * 4)
+        try:
+            return await _lone_requests("127.0.0.1", port, request, 5, 0.0, warmed=lambda: calls.append(len(answered)))
+        finally:
+            server.close()
+
+    latencies = asyncio.run(measured_with_hook())
+    assert len(latencies) == 5
+    assert calls == [WARMUP_REQUESTS]  # once, after every warm-up answer and before any measured one
+    assert len(answered) == WARMUP_REQUESTS + 5
+
+
+def test_the_batch_totals_sum_every_model_and_bucket() -> None:
+    text = "\n".join([
+        "# HELP cgserve_batch_compute_seconds x",
+        "# TYPE cgserve_batch_compute_seconds histogram",
+        'cgserve_batch_compute_seconds_bucket{bucket="1",le="+Inf",model="a"} 3.0',
+        'cgserve_batch_compute_seconds_count{bucket="1",model="a"} 3.0',
+        'cgserve_batch_compute_seconds_sum{bucket="1",model="a"} 0.0015',
+        'cgserve_batch_compute_seconds_bucket{bucket="8",le="+Inf",model="b"} 1.0',
+        'cgserve_batch_compute_seconds_count{bucket="8",model="b"} 1.0',
+        'cgserve_batch_compute_seconds_sum{bucket="8",model="b"} 0.0005',
+        "# HELP cgserve_queue_wait_seconds y",
+        "# TYPE cgserve_queue_wait_seconds histogram",
+        'cgserve_queue_wait_seconds_count{model="a"} 9.0',
+        'cgserve_queue_wait_seconds_sum{model="a"} 9.0',
+    ]) + "\n"  # fmt: skip
+    total, count = batch_totals(text)
+    assert count == 4 and abs(total - 0.002) < 1e-12
+    assert batch_totals("") == (0.0, 0.0)
+    assert _mean_batch_s((0.001, 2.0), (0.002, 4.0)) == 0.0005
+    assert _mean_batch_s((0.001, 2.0), (0.001, 2.0)) is None  # no batch between: the replay stands in
