@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import shutil
 import socket
+import threading
+import time
+from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -164,3 +168,63 @@ def test_a_bulk_of_both_models_answers_each_request_from_its_own(server: dict[st
             assert answer["model_name"] == model
             np.testing.assert_allclose(answer["outputs"][0]["data"], expected[i], rtol=1e-5, atol=1e-7)
         connection.close()
+
+
+def test_a_model_unloaded_and_loaded_again_under_door_traffic_answers_200_or_404(tmp_path: Path) -> None:
+    """Door traffic for the twin (v2 HTTP on four connections, gRPC on one) while model control unloads and loads it
+    four times, and for the default model beside it: each of the twin's requests is answered, 200 or the port's
+    404 / NOT_FOUND, never a 500 or a hang; the default model's are all 200; loaded again, the twin answers."""
+    repository = tmp_path / "repository"
+    for name in ("fashion-cnn", TWIN):
+        shutil.copytree(ROOT / "models" / "repository" / "fashion-cnn", repository / name)
+    door_port, door_grpc_port = free_port(), free_port()
+    settings = {"device": "cpu", "model_repository": str(repository), "default_model": "fashion-cnn",
+                "front_door_port": str(door_port), "front_door_grpc_port": str(door_grpc_port),
+                "front_door_threads": "2", "model_control": "explicit"}  # fmt: skip
+    header = orjson.dumps({"inputs": [{"name": "input", "shape": [1, 1, 28, 28], "datatype": "UINT8",
+                                       "parameters": {"binary_data_size": 784}}]})  # fmt: skip
+    body, head = header + image().tobytes(), {"inference-header-content-length": str(len(header))}
+    answered: Counter[tuple[str, str]] = Counter()
+    stop = threading.Event()
+
+    def over_http(model: str) -> None:
+        with httpx.Client(base_url=f"http://127.0.0.1:{door_port}", timeout=10) as client:
+            while not stop.is_set():
+                answer = client.post(f"/v2/models/{model}/infer", content=body, headers=head)
+                answered[(model, str(answer.status_code))] += 1
+
+    def over_grpc() -> None:
+        with triton_grpc.InferenceServerClient(f"127.0.0.1:{door_grpc_port}") as client:
+            tensor = triton_grpc.InferInput("input", [1, 1, 28, 28], "UINT8")
+            tensor.set_data_from_numpy(image())
+            while not stop.is_set():
+                try:
+                    client.infer(TWIN, [tensor], client_timeout=10)
+                    answered[("grpc", "OK")] += 1
+                except InferenceServerException as refused:
+                    answered[("grpc", str(refused.status()))] += 1
+
+    with running_server(tmp_path / "server.log", SERVE, **settings) as url:
+        senders = [threading.Thread(target=over_http, args=(TWIN,)) for _ in range(4)]
+        senders += [threading.Thread(target=over_http, args=("fashion-cnn",)) for _ in range(2)]
+        senders.append(threading.Thread(target=over_grpc))
+        for sender in senders:
+            sender.start()
+        try:
+            with triton_http.InferenceServerClient(url.removeprefix("http://")) as port:
+                for _ in range(4):
+                    time.sleep(0.3)
+                    port.unload_model(TWIN)
+                    time.sleep(0.3)
+                    port.load_model(TWIN)
+                time.sleep(0.3)
+        finally:
+            stop.set()
+            for sender in senders:
+                sender.join(timeout=30)
+        assert not any(sender.is_alive() for sender in senders)  # every request was answered
+        assert set(answered) <= {(TWIN, "200"), (TWIN, "404"), ("fashion-cnn", "200"),
+                                 ("grpc", "OK"), ("grpc", "StatusCode.NOT_FOUND")}, answered  # fmt: skip
+        assert answered[(TWIN, "200")] and answered[(TWIN, "404")] and answered[("fashion-cnn", "200")], answered
+        assert http_infer(f"127.0.0.1:{door_port}", TWIN, image()).get_response()["model_name"] == TWIN
+        assert httpx.get(f"{url}/readyz").status_code == 200
