@@ -89,7 +89,7 @@ def measure_overhead(
             path = f"/v1/models/{model}/predict"
             request = request_bytes("POST", HOST, port, path, "application/octet-stream", body)
             url = f"http://{HOST}:{port}"
-            before: list[tuple[float, float]] = []
+            before: list[tuple[float, float] | None] = []
             latencies = asyncio.run(
                 _lone_requests(HOST, port, request, requests, warmup_s, warmed=lambda: before.append(_batches(url)))
             )
@@ -101,9 +101,14 @@ def measure_overhead(
     return timing_of([max(0.0, latency - batch_s) for latency in latencies]), batch
 
 
-def _batches(url: str) -> tuple[float, float]:
-    """(seconds, batches) the server's BATCH_COMPUTE histogram holds so far, every model and bucket together."""
-    return batch_totals(httpx.get(f"{url}/metrics", timeout=REQUEST_TIMEOUT_S).text)
+def _batches(url: str) -> tuple[float, float] | None:
+    """(seconds, batches) the server's BATCH_COMPUTE histogram holds so far, every model and bucket together; None
+    where /metrics does not answer them (admin tokens set in .env: the replay then stands in)."""
+    try:
+        answer = httpx.get(f"{url}/metrics", timeout=REQUEST_TIMEOUT_S)
+        return batch_totals(answer.text) if answer.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):  # ValueError: not Prometheus's text format
+        return None
 
 
 def batch_totals(metrics_text: str) -> tuple[float, float]:
@@ -119,8 +124,10 @@ def batch_totals(metrics_text: str) -> tuple[float, float]:
     return total, count
 
 
-def _mean_batch_s(before: tuple[float, float], after: tuple[float, float]) -> float | None:
-    """The mean batch between two readings of batch_totals; None where no batch was counted."""
+def _mean_batch_s(before: tuple[float, float] | None, after: tuple[float, float] | None) -> float | None:
+    """The mean batch between two readings of batch_totals; None where either is missing or no batch was counted."""
+    if before is None or after is None:
+        return None
     batches = after[1] - before[1]
     return (after[0] - before[0]) / batches if batches > 0 else None
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socketserver
+import threading
 import time
 
-from app.tuning.overhead import WARMUP_REQUESTS, _lone_requests, _mean_batch_s, batch_totals
+from app.tuning.overhead import WARMUP_REQUESTS, _batches, _lone_requests, _mean_batch_s, batch_totals
 from loadtest.lean_driver import request_bytes
 
 SLOW_FOR_S = 1.0  # the stand-in's slow start
@@ -119,3 +121,20 @@ def test_the_batch_totals_sum_every_model_and_bucket() -> None:
     assert batch_totals("") == (0.0, 0.0)
     assert _mean_batch_s((0.001, 2.0), (0.002, 4.0)) == 0.0005
     assert _mean_batch_s((0.001, 2.0), (0.001, 2.0)) is None  # no batch between: the replay stands in
+    assert _mean_batch_s(None, (0.002, 4.0)) is None  # /metrics refused (admin tokens): the replay stands in
+
+
+def test_a_metrics_page_that_refuses_leaves_the_replay_to_stand_in() -> None:
+    # An admin token in .env makes /metrics answer 401 with JSON: the tuner goes on with the replay, not a traceback.
+    with socketserver.TCPServer(("127.0.0.1", 0), _Refusing) as server:
+        threading.Thread(target=server.handle_request, daemon=True).start()
+        assert _batches(f"http://127.0.0.1:{server.server_address[1]}") is None
+
+
+class _Refusing(socketserver.StreamRequestHandler):
+    def handle(self) -> None:
+        self.rfile.readline()
+        body = b'{"error":"a bearer token is required"}'
+        self.wfile.write(
+            b"HTTP/1.1 401 Unauthorized\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+        )
