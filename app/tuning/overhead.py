@@ -12,8 +12,8 @@ that bucket at once; requests are sent one at a time (no queueing, no batching),
 median and p99 over the requests after a warm-up. The batch time is the server's mean
 cgserve_batch_compute_seconds over the measured requests (CUDA events around the replay on a GPU,
 the forward call on the CPU), the in-process median replay of the bucket only where the server
-reports none: on the CPU the tuner's own replay ran slower than the server's batch (0.6–0.9 ms
-against 0.48), and every request's overhead read 0. A model.toml that sets its own buckets keeps
+reports none: on a CPU busy with other work the tuner's own replay ran slower than the server's
+batch (0.6–0.9 ms against 0.48), and every request's overhead read 0. A model.toml that sets its own buckets keeps
 them on that server: the overhead then also holds its padding.
 
 The client is the load generator's lean connection: each request in one write, TCP_NODELAY,
