@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from app.access.tokens import load_tokens
 from app.config import Settings
 from app.engines.factory import EngineOptions, use_compile_cache
 from app.repository import LoadedModel
@@ -85,6 +86,9 @@ def tune(
                 requests=args.overhead_requests,
                 warmup_s=args.overhead_warmup_s,
                 startup_timeout_s=args.startup_timeout,
+                # The server reads the same settings and .env: where they set tokens, its routes want one.
+                token=next(iter(load_tokens(settings.auth_tokens, settings.auth_tokens_file)), None),
+                admin_token=next(iter(load_tokens(settings.admin_tokens, settings.admin_tokens_file)), None),
             )
         except (RuntimeError, TimeoutError) as error:  # the server's log tail is in the message
             sys.stderr.write(f"the overhead server failed (give --overhead-ms to skip it): {error}\n")

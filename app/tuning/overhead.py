@@ -10,10 +10,12 @@ that bucket at once; requests are sent one at a time (no queueing, no batching),
     overhead = latency of a request − the server's own batch time (≥ 0)
 
 median and p99 over the requests after a warm-up. The batch time is the server's mean
-cgserve_batch_compute_seconds over the measured requests (CUDA events around the replay on a GPU,
-the forward call on the CPU), the in-process median replay of the bucket only where the server
-reports none: on a CPU busy with other work the tuner's own replay ran slower than the server's
-batch (0.6–0.9 ms against 0.48), and every request's overhead read 0. A model.toml that sets its own buckets keeps
+cgserve_batch_wall_seconds over the measured requests: a batch from its launch to its answers
+handed back, what the tuner's replay times as `await engine.run` (measure.py), so that the
+queueing model, which adds the replay back, counts the engine's host work once. The in-process
+median replay stands in only where the server reports none: on a CPU busy with other work the
+tuner's own replay ran slower than the server's batch (0.6–0.9 ms against 0.48), and every
+request's overhead read 0. A model.toml that sets its own buckets keeps
 them on that server: the overhead then also holds its padding.
 
 The client is the load generator's lean connection: each request in one write, TCP_NODELAY,
@@ -34,6 +36,7 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.ops.metric_buffers import FLUSH_S
 from app.tuning.choose import Timing
 from app.tuning.measure import timing_of
 from loadtest.lean_driver import LeanConnection, request_bytes
@@ -45,7 +48,7 @@ from loadtest.server_process import HOST, free_port, running, service_env
 # The tuner plans for the steady state, so it waits the transient out with room to spare.
 WARMUP_REQUESTS = 20
 REQUEST_TIMEOUT_S = 30.0
-BATCH_COMPUTE = "cgserve_batch_compute_seconds"
+BATCH_WALL = "cgserve_batch_wall_seconds"
 
 
 def server_settings(overrides: Mapping[str, object]) -> dict[str, str]:
@@ -74,9 +77,12 @@ def measure_overhead(
     requests: int,
     warmup_s: float,
     startup_timeout_s: float,
+    token: str | None = None,
+    admin_token: str | None = None,
 ) -> tuple[Timing, str]:
     """Timing of (request latency − the server's batch) over `requests` lone one-image raw uint8 requests, and
-    which batch time was taken away (for the tuner's report)."""
+    which batch time was taken away (for the tuner's report). `token` and `admin_token`: bearer tokens for the
+    requests and for /metrics, where the settings (or .env) set them."""
     if requests < 1:
         raise ValueError(f"overhead requests must be ≥ 1; got {requests}")
     port = free_port()
@@ -87,13 +93,16 @@ def measure_overhead(
         log_path = Path(folder) / "server.log"
         with running(argv, log_path, port=port, ready_timeout_s=startup_timeout_s, env=env, name="overhead server"):
             path = f"/v1/models/{model}/predict"
-            request = request_bytes("POST", HOST, port, path, "application/octet-stream", body)
+            bearer = (("Authorization", f"Bearer {token}"),) if token else ()
+            request = request_bytes("POST", HOST, port, path, "application/octet-stream", body, bearer)
             url = f"http://{HOST}:{port}"
             before: list[tuple[float, float] | None] = []
             latencies = asyncio.run(
-                _lone_requests(HOST, port, request, requests, warmup_s, warmed=lambda: before.append(_batches(url)))
+                _lone_requests(
+                    HOST, port, request, requests, warmup_s, warmed=lambda: before.append(_batches(url, admin_token))
+                )
             )
-            server_batch_s = _mean_batch_s(before[0], _batches(url))
+            server_batch_s = _mean_batch_s(before[0], _batches(url, admin_token))
     if server_batch_s is None:
         batch_s, batch = replay_median_s, f"the median replay of its bucket ({replay_median_s * 1e3:.3f} ms)"
     else:
@@ -101,21 +110,24 @@ def measure_overhead(
     return timing_of([max(0.0, latency - batch_s) for latency in latencies]), batch
 
 
-def _batches(url: str) -> tuple[float, float] | None:
-    """(seconds, batches) the server's BATCH_COMPUTE histogram holds so far, every model and bucket together; None
-    where /metrics does not answer them (admin tokens set in .env: the replay then stands in)."""
+def _batches(url: str, admin_token: str | None = None) -> tuple[float, float] | None:
+    """(seconds, batches) the server's BATCH_WALL histogram holds so far, every model together; None where /metrics
+    does not answer them (the replay then stands in). Read with the server idle, after what an engine process
+    buffers (CGSERVE_ENGINE_PROCESS) has been handed to /metrics: its batcher flushes every FLUSH_S."""
+    time.sleep(3 * FLUSH_S)
+    headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
     try:
-        answer = httpx.get(f"{url}/metrics", timeout=REQUEST_TIMEOUT_S)
+        answer = httpx.get(f"{url}/metrics", headers=headers, timeout=REQUEST_TIMEOUT_S)
         return batch_totals(answer.text) if answer.status_code == 200 else None
     except (httpx.HTTPError, ValueError):  # ValueError: not Prometheus's text format
         return None
 
 
 def batch_totals(metrics_text: str) -> tuple[float, float]:
-    """(sum, count) of BATCH_COMPUTE over its labels, from Prometheus's text format; (0, 0) where it is absent."""
+    """(sum, count) of BATCH_WALL over its labels, from Prometheus's text format; (0, 0) where it is absent."""
     total, count = 0.0, 0.0
     for family in text_string_to_metric_families(metrics_text):
-        if family.name == BATCH_COMPUTE:
+        if family.name == BATCH_WALL:
             for sample in family.samples:
                 if sample.name.endswith("_sum"):
                     total += sample.value
