@@ -70,3 +70,16 @@ def test_bad_tuner_flags_are_refused_one_line_each(tmp_path: Path) -> None:
     assert "--slo-p99-ms must be positive; got -1" in result.stderr
     assert "--runs must be at least 1; got 0" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_tokens_in_the_env_file_reach_the_overhead_servers_requests_and_its_metrics(tmp_path: Path) -> None:
+    # The overhead server reads the same .env: its predict route wants an inference token, its /metrics an admin
+    # one. Without them the tuner stopped on a 401, or (admin) fell back to its replay.
+    (tmp_path / ".env").write_text(
+        "CGSERVE_AUTH_TOKENS=infer-token-0123456789\nCGSERVE_ADMIN_TOKENS=admin-token-0123456789\n"
+    )
+    result = tune(
+        tmp_path, "--slo-p99-ms", "500", *QUICK, "--overhead-requests", "20", "--out", str(tmp_path / "t.env")
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "the server's own mean batch" in result.stdout, result.stdout
