@@ -109,14 +109,12 @@ def measure_overhead(
                 )
             )
             server_batch_s = _mean_batch_s(before[0], _batches(url, admin_token))
-    replay = f"the median replay of its bucket ({replay_median_s * 1e3:.3f} ms)"
-    if server_batch_s is None or server_batch_s >= replay_median_s:
-        batch_s, batch = replay_median_s, replay
-        if server_batch_s is not None:
-            batch += f", under the server's own mean batch ({server_batch_s * 1e3:.3f} ms)"
-    else:
-        batch_s, batch = server_batch_s, f"the server's own mean batch ({server_batch_s * 1e3:.3f} ms), under {replay}"
-    return timing_of([max(0.0, latency - batch_s) for latency in latencies]), batch
+    estimates = [(replay_median_s, "the median replay of its bucket")]
+    if server_batch_s is not None:
+        estimates.append((server_batch_s, "the server's own mean batch"))
+    estimates.sort()  # the smaller first: the one taken away
+    said = ", under ".join(f"{what} ({seconds * 1e3:.3f} ms)" for seconds, what in estimates)
+    return timing_of([max(0.0, latency - estimates[0][0]) for latency in latencies]), said
 
 
 def _batches(url: str, admin_token: str | None = None) -> tuple[float, float] | None:

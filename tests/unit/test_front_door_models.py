@@ -17,6 +17,7 @@ import pytest
 from app.batching.batcher import Batcher
 from app.config import Settings
 from app.front_door.door import PREDICT, V2
+from app.front_door.feeder import GATHER_ROW_BYTES, pieces_of
 from app.model_control import ModelControl
 from app.service import Service
 from tests.unit.test_front_door_parts import StandInDoor, v2_header
@@ -124,8 +125,6 @@ def test_a_version_replaced_is_let_go_by_the_door(tmp_path: Path) -> None:
 def test_small_rows_are_gathered_and_large_ones_queued_a_run_at_a_time() -> None:
     """A model's rows in many runs: gathered into one copy where a row is small (the seed CNN's 784 bytes), a view a
     run where a row is a photo's pixels (150 KB: the copy would cost the event loop more than the pieces)."""
-    from app.front_door.feeder import GATHER_ROW_BYTES, pieces_of
-
     taking_turns = np.arange(0, 64, 2)
     gathered = pieces_of(taking_turns, 784)
     assert len(gathered) == 1 and isinstance(gathered[0], np.ndarray) and (gathered[0] == taking_turns).all()
