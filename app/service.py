@@ -48,7 +48,7 @@ from app.errors import NotReadyError, UnknownModelError
 from app.ops import metric_buffers, metrics
 from app.ops.heap import freeze_startup_heap
 from app.ops.switch_interval import set_switch_interval
-from app.repository import LoadedModel, ModelConfigError, load_model, read_repository
+from app.repository import LoadedModel, ModelConfigError, load_model, model_folders, read_each_model
 from app.repository.model_spec import ModelSpec
 from app.repository.versions import UNVERSIONED
 
@@ -132,14 +132,12 @@ def prepare_models(settings: Settings) -> list[tuple[LoadedModel, EngineOptions]
     Raises ModelConfigError listing every problem. The CLI calls this before the server
     listens, so a bad model.toml or weights file stops start-up with one line per problem.
     """
-    specs = read_repository(settings.model_repository)
-    names = list(dict.fromkeys(spec.name for spec in specs))
-    if settings.default_model is not None and settings.default_model not in names:
-        raise ModelConfigError(
-            [f"CGSERVE_DEFAULT_MODEL: {settings.default_model!r} is not in {settings.model_repository}: {names}"]
-        )
+    specs, problems = read_each_model(settings.model_repository)
+    names = [name for name, _, _ in model_folders(settings.model_repository)]
+    if (default := settings.default_model) is not None and default not in names:
+        problems.append(f"CGSERVE_DEFAULT_MODEL: {default!r} is not in {settings.model_repository}: {names}")
     devices = resolve_devices(settings.device)
-    prepared, problems = [], []
+    prepared = []
     for spec in specs:  # every model's problems at once, so that one run shows everything to fix
         try:
             prepared.append((load_model(spec), engine_options(settings, spec, devices)))

@@ -25,7 +25,15 @@ from app.repository.model_spec import ModelSpec
 from app.repository.probe import PROBE_BATCH, SECOND_BATCH, Seen, layout_of, torch_probe
 from app.repository.versions import DEFAULT_POLICY, UNVERSIONED, version_folders
 
-__all__ = ["LoadedModel", "ModelConfigError", "load_model", "model_folders", "read_model", "read_repository"]
+__all__ = [
+    "LoadedModel",
+    "ModelConfigError",
+    "load_model",
+    "model_folders",
+    "read_each_model",
+    "read_model",
+    "read_repository",
+]
 
 # Safe in a URL path and a metric label; matched whole (fullmatch: `$` would let a final newline in).
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -34,7 +42,17 @@ SERVICE_NAME_VARIABLE = "INFERENCE_SERVICE_NAME"
 
 
 def read_repository(folder: Path) -> list[ModelSpec]:
-    """Every served (model, version)'s spec, each model's newest version first."""
+    """Every served (model, version)'s spec, each model's newest version first; ModelConfigError with every
+    model's problems at once."""
+    specs, problems = read_each_model(folder)
+    if problems:
+        raise ModelConfigError(problems)
+    return specs
+
+
+def read_each_model(folder: Path) -> tuple[list[ModelSpec], list[str]]:
+    """The specs of the models that read cleanly, and the problems of the rest: start-up loads the first
+    and reports what loading them finds with the second, so that one run shows everything to fix."""
     return _read_models(model_folders(folder))
 
 
@@ -58,12 +76,16 @@ def read_model(repository: Path, name: str) -> list[ModelSpec]:
     """One model's served versions, read afresh (model control's load); ModelConfigError if it has none."""
     for found, folder, where in model_folders(repository):
         if found == name:
-            return _read_models([(name, folder, where)])
+            specs, problems = _read_models([(name, folder, where)])
+            if problems:
+                raise ModelConfigError(problems)
+            return specs
     raise ModelConfigError([f"{repository}: holds no model named {name!r}"])
 
 
-def _read_models(models: list[tuple[str, Path, str]]) -> list[ModelSpec]:
-    """(name, folder, where to name in a problem) → their versions' specs, or every problem at once."""
+def _read_models(models: list[tuple[str, Path, str]]) -> tuple[list[ModelSpec], list[str]]:
+    """(name, folder, where to name in a problem) → the versions' specs of those that read cleanly, and the
+    others' problems."""
     problems: list[str] = []
     specs: list[ModelSpec] = []
     for name, folder, where in models:
@@ -77,9 +99,7 @@ def _read_models(models: list[tuple[str, Path, str]]) -> list[ModelSpec]:
             specs += _read_versions(name, folder)
         except ModelConfigError as error:
             problems += error.problems
-    if problems:
-        raise ModelConfigError(problems)
-    return specs
+    return specs, problems
 
 
 def _read_versions(name: str, folder: Path) -> list[ModelSpec]:

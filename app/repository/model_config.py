@@ -20,7 +20,9 @@ file and the key, so a user fixes them all in one go.
 
 from __future__ import annotations
 
+import difflib
 import tomllib
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -235,9 +237,48 @@ def read_labels(config: ModelConfig, folders: tuple[Path, ...]) -> tuple[str, ..
     return tuple(line.strip() for line in lines if line.strip())
 
 
+# What a table key takes, where pydantic's words ("a valid dictionary or instance of VersionPolicy") do not say.
+TABLE_EXAMPLES = {
+    "VersionPolicy": "{ latest = { num_versions = 1 } }, { all = {} } or { specific = { versions = [1, 3] } }",
+}
+
+
 def _problem(path: Path, item: Any) -> str:
-    key = ".".join(str(part) for part in item["loc"]) or "(file)"
+    loc = tuple(item["loc"])
+    key = ".".join(str(part) for part in loc) or "(file)"
     message = str(item["msg"]).removeprefix("Value error, ")
-    if item["type"] == "extra_forbidden":
-        message = "unknown key (a typo?)"
+    table = _table_at(loc[:-1]) if loc else None
+    if item["type"] == "extra_forbidden" and table is not None:
+        known = list(table.model_fields)
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        message = f"unknown key: did you mean {close[0]!r}?" if close else "unknown key (a typo?)"
+        if table is not ModelConfig:  # a table's few keys
+            message += f"; expected one of {', '.join(known)}"
+        elif not close:  # model.toml's own are many
+            message += "; model.toml's keys are listed in docs/models.md"
+    elif item["type"] == "model_type" and (wanted := _table_at(loc)) is not None:
+        keys = ", ".join(wanted.model_fields)
+        message = f"expected a table: {TABLE_EXAMPLES.get(wanted.__name__, f'with keys {keys}')}"
     return f"{path}: {key}: {message}"
+
+
+def _table_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model.toml table (a pydantic model) at `loc`, a path of keys and list indexes from the top; None where
+    that is not a table."""
+    table: type[BaseModel] = ModelConfig
+    for part in loc:
+        if isinstance(part, int):  # an item of [[outputs]]: its table is the list's
+            continue
+        field = table.model_fields.get(str(part))
+        found = _table_in(field.annotation) if field is not None else None
+        if found is None:
+            return None
+        table = found
+    return table
+
+
+def _table_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model an annotation holds (Preprocess; VersionPolicy | None; tuple[OutputConfig, ...])."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((table for arg in typing.get_args(annotation) if (table := _table_in(arg)) is not None), None)

@@ -22,7 +22,11 @@ TEN_LABELS = LABELS + "\n"
 BAD_MODELS = [
     # (case, model.toml, extra files, key in the message, words in the message)
     ("malformed", "format = python", {}, "not valid TOML", ""),
-    ("unknown key", GOOD + TEN_LABELS + "batch_size = 8\n", {}, "batch_size", "unknown key"),
+    ("unknown key", GOOD + TEN_LABELS + "batch_size = 8\n", {}, "batch_size",
+     "unknown key (a typo?); model.toml's keys"),
+    ("misspelt key", GOOD + TEN_LABELS.replace("labels", "lables"), {}, "lables", "did you mean 'labels'?"),
+    ("misspelt table key", GOOD + TEN_LABELS + '[preprocess]\ncolour = "RGB"\n', {}, "preprocess.colour",
+     "did you mean 'color'?; expected one of color, resize, crop, mean, std"),
     ("missing format", TEN_LABELS + "input_shape = [1, 28, 28]\n", {}, "format", "Field required"),
     ("unknown format", GOOD.replace('"python"', '"caffe"') + TEN_LABELS, {}, "format", "torchscript"),
     ("missing file", 'format = "torchscript"\nfile = "model.pt"\ninput_shape = [1, 28, 28]\n' + TEN_LABELS, {},
@@ -75,6 +79,16 @@ def test_every_problem_of_every_model_is_reported_at_once(tmp_path: Path) -> Non
     with pytest.raises(ModelConfigError) as raised:
         read_repository(tmp_path)
     assert len(raised.value.problems) == 3
+
+
+def test_start_up_reports_one_models_load_problem_beside_anothers_model_toml_problem(tmp_path: Path) -> None:
+    """A model whose model.toml reads cleanly is still loaded and checked (here: its labels against its
+    outputs) when another model's model.toml has a problem: one run shows both."""
+    seed_folder(tmp_path / "counted", GOOD + 'labels = ["a", "b", "c"]\n')
+    seed_folder(tmp_path / "typo", GOOD + TEN_LABELS + "batch_size = 8\n")
+    with pytest.raises(ModelConfigError) as raised:
+        prepare_models(Settings(device="cpu", model_repository=tmp_path, default_model="counted"))
+    assert sorted(problem.split(": ")[1] for problem in raised.value.problems) == ["batch_size", "labels"]
 
 
 def test_the_shipped_repository_serves_the_seed_cnn_by_default() -> None:

@@ -81,7 +81,8 @@ def test_an_unversioned_folder_is_version_1_as_before(tmp_path: Path) -> None:
         ("version_policy = { specific = { versions = [2, 7] } }\n", "versions [7] have no folder"),
         ("version_policy = { latest = { num_versions = 0 } }\n", "version_policy.latest.num_versions"),
         ("version_policy = { all = {}, latest = {} }\n", "exactly one of latest, all, specific"),
-        ("version_policy = { newest = {} }\n", "unknown key"),
+        ("version_policy = { newest = {} }\n", "newest: unknown key (a typo?); expected one of latest, all, specific"),
+        ('version_policy = "all"\n', "version_policy: expected a table: { latest = { num_versions = 1 } }, { all"),
     ],
 )
 def test_a_bad_policy_is_a_problem_naming_the_file(tmp_path: Path, policy: str, words: str) -> None:
