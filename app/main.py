@@ -158,7 +158,9 @@ async def route_error(request: Request, error: Exception) -> Response:
     """404 and 405 from the router, in the same {"error": …} envelope as every other error."""
     assert isinstance(error, HTTPException)
     message = f"{request.method} {request.url.path}: {error.detail}"
-    route_error = RouteError(error.status_code, message, expected=ROUTES)
+    allowed = (error.headers or {}).get("Allow")  # 405: the route is right, its method is not
+    expected = f"{allowed} {request.url.path}" if allowed else ROUTES
+    route_error = RouteError(error.status_code, message, expected=expected)
     # The v2 protocol's clients expect its own error shape, {"error": "…"}.
     answer = v2_rest.v2_error(route_error) if request.url.path.startswith("/v2") else error_response(route_error)
     if error.headers:

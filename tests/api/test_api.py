@@ -369,3 +369,7 @@ def test_a_model_by_name_and_unknown_names_and_routes_get_the_error_envelope(cli
         assert words in error["message"] + error["expected"]
     v2 = client.get("/v2/models/fashion-cnn/")  # the v2 protocol's own error form, {"error": "…"}
     assert v2.status_code == 404 and "/v2/models/fashion-cnn/" in v2.json()["error"]
+    # A 405 names the method the route takes, not every route of the service.
+    assert client.delete("/predict").json()["error"]["expected"] == "POST /predict"
+    index = client.get("/v2/repository/index")
+    assert index.status_code == 405 and index.json()["error"].endswith("expected POST /v2/repository/index")
