@@ -460,8 +460,8 @@ class Settings(BaseSettings):
         if self.model_control != "none" and self.workers > 1 and not self.engine_process:
             raise ValueError(
                 f"model_control {self.model_control} with {self.workers} workers needs engine_process true: each "
-                "worker holds its own engines, so a load would reach the one worker that took the call; with the "
-                "engine process every worker's models are its, and a load reaches them all. Or use workers 1"
+                "worker holds its own engines, so a load would reach the one worker that took the call; with "
+                "engine_process every worker's models are its, and a load reaches them all. Or use workers 1"
             )
         if self.queue_limit < self.max_instances:
             raise ValueError(
@@ -566,8 +566,13 @@ def describe_errors(error: ValidationError) -> str:
     """One line per invalid setting, named as the user would set it (env var and flag)."""
     lines = []
     for item in error.errors():
-        name = ".".join(str(part) for part in item["loc"]) or "settings"
-        where = f"{env_name(name)} / {flag_name(name)}" if item["loc"] else name
+        if item["loc"]:
+            name = ".".join(str(part) for part in item["loc"])
+            where = f"{env_name(name)} / {flag_name(name)}"
+        else:  # a combination of settings (_check_combinations): the variables its message names by field
+            found = ((re.search(rf"\b{name}\b", item["msg"]), name) for name in Settings.model_fields)
+            named = [name for _, name in sorted((match.start(), name) for match, name in found if match)]
+            where = ", ".join(env_name(name) for name in named) or "settings"
         lines.append(f"  {where}: {item['msg']}")
     return "invalid configuration:\n" + "\n".join(lines)
 

@@ -33,7 +33,9 @@ environment, then `.env`. A model's `model.toml` may set its own `engine`, `dtyp
 settings of the same name for that model. `cudagraph-serve serve --help` prints the same list.
 
 An invalid setting stops the start-up with one line per problem, naming the variable and the flag,
-e.g. `CGSERVE_BUCKETS / --buckets: Value error, every bucket must be a positive batch size; got [0, 4]`.
+e.g. `CGSERVE_BUCKETS / --buckets: Value error, every bucket must be a positive batch size; got [0, 4]`; a
+problem between settings names each variable it involves (`CGSERVE_FRONT_DOOR_PORT, CGSERVE_WORKERS,
+CGSERVE_ENGINE_PROCESS: …`).
 A `CGSERVE_*` variable that is no setting (a misspelt one) is ignored, and named in a warning at start-up with
 the setting it most resembles.
 Token settings are secrets: set them in the environment, `.env` or a file, not as flags (`ps`

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from app.config import Settings
+from app.config import Settings, describe_errors
 
 
 def test_grpc_on_the_http_port_is_refused_with_what_to_change() -> None:
@@ -31,3 +31,12 @@ def test_the_front_door_needs_a_port_of_its_own_and_the_engines_beside_it() -> N
     with pytest.raises(ValidationError, match="front_door_grpc_port is served by the front door's threads"):
         Settings(port=9000, front_door_grpc_port=9003)
     assert Settings(port=9000, front_door_port=9002, front_door_grpc_port=9003).front_door_grpc_port == 9003
+
+
+def test_a_combination_of_settings_is_reported_naming_the_variables_to_change() -> None:
+    """What the CLI prints for a problem between settings names their CGSERVE_ variables, in the order the
+    message gives them, as a single setting's line does."""
+    with pytest.raises(ValidationError) as raised:
+        Settings(port=9000, front_door_port=9002, workers=2)
+    (line,) = describe_errors(raised.value).splitlines()[1:]
+    assert line.startswith("  CGSERVE_FRONT_DOOR_PORT, CGSERVE_WORKERS, CGSERVE_ENGINE_PROCESS: "), line
