@@ -148,6 +148,12 @@ def prepare_models(settings: Settings) -> list[tuple[LoadedModel, EngineOptions]
     return prepared
 
 
+def _engine_labels(engine: Engine, model: str) -> dict[str, str]:
+    """cgserve_engine_info's labels for one of the model's engines."""
+    dtype = str(engine.report.facts.get("dtype", "fp32"))
+    return {"engine": engine.name, "device": engine.device, "dtype": dtype, "model": model}
+
+
 class Service:
     def __init__(
         self,
@@ -401,8 +407,7 @@ class Service:
         pool_bytes = sum(report.pool_bytes for report in reports)
         metrics.GRAPH_POOL_BYTES.labels(model=name, version=served.spec.version).set(pool_bytes)
         for engine in served.engines:
-            dtype = str(engine.report.facts.get("dtype", "fp32"))
-            metrics.ENGINE_INFO.labels(engine=engine.name, device=engine.device, dtype=dtype, model=name).set(1)
+            metrics.ENGINE_INFO.labels(**_engine_labels(engine, name)).set(1)
             if engine.report.facts.get("torch_compile_mode") is not None:
                 fell_back = engine.report.compile_fallback is not None
                 metrics.COMPILE_FALLBACK.labels(model=name, device=engine.device).set(int(fell_back))
@@ -456,11 +461,28 @@ class Service:
             await batcher.stop()  # nothing queued any more: it waits for the batches in flight
         engines, served.engines = served.engines, []
         del batcher  # its engines tuple: the last reference but `engines`
+        engine_labels = [_engine_labels(engine, served.spec.name) for engine in engines]
         # On the build thread, never beside a capture, which empty_cache's frees must not race
         # (device_streams.py); with no reference left here, so that the engines are gone when it runs.
         await on_build_thread(close_and_release, engines, served.options.devices, close=not self.device_dead)
         if not served.remote:
-            metrics.GRAPH_POOL_BYTES.labels(model=served.spec.name, version=served.spec.version).set(0)
+            self._retire_metrics(served, engine_labels)
+
+    def _retire_metrics(self, served: ServedModel, engine_labels: list[dict[str, str]]) -> None:
+        """Zero what a retired version's series said, unless a version serving now says it (a reload of the
+        same version shares its labels): its queue and graph pool per version; once no version of the model
+        serves (an unload), its engines' info and its devices' readiness. Zeroed, not removed: under
+        multiprocess /metrics a removed series keeps its last value in its process's file."""
+        name, version = served.spec.name, served.spec.version
+        serving = self.versions.get(name, {})
+        if version not in serving:
+            metrics.GRAPH_POOL_BYTES.labels(model=name, version=version).set(0)
+            metrics.QUEUE_DEPTH.labels(model=name, version=version).set(0)
+        if not serving:
+            for labels in engine_labels:
+                metrics.ENGINE_INFO.labels(**labels).set(0)
+            for device in served.options.devices:
+                metrics.DEVICE_READY.labels(model=name, device=device).set(0)
 
     async def stop(self) -> None:
         metrics.READY.set(0)

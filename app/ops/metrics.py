@@ -154,7 +154,7 @@ DEVICE_IN_FLIGHT = Gauge(
 )
 DEVICE_READY = Gauge(
     "cgserve_device_ready",
-    "1 when the model's engine on this device is built and its device healthy, 0 while starting or broken.",
+    "1 when the model's engine on this device is built and its device healthy, 0 while starting, broken or unloaded.",
     ["model", "device"],
     multiprocess_mode="livemin",
 )
@@ -197,7 +197,7 @@ MODEL_READY = Gauge(
 )
 ENGINE_INFO = Gauge(
     "cgserve_engine_info",
-    "Always 1; the labels name the engine serving each model.",
+    "1; the labels name the engine serving each model (0 once the model is unloaded).",
     ["engine", "device", "dtype", "model"],
     multiprocess_mode="max",
 )

@@ -5,6 +5,7 @@ shutdown while versions retire. The app through its lifespan on the CPU."""
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -183,3 +184,25 @@ def test_a_load_called_while_one_builds_loads_the_files_as_they_are_after_it(tmp
 
         client.portal.call(two_loads)
         assert client.get(f"/v1/models/{MODEL}").json()["batching"]["max_delay_ms"] == 5.0
+
+
+def series(client: TestClient, family: str) -> float:
+    """The value of `family`'s series for MODEL on /metrics (exactly one must be there)."""
+    (value,) = re.findall(rf'^{family}{{[^}}]*model="{MODEL}"[^}}]*}} (\S+)$', client.get("/metrics").text, re.M)
+    return float(value)
+
+
+def test_an_unload_zeroes_its_engines_series_and_a_reload_of_the_same_version_keeps_them(client: TestClient) -> None:
+    """Found by a docs walk-through: after an unload, cgserve_engine_info and cgserve_device_ready still said 1.
+    A reload retires the old version after the new one (same labels) serves: that must not zero the new one's."""
+    version = service(client).models[MODEL].spec.version
+    depth = f'cgserve_queue_depth_rows{{model="{MODEL}",version="{version}"}}'
+    ready = ("cgserve_engine_info", "cgserve_device_ready")
+    assert client.post(f"/v2/repository/models/{MODEL}/unload").status_code == 200
+    client.portal.call(control(client).retired)
+    assert [series(client, family) for family in (*ready, "cgserve_model_ready")] == [0, 0, 0]
+    assert f"{depth} 0.0" in client.get("/metrics").text
+    for _ in range(2):  # loaded after the unload, then loaded again over itself
+        assert client.post(f"/v2/repository/models/{MODEL}/load").status_code == 200
+        client.portal.call(control(client).retired)
+        assert [series(client, family) for family in (*ready, "cgserve_model_ready")] == [1, 1, 1]
