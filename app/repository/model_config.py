@@ -247,19 +247,24 @@ def _problem(path: Path, item: Any) -> str:
     loc = tuple(item["loc"])
     key = ".".join(str(part) for part in loc) or "(file)"
     message = str(item["msg"]).removeprefix("Value error, ")
-    table = _table_at(loc[:-1]) if loc else None
-    if item["type"] == "extra_forbidden" and table is not None:
-        known = list(table.model_fields)
-        close = difflib.get_close_matches(str(loc[-1]), known, n=1)
-        message = f"unknown key: did you mean {close[0]!r}?" if close else "unknown key (a typo?)"
-        if table is not ModelConfig:  # a table's few keys
-            message += f"; expected one of {', '.join(known)}"
-        elif not close:  # model.toml's own are many
-            message += "; model.toml's keys are listed in docs/models.md"
+    if item["type"] == "extra_forbidden":
+        message = _unknown_key(str(loc[-1]), _table_at(loc[:-1]))
     elif item["type"] == "model_type" and (wanted := _table_at(loc)) is not None:
         keys = ", ".join(wanted.model_fields)
         message = f"expected a table: {TABLE_EXAMPLES.get(wanted.__name__, f'with keys {keys}')}"
     return f"{path}: {key}: {message}"
+
+
+def _unknown_key(key: str, table: type[BaseModel] | None) -> str:
+    """What to say of a key `table` (None: not known here) does not have: the close one, or the table's keys."""
+    if table is None:
+        return "unknown key (a typo?)"
+    known = list(table.model_fields)
+    close = difflib.get_close_matches(key, known, n=1)
+    message = f"unknown key: did you mean {close[0]!r}?" if close else "unknown key (a typo?)"
+    if table is not ModelConfig:  # a table's few keys
+        return f"{message}; expected one of {', '.join(known)}"
+    return message if close else f"{message}; model.toml's keys are listed in docs/models.md"
 
 
 def _table_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
