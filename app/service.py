@@ -136,6 +136,11 @@ def prepare_models(settings: Settings) -> list[tuple[LoadedModel, EngineOptions]
     names = [name for name, _, _ in model_folders(settings.model_repository)]
     if (default := settings.default_model) is not None and default not in names:
         problems.append(f"CGSERVE_DEFAULT_MODEL: {default!r} is not in {settings.model_repository}: {names}")
+    if settings.front_door_port and default is None and len(names) > 1:  # the door's rows are one model's images
+        problems.append(
+            f"CGSERVE_FRONT_DOOR_PORT: the front door opens for the default model's images, and "
+            f"{settings.model_repository} holds several models {names}: set CGSERVE_DEFAULT_MODEL to one of them"
+        )
     devices = resolve_devices(settings.device)
     prepared = []
     for spec in specs:  # every model's problems at once, so that one run shows everything to fix

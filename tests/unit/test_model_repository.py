@@ -91,6 +91,18 @@ def test_start_up_reports_one_models_load_problem_beside_anothers_model_toml_pro
     assert sorted(problem.split(": ")[1] for problem in raised.value.problems) == ["batch_size", "labels"]
 
 
+def test_the_front_door_with_several_models_and_no_default_is_refused_before_the_server_listens(
+    tmp_path: Path,
+) -> None:
+    """It used to start, log each model ready, then exit 1 with "none is the default" as the door opened."""
+    for name in ("one", "two"):
+        seed_folder(tmp_path / name)
+    with pytest.raises(ModelConfigError, match=r"CGSERVE_FRONT_DOOR_PORT: .* set CGSERVE_DEFAULT_MODEL"):
+        prepare_models(Settings(device="cpu", model_repository=tmp_path, front_door_port=19999))
+    assert len(prepare_models(Settings(device="cpu", model_repository=tmp_path, front_door_port=19999,
+                                       default_model="two"))) == 2  # fmt: skip
+
+
 def test_the_shipped_repository_serves_the_seed_cnn_by_default() -> None:
     ((model, options),) = prepare_models(Settings(device="cpu"))
     assert model.spec.name == "fashion-cnn" and options.engine == "eager"
