@@ -16,6 +16,8 @@
   such a head, so its body was never read as one and came in as the next request (smuggled past
   a proxy that counted one). One without a body is answered, then the connection is closed:
   httptools skipped whatever came after its head in that read.
+- A request httptools cannot parse (a raw control character, a Content-Length that is not digits, bare LF line
+  endings) gets 400 in the service's error shape, and the connection is closed.
 - A client that half-closes (shutdown(SHUT_WR), `nc -N`) after its request still gets the answer:
   the connection closes once the last answer owed is written, not at the end of the client's bytes
   (plain TCP only: asyncio's TLS transport closes at the client's close_notify whatever we say).
@@ -103,6 +105,12 @@ REASONS = {
     408: b"Request Timeout",
     429: b"Too Many Requests",
 }
+# What a request httptools cannot parse is told (uvicorn's own answer was the text "Invalid HTTP request received.").
+NOT_PARSEABLE_EXPECTED = (
+    "well-formed HTTP/1.1 (RFC 9112): a request line 'METHOD /path HTTP/1.1' with no control character in the "
+    "path, lines ending in CRLF, 'Name: value' headers without a space before the colon, one Content-Length of "
+    "digits or chunked framing"
+)
 CONTROL = re.compile(rb"[\x00-\x1f\x7f]")  # in a percent-decoded path (httptools refuses them raw)
 LINGER_S = 1.0  # after an answer written before its body was whole: how long the rest may take
 LINGER_BYTES = 65536  # ... and how much of it is read and dropped before the connection is closed
@@ -325,15 +333,15 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return
         if not self._in_headers:
             self._forget_broken_queued()
-        if self._answer_owed():  # garbage pipelined behind a good request: that one is answered first
-            self._answer_and_close(
-                _HeaderProblem(
-                    400, "bad_request", "a request pipelined on this connection is not well-formed HTTP/1.1",
-                    "well-formed HTTP/1.1 requests, heads and body framing (RFC 9112)",
-                )
-            )  # fmt: skip
-        else:
-            super().send_400_response(msg)
+        pipelined = self._answer_owed()  # garbage behind a good request: that one is answered first
+        self._answer_and_close(
+            _HeaderProblem(
+                400, "bad_request",
+                f"{'a request pipelined on this connection' if pipelined else 'the request'} is not well-formed "
+                "HTTP/1.1: httptools could not parse its request line, a header or its body framing",
+                NOT_PARSEABLE_EXPECTED,
+            )
+        )  # fmt: skip
 
     def _forget_broken_queued(self) -> None:
         """A pipelined request queued behind another whose body broke its framing (a bad chunk size): it is

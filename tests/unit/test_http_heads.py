@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
 from app.http.inline import InlineRequest
 from app.http.protocol import GuardedHttpProtocol
-from tests.unit.test_inline_protocol import StubInline, answers, asgi_calls, connected, settle
+from tests.unit.test_inline_protocol import StubInline, asgi_calls, connected, settle
 
 
 class TakesEveryPost(StubInline):
@@ -139,7 +140,21 @@ async def test_an_encoded_newline_in_the_query_alone_is_served(inline: TakesEver
 
 
 @pytest.mark.anyio
-async def test_a_malformed_request_still_gets_uvicorns_400(inline: TakesEveryPost) -> None:
-    written, closed = await sent(b"GET /a\x01b HTTP/1.1\r\nhost: x\r\n\r\n")
-    assert status(written) == 400 and closed and b"Invalid HTTP request" in written
-    assert answers(written) == [b"Invalid HTTP request received."]
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET /a\x01b HTTP/1.1\r\nhost: x\r\n\r\n",  # a raw control character in the path
+        b"POST /predict HTTP/1.1\r\nhost: x\r\ncontent-length: abc\r\n\r\n",
+        b"GET /healthz HTTP/1.1\nhost: x\n\n",  # bare LF line endings
+        b"NOT HTTP AT ALL\r\n\r\n",
+    ],
+)
+async def test_a_request_httptools_cannot_parse_gets_400_in_the_services_error_shape(
+    inline: TakesEveryPost, head: bytes
+) -> None:
+    """uvicorn's own answer was text/plain "Invalid HTTP request received.", naming neither problem nor fix."""
+    written, closed = await sent(head)
+    assert status(written) == 400 and closed and b"content-type: application/json" in written
+    error = orjson.loads(written.partition(b"\r\n\r\n")[2])["error"]  # one answer (its text names HTTP/1.1)
+    assert error["code"] == "bad_request" and "not well-formed HTTP/1.1" in error["message"]
+    assert "CRLF" in error["expected"] and not asgi_calls
