@@ -77,8 +77,13 @@ static int refuse(door_t *d, int fd, int which, const char *code, const char *me
                                    "application/octet-stream and the pixels as the body, or POST "
                                    "/v2/models/<model>/infer with them as the one UINT8 input of the binary tensor "
                                    "extension; every other request goes to the service's HTTP port";
+    static const char token[] = "an Authorization: Bearer <token> header with one of the inference tokens "
+                                "(CGSERVE_AUTH_TOKENS or CGSERVE_AUTH_TOKENS_FILE)";
     char wanted[512], body[1024], text[1536];
-    snprintf(wanted, sizeof wanted, expected, d->row_bytes);
+    if (which == R401)
+        snprintf(wanted, sizeof wanted, "%s", token);
+    else
+        snprintf(wanted, sizeof wanted, expected, d->row_bytes);
     int body_len = v2 ? snprintf(body, sizeof body, "{\"error\":\"%s; expected %s\"}", message, wanted)
                       : snprintf(body, sizeof body,
                                  "{\"error\":{\"code\":\"%s\",\"message\":\"%s\",\"expected\":\"%s\"}}", code,
@@ -314,7 +319,8 @@ static refusal_t check_head(door_t *d, const char *buf, size_t head_len, size_t 
     int v2 = v2_infer_model(path, path_len, model_off, model_len);
     if (!v2 && !same(path, path_len, d->path, d->path_len))
         return (refusal_t){R404, "not_found",
-                           "the front door serves POST /predict and POST /v2/models/<model>/infer, no query", ""};
+                           "the front door serves POST /predict and POST /v2/models/<model>[/versions/<v>]/infer, "
+                           "without a query; every other route is the service's HTTP port's", ""};
     if (v2) *model_off += (size_t)(path - buf);
     if (d->n_tokens) {
         const char *auth = find_header(buf, head_len, "authorization:", &value_len);
@@ -330,7 +336,9 @@ static refusal_t check_head(door_t *d, const char *buf, size_t head_len, size_t 
         long n = value ? byte_count(value, value_len) : -1;
         if (n < 0)
             return (refusal_t){R422, "invalid_input",
-                               "the request has no Inference-Header-Content-Length: a JSON-only v2 request", ""};
+                               value ? "the Inference-Header-Content-Length is not a number of bytes (at most 9 digits)"
+                                     : "the request has no Inference-Header-Content-Length: a JSON-only v2 request, "
+                                       "which the service's HTTP port takes", ""};
         if (n == 0) /* else its row would pass for a POST /predict's */
             return (refusal_t){R422, "invalid_input",
                                "the Inference-Header-Content-Length is 0: the JSON inference header comes first", ""};
@@ -338,7 +346,9 @@ static refusal_t check_head(door_t *d, const char *buf, size_t head_len, size_t 
             return (refusal_t){R431, "header_too_large",
                                "the inference header and the model's name in the path are over 4 KiB together", ""};
         if (body_len != (size_t)n + (size_t)d->row_bytes)
-            return (refusal_t){R422, "invalid_input", "the binary section is not one image's uint8 pixels", ""};
+            return (refusal_t){R422, "invalid_input", "the binary section is not one image's uint8 pixels of the "
+                               "images the front door serves (a model of other images is the service's HTTP port's)",
+                               ""};
         *header_len = (size_t)n;
         return TAKEN;
     }
@@ -439,8 +449,9 @@ static int answer_get(door_t *d, int fd, const char *buf, size_t head_len, int c
         return 0;
     }
     if (!found)
-        return refuse(d, fd, R404, "not_found", "the front door answers only a few GETs: the v2 metadata", "",
-                      closing, v2);
+        return refuse(d, fd, R404, "not_found", "the front door answers GETs of the v2 metadata, configuration and "
+                      "readiness of the models it serves (those of the default model's images), and this is none of "
+                      "them: another model, version or route is the service's HTTP port's", "", closing, v2);
     int sent = send_all(fd, text, (size_t)n);
     free(text);
     return sent;
@@ -456,7 +467,14 @@ static int parse_head(door_t *d, conn_t *c, int fd) {
         refuse(d, fd, R431, "header_too_large", "the request line and headers are over 8 KiB", "", 1, 0);
         return -1;
     }
-    if (!head_end) return 0;
+    if (!head_end) { /* a head of bare LF lines never ends in CRLF CRLF: refused now, not at request_s */
+        for (const char *lf = c->buf; (lf = memchr(lf, '\n', c->len - (size_t)(lf - c->buf))); lf++)
+            if (lf == c->buf || lf[-1] != '\r') {
+                refuse(d, fd, R400, "bad_request", "a line of the head ends in a bare LF, not CRLF", "", 1, 0);
+                return -1;
+            }
+        return 0;
+    }
     int get = memcmp(c->buf, "GET ", 4) == 0;
     int v2 = head_len > 9 && memcmp(c->buf + 4 + !get, "/v2/", 4) == 0; /* refused in the protocol's error shape */
     const char *problem = head_problem(c->buf, head_len);

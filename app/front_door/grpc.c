@@ -14,8 +14,8 @@
  * with its ModelInferResponse message and its trailers ("grpc-status: 0"), or with no message and an error's
  * trailers. Other calls of GRPCInferenceService (a client's ServerLive, ModelMetadata, ModelConfig, ModelReady
  * before its inferences) get the answer Python set for the method and that very request (find_get's key: the
- * path, "?", the request's bytes in hex), a second stale at most; any other call is UNIMPLEMENTED and names the
- * service's gRPC port, which serves everything.
+ * path, "?", the request's bytes in hex), a second stale at most; one about a model the door does not serve is
+ * NOT_FOUND, and any other call UNIMPLEMENTED, each naming the service's gRPC port, which serves everything.
  *
  * Limits: at most MAX_STREAMS calls a connection at once (its SETTINGS); a call's message at most one image and
  * a 4 KiB header (ModelInfer) or MAX_SMALL_MESSAGE (the rest), its buffer charged to the door's `max_held_bytes`
@@ -44,7 +44,13 @@
 #define READS_A_TURN 16 /* 64 KiB reads of one connection before the thread's other connections */
 
 /* gRPC's status codes, the ones sent here. */
-enum { INVALID_ARGUMENT = 3, DEADLINE_EXCEEDED = 4, RESOURCE_EXHAUSTED = 8, UNIMPLEMENTED = 12, UNAUTHENTICATED = 16 };
+enum { INVALID_ARGUMENT = 3, DEADLINE_EXCEEDED = 4, NOT_FOUND = 5, RESOURCE_EXHAUSTED = 8, UNIMPLEMENTED = 12,
+       UNAUTHENTICATED = 16 };
+/* The calls about one model whose answers Python sets for each model (and version) the door serves. */
+static const char *const MODEL_CALLS[] = {"ModelMetadata", "ModelConfig", "ModelReady"};
+/* Said with UNAUTHENTICATED, after what was wrong. */
+#define TOKEN_EXPECTED "; expected `authorization: Bearer <token>` metadata with one of the inference tokens " \
+                       "(CGSERVE_AUTH_TOKENS or CGSERVE_AUTH_TOKENS_FILE)"
 
 typedef struct call {
     struct call *prev, *next; /* the connection's calls, freed with it (nghttp2_session_del frees no user data) */
@@ -279,7 +285,19 @@ static const char *token(const call_t *call) {
     return call->auth_len && call->auth_len <= MAX_AUTH ? call->auth : NULL;
 }
 
-/* Another call of the service: the answer Python set for this method and request, or UNIMPLEMENTED. */
+/* Whether the call is one of MODEL_CALLS. */
+static int model_call(const call_t *call) {
+    size_t prefix = sizeof SERVICE - 1;
+    for (size_t i = 0; i < sizeof MODEL_CALLS / sizeof *MODEL_CALLS; i++) {
+        size_t n = strlen(MODEL_CALLS[i]);
+        if (call->path_len == prefix + n && memcmp(call->path + prefix, MODEL_CALLS[i], n) == 0) return 1;
+    }
+    return 0;
+}
+
+/* Another call of the service: the answer Python set for this method and request; NOT_FOUND for a model call of
+ * a model (or version) the door does not serve, as the gRPC port answers one it does not serve; else
+ * UNIMPLEMENTED. */
 static void answer_set(struct h2 *h, call_t *call, const uint8_t *request, size_t len) {
     char key[MAX_PATH + 1 + 2 * MAX_SMALL_MESSAGE + 1];
     memcpy(key, call->path, call->path_len);
@@ -289,7 +307,16 @@ static void answer_set(struct h2 *h, call_t *call, const uint8_t *request, size_
     char *head = NULL, *body = NULL;
     size_t body_len = 0;
     int found = find_get(h->d, key, n, token(call), token(call) ? call->auth_len : 0, &head, &body, &body_len);
-    if (found < 0) { refuse_call(h, call, UNAUTHENTICATED, "the bearer token is missing or not one of the inference tokens"); return; }
+    if (found < 0) {
+        refuse_call(h, call, UNAUTHENTICATED, "the bearer token is missing or not one of the inference tokens"
+                    TOKEN_EXPECTED);
+        return;
+    }
+    if (!found && model_call(call)) {
+        refuse_call(h, call, NOT_FOUND, "the front door serves no model of that name and version: it serves the "
+                    "models of the default model's images, and the service's gRPC port serves every model");
+        return;
+    }
     if (!found) { refuse_call(h, call, UNIMPLEMENTED, NOT_SERVED); return; }
     respond(h, call, body, body_len, head, strlen(head)); /* the copies find_get made, the call's now */
 }
@@ -305,7 +332,8 @@ static void call_begun(struct h2 *h, call_t *call) {
         refuse_call(h, call, UNIMPLEMENTED, NOT_SERVED);
     } else if (call->infer && d->n_tokens && !(token(call) && token_ok(d, call->auth, call->auth_len))) {
         refuse_call(h, call, UNAUTHENTICATED,
-                    call->auth_len ? "the bearer token is not one of the inference tokens" : "the call has no bearer token");
+                    call->auth_len ? "the bearer token is not one of the inference tokens" TOKEN_EXPECTED
+                                   : "the call has no bearer token" TOKEN_EXPECTED);
     }
 }
 

@@ -214,6 +214,11 @@ def test_refusals_are_answers_on_the_connection(server: dict[str, Any]) -> None:
         status, _, body = exchange(connection, POST % (b"/v2/models/fashion-cnn/infer", AUTH, len(image)) + image)
         assert status.startswith(b"HTTP/1.1 400 ") and b"Inference-Header-Content-Length" in body, (status, body)
         assert isinstance(orjson.loads(body)["error"], str)  # the protocol's shape, for Triton's clients
+        garbled = AUTH + b"Inference-Header-Content-Length: abc\r\n"
+        status, _, body = exchange(connection, POST % (b"/v2/models/fashion-cnn/infer", garbled, len(image)) + image)
+        assert status.startswith(b"HTTP/1.1 400 ") and b"is not a number of bytes" in body, (status, body)
+        status, _, body = exchange(connection, b"GET /v2/models/nope HTTP/1.1\r\nHost: x\r\n" + AUTH + b"\r\n")
+        assert status.startswith(b"HTTP/1.1 404 ") and b"metadata, configuration and readiness" in body, body
         status, _, _ = exchange(connection, POST % (b"/predict?layout=nhwc", AUTH, len(image)) + image)
         assert status.startswith(b"HTTP/1.1 404 "), status
         json = POST.replace(b"application/octet-stream", b"application/json")
@@ -221,7 +226,7 @@ def test_refusals_are_answers_on_the_connection(server: dict[str, Any]) -> None:
         assert status.startswith(b"HTTP/1.1 415 ") and b"octet-stream" in body, (status, body)
         status, headers, body = exchange(connection, POST % (b"/predict", b"", len(image)) + image)
         assert status.startswith(b"HTTP/1.1 401 ") and headers[b"www-authenticate"] == b"Bearer", (status, headers)
-        assert b"no bearer token" in body
+        assert b"no bearer token" in body and b"CGSERVE_AUTH_TOKENS" in body  # and what it expected
         wrong = b"Authorization: Bearer " + b"x" * len(TOKEN) + b"\r\n"
         status, _, body = exchange(connection, POST % (b"/predict", wrong, len(image)) + image)
         assert status.startswith(b"HTTP/1.1 401 ") and b"not one of" in body, (status, body)
@@ -420,10 +425,14 @@ def test_what_hostile_or_odd_clients_send(server: dict[str, Any]) -> None:
     big = good.replace(b"Host: x", b"Host: x\r\nX-Pad: " + b"a" * 9000)
     answer = answer_then_close(big)
     assert answer is not None and answer.startswith(b"HTTP/1.1 431 "), answer
-    # A header hidden behind a bare LF.
+    # A header hidden behind a bare LF; a head of bare LF lines alone, which never ends in CRLF CRLF (it waited for
+    # request_s, then got 408).
     bare = good.replace(b"Host: x\r\n", b"Host: x\nX-Other: y\r\n")
-    answer = answer_then_close(bare)
-    assert answer is not None and answer.startswith(b"HTTP/1.1 400 ") and b"bare LF" in answer, answer
+    for request in (bare, b"GET /v2 HTTP/1.1\nHost: a\n\n"):
+        started = time.monotonic()
+        answer = answer_then_close(request)
+        assert answer is not None and answer.startswith(b"HTTP/1.1 400 ") and b"bare LF" in answer, answer
+        assert time.monotonic() - started < 1.5, request
     # What a proxy before the door could read otherwise than the door does (a second review, run 37's session):
     # a header with a space before its colon, a folded line, a bare CR, a line without a colon, a control
     # character, another HTTP version, two Hosts. Each is refused whole and the connection closed.
