@@ -59,6 +59,12 @@ def _raw_expected(shape: tuple[int, int, int]) -> str:
     )
 
 
+def _json_kind(document: object) -> str:
+    """What a JSON document is, as its own words say it: an array, a string, a number …"""
+    kinds = {list: "an array", str: "a string", bool: "true or false", int: "a number", float: "a number"}
+    return "null" if document is None else kinds.get(type(document), type(document).__name__)
+
+
 def decode_json(body: bytes | bytearray, *, max_instances: int, spec: ModelSpec) -> np.ndarray:
     """{"instances": [...]} → (k, C, H, W) float32."""
     expected = json_expected(spec)
@@ -69,7 +75,9 @@ def decode_json(body: bytes | bytearray, *, max_instances: int, spec: ModelSpec)
         raise InputError(
             f"the body is not valid JSON: {error}", expected=expected, status=400, code="invalid_json"
         ) from None
-    if not isinstance(document, dict) or "instances" not in document:
+    if not isinstance(document, dict):
+        raise InputError(f'the JSON body is {_json_kind(document)}, not an object with "instances"', expected=expected)
+    if "instances" not in document:
         raise InputError('the JSON object has no field "instances"', expected=expected)
     instances = document["instances"]
     if not isinstance(instances, list):
@@ -79,8 +87,8 @@ def decode_json(body: bytes | bytearray, *, max_instances: int, spec: ModelSpec)
         array = np.array(instances)  # dtype inferred, so strings, booleans and nulls show up below
     except (ValueError, OverflowError, RecursionError):
         raise InputError(
-            "the instances do not form a regular array (ragged lists, mixed lists and numbers, "
-            "too deeply nested, or numbers out of range)",
+            "the instances do not form a regular array (ragged lists, instances of different forms, mixed lists "
+            "and numbers, too deeply nested, or numbers out of range): every instance of a request has one form",
             expected=expected,
         ) from None
     if array.dtype.kind not in "iuf":

@@ -116,7 +116,8 @@ class RequestGuard:
                 values = [value for name, value in scope["headers"] if name == TIMEOUT_HEADER]
                 value = b", ".join(values)
                 expected = "X-Request-Timeout-Ms: a positive whole number of milliseconds (at most 12 digits)"
-                error = InputError(f"X-Request-Timeout-Ms is {value[:40]!r}", expected=expected, status=400)
+                shown = value[:40].decode("latin-1")  # a header's bytes, as HTTP has them; repr escapes the odd ones
+                error = InputError(f"X-Request-Timeout-Ms is {shown!r}", expected=expected, status=400)
                 await self._refuse(scope, send, error)
                 return
             timeout_s = min(timeout_s, head.timeout_ms / 1000)
