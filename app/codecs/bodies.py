@@ -20,8 +20,8 @@ from app.errors import InputError
 from app.repository.model_spec import ModelSpec
 
 IMAGE_EXPECTED = (
-    "one PNG or JPEG image: the whole body (Content-Type image/jpeg or image/png) or a multipart/form-data "
-    "upload in the field `file`"
+    "one PNG or JPEG image: the whole body (Content-Type image/jpeg or image/png), a multipart/form-data "
+    "upload in the field `file`, or an element of a v2 BYTES input"
 )
 RAW_DTYPES: dict[str, np.dtype[Any]] = {"uint8": np.dtype(np.uint8), "float32": np.dtype("<f4")}
 RAW_LAYOUTS = ("nchw", "nhwc")
@@ -158,7 +158,9 @@ def decode_image(data: bytes | bytearray, *, max_pixels: int, spec: ModelSpec) -
         ) from None
     except UnidentifiedImageError:  # its text names a BytesIO's address: nothing the client can use
         raise InputError(
-            "the upload could not be decoded as PNG or JPEG: it is neither", expected=IMAGE_EXPECTED
+            "the upload could not be decoded as PNG or JPEG: its first bytes are neither's whole header (another "
+            "format, or a file cut short)",
+            expected=IMAGE_EXPECTED,
         ) from None
     except (OSError, SyntaxError, ValueError) as error:
         raise InputError(

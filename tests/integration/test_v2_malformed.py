@@ -68,6 +68,8 @@ MALFORMED = [
     ("header length of 5,000 digits", BINARY_HEADER + bytes(784), {"inference-header-content-length": "1" * 5000},
      "Inference-Header-Content-Length"),
     ("timeout of 312 digits", v2(), {"x-request-timeout-ms": "9" * 312}, "X-Request-Timeout-Ms"),
+    ("raw pixels without a header length", bytes(range(256)) * 3 + bytes(16), {},
+     "no Inference-Header-Content-Length"),
     ("timeout not a number", v2(), {"x-request-timeout-ms": "abc"}, "X-Request-Timeout-Ms is 'abc'"),  # not b'abc'
     # base64's decoder raises a plain ValueError (not binascii.Error) for text outside ASCII: it was a 500
     ("a BYTES element outside ASCII", v2({"datatype": "BYTES", "shape": [1], "data": ["iVBORé"]}), {}, "base64"),

@@ -308,6 +308,13 @@ def _split_body(body: bytes | bytearray, header_length: str | None) -> tuple[dic
     try:
         document = orjson.loads(header)
     except orjson.JSONDecodeError as error:
+        if header_length is None:  # raw bytes sent as if the binary extension needed no header length
+            raise InputError(
+                f"the body is not JSON ({error}), and the request has no Inference-Header-Content-Length",
+                expected="a JSON inference request, or binary tensors after a JSON header whose byte length "
+                "Inference-Header-Content-Length gives",
+                status=400,
+            ) from None
         raise InputError(
             f"the inference header is not valid JSON: {error}", expected="a JSON object", status=400
         ) from None
