@@ -5,7 +5,6 @@ shutdown while versions retire. The app through its lifespan on the CPU."""
 from __future__ import annotations
 
 import asyncio
-import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.config import DEFAULT_REPOSITORY, Settings
 from app.main import create_app
@@ -186,23 +186,31 @@ def test_a_load_called_while_one_builds_loads_the_files_as_they_are_after_it(tmp
         assert client.get(f"/v1/models/{MODEL}").json()["batching"]["max_delay_ms"] == 5.0
 
 
-def series(client: TestClient, family: str) -> float:
-    """The value of `family`'s series for MODEL on /metrics (exactly one must be there)."""
-    (value,) = re.findall(rf'^{family}{{[^}}]*model="{MODEL}"[^}}]*}} (\S+)$', client.get("/metrics").text, re.M)
-    return float(value)
+def series(client: TestClient, family: str, labels: dict[str, str]) -> float:
+    """The value of `family`'s one series with exactly these labels on /metrics (other tests in this process
+    may have made other series of the same model)."""
+    for metric in text_string_to_metric_families(client.get("/metrics").text):
+        for sample in metric.samples:
+            if sample.name == family and sample.labels == labels:
+                return float(sample.value)
+    raise AssertionError(f"no {family}{labels} on /metrics")
 
 
 def test_an_unload_zeroes_its_engines_series_and_a_reload_of_the_same_version_keeps_them(client: TestClient) -> None:
     """Found by a docs walk-through: after an unload, cgserve_engine_info and cgserve_device_ready still said 1.
     A reload retires the old version after the new one (same labels) serves: that must not zero the new one's."""
-    version = service(client).models[MODEL].spec.version
-    depth = f'cgserve_queue_depth_rows{{model="{MODEL}",version="{version}"}}'
-    ready = ("cgserve_engine_info", "cgserve_device_ready")
+    served = service(client).models[MODEL]
+    engine = served.engines[0]
+    watched = {
+        "cgserve_engine_info": {"engine": engine.name, "device": "cpu", "dtype": "fp32", "model": MODEL},
+        "cgserve_device_ready": {"model": MODEL, "device": "cpu"},
+        "cgserve_model_ready": {"model": MODEL},
+        "cgserve_queue_depth_rows": {"model": MODEL, "version": served.spec.version},
+    }
     assert client.post(f"/v2/repository/models/{MODEL}/unload").status_code == 200
     client.portal.call(control(client).retired)
-    assert [series(client, family) for family in (*ready, "cgserve_model_ready")] == [0, 0, 0]
-    assert f"{depth} 0.0" in client.get("/metrics").text
+    assert [series(client, family, labels) for family, labels in watched.items()] == [0, 0, 0, 0]
     for _ in range(2):  # loaded after the unload, then loaded again over itself
         assert client.post(f"/v2/repository/models/{MODEL}/load").status_code == 200
         client.portal.call(control(client).retired)
-        assert [series(client, family) for family in (*ready, "cgserve_model_ready")] == [1, 1, 1]
+        assert [series(client, family, labels) for family, labels in list(watched.items())[:3]] == [1, 1, 1]
