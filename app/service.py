@@ -141,7 +141,10 @@ def prepare_models(settings: Settings) -> list[tuple[LoadedModel, EngineOptions]
             f"CGSERVE_FRONT_DOOR_PORT: the front door opens for the default model's images, and "
             f"{settings.model_repository} holds several models {names}: set CGSERVE_DEFAULT_MODEL to one of them"
         )
-    devices = resolve_devices(settings.device)
+    try:
+        devices = resolve_devices(settings.device)
+    except ModelConfigError as error:  # reported beside the models' problems; nothing is loaded without devices
+        raise ModelConfigError(problems + error.problems) from None
     prepared = []
     for spec in specs:  # every model's problems at once, so that one run shows everything to fix
         try:
@@ -184,6 +187,9 @@ class Service:
             )
         # name → version → the served model; and name → the version a call that names none gets.
         self.versions: dict[str, dict[str, ServedModel]] = {}
+        # Every version whose engines are building or built, until retired: the metric series they set are theirs
+        # (a retire zeroes only what no other of them says, _retire_metrics).
+        self._holding: list[ServedModel] = []
         self.models: dict[str, ServedModel] = {}
         self.on_install: list[Callable[[str], None]] = []  # told the name of each model install() changed
         self._applying = asyncio.Lock()  # a worker of the engine process applies one table at a time
@@ -369,6 +375,7 @@ class Service:
         """Build the model's engines and start its batcher. `beside`: another version of it serves meanwhile
         (a load): its readiness metrics stay as they are until this one is ready."""
         name, options, settings = served.spec.name, served.options, self.settings
+        self._holding.append(served)
         if not beside:
             metrics.MODEL_READY.labels(model=name).set(0)
             for device in options.devices:
@@ -470,23 +477,27 @@ class Service:
         # On the build thread, never beside a capture, which empty_cache's frees must not race
         # (device_streams.py); with no reference left here, so that the engines are gone when it runs.
         await on_build_thread(close_and_release, engines, served.options.devices, close=not self.device_dead)
+        self._holding = [held for held in self._holding if held is not served]
         if not served.remote:
             self._retire_metrics(served, engine_labels)
 
     def _retire_metrics(self, served: ServedModel, engine_labels: list[dict[str, str]]) -> None:
-        """Zero what a retired version's series said, unless a version serving now says it (a reload of the
-        same version shares its labels): its queue and graph pool per version; once no version of the model
-        serves (an unload), its engines' info and its devices' readiness. Zeroed, not removed: under
+        """Zero the series a retired version set that no other version building or built says too (a reload of
+        the same version shares its labels; a load may be building beside an unload's retire): its queue and
+        graph pool per version, its engines' info, its devices' readiness. Zeroed, not removed: under
         multiprocess /metrics a removed series keeps its last value in its process's file."""
         name, version = served.spec.name, served.spec.version
-        serving = self.versions.get(name, {})
-        if version not in serving:
+        others = [held for held in self._holding if held.spec.name == name]
+        if all(other.spec.version != version for other in others):
             metrics.GRAPH_POOL_BYTES.labels(model=name, version=version).set(0)
             metrics.QUEUE_DEPTH.labels(model=name, version=version).set(0)
-        if not serving:
-            for labels in engine_labels:
+        in_use = [_engine_labels(engine, name) for other in others for engine in other.engines]
+        for labels in engine_labels:
+            if labels not in in_use:  # one building sets its own once all its engines are built
                 metrics.ENGINE_INFO.labels(**labels).set(0)
-            for device in served.options.devices:
+        devices = {device for other in others for device in other.options.devices}
+        for device in served.options.devices:
+            if device not in devices:
                 metrics.DEVICE_READY.labels(model=name, device=device).set(0)
 
     async def stop(self) -> None:

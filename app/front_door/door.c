@@ -470,7 +470,8 @@ static int parse_head(door_t *d, conn_t *c, int fd) {
     if (!head_end) { /* a head of bare LF lines never ends in CRLF CRLF: refused now, not at request_s */
         for (const char *lf = c->buf; (lf = memchr(lf, '\n', c->len - (size_t)(lf - c->buf))); lf++)
             if (lf == c->buf || lf[-1] != '\r') {
-                refuse(d, fd, R400, "bad_request", "a line of the head ends in a bare LF, not CRLF", "", 1, 0);
+                int v2 = c->len > 9 && (memcmp(c->buf, "GET /v2/", 8) == 0 || memcmp(c->buf, "POST /v2/", 9) == 0);
+                refuse(d, fd, R400, "bad_request", "a line of the head ends in a bare LF, not CRLF", "", 1, v2);
                 return -1;
             }
         return 0;

@@ -295,10 +295,43 @@ static int model_call(const call_t *call) {
     return 0;
 }
 
+/* A model call's request (name = 1, version = 2, both strings) as protobuf's own serializer writes it, the way
+ * Python keys its answers: fields in order, an empty one left out, the last of a repeated one kept. 0 where the
+ * bytes are not such a request. `out` holds `len` bytes: the canonical form is never longer. */
+static int canonical_model_request(const uint8_t *p, size_t len, uint8_t *out, size_t *out_len) {
+    const uint8_t *field[3] = {NULL, NULL, NULL};
+    uint64_t field_len[3] = {0, 0, 0}, tag, n;
+    for (size_t at = 0; at < len;) {
+        if (!varint(p, len, &at, &tag) || (tag != 0x0a && tag != 0x12)) return 0;
+        if (!varint(p, len, &at, &n) || n > len - at) return 0;
+        field[tag >> 3] = p + at;
+        field_len[tag >> 3] = n;
+        at += n;
+    }
+    *out_len = 0;
+    for (int f = 1; f <= 2; f++) {
+        if (!field_len[f]) continue;
+        out[(*out_len)++] = (uint8_t)(f << 3 | 2);
+        for (n = field_len[f]; n >= 0x80; n >>= 7) out[(*out_len)++] = (uint8_t)(n | 0x80);
+        out[(*out_len)++] = (uint8_t)n;
+        memcpy(out + *out_len, field[f], field_len[f]);
+        *out_len += field_len[f];
+    }
+    return 1;
+}
+
 /* Another call of the service: the answer Python set for this method and request; NOT_FOUND for a model call of
  * a model (or version) the door does not serve, as the gRPC port answers one it does not serve; else
  * UNIMPLEMENTED. */
 static void answer_set(struct h2 *h, call_t *call, const uint8_t *request, size_t len) {
+    uint8_t canonical[MAX_SMALL_MESSAGE];
+    size_t canonical_len = 0;
+    int model = len <= sizeof canonical && model_call(call) && canonical_model_request(request, len, canonical,
+                                                                                       &canonical_len);
+    if (model) { /* the same request however a client's library wrote it */
+        request = canonical;
+        len = canonical_len;
+    }
     char key[MAX_PATH + 1 + 2 * MAX_SMALL_MESSAGE + 1];
     memcpy(key, call->path, call->path_len);
     size_t n = call->path_len;
@@ -312,7 +345,7 @@ static void answer_set(struct h2 *h, call_t *call, const uint8_t *request, size_
                     TOKEN_EXPECTED);
         return;
     }
-    if (!found && model_call(call)) {
+    if (!found && model) {
         refuse_call(h, call, NOT_FOUND, "the front door serves no model of that name and version: it serves the "
                     "models of the default model's images, and the service's gRPC port serves every model");
         return;

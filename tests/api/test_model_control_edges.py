@@ -9,6 +9,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -214,3 +215,40 @@ def test_an_unload_zeroes_its_engines_series_and_a_reload_of_the_same_version_ke
         assert client.post(f"/v2/repository/models/{MODEL}/load").status_code == 200
         client.portal.call(control(client).retired)
         assert [series(client, family, labels) for family, labels in list(watched.items())[:3]] == [1, 1, 1]
+
+
+def test_an_unloaded_versions_retire_does_not_zero_a_device_a_load_building_beside_it_has_made_ready(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second review's race: an unload, then a load on two devices while the unloaded version still answers a
+    request. Its retire ran between the load's two device builds and zeroed device 0's readiness for good."""
+    import app.model_control as model_control
+    import app.service as service_module
+
+    two = ("cpu", "cpu:1")  # two devices, as cuda:0,cuda:1: each engine built on the CPU, named as the device
+    monkeypatch.setattr(service_module, "resolve_devices", lambda setting: two)
+    monkeypatch.setattr(model_control, "resolve_devices", lambda setting: two)
+    build = service_module.build_engine
+
+    def slow_build(*args: Any, device: str, **kwargs: Any) -> Any:
+        time.sleep(1.0)  # the retire's turn on the build thread comes between the two devices
+        engine = build(*args, device="cpu", **kwargs)
+        engine.device = device
+        return engine
+
+    monkeypatch.setattr(service_module, "build_engine", slow_build)
+    with controlled_app(tmp_path, request_timeout_s=10) as client:
+        client.portal.call(service(client).wait_started)
+        old = service(client).models[MODEL]
+        old.admitted = 1  # a request it admitted, still reading its body
+
+        async def unload_then_load() -> None:
+            await control(client).unload(MODEL)
+            asyncio.get_running_loop().call_later(0.9, setattr, old, "admitted", 0)  # answered as device 0 builds
+            await control(client).load(MODEL)
+            await control(client).retired()
+
+        client.portal.call(unload_then_load)
+        assert [engine.device for engine in service(client).models[MODEL].engines] == list(two)
+        ready = [series(client, "cgserve_device_ready", {"model": MODEL, "device": device}) for device in two]
+        assert ready == [1, 1]

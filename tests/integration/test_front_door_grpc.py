@@ -137,6 +137,8 @@ def test_every_call_it_does_not_take_is_a_status_that_says_where_to_send_it(serv
          grpc.StatusCode.NOT_FOUND, "service's gRPC port serves every model"),
         ("ModelReady", pb.ModelReadyRequest(name="fashion-cnn", version="9").SerializeToString(), {"metadata": auth},
          grpc.StatusCode.NOT_FOUND, "no model of that name and version"),
+        ("ModelMetadata", b"\x0a\x0bfashion-cnn\x0a\x05other", {"metadata": auth}, grpc.StatusCode.NOT_FOUND,
+         "no model of that name"),  # a repeated name: protobuf keeps the last
         ("ModelMetadata", pb.ModelMetadataRequest(name="fashion-cnn").SerializeToString(), {},
          grpc.StatusCode.UNAUTHENTICATED, "bearer token"),
         ("RepositoryIndex", b"", {"metadata": auth}, grpc.StatusCode.UNIMPLEMENTED, "service's gRPC port"),
@@ -165,6 +167,17 @@ def test_every_call_it_does_not_take_is_a_status_that_says_where_to_send_it(serv
         tensor32 = triton_grpc.InferInput("input", [1, 1, 28, 28], "FP32")
         tensor32.set_data_from_numpy(np.zeros((1, 1, 28, 28), np.float32))
         client.infer("fashion-cnn", [tensor32], headers=METADATA)
+
+
+def test_a_model_call_is_answered_however_its_request_is_encoded(server: dict[str, Any]) -> None:
+    """A second review: answers are keyed by protobuf's own encoding of the request, so an explicit empty version
+    or the fields in the other order got NOT_FOUND for the model the door serves."""
+    served = pb.ModelMetadataRequest(name="fashion-cnn").SerializeToString()
+    with grpc.insecure_channel(server["door"]) as channel:
+        stub = channel.unary_unary("/inference.GRPCInferenceService/ModelMetadata", lambda m: m, lambda m: m)
+        want = stub(served, metadata=tuple(METADATA.items()), timeout=10)
+        for request in (served + b"\x12\x00", b"\x12\x00" + served):
+            assert stub(request, metadata=tuple(METADATA.items()), timeout=10) == want, request
 
 
 def test_it_counts_into_metrics(server: dict[str, Any]) -> None:

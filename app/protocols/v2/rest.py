@@ -308,9 +308,10 @@ def _split_body(body: bytes | bytearray, header_length: str | None) -> tuple[dic
     try:
         document = orjson.loads(header)
     except orjson.JSONDecodeError as error:
-        if header_length is None:  # raw bytes sent as if the binary extension needed no header length
+        if header_length is None and not bytes(header[:64]).lstrip().startswith(b"{"):  # raw bytes, no header length
             raise InputError(
-                f"the body is not JSON ({error}), and the request has no Inference-Header-Content-Length",
+                "the body is not a JSON inference request (it does not begin with '{'), and the request has no "
+                "Inference-Header-Content-Length",
                 expected="a JSON inference request, or binary tensors after a JSON header whose byte length "
                 "Inference-Header-Content-Length gives",
                 status=400,
