@@ -103,6 +103,18 @@ def test_the_front_door_with_several_models_and_no_default_is_refused_before_the
                                        default_model="two"))) == 2  # fmt: skip
 
 
+def test_a_device_problem_is_reported_beside_the_models_problems(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine where device cuda:0 is a problem")
+    seed_folder(tmp_path / "typo", GOOD + TEN_LABELS + "batch_size = 8\n")
+    with pytest.raises(ModelConfigError) as raised:
+        prepare_models(Settings(model_repository=tmp_path, device="cuda:0"))
+    assert [problem.split(":")[0] for problem in raised.value.problems] == [str(tmp_path / "typo" / "model.toml"),
+                                                                          "device cuda"]  # fmt: skip
+
+
 def test_the_shipped_repository_serves_the_seed_cnn_by_default() -> None:
     ((model, options),) = prepare_models(Settings(device="cpu"))
     assert model.spec.name == "fashion-cnn" and options.engine == "eager"
