@@ -23,8 +23,8 @@
  * headers (else DEADLINE_EXCEEDED, its stream reset) and its answer be taken within `request_s` (else the
  * connection is closed: a client that does not read, or never opens its window); a connection without calls is
  * closed after `keepalive_s`, with a GOAWAY; tokens as HTTP's (`authorization: Bearer …` metadata). A call that no
- * message could make servable (a stream, another method, no token) is refused at its headers. A drain sends
- * GOAWAY: every call up to it is answered, then the connection closes.
+ * message could make servable (another method, no token) is refused at its headers, a stream (ModelStreamInfer)
+ * at its first message. A drain sends GOAWAY: every call up to it is answered, then the connection closes.
  */
 #include "door.h"
 
@@ -58,6 +58,8 @@ typedef struct call {
     char path[MAX_PATH];
     size_t path_len;        /* 0: none, or longer than MAX_PATH */
     int infer;              /* the path is ModelInfer's */
+    int stream_call;        /* ModelStreamInfer's: refused at its first message (at its headers, a client's first
+                               write raced the status: grpcio's aio client saw INTERNAL in 6 of 10 calls) */
     int post, grpc;         /* :method POST; content-type application/grpc… */
     char auth[MAX_AUTH];
     size_t auth_len;        /* 0: none; over MAX_AUTH: too long to be a token (auth holds none of it) */
@@ -354,14 +356,17 @@ static void answer_set(struct h2 *h, call_t *call, const uint8_t *request, size_
     respond(h, call, body, body_len, head, strlen(head)); /* the copies find_get made, the call's now */
 }
 
-/* A call's headers came: refused at once where no message could change the answer (a client that never ends its
- * side, as ModelStreamInfer's, still gets one). */
+/* A call's headers came: refused at once where no message could change the answer; a stream (ModelStreamInfer), at
+ * its first message or request_s after its headers, whichever comes first (a client that never ends its side still
+ * gets an answer). */
 static void call_begun(struct h2 *h, call_t *call) {
     door_t *d = h->d;
     if (!call->post || !call->grpc) {
         refuse_call(h, call, INVALID_ARGUMENT, "the call is not a gRPC POST (content-type application/grpc)");
-    } else if (!call->path_len || memcmp(call->path, SERVICE, sizeof SERVICE - 1) != 0 ||
-               (call->path_len == sizeof SERVICE - 1 + 16 && memcmp(call->path + sizeof SERVICE - 1, "ModelStreamInfer", 16) == 0)) {
+    } else if (call->path_len == sizeof SERVICE - 1 + 16 &&
+               memcmp(call->path, SERVICE "ModelStreamInfer", sizeof SERVICE - 1 + 16) == 0) {
+        call->stream_call = 1;
+    } else if (!call->path_len || memcmp(call->path, SERVICE, sizeof SERVICE - 1) != 0) {
         refuse_call(h, call, UNIMPLEMENTED, NOT_SERVED);
     } else if (call->infer && d->n_tokens && !(token(call) && token_ok(d, call->auth, call->auth_len))) {
         refuse_call(h, call, UNAUTHENTICATED,
@@ -372,6 +377,10 @@ static void call_begun(struct h2 *h, call_t *call) {
 
 /* The client's last frame of a call came: answered here, or its row taken. */
 static void call_ended(struct h2 *h, call_t *call) {
+    if (call->stream_call) { /* ended before its first message */
+        refuse_call(h, call, UNIMPLEMENTED, NOT_SERVED);
+        return;
+    }
     int infer = call->infer;
     const uint8_t *m = (const uint8_t *)call->message;
     uint32_t n = call->len >= 5 ? (uint32_t)m[1] << 24 | (uint32_t)m[2] << 16 | (uint32_t)m[3] << 8 | m[4] : 0;
@@ -441,6 +450,10 @@ static int on_data(nghttp2_session *s, uint8_t flags, int32_t stream, const uint
     struct h2 *h = user_data;
     call_t *call = nghttp2_session_get_stream_user_data(s, stream);
     if (!call || call->too_large || call->done) return 0; /* dropped as it comes (refused once whole, or already) */
+    if (call->stream_call) {
+        refuse_call(h, call, UNIMPLEMENTED, NOT_SERVED);
+        return 0;
+    }
     size_t most = call->infer ? 5 + (size_t)h->d->row_bytes + MAX_V2_HEADER + 64 : 5 + MAX_SMALL_MESSAGE;
     if (call->len + len > most) {
         call->too_large = 1;
@@ -489,7 +502,7 @@ static int on_frame(nghttp2_session *s, const nghttp2_frame *frame, void *user_d
     return 0;
 }
 
-/* A call answered before the client's last frame (refused at its headers, or not whole in time): its stream is
+/* A call answered before the client's last frame (refused early, or not whole in time): its stream is
  * reset once the answer is out (RFC 9113 §8.1), so that it closes and what the client still sends is not read. */
 static int on_sent(nghttp2_session *s, const nghttp2_frame *frame, void *user_data) {
     (void)user_data;
@@ -663,7 +676,10 @@ void h2_sweep(door_t *d, conn_t *c, int fd, double now) {
             return;
         }
         if (!call->ended && !call->done && now - call->since > d->request_s) {
-            refuse_call(h, call, DEADLINE_EXCEEDED, "the call did not arrive whole in time");
+            if (call->stream_call)
+                refuse_call(h, call, UNIMPLEMENTED, NOT_SERVED);
+            else
+                refuse_call(h, call, DEADLINE_EXCEEDED, "the call did not arrive whole in time");
             drop_message(d, call);
             refused = 1;
         }
