@@ -457,6 +457,13 @@ static int answer_get(door_t *d, int fd, const char *buf, size_t head_len, int c
     return sent;
 }
 
+/* Whether a head's refusal takes the v2 protocol's error shape: its target starts with /v2/ (after GET, or any
+ * other method of four letters and a space, as POST is read). */
+static int v2_target(const char *buf, size_t len) {
+    int get = len >= 4 && memcmp(buf, "GET ", 4) == 0;
+    return len > 9 && memcmp(buf + 4 + !get, "/v2/", 4) == 0;
+}
+
 /* With c->mu held, c IDLE and its head not yet parsed: the head, if whole, checked and kept in c->head. Returns 2
  * for a POST's head kept (its body may still be coming), 1 for a GET answered here, 0 if more bytes are needed,
  * -1 to close. */
@@ -470,14 +477,14 @@ static int parse_head(door_t *d, conn_t *c, int fd) {
     if (!head_end) { /* a head of bare LF lines never ends in CRLF CRLF: refused now, not at request_s */
         for (const char *lf = c->buf; (lf = memchr(lf, '\n', c->len - (size_t)(lf - c->buf))); lf++)
             if (lf == c->buf || lf[-1] != '\r') {
-                int v2 = c->len > 9 && (memcmp(c->buf, "GET /v2/", 8) == 0 || memcmp(c->buf, "POST /v2/", 9) == 0);
-                refuse(d, fd, R400, "bad_request", "a line of the head ends in a bare LF, not CRLF", "", 1, v2);
+                refuse(d, fd, R400, "bad_request", "a line of the head ends in a bare LF, not CRLF", "", 1,
+                       v2_target(c->buf, c->len));
                 return -1;
             }
         return 0;
     }
     int get = memcmp(c->buf, "GET ", 4) == 0;
-    int v2 = head_len > 9 && memcmp(c->buf + 4 + !get, "/v2/", 4) == 0; /* refused in the protocol's error shape */
+    int v2 = v2_target(c->buf, head_len); /* refused in the protocol's error shape */
     const char *problem = head_problem(c->buf, head_len);
     if (problem) {
         refuse(d, fd, R400, "bad_request", problem, "", 1, v2);

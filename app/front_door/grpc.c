@@ -59,7 +59,8 @@ typedef struct call {
     size_t path_len;        /* 0: none, or longer than MAX_PATH */
     int infer;              /* the path is ModelInfer's */
     int stream_call;        /* ModelStreamInfer's: refused at its first message (at its headers, a client's first
-                               write raced the status: grpcio's aio client saw INTERNAL in 6 of 10 calls) */
+                               write raced the status: grpcio's aio client saw INTERNAL in 29 of 60 calls,
+                               bench/results/2026-12-06-cpu-door-stream-refusal.md) */
     int post, grpc;         /* :method POST; content-type application/grpc… */
     char auth[MAX_AUTH];
     size_t auth_len;        /* 0: none; over MAX_AUTH: too long to be a token (auth holds none of it) */
