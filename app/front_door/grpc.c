@@ -14,8 +14,9 @@
  * with its ModelInferResponse message and its trailers ("grpc-status: 0"), or with no message and an error's
  * trailers. Other calls of GRPCInferenceService (a client's ServerLive, ModelMetadata, ModelConfig, ModelReady
  * before its inferences) get the answer Python set for the method and that very request (find_get's key: the
- * path, "?", the request's bytes in hex), a second stale at most; one about a model the door does not serve is
- * NOT_FOUND, and any other call UNIMPLEMENTED, each naming the service's gRPC port, which serves everything.
+ * path, "?", the request's bytes in hex), a second stale at most; ModelReady of a model the service does not serve
+ * is false (Triton's answer), another call about a model the door does not serve is NOT_FOUND, and any other call
+ * UNIMPLEMENTED, each naming the service's gRPC port, which serves everything.
  *
  * Limits: at most MAX_STREAMS calls a connection at once (its SETTINGS); a call's message at most one image and
  * a 4 KiB header (ModelInfer) or MAX_SMALL_MESSAGE (the rest), its buffer charged to the door's `max_held_bytes`
@@ -288,13 +289,16 @@ static const char *token(const call_t *call) {
     return call->auth_len && call->auth_len <= MAX_AUTH ? call->auth : NULL;
 }
 
+/* Whether the call is the service's `method`. */
+static int call_is(const call_t *call, const char *method) {
+    size_t prefix = sizeof SERVICE - 1, n = strlen(method);
+    return call->path_len == prefix + n && memcmp(call->path + prefix, method, n) == 0;
+}
+
 /* Whether the call is one of MODEL_CALLS. */
 static int model_call(const call_t *call) {
-    size_t prefix = sizeof SERVICE - 1;
-    for (size_t i = 0; i < sizeof MODEL_CALLS / sizeof *MODEL_CALLS; i++) {
-        size_t n = strlen(MODEL_CALLS[i]);
-        if (call->path_len == prefix + n && memcmp(call->path + prefix, MODEL_CALLS[i], n) == 0) return 1;
-    }
+    for (size_t i = 0; i < sizeof MODEL_CALLS / sizeof *MODEL_CALLS; i++)
+        if (call_is(call, MODEL_CALLS[i])) return 1;
     return 0;
 }
 
@@ -323,9 +327,11 @@ static int canonical_model_request(const uint8_t *p, size_t len, uint8_t *out, s
     return 1;
 }
 
-/* Another call of the service: the answer Python set for this method and request; NOT_FOUND for a model call of
- * a model (or version) the door does not serve, as the gRPC port answers one it does not serve; else
- * UNIMPLEMENTED. */
+/* Another call of the service: the answer Python set for this method and request. Python sets ModelReady for every
+ * model the service serves, so one it has not set is of a model (or version) the service does not serve: not
+ * ready, as Triton answers it (an empty ModelReadyResponse), so that a client polling for a load gets false, not an
+ * error. The other model calls of a model the door does not serve are NOT_FOUND, as the gRPC port answers one it
+ * does not serve; any other call UNIMPLEMENTED. */
 static void answer_set(struct h2 *h, call_t *call, const uint8_t *request, size_t len) {
     uint8_t canonical[MAX_SMALL_MESSAGE];
     size_t canonical_len = 0;
@@ -346,6 +352,11 @@ static void answer_set(struct h2 *h, call_t *call, const uint8_t *request, size_
     if (found < 0) {
         refuse_call(h, call, UNAUTHENTICATED, "the bearer token is missing or not one of the inference tokens"
                     TOKEN_EXPECTED);
+        return;
+    }
+    if (!found && model && call_is(call, "ModelReady")) {
+        static const char ok[] = "grpc-status: 0\r\n";
+        respond(h, call, calloc(1, 1), 0, strdup(ok), sizeof ok - 1);
         return;
     }
     if (!found && model) {

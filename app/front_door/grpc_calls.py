@@ -26,6 +26,7 @@ from app.protocols.v2.grpc_server import (
     infer_response,
     input_images,
     metadata_response,
+    model_ready,
     status_text,
 )
 from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
@@ -256,6 +257,17 @@ class GrpcRows:
              pb.ServerMetadataResponse(**tensors.server_metadata()).SerializeToString(), True),
         ]  # fmt: skip
 
+    def ready_gets(self, model: str, versions: list[str]) -> list[tuple[bytes, bytes, bytes, bool]]:
+        """ModelReady for a model served but not at the door (other images), by name and by each of `versions`, as
+        the gRPC port answers it: grpc.c answers one it has not been given false."""
+        answers = []
+        for version in versions:
+            ready = model_ready(self.service, model, version or None)
+            request = pb.ModelReadyRequest(name=model, version=version).SerializeToString()
+            message = pb.ModelReadyResponse(ready=ready).SerializeToString()
+            answers.append((grpc_key("ModelReady", request), OK_TRAILERS, message, True))
+        return answers
+
     def model_gets(self, model: str, versions: list[str]) -> list[tuple[bytes, bytes, bytes, bool]]:
         """gRPC's calls before a client's inferences for `model`, by name ("") and by each of `versions`, answered as
         the gRPC port answers them (for a model unloaded since, what the port says of it)."""
@@ -270,7 +282,8 @@ class GrpcRows:
                 }
                 found = {method: (OK_TRAILERS, response.SerializeToString()) for method, response in asked.items()}
             except ServiceError as error:
-                found = dict.fromkeys(("ModelMetadata", "ModelConfig", "ModelReady"), (error_trailers(error)[0], b""))
+                found = dict.fromkeys(("ModelMetadata", "ModelConfig"), (error_trailers(error)[0], b""))
+                found["ModelReady"] = (OK_TRAILERS, b"")  # not ready, as the gRPC port says (model_ready)
             request = pb.ModelMetadataRequest(name=model, version=version).SerializeToString()
             for method, (trailers, message) in found.items():  # the three requests have the same fields
                 answers.append((grpc_key(method, request), trailers, message, True))

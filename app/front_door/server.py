@@ -217,7 +217,8 @@ class FrontDoor:
         ]
         grpc = self.grpc.server_gets() if self.grpc else []
         left_out = []
-        for name in self._served_here():
+        here = self._served_here()
+        for name in here:
             model = [get for version in self._versions(name) for get in self._model_gets(name, version)]
             model_grpc = self.grpc.model_gets(name, self._versions(name)) if self.grpc else []
             if len(gets) + len(grpc) + len(model) + len(model_grpc) > MAX_GETS:
@@ -225,6 +226,13 @@ class FrontDoor:
                 continue
             gets += model
             grpc += model_grpc
+        # gRPC's ModelReady of the service's other models too: the door answers one it has not been given "not ready"
+        for name in sorted(set(self.service.models) - set(here)):
+            ready = self.grpc.ready_gets(name, self._versions(name)) if self.grpc else []
+            if len(gets) + len(grpc) + len(ready) > MAX_GETS:
+                left_out.append(name)
+                continue
+            grpc += ready
         if left_out != self.left_out:  # said once a change, not each second
             self.left_out = left_out
             if left_out:

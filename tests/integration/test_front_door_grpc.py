@@ -137,8 +137,6 @@ def test_every_call_it_does_not_take_is_a_status_that_says_where_to_send_it(serv
         # A model it does not serve: NOT_FOUND, as the gRPC port says of a name it does not serve (a typo).
         ("ModelMetadata", pb.ModelMetadataRequest(name="other").SerializeToString(), {"metadata": auth},
          grpc.StatusCode.NOT_FOUND, "service's gRPC port serves every model"),
-        ("ModelReady", pb.ModelReadyRequest(name="fashion-cnn", version="9").SerializeToString(), {"metadata": auth},
-         grpc.StatusCode.NOT_FOUND, "no model of that name and version"),
         ("ModelMetadata", b"\x0a\x0bfashion-cnn\x0a\x05other", {"metadata": auth}, grpc.StatusCode.NOT_FOUND,
          "no model of that name"),  # a repeated name: protobuf keeps the last
         ("ModelMetadata", pb.ModelMetadataRequest(name="fashion-cnn").SerializeToString(), {},
@@ -164,6 +162,10 @@ def test_every_call_it_does_not_take_is_a_status_that_says_where_to_send_it(serv
             list(stream(requests(), metadata=auth, timeout=10))
         ended.set()
         assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED and time.monotonic() - started < 5
+    for address in (server["door"], server["grpc"]):  # not served: not ready, as Triton answers (not NOT_FOUND)
+        with triton_grpc.InferenceServerClient(address) as client:
+            assert not client.is_model_ready("fashion-cnn", "9", headers=METADATA)
+            assert not client.is_model_ready("nowhere", headers=METADATA)
     client = triton_grpc.InferenceServerClient(server["door"])
     with pytest.raises(InferenceServerException, match="one image's uint8 pixels"):
         tensor32 = triton_grpc.InferInput("input", [1, 1, 28, 28], "FP32")

@@ -135,6 +135,10 @@ def test_models_the_door_does_not_serve_are_refused_as_the_port_refuses_them(ser
         grpc_infer(server["door_grpc"], "embedder", image())
     assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert http_infer(port, "embedder", own).as_numpy("embedding").shape == (1, 512)  # the port serves it
+    # Its readiness is the service's, at the door too: the door answers a model it has not been given "not ready".
+    with triton_grpc.InferenceServerClient(server["door_grpc"]) as door:
+        assert door.is_model_ready("embedder") and door.is_model_ready("embedder", "1")
+        assert not door.is_model_ready("nothing")
     assert http_infer(server["door"], TWIN, image()).get_response()["model_name"] == TWIN
 
 

@@ -32,7 +32,15 @@ from app.access.grpc_interceptor import ended_by_client, server_interceptors
 from app.codecs.uploads import Images, upload_images
 from app.config import Settings
 from app.dataplane import DataPlane
-from app.errors import ClientClosedError, DeadlineExceededError, InputError, ServiceError, quoted
+from app.errors import (
+    ClientClosedError,
+    DeadlineExceededError,
+    InputError,
+    NotReadyError,
+    ServiceError,
+    UnknownModelError,
+    quoted,
+)
 from app.model_control import IGNORED_LOAD_PARAMETERS, LOAD_EXPECTED, ControlError, RepositoryControl
 from app.ops.connection_budgets import connection_budgets
 from app.ops.off_loop import LARGE_JSON_BYTES, off_loop
@@ -185,8 +193,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerReadyResponse(ready=self.service.readiness()[0])
 
     async def ModelReady(self, request: Any, context: Any) -> pb.ModelReadyResponse:
-        served = await self._model(request.name, request.version, context)
-        return pb.ModelReadyResponse(ready=served.readiness()[0])
+        return pb.ModelReadyResponse(ready=model_ready(self.service, request.name, request.version or None))
 
     async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(**tensors.server_metadata())
@@ -276,6 +283,17 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         except ServiceError as error:
             await context.abort(STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL), error.message)
             raise
+
+
+def model_ready(service: Service, name: str, version: str | None) -> bool:
+    """Whether (name, version) is served and ready. A model or version the service does not serve (never loaded,
+    unloaded, retired) is not ready rather than an error, as Triton answers it: a client polling for a load or an
+    unload gets false, not NOT_FOUND. So is any while the service starts."""
+    try:
+        served = service.model(name, version)
+    except (UnknownModelError, NotReadyError):
+        return False
+    return served.readiness()[0]
 
 
 def metadata_response(service: Service, served: ServedModel) -> pb.ModelMetadataResponse:
