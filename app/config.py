@@ -126,7 +126,10 @@ class Settings(BaseSettings):
         "where it exists (KServe's storageUri), else the shipped repository of the seed CNN.",
     )
     default_model: str | None = Field(
-        None, description="Model that POST /predict serves; may be left out when the repository holds one model."
+        None,
+        description="Model that POST /predict serves; may be left out when the server starts with one model: "
+        "that model is then the default for the process's life (unloaded, /predict answers 404 naming it; a model "
+        "loaded beside it does not change it).",
     )
     device: str = Field(
         "auto",

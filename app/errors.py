@@ -125,12 +125,18 @@ class UnknownModelError(ServiceError):
         if version is not None:  # the model is served, not this version of it
             message = f"model {name} has no version {quoted(version, 40)} served"
             expected = f"one of its versions: {', '.join(versions or []) or 'none is loaded'}"
-        elif name is None:
-            message = f"several models are served ({served}) and none is the default"
+        elif name is None and names:  # app/service.py's decide_default: the server started with several
+            message = (
+                "POST /predict has no default model: CGSERVE_DEFAULT_MODEL is unset and the server first served "
+                f"several models (served now: {served})"
+            )
             expected = "POST /v1/models/{name}/predict, or CGSERVE_DEFAULT_MODEL set to one of them"
+        elif name is None:
+            message = "no model is served"
+            expected = "a model loaded first (POST /v2/repository/models/{name}/load)"
         else:
             message = f"no model named {quoted(name)} is served"
-            expected = f"one of: {served}"
+            expected = f"one of: {served}" if names else "a model loaded first: none is served now"
         super().__init__(message, expected=expected)
 
 

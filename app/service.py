@@ -191,6 +191,11 @@ class Service:
         # (a retire zeroes only what no other of them says, _retire_metrics).
         self._holding: list[ServedModel] = []
         self.models: dict[str, ServedModel] = {}
+        # POST /predict's model: CGSERVE_DEFAULT_MODEL, else the one model of the first set served (start-up's,
+        # or the first load's where start-up served none), decided once (decide_default): loading or unloading
+        # another model never makes /predict answer from a different one.
+        self.default_name: str | None = settings.default_model
+        self._default_decided = settings.default_model is not None
         self.on_install: list[Callable[[str], None]] = []  # told the name of each model install() changed
         self._applying = asyncio.Lock()  # a worker of the engine process applies one table at a time
         # Its requests are admitted here (ServedModel.admitted): a replaced version is freed once none is left.
@@ -256,6 +261,7 @@ class Service:
                 self.versions.setdefault(model.spec.name, {})[model.spec.version] = ServedModel(model.spec, options)
             for name in self.versions:
                 self.publish(name)
+            self.decide_default()
             # The JPEG decoder first: its torchvision import holds the GIL for seconds (longest where
             # nothing imported torch._dynamo before it). Started after the models, that import ran
             # while they already served, at a fraction of their rate.
@@ -364,6 +370,7 @@ class Service:
         for name, served_versions in versions.items():
             self.versions[name] = served_versions
             self.publish(name)
+        self.decide_default()  # as the engine process decided it: from the same sets, in the same order
 
     def _start_failed(self, error: Exception) -> None:
         self.failure = f"{type(error).__name__}: {error}"
@@ -444,6 +451,7 @@ class Service:
         replaced = list(self.versions.get(name, {}).values())
         self.versions[name] = dict(versions)
         self.publish(name)
+        self.decide_default()
         if not versions and replaced:  # only a served model's name is a label (never a client's)
             metrics.MODEL_READY.labels(model=name).set(0)
         for listener in self.on_install:  # the engine process tells its workers, before the call is answered
@@ -549,6 +557,13 @@ class Service:
         newest_first = sorted(versions.values(), key=lambda served: int(served.spec.version), reverse=True)
         self.models[name] = next((served for served in newest_first if served.ready()), newest_first[0])
 
+    def decide_default(self) -> None:
+        """Without CGSERVE_DEFAULT_MODEL: the first time any model is served, /predict's model is the one served
+        then, or none where several are (their names then). Kept for the process's life, served or not."""
+        if not self._default_decided and self.models:
+            self._default_decided = True
+            self.default_name = next(iter(self.models)) if len(self.models) == 1 else None
+
     def model(self, name: str | None, version: str | None = None) -> ServedModel:
         """The named model (its `version`, else its newest ready one), or the default model for name None;
         UnknownModelError (404) for an unknown name or version."""
@@ -563,9 +578,7 @@ class Service:
 
     def _named(self, name: str | None) -> ServedModel:
         if name is None:
-            name = self.settings.default_model
-            if name is None and len(self.models) == 1:
-                return next(iter(self.models.values()))
+            name = self.default_name
             if name is None:
                 if not self.models and not self.started:
                     raise NotReadyError("starting: reading the model repository")

@@ -53,9 +53,7 @@ def access_layers(settings: Settings) -> list[Callable[[ASGIApp], ASGIApp]]:
         install_log_filter()
         log = access_log() if settings.access_log else None
         traced = settings.tracing != "off"  # the traceparent header to the request span, its ids to the log
-        layers.append(
-            lambda app: TraceMiddleware(app, access_log=log, default_model=settings.default_model, tracing=traced)
-        )
+        layers.append(lambda app: TraceMiddleware(app, access_log=log, tracing=traced))
     if settings.cors_origins:
         origins = list(settings.cors_origins)
         layers.append(

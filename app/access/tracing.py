@@ -26,12 +26,9 @@ _TRACEPARENT = b"traceparent"
 
 
 class TraceMiddleware:
-    def __init__(
-        self, app: ASGIApp, *, access_log: AccessLog | None, default_model: str | None, tracing: bool = False
-    ) -> None:
+    def __init__(self, app: ASGIApp, *, access_log: AccessLog | None, tracing: bool = False) -> None:
         self.app = app
         self.log = access_log
-        self.default_model = default_model
         self.tracing = tracing
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -118,8 +115,5 @@ class TraceMiddleware:
         name = scope.get("path_params", {}).get("name")
         if name is not None or scope["path"] != "/predict":
             return name if isinstance(name, str) else None
-        if self.default_model is not None:
-            return self.default_model
         service = getattr(getattr(scope.get("app"), "state", None), "service", None)
-        models = getattr(service, "models", {})
-        return next(iter(models)) if len(models) == 1 else None
+        return getattr(service, "default_name", None)

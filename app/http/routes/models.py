@@ -18,7 +18,7 @@ router = APIRouter()
 
 @router.get("/v1/models", summary="Every served model, as GET /v1/models/{name} describes it")
 async def list_models(service: ServiceDep) -> dict[str, Any]:
-    return {"default": _default_name(service), "models": [card(m, service) for m in service.models.values()]}
+    return {"default": service.default_name, "models": [card(m, service) for m in service.models.values()]}
 
 
 @router.get(
@@ -113,9 +113,3 @@ def devices(served: ServedModel) -> dict[str, dict[str, Any]]:
         for device, figures in served.batcher.device_figures().items():
             described[device].update(figures)
     return described
-
-
-def _default_name(service: Service) -> str | None:
-    if service.settings.default_model is not None:
-        return service.settings.default_model
-    return next(iter(service.models)) if len(service.models) == 1 else None
