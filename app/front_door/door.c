@@ -329,6 +329,11 @@ static refusal_t check_head(door_t *d, const char *buf, size_t head_len, size_t 
                                auth ? "the bearer token is not one of the inference tokens" : "the request has no bearer token",
                                "www-authenticate: Bearer\r\n"};
     }
+    const char *encoding = find_header(buf, head_len, "content-encoding:", &value_len);
+    if (encoding && !(value_len == 8 && strncasecmp(encoding, "identity", 8) == 0))
+        return (refusal_t){R415, "unsupported_media_type",
+                           "a compressed body (Content-Encoding) is not taken here: send it uncompressed, or to the "
+                           "service's HTTP port, which inflates gzip and deflate", ""};
     *header_len = 0;
     *image = 0;
     if (v2) { /* the JSON header and the pixels; its Content-Type is the client's (Triton's set none) */

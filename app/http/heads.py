@@ -24,12 +24,14 @@ class Head:
     header_length: bytes | None = None  # the first Inference-Header-Content-Length
     timeout_ms: int | None = None  # X-Request-Timeout-Ms (the shortest); -1 where one is not 1 to 12 digits above 0
     streamed: bool = False  # Transfer-Encoding or Expect: the body does not simply follow the head
+    encoded: bool = False  # a Content-Encoding other than identity: the Starlette route inflates it
 
 
 # The names read_head reads; every other header (Host, User-Agent, Accept...) costs it one set lookup.
 READ = frozenset(
-    (b"content-length", b"content-type", V2_HEADER_LENGTH, TIMEOUT_HEADER, b"transfer-encoding", b"expect")
-)
+    (b"content-length", b"content-type", V2_HEADER_LENGTH, TIMEOUT_HEADER, b"transfer-encoding", b"expect",
+     b"content-encoding")
+)  # fmt: skip
 
 
 def read_head(headers: Iterable[tuple[bytes, bytes]]) -> Head:
@@ -50,4 +52,6 @@ def read_head(headers: Iterable[tuple[bytes, bytes]]) -> Head:
                 head.timeout_ms = -1
         elif name in (b"transfer-encoding", b"expect"):
             head.streamed = True
+        elif name == b"content-encoding":
+            head.encoded = head.encoded or value.strip().lower() != b"identity"
     return head

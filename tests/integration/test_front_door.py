@@ -224,6 +224,9 @@ def test_refusals_are_answers_on_the_connection(server: dict[str, Any]) -> None:
         json = POST.replace(b"application/octet-stream", b"application/json")
         status, _, body = exchange(connection, json % (b"/predict", AUTH, len(image)) + image)
         assert status.startswith(b"HTTP/1.1 415 ") and b"octet-stream" in body, (status, body)
+        gzipped = AUTH + b"Content-Encoding: gzip\r\n"  # tritonclient's request_compression_algorithm
+        status, _, body = exchange(connection, POST % (b"/predict", gzipped, len(image)) + image)
+        assert status.startswith(b"HTTP/1.1 415 ") and b"Content-Encoding" in body and b"HTTP port" in body, body
         status, headers, body = exchange(connection, POST % (b"/predict", b"", len(image)) + image)
         assert status.startswith(b"HTTP/1.1 401 ") and headers[b"www-authenticate"] == b"Bearer", (status, headers)
         assert b"no bearer token" in body and b"CGSERVE_AUTH_TOKENS" in body  # and what it expected

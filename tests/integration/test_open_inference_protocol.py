@@ -5,10 +5,12 @@ Every answer of the Open Inference Protocol must equal POST /predict's for the s
 
 from __future__ import annotations
 
+import gzip
 import io
 import queue
 import sys
 import threading
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -94,6 +96,30 @@ def test_infer_equals_predict(
     np.testing.assert_allclose(result.as_numpy("probabilities"), predicted, rtol=1e-5, atol=1e-7)
     response = result.get_response()
     assert (response["id"] if kind == "http" else response.id) == "req-7"
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_bodies_answer_as_plain_ones(
+    algorithm: str, server: dict[str, str], images: np.ndarray, predicted: np.ndarray
+) -> None:
+    """tritonclient's request_compression_algorithm, as Triton's HTTP server takes it (the compressed bytes were
+    read as the inference header: a 400 about JSON); and /predict's raw body compressed alike."""
+    triton = triton_http.InferenceServerClient(server["http"])
+    for binary in (True, False):
+        tensor = triton_http.InferInput("input", list(images.shape), "UINT8")
+        tensor.set_data_from_numpy(images, binary_data=binary)
+        result = triton.infer(MODEL, [tensor], request_compression_algorithm=algorithm)
+        np.testing.assert_allclose(result.as_numpy("probabilities"), predicted, rtol=1e-5, atol=1e-7)
+    compress = gzip.compress if algorithm == "gzip" else zlib.compress
+    raw = {"content-type": "application/octet-stream", "content-encoding": algorithm}
+    answer = httpx.post(f"{server['url']}/predict", content=compress(images.tobytes()), headers=raw)
+    assert answer.status_code == 200
+    scores = np.array([p["scores"] for p in answer.json()["predictions"]], dtype=np.float32)
+    np.testing.assert_allclose(scores, predicted, rtol=1e-5, atol=1e-7)
+    cut = httpx.post(f"{server['url']}/predict", content=compress(images.tobytes())[:-9], headers=raw)
+    assert cut.status_code == 400 and f"not {algorithm} data" in cut.json()["error"]["message"]
+    brotli = httpx.post(f"{server['url']}/predict", content=images.tobytes(), headers={**raw, "content-encoding": "br"})
+    assert brotli.status_code == 415 and "gzip or deflate" in brotli.json()["error"]["expected"]
 
 
 @pytest.mark.parametrize("kind", list(CLIENTS))
