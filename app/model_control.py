@@ -12,7 +12,9 @@
 
 A retired version answers every request it admitted (Service.retire), then frees its engines: the
 graph pool and the pinned slots go back. A failed load leaves the versions serving as they were.
-One operation at a time (a lock): a load never races an unload of the same model.
+One operation at a time per model (a lock per name): a load never races an unload of the same model,
+and a slow load of one model (a factory reading weights from a slow mount) never holds up another's
+load or unload. Engine builds still go one at a time, on the one build thread.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -80,12 +83,34 @@ class Retiring:
     task: asyncio.Task[None]
 
 
+class NameLocks:
+    """One asyncio.Lock per model name: a load and an unload of one model run one after the other (its
+    final state is the last call's), those of different models side by side. A name's lock is dropped
+    once nobody holds or awaits it, so that the names clients ask for do not pile up."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._users: dict[str, int] = {}  # name → calls holding or awaiting its lock
+
+    @contextlib.asynccontextmanager
+    async def hold(self, name: str) -> AsyncIterator[None]:
+        lock = self._locks.setdefault(name, asyncio.Lock())
+        self._users[name] = self._users.get(name, 0) + 1
+        try:
+            async with lock:
+                yield
+        finally:
+            self._users[name] -= 1
+            if not self._users[name]:
+                del self._users[name], self._locks[name]
+
+
 class ModelControl:
     def __init__(self, service: Service) -> None:
         self.service = service
         self.settings = service.settings
         self.mode = service.settings.model_control
-        self._lock = asyncio.Lock()
+        self._locks = NameLocks()
         self._loading: set[str] = set()
         self._failures: dict[str, str] = {}  # name → why its last load failed
         self._retiring: list[Retiring] = []
@@ -93,6 +118,7 @@ class ModelControl:
         self._failed_at: dict[str, Files] = {}  # poll: name → its files when a load of them failed
         self._poller: asyncio.Task[None] | None = None
         self._loads: dict[str, asyncio.Task[None]] = {}  # name → its load under way
+        self._poll_problem: str | None = None  # poll: what the last round said was wrong, said once
 
     def start(self) -> None:
         if self.mode == "poll":
@@ -122,10 +148,7 @@ class ModelControl:
 
     async def index(self, *, ready_only: bool = False) -> list[dict[str, str]]:
         """Triton's repository index: name, version, state and reason of every model and version."""
-        try:
-            names = [name for name, _, _ in await asyncio.to_thread(model_folders, self.settings.model_repository)]
-        except (ModelConfigError, OSError):
-            names = []
+        names = await asyncio.to_thread(self._folder_names)
         names += [name for name in self.service.versions if name not in names]
         entries: list[dict[str, str]] = []
         for name in sorted(names):
@@ -162,7 +185,7 @@ class ModelControl:
 
     async def unload(self, name: str) -> None:
         self._allowed()
-        async with self._lock:
+        async with self._locks.hold(name):  # waits for a load of this model under way, not another's
             self._started()
             if name not in self.service.versions:
                 folders = await asyncio.to_thread(self._folder_names)
@@ -174,8 +197,8 @@ class ModelControl:
 
     def _folder_names(self) -> list[str]:
         try:
-            return [name for name, _, _ in model_folders(self.settings.model_repository)]
-        except (ModelConfigError, OSError):
+            return repository_names(self.settings.model_repository)
+        except OSError:
             return []
 
     def _allowed(self) -> None:
@@ -187,8 +210,8 @@ class ModelControl:
             raise NotReadyError("starting: the models of the repository are still being built")
 
     async def _load(self, name: str) -> None:
-        await self._wait_for_retirements(name)  # outside the lock: other models' calls go on meanwhile
-        async with self._lock:
+        await self._wait_for_retirements(name)  # outside the lock: an unload of `name` goes on meanwhile
+        async with self._locks.hold(name):
             self._started()
             self._loading.add(name)
             try:
@@ -212,8 +235,7 @@ class ModelControl:
         try:
             prepared = await asyncio.to_thread(self._prepare, repository, name)
         except ModelConfigError as error:
-            status = 404 if any("holds no model named" in problem for problem in error.problems) else 400
-            raise ControlError(status, f"failed to load '{name}': {'; '.join(error.problems)}") from None
+            raise await self._load_refused(name, error) from None
         built: dict[str, ServedModel] = {}
         try:
             for model, options in prepared:
@@ -227,6 +249,14 @@ class ModelControl:
             raise ControlError(400, f"failed to load '{name}': {type(error).__name__}: {error}") from None
         self._seen[name] = files
         return built
+
+    async def _load_refused(self, name: str, error: ModelConfigError) -> ControlError:
+        """404 for a name the repository does not hold (an empty repository holds none), else 400 with the
+        model's problems. Asked of the folders, not of the problems' words, which differ for each case."""
+        if name not in await asyncio.to_thread(self._folder_names):
+            repository = self.settings.model_repository
+            return ControlError(404, f"failed to load '{name}': {repository}: holds no model named {name!r}")
+        return ControlError(400, f"failed to load '{name}': {'; '.join(error.problems)}")
 
     def _prepare(self, repository: Path, name: str) -> list[tuple[LoadedModel, EngineOptions]]:
         """On a thread: the model's versions read and loaded on the CPU, each with its engine options."""
@@ -281,15 +311,20 @@ class ModelControl:
             self._seen.setdefault(name, await asyncio.to_thread(fingerprint, repository, name))
 
     async def poll_once(self) -> None:
-        """Load what changed or appeared, unload what went away."""
+        """Load what changed or appeared, unload what went away: every model, where the repository is empty."""
         repository = self.settings.model_repository
         try:
-            names = [name for name, _, _ in await asyncio.to_thread(model_folders, repository)]
-        except (ModelConfigError, OSError) as error:
-            log.warning("polling %s: %s", repository, error)
+            names = await asyncio.to_thread(repository_names, repository)
+        except OSError as error:  # unreadable (a mount gone): serve on as is rather than unload everything
+            self._say_poll_problem(f"polling {repository}: {error}; the models served stay served")
             return
+        if names:
+            self._poll_problem = None
+        else:
+            self._say_poll_problem(f"polling {repository}: it holds no model; every model served is unloaded, "
+                                   "and a model folder added there is loaded")  # fmt: skip
         for name in [name for name in self.service.versions if name not in names]:
-            async with self._lock:
+            async with self._locks.hold(name):
                 self._unload(name)
         for name in names:
             now = await asyncio.to_thread(fingerprint, repository, name)
@@ -299,6 +334,12 @@ class ModelControl:
                 except ServiceError as error:
                     self._failed_at[name] = now  # tried: again once its files change
                     log.warning("poll: %s", error.message)
+
+    def _say_poll_problem(self, problem: str) -> None:
+        """Log a problem of the repository as a whole once, not every round while it lasts."""
+        if problem != self._poll_problem:
+            log.warning("%s", problem)
+        self._poll_problem = problem
 
 
 class RemoteModelControl:
@@ -333,6 +374,15 @@ class RemoteModelControl:
         if "error" in answer:
             raise EngineProcessError(answer["error"])  # its status, code and message, as the engine answered
         return answer
+
+
+def repository_names(repository: Path) -> list[str]:
+    """The names of the repository's models; none for an empty repository, which model_folders refuses
+    (start-up needs a model; a poll unloads them all). OSError: the repository cannot be read."""
+    try:
+        return [name for name, _, _ in model_folders(repository)]
+    except ModelConfigError:  # model_folders' one refusal: no model folder at all
+        return []
 
 
 def fingerprint(repository: Path, name: str) -> Files:

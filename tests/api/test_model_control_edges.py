@@ -1,13 +1,17 @@
 """Model control at its edges (the review of issue 27.2): an unload of a name nobody serves, a load
 whose caller leaves half-way, a change made while a load builds, the index during a reload, and a
-shutdown while versions retire. The app through its lifespan on the CPU."""
+shutdown while versions retire; and the lifecycle review's: a poll of an emptied repository, an
+unload beside another model's slow load, a load into an emptied repository. The app through its
+lifespan on the CPU."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -252,3 +256,116 @@ def test_an_unloaded_versions_retire_does_not_zero_a_device_a_load_building_besi
         assert [engine.device for engine in service(client).models[MODEL].engines] == list(two)
         ready = [series(client, "cgserve_device_ready", {"model": MODEL, "device": device}) for device in two]
         assert ready == [1, 1]
+
+
+# The lifecycle review's defects (D2, D4, D5).
+
+
+def test_poll_unloads_the_last_model_when_its_folder_goes_and_loads_one_added_later(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An empty repository is a change like any other: its models go, polling goes on (it used to stop each
+    round at "holds no model", the model served for ever)."""
+    repository, aside = tmp_path / "repository", tmp_path / "aside"
+    with controlled_app(repository, mode="poll") as client:
+        client.portal.call(service(client).wait_started)
+        client.portal.call(control(client)._poll_once_ready)
+        shutil.move(repository / MODEL, aside)
+        with caplog.at_level(logging.WARNING, logger="app.model_control"):
+            for _ in range(3):
+                client.portal.call(control(client).poll_once)
+        assert client.post(f"/v1/models/{MODEL}/predict", content=bytes(784), headers=RAW).status_code == 404
+        assert "READY" not in [entry["state"] for entry in client.post("/v2/repository/index").json()]
+        said = [record.getMessage() for record in caplog.records if "holds no model" in record.getMessage()]
+        assert len(said) == 1, said  # said once, not every round
+        shutil.move(aside, repository / MODEL)
+        client.portal.call(control(client).poll_once)
+        assert client.get(f"/v1/models/{MODEL}/ready").status_code == 200
+
+
+HELD_MODEL = '''"""The seed CNN, built once the test says so (weights on a slow mount): its load is held until then."""
+import time
+from pathlib import Path
+
+from models.cnn import FashionCNN
+
+GATES = Path(__file__).resolve().parents[2]  # beside the repository, so that its files stay as they are
+
+
+def build() -> FashionCNN:
+    (GATES / "building").touch()
+    deadline = time.monotonic() + 20  # a test that fails still ends
+    while not (GATES / "released").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return FashionCNN()
+'''
+
+
+def a_held_load(client: TestClient, repository: Path, name: str = "held") -> Future[None]:
+    """A load of a new model `name` under way, its factory waiting for released_loads(); the load's future."""
+    shutil.copytree(repository / MODEL, repository / name)
+    (repository / name / "model.py").write_text(HELD_MODEL)
+    toml = repository / name / "model.toml"
+    toml.write_text(toml.read_text().replace('"models.cnn:FashionCNN"', '"model:build"'))
+    loading = client.portal.start_task_soon(control(client).load, name)
+    building, deadline = repository.parent / "building", time.monotonic() + 60
+    while not building.exists() and not loading.done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert building.exists() and not loading.done(), "the held load should be building"
+    return loading
+
+
+def released_loads(repository: Path) -> None:
+    (repository.parent / "released").touch()
+
+
+def test_an_unload_of_one_model_does_not_wait_for_another_models_load(tmp_path: Path) -> None:
+    """An unload stops the model's calls at once, whatever other model is loading (it waited for the one
+    lock a load held while it read files and built engines, the unloaded model serving meanwhile)."""
+    repository = tmp_path / "repository"
+    with controlled_app(repository) as client:
+        client.portal.call(service(client).wait_started)
+        loading = a_held_load(client, repository)
+        try:
+            began = time.monotonic()
+            answer = client.post(f"/v2/repository/models/{MODEL}/unload")
+            took, still_loading = time.monotonic() - began, not loading.done()
+            refused = client.post(f"/v1/models/{MODEL}/predict", content=bytes(784), headers=RAW).status_code
+        finally:
+            released_loads(repository)
+        loading.result(timeout=60)
+        assert answer.status_code == 200 and still_loading and took < 5, (answer.text, took)
+        assert refused == 404  # stopped while the other model still loaded
+        assert client.get("/v1/models/held/ready").status_code == 200
+
+
+def test_an_unload_of_a_model_whose_load_is_held_waits_for_it_and_leaves_it_unloaded(tmp_path: Path) -> None:
+    """Calls for one model still go one after the other: the unload comes last, so the model ends unloaded."""
+    repository = tmp_path / "repository"
+    with controlled_app(repository) as client:
+        client.portal.call(service(client).wait_started)
+        loading = a_held_load(client, repository)
+        try:
+            unloading = client.portal.start_task_soon(control(client).unload, "held")
+            time.sleep(0.5)
+            waited = not unloading.done()
+        finally:
+            released_loads(repository)
+        loading.result(timeout=60)
+        unloading.result(timeout=60)
+        assert waited, "the unload should wait for the load of the same model"
+        assert client.get("/v1/models/held/ready").status_code == 404
+        assert client.get(f"/v1/models/{MODEL}/ready").status_code == 200
+
+
+def test_a_load_into_an_emptied_repository_is_404_naming_the_model(tmp_path: Path) -> None:
+    """As for any name the repository does not hold (it answered 400 with the repository's "holds no model")."""
+    repository = tmp_path / "repository"
+    with controlled_app(repository) as client:
+        client.portal.call(service(client).wait_started)
+        shutil.move(repository / MODEL, tmp_path / "aside")
+        for name in (MODEL, "nowhere"):
+            answer = client.post(f"/v2/repository/models/{name}/load")
+            assert answer.status_code == 404, answer.text
+            assert f"holds no model named '{name}'" in answer.json()["error"]
+        assert client.get(f"/v1/models/{MODEL}/ready").status_code == 200  # what served still serves

@@ -118,6 +118,23 @@ def test_a_failed_load_leaves_the_model_serving(server: dict[str, str], reposito
     assert httpx.get(f"{server['url']}/v2/models/{MODEL}/ready").status_code == 200
 
 
+def test_a_load_into_an_emptied_repository_is_not_found(server: dict[str, str], repository: Path) -> None:
+    """gRPC NOT_FOUND and HTTP 404 naming the model, as for any name the repository does not hold (it was
+    INVALID_ARGUMENT and 400: the repository's "holds no model")."""
+    aside = repository.parent / "aside"
+    shutil.move(repository / MODEL, aside)
+    try:
+        with pytest.raises(InferenceServerException) as raised:
+            triton_grpc.InferenceServerClient(server["grpc"]).load_model(MODEL)
+        assert raised.value.status() == str(grpc.StatusCode.NOT_FOUND), raised.value
+        assert f"no model named '{MODEL}'" in str(raised.value.message())
+        answer = httpx.post(f"{server['url']}/v2/repository/models/{MODEL}/load", timeout=60)
+        assert answer.status_code == 404 and f"no model named '{MODEL}'" in answer.json()["error"]
+    finally:
+        shutil.move(aside, repository / MODEL)
+    assert httpx.get(f"{server['url']}/v2/models/{MODEL}/ready").status_code == 200  # what served still serves
+
+
 class Sender(threading.Thread):
     """Sends one image at a time until told to stop; records (start, end, status, label) of each."""
 
