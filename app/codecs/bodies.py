@@ -59,9 +59,10 @@ def _raw_expected(shape: tuple[int, int, int]) -> str:
     )
 
 
-def _json_kind(document: object) -> str:
+def json_kind(document: object) -> str:
     """What a JSON document is, as its own words say it: an array, a string, a number …"""
-    kinds = {list: "an array", str: "a string", bool: "true or false", int: "a number", float: "a number"}
+    kinds = {list: "an array", dict: "an object", str: "a string", bool: "true or false", int: "a number",
+             float: "a number"}  # fmt: skip
     return "null" if document is None else kinds.get(type(document), type(document).__name__)
 
 
@@ -76,7 +77,7 @@ def decode_json(body: bytes | bytearray, *, max_instances: int, spec: ModelSpec)
             f"the body is not valid JSON: {error}", expected=expected, status=400, code="invalid_json"
         ) from None
     if not isinstance(document, dict):
-        raise InputError(f'the JSON body is {_json_kind(document)}, not an object with "instances"', expected=expected)
+        raise InputError(f'the JSON body is {json_kind(document)}, not an object with "instances"', expected=expected)
     if "instances" not in document:
         raise InputError('the JSON object has no field "instances"', expected=expected)
     instances = document["instances"]

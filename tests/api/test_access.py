@@ -25,6 +25,7 @@ from app.access.request_id import RequestIdFilter
 from app.access.tokens import TokenSet
 from app.config import Settings, describe_errors
 from app.main import create_app
+from app.protocols.v2.unsupported import HTTP_ROUTES
 
 INFERENCE = "inference-token-0123456789abcdef"
 INFERENCE_2 = "second.inference~token/0123456789+"
@@ -59,6 +60,9 @@ CONTROL = [
     ("POST", f"/v2/repository/models/{MODEL}/{operation}", b"{}", {}, "admin") for operation in ("load", "unload")
 ]
 OPEN = ["/healthz", "/readyz", "/v2/health/live", "/v2/health/ready", "/docs", "/redoc", "/openapi.json"]
+# Triton's extensions this server refuses by name (app/protocols/v2/unsupported.py): under /v2, inference tokens.
+UNSUPPORTED = [path.replace("{name}", MODEL).replace("{version}", "1").replace("{rest:path}", "status")
+               for path in ("/v2" + path for path, _ in HTTP_ROUTES)]  # fmt: skip
 TOKEN_OF = {"inference": INFERENCE, "admin": ADMIN}
 
 
@@ -163,6 +167,13 @@ def test_each_protected_route_refuses_no_token_a_wrong_one_and_the_other_kinds_a
     assert answer.status_code == 200, answer.text
 
 
+def test_tritons_unsupported_extensions_take_the_inference_tokens_then_say_so(secured: TestClient) -> None:
+    for path in UNSUPPORTED:
+        assert secured.get(path).status_code == 401, path
+        answer = secured.get(path, headers=bearer(INFERENCE))
+        assert answer.status_code == 501 and "extension is not implemented" in answer.json()["error"], path
+
+
 @pytest.mark.parametrize("path", [path for _, path, *_ in CONTROL])
 def test_load_and_unload_take_the_admin_tokens_and_answer_as_triton_with_model_control_off(
     secured: TestClient, path: str
@@ -213,11 +224,11 @@ def test_probes_and_docs_stay_open(secured: TestClient) -> None:
 
 def test_every_route_of_the_app_is_either_protected_or_meant_to_be_open(secured: TestClient) -> None:
     # A route added later lands in one list or the other here, or this fails.
-    covered = {path for _, path, *_ in PROTECTED + CONTROL} | set(OPEN)
+    covered = {path for _, path, *_ in PROTECTED + CONTROL} | set(OPEN) | set(UNSUPPORTED)
     paths = route_paths(secured.app.routes)  # type: ignore[attr-defined]
     assert "/predict" in paths and "/v2/models/{name}/config" in paths
     for template in paths:
-        path = template.replace("{name}", MODEL).replace("{version}", "1")
+        path = template.replace("{name}", MODEL).replace("{version}", "1").replace("{rest:path}", "status")
         if path.startswith(("/docs/", "/static-offline-docs")):
             continue  # Swagger UI's redirect and the offline docs' files
         assert path in covered, f"{template} is in neither PROTECTED nor OPEN"

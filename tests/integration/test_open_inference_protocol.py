@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 import httpx
 import numpy as np
+import orjson
 import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
@@ -120,6 +121,35 @@ def test_compressed_bodies_answer_as_plain_ones(
     assert cut.status_code == 400 and f"not {algorithm} data" in cut.json()["error"]["message"]
     brotli = httpx.post(f"{server['url']}/predict", content=images.tobytes(), headers={**raw, "content-encoding": "br"})
     assert brotli.status_code == 415 and "gzip or deflate" in brotli.json()["error"]["expected"]
+
+
+def test_tritons_other_extensions_are_refused_by_name(server: dict[str, str], images: np.ndarray) -> None:
+    """Statistics, trace, logging and shared memory: 501 / UNIMPLEMENTED naming the extension and what to use
+    instead (GET /v2/models/stats was the metadata of a model named "stats"; gRPC said "Method not found!")."""
+    http = triton_http.InferenceServerClient(server["http"])
+    grpc_client = triton_grpc.InferenceServerClient(server["grpc"])
+    calls = [
+        ("statistics", lambda c: c.get_inference_statistics()),
+        ("statistics", lambda c: c.get_inference_statistics(MODEL)),
+        ("trace", lambda c: c.get_trace_settings()),
+        ("logging", lambda c: c.get_log_settings()),
+        ("system_shared_memory", lambda c: c.get_system_shared_memory_status()),
+        ("cuda_shared_memory", lambda c: c.unregister_cuda_shared_memory()),
+    ]
+    for client_of, refusal in ((http, "501"), (grpc_client, "StatusCode.UNIMPLEMENTED")):
+        for extension, call in calls:
+            with pytest.raises(InferenceServerException, match=f"{extension} extension is not implemented") as no:
+                call(client_of)
+            assert no.value.status() == refusal, (extension, no.value.status())
+    with grpc.insecure_channel(server["grpc"]) as channel:
+        with pytest.raises(grpc.RpcError) as unknown:
+            channel.unary_unary("/inference.GRPCInferenceService/Nope")(b"", timeout=10)
+        assert unknown.value.code() == grpc.StatusCode.UNIMPLEMENTED and "ModelInfer" in unknown.value.details()
+    assert "model_repository" in http.get_server_metadata()["extensions"]
+    numbered = orjson.dumps({"id": 5, "inputs": [{"name": "input", "shape": [1, 1, 28, 28], "datatype": "UINT8",
+                                                  "data": images[0].ravel().tolist()}]})  # fmt: skip
+    answer = httpx.post(f"{server['url']}/v2/models/{MODEL}/infer", content=numbered)
+    assert answer.status_code == 400 and "the request id is a number" in answer.json()["error"]
 
 
 @pytest.mark.parametrize("kind", list(CLIENTS))

@@ -49,6 +49,7 @@ from app.protocols.v2.grpc_methods import SERVICE, Unparsed, add_service
 from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
 from app.protocols.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from app.protocols.v2.stream_answers import ConnectionBudgets, StreamStopped, answer_stream
+from app.protocols.v2.unsupported import UnsupportedMethods
 from app.repository import ModelConfigError, read_repository
 from app.repository.model_spec import ModelSpec
 from app.service import ServedModel, Service
@@ -281,7 +282,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             return GrpcCodec(self.service, context).served(name, version or None)
         except ServiceError as error:
-            await context.abort(STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL), error.message)
+            await context.abort(STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL), status_text(error))
             raise
 
 
@@ -487,6 +488,7 @@ class GrpcServer:
         add_service(self.health, self.server, health_service)
         names = (SERVICE_NAME, health_service.full_name, reflection_service.full_name)
         add_service(reflection.aio.ReflectionServicer(names), self.server, reflection_service)
+        self.server.add_generic_rpc_handlers((UnsupportedMethods([method.name for method in SERVICE.methods]),))
         self.address = f"{settings.host}:{settings.grpc_port}"
         credentials = server_credentials(settings)
         if credentials is None:

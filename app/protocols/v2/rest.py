@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ from app.http.routes.probes import ServiceDep
 from app.http.schemas import V2_NOT_FOUND, ReadyAnswer
 from app.ops.off_loop import LARGE_JSON_BYTES, off_loop
 from app.protocols.v2 import tensors
+from app.protocols.v2.unsupported import HTTP_ROUTES, UnsupportedExtensionError
 from app.repository.model_spec import ModelSpec
 from app.service import ServedModel, Service
 
@@ -77,6 +79,18 @@ async def live() -> dict[str, bool]:
 async def ready(service: ServiceDep) -> Response:
     is_ready = service.readiness()[0]
     return Response(orjson.dumps({"ready": is_ready}), status_code=200 if is_ready else 503, media_type=JSON)
+
+
+def _refusing(extension: str) -> Callable[[], Awaitable[Response]]:
+    async def refuse() -> Response:
+        return v2_error(UnsupportedExtensionError(extension))
+
+    return refuse
+
+
+# Before /models/{name}: GET /v2/models/stats is Triton's statistics, not a model named "stats".
+for _path, _extension in HTTP_ROUTES:
+    router.add_api_route(_path, _refusing(_extension), methods=["GET", "POST"], include_in_schema=False)
 
 
 @router.get("/models/{name}", summary="Model metadata: input and output tensors", responses=V2_NOT_FOUND)
@@ -288,7 +302,7 @@ def asked_outputs(document: dict[str, Any], spec: ModelSpec) -> Asked:
     if not wanted:
         wanted = [tensors.Wanted(name, 0, wants_binary) for name in spec.layout.names]
     request_id = document.get("id")
-    return Asked(tensors.checked_id(request_id) if isinstance(request_id, str) else None, tuple(wanted))
+    return Asked(None if request_id is None else tensors.checked_id(request_id), tuple(wanted))
 
 
 def _split_body(body: bytes | bytearray, header_length: str | None) -> tuple[dict[str, Any], memoryview, bool]:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from app import __version__
-from app.codecs.bodies import check_count, checked_intensities, holds_booleans, too_many_images
+from app.codecs.bodies import check_count, checked_intensities, holds_booleans, json_kind, too_many_images
 from app.errors import InputError, quoted
 from app.repository.model_spec import ModelSpec
 from app.repository.outputs import DATATYPES as OUTPUT_DATATYPES
@@ -30,7 +30,7 @@ DATATYPES: dict[str, np.dtype[Any]] = {"FP32": np.dtype("<f4"), "UINT8": np.dtyp
 # A request's `id` is echoed in its answer: bounded, or a stream of unread answers to 16 MiB ids held
 # gigabytes (a review's attack on ModelStreamInfer).
 MAX_ID_CHARS = 1024
-EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration"]
+EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "model_repository"]
 
 
 def expected(spec: ModelSpec) -> str:
@@ -177,8 +177,14 @@ def refuse_shared_memory(parameters: Iterable[str], where: str) -> None:
             )
 
 
-def checked_id(request_id: str) -> str:
-    """The request's id, to echo: refused (400 / INVALID_ARGUMENT) past MAX_ID_CHARS."""
+def checked_id(request_id: object) -> str:
+    """The request's id, to echo: refused (400 / INVALID_ARGUMENT) where it is not a string (JSON's `"id": 5`,
+    which Triton refuses too) or is past MAX_ID_CHARS."""
+    if not isinstance(request_id, str):
+        raise InputError(
+            f"the request id is {json_kind(request_id)}",
+            expected="an id that is a JSON string (the answer echoes it)",
+        )
     if len(request_id) > MAX_ID_CHARS:
         raise InputError(
             f"the request id is {len(request_id)} characters",
