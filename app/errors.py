@@ -78,7 +78,7 @@ class QueueFullError(ServiceError):
         if deadline_first:
             message = (
                 f"the {queued} rows queued ahead need about {retry_after_s:.3f} s, longer than this request's "
-                "deadline allows; it was refused before its body was read"
+                "deadline allows; it was refused before it was queued (over HTTP, before its body was read)"
             )
         else:
             message = f"the queue holds {queued} rows and its limit is {limit}; the request was not queued"
