@@ -64,6 +64,9 @@ def ingresses(server: dict[str, str]) -> Iterator[list[Callable[[str], object]]]
 
         return refused
 
+    def not_ready(ready: bool) -> None:
+        assert ready is False
+
     with http, contextlib.closing(triton):
         yield [
             lambda n: http.post(f"/v1/models/{n}/predict", content=IMAGE, headers=octets),  # inline
@@ -75,7 +78,7 @@ def ingresses(server: dict[str, str]) -> Iterator[list[Callable[[str], object]]]
             lambda n: http.get(f"/v2/models/{n}"),
             lambda n: http.get(f"/v1/models/{n}/ready"),
             grpc_call(grpc_infer),
-            grpc_call(lambda n: triton.is_model_ready(n)),
+            lambda n: not_ready(triton.is_model_ready(n)),  # false, as Triton answers, not NOT_FOUND
             grpc_call(lambda n: triton.get_model_metadata(n)),
         ]
 
