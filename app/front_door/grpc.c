@@ -355,6 +355,11 @@ static void answer_set(struct h2 *h, call_t *call, const uint8_t *request, size_
         return;
     }
     if (!found && model && call_is(call, "ModelReady")) {
+        if (h->d->n_tokens && !(token(call) && token_ok(h->d, call->auth, call->auth_len))) { /* as the port asks */
+            refuse_call(h, call, UNAUTHENTICATED, "the bearer token is missing or not one of the inference tokens"
+                        TOKEN_EXPECTED);
+            return;
+        }
         static const char ok[] = "grpc-status: 0\r\n";
         respond(h, call, calloc(1, 1), 0, strdup(ok), sizeof ok - 1);
         return;

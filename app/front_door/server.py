@@ -226,11 +226,13 @@ class FrontDoor:
                 continue
             gets += model
             grpc += model_grpc
-        # gRPC's ModelReady of the service's other models too: the door answers one it has not been given "not ready"
-        for name in sorted(set(self.service.models) - set(here)):
+        # gRPC's ModelReady of the service's other models too, and of those left out above: the door answers one it
+        # has not been given "not ready"
+        for name in sorted(set(self.service.models) - set(here)) + left_out:
             ready = self.grpc.ready_gets(name, self._versions(name)) if self.grpc else []
             if len(gets) + len(grpc) + len(ready) > MAX_GETS:
-                left_out.append(name)
+                if name not in left_out:
+                    left_out.append(name)
                 continue
             grpc += ready
         if left_out != self.left_out:  # said once a change, not each second

@@ -142,6 +142,9 @@ def test_every_call_it_does_not_take_is_a_status_that_says_where_to_send_it(serv
         ("ModelMetadata", pb.ModelMetadataRequest(name="fashion-cnn").SerializeToString(), {},
          grpc.StatusCode.UNAUTHENTICATED, "bearer token"),
         ("RepositoryIndex", b"", {"metadata": auth}, grpc.StatusCode.UNIMPLEMENTED, "service's gRPC port"),
+        # Not ready, for a model not served: said to a client with a token only, as the gRPC port says it.
+        ("ModelReady", pb.ModelReadyRequest(name="nowhere").SerializeToString(), {}, grpc.StatusCode.UNAUTHENTICATED,
+         "bearer token"),
     ]  # fmt: skip
     with grpc.insecure_channel(server["door"]) as channel:
         for method, message, call, code, says in cases:
