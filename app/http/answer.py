@@ -7,17 +7,14 @@ codec as an HttpBody: what was read, whichever front end read it.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from app.errors import ClientClosedError, ServiceError, error_body
-from app.http.content_encoding import inflated
 
 JSON_TYPE = (b"content-type", b"application/json")
-INFLATE_ON_LOOP_BYTES = 64 * 1024  # a compressed body up to this is inflated on the loop; a larger one beside it
 
 
 @dataclass(slots=True)
@@ -45,19 +42,12 @@ class HttpAnswer:
 
 
 async def whole_body(request: Request) -> bytes:
-    """A Starlette request's body, inflated where the client compressed it (app/http/content_encoding.py);
-    ClientClosedError where the client went away before it was whole."""
+    """A Starlette request's body (inflated by the guard where the client compressed it); ClientClosedError where
+    the client went away before it was whole."""
     try:
-        body = await request.body()
+        return await request.body()
     except ClientDisconnect:
         raise ClientClosedError("the client went away before its answer") from None
-    encoding = ",".join(request.headers.getlist("content-encoding"))  # two: "gzip,gzip", refused 415
-    if not encoding:
-        return body
-    limit = request.app.state.plane.service.settings.max_body_bytes
-    if len(body) <= INFLATE_ON_LOOP_BYTES:
-        return inflated(body, encoding, limit)
-    return await asyncio.to_thread(inflated, body, encoding, limit)  # zlib lets go of the GIL
 
 
 def error_answer(error: ServiceError, *, v2: bool = False) -> HttpAnswer:

@@ -35,7 +35,7 @@ class FastPath:
         head = scope.get(HEAD_KEY) or read_head(scope["headers"])  # the guard's, read once
         media, header_length = head.media, head.header_length
         form = form_of(route, media, header_length)
-        if form is None or head.encoded:  # a body the route refuses (415), or inflates (a compressed one)
+        if form is None:  # a body the route refuses (415)
             await self.app(scope, receive, send)
             return
 

@@ -24,7 +24,11 @@ class Head:
     header_length: bytes | None = None  # the first Inference-Header-Content-Length
     timeout_ms: int | None = None  # X-Request-Timeout-Ms (the shortest); -1 where one is not 1 to 12 digits above 0
     streamed: bool = False  # Transfer-Encoding or Expect: the body does not simply follow the head
-    encoded: bool = False  # a Content-Encoding other than identity: the Starlette route inflates it
+    encoding: bytes = b""  # Content-Encoding but identity, lower case (several: joined by ","): the guard inflates
+
+    @property
+    def encoded(self) -> bool:
+        return bool(self.encoding)
 
 
 # The names read_head reads; every other header (Host, User-Agent, Accept...) costs it one set lookup.
@@ -52,6 +56,6 @@ def read_head(headers: Iterable[tuple[bytes, bytes]]) -> Head:
                 head.timeout_ms = -1
         elif name in (b"transfer-encoding", b"expect"):
             head.streamed = True
-        elif name == b"content-encoding":
-            head.encoded = head.encoded or value.strip().lower() != b"identity"
+        elif name == b"content-encoding" and (value := value.strip().lower()) != b"identity":
+            head.encoding = head.encoding + b"," + value if head.encoding else value
     return head

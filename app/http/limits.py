@@ -15,10 +15,14 @@
   CGSERVE_BODY_MIN_RATE_BYTES_S, raises RequestTimeoutError (408) in the handler that reads it.
   app/http/protocol.py's protocol times the body where the bytes arrive and marks the scope with the
   error; here each receive() checks the mark (no timer per request).
+- Compressed bodies (Content-Encoding gzip or deflate, app/http/content_encoding.py): inflated here as
+  they arrive, a slice at a time, and the size limit and the budget count the inflated bytes; the
+  handler reads an ordinary body. Another encoding is answered 415 before its body is read.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -31,6 +35,7 @@ from app.errors import (
     ServiceError,
     error_body,
 )
+from app.http.content_encoding import Inflater
 from app.http.heads import TIMEOUT_HEADER, read_head
 from app.ops import metrics
 
@@ -128,15 +133,39 @@ class RequestGuard:
         if self.budget.used + (1 if declared is None else declared) > self.budget.limit:
             await self._refuse(scope, send, BudgetExhaustedError(self.budget.limit))
             return
+        inflater = None
+        if head.encoded:  # a compressed body: inflated as it comes, every limit counting the inflated bytes
+            try:
+                inflater = Inflater(head.encoding.decode("latin-1"), self.max_body_bytes)
+            except InputError as error:  # another encoding: 415 before a byte of it is read
+                await self._refuse(scope, send, error)
+                return
         scope[DEADLINE_KEY] = started + timeout_s
         held = _Held()
         try:
-            await self.app(scope, self._guarded(receive, extensions, held), send)
+            await self.app(scope, self._guarded(receive, extensions, held, inflater), send)
         finally:
             self.budget.release(held.bytes)
 
-    def _guarded(self, receive: Receive, extensions: dict[str, object], held: _Held) -> Receive:
+    def _guarded(self, receive: Receive, extensions: dict[str, object], held: _Held,
+                 inflater: Inflater | None) -> Receive:  # fmt: skip
+        last = False  # the compressed body's last bytes have come
+
+        def charged(message: Message) -> Message:
+            size = len(message.get("body", b""))
+            if held.bytes + size > self.max_body_bytes:  # a chunked body (a declared one was checked)
+                raise BodyTooLargeError(self.max_body_bytes)
+            if not self.budget.reserve(size):
+                raise BudgetExhaustedError(self.budget.limit)
+            held.bytes += size
+            return message
+
         async def guarded_receive() -> Message:
+            nonlocal last
+            if inflater is not None and inflater.pending:  # the next slice of what came, the loop's turn first
+                await asyncio.sleep(0)
+                more = inflater.more()
+                return charged({"type": "http.request", "body": more, "more_body": inflater.pending or not last})
             message = await receive()
             timed_out = extensions.get(BODY_TIMED_OUT_KEY)
             if timed_out is not None:
@@ -145,14 +174,13 @@ class RequestGuard:
                     if isinstance(timed_out, RequestTimeoutError)
                     else RequestTimeoutError(self.body_timeout_s)
                 )
-            if message["type"] == "http.request":
-                size = len(message.get("body", b""))
-                if held.bytes + size > self.max_body_bytes:  # a chunked body (a declared one was checked)
-                    raise BodyTooLargeError(self.max_body_bytes)
-                if not self.budget.reserve(size):
-                    raise BudgetExhaustedError(self.budget.limit)
-                held.bytes += size
-            return message
+            if message["type"] != "http.request":
+                return message
+            if inflater is not None:
+                last = not message.get("more_body", False)
+                body = inflater.feed(message.get("body", b""), last)
+                message = {"type": "http.request", "body": body, "more_body": inflater.pending or not last}
+            return charged(message)
 
         return guarded_receive
 
