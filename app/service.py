@@ -195,7 +195,7 @@ class Service:
         # or the first load's where start-up served none), decided once (decide_default): loading or unloading
         # another model never makes /predict answer from a different one.
         self.default_name: str | None = settings.default_model
-        self._default_decided = settings.default_model is not None
+        self.default_decided = settings.default_model is not None
         self.on_install: list[Callable[[str], None]] = []  # told the name of each model install() changed
         self._applying = asyncio.Lock()  # a worker of the engine process applies one table at a time
         # Its requests are admitted here (ServedModel.admitted): a replaced version is freed once none is left.
@@ -370,7 +370,8 @@ class Service:
         for name, served_versions in versions.items():
             self.versions[name] = served_versions
             self.publish(name)
-        self.decide_default()  # as the engine process decided it: from the same sets, in the same order
+        # As the engine process decided it: a worker restarted after a load or an unload would decide otherwise.
+        self.default_name, self.default_decided = link.default
 
     def _start_failed(self, error: Exception) -> None:
         self.failure = f"{type(error).__name__}: {error}"
@@ -560,8 +561,8 @@ class Service:
     def decide_default(self) -> None:
         """Without CGSERVE_DEFAULT_MODEL: the first time any model is served, /predict's model is the one served
         then, or none where several are (their names then). Kept for the process's life, served or not."""
-        if not self._default_decided and self.models:
-            self._default_decided = True
+        if not self.default_decided and self.models:
+            self.default_decided = True
             self.default_name = next(iter(self.models)) if len(self.models) == 1 else None
 
     def model(self, name: str | None, version: str | None = None) -> ServedModel:

@@ -118,6 +118,7 @@ class EngineLink:
         self.on_dead = on_dead
         self.dead: str | None = None
         self.table: Table = {}  # what the engine process serves now (MODELS)
+        self.default: tuple[str | None, bool] = (None, False)  # its POST /predict model, and whether it is decided
         self.on_models: Callable[[Table], Awaitable[None]] | None = None  # told of each change after connect
         self.queue_figures: dict[int, tuple[int, float]] = {}  # by served model id: queued rows, rows/s
         self._frame_rows: dict[int, int] = {}  # by served model id: a frame's rows at most
@@ -157,6 +158,7 @@ class EngineLink:
 
     def _take_table(self, answer: dict[str, Any]) -> None:
         self.table = answer["models"]
+        self.default = answer.get("default"), bool(answer.get("default_decided"))  # the engine process's
         for versions in self.table.values():
             for info in versions.values():
                 self._frame_rows[info["id"]] = min(FRAME_ROWS, max(1, info["queue_limit"] // 4))

@@ -86,7 +86,11 @@ class EngineHost:
         # A version freed (retired and its batcher gone) is no frame's any more: forget its id.
         for served in [served for served in self._ids if served.retired]:
             self.by_id.pop(self._ids.pop(served))
-        return {"models": models, "jpeg_decoder": self.service.jpeg_decoder is not None, "generation": self.generation}
+        return {
+            "models": models, "jpeg_decoder": self.service.jpeg_decoder is not None, "generation": self.generation,
+            # POST /predict's model as this process decided it: a worker started later takes it, not its own
+            "default": self.service.default_name, "default_decided": self.service.default_decided,
+        }  # fmt: skip
 
     def broadcast(self) -> None:
         """The new table to every worker, now: the control call that changed it is answered once every

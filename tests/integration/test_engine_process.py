@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -112,3 +113,43 @@ def test_a_dead_engine_process_fails_the_service_fast(tmp_path: Path) -> None:
         assert set(answered) <= {503}, answered
         log = (tmp_path / "server.log").read_text()
         assert "the engine process is gone" in log
+
+
+def http_workers(port: str) -> list[int]:
+    """The HTTP workers of the server on `port`: spawned children with its port, not the engine process (whose
+    process name is its own)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline, comm = (entry / "cmdline").read_bytes(), (entry / "comm").read_text().strip()
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, NotADirectoryError):
+            continue
+        if b"spawn_main" in cmdline and f"CGSERVE_PORT={port}".encode() in environ and comm.startswith("python"):
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_restarted_worker_keeps_the_engine_process_default_model(tmp_path: Path) -> None:
+    """POST /predict's model is decided once, by the engine process; a worker restarted after the default model
+    was unloaded took its own from the table it first got (another model's: it answered 200 from it, its peer
+    404; a second review's find)."""
+    repository, source = tmp_path / "repository", Path(__file__).resolve().parents[2] / "models" / "repository"
+    shutil.copytree(source / "fashion-cnn", repository / "fashion-cnn", ignore=shutil.ignore_patterns("*.json"))
+    octets = {"content-type": "application/octet-stream"}
+    settings = {"workers": "2", "engine_process": "true", "model_control": "explicit"}
+    with running_server(tmp_path / "server.log", model_repository=str(repository), **settings) as url:
+        shutil.copytree(repository / "fashion-cnn", repository / "shirts")
+        assert httpx.post(f"{url}/v2/repository/models/shirts/load", timeout=60).status_code == 200
+        assert httpx.post(f"{url}/v2/repository/models/fashion-cnn/unload", timeout=60).status_code == 200
+        port = url.rsplit(":", 1)[1]
+        workers = http_workers(port)
+        assert len(workers) == 2, workers
+        os.kill(workers[0], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while not set(http_workers(port)) - set(workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(3)  # the new worker listening, its first table applied
+        # A connection each, so that both workers answer some (the kernel spreads them over the two sockets).
+        statuses = {httpx.post(f"{url}/predict", content=bytes(784), headers=octets).status_code for _ in range(24)}
+        assert statuses == {404}, statuses  # from either worker: the default model is unloaded

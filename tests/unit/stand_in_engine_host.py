@@ -38,7 +38,7 @@ async def serving_host(
 
     settings = SimpleNamespace(queue_limit=100, model_control="none", model_repository=repository)
     service = SimpleNamespace(versions=versions, failure=None, wait_started=started, jpeg_decoder=jpeg_decoder,
-                              settings=settings, on_install=[])  # fmt: skip
+                              settings=settings, on_install=[], default_name=None, default_decided=False)  # fmt: skip
     host = EngineHost(service)  # type: ignore[arg-type]
 
     async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
