@@ -210,8 +210,8 @@ class ModelControl:
             raise NotReadyError("starting: the models of the repository are still being built")
 
     async def _load(self, name: str) -> None:
-        await self._wait_for_retirements(name)  # outside the lock: an unload of `name` goes on meanwhile
-        async with self._locks.hold(name):
+        async with self._locks.hold(name):  # an unload of `name` called meanwhile comes after: its state is the last
+            await self._wait_for_retirements(name)  # other models' calls go on meanwhile (a lock per name)
             self._started()
             self._loading.add(name)
             try:

@@ -369,3 +369,27 @@ def test_a_load_into_an_emptied_repository_is_404_naming_the_model(tmp_path: Pat
             assert answer.status_code == 404, answer.text
             assert f"holds no model named '{name}'" in answer.json()["error"]
         assert client.get(f"/v1/models/{MODEL}/ready").status_code == 200  # what served still serves
+
+
+def test_an_unload_called_while_a_load_waits_for_drains_comes_after_it(client: TestClient) -> None:
+    """A load waits while two earlier sets of the model's versions still drain; an unload called meanwhile ran
+    first, and the load then served the model the last call had unloaded (a second review's find)."""
+    from app.model_control import RETIRING_SETS, Retiring
+
+    async def call_in_order() -> None:
+        held = asyncio.Event()
+        stand_ins = [Retiring(service(client).models[MODEL], asyncio.create_task(held.wait())) for _ in range(2)]
+        assert len(stand_ins) == RETIRING_SETS  # as many sets as a load waits behind
+        control(client)._retiring.extend(stand_ins)
+        loading = asyncio.create_task(control(client).load(MODEL))
+        await asyncio.sleep(0.2)  # the load is waiting for the drains
+        unloading = asyncio.create_task(control(client).unload(MODEL))
+        await asyncio.sleep(0.2)
+        held.set()
+        for stand_in in stand_ins:
+            await stand_in.task
+            control(client)._retiring.remove(stand_in)
+        await asyncio.gather(loading, unloading)
+
+    client.portal.call(call_in_order)
+    assert client.get(f"/v1/models/{MODEL}/ready").status_code == 404  # the last call's state: unloaded
