@@ -32,6 +32,10 @@ class ServiceError(Exception):
         self.expected = expected
         self.headers = headers or {}
 
+    def text(self) -> str:
+        """What was wrong, and what was expected where the error says: one line (a gRPC status, the v2 error)."""
+        return f"{self.message}; expected {self.expected}" if self.expected else self.message
+
     def body(self) -> dict[str, dict[str, str]]:
         error = {"code": self.code, "message": self.message}
         if self.expected:
@@ -155,8 +159,7 @@ def error_body(error: ServiceError, *, v2: bool = False) -> bytes:
     """The service's envelope, or the Open Inference Protocol's {"error": "…"} for its routes."""
     if not v2:
         return orjson.dumps(error.body())
-    text = f"{error.message}; expected {error.expected}" if error.expected else error.message
-    return orjson.dumps({"error": text})
+    return orjson.dumps({"error": error.text()})
 
 
 def error_response(error: ServiceError) -> Response:

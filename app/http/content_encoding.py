@@ -2,14 +2,15 @@
 (tritonclient's `request_compression_algorithm` sends them, and said nothing useful here before: the compressed
 bytes were read as the inference header).
 
-The request guard (app/http/limits.py) inflates the body as it arrives, so that every limit holds for the
-inflated bytes: CGSERVE_MAX_BODY_BYTES (413 one slice past it: a small body that would inflate to gigabytes
-costs at most that) and the bytes in flight (CGSERVE_MAX_INFLIGHT_BYTES), charged slice by slice. A slice is at
+The request guard (app/http/limits.py) inflates the body as it arrives and charges each slice as it charges a
+chunk that came as it is, so that every limit holds for the inflated bytes: CGSERVE_MAX_BODY_BYTES (413 one slice
+past it: a small body that would inflate to gigabytes costs at most that) and the bytes in flight
+(CGSERVE_MAX_INFLIGHT_BYTES). A slice is at
 most SLICE_BYTES, the loop's other work running between two, so that no body holds the event loop for long
 (16 MiB inflated at once took ~65 ms of it). The routes read an ordinary body. The inline path (app/http/inline.py)
 leaves such a request to them, and the front door refuses one.
 
-    Inflater(encoding, limit)      415 (InputError) for an encoding other than gzip or deflate
+    Inflater(encoding)             415 (InputError) for an encoding other than gzip or deflate
       .feed(data, last) -> bytes   the first slice of what `data` inflates to; `last`: the body's last bytes
       .more() -> bytes             the next slice, while .pending
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import zlib
 
-from app.errors import BodyTooLargeError, InputError
+from app.errors import InputError
 
 ACCEPTED = "a body as it is, or compressed whole with Content-Encoding: gzip or deflate"
 SLICE_BYTES = 256 * 1024  # inflated at most per step: ~1 ms of the loop
@@ -29,13 +30,11 @@ _GZIP_MAGIC = b"\x1f\x8b"
 
 
 class Inflater:
-    def __init__(self, encoding: str, limit: int) -> None:
+    def __init__(self, encoding: str) -> None:
         self.encoding = encoding.strip().lower()
         if self.encoding not in ("gzip", "x-gzip", "deflate"):
             raise InputError(f"Content-Encoding {encoding[:40]!r} is not accepted", expected=ACCEPTED, status=415,
                              code="unsupported_media_type")  # fmt: skip
-        self.limit = limit
-        self.inflated = 0  # bytes so far
         self._stream = zlib.decompressobj(_WRAPPED)
         self._started = False  # a first byte inflated: a raw deflate stream is told apart before it
         self._fed = b""  # the input before that: read again as a raw deflate stream where zlib's header is not
@@ -58,9 +57,6 @@ class Inflater:
             out = self._inflate()
         except zlib.error as error:
             raise self._refusal(str(error)) from None
-        self.inflated += len(out)
-        if self.inflated > self.limit:
-            raise BodyTooLargeError(self.limit)
         if self._last and not self.pending:
             self._check_whole()
         return out
@@ -94,12 +90,3 @@ class Inflater:
     def _refusal(self, why: str) -> InputError:
         return InputError(f"the body is not {self.encoding} data as its Content-Encoding says ({why})",
                           expected=ACCEPTED, status=400, code="bad_request")  # fmt: skip
-
-
-def inflated(body: bytes, encoding: str, limit: int) -> bytes:
-    """A whole body inflated at once (tests, and tools that hold it whole)."""
-    inflater = Inflater(encoding, limit)
-    slices = [inflater.feed(body, last=True)]
-    while inflater.pending:
-        slices.append(inflater.more())
-    return b"".join(slices)

@@ -26,10 +26,6 @@ class Head:
     streamed: bool = False  # Transfer-Encoding or Expect: the body does not simply follow the head
     encoding: bytes = b""  # Content-Encoding but identity, lower case (several: joined by ","): the guard inflates
 
-    @property
-    def encoded(self) -> bool:
-        return bool(self.encoding)
-
 
 # The names read_head reads; every other header (Host, User-Agent, Accept...) costs it one set lookup.
 READ = frozenset(

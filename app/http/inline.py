@@ -91,7 +91,7 @@ class InlinePredict:
             return None
         route, model, version = target
         head = read_head(scope["headers"])
-        if head.streamed or head.encoded or (head.timeout_ms is not None and head.timeout_ms < 0):
+        if head.streamed or head.encoding or (head.timeout_ms is not None and head.timeout_ms < 0):
             return None  # read as it streams in, inflated (a compressed body), or refused 400 by the ASGI guard
         length = head.length
         timeout_s = self.settings.request_timeout_s

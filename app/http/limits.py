@@ -134,9 +134,9 @@ class RequestGuard:
             await self._refuse(scope, send, BudgetExhaustedError(self.budget.limit))
             return
         inflater = None
-        if head.encoded:  # a compressed body: inflated as it comes, every limit counting the inflated bytes
+        if head.encoding:  # a compressed body: inflated as it comes, every limit counting the inflated bytes
             try:
-                inflater = Inflater(head.encoding.decode("latin-1"), self.max_body_bytes)
+                inflater = Inflater(head.encoding.decode("latin-1"))
             except InputError as error:  # another encoding: 415 before a byte of it is read
                 await self._refuse(scope, send, error)
                 return

@@ -145,11 +145,18 @@ def test_every_call_it_does_not_take_is_a_status_that_says_where_to_send_it(serv
         # Not ready, for a model not served: said to a client with a token only, as the gRPC port says it.
         ("ModelReady", pb.ModelReadyRequest(name="nowhere").SerializeToString(), {}, grpc.StatusCode.UNAUTHENTICATED,
          "bearer token"),
+        ("ModelMetadata", pb.ModelMetadataRequest(name="nowhere").SerializeToString(), {},
+         grpc.StatusCode.UNAUTHENTICATED, "bearer token"),  # as the gRPC port: the token before the model
     ]  # fmt: skip
     with grpc.insecure_channel(server["door"]) as channel:
         for method, message, call, code, says in cases:
             error = refused(channel, method, message, **call)
             assert error.code() == code and says in (error.details() or ""), (method, call, error)
+        # A service of the same length as Triton's, not it: no model call of it is answered.
+        look_alike = channel.unary_unary("/inference.GRPCInferenceServicX/ModelReady", lambda m: m, lambda m: m)
+        with pytest.raises(grpc.RpcError) as other_service:
+            look_alike(pb.ModelReadyRequest(name="nowhere").SerializeToString(), metadata=auth, timeout=10)
+        assert other_service.value.code() == grpc.StatusCode.UNIMPLEMENTED
         infer = channel.unary_unary(INFER, pb.ModelInferRequest.SerializeToString, pb.ModelInferResponse.FromString)
         assert infer(good, metadata=auth, timeout=10).model_name == "fashion-cnn"  # the connection goes on
         # A stream whose client never ends its side (as Triton's start_stream): refused at its headers, not left open.

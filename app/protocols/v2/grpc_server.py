@@ -91,7 +91,7 @@ FINAL_RESPONSE_ASKED, FINAL_RESPONSE = "triton_enable_empty_final_response", "tr
 
 def status_text(error: ServiceError) -> str:
     """A refusal's grpc-message: what was wrong, and what was expected where the error says."""
-    return f"{error.message}; expected {error.expected}" if error.expected else error.message
+    return error.text()
 
 
 @dataclass(frozen=True, slots=True)
@@ -488,7 +488,7 @@ class GrpcServer:
         add_service(self.health, self.server, health_service)
         names = (SERVICE_NAME, health_service.full_name, reflection_service.full_name)
         add_service(reflection.aio.ReflectionServicer(names), self.server, reflection_service)
-        self.server.add_generic_rpc_handlers((UnsupportedMethods([method.name for method in SERVICE.methods]),))
+        self.server.add_generic_rpc_handlers((UnsupportedMethods(),))
         self.address = f"{settings.host}:{settings.grpc_port}"
         credentials = server_credentials(settings)
         if credentials is None:

@@ -15,8 +15,8 @@ from typing import Any
 import grpc
 
 from app.errors import ServiceError
+from app.protocols.v2.grpc_methods import SERVICE
 
-SERVICE = "inference.GRPCInferenceService"
 METRICS = "the Prometheus metrics at GET /metrics (latency, queue wait, batch sizes, by model: docs/operations.md)"
 INSTEAD = {
     "statistics": METRICS,
@@ -62,18 +62,15 @@ class UnsupportedMethods(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc 
     """After the services' own handlers: any other method of Triton's service is UNIMPLEMENTED saying which
     extension it belongs to, or that the service has no such method, with the methods it has."""
 
-    def __init__(self, served: list[str]) -> None:
-        self.served = served
-
     def service(self, handler_call_details: Any) -> grpc.RpcMethodHandler | None:
         service, _, method = str(handler_call_details.method).lstrip("/").partition("/")
-        if service != SERVICE:
+        if service != SERVICE.full_name:
             return None  # grpcio's own UNIMPLEMENTED: not a service of ours at all
         if method in GRPC_METHODS:
-            error = UnsupportedExtensionError(GRPC_METHODS[method])
-            text = f"{error.message}; expected {error.expected}"
+            text = UnsupportedExtensionError(GRPC_METHODS[method]).text()
         else:
-            text = f"{SERVICE} has no method {method[:64]!r}; expected one of {', '.join(self.served)}"
+            methods = ", ".join(known.name for known in SERVICE.methods)
+            text = f"{SERVICE.full_name} has no method {method[:64]!r}; expected one of {methods}"
 
         async def refuse(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, text)
