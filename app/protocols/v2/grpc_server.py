@@ -488,7 +488,7 @@ class GrpcServer:
         add_service(self.health, self.server, health_service)
         names = (SERVICE_NAME, health_service.full_name, reflection_service.full_name)
         add_service(reflection.aio.ReflectionServicer(names), self.server, reflection_service)
-        self.server.add_generic_rpc_handlers((UnsupportedMethods(),))
+        self.server.add_generic_rpc_handlers((UnsupportedMethods(SERVICE),))
         self.address = f"{settings.host}:{settings.grpc_port}"
         credentials = server_credentials(settings)
         if credentials is None:

@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
+from google.protobuf.descriptor import ServiceDescriptor
 
 from app.errors import ServiceError
-from app.protocols.v2.grpc_methods import SERVICE
 
 METRICS = "the Prometheus metrics at GET /metrics (latency, queue wait, batch sizes, by model: docs/operations.md)"
 INSTEAD = {
@@ -62,15 +62,18 @@ class UnsupportedMethods(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc 
     """After the services' own handlers: any other method of Triton's service is UNIMPLEMENTED saying which
     extension it belongs to, or that the service has no such method, with the methods it has."""
 
+    def __init__(self, served: ServiceDescriptor) -> None:
+        self.served = served  # given, not imported: this module loads no protobuf (tritonclient's share its names)
+
     def service(self, handler_call_details: Any) -> grpc.RpcMethodHandler | None:
         service, _, method = str(handler_call_details.method).lstrip("/").partition("/")
-        if service != SERVICE.full_name:
+        if service != self.served.full_name:
             return None  # grpcio's own UNIMPLEMENTED: not a service of ours at all
         if method in GRPC_METHODS:
             text = UnsupportedExtensionError(GRPC_METHODS[method]).text()
         else:
-            methods = ", ".join(known.name for known in SERVICE.methods)
-            text = f"{SERVICE.full_name} has no method {method[:64]!r}; expected one of {methods}"
+            methods = ", ".join(known.name for known in self.served.methods)
+            text = f"{service} has no method {method[:64]!r}; expected one of {methods}"
 
         async def refuse(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, text)
