@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 
 from bench import stage_trace
+from bench.harness.machine import machine_info
 from bench.harness.process_cpu import TreeCpu, role, tree
 from bench.harness.server_histograms import scrape, step_view
 from bench.resnet50_e2e import EXAMPLE, engine_peak
@@ -201,7 +202,8 @@ class OneImage:
         shape = (1, *(int(n) for n in args.image_shape.split(",")))  # one image, (1, C, H, W) uint8
         self.body.write_bytes(np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8).tobytes())
         self.hey = resolve_hey(args.hey)
-        self.record: dict[str, Any] = {"command": shlex.join(["python3", *sys.argv]), "designs": {}, "notes": []}
+        self.record: dict[str, Any] = {"command": shlex.join(["python3", *sys.argv]), "machine": machine_info(),
+                                       "designs": {}, "notes": []}  # fmt: skip
         self.model = args.model_folder.name
         self.twin = f"{self.model}-twin"  # served beside it where gen-v2-http-twins is asked
         self.route = f"/v1/models/{self.model}/predict"  # raw and hey's, but at the front door (DOOR_ROUTE)

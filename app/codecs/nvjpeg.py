@@ -26,8 +26,9 @@ loop's Python once an image. The batch's initialisation and decode go through CD
 GIL held is kept to those calls; the rest is done once a batch (the descriptors as one array, a batch
 of one size's views in one call), since every launch thread's Python shares the one GIL with the loop.
 
-CGSERVE_JPEG_NVJPEG leaves it off by default: in the server it has not yet beaten torchvision's decoder
-(the runs: bench/results/HISTORY.md).
+CGSERVE_JPEG_NVJPEG leaves it off by default. Through the front door, at three launches, it beat torchvision's
+decoder by 2–3 % (run 51); for the engine process's multipart uploads it lost in run 39 and has not been compared
+since (bench/results/HISTORY.md).
 """
 
 from __future__ import annotations

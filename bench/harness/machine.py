@@ -16,18 +16,22 @@ def machine_info() -> dict[str, Any]:
     import torch
     import uvicorn
 
-    cpu_model = ""
-    with contextlib.suppress(OSError, StopIteration):
-        cpu_model = next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
+    # The first processor's fields. A virtual machine's "model name" may be only "Intel(R) Xeon(R) Processor", so its
+    # family and model numbers go beside it: run 51's two H100 hosts differed there alone (model 207 and 143).
+    cpuinfo: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if not line.strip():
+                break
+            key, _, value = line.partition(":")
+            cpuinfo.setdefault(key.strip(), value.strip())
+    cpu_model = cpuinfo.get("model name", "")
     info: dict[str, Any] = {
         "hostname": platform.node(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "cpu_model": cpu_model,
+        "cpu_family_model": f"{cpuinfo.get('cpu family', '?')}/{cpuinfo.get('model', '?')}",
         "cpu_count": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)),
         "torch": torch.__version__,
