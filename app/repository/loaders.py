@@ -109,13 +109,23 @@ def _import(spec: ModelSpec, module_name: str) -> ModuleType:
 
 def _load_weights(module: nn.Module, spec: ModelSpec) -> None:
     path: Path = spec.path(spec.config.weights or "")
+    problem = f"{spec.toml}: weights: {path.name}: "
     try:
         state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as error:
+        # A file cut short, or still being copied in where a poll saw it, reads as torch's bare "OSError: [Errno 22]
+        # Invalid argument" (its mmap) or a zip error: say which file, how much of it, and the likely cause.
+        size = f"{path.stat().st_size:,} bytes" if path.is_file() else "no such file"
+        raise ModelConfigError([f"{problem}not a file torch.save wrote whole ({size}: cut short or still being "
+                                f"written?): {_one_line(error)}"]) from None  # fmt: skip
+    try:
         module.load_state_dict(state)
     except KeyboardInterrupt:
         raise
     except BaseException as error:
-        raise ModelConfigError([f"{spec.toml}: weights: {path.name}: {_one_line(error)}"]) from None
+        raise ModelConfigError([f"{problem}its tensors do not fit the model: {_one_line(error)}"]) from None
 
 
 def _one_line(error: BaseException) -> str:

@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from app import config
 from app.config import DEFAULT_REPOSITORY, Settings
@@ -266,3 +267,27 @@ def test_a_factory_that_exits_is_a_model_problem_not_an_exit(tmp_path: Path, fac
     (spec,) = read_repository(tmp_path)
     with pytest.raises(ModelConfigError, match=r"seed/model\.toml: factory: SystemExit"):
         load_model(spec)
+
+
+def test_weights_cut_short_say_so_and_how_many_bytes_were_read(tmp_path: Path) -> None:
+    """A weights file still being copied in (a poll sees it half-written) was reported as torch's bare
+    "OSError: [Errno 22] Invalid argument"."""
+    folder = seed_folder(tmp_path / "repository" / "seed")
+    whole = WEIGHTS_PATH.read_bytes()
+    (folder / WEIGHTS).write_bytes(whole[: len(whole) // 2])
+    (spec,) = read_repository(folder.parent)
+    with pytest.raises(ModelConfigError) as raised:
+        load_model(spec)
+    (problem,) = raised.value.problems
+    assert problem.startswith(f"{folder / 'model.toml'}: weights: {WEIGHTS}: "), problem
+    assert f"{len(whole) // 2:,} bytes" in problem and "cut short or still being written" in problem, problem
+
+
+def test_weights_of_another_model_name_the_keys_that_differ(tmp_path: Path) -> None:
+    folder = seed_folder(tmp_path / "repository" / "seed")
+    torch.save({"other.weight": torch.zeros(2)}, folder / WEIGHTS)
+    (spec,) = read_repository(folder.parent)
+    with pytest.raises(ModelConfigError) as raised:
+        load_model(spec)
+    (problem,) = raised.value.problems
+    assert "do not fit the model" in problem and "other.weight" in problem, problem
