@@ -117,7 +117,10 @@ def _load_weights(module: nn.Module, spec: ModelSpec) -> None:
     except BaseException as error:
         # A file cut short, or still being copied in where a poll saw it, reads as torch's bare "OSError: [Errno 22]
         # Invalid argument" (its mmap) or a zip error: say which file, how much of it, and the likely cause.
-        size = f"{path.stat().st_size:,} bytes" if path.is_file() else "no such file"
+        try:
+            size = f"{path.stat().st_size:,} bytes"
+        except OSError:  # gone meanwhile
+            size = "no such file"
         raise ModelConfigError([f"{problem}not a file torch.save wrote whole ({size}: cut short or still being "
                                 f"written?): {_one_line(error)}"]) from None  # fmt: skip
     try:
