@@ -198,7 +198,12 @@ class Settings(BaseSettings):
         description="A launched batch not back after this marks the device dead: its requests get 503 and the "
         "process exits non-zero, for its supervisor to restart it.",
     )
-    max_body_bytes: int = Field(16 * 2**20, ge=1024, description="Larger request bodies get 413.")
+    max_body_bytes: int = Field(
+        16 * 2**20,
+        ge=1024,
+        description="Larger request bodies get 413. A v2 infer body (HTTP) or message (gRPC) may also be as large as "
+        "a model's max_batch_size of FP32 images and 1 MiB, the models served at start-up: what Triton's clients send.",
+    )
     max_inflight_bytes: int = Field(
         256 * 2**20,
         ge=1024,

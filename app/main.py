@@ -35,6 +35,7 @@ from app.model_control import ModelControl, RemoteModelControl, RepositoryContro
 from app.ops.loop_lag import GcPauses, sample_loop_lag
 from app.protocols.v2 import repository as v2_repository
 from app.protocols.v2 import rest as v2_rest
+from app.protocols.v2.batch_limits import repository_infer_body_limit
 from app.protocols.v2.rest import V2Codec
 from app.repository import LoadedModel
 from app.runtime.drain import drain_on_signals
@@ -143,6 +144,7 @@ def create_app(
     app.add_middleware(
         RequestGuard,
         max_body_bytes=settings.max_body_bytes,
+        infer_body_bytes=repository_infer_body_limit(settings),
         budget=budget,
         request_timeout_s=settings.request_timeout_s,
         body_timeout_s=settings.body_timeout_s,

@@ -277,7 +277,7 @@ class GrpcRows:
                 served = self.service.model(model, version or None)
                 asked: dict[str, Message] = {
                     "ModelMetadata": metadata_response(self.service, served),
-                    "ModelConfig": config_response(served),
+                    "ModelConfig": config_response(self.service, served),
                     "ModelReady": pb.ModelReadyResponse(ready=served.readiness()[0]),
                 }
                 found = {method: (OK_TRAILERS, response.SerializeToString()) for method, response in asked.items()}

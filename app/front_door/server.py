@@ -253,7 +253,7 @@ class FrontDoor:
         path = f"/v2/models/{name}".encode() + (f"/versions/{version}".encode() if version else b"")
         try:
             served = service.model(name, version or None)
-            metadata, config = _answer(200, metadata_body(service, served)), _answer(200, config_body(served))
+            metadata, config = _answer(200, metadata_body(service, served)), _answer(200, config_body(service, served))
             model_ready = _readiness(served.readiness()[0])
         except ServiceError as error:
             refused = error_answer(error, v2=True)

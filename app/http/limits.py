@@ -97,12 +97,16 @@ class RequestGuard:
         app: ASGIApp,
         *,
         max_body_bytes: int,
+        infer_body_bytes: int | None = None,
         budget: BodyBudget,
         request_timeout_s: float,
         body_timeout_s: float,
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        # v2 infer bodies: a model's max_batch_size of FP32 images, as its configuration promises and gRPC takes them
+        # (app/protocols/v2/batch_limits.py); every other body: CGSERVE_MAX_BODY_BYTES.
+        self.infer_body_bytes = max(max_body_bytes, infer_body_bytes or 0)
         self.budget = budget
         self.request_timeout_s = request_timeout_s
         self.body_timeout_s = body_timeout_s
@@ -126,8 +130,9 @@ class RequestGuard:
                 await self._refuse(scope, send, error)
                 return
             timeout_s = min(timeout_s, head.timeout_ms / 1000)
-        if declared is not None and declared > self.max_body_bytes:
-            await self._refuse(scope, send, BodyTooLargeError(self.max_body_bytes))
+        limit = self._body_limit(scope["path"])
+        if declared is not None and declared > limit:
+            await self._refuse(scope, send, BodyTooLargeError(limit))
             return
         # Admission, before a byte is read: room for what it declares (a chunked body: one byte).
         if self.budget.used + (1 if declared is None else declared) > self.budget.limit:
@@ -143,18 +148,23 @@ class RequestGuard:
         scope[DEADLINE_KEY] = started + timeout_s
         held = _Held()
         try:
-            await self.app(scope, self._guarded(receive, extensions, held, inflater), send)
+            await self.app(scope, self._guarded(receive, extensions, held, inflater, limit), send)
         finally:
             self.budget.release(held.bytes)
 
+    def _body_limit(self, path: str) -> int:
+        if path.startswith("/v2/models/") and path.endswith("/infer"):
+            return self.infer_body_bytes
+        return self.max_body_bytes
+
     def _guarded(self, receive: Receive, extensions: dict[str, object], held: _Held,
-                 inflater: Inflater | None) -> Receive:  # fmt: skip
+                 inflater: Inflater | None, limit: int) -> Receive:  # fmt: skip
         last = False  # the compressed body's last bytes have come
 
         def charged(message: Message) -> Message:
             size = len(message.get("body", b""))
-            if held.bytes + size > self.max_body_bytes:  # a chunked body (a declared one was checked)
-                raise BodyTooLargeError(self.max_body_bytes)
+            if held.bytes + size > limit:  # a chunked or compressed body (a declared one was checked)
+                raise BodyTooLargeError(limit)
             if not self.budget.reserve(size):
                 raise BudgetExhaustedError(self.budget.limit)
             held.bytes += size

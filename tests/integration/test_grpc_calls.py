@@ -1,8 +1,8 @@
 """gRPC calls as Triton's client makes them (issue 23.5): a call the client cancels or whose deadline
 passes is counted as CANCELLED or DEADLINE_EXCEEDED, not OK, and so is a request in flight on a
 stream the client cancels; and a message as large as a served
-model's largest bucket of FP32 images (perf_analyzer's 32 ResNet-50 images: 19,267,681 bytes)
-is taken in though CGSERVE_MAX_BODY_BYTES is 16 MiB.
+model's max_batch_size of FP32 images (perf_analyzer's 32 ResNet-50 images: 19,267,681 bytes)
+is taken in though CGSERVE_MAX_BODY_BYTES is 16 MiB, and so is a v2 HTTP infer body of them.
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
+import tritonclient.http as triton_http
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
@@ -301,6 +303,22 @@ def test_perf_analyzers_32_fp32_resnet_images_fit_one_message(server: dict[str, 
     tensor.set_data_from_numpy(images)
     result = triton_grpc.InferenceServerClient(server["grpc"]).infer("wide", [tensor])
     assert result.as_numpy("probabilities").shape == (32, 10)
+
+
+def test_tritonclient_https_32_fp32_resnet_images_fit_one_body_and_only_v2_infer_takes_them(
+    server: dict[str, str],
+) -> None:
+    """The model configuration says max_batch_size 32; HTTP refused that batch with 413 (16 MiB), gRPC took it."""
+    client = triton_http.InferenceServerClient(server["url"].removeprefix("http://"), network_timeout=60)
+    assert client.get_model_config("wide")["max_batch_size"] == 32
+    images = np.random.default_rng(0).random((32, 3, 224, 224), dtype=np.float32)  # 19,267,584 bytes
+    tensor = triton_http.InferInput("input", list(images.shape), "FP32")
+    tensor.set_data_from_numpy(images, binary_data=True)
+    assert client.infer("wide", [tensor]).as_numpy("probabilities").shape == (32, 10)
+    # The same bytes to a route of our own: CGSERVE_MAX_BODY_BYTES, as before.
+    answer = httpx.post(f"{server['url']}/v1/models/wide/predict?dtype=float32", content=images.tobytes(),
+                        headers={"content-type": "application/octet-stream"}, timeout=60)  # fmt: skip
+    assert answer.status_code == 413, answer.text
 
 
 def test_a_large_typed_fp32_input_is_decoded(server: dict[str, str]) -> None:

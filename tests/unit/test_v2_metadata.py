@@ -1,4 +1,5 @@
-"""The v2 metadata tells clients what to send: model.toml's input_datatype (issue 26.2)."""
+"""The v2 metadata tells clients what to send: model.toml's input_datatype (issue 26.2), and how many images one
+request may carry (max_batch_size), which the v2 infer body limit then takes."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import dataclasses
 
 import pytest
 
+from app.config import Settings
+from app.protocols.v2.batch_limits import FRAMING_BYTES, infer_body_limit
 from app.protocols.v2.tensors import model_config, model_metadata
 from tests.seed_model import seed_spec
 
@@ -15,7 +18,7 @@ def test_metadata_and_config_declare_the_model_tomls_input_datatype(datatype: st
     spec = seed_spec()
     spec = dataclasses.replace(spec, config=spec.config.model_copy(update={"input_datatype": datatype}))
     assert model_metadata(spec, "p")["inputs"][0]["datatype"] == datatype
-    assert model_config(spec, "p", (1, 8), 1.0)["input"][0]["data_type"] == f"TYPE_{datatype}"
+    assert model_config(spec, "p", (1, 8), 1.0, 1024)["input"][0]["data_type"] == f"TYPE_{datatype}"
 
 
 def test_the_shipped_seed_cnn_asks_for_uint8_pixels() -> None:
@@ -41,3 +44,21 @@ def test_more_bytes_elements_than_a_request_may_hold_are_refused_before_they_are
     with pytest.raises(InputError) as refused:
         length_prefixed(flood, most=1024)
     assert refused.value.status == 413 and "more than 1024 elements" in str(refused.value)
+
+
+def test_max_batch_size_is_what_one_request_may_carry() -> None:
+    """The largest bucket, but CGSERVE_MAX_INSTANCES where that is less: it said 128 where 17 images were refused."""
+    spec = seed_spec()
+    assert model_config(spec, "p", (1, 8, 128), 1.0, 1024)["max_batch_size"] == 128
+    assert model_config(spec, "p", (1, 8, 128), 1.0, 16)["max_batch_size"] == 16
+
+
+def test_the_v2_infer_body_limit_takes_max_batch_size_fp32_images_of_the_largest_model() -> None:
+    spec = seed_spec()  # 1×28×28: 32 FP32 images are 100,352 bytes, under the default
+    settings = Settings()
+    assert infer_body_limit(settings, [spec]) == settings.max_body_bytes
+    wide = dataclasses.replace(
+        spec, config=spec.config.model_copy(update={"input_shape": (3, 224, 224)})
+    )  # ResNet's:: 128 FP32 images are 77 MB
+    assert infer_body_limit(settings, [spec, wide]) == 128 * 3 * 224 * 224 * 4 + FRAMING_BYTES
+    assert infer_body_limit(Settings(max_instances=8), [wide]) == settings.max_body_bytes  # 8 fit in 16 MiB

@@ -7,9 +7,9 @@ one call; ModelStreamInfer (Triton's streaming extension) answers every request 
 so a client that keeps many in flight on one stream pays grpcio's cost of a call once, not per
 request (`bench/grpc_cost.py` measures both). A client's deadline bounds the wait for its answer;
 a call the client cancels, or whose deadline passes, is counted as CANCELLED or DEADLINE_EXCEEDED.
-Messages may be as large as CGSERVE_MAX_BODY_BYTES or a served model's largest bucket of FP32
-images, whichever is larger (`message_limit`). Connections are bounded as HTTP's are
-(`connection_options`): their number, their streams, how long one may sit idle
+Messages may be as large as CGSERVE_MAX_BODY_BYTES or a served model's max_batch_size of FP32
+images, whichever is larger, as HTTP's v2 infer bodies (app/protocols/v2/batch_limits.py).
+Connections are bounded as HTTP's are (`connection_options`): their number, their streams, how long one may sit idle
 (CGSERVE_KEEPALIVE_TIMEOUT_S, as an idle HTTP keep-alive) and its age.
 """
 
@@ -45,12 +45,12 @@ from app.model_control import IGNORED_LOAD_PARAMETERS, LOAD_EXPECTED, ControlErr
 from app.ops.connection_budgets import connection_budgets
 from app.ops.off_loop import LARGE_JSON_BYTES, off_loop
 from app.protocols.v2 import tensors
+from app.protocols.v2.batch_limits import repository_infer_body_limit
 from app.protocols.v2.grpc_methods import SERVICE, Unparsed, add_service
 from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
 from app.protocols.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from app.protocols.v2.stream_answers import ConnectionBudgets, StreamStopped, answer_stream
 from app.protocols.v2.unsupported import UnsupportedMethods
-from app.repository import ModelConfigError, read_repository
 from app.repository.model_spec import ModelSpec
 from app.service import ServedModel, Service
 
@@ -71,9 +71,6 @@ STATUS_CODES = {
 # checking within this (Check reads readiness itself). A poll is a few attribute reads and one glob of the workers'
 # ready markers.
 HEALTH_POLL_S = 0.25
-# Room for a ModelInferRequest's framing around its tensor bytes (perf_analyzer's 32 ResNet-50
-# images: 19,267,584 bytes of FP32 in a message of 19,267,681).
-FRAMING_BYTES = 2**20
 # A connection is closed (GOAWAY, then its calls' grace) after this long, so that clients rebalance
 # across replicas and nothing holds a descriptor for ever.
 MAX_CONNECTION_AGE_S = 30 * 60
@@ -203,7 +200,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return metadata_response(self.service, await self._model(request.name, request.version, context))
 
     async def ModelConfig(self, request: Any, context: Any) -> pb.ModelConfigResponse:
-        return config_response(await self._model(request.name, request.version, context))
+        return config_response(self.service, await self._model(request.name, request.version, context))
 
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
         answer = await self._infer(GrpcCodec(self.service, context), request, context, "ModelInfer")
@@ -303,10 +300,11 @@ def metadata_response(service: Service, served: ServedModel) -> pb.ModelMetadata
     return pb.ModelMetadataResponse(**tensors.model_metadata(served.spec, platform, versions))
 
 
-def config_response(served: ServedModel) -> pb.ModelConfigResponse:
+def config_response(service: Service, served: ServedModel) -> pb.ModelConfigResponse:
     options = served.options
     platform = tensors.platform(options.engine)
-    config = tensors.model_config(served.spec, platform, options.buckets, options.max_delay_ms)
+    config = tensors.model_config(served.spec, platform, options.buckets, options.max_delay_ms,
+                                  service.settings.max_instances)  # fmt: skip
     return pb.ModelConfigResponse(config=pb.ModelConfig(**config))
 
 
@@ -330,13 +328,6 @@ def _payload_bytes(request: Any, raw: bytes | None) -> int:
     if raw is not None:
         return len(raw)
     return sum(4 * (len(t.contents.fp32_contents) + len(t.contents.uint_contents)) for t in request.inputs)
-
-
-def message_limit(max_body_bytes: int, default_buckets: tuple[int, ...], specs: list[ModelSpec]) -> int:
-    """The largest message taken in: CGSERVE_MAX_BODY_BYTES, or a served model's largest bucket of
-    FP32 images and their framing where that is larger (Triton's clients send FP32 at max_batch_size)."""
-    largest = max((max(spec.config.buckets or default_buckets) * spec.pixels * 4 for spec in specs), default=0)
-    return max(max_body_bytes, largest + FRAMING_BYTES)
 
 
 def connection_options(settings: Settings) -> list[tuple[str, int]]:
@@ -468,11 +459,7 @@ class GrpcServer:
 
     def __init__(self, plane: DataPlane, control: RepositoryControl, settings: Settings, *, reuse_port: bool) -> None:
         service = plane.service
-        try:
-            specs = read_repository(settings.model_repository)
-        except (ModelConfigError, OSError):  # the service's start-up names every problem
-            specs = []
-        limit = message_limit(settings.max_body_bytes, settings.buckets, specs)
+        limit = repository_infer_body_limit(settings)
         options = [
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", max(limit, 64 * 2**20)),

@@ -110,11 +110,13 @@ def metadata_body(service: Service, served: ServedModel) -> bytes:
     return orjson.dumps(tensors.model_metadata(served.spec, platform, versions))
 
 
-def config_body(served: ServedModel) -> bytes:
+def config_body(service: Service, served: ServedModel) -> bytes:
     """GET /v2/models/{name}/config's answer: Triton's model configuration (batch sizes, tensors)."""
     options = served.options
     platform = tensors.platform(options.engine)
-    return orjson.dumps(tensors.model_config(served.spec, platform, options.buckets, options.max_delay_ms))
+    config = tensors.model_config(served.spec, platform, options.buckets, options.max_delay_ms,
+                                  service.settings.max_instances)  # fmt: skip
+    return orjson.dumps(config)
 
 
 READY_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -147,7 +149,7 @@ async def model_config(name: str, service: ServiceDep, version: str | None = Non
         served = served_model(service, name, version)
     except ServiceError as error:
         return v2_error(error)
-    return Response(config_body(served), media_type=JSON)
+    return Response(config_body(service, served), media_type=JSON)
 
 
 class V2Codec:

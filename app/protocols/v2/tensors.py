@@ -21,6 +21,7 @@ import numpy as np
 from app import __version__
 from app.codecs.bodies import check_count, checked_intensities, holds_booleans, json_kind, too_many_images
 from app.errors import InputError, quoted
+from app.protocols.v2.batch_limits import max_batch_size
 from app.repository.model_spec import ModelSpec
 from app.repository.outputs import DATATYPES as OUTPUT_DATATYPES
 from app.repository.outputs import Output
@@ -274,13 +275,15 @@ def model_metadata(spec: ModelSpec, platform: str, versions: list[str] | None = 
     }
 
 
-def model_config(spec: ModelSpec, platform: str, buckets: tuple[int, ...], max_delay_ms: float) -> dict[str, Any]:
-    """Triton's model configuration extension, the fields load tools read (perf_analyzer)."""
+def model_config(spec: ModelSpec, platform: str, buckets: tuple[int, ...], max_delay_ms: float,
+                 max_instances: int) -> dict[str, Any]:  # fmt: skip
+    """Triton's model configuration extension, the fields load tools read (perf_analyzer); max_batch_size is what one
+    request may carry (app/protocols/v2/batch_limits.py)."""
     return {
         "name": spec.name,
         "platform": platform,
         "backend": "cudagraph-serve",
-        "max_batch_size": buckets[-1],
+        "max_batch_size": max_batch_size(buckets, max_instances),
         "input": [{"name": INPUT, "data_type": f"TYPE_{spec.config.input_datatype}", "dims": list(spec.input_shape)}],
         "output": [
             {"name": output.name, "data_type": f"TYPE_{output.datatype}", "dims": list(output.shape)}
