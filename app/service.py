@@ -93,6 +93,8 @@ class ServedModel:
         return spec.name if spec.version == UNVERSIONED else f"{spec.name} (version {spec.version})"
 
     def readiness(self) -> tuple[bool, str]:
+        """(ready, why not): the model's state in words. A dead device also turns its readiness gauges off here, the
+        series labelled by the model's name (its title, "name (version 2)", is for the words)."""
         name, states = self.title, self.device_states()
         on = "" if len(states) == 1 else " (" + ", ".join(f"{d} {s}" for d, s in states.items()) + ")"
         if self.retired:
@@ -106,7 +108,7 @@ class ServedModel:
             metrics.MODEL_READY.labels(model=self.spec.name).set(0)
             metrics.READY.set(0)
             for device in dead:
-                metrics.DEVICE_READY.labels(model=name, device=device).set(0)
+                metrics.DEVICE_READY.labels(model=self.spec.name, device=device).set(0)
             device = self.batcher.dead_device or dead[0]
             return False, f"{name}: the {device} device is dead; the service is restarting{on}"
         return True, "ready"
@@ -182,7 +184,7 @@ class Service:
             self.engine_link = EngineLink(
                 socket,
                 segments,
-                on_dead=lambda why: self._device_died("engines", why),
+                on_dead=lambda why: self._device_died("the engine process", why),
                 frames_in_flight=self.settings.engine_frames_in_flight,
             )
         # name → version → the served model; and name → the version a call that names none gets.
@@ -233,13 +235,15 @@ class Service:
             metrics.READY.set(0)
             log.info("draining: readiness is 503; requests are served until the server stops accepting")
 
-    def _device_died(self, model: str, reason: str) -> None:
-        """A batcher's device is dead: every model's readiness says so and the process exits non-zero."""
+    def _device_died(self, source: str, reason: str) -> None:
+        """A device is dead, as `source` found it (a model's batcher, or the link to the engine process, which holds
+        every model's): every model's readiness says so and the process exits non-zero."""
         self.device_dead = True
         if self.failure is None:
-            self.failure = f"{model}: the device is dead: {reason}"
+            self.failure = f"{source}: the device is dead: {reason}"
             metrics.READY.set(0)
-            metrics.MODEL_READY.labels(model=model).set(0)
+            for name in self.versions:
+                metrics.MODEL_READY.labels(model=name).set(0)
             log.critical("%s; the server exits for its supervisor to restart it", self.failure)
             self._on_fatal()
 

@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from app.config import DEFAULT_REPOSITORY, Settings
 from app.engine_process.client import RemoteBatcher
 from app.engine_process.host import EngineHost
+from app.ops import metrics
 from app.repository import read_repository
 from app.repository.model_spec import ModelSpec
 from app.service import Service
@@ -153,3 +155,24 @@ def orjson_round_trip(value: Any) -> Any:
     import orjson
 
     return orjson.loads(orjson.dumps(value))
+
+
+def test_the_engine_process_gone_turns_off_every_models_readiness_not_a_model_named_engines(tmp_path: Path) -> None:
+    """A worker whose link to the engine process died set cgserve_model_ready{model="engines"} to 0, a series of
+    no model, and left its models' at 1."""
+
+    async def scenario() -> None:
+        async with engine_process(tmp_path) as (repository, _, _service, _host, socket_path):
+            fatal: list[int] = []
+            serving = worker(tmp_path, repository, socket_path, "a", fatal)
+            serving.start()
+            await serving.wait_started()
+            metrics.MODEL_READY.labels(model=MODEL).set(1)
+            assert serving.engine_link is not None
+            serving.engine_link.on_dead("its connection closed (ConnectionResetError)")  # as the link calls it
+            assert fatal == [1] and serving.failure is not None and "the engine process" in serving.failure
+            assert REGISTRY.get_sample_value("cgserve_model_ready", {"model": MODEL}) == 0
+            assert REGISTRY.get_sample_value("cgserve_model_ready", {"model": "engines"}) is None
+            await serving.stop()
+
+    asyncio.run(scenario())

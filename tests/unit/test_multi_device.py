@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from prometheus_client import REGISTRY
 
 from app.batching import shares as batch_shares
 from app.batching.batcher import Batcher
@@ -16,6 +17,7 @@ from app.config import Settings
 from app.engines.base import InputDtype, Slot
 from app.errors import EngineError, NotReadyError
 from app.http.routes.models import devices
+from app.ops import metrics
 from app.service import ServedModel, prepare_models
 from tests.unit.fake_engine import FakeEngine, expected, images
 
@@ -189,3 +191,18 @@ async def test_large_batches_are_staged_on_a_thread_with_the_same_answers(monkey
         np.testing.assert_allclose(result, expected(0.2), rtol=1e-6)
     for result in large[4:]:
         np.testing.assert_array_equal(result, expected(0.5))
+
+
+def test_a_dead_device_of_a_second_version_turns_off_the_models_own_gauge() -> None:
+    """The gauge was labelled with the version's title: a series model="cnn (version 2)" went to 0, and the model's
+    own stayed at 1."""
+    served = served_on_two_gpus()
+    served = ServedModel(dataclasses.replace(served.spec, version="2"), served.options)
+    served.engines.extend([FakeEngine(device="cuda:0"), FakeEngine(device="cuda:1")])
+    served.batcher = Batcher(served.engines, max_delay_s=0, queue_limit=8, request_timeout_s=1)
+    name = served.spec.name
+    metrics.DEVICE_READY.labels(model=name, device="cuda:1").set(1)
+    served.batcher.declare_dead("the cuda:1 device reported a fault", "cuda:1")
+    assert not served.readiness()[0]
+    assert REGISTRY.get_sample_value("cgserve_device_ready", {"model": name, "device": "cuda:1"}) == 0
+    assert REGISTRY.get_sample_value("cgserve_device_ready", {"model": served.title, "device": "cuda:1"}) is None
