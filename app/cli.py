@@ -161,7 +161,7 @@ def exit_for_certain(after_s: float) -> None:
 
 
 def debug_dump(args: argparse.Namespace) -> int:
-    """Capture one bucket with keep_graph=True and debug mode on, and write its dot file."""
+    """Capture one bucket with keep_graphs=True and debug mode on, and write its dot file."""
     import torch
 
     if not torch.cuda.is_available():

@@ -164,8 +164,9 @@ class Settings(BaseSettings):
         ge=0.0,
         le=1000.0,
         description=(
-            "Longest the oldest queued request waits for a fuller batch while a batch is running "
-            "(an idle device takes it at once)."
+            "While every device is busy, the oldest queued request waits at least this long for a fuller batch "
+            "(batch_launch just-in-time: then until its device is about to be free; max-delay: this long at most). "
+            "An idle device takes it at once."
         ),
     )
     batch_launch: Literal["just-in-time", "max-delay"] = Field(
@@ -207,15 +208,18 @@ class Settings(BaseSettings):
     max_inflight_bytes: int = Field(
         256 * 2**20,
         ge=1024,
-        description="Request bodies being read and decoded at once (by declared length; a chunked body counts as "
-        "max_body_bytes); a request that would go over is refused with 503 before its body is read. The front door "
+        description="Request bodies being read and decoded at once, counted as their bytes arrive (inflated, where "
+        "compressed); a request whose declared length would go over is refused with 503 before its body is read, "
+        "and one that goes over as it arrives is refused then. The front door "
         "keeps a budget of its own this size for its bodies and gRPC messages being received.",
     )
     max_connections: int = Field(
         0,
         ge=0,
-        description="Open connections per process; more are answered 503 and closed at once. 0: the process's "
-        "open-file limit less 128 (kept for models, the GPU driver and gRPC).",
+        description="Open connections per port and process (HTTP, gRPC and the front door's two ports together, each "
+        "this many); more are answered 503 and closed at once. 0: the process's open-file limit less 128 (kept for "
+        "models and the GPU driver), a quarter of it to gRPC and a quarter to the front door where they listen, the "
+        "rest to HTTP.",
     )
     max_header_bytes: int = Field(65536, ge=1024, description="Request line and headers over this: 431, closed.")
     header_timeout_s: float = Field(
@@ -279,7 +283,8 @@ class Settings(BaseSettings):
         1,
         ge=1,
         le=64,
-        description="Server processes on one port, each with its own engines and graphs; /metrics merges them.",
+        description="Server processes on one port, each with its own engines and graphs (with engine_process: the "
+        "engine process's, shared); /metrics merges them.",
     )
     engine_process: bool = Field(
         False,

@@ -1,5 +1,5 @@
 """An ASGI app driven in-process: no sockets, no uvicorn. For what HTTP would blur: the app's own
-cost per request (bench/asgi_path_bench.py, bench/instructions_per_request.py) and what a request
+cost per request (bench/history/asgi_path_bench.py, bench/instructions_per_request.py) and what a request
 leaves behind (tests/api/test_no_cyclic_garbage.py)."""
 
 from __future__ import annotations

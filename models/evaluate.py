@@ -1,6 +1,6 @@
 """Accuracy of FashionCNN weights on the Fashion-MNIST test set.
 
-python -m models.evaluate [--weights models/fashion_cnn.pt]
+python -m models.evaluate [--weights models/repository/fashion-cnn/fashion_cnn.pt]
 """
 
 from __future__ import annotations

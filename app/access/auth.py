@@ -2,11 +2,12 @@
 
     inference  POST /predict, POST /v1/models/{name}/predict, everything under /v2 but /v2/health/* and
                /v2/repository/*
-    admin      /metrics, GET /v1/models, /v1/models/{name}, /v1/models/{name}/ready, /v2/repository/*
-               (the model repository extension: index, load, unload)
+    admin      /metrics, GET /v1/models, /v1/models/{name}, /v1/models/{name}/ready
+    repository /v2/repository/* (the model repository extension: index, load, unload): the admin tokens, or the
+               inference tokens where no admin token is set (never open while either kind has tokens)
     open       /healthz, /readyz, /v2/health/live and /ready (probes), /docs, /redoc, /openapi.json
 
-Each kind has its own tokens (CGSERVE_AUTH_TOKENS, CGSERVE_ADMIN_TOKENS and their files); a kind
+Inference and admin have their own tokens (CGSERVE_AUTH_TOKENS, CGSERVE_ADMIN_TOKENS and their files); a kind
 whose set is empty stays open, as everything is by default. A refused request gets 401 with
 `WWW-Authenticate: Bearer` before its body is read, in the envelope of the route's protocol.
 

@@ -45,7 +45,7 @@ from app.service import ServedModel, Service
 
 log = logging.getLogger(__name__)
 STOP_SIGNAL = signal.SIGUSR1
-APPLY_TIMEOUT_S = 30.0  # a worker reads its model specs from the repository to apply a table
+APPLY_TIMEOUT_S = 30.0  # for every worker to apply a table (its specs come in it: they read no files)
 
 
 class EngineHost:

@@ -1,9 +1,9 @@
 """Shared-memory segments for request pixels: a worker writes, the engine process reads.
 
 Each segment is a file in a per-service folder under /dev/shm, mapped by both processes. A
-worker lends one per request, sized to the next power of two of the request's bytes, and takes
-it back only when the engine process has answered (it reads the pixels until it has staged
-them), so a request whose client went away still holds its segment until then. Freed segments
+worker lends one per frame (the requests it sends together), sized to the next power of two of the frame's bytes
+(64 KiB at least), and takes it back only when the engine process has answered (it reads the pixels until it has
+staged them), so a frame whose clients went away still holds its segment until then. Freed segments
 are reused by size, so a steady load creates no files after its first second.
 """
 
@@ -38,7 +38,7 @@ def map_file(path: str, size: int, *, create: bool) -> mmap.mmap:
 
 
 class SegmentPool:
-    """A worker's segments: lent per request, given back once answered, unlinked at close."""
+    """A worker's segments: lent per frame, given back once answered, unlinked at close."""
 
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)

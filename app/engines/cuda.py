@@ -24,8 +24,9 @@ reuses a slot's host buffers only after its `done` event completed.
 
 With `torch_compile_mode` set, the forward is first compiled by inductor (fused Triton kernels, one static
 shape per bucket and input dtype, no CUDA graphs of its own) and those kernels are what each graph
-captures; `fuse_input` also compiles the input normalisation with the model. Off by default: it
-gained nothing measurable for the seed CNN, and it compiles the model once per input dtype.
+captures. `fuse_input` also compiles the input normalisation with the model; the service leaves it off (only
+bench/engine_bench.py sets it): it gained nothing measurable for the seed CNN, and it compiles the model once per
+input dtype.
 
 Hand-back, by `event_wait`:
   poll   the event loop polls done.query() between its other work (no thread hop); a batch
@@ -399,7 +400,7 @@ class CudaEngine:
         """Write bucket's graph (of the first slot) as Graphviz dot.
 
         Needs the engine built with keep_graphs=True after CUDAGraph.enable_debug_mode(): with
-        the default keep_graph=False torch 2.11 warns and writes nothing.
+        the default keep_graph=False torch warns and writes nothing.
         """
         self._slots[0].graphs[bucket, dtype].debug_dump(path)
 

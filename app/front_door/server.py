@@ -25,7 +25,7 @@ from app.front_door.feeder import FORM, GRPC_FORM, PROTOCOL, Feeder
 from app.front_door.library import door_library
 from app.http.answer import error_answer
 from app.ops import metrics
-from app.ops.connection_budgets import open_file_budget
+from app.ops.connection_budgets import connection_budgets
 from app.protocols.v2 import tensors
 from app.protocols.v2.rest import config_body, metadata_body
 from app.service import Service
@@ -108,7 +108,7 @@ class FrontDoor:
             grpc_listener.setblocking(False)
             grpc = GrpcRows(service)
         limits = Limits(
-            max_connections=settings.max_connections or open_file_budget() // 4,  # HTTP's and gRPC's are beside
+            max_connections=connection_budgets(settings).door,  # its share of the process's descriptors
             keepalive_s=settings.keepalive_timeout_s,
             request_s=settings.header_timeout_s + settings.body_timeout_s,
             tokens=tuple(load_tokens(settings.auth_tokens, settings.auth_tokens_file)),

@@ -173,7 +173,7 @@ class ProtocolHooks:
     @classmethod
     def from_settings(cls, settings: Settings) -> ProtocolHooks:
         return cls(
-            max_connections=connection_budgets(settings)[0],
+            max_connections=connection_budgets(settings).http,
             max_header_bytes=settings.max_header_bytes,
             header_timeout_s=settings.header_timeout_s,
             body_timeout_s=settings.body_timeout_s,

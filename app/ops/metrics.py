@@ -225,7 +225,8 @@ REGISTRY.register(GPU)
 
 
 def exposition() -> bytes:
-    """The text format for GET /metrics: this process's metrics, or every worker's when several run."""
+    """The text format of this process's metrics, or every worker's when several run, rendered on the caller's thread
+    (GET /metrics renders it off the loop: exposition_off_loop)."""
     metric_buffers.flush()  # this process's hot-path figures, up to now
     return _render()
 

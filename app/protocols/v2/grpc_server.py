@@ -332,11 +332,11 @@ def _payload_bytes(request: Any, raw: bytes | None) -> int:
 
 def connection_options(settings: Settings) -> list[tuple[str, int]]:
     """gRPC's connection limits, from the HTTP ones: 1,000 idle connections (a preface each) held
-    1,023 of 1,024 descriptors. The cap is CGSERVE_MAX_CONNECTIONS, or a quarter of the open-file
-    budget HTTP takes whole where that is 0 (gRPC's share of the 128 descriptors kept aside, and more)."""
+    1,023 of 1,024 descriptors. The cap is gRPC's share of the process's descriptors
+    (app/ops/connection_budgets.py): CGSERVE_MAX_CONNECTIONS, or a quarter of the open-file budget."""
     grace_s = settings.request_timeout_s + 1  # a call that started before the GOAWAY gets its whole timeout
     return [
-        ("grpc.max_allowed_incoming_connections", connection_budgets(settings)[1]),
+        ("grpc.max_allowed_incoming_connections", connection_budgets(settings).grpc),
         ("grpc.max_concurrent_streams", MAX_STREAMS),
         ("grpc.max_connection_idle_ms", round(settings.keepalive_timeout_s * 1000)),
         ("grpc.max_connection_age_ms", MAX_CONNECTION_AGE_S * 1000),
