@@ -244,10 +244,16 @@ def too_many_images(held: str, max_instances: int, expected: str) -> InputError:
 
 def checked_intensities(batch: np.ndarray, expected: str) -> np.ndarray:
     if not np.isfinite(batch).all():
-        raise InputError("the pixels hold NaN or infinite values", expected=expected)
+        # perf_analyzer's default data is random bytes, which read as FP32 hold NaN and Inf: say what it takes.
+        hint = " (random bytes read as floats do: perf_analyzer wants --input-data zero, or send UINT8 pixels)"
+        raise InputError(f"the pixels hold NaN or infinite values{hint}", expected=expected)
     low, high = float(batch.min()), float(batch.max())
     if low < 0.0 or high > 1.0:
-        hint = " (to send 0–255 values, divide them by 255)" if high > 1.0 else ""
+        # The server normalises: a tensor normalised by the client (ImageNet's mean and std: about -2.1 to 2.6)
+        # would be normalised twice, and answered wrong, if it were taken.
+        hint = (" (to send 0–255 values, divide them by 255)" if high > 1.0 and low >= 0.0
+                else " (the server normalises with the model's mean and std: send the image's intensities, not a "
+                "normalised tensor)")  # fmt: skip
         raise InputError(f"pixel intensities range over [{low:g}, {high:g}], outside [0, 1]{hint}", expected=expected)
     return batch
 

@@ -23,6 +23,7 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from models.fashion_mnist import load_test_sample
@@ -218,6 +219,52 @@ def test_bad_requests_get_the_protocols_error_and_the_server_keeps_serving(
     good = module.InferInput("input", list(images.shape), "UINT8")
     good.set_data_from_numpy(images)
     assert client(kind, server).infer(MODEL, [good]).as_numpy("probabilities").shape == (6, 10)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("kind", list(CLIENTS))
+def test_tritonclients_own_request_parameters_are_taken(kind: str, server: dict[str, str], images: np.ndarray) -> None:
+    """Sent as tritonclient sends them (priority, timeout, a custom parameter): type-checked, taken, not acted on."""
+    module = CLIENTS[kind]
+    tensor = module.InferInput("input", list(images.shape), "UINT8")
+    tensor.set_data_from_numpy(images)
+    result = client(kind, server).infer(MODEL, [tensor], priority=1, timeout=10_000_000,  # type: ignore[attr-defined]
+                                        parameters={"tenant": "a", "weight": 0.5})  # fmt: skip
+    assert result.as_numpy("probabilities").shape == (6, 10)
+
+
+MALFORMED_PARAMETERS = [
+    # (REST "parameters", gRPC (key, InferParameter field, value), words): each answered 200 / OK before
+    ({"priority": "high"}, ("priority", "string_param", "high"), "an unsigned integer"),
+    ({"timeout": -5}, ("timeout", "int64_param", -5), "an unsigned integer"),
+    ({"sequence_start": "yes"}, ("sequence_start", "int64_param", 1), "true or false"),
+    ({"triton_anything": 1}, ("triton_anything", "int64_param", 1), "reserved"),
+    ({"tenant": {"a": 1}}, ("tenant", None, None), "a string, a number or true or false"),
+]
+
+
+@pytest.mark.parametrize(
+    ("rest", "grpc_parameter", "words"), MALFORMED_PARAMETERS, ids=[str(m[0]) for m in MALFORMED_PARAMETERS]
+)
+def test_request_parameters_triton_refuses_are_refused(
+    rest: dict[str, object], grpc_parameter: tuple[str, str | None, object], words: str, server: dict[str, str]
+) -> None:
+    pixels = [0] * 784
+    body = {
+        "parameters": rest,
+        "inputs": [{"name": "input", "datatype": "UINT8", "shape": [1, 1, 28, 28], "data": pixels}],
+    }
+    answer = httpx.post(f"{server['url']}/v2/models/{MODEL}/infer", json=body)
+    assert answer.status_code == 400 and words in answer.json()["error"], answer.text
+    request = service_pb2.ModelInferRequest(model_name=MODEL)
+    request.inputs.add(name="input", datatype="UINT8", shape=[1, 1, 28, 28])
+    request.raw_input_contents.append(bytes(784))
+    key, field, value = grpc_parameter
+    parameter = request.parameters[key]  # with no field set: a parameter without a value
+    if field is not None:
+        setattr(parameter, field, value)
+    with grpc.insecure_channel(server["grpc"]) as channel, pytest.raises(grpc.RpcError) as raised:
+        service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in str(raised.value.details())
 
 
 def test_rest_errors_and_unknown_routes_use_the_protocols_error_form(server: dict[str, str]) -> None:

@@ -389,10 +389,18 @@ def input_images(request: Any, raw: bytes | None, spec: ModelSpec, max_instances
     )
 
 
+def _value(parameter: Any) -> object:
+    """An InferParameter's value (None where none of its kinds is set)."""
+    kind = parameter.WhichOneof("parameter_choice")
+    return getattr(parameter, kind) if kind else None
+
+
 def asked_outputs(request: Any, spec: ModelSpec) -> tuple[tensors.Wanted, ...]:
     """The outputs the call names, each with its top-k (0: the values), every output where it names none;
     InputError for an unknown output, a repeated one (200,000 repeats made an answer of as many copies), a
     malformed count or a classification of what is not class scores."""
+    parameters = ((key, _value(parameter)) for key, parameter in request.parameters.items())
+    tensors.check_request_parameters(parameters, reserved_allowed=FINAL_RESPONSE_ASKED)  # a stream's, read there
     names: list[object] = [output.name for output in request.outputs]
     seen: set[str] = set()
     wanted = []

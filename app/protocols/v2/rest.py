@@ -275,7 +275,9 @@ def _flag(parameters: dict[str, Any], key: str, default: bool) -> bool:
 
 def asked_outputs(document: dict[str, Any], spec: ModelSpec) -> Asked:
     """The request's "outputs" and answer parameters, refused here (400) if the answer could not honour them."""
-    wants_binary = _flag(_parameters(document.get("parameters"), "the request's"), "binary_data_output", False)
+    request_parameters = _parameters(document.get("parameters"), "the request's")
+    tensors.check_request_parameters(request_parameters.items())
+    wants_binary = _flag(request_parameters, "binary_data_output", False)
     requested = document.get("outputs")
     if requested is None:
         requested = []

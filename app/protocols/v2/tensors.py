@@ -161,6 +161,38 @@ def wanted_output(spec: ModelSpec, name: object, asked: list[object], seen: set[
     return output
 
 
+# Triton's request-level parameters, type-checked as Triton checks them (its http_server.cc and grpc infer handler)
+# and then not acted on, as a default Triton does not: `timeout` only with a queue policy that allows it, `priority`
+# only with priority levels, the sequence ones only with a sequence batcher, none of which a model configuration here
+# declares. A client whose deadline matters sends X-Request-Timeout-Ms or a gRPC deadline.
+UNSIGNED, SEQUENCE_ID, FLAG = "an unsigned integer", "an unsigned integer or a string", "true or false"
+REQUEST_PARAMETERS = {"timeout": UNSIGNED, "priority": UNSIGNED, "sequence_id": SEQUENCE_ID,
+                      "sequence_start": FLAG, "sequence_end": FLAG, "binary_data_output": FLAG}  # fmt: skip
+RESERVED_PREFIX = "triton_"
+
+
+def check_request_parameters(parameters: Iterable[tuple[str, object]], *, reserved_allowed: str = "") -> None:
+    """InputError for a request-level parameter Triton refuses: one of its own of the wrong type, a key of Triton's
+    reserved prefix (but `reserved_allowed`), or a value that is not a string, number or boolean (an object, a list,
+    null, or a gRPC parameter with no value set)."""
+    for key, value in parameters:
+        if key.startswith(RESERVED_PREFIX) and key != reserved_allowed:
+            raise InputError(f"the request parameter {quoted(key)} is of the prefix {RESERVED_PREFIX!r}, reserved for "
+                             "Triton's own use", expected="parameters of other names")  # fmt: skip
+        kind = REQUEST_PARAMETERS.get(key)
+        integer = isinstance(value, int) and not isinstance(value, bool)
+        if kind is None:
+            valid = isinstance(value, str | int | float)  # bool is an int
+        elif kind == FLAG:
+            valid = isinstance(value, bool)
+        else:
+            valid = (integer and value >= 0) or (kind == SEQUENCE_ID and isinstance(value, str))  # type: ignore[operator]
+        if not valid:
+            shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+            raise InputError(f"the request parameter {quoted(key)} is {shown}",
+                             expected=kind or "a string, a number or true or false")  # fmt: skip
+
+
 SHARED_MEMORY_PREFIX = "shared_memory_"  # Triton's shared-memory extension: shared_memory_region, _offset, _byte_size
 
 
