@@ -391,3 +391,30 @@ def test_a_stream_answers_every_request_it_carries_as_single_calls_do(
     np.testing.assert_allclose(results["two"].as_numpy("probabilities"), predicted[:2], rtol=1e-5, atol=1e-7)  # type: ignore[attr-defined]
     flags = {id_: result.get_response().parameters.get("triton_final_response") for id_, result in results.items()}  # type: ignore[attr-defined]
     assert flags["two"].bool_param and flags["0"] is None
+
+
+def test_input_data_in_two_places_or_bytes_no_input_claims_are_refused(server: dict[str, str]) -> None:
+    """Triton refuses each; here the binary section won over "data", stray bytes were dropped, and a gRPC input's
+    other contents were ignored, each answered 200 / OK."""
+    url, pixels = f"{server['url']}/v2/models/{MODEL}/infer", bytes(784)
+    both = {"name": "input", "datatype": "UINT8", "shape": [1, 1, 28, 28], "data": [0] * 784,
+            "parameters": {"binary_data_size": 784}}  # fmt: skip
+    header = orjson.dumps({"inputs": [both]})
+    answer = httpx.post(url, content=header + pixels, headers={"Inference-Header-Content-Length": str(len(header))})
+    assert answer.status_code == 400 and 'both "data" and parameters.binary_data_size' in answer.json()["error"]
+    json_only = orjson.dumps({"inputs": [{k: v for k, v in both.items() if k != "parameters"}]})
+    answer = httpx.post(
+        url, content=json_only + pixels, headers={"Inference-Header-Content-Length": str(len(json_only))}
+    )
+    assert answer.status_code == 400 and "784 bytes follow the inference header" in answer.json()["error"]
+    empty = orjson.dumps({"inputs": [{"name": "input", "datatype": "UINT8", "shape": [0, 1, 28, 28], "data": []}]})
+    answer = httpx.post(url, content=empty)  # was "UINT8 data must be integers 0–255"
+    assert answer.status_code == 400 and "UINT8 data" not in answer.json()["error"], answer.text
+    request = service_pb2.ModelInferRequest(model_name=MODEL)
+    tensor = request.inputs.add(name="input", datatype="FP32", shape=[1, 1, 28, 28])
+    tensor.contents.fp32_contents.extend([0.0] * 784)
+    tensor.contents.uint_contents.extend([7])
+    with grpc.insecure_channel(server["grpc"]) as channel, pytest.raises(grpc.RpcError) as raised:
+        service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "carries uint_contents beside fp32_contents" in str(raised.value.details())

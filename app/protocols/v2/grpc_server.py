@@ -344,6 +344,10 @@ def connection_options(settings: Settings) -> list[tuple[str, int]]:
     ]
 
 
+# InferTensorContents' field of each datatype taken (decode_input refuses the others)
+CONTENTS = {"FP32": "fp32_contents", "UINT8": "uint_contents", "BYTES": "bytes_contents"}
+
+
 def input_images(request: Any, raw: bytes | None, spec: ModelSpec, max_instances: int) -> np.ndarray | list[bytes]:
     """The request's one input (`raw`: its raw contents, `_raw_contents`) as images, or encoded images."""
     if len(request.inputs) != 1:
@@ -361,6 +365,11 @@ def input_images(request: Any, raw: bytes | None, spec: ModelSpec, max_instances
                 "the input has both contents and raw_input_contents",
                 expected="its data in one of them: raw_input_contents, or contents and no raw_input_contents",
             )
+    own = CONTENTS.get(tensor.datatype)
+    stray = [field.name for field, _ in tensor.contents.ListFields() if field.name != own] if own else []
+    if stray:  # Triton refuses them too: which values would be the input's?
+        raise InputError(f"the {tensor.datatype} input carries {', '.join(stray)} beside {own}",
+                         expected=f"its values in {own} alone")  # fmt: skip
     if tensor.datatype == "BYTES":  # encoded images, decoded as uploads are
         if raw is not None:
             elements = tensors.length_prefixed(raw, most=max_instances)

@@ -383,6 +383,14 @@ def _input(
             f"binary_data_size is {_short(size)} and the binary section holds {len(binary)} bytes",
             expected="binary_data_size equal to the bytes after the JSON header",
         )
+    # Triton refuses data in two places, or bytes after the header no input claims: which would it have read?
+    if size is not None and "data" in tensor:
+        raise InputError('the input has both "data" and parameters.binary_data_size',
+                         expected="its data in one of them")  # fmt: skip
+    if size is None and len(binary):
+        raise InputError(f"{len(binary)} bytes follow the inference header, and no input has binary_data_size",
+                         expected="parameters.binary_data_size on the input those bytes are, or no bytes after the "
+                         "header")  # fmt: skip
     if datatype == "BYTES":  # encoded images, decoded as uploads are
         binary_form = size is not None
         # bytes: each element is an upload, which the decoders read as bytes (one copy of the section)

@@ -109,6 +109,8 @@ def json_elements(datatype: str, data: object, spec: ModelSpec, *, booleans_writ
         array = np.asarray(data)
     except (ValueError, OverflowError, RecursionError):
         raise InputError("the input's data is not a regular array", expected=expected(spec)) from None
+    if array.size == 0:  # [] reads as float64: the batch's count, not a datatype, is what is wrong (decode_input)
+        return np.empty(0, DATATYPES.get(datatype, np.dtype("<f4")))
     if array.dtype.kind not in "iuf" or array.dtype == np.bool_:
         raise InputError("the input's data holds non-numeric elements", expected=expected(spec))
     if booleans_written and holds_booleans(data):  # np.asarray read them as 1 and 0
