@@ -1,6 +1,6 @@
 """Which access layers the app gets: only those the settings turn on, none by default.
 
-Outermost first: request ids and the access log (TraceMiddleware), CORS (so that a browser's
+Outermost first: request ids and the access log (RequestContextMiddleware), CORS (so that a browser's
 preflight is answered before any token is asked for, and a 401 carries its CORS headers), then
 the tokens (AuthMiddleware). They wrap the whole Starlette stack, error middleware included.
 """
@@ -16,9 +16,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.access.access_log import access_log
 from app.access.auth import AuthMiddleware
+from app.access.request_context import RequestContextMiddleware
 from app.access.request_id import install_log_filter
 from app.access.tokens import TokenSet
-from app.access.tracing import TraceMiddleware
 from app.config import Settings
 
 # What a browser may send and read across origins: the token, the id, the v2 binary extension.
@@ -53,7 +53,7 @@ def access_layers(settings: Settings) -> list[Callable[[ASGIApp], ASGIApp]]:
         install_log_filter()
         log = access_log() if settings.access_log else None
         traced = settings.tracing != "off"  # the traceparent header to the request span, its ids to the log
-        layers.append(lambda app: TraceMiddleware(app, access_log=log, tracing=traced))
+        layers.append(lambda app: RequestContextMiddleware(app, access_log=log, tracing=traced))
     if settings.cors_origins:
         origins = list(settings.cors_origins)
         layers.append(

@@ -1,10 +1,10 @@
 """X-Request-ID: the client's if it is sane, else a new one; echoed on every answer and put in
 every log line written while the request is handled.
 
-The id lives in a context variable, set for the request's task (HTTP: app/access/tracing.py's TraceMiddleware; gRPC:
-app/access/grpc_interceptor.py). RequestIdFilter, on the root logger's handlers, copies it into
-each record: as `record.request_id` for a format that names `%(request_id)s`, and otherwise
-(today's format in app/cli.py) at the head of the message, "[<id>] …".
+The id lives in a context variable, set for the request's task (HTTP: RequestContextMiddleware,
+app/access/request_context.py; gRPC: app/access/grpc_interceptor.py). RequestIdFilter, on the root
+logger's handlers, copies it into each record: as `record.request_id` for a format that names
+`%(request_id)s`, and otherwise (today's format in app/cli.py) at the head of the message, "[<id>] …".
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ def shorter_side_size(height: int, width: int, resize: int) -> tuple[int, int]:
 
 
 def preprocess_tensor(image: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
-    """(C, H, W) uint8 of any size → (C, h, w) uint8 of the model's input, on the image's device."""
+    """(C, H, W) uint8 of any size → (C, h, w) uint8 of the model's input, on the image's device: preprocess_batch
+    of one image, for the tests and benches that measure one (the GPU decoder resizes a batch's at once)."""
     c = spec.input_shape[0]
     if image.dim() != 3 or image.shape[0] != c or image.dtype != torch.uint8:
         raise ValueError(f"expected a ({c}, H, W) uint8 image, got {tuple(image.shape)} {image.dtype}")

@@ -1,10 +1,10 @@
 """OpenTelemetry traces, off by default: a span per request and one per batch, linked.
 
-    ingress layer (HTTP TraceMiddleware,  ─ CARRIER ─▶  DataPlane.infer: span "POST /predict" / "ModelInfer"
-    gRPC AccessInterceptor): traceparent                (model, protocol, form, status), current in its task
-                                                        ─▶ Batcher.enqueue: its span context, kept for the batch
-                                                        ─▶ span "batch": linked to each request it carried;
-                                                           events collected, staged, replayed, handed back
+    ingress (HTTP: RequestContextMiddleware, ─ CARRIER ─▶ DataPlane.infer: span "POST /predict" / "ModelInfer"
+    gRPC: AccessInterceptor): traceparent                 (model, protocol, form, status), current in its task
+                                                          ─▶ Batcher.enqueue: its span context, kept for the batch
+                                                          ─▶ span "batch": linked to each request it carried;
+                                                             events collected, staged, replayed, handed back
 
 Off costs nothing: `configure` leaves the tracer None, the data plane and the batcher keep their
 plain methods (they choose the traced ones once, at start-up, from `active()`), and opentelemetry is

@@ -1,4 +1,5 @@
-"""preprocess_tensor (the GPU decoder's resize and crop, here on the CPU) against Pillow's, in app/codecs/bodies.py."""
+"""preprocess_tensor / preprocess_batch (the GPU decoder's resize and crop, here on the CPU) against Pillow's, in
+app/codecs/bodies.py."""
 
 from __future__ import annotations
 

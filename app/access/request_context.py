@@ -25,7 +25,7 @@ _HEADER = HEADER.encode()
 _TRACEPARENT = b"traceparent"
 
 
-class TraceMiddleware:
+class RequestContextMiddleware:
     def __init__(self, app: ASGIApp, *, access_log: AccessLog | None, tracing: bool = False) -> None:
         self.app = app
         self.log = access_log
