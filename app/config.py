@@ -202,8 +202,9 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         16 * 2**20,
         ge=1024,
-        description="Larger request bodies get 413. A v2 infer body (HTTP) or message (gRPC) may also be as large as "
-        "a model's max_batch_size of FP32 images and 1 MiB, the models served at start-up: what Triton's clients send.",
+        description="Larger request bodies get 413. A v2 infer body in the binary form (HTTP) or message (gRPC) may "
+        "also be as large as a model's max_batch_size of FP32 images and 1 MiB (the models served at start-up; what "
+        "Triton's clients send), up to max_inflight_bytes.",
     )
     max_inflight_bytes: int = Field(
         256 * 2**20,

@@ -59,10 +59,10 @@ class InputError(ServiceError):
 class BodyTooLargeError(InputError):
     reason = "body_too_large"
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, setting: str = "CGSERVE_MAX_BODY_BYTES") -> None:
         super().__init__(
             f"request body exceeds {limit} bytes",
-            expected=f"a body of at most {limit} bytes (CGSERVE_MAX_BODY_BYTES); split large requests",
+            expected=f"a body of at most {limit} bytes ({setting}); split large requests",
             status=413,
             code="body_too_large",
         )

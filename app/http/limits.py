@@ -36,7 +36,7 @@ from app.errors import (
     error_body,
 )
 from app.http.content_encoding import Inflater
-from app.http.heads import TIMEOUT_HEADER, read_head
+from app.http.heads import TIMEOUT_HEADER, Head, read_head
 from app.ops import metrics
 
 DEADLINE_KEY = "cgserve.deadline"
@@ -130,9 +130,12 @@ class RequestGuard:
                 await self._refuse(scope, send, error)
                 return
             timeout_s = min(timeout_s, head.timeout_ms / 1000)
-        limit = self._body_limit(scope["path"])
+        limit, setting = self._body_limit(scope["path"], head)
         if declared is not None and declared > limit:
-            await self._refuse(scope, send, BodyTooLargeError(limit))
+            await self._refuse(scope, send, BodyTooLargeError(limit, setting))
+            return
+        if declared is not None and declared > self.budget.limit:  # never admitted, however idle the server
+            await self._refuse(scope, send, BodyTooLargeError(self.budget.limit, "CGSERVE_MAX_INFLIGHT_BYTES"))
             return
         # Admission, before a byte is read: room for what it declares (a chunked body: one byte).
         if self.budget.used + (1 if declared is None else declared) > self.budget.limit:
@@ -148,23 +151,26 @@ class RequestGuard:
         scope[DEADLINE_KEY] = started + timeout_s
         held = _Held()
         try:
-            await self.app(scope, self._guarded(receive, extensions, held, inflater, limit), send)
+            await self.app(scope, self._guarded(receive, extensions, held, inflater, limit, setting), send)
         finally:
             self.budget.release(held.bytes)
 
-    def _body_limit(self, path: str) -> int:
-        if path.startswith("/v2/models/") and path.endswith("/infer"):
-            return self.infer_body_bytes
-        return self.max_body_bytes
+    def _body_limit(self, path: str, head: Head) -> tuple[int, str]:
+        """The body's limit and the setting behind it: a v2 infer body in the binary form (its header's length
+        given) may be a model's max_batch_size of FP32 images (app/protocols/v2/batch_limits.py); JSON's numbers
+        take five times the bytes and decode to ten times more, and keep CGSERVE_MAX_BODY_BYTES as other bodies do."""
+        if head.header_length is not None and path.startswith("/v2/models/") and path.endswith("/infer"):
+            return self.infer_body_bytes, "a model's max_batch_size of FP32 images, or CGSERVE_MAX_BODY_BYTES"
+        return self.max_body_bytes, "CGSERVE_MAX_BODY_BYTES"
 
     def _guarded(self, receive: Receive, extensions: dict[str, object], held: _Held,
-                 inflater: Inflater | None, limit: int) -> Receive:  # fmt: skip
+                 inflater: Inflater | None, limit: int, setting: str) -> Receive:  # fmt: skip
         last = False  # the compressed body's last bytes have come
 
         def charged(message: Message) -> Message:
             size = len(message.get("body", b""))
             if held.bytes + size > limit:  # a chunked or compressed body (a declared one was checked)
-                raise BodyTooLargeError(limit)
+                raise BodyTooLargeError(limit, setting)
             if not self.budget.reserve(size):
                 raise BudgetExhaustedError(self.budget.limit)
             held.bytes += size

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+import zipfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -115,20 +116,26 @@ def _load_weights(module: nn.Module, spec: ModelSpec) -> None:
     except KeyboardInterrupt:
         raise
     except BaseException as error:
-        # A file cut short, or still being copied in where a poll saw it, reads as torch's bare "OSError: [Errno 22]
-        # Invalid argument" (its mmap) or a zip error: say which file, how much of it, and the likely cause.
-        try:
-            size = f"{path.stat().st_size:,} bytes"
-        except OSError:  # gone meanwhile
-            size = "no such file"
-        raise ModelConfigError([f"{problem}not a file torch.save wrote whole ({size}: cut short or still being "
-                                f"written?): {_one_line(error)}"]) from None  # fmt: skip
+        raise ModelConfigError([f"{problem}{_unread(path, error)}"]) from None
     try:
         module.load_state_dict(state)
     except KeyboardInterrupt:
         raise
     except BaseException as error:
         raise ModelConfigError([f"{problem}its tensors do not fit the model: {_one_line(error)}"]) from None
+
+
+def _unread(path: Path, error: BaseException) -> str:
+    """Why torch.load refused a weights file, in words. A file cut short, or still being copied in where a poll saw
+    it, reads as torch's bare "OSError: [Errno 22] Invalid argument" (its mmap) or a zip reader's error: for those,
+    its size and the likely cause; a whole file torch refuses (a pickled module, the legacy format) says only that."""
+    if isinstance(error, OSError | EOFError | zipfile.BadZipFile) or "PytorchStreamReader failed" in str(error):
+        try:
+            size = f"{path.stat().st_size:,} bytes"
+        except OSError:  # gone meanwhile
+            size = "no such file"
+        return f"not a file torch.save wrote whole ({size}: cut short or still being written?): {_one_line(error)}"
+    return f"torch.load (weights_only) refused it: {_one_line(error)}"
 
 
 def _one_line(error: BaseException) -> str:

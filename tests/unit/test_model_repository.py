@@ -291,3 +291,14 @@ def test_weights_of_another_model_name_the_keys_that_differ(tmp_path: Path) -> N
         load_model(spec)
     (problem,) = raised.value.problems
     assert "do not fit the model" in problem and "other.weight" in problem, problem
+
+
+def test_a_whole_file_torch_refuses_is_not_said_to_be_cut_short(tmp_path: Path) -> None:
+    """A pickled module (torch.save(model)) is whole: it was told to wait for a copy that had ended."""
+    folder = seed_folder(tmp_path / "repository" / "seed")
+    torch.save(torch.nn.Linear(2, 2), folder / WEIGHTS)
+    (spec,) = read_repository(folder.parent)
+    with pytest.raises(ModelConfigError) as raised:
+        load_model(spec)
+    (problem,) = raised.value.problems
+    assert "torch.load (weights_only) refused it" in problem and "cut short" not in problem, problem

@@ -206,3 +206,46 @@ def test_another_encoding_is_415_before_the_body_is_read() -> None:
 
     answer = asyncio.run(main())
     assert answer.status == 415 and b"gzip or deflate" in answer.body
+
+
+def infer_scope(length: int, *, binary: bool) -> dict[str, Any]:
+    headers = [(b"content-length", b"%d" % length)]
+    if binary:
+        headers.append((b"inference-header-content-length", b"100"))
+    return {"type": "http", "method": "POST", "path": "/v2/models/m/versions/1/infer", "headers": headers,
+            "extensions": {}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("binary", "length", "status", "words"),
+    [
+        (True, 20 * MIB, 200, b""),  # a v2 binary body up to the model's FP32 batch: what gRPC takes too
+        (False, 20 * MIB, 413, b"CGSERVE_MAX_BODY_BYTES"),  # JSON keeps 16 MiB: its numbers decode to ten times more
+        (True, 40 * MIB, 413, b"max_batch_size"),
+    ],
+)
+def test_only_v2_binary_infer_bodies_take_the_models_fp32_batch(binary: bool, length: int, status: int,
+                                                                 words: bytes) -> None:  # fmt: skip
+    async def main() -> Answer:
+        guard = RequestGuard(reading_app, max_body_bytes=16 * MIB, infer_body_bytes=32 * MIB,
+                             budget=BodyBudget(256 * MIB), request_timeout_s=5, body_timeout_s=5)  # fmt: skip
+        answer = Answer()
+        await guard(infer_scope(length, binary=binary), whole(b"\0" * length), answer.send)
+        return answer
+
+    answer = asyncio.run(main())
+    assert answer.status == status and words in answer.body, answer.body[:200]
+
+
+def test_a_body_larger_than_the_whole_budget_is_413_not_a_503_for_ever() -> None:
+    """No body could be admitted: an idle server answered 503 and Retry-After: 1 to every attempt."""
+
+    async def main() -> Answer:
+        guard = RequestGuard(reading_app, max_body_bytes=64 * MIB, budget=BodyBudget(8 * MIB), request_timeout_s=5,
+                             body_timeout_s=5)  # fmt: skip
+        answer = Answer()
+        await guard(scope(9 * MIB), whole(b"\0" * (9 * MIB)), answer.send)
+        return answer
+
+    answer = asyncio.run(main())
+    assert answer.status == 413 and b"CGSERVE_MAX_INFLIGHT_BYTES" in answer.body, answer.body

@@ -62,3 +62,17 @@ def test_the_v2_infer_body_limit_takes_max_batch_size_fp32_images_of_the_largest
     )  # ResNet's:: 128 FP32 images are 77 MB
     assert infer_body_limit(settings, [spec, wide]) == 128 * 3 * 224 * 224 * 4 + FRAMING_BYTES
     assert infer_body_limit(Settings(max_instances=8), [wide]) == settings.max_body_bytes  # 8 fit in 16 MiB
+
+
+def test_the_v2_infer_body_limit_never_passes_the_bytes_in_flight_budget() -> None:
+    """Past it no body is admitted however idle the server: it answered 503 to every attempt."""
+    spec = seed_spec()
+    wide = dataclasses.replace(spec, config=spec.config.model_copy(update={"input_shape": (3, 512, 512)}))
+    settings = Settings(max_inflight_bytes=64 * 2**20)  # 128 FP32 images of 3×512×512 are 403 MB
+    assert infer_body_limit(settings, [wide]) == 64 * 2**20
+
+
+def test_the_preferred_batch_sizes_stop_at_max_batch_size() -> None:
+    """Triton refuses a configuration that prefers a batch larger than its max_batch_size."""
+    config = model_config(seed_spec(), "p", (1, 8, 32, 128), 1.0, 16)
+    assert config["max_batch_size"] == 16 and config["dynamic_batching"]["preferred_batch_size"] == [1, 8]

@@ -312,19 +312,21 @@ def model_metadata(spec: ModelSpec, platform: str, versions: list[str] | None = 
 def model_config(spec: ModelSpec, platform: str, buckets: tuple[int, ...], max_delay_ms: float,
                  max_instances: int) -> dict[str, Any]:  # fmt: skip
     """Triton's model configuration extension, the fields load tools read (perf_analyzer); max_batch_size is what one
-    request may carry (app/protocols/v2/batch_limits.py)."""
+    request may carry (app/protocols/v2/batch_limits.py), and the preferred sizes are the buckets up to it (Triton
+    refuses a configuration that prefers a batch larger than its max_batch_size)."""
+    most = max_batch_size(buckets, max_instances)
     return {
         "name": spec.name,
         "platform": platform,
         "backend": "cudagraph-serve",
-        "max_batch_size": max_batch_size(buckets, max_instances),
+        "max_batch_size": most,
         "input": [{"name": INPUT, "data_type": f"TYPE_{spec.config.input_datatype}", "dims": list(spec.input_shape)}],
         "output": [
             {"name": output.name, "data_type": f"TYPE_{output.datatype}", "dims": list(output.shape)}
             for output in spec.layout.outputs
         ],
         "dynamic_batching": {
-            "preferred_batch_size": list(buckets),
+            "preferred_batch_size": [bucket for bucket in buckets if bucket <= most],
             "max_queue_delay_microseconds": round(max_delay_ms * 1000),
         },
     }
