@@ -182,13 +182,13 @@ def check_request_parameters(parameters: Iterable[tuple[str, object]], *, reserv
             raise InputError(f"the request parameter {quoted(key)} is of the prefix {RESERVED_PREFIX!r}, reserved for "
                              "Triton's own use", expected="parameters of other names")  # fmt: skip
         kind = REQUEST_PARAMETERS.get(key)
-        integer = isinstance(value, int) and not isinstance(value, bool)
         if kind is None:
             valid = isinstance(value, str | int | float)  # bool is an int
         elif kind == FLAG:
             valid = isinstance(value, bool)
         else:
-            valid = (integer and value >= 0) or (kind == SEQUENCE_ID and isinstance(value, str))  # type: ignore[operator]
+            unsigned = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+            valid = unsigned or (kind == SEQUENCE_ID and isinstance(value, str))
         if not valid:
             shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
             raise InputError(f"the request parameter {quoted(key)} is {shown}",
