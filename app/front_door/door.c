@@ -346,7 +346,8 @@ static refusal_t check_head(door_t *d, const char *buf, size_t head_len, size_t 
                                        "which the service's HTTP port takes", ""};
         if (n == 0) /* else its row would pass for a POST /predict's */
             return (refusal_t){R422, "invalid_input",
-                               "the Inference-Header-Content-Length is 0: the JSON inference header comes first", ""};
+                               "the Inference-Header-Content-Length is 0 (Triton's raw binary request): the "
+                               "service's HTTP port takes it", ""};
         if ((size_t)n + *model_len + 1 > MAX_V2_HEADER) /* its model and a newline go before it (add_row) */
             return (refusal_t){R431, "header_too_large",
                                "the inference header and the model's name in the path are over 4 KiB together", ""};

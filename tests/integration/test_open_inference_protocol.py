@@ -418,3 +418,19 @@ def test_input_data_in_two_places_or_bytes_no_input_claims_are_refused(server: d
         service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "carries uint_contents beside fp32_contents" in str(raised.value.details())
+
+
+def test_tritons_raw_binary_request_is_the_models_one_input(server: dict[str, str], images: np.ndarray) -> None:
+    """Inference-Header-Content-Length: 0: the whole body is the input, in the declared datatype (Triton's raw binary
+    request; it was 400, "the inference header is not valid JSON")."""
+    url = f"{server['url']}/v2/models/{MODEL}/infer"
+    raw = httpx.post(url, content=images.tobytes(), headers={"Inference-Header-Content-Length": "0"})
+    assert raw.status_code == 200, raw.text
+    (output,) = raw.json()["outputs"]
+    assert output["shape"] == [len(images), 10]
+    tensor = triton_http.InferInput("input", list(images.shape), "UINT8")
+    tensor.set_data_from_numpy(images)
+    expected = client("http", server).infer(MODEL, [tensor]).as_numpy("probabilities")  # type: ignore[attr-defined]
+    np.testing.assert_allclose(np.asarray(output["data"]).reshape(expected.shape), expected, rtol=1e-6)
+    cut = httpx.post(url, content=images.tobytes()[:-1], headers={"Inference-Header-Content-Length": "0"})
+    assert cut.status_code == 400 and "not whole UINT8 images" in cut.json()["error"], cut.text

@@ -194,7 +194,7 @@ class V2Codec:
         length = request.header_length
         if length is None:
             return None
-        document, binary, booleans = _split_body(request.body, length)  # InputError: what the async decode says
+        document, binary, booleans = _split_body(request.body, length, spec)  # InputError: what the async decode says
         if _declares_bytes(document):
             return None
         images = _input(document, binary, spec, self.max_instances, booleans_written=booleans)
@@ -247,7 +247,7 @@ def parse_infer(
 ) -> tuple[Asked, np.ndarray | list[bytes]]:
     """What the answer should hold and the input: (k, C, H, W) pixels or intensities, or a BYTES input's
     encoded images (still to decode): the whole request, checked."""
-    document, binary, booleans = _split_body(body, header_length)
+    document, binary, booleans = _split_body(body, header_length, spec)
     images = _input(document, binary, spec, max_instances, booleans_written=booleans)
     return asked_outputs(document, spec), images
 
@@ -309,10 +309,15 @@ def asked_outputs(document: dict[str, Any], spec: ModelSpec) -> Asked:
     return Asked(None if request_id is None else tensors.checked_id(request_id), tuple(wanted))
 
 
-def _split_body(body: bytes | bytearray, header_length: str | None) -> tuple[dict[str, Any], memoryview, bool]:
+def _split_body(
+    body: bytes | bytearray, header_length: str | None, spec: ModelSpec
+) -> tuple[dict[str, Any], memoryview, bool]:
     """The JSON inference header and the binary section after it, a view of the body (150 KB for one
     224×224 UINT8 image: not copied), empty without the extension; and whether the header writes
-    `true` or `false` anywhere (a tensor's JSON data may hold them among its numbers)."""
+    `true` or `false` anywhere (a tensor's JSON data may hold them among its numbers). A header length
+    of 0 is Triton's raw binary request: the whole body is the model's one input (raw_request)."""
+    if header_length == "0":
+        return raw_request(len(body), spec), memoryview(body), False
     header, binary = body, memoryview(b"")
     if header_length is not None:
         digits = header_length.isascii() and header_length.isdigit() and len(header_length) <= MAX_LENGTH_DIGITS
@@ -340,6 +345,22 @@ def _split_body(body: bytes | bytearray, header_length: str | None) -> tuple[dic
     if not isinstance(document, dict):
         raise InputError("the inference header is not a JSON object", expected='{"inputs": [...]}', status=400)
     return document, binary, writes_a_boolean(header)
+
+
+def raw_request(size: int, spec: ModelSpec) -> dict[str, Any]:
+    """Triton's raw binary request (Inference-Header-Content-Length: 0): a body of images of the model's declared
+    input datatype, nothing else; the header Triton would infer for it, [N, C, H, W] with N the images it holds."""
+    datatype = spec.config.input_datatype
+    image = spec.pixels * tensors.DATATYPES[datatype].itemsize
+    if size == 0 or size % image:
+        raise InputError(
+            f"a raw binary request (Inference-Header-Content-Length: 0) of {size} bytes, not whole {datatype} images "
+            f"of {list(spec.input_shape)}",
+            expected=f"a body of {image} bytes an image, or a JSON inference header whose length the header gives",
+        )
+    shape = [size // image, *spec.input_shape]
+    return {"inputs": [{"name": tensors.INPUT, "datatype": datatype, "shape": shape,
+                        "parameters": {"binary_data_size": size}}]}  # fmt: skip
 
 
 def _base64_elements(data: object, spec: ModelSpec) -> list[bytes]:
