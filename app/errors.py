@@ -20,6 +20,17 @@ def quoted(text: object, most: int = 60) -> str:
     return shown if len(shown) <= most else f"{shown[: most - 3]}..."
 
 
+def error_line(error: BaseException, most: int = 400) -> str:
+    """An exception as one line for a start-up problem, "Type: message", at most about `most` characters. A longer
+    message keeps its head and its tail: a TorchScript or onnxruntime traceback names the real cause last ("expected
+    input to have 3 channels, but got 1"), which a cut at the head alone dropped."""
+    text = " ".join(str(error).split())
+    if len(text) > most:
+        head = most // 3
+        text = f"{text[:head]} … {text[len(text) - (most - head) :]}"
+    return f"{type(error).__name__}: {text}"
+
+
 class ServiceError(Exception):
     status: int = 500
     code: str = "internal_error"

@@ -202,8 +202,10 @@ class ModelControl:
             return []
 
     def _allowed(self) -> None:
-        if self.mode != "explicit":
-            raise ControlError(503, NOT_ALLOWED, expected="CGSERVE_MODEL_CONTROL=explicit for load and unload calls")
+        if self.mode != "explicit":  # Triton's words, in mode none too; then which mode this server is in
+            mode = "model control is off" if self.mode == "none" else "the repository is polled"
+            raise ControlError(503, f"{NOT_ALLOWED} (here {mode}: CGSERVE_MODEL_CONTROL={self.mode})",
+                               expected="CGSERVE_MODEL_CONTROL=explicit for load and unload calls")  # fmt: skip
 
     def _started(self) -> None:
         if not self.service.started:

@@ -120,7 +120,7 @@ def choose_jpeg_decoder(setting: str, device: str, *, torchvision_imports: bool)
         raise ValueError(f"jpeg_decoder gpu needs the models on a CUDA device; they run on {device}")
     if setting == "gpu" and not torchvision_imports:
         raise ValueError(
-            "jpeg_decoder gpu needs torchvision (pip install 'cudagraph-serve[torchvision]'), which does not "
+            "jpeg_decoder gpu needs torchvision (.venv/bin/pip install -e '.[torchvision]'), which does not "
             "import here; or set jpeg_decoder cpu"
         )
     return "gpu" if setting == "gpu" or (setting == "auto" and cuda and torchvision_imports) else "cpu"

@@ -74,12 +74,13 @@ static int refuse(door_t *d, int fd, int which, const char *code, const char *me
         "Content Too Large", "Unsupported Media Type", "Unprocessable Content", "Request Header Fields Too Large",
         "Service Unavailable"};
     static const char expected[] = "one image's uint8 pixels (%d bytes): POST /predict with Content-Type "
-                                   "application/octet-stream and the pixels as the body, or POST "
-                                   "/v2/models/<model>/infer with them as the one UINT8 input of the binary tensor "
-                                   "extension; every other request goes to the service's HTTP port";
+                                   "application/octet-stream and the pixels as the body (or image/jpeg or image/png "
+                                   "and a photo of at most that many bytes), or POST /v2/models/<model>/infer with "
+                                   "them as the one UINT8 input of the binary tensor extension; every other request "
+                                   "goes to the service's HTTP port";
     static const char token[] = "an Authorization: Bearer <token> header with one of the inference tokens "
                                 "(CGSERVE_AUTH_TOKENS or CGSERVE_AUTH_TOKENS_FILE)";
-    char wanted[512], body[1024], text[1536];
+    char wanted[512], body[1536], text[2048]; /* the longest message and `expected` together are under 1 KiB */
     if (which == R401)
         snprintf(wanted, sizeof wanted, "%s", token);
     else

@@ -17,11 +17,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from app.errors import error_line
 from app.repository.model_config import ModelConfigError
 from app.repository.model_spec import ModelSpec
 
 TORCHVISION_FIX = (
-    "install torchvision beside a CUDA build of torch (pip install 'cudagraph-serve[torchvision]'); "
+    "install torchvision beside a CUDA build of torch (.venv/bin/pip install -e '.[torchvision]' in the project); "
     "PyPI's torchvision wheels do not import beside the CPU-only torch wheel"
 )
 
@@ -44,7 +45,7 @@ def load_module(spec: ModelSpec) -> nn.Module:
         raise
     except BaseException as error:  # SystemExit too (a factory of builtins:exit): a failed start-up, not exit 0
         key = {"torchvision": "architecture", "python": "factory"}.get(config.format, "file")
-        raise ModelConfigError([f"{spec.toml}: {key}: {_one_line(error)}"]) from error
+        raise ModelConfigError([f"{spec.toml}: {key}: {error_line(error)}"]) from error
     if config.format != "exported":  # an exported program is traced in eval mode and refuses .eval()
         module.eval()
     return module
@@ -65,7 +66,7 @@ def _torchvision(spec: ModelSpec) -> nn.Module:
         import torchvision
     except Exception as error:  # ImportError, or RuntimeError from its _C.so beside a CPU torch
         raise ModelConfigError(
-            [f"{spec.toml}: format: torchvision cannot be imported ({_one_line(error)}); "
+            [f"{spec.toml}: format: torchvision cannot be imported ({error_line(error)}); "
              f"{TORCHVISION_FIX}"]
         ) from None  # fmt: skip
     config = spec.config
@@ -122,7 +123,7 @@ def _load_weights(module: nn.Module, spec: ModelSpec) -> None:
     except KeyboardInterrupt:
         raise
     except BaseException as error:
-        raise ModelConfigError([f"{problem}its tensors do not fit the model: {_one_line(error)}"]) from None
+        raise ModelConfigError([f"{problem}its tensors do not fit the model: {error_line(error)}"]) from None
 
 
 def _unread(path: Path, error: BaseException) -> str:
@@ -134,10 +135,5 @@ def _unread(path: Path, error: BaseException) -> str:
             size = f"{path.stat().st_size:,} bytes"
         except OSError:  # gone meanwhile
             size = "no such file"
-        return f"not a file torch.save wrote whole ({size}: cut short or still being written?): {_one_line(error)}"
-    return f"torch.load (weights_only) refused it: {_one_line(error)}"
-
-
-def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text[:400]}"
+        return f"not a file torch.save wrote whole ({size}: cut short or still being written?): {error_line(error)}"
+    return f"torch.load (weights_only) refused it: {error_line(error)}"

@@ -10,11 +10,12 @@ from typing import Any
 
 import numpy as np
 
+from app.errors import error_line
 from app.repository.model_config import ModelConfigError
 from app.repository.model_spec import ModelSpec
 from app.repository.probe import Seen
 
-ONNX_FIX = "install onnxruntime (pip install 'cudagraph-serve[onnx]')"
+ONNX_FIX = "install onnxruntime (.venv/bin/pip install -e '.[onnx]' in the project)"
 
 
 def open_session(spec: ModelSpec, providers: tuple[str, ...]) -> Any:
@@ -31,9 +32,7 @@ def open_session(spec: ModelSpec, providers: tuple[str, ...]) -> Any:
     try:
         return onnxruntime.InferenceSession(str(spec.path(spec.config.file or "")), providers=list(providers))
     except Exception as error:
-        raise ModelConfigError(
-            [f"{toml}: file: {type(error).__name__}: {' '.join(str(error).split())[:300]}"]
-        ) from None
+        raise ModelConfigError([f"{toml}: file: {error_line(error)}"]) from None
 
 
 def probe_onnx(spec: ModelSpec, batch: int) -> list[Seen]:
@@ -52,7 +51,7 @@ def probe_onnx(spec: ModelSpec, batch: int) -> list[Seen]:
         why = " (export it with a dynamic batch dimension)" if fixed_batch else ""
         raise ModelConfigError(
             [f"{toml}: input_shape: the ONNX model fails on a {list(x.shape)} batch{why}: "
-             f"{' '.join(str(error).split())[:300]}"]
+             f"{error_line(error)}"]
         ) from None  # fmt: skip
     names = [output.name for output in session.get_outputs()]
     return [

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from app.errors import error_line
 from app.repository.model_config import ModelConfigError, OutputConfig
 from app.repository.model_spec import ModelSpec
 from app.repository.outputs import EXACT_INTEGER, OBSERVED, OutputLayout
@@ -152,6 +153,5 @@ def torch_probe(spec: ModelSpec, module: Any, batch: int) -> tuple[str, list[See
     except BaseException as error:  # SystemExit too: a model's code must not end the start-up with 0
         raise ModelConfigError(
             [f"{spec.toml}: input_shape: the model fails on a ({batch}, "
-             f"{', '.join(map(str, spec.input_shape))}) batch: {type(error).__name__}: "
-             f"{' '.join(str(error).split())[:300]}"]
+             f"{', '.join(map(str, spec.input_shape))}) batch: {error_line(error)}"]
         ) from None  # fmt: skip

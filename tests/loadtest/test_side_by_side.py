@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("litserve", reason="the LitServe comparison needs pip install 'cudagraph-serve[compare]'")
+pytest.importorskip("litserve", reason="the LitServe comparison needs .venv/bin/pip install -e '.[compare]'")
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -73,7 +73,7 @@ def test_auto_takes_the_gpu_only_with_cuda_and_torchvision(
 def test_gpu_without_what_it_needs_says_what_to_change() -> None:
     with pytest.raises(ValueError, match="needs the models on a CUDA device; they run on cpu"):
         choose_jpeg_decoder("gpu", "cpu", torchvision_imports=True)
-    with pytest.raises(ValueError, match=r"needs torchvision \(pip install 'cudagraph-serve\[torchvision\]'\)"):
+    with pytest.raises(ValueError, match=r"needs torchvision \(\.venv/bin/pip install -e '\.\[torchvision\]'\)"):
         choose_jpeg_decoder("gpu", "cuda:0", torchvision_imports=False)
     with pytest.raises(ValueError, match="jpeg_decoder gpu needs a CUDA device"):
         Settings(device="cpu", jpeg_decoder="gpu")

@@ -10,10 +10,11 @@ import torch
 
 from app import config
 from app.config import DEFAULT_REPOSITORY, Settings
+from app.errors import error_line
 from app.repository import ModelConfigError, load_model, read_repository
 from app.service import prepare_models
 from models.cnn import WEIGHTS_PATH
-from tests.model_exports import LABELS
+from tests.model_exports import LABELS, torchscript
 
 # The seed's weights, copied into each test model's folder (a model's files lie inside its folder).
 WEIGHTS = WEIGHTS_PATH.name
@@ -302,3 +303,24 @@ def test_a_whole_file_torch_refuses_is_not_said_to_be_cut_short(tmp_path: Path) 
         load_model(spec)
     (problem,) = raised.value.problems
     assert "torch.load (weights_only) refused it" in problem and "cut short" not in problem, problem
+
+
+def test_a_torchscript_model_given_the_wrong_channels_names_the_cause(tmp_path: Path) -> None:
+    """TorchScript's message is a traceback whose last words are the cause: the line was cut at 300 characters,
+    in the traceback, and the cause (the channels the model expects) never reached the operator."""
+    folder = torchscript(tmp_path / "repository")
+    toml = folder / "model.toml"
+    toml.write_text(toml.read_text().replace("input_shape = [1, 28, 28]", "input_shape = [3, 28, 28]"))
+    (spec,) = read_repository(folder.parent)
+    with pytest.raises(ModelConfigError) as raised:
+        prepare_models(config.Settings(model_repository=folder.parent, device="cpu"))
+    (problem,) = raised.value.problems
+    assert "input_shape: the model fails on a" in problem and "channels" in problem, problem
+    assert len(problem) < 700, problem
+    assert spec.input_shape == (3, 28, 28)
+
+
+def test_error_line_keeps_the_head_and_the_tail_of_a_long_message() -> None:
+    line = error_line(RuntimeError("Traceback " + "frame " * 200 + "expected 3 channels, got 1"))
+    assert line.startswith("RuntimeError: Traceback frame") and line.endswith("expected 3 channels, got 1")
+    assert " … " in line and len(line) < 440

@@ -14,7 +14,7 @@ import pytest
 from loadtest.payloads import build_payloads
 from loadtest.server_process import HOST, free_port, running
 
-pytest.importorskip("litserve", reason="the LitServe comparison needs pip install 'cudagraph-serve[compare]'")
+pytest.importorskip("litserve", reason="the LitServe comparison needs .venv/bin/pip install -e '.[compare]'")
 pytestmark = pytest.mark.integration
 
 
