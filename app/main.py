@@ -69,6 +69,8 @@ def create_app(
     `engine_process`: (socket, segment folder) of the engine process that runs the engines."""
     settings = settings or get_settings()
     budget = BodyBudget(settings.max_inflight_bytes)  # bodies in flight, by the guard and the protocol alike
+    # A v2 infer body's (HTTP) and message's (gRPC) limit, the same for both: read off the repository once.
+    infer_body_bytes = repository_infer_body_limit(settings)
     hooks = ProtocolHooks.from_settings(settings)
 
     @asynccontextmanager
@@ -94,7 +96,8 @@ def create_app(
         if settings.grpc_port:
             from app.protocols.v2.grpc_server import GrpcServer  # grpcio loads only where gRPC is on
 
-            grpc_server = GrpcServer(plane, control, settings, reuse_port=settings.workers > 1)
+            grpc_server = GrpcServer(plane, control, settings, message_limit=infer_body_bytes,
+                                     reuse_port=settings.workers > 1)  # fmt: skip
             await grpc_server.start()
         if settings.inline_predict and not access_layers_on:
             codecs = {PREDICT: app.state.predict_codec, V2_INFER: app.state.v2_codec}
@@ -144,7 +147,7 @@ def create_app(
     app.add_middleware(
         RequestGuard,
         max_body_bytes=settings.max_body_bytes,
-        infer_body_bytes=repository_infer_body_limit(settings),
+        infer_body_bytes=infer_body_bytes,
         budget=budget,
         request_timeout_s=settings.request_timeout_s,
         body_timeout_s=settings.body_timeout_s,

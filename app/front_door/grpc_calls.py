@@ -27,7 +27,6 @@ from app.protocols.v2.grpc_server import (
     input_images,
     metadata_response,
     model_ready,
-    status_text,
 )
 from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
 from app.protocols.v2.rest import Asked
@@ -46,7 +45,7 @@ def grpc_key(method: str, request: bytes) -> bytes:
 def error_trailers(error: ServiceError) -> tuple[bytes, str]:
     """A refused call's trailers, as the gRPC port aborts it (its code and text), and the code's name."""
     code = STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL)
-    return b"grpc-status: %d\r\ngrpc-message: %s\r\n" % (code.value[0], _percent(status_text(error))), code.name
+    return b"grpc-status: %d\r\ngrpc-message: %s\r\n" % (code.value[0], _percent(error.text())), code.name
 
 
 def _percent(text: str) -> bytes:

@@ -44,6 +44,14 @@ def worker(tmp_path: Path, repository: Path, socket_path: str, name: str, fatal:
                    engine_process=(socket_path, str(tmp_path / f"segments-{name}")))  # fmt: skip
 
 
+async def started_worker(tmp_path: Path, repository: Path, socket_path: str, name: str, fatal: list[int]) -> Service:
+    """A worker (`worker`) started, once it serves the engine process's table."""
+    serving = worker(tmp_path, repository, socket_path, name, fatal)
+    serving.start()
+    await serving.wait_started()
+    return serving
+
+
 def served_id(service: Service, version: str = "1") -> int:
     batcher = service.versions[MODEL][version].batcher
     assert isinstance(batcher, RemoteBatcher)
@@ -58,9 +66,7 @@ def test_a_model_whose_files_broke_after_it_was_built_is_served_by_every_worker_
     async def scenario() -> None:
         async with engine_process(tmp_path) as (repository, _, service, host, socket_path):
             fatal: list[int] = []
-            serving = worker(tmp_path, repository, socket_path, "a", fatal)
-            serving.start()
-            await serving.wait_started()
+            serving = await started_worker(tmp_path, repository, socket_path, "a", fatal)
             shutil.copytree(repository / MODEL, repository / "other")
             other = dataclasses.replace(read_repository(repository / "other")[0], name="other")
             (repository / "other" / "model.toml").write_text("this is = = not toml")  # broken since it was built
@@ -164,9 +170,7 @@ def test_the_engine_process_gone_turns_off_every_models_readiness_not_a_model_na
     async def scenario() -> None:
         async with engine_process(tmp_path) as (repository, _, _service, _host, socket_path):
             fatal: list[int] = []
-            serving = worker(tmp_path, repository, socket_path, "a", fatal)
-            serving.start()
-            await serving.wait_started()
+            serving = await started_worker(tmp_path, repository, socket_path, "a", fatal)
             metrics.MODEL_READY.labels(model=MODEL).set(1)
             assert serving.engine_link is not None
             serving.engine_link.on_dead("its connection closed (ConnectionResetError)")  # as the link calls it

@@ -8,9 +8,18 @@ import dataclasses
 import pytest
 
 from app.config import Settings
+from app.engines.factory import EngineOptions
 from app.protocols.v2.batch_limits import FRAMING_BYTES, infer_body_limit
 from app.protocols.v2.tensors import model_config, model_metadata
 from tests.seed_model import seed_spec
+
+
+def served_at(buckets: tuple[int, ...]) -> EngineOptions:
+    """The options a model is served with, at `buckets`."""
+    return EngineOptions(
+        engine="eager", devices=("cpu",), dtype="fp32", channels_last=False, compile="none", compile_mode="",
+        compile_strict=False, buckets=buckets, max_delay_ms=1.0, providers=(),
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("datatype", ["UINT8", "FP32"])
@@ -18,7 +27,7 @@ def test_metadata_and_config_declare_the_model_tomls_input_datatype(datatype: st
     spec = seed_spec()
     spec = dataclasses.replace(spec, config=spec.config.model_copy(update={"input_datatype": datatype}))
     assert model_metadata(spec, "p")["inputs"][0]["datatype"] == datatype
-    assert model_config(spec, "p", (1, 8), 1.0, 1024)["input"][0]["data_type"] == f"TYPE_{datatype}"
+    assert model_config(spec, served_at((1, 8)), 1024)["input"][0]["data_type"] == f"TYPE_{datatype}"
 
 
 def test_the_shipped_seed_cnn_asks_for_uint8_pixels() -> None:
@@ -49,8 +58,8 @@ def test_more_bytes_elements_than_a_request_may_hold_are_refused_before_they_are
 def test_max_batch_size_is_what_one_request_may_carry() -> None:
     """The largest bucket, but CGSERVE_MAX_INSTANCES where that is less: it said 128 where 17 images were refused."""
     spec = seed_spec()
-    assert model_config(spec, "p", (1, 8, 128), 1.0, 1024)["max_batch_size"] == 128
-    assert model_config(spec, "p", (1, 8, 128), 1.0, 16)["max_batch_size"] == 16
+    assert model_config(spec, served_at((1, 8, 128)), 1024)["max_batch_size"] == 128
+    assert model_config(spec, served_at((1, 8, 128)), 16)["max_batch_size"] == 16
 
 
 def test_the_v2_infer_body_limit_takes_max_batch_size_fp32_images_of_the_largest_model() -> None:
@@ -74,5 +83,5 @@ def test_the_v2_infer_body_limit_never_passes_the_bytes_in_flight_budget() -> No
 
 def test_the_preferred_batch_sizes_stop_at_max_batch_size() -> None:
     """Triton refuses a configuration that prefers a batch larger than its max_batch_size."""
-    config = model_config(seed_spec(), "p", (1, 8, 32, 128), 1.0, 16)
+    config = model_config(seed_spec(), served_at((1, 8, 32, 128)), 16)
     assert config["max_batch_size"] == 16 and config["dynamic_batching"]["preferred_batch_size"] == [1, 8]

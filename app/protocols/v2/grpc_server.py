@@ -45,7 +45,6 @@ from app.model_control import IGNORED_LOAD_PARAMETERS, LOAD_EXPECTED, ControlErr
 from app.ops.connection_budgets import connection_budgets
 from app.ops.off_loop import LARGE_JSON_BYTES, off_loop
 from app.protocols.v2 import tensors
-from app.protocols.v2.batch_limits import repository_infer_body_limit
 from app.protocols.v2.grpc_methods import SERVICE, Unparsed, add_service
 from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
 from app.protocols.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
@@ -84,11 +83,6 @@ STOPPED = (
 )
 # Triton's streaming parameters: a request that sets the first true is told which answer is its last.
 FINAL_RESPONSE_ASKED, FINAL_RESPONSE = "triton_enable_empty_final_response", "triton_final_response"
-
-
-def status_text(error: ServiceError) -> str:
-    """A refusal's grpc-message: what was wrong, and what was expected where the error says."""
-    return error.text()
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +128,7 @@ class GrpcCodec:
 
     def failure(self, error: ServiceError) -> tuple[Any, str]:
         code = STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL)
-        return Abort(code, status_text(error)), code.name
+        return Abort(code, error.text()), code.name
 
     def cancelled(self) -> tuple[str, str]:
         """grpc.aio cancels the handler when the client cancels the call or its deadline passes: nobody is
@@ -273,13 +267,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 raise ControlError(400, f"load parameters {unsupported} are not supported", expected=LOAD_EXPECTED)
             await operation(request.model_name)
         except ServiceError as error:  # what to do instead too, as the HTTP port says it
-            await context.abort(STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL), status_text(error))
+            await context.abort(STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL), error.text())
 
     async def _model(self, name: str, version: str, context: Any) -> ServedModel:
         try:
             return GrpcCodec(self.service, context).served(name, version or None)
         except ServiceError as error:
-            await context.abort(STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL), status_text(error))
+            await context.abort(STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL), error.text())
             raise
 
 
@@ -301,10 +295,7 @@ def metadata_response(service: Service, served: ServedModel) -> pb.ModelMetadata
 
 
 def config_response(service: Service, served: ServedModel) -> pb.ModelConfigResponse:
-    options = served.options
-    platform = tensors.platform(options.engine)
-    config = tensors.model_config(served.spec, platform, options.buckets, options.max_delay_ms,
-                                  service.settings.max_instances)  # fmt: skip
+    config = tensors.model_config(served.spec, served.options, service.settings.max_instances)
     return pb.ModelConfigResponse(config=pb.ModelConfig(**config))
 
 
@@ -474,12 +465,13 @@ def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
 class GrpcServer:
     """The gRPC server and its health service, started and stopped with the HTTP app."""
 
-    def __init__(self, plane: DataPlane, control: RepositoryControl, settings: Settings, *, reuse_port: bool) -> None:
+    def __init__(self, plane: DataPlane, control: RepositoryControl, settings: Settings, *, message_limit: int,
+                 reuse_port: bool) -> None:  # fmt: skip
+        """`message_limit`: the largest message taken in, HTTP's v2 infer body limit (batch_limits.py)."""
         service = plane.service
-        limit = repository_infer_body_limit(settings)
         options = [
-            ("grpc.max_receive_message_length", limit),
-            ("grpc.max_send_message_length", max(limit, 64 * 2**20)),
+            ("grpc.max_receive_message_length", message_limit),
+            ("grpc.max_send_message_length", max(message_limit, 64 * 2**20)),
             ("grpc.so_reuseport", 1 if reuse_port else 0),  # workers share the port; one process owns it
             *connection_options(settings),
         ]

@@ -112,11 +112,7 @@ def metadata_body(service: Service, served: ServedModel) -> bytes:
 
 def config_body(service: Service, served: ServedModel) -> bytes:
     """GET /v2/models/{name}/config's answer: Triton's model configuration (batch sizes, tensors)."""
-    options = served.options
-    platform = tensors.platform(options.engine)
-    config = tensors.model_config(served.spec, platform, options.buckets, options.max_delay_ms,
-                                  service.settings.max_instances)  # fmt: skip
-    return orjson.dumps(config)
+    return orjson.dumps(tensors.model_config(served.spec, served.options, service.settings.max_instances))
 
 
 READY_RESPONSES: dict[int | str, dict[str, Any]] = {

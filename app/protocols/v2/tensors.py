@@ -14,7 +14,7 @@ import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from app.protocols.v2.batch_limits import max_batch_size
 from app.repository.model_spec import ModelSpec
 from app.repository.outputs import DATATYPES as OUTPUT_DATATYPES
 from app.repository.outputs import Output
+
+if TYPE_CHECKING:
+    from app.engines.factory import EngineOptions
 
 INPUT = "input"
 DATATYPES: dict[str, np.dtype[Any]] = {"FP32": np.dtype("<f4"), "UINT8": np.dtype(np.uint8)}
@@ -309,15 +312,14 @@ def model_metadata(spec: ModelSpec, platform: str, versions: list[str] | None = 
     }
 
 
-def model_config(spec: ModelSpec, platform: str, buckets: tuple[int, ...], max_delay_ms: float,
-                 max_instances: int) -> dict[str, Any]:  # fmt: skip
+def model_config(spec: ModelSpec, options: EngineOptions, max_instances: int) -> dict[str, Any]:
     """Triton's model configuration extension, the fields load tools read (perf_analyzer); max_batch_size is what one
     request may carry (app/protocols/v2/batch_limits.py), and the preferred sizes are the buckets up to it (Triton
     refuses a configuration that prefers a batch larger than its max_batch_size)."""
-    most = max_batch_size(buckets, max_instances)
+    buckets, most = options.buckets, max_batch_size(options.buckets, max_instances)
     return {
         "name": spec.name,
-        "platform": platform,
+        "platform": platform(options.engine),
         "backend": "cudagraph-serve",
         "max_batch_size": most,
         "input": [{"name": INPUT, "data_type": f"TYPE_{spec.config.input_datatype}", "dims": list(spec.input_shape)}],
@@ -327,6 +329,6 @@ def model_config(spec: ModelSpec, platform: str, buckets: tuple[int, ...], max_d
         ],
         "dynamic_batching": {
             "preferred_batch_size": [bucket for bucket in buckets if bucket <= most],
-            "max_queue_delay_microseconds": round(max_delay_ms * 1000),
+            "max_queue_delay_microseconds": round(options.max_delay_ms * 1000),
         },
     }
