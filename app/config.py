@@ -114,22 +114,6 @@ class Settings(BaseSettings):
         "first. Every other call is UNIMPLEMENTED there and goes to grpc_port. 0: off.",
     )
     front_door_threads: int = Field(4, ge=1, le=64, description="C threads serving front_door_port.")
-    front_door_spin_us: int = Field(
-        0,
-        ge=0,
-        le=100_000,
-        description="How long a front door thread keeps polling for its connections' next event after its last "
-        "one before it sleeps, in µs; each polling thread holds a core meanwhile. 0: it sleeps at once. A sleeping "
-        "thread is woken late on a virtual machine, once for a request's bytes and once for its answer.",
-    )
-    front_door_loop_spin_us: int = Field(
-        0,
-        ge=0,
-        le=100_000,
-        description="How long the event loop keeps looking for the front door's next requests on each of its turns "
-        "after answers go out, in µs, rather than sleep until the door wakes it; it holds a core meanwhile. 0: it "
-        "sleeps.",
-    )
     front_door_library: Path | None = Field(
         None,
         description="app/front_door/door.c built as a shared library (the image builds it); unset: built on first "

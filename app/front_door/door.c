@@ -862,11 +862,8 @@ static void *run(void *arg) {
     free(a);
     struct epoll_event evs[128];
     double swept = now_s();
-    double active = 0; /* when this thread last had an event: it polls until spin_s after it, then sleeps */
     while (!load(&d->stop)) {
-        int polling = d->spin_s > 0 && now_s() - active < d->spin_s;
-        int n = epoll_wait(epfd, evs, 128, polling ? 0 : (int)(SWEEP_S * 1000));
-        if (n > 0 && d->spin_s > 0) active = now_s();
+        int n = epoll_wait(epfd, evs, 128, (int)(SWEEP_S * 1000));
         for (int i = 0; i < n; i++) {
             int fd = evs[i].data.fd;
             if (fd == d->lfd || fd == d->glfd) {
@@ -895,14 +892,14 @@ static void *run(void *arg) {
 /* `tokens`: the inference tokens, one a line ("" where requests need none). NULL for arguments out of range. */
 door_t *fd_open(int lfd, int glfd, int threads, int row_bytes, int max_rows, int buffers, int efd, const char *path,
                 int full_rows, int max_conns, double keepalive_s, double request_s, const char *tokens,
-                long long max_held_bytes, long long max_pixels, double spin_s) {
-    if (spin_s < 0 || threads < 1 || threads > MAX_THREADS || buffers < 2 || buffers > MAX_BUFFERS || row_bytes < 1 ||
+                long long max_held_bytes, long long max_pixels) {
+    if (threads < 1 || threads > MAX_THREADS || buffers < 2 || buffers > MAX_BUFFERS || row_bytes < 1 ||
         max_rows < 1 || full_rows < 1 || max_conns < 1 || max_held_bytes < 1 || max_pixels < 1 ||
         strlen(path) >= sizeof(((door_t *)0)->path))
         return NULL;
     door_t *d = calloc(1, sizeof *d);
     d->lfd = lfd; d->glfd = glfd; d->efd = efd; d->threads = threads; d->row_bytes = row_bytes; d->max_rows = max_rows;
-    d->max_conns = max_conns; d->keepalive_s = keepalive_s; d->request_s = request_s; d->spin_s = spin_s;
+    d->max_conns = max_conns; d->keepalive_s = keepalive_s; d->request_s = request_s;
     d->max_held_bytes = max_held_bytes;
     d->max_pixels = max_pixels;
     strcpy(d->path, path);

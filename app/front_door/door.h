@@ -123,10 +123,6 @@ typedef struct {
     int glfd;                     /* the gRPC listener (HTTP/2 without TLS), or -1 */
     int full_rows;                /* the eventfd is written at the first row of a bulk and again at this many */
     double keepalive_s, request_s;
-    /* A thread that had an event less than this long ago polls its epoll rather than sleep in it (0: it sleeps at
-     * once): a request's answer and its client's next request then find it awake, where a sleeping thread on a
-     * virtual machine is woken late (CGSERVE_FRONT_DOOR_SPIN_US; run 37 found the seed CNN's time between threads). */
-    double spin_s;
     /* Bodies (HTTP/1.1, by Content-Length) and gRPC messages (by what their buffers hold) being received, in bytes
      * (__atomic), and their limit (CGSERVE_MAX_INFLIGHT_BYTES, as the service's ports): past it a request is
      * refused 503 before its body is read, a gRPC call RESOURCE_EXHAUSTED. */

@@ -44,7 +44,7 @@ def _load(library: Path) -> ctypes.CDLL:
     lib.fd_open.restype = ctypes.c_void_p
     number, seconds, text, pointer = ctypes.c_int, ctypes.c_double, ctypes.c_char_p, ctypes.c_void_p
     count = ctypes.c_longlong
-    lib.fd_open.argtypes = (number,) * 7 + (text, number, number, seconds, seconds, text, count, count, seconds)
+    lib.fd_open.argtypes = (number,) * 7 + (text, number, number, seconds, seconds, text, count, count)
     lib.fd_waiting.restype = ctypes.c_int
     lib.fd_waiting.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     lib.fd_buffer.restype = ctypes.c_void_p
@@ -81,21 +81,20 @@ class Bulk:
 class Door:
     def __init__(self, library: Path, listener: socket.socket, *, threads: int, shape: tuple[int, int, int],
                  buffers: int, wake_fd: int, path: bytes, full_rows: int, limits: Limits,
-                 grpc_listener: socket.socket | None = None, spin_s: float = 0.0) -> None:  # fmt: skip
+                 grpc_listener: socket.socket | None = None) -> None:  # fmt: skip
         """`threads` C threads on `listener` take POST `path` with one (C, H, W) uint8 image as its body, and POST
         /v2/models/<model>/infer with one as the binary section after its JSON header (and, on `grpc_listener`,
         gRPC's ModelInfer with one as its raw_input_contents), and POST `path` with an encoded image of at most C×H×W
         bytes as its body (Content-Type image/jpeg or image/png), put at the start of its row for Python to decode.
         The eventfd `wake_fd` is written when a bulk turns non-empty and when it holds `full_rows`. `buffers`: bulks
-        Python may hold at once, plus the one being filled. `spin_s`: how long a thread polls after its last event
-        before it sleeps (0: not at all)."""
+        Python may hold at once, plus the one being filled."""
         self._lib = lib = _load(library)
         row_bytes = int(np.prod(shape))
         tokens = "\n".join(limits.tokens).encode()
         grpc_fd = -1 if grpc_listener is None else grpc_listener.fileno()
         self._door = lib.fd_open(listener.fileno(), grpc_fd, threads, row_bytes, MOST_ROWS, buffers, wake_fd, path,
                                  full_rows, limits.max_connections, limits.keepalive_s, limits.request_s, tokens,
-                                 limits.max_bytes, limits.max_pixels, spin_s)  # fmt: skip
+                                 limits.max_bytes, limits.max_pixels)  # fmt: skip
         if not self._door:
             raise ValueError(f"the front door refused {threads} threads, {buffers} buffers or the path {path!r}")
         self._rows = []  # (MOST_ROWS, C, H, W) each: the C side's buffers, read in place

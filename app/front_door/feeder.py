@@ -98,10 +98,6 @@ class Feeder:
         self.decoding: set[asyncio.Task[None]] = set()  # bulks whose uploads are being decoded
         self.unstarted: set[int] = set()  # taken bulks' buffers whose uploads are not yet given to the decoder
         self.closed = False  # close(): no bulk is taken any more
-        # CGSERVE_FRONT_DOOR_LOOP_SPIN_US: after answers go out, the loop looks for the clients' next rows on each
-        # of its turns until then, rather than sleep until the door's eventfd wakes it.
-        self.spin_s, self.looking_until = settings.front_door_loop_spin_us / 1e6, 0.0
-        self.looking: asyncio.Handle | None = None
 
     def pump(self) -> None:
         """Take bulks while fewer than in_flight are out (a partial one, while another is out, at the batcher's
@@ -121,10 +117,9 @@ class Feeder:
     def close(self) -> None:
         """Take no bulk from now on (the door is stopping, its drain over): what was taken is still answered."""
         self.closed = True
-        for handle in (self.timer, self.looking):
-            if handle is not None:
-                handle.cancel()
-        self.timer = self.looking = None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
     def _decoder_caught_up(self) -> bool:
         """The GPU decoder has taken every upload it was given into a launch, and no bulk taken is yet to give it
@@ -160,20 +155,6 @@ class Feeder:
     def _on_time(self) -> None:
         self.timer = None
         self.pump()
-
-    def _keep_looking(self) -> None:
-        """Answers went out: pump on each turn of the loop for spin_s from now (their clients' next requests)."""
-        if not self.spin_s or self.closed:
-            return
-        self.looking_until = time.monotonic() + self.spin_s
-        if self.looking is None:
-            self.looking = asyncio.get_running_loop().call_soon(self._look)
-
-    def _look(self) -> None:
-        self.looking = None
-        self.pump()
-        if not self.closed and time.monotonic() < self.looking_until:
-            self.looking = asyncio.get_running_loop().call_soon(self._look)
 
     def _queue(self, bulk: Bulk) -> None:
         """A bulk of (k, C, H, W) rows, read in place until its buffer is released, onto its models' batchers in
@@ -328,7 +309,6 @@ class Feeder:
             self._refuse(requests, failure, model=model)
         finally:
             self._piece_done(buffer, pump=True)
-            self._keep_looking()
 
     def _piece_done(self, buffer: int, *, pump: bool) -> None:
         # Answered or failed, the batcher is done with its rows: staged, or never to be (a deadline passed).

@@ -127,7 +127,6 @@ class FrontDoor:
             full_rows=max(settings.buckets),
             limits=limits,
             grpc_listener=grpc_listener,
-            spin_s=settings.front_door_spin_us / 1e6,
         )
         log.info(
             "front door on %s:%d: %d threads, POST /predict (%s) and /v2/models/<model>/infer with %s uint8 pixels "

@@ -17,7 +17,6 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -648,8 +647,7 @@ def test_a_client_that_never_reads_is_given_up(server: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def door_alone(shape: tuple[int, int, int], *, threads: int, full_rows: int, max_connections: int,
-               max_pixels: int = 2**20, buffers: int = 3, spin_s: float = 0.0
-               ) -> Iterator[tuple[Any, tuple[str, int]]]:  # fmt: skip
+               max_pixels: int = 2**20, buffers: int = 3) -> Iterator[tuple[Any, tuple[str, int]]]:  # fmt: skip
     """door.c on a port of its own, without a server: (the Door, its address); the test plays the feeder."""
     from app.front_door.door import Door, Limits
     from app.front_door.library import door_library
@@ -660,7 +658,7 @@ def door_alone(shape: tuple[int, int, int], *, threads: int, full_rows: int, max
     limits = Limits(max_connections=max_connections, keepalive_s=5, request_s=5, tokens=(), max_bytes=2**24,
                     max_pixels=max_pixels)  # fmt: skip
     door = Door(door_library(None), listener, threads=threads, shape=shape, buffers=buffers, wake_fd=wake,
-                path=b"/predict", full_rows=full_rows, limits=limits, spin_s=spin_s)  # fmt: skip
+                path=b"/predict", full_rows=full_rows, limits=limits)  # fmt: skip
     try:
         yield door, listener.getsockname()
     finally:
@@ -693,45 +691,6 @@ def test_the_most_buffers_the_settings_ask_for_open_the_door() -> None:
         connection.close()
         assert bulk is not None and len(bulk.ids) == 1, "the request never reached a bulk"
         door.release(bulk.buffer)
-
-
-def door_threads_cpu_s() -> float:
-    """CPU seconds so far of this process's door threads (door.c names them cgserve-door)."""
-    total = 0.0
-    for task in os.scandir(f"/proc/{os.getpid()}/task"):
-        stat = Path(task.path, "stat").read_text()
-        if stat[stat.index("(") + 1 : stat.rindex(")")] == "cgserve-door":
-            fields = stat[stat.rindex(")") + 2 :].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
-    return total
-
-
-def test_a_spinning_door_answers_and_sleeps_once_idle() -> None:
-    """CGSERVE_FRONT_DOOR_SPIN_US: a thread polls after each event rather than sleep, and is answered as ever; once
-    its connections are quiet for longer than that it sleeps, and holds no core (door.c alone, Python the feeder)."""
-    spin_s = 0.5
-    with (
-        door_alone((1, 28, 28), threads=2, full_rows=8, max_connections=8, spin_s=spin_s) as (door, address),
-        socket.create_connection(address, timeout=5) as connection,
-    ):
-        for i in range(3):
-            connection.sendall(POST % (b"/predict", b"", 784) + bytes(784))
-            latest = time.monotonic() + 5
-            while (bulk := door.take()) is None and time.monotonic() < latest:
-                time.sleep(0.001)
-            assert bulk is not None, "the request never reached a bulk"
-            door.release(bulk.buffer)
-            door.answer(bulk.ids, [b"answer %d" % i], b"200 OK", [b"content-type: text/plain\r\n"])
-            assert read_answer(connection)[2] == b"answer %d" % i
-        polled_from = door_threads_cpu_s()
-        time.sleep(spin_s)
-        polled = door_threads_cpu_s() - polled_from
-        time.sleep(0.1)  # past the window
-        quiet_from = door_threads_cpu_s()
-        time.sleep(1.0)
-        quiet = door_threads_cpu_s() - quiet_from
-    assert polled >= 0.05, f"the door's threads used {polled:.2f} s of CPU in the {spin_s} s after an answer: no poll"
-    assert quiet <= 0.05, f"the door's threads used {quiet:.2f} s of CPU in a quiet second: still polling"
 
 
 def test_an_answer_given_twice_reaches_nobody() -> None:

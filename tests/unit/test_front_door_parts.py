@@ -306,41 +306,6 @@ def test_a_bulk_of_both_routes_is_answered_each_as_asked() -> None:
     assert door.released == [1]
 
 
-def test_after_answers_the_loop_looks_for_the_next_rows_until_its_spin_ends() -> None:
-    """CGSERVE_FRONT_DOOR_LOOP_SPIN_US: once answers go out, a bulk that turns up is taken on the loop's own turns,
-    with no wake-up from the door; after the spin the loop stops looking."""
-    from app.front_door.feeder import Feeder
-
-    def bulk(first: int, k: int) -> tuple[np.ndarray, np.ndarray, None, None]:
-        return np.zeros((k, 1, 28, 28), np.uint8), np.arange(first, first + k, dtype=np.uint64), None, None
-
-    async def scenario() -> tuple[int, bool]:
-        settings = Settings(model_repository=DEFAULT_REPOSITORY, device="cpu", grpc_port=0,
-                            front_door_loop_spin_us=100_000)  # fmt: skip
-        service = Service(settings)
-        service.start()
-        await service.wait_started()
-        try:
-            door = StandInDoor((1, 28, 28))
-            feeder = Feeder(door, service, (1, 28, 28), settings)  # type: ignore[arg-type]
-            door.bulks.append(bulk(0, 2))
-            feeder.pump()  # the door's one wake-up
-            latest = time.monotonic() + 10
-            while len(door.answers) < 2 and time.monotonic() < latest:  # noqa: ASYNC110 (the stand-in has no event)
-                await asyncio.sleep(0.002)
-            door.bulks.append(bulk(2, 1))  # no wake-up for it: only the loop's looking can take it
-            while len(door.answers) < 3 and time.monotonic() < latest:  # noqa: ASYNC110
-                await asyncio.sleep(0.002)
-            await asyncio.sleep(0.3)  # past the spin
-            return len(door.answers), feeder.looking is None
-        finally:
-            await service.stop()
-
-    answered, stopped = asyncio.run(scenario())
-    assert answered == 3, "the bulk that came after the answers was never taken"
-    assert stopped, "the loop still looks for rows after its spin"
-
-
 def test_a_partial_bulk_waits_for_a_launch_moment_sooner_than_a_timer_can_wait() -> None:
     """While a bulk is out, a partial one is taken at the batcher's launch moment, also where that is less than the
     event loop's timer resolution away (the seed CNN's batches take a fraction of a millisecond): not at once."""
