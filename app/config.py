@@ -211,8 +211,9 @@ class Settings(BaseSettings):
         ge=1024,
         description="Request bodies being read and decoded at once, counted as their bytes arrive (inflated, where "
         "compressed); a request whose declared length would go over is refused with 503 before its body is read, "
-        "and one that goes over as it arrives is refused then. The front door "
-        "keeps a budget of its own this size for its bodies and gRPC messages being received.",
+        "and one that goes over as it arrives is refused then; a body larger than this whole budget, declared or "
+        "found as it arrives, is 413. The front door keeps a budget of its own this size for its bodies and gRPC "
+        "messages being received.",
     )
     max_connections: int = Field(
         0,

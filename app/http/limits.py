@@ -171,6 +171,8 @@ class RequestGuard:
             size = len(message.get("body", b""))
             if held.bytes + size > limit:  # a chunked or compressed body (a declared one was checked)
                 raise BodyTooLargeError(limit, setting)
+            if held.bytes + size > self.budget.limit:  # more than the whole budget: never admitted, however idle
+                raise BodyTooLargeError(self.budget.limit, "CGSERVE_MAX_INFLIGHT_BYTES")
             if not self.budget.reserve(size):
                 raise BudgetExhaustedError(self.budget.limit)
             held.bytes += size

@@ -32,7 +32,7 @@ async def reading_app(scope: Any, receive: Any, send: Any) -> None:
                 break
         status, body = 200, b"%d" % size
     except ServiceError as error:
-        status, body = error.status, error.message.encode()
+        status, body = error.status, error.text().encode()  # what was wrong and what was expected
     await send({"type": "http.response.start", "status": status, "headers": []})
     await send({"type": "http.response.body", "body": body})
 
@@ -187,10 +187,26 @@ def test_the_budget_and_the_size_limit_count_the_inflated_bytes() -> None:
         await guard(compressed_scope(bomb), whole(bomb), answer.send)
         return answer, budget.used
 
-    for budget, limit, status in ((BodyBudget(4 * MIB), 64 * MIB, 503), (BodyBudget(64 * MIB), 1 * MIB, 413)):
+    held = BodyBudget(24 * MIB)
+    held.used = 12 * MIB  # others' bodies: 16 MiB inflated does not fit now, and would on an idle server
+    cases = ((held, 64 * MIB, 503, "being read"), (BodyBudget(4 * MIB), 64 * MIB, 413, "CGSERVE_MAX_INFLIGHT_BYTES"),
+             (BodyBudget(64 * MIB), 1 * MIB, 413, "CGSERVE_MAX_BODY_BYTES"))  # fmt: skip
+    for budget, limit, status, why in cases:
+        before = budget.used
         answer, used = asyncio.run(main(budget, limit))
-        assert answer.status == status, answer.body
-        assert used == 0  # all given back
+        assert answer.status == status and why in answer.body.decode(), answer.body
+        assert used == before  # all given back
+
+
+@pytest.mark.anyio
+async def test_a_chunked_body_larger_than_the_whole_budget_is_413_not_a_503_for_ever() -> None:
+    """An idle server, a body of unstated length over CGSERVE_MAX_INFLIGHT_BYTES: no retry could ever fit it (a
+    review's find: 503 with Retry-After, every time)."""
+    budget = BodyBudget(2048)
+    answer = Answer()
+    await guard(budget)(scope(None), whole(b"x" * 2352), answer.send)
+    assert answer.status == 413 and "CGSERVE_MAX_INFLIGHT_BYTES" in answer.body.decode(), answer.body
+    assert budget.used == 0
 
 
 def test_another_encoding_is_415_before_the_body_is_read() -> None:
