@@ -32,6 +32,7 @@ from app.http.protocol import HOOKS_KEY, ProtocolHooks
 from app.http.routes import models, probes
 from app.http.routes.predict import PredictCodec, predict
 from app.model_control import ModelControl, RemoteModelControl, RepositoryControl
+from app.ops import metrics
 from app.ops.loop_lag import GcPauses, sample_loop_lag
 from app.protocols.v2 import repository as v2_repository
 from app.protocols.v2 import rest as v2_rest
@@ -166,6 +167,7 @@ async def route_error(request: Request, error: Exception) -> Response:
     allowed = (error.headers or {}).get("Allow")  # 405: the route is right, its method is not
     expected = f"{allowed} {request.url.path}" if allowed else ROUTES
     route_error = RouteError(error.status_code, message, expected=expected)
+    metrics.reject("", route_error.reason)  # no model: a path may name none that is served
     # The v2 protocol's clients expect its own error shape, {"error": "…"}.
     answer = v2_rest.v2_error(route_error) if request.url.path.startswith("/v2") else error_response(route_error)
     if error.headers:

@@ -5,7 +5,8 @@ or a Kubernetes Service that loses requests: they keep arriving until the endpoi
 out, which it is only once readiness fails. So the first signal only starts the drain —
 readiness 503 while requests are still served for CGSERVE_DRAIN_SECONDS — and then hands the
 signal to uvicorn, which stops accepting, finishes every request it has read (up to
-CGSERVE_SHUTDOWN_TIMEOUT_S) and exits. A second signal goes to uvicorn at once.
+CGSERVE_SHUTDOWN_TIMEOUT_S) and exits. A second signal goes to uvicorn at once: the drain ends early, and what
+was read is still answered.
 
 A worker of several (app/runtime/workers.py) does not time its own stop: the manager, which holds the
 listening socket too, first stops the kernel queueing connections for every process at once, and
@@ -57,7 +58,7 @@ def drain_on_signals(drain_seconds: float, begin_drain: Callable[[], None]) -> I
         nonlocal draining
         if draining:
             if not managed:
-                pass_on(sig, frame)  # a second signal: stop now
+                pass_on(sig, frame)  # a second signal: stop accepting now
             return
         draining = True
         log.info("%s: draining for %g s before the server stops accepting", signal.Signals(sig).name, drain_seconds)

@@ -92,7 +92,7 @@ class DrainingManager(Multiprocess):
         self._drain("SIGINT")
 
     def _drain(self, name: str) -> None:
-        if self.stopping is not None:  # a second signal: stop now
+        if self.stopping is not None:  # a second signal: stop accepting now
             self.stopping.cancel()
             self.stop_accepting()
             return

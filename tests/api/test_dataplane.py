@@ -58,3 +58,12 @@ def test_an_unsupported_content_type_is_refused_before_its_body_is_read(client: 
     answer = client.post("/predict", content=body(), headers={"content-type": "text/csv"})
     assert answer.status_code == 415 and answer.json()["error"]["code"] == "unsupported_media_type"
     assert len(read) < 4, "the whole body was read for an answer its Content-Type decided"
+
+
+@pytest.mark.parametrize(("method", "path", "status"), [("GET", "/no/such/route", 404), ("GET", "/predict", 405)])
+def test_a_request_for_no_route_is_counted_as_an_invalid_route(
+    client: TestClient, method: str, path: str, status: int
+) -> None:
+    before = rejections("", "invalid_route")
+    assert client.request(method, path).status_code == status
+    assert rejections("", "invalid_route") - before == 1

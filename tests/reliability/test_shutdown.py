@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from pathlib import Path
 
 import httpx
@@ -64,3 +65,36 @@ def test_sigterm_with_200_requests_in_flight_loses_none(tmp_path: Path, workers:
     # uvicorn ends a signalled shutdown by re-raising the signal: the status says SIGTERM, as it should.
     assert exit_code in (0, -signal.SIGTERM), log[-3000:]
     assert log.count("draining: readiness is 503") == workers and "Finished server process" in log
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_second_signal_ends_the_drain_and_still_answers_what_was_read(tmp_path: Path, workers: int) -> None:
+    """A drain of 60 s cut short by a second SIGTERM: the server stops accepting and exits within seconds, and the
+    requests it had read are answered (docs/operations.md, Drain on SIGTERM)."""
+    port = free_port()
+    env = {
+        "CGSERVE_HOST": "127.0.0.1", "CGSERVE_PORT": str(port), "CGSERVE_GRPC_PORT": "0", "CGSERVE_DEVICE": "cpu",
+        "CGSERVE_WORKERS": str(workers), "CGSERVE_DRAIN_SECONDS": "60", "CGSERVE_SHUTDOWN_TIMEOUT_S": "20",
+    }  # fmt: skip
+    body = np.random.default_rng(0).integers(0, 256, (IMAGES, 1, 28, 28), dtype=np.uint8).tobytes()
+    with running(SERVE, tmp_path / "server.log", port=port, env=env) as server:
+
+        async def requests_then_two_signals() -> list[httpx.Response | BaseException]:
+            raw = {"content-type": "application/octet-stream"}
+            async with httpx.AsyncClient(base_url=server.url, timeout=30, trust_env=False) as client:
+                sent = [asyncio.create_task(client.post("/predict", content=body, headers=raw)) for _ in range(20)]
+                await asyncio.sleep(0.3)
+                os.kill(server.proc.pid, signal.SIGTERM)
+                await asyncio.sleep(1.0)  # the drain has begun (the manager looks at its signals twice a second)
+                os.kill(server.proc.pid, signal.SIGTERM)
+                return list(await asyncio.gather(*sent, return_exceptions=True))
+
+        answers = asyncio.run(requests_then_two_signals())
+        started = time.monotonic()
+        exit_code = server.proc.wait(timeout=40)
+        took = time.monotonic() - started
+        log = server.log_path.read_text()
+    codes = [a if isinstance(a, BaseException) else a.status_code for a in answers]
+    assert codes == [200] * len(answers), codes
+    assert took < 15, f"the server exited {took:.1f} s after its answers: the second signal did not end the drain"
+    assert exit_code in (0, -signal.SIGTERM), log[-3000:]
