@@ -115,6 +115,7 @@ def install(path: Path) -> None:
         queue(self, bulk)
 
     Feeder._queue = traced_queue  # type: ignore[method-assign]
+    _trace_door_path(Feeder)
 
     try:
         from app.codecs.gpu_jpeg import GpuJpegDecoder
@@ -155,7 +156,81 @@ def install(path: Path) -> None:
     threading.Thread(target=_writer, args=(path,), name="stage-trace", daemon=True).start()
 
 
-KINDS = ("bulk", "jpeg_launch", "jpeg_back", "batch", "loop_late", "gc")
+def _trace_door_path(feeder: Any) -> None:
+    """The front door's stages a request's time passes through between its bulk and its answer (issue 26 item 4):
+    rows (each bulk's mean arrival to its take), later (a partial bulk held for the batcher's launch moment: now to
+    that moment), engine (the engine's run: the graph's launch to its CUDA event seen), answer (a piece's answers
+    built and handed to the door)."""
+    from app.engines.cuda import CudaEngine
+
+    queue, later, answered = feeder._queue, feeder._later, feeder._answered
+
+    @functools.wraps(queue)
+    def traced_queue(self: Any, bulk: Any) -> None:
+        _note("rows", float(bulk.arrived.mean()), time.monotonic(), len(bulk.ids))
+        queue(self, bulk)
+
+    @functools.wraps(later)
+    def traced_later(self: Any) -> bool:
+        waiting = self.timer is not None  # held already: looked at again on this turn of the loop
+        held = later(self)
+        if held and not waiting and self.batcher is not None:
+            _note("later", time.monotonic(), self.batcher.launch_moment(), 0)
+        return bool(held)
+
+    @functools.wraps(answered)
+    def traced_answered(self: Any, buffer: int, model: Any, requests: Any, future: Any) -> None:
+        start = time.monotonic()
+        try:
+            answered(self, buffer, model, requests, future)
+        finally:
+            _note("answer", start, time.monotonic(), len(requests))
+
+    feeder._queue, feeder._later, feeder._answered = traced_queue, traced_later, traced_answered
+    run = CudaEngine.run
+
+    @functools.wraps(run)
+    async def traced_run(self: Any, slot: Any, bucket: int, dtype: Any) -> float:
+        start = time.monotonic()
+        try:
+            return await run(self, slot, bucket, dtype)
+        finally:
+            _note("engine", start, time.monotonic(), bucket)
+
+    CudaEngine.run = traced_run  # type: ignore[method-assign]
+
+
+KINDS = ("bulk", "jpeg_launch", "jpeg_back", "batch", "loop_late", "gc", "rows", "later", "engine", "answer")
+
+
+def summary(path: Path, skip_s: float = 1.0) -> str:
+    """Per kind of event (after the first `skip_s` of the trace): how many, their mean n, their mean and p50/p90
+    duration in ms; and the mean gap from each batch's end to the next answer's start (the loop's turn between)."""
+    import numpy as np
+
+    events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not events:
+        return "no events"
+    first = min(e["end"] for e in events) + skip_s
+    events = [e for e in events if e["end"] >= first]
+    lines = []
+    for kind in KINDS:
+        picked = [e for e in events if e["kind"] == kind]
+        if not picked:
+            continue
+        ms = np.array([(e["end"] - e["start"]) * 1e3 for e in picked])
+        n = np.array([e["n"] for e in picked])
+        lines.append(f"{kind}: {len(picked)} events, n mean {n.mean():.1f}, ms mean {ms.mean():.4f} "
+                     f"p50 {np.percentile(ms, 50):.4f} p90 {np.percentile(ms, 90):.4f}")  # fmt: skip
+    batches = sorted(e["end"] for e in events if e["kind"] == "batch")
+    answers = np.array(sorted(e["start"] for e in events if e["kind"] == "answer"))
+    if batches and len(answers):
+        gaps = [answers[i] - end for end in batches if (i := int(np.searchsorted(answers, end))) < len(answers)]
+        mean, p50 = np.mean(gaps) * 1e3, np.median(gaps) * 1e3
+        lines.append(f"batch end → next answer start: ms mean {mean:.4f} p50 {p50:.4f}")
+    span = max(e["end"] for e in events) - first
+    lines.append(f"span {span:.2f} s")
+    return "\n".join(lines)
 
 
 def show(path: Path, moments: list[float], around_s: float, slice_s: float = 0.01) -> str:
@@ -181,6 +256,9 @@ def show(path: Path, moments: list[float], around_s: float, slice_s: float = 0.0
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["summary"]:
+        print(summary(Path(sys.argv[2])))
+        return 0
     if sys.argv[1:2] == ["show"]:
         parser = argparse.ArgumentParser(prog="bench.stage_trace show")
         parser.add_argument("trace", type=Path)
