@@ -1081,9 +1081,11 @@ void fd_answer(door_t *d, int k, const uint64_t *ids, const char *bodies, const 
             box->cap = box->cap ? 2 * box->cap : 64;
             box->items = realloc(box->items, sizeof(reply_t) * box->cap);
         }
-        box->items[box->n++] = r;
+        /* Its thread is woken where its outbox was empty; else its eventfd is written already and it has not yet
+         * taken the outbox (drain_outbox reads the eventfd before it takes every item under this lock). */
+        if (box->n++ == 0) woken[owner] = 1;
+        box->items[box->n - 1] = r;
         pthread_mutex_unlock(&box->mu);
-        woken[owner] = 1;
     }
     for (int t = 0; t < d->threads; t++) {
         if (!woken[t]) continue;

@@ -693,6 +693,34 @@ def test_the_most_buffers_the_settings_ask_for_open_the_door() -> None:
         door.release(bulk.buffer)
 
 
+def test_answers_handed_over_while_the_thread_has_not_yet_written_the_last_ones_all_go_out() -> None:
+    """door.c wakes a thread only where its outbox was empty: answers added before it took the outbox ride on the
+    wake already given. Many connections of one thread, answered a few at a time in quick calls: every one arrives."""
+    with door_alone((1, 28, 28), threads=1, full_rows=64, max_connections=64) as (door, address):
+        connections = [socket.create_connection(address, timeout=5) for _ in range(24)]
+        try:
+            for connection in connections:
+                connection.sendall(POST % (b"/predict", b"", 784) + bytes(784))
+            ids: list[int] = []
+            latest = time.monotonic() + 5
+            while len(ids) < len(connections) and time.monotonic() < latest:
+                bulk = door.take()
+                if bulk is None:
+                    time.sleep(0.001)
+                    continue
+                ids += bulk.ids.tolist()
+                door.release(bulk.buffer)
+            assert len(ids) == len(connections), "not every request reached a bulk"
+            for start in range(0, len(ids), 3):  # eight calls back to back, the thread writing meanwhile
+                some = np.array(ids[start : start + 3], np.uint64)
+                door.answer(some, [b"%d" % i for i in some.tolist()], b"200 OK", [b"content-type: text/plain\r\n"] * 3)
+            answered = sorted(int(read_answer(connection)[2]) for connection in connections)
+            assert answered == sorted(ids)  # each connection its own request's answer, none lost
+        finally:
+            for connection in connections:
+                connection.close()
+
+
 def test_an_answer_given_twice_reaches_nobody() -> None:
     """An id names one request, not its connection: a second answer for it, arriving while the connection's next
     request is in flight, is dropped, and that request gets its own (door.c alone, Python as the feeder)."""
