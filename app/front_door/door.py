@@ -6,6 +6,7 @@ ctypes releases the GIL for each foreign call, and every call here is per bulk, 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,6 +230,5 @@ def model_and_header(header: bytes) -> tuple[str, str | None, bytes]:
 
 def _offsets(parts: list[bytes]) -> np.ndarray:
     """(len(parts) + 1,) int64: part i of their join is [offsets[i], offsets[i + 1])."""
-    offsets = np.zeros(len(parts) + 1, np.int64)
-    np.cumsum([len(part) for part in parts], out=offsets[1:])
-    return offsets
+    # fromiter over the running sum: a third of cumsum's time over a list (a call per answered piece, twice)
+    return np.fromiter(itertools.accumulate(map(len, parts), initial=0), np.int64, len(parts) + 1)
