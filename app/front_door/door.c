@@ -543,6 +543,13 @@ static int parse_head(door_t *d, conn_t *c, int fd) {
                "v2 request's inference header): send it to the service's port", "", 1, v2);
         return -1;
     }
+    if ((int64_t)body_len > d->max_held_bytes) { /* more than the whole budget: never taken, however idle the door */
+        char text[160];
+        snprintf(text, sizeof text, "the body is larger than the %lld bytes the front door reads at once "
+                 "(CGSERVE_MAX_INFLIGHT_BYTES)", (long long)d->max_held_bytes);
+        refuse(d, fd, R413, "body_too_large", text, "", 1, v2);
+        return -1;
+    }
     if (!hold_bytes(d, (int64_t)body_len)) { /* refused before the body is read, as the service's ports refuse it */
         char text[160];
         snprintf(text, sizeof text, "request bodies of %lld bytes are being read already; this one was refused: retry "
@@ -807,6 +814,9 @@ static void write_reply(door_t *d, conn_t *c, reply_t *r) {
 /* The thread's outbox: every answer handed over since it last looked, written. */
 static void drain_outbox(door_t *d, outbox_t *box) {
     uint64_t count;
+    /* The eventfd is read before the items are taken, never after: fd_answer writes it only for an item it found the
+     * outbox empty for, so a write read after the take could be for an item this take missed, and that item would
+     * wait for a wake that has been used up. */
     ssize_t ignored = read(box->efd, &count, sizeof count);
     (void)ignored;
     pthread_mutex_lock(&box->mu);
@@ -1081,8 +1091,9 @@ void fd_answer(door_t *d, int k, const uint64_t *ids, const char *bodies, const 
             box->cap = box->cap ? 2 * box->cap : 64;
             box->items = realloc(box->items, sizeof(reply_t) * box->cap);
         }
-        /* Its thread is woken where its outbox was empty; else its eventfd is written already and it has not yet
-         * taken the outbox (drain_outbox reads the eventfd before it takes every item under this lock). */
+        /* Its thread is woken where its outbox was empty. Else the call that found it empty has written its
+         * eventfd, or will after its loop, and the thread has not yet taken the outbox: drain_outbox reads the
+         * eventfd before it takes every item under this lock, so that write wakes it for this item too. */
         if (box->n++ == 0) woken[owner] = 1;
         box->items[box->n - 1] = r;
         pthread_mutex_unlock(&box->mu);

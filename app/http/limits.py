@@ -8,7 +8,8 @@
 - Memory: bodies being read and decoded at once are bounded by CGSERVE_MAX_INFLIGHT_BYTES. A
   request is charged what has arrived of its body, chunk by chunk, until it is answered: one
   whose declared length does not fit beside what is held gets 503 with Retry-After before a byte
-  of its body is read, and a chunk that does not fit raises BudgetExhaustedError (503). Charged
+  of its body is read, and a chunk that does not fit raises BudgetExhaustedError (503); a body
+  larger than the whole budget, declared or found as it arrives, is 413 (no retry could fit it). Charged
   by declaration, sixteen uploads declaring 16 MiB that then trickled held all 256 MiB and every
   other request got 503 (issue 24.2).
 - Slow bodies: a body that paused longer than CGSERVE_BODY_TIMEOUT_S, or came slower than

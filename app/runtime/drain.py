@@ -6,7 +6,7 @@ out, which it is only once readiness fails. So the first signal only starts the 
 readiness 503 while requests are still served for CGSERVE_DRAIN_SECONDS — and then hands the
 signal to uvicorn, which stops accepting, finishes every request it has read (up to
 CGSERVE_SHUTDOWN_TIMEOUT_S) and exits. A second signal goes to uvicorn at once: the drain ends early, and what
-was read is still answered.
+was read is still answered. Once uvicorn has the signal, a SIGINT is its own second Ctrl+C: it quits at once.
 
 A worker of several (app/runtime/workers.py) does not time its own stop: the manager, which holds the
 listening socket too, first stops the kernel queueing connections for every process at once, and

@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -647,18 +648,22 @@ def test_a_client_that_never_reads_is_given_up(server: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def door_alone(shape: tuple[int, int, int], *, threads: int, full_rows: int, max_connections: int,
-               max_pixels: int = 2**20, buffers: int = 3) -> Iterator[tuple[Any, tuple[str, int]]]:  # fmt: skip
-    """door.c on a port of its own, without a server: (the Door, its address); the test plays the feeder."""
+               max_pixels: int = 2**20, buffers: int = 3, max_bytes: int = 2**24
+               ) -> Iterator[tuple[Any, tuple[str, int]]]:  # fmt: skip
+    """door.c on a port of its own, without a server: (the Door, its address); the test plays the feeder. The
+    library CGSERVE_FRONT_DOOR_LIBRARY names where it is set (a sanitizer's build), as the servers here take it."""
     from app.front_door.door import Door, Limits
     from app.front_door.library import door_library
 
     listener = socket.create_server(("127.0.0.1", 0))
     listener.setblocking(False)
     wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-    limits = Limits(max_connections=max_connections, keepalive_s=5, request_s=5, tokens=(), max_bytes=2**24,
+    limits = Limits(max_connections=max_connections, keepalive_s=5, request_s=5, tokens=(), max_bytes=max_bytes,
                     max_pixels=max_pixels)  # fmt: skip
-    door = Door(door_library(None), listener, threads=threads, shape=shape, buffers=buffers, wake_fd=wake,
-                path=b"/predict", full_rows=full_rows, limits=limits)  # fmt: skip
+    configured = os.environ.get("CGSERVE_FRONT_DOOR_LIBRARY")
+    library = door_library(Path(configured) if configured else None)
+    door = Door(library, listener, threads=threads, shape=shape, buffers=buffers, wake_fd=wake, path=b"/predict",
+                full_rows=full_rows, limits=limits)  # fmt: skip
     try:
         yield door, listener.getsockname()
     finally:
@@ -695,30 +700,52 @@ def test_the_most_buffers_the_settings_ask_for_open_the_door() -> None:
 
 def test_answers_handed_over_while_the_thread_has_not_yet_written_the_last_ones_all_go_out() -> None:
     """door.c wakes a thread only where its outbox was empty: answers added before it took the outbox ride on the
-    wake already given. Many connections of one thread, answered a few at a time in quick calls: every one arrives."""
-    with door_alone((1, 28, 28), threads=1, full_rows=64, max_connections=64) as (door, address):
-        connections = [socket.create_connection(address, timeout=5) for _ in range(24)]
+    wake already given. Round after round, 32 connections of two threads answered in calls of random sizes back to
+    back, while the threads write: every answer arrives (a wake lost leaves one waiting, and its read times out;
+    a build that read the eventfd after taking the outbox hung within a few dozen rounds)."""
+    rng = np.random.default_rng(0)
+    request = POST % (b"/predict", b"", 784) + bytes(784)
+    with door_alone((1, 28, 28), threads=2, full_rows=64, max_connections=64) as (door, address):
+        connections = [socket.create_connection(address, timeout=5) for _ in range(32)]
         try:
-            for connection in connections:
-                connection.sendall(POST % (b"/predict", b"", 784) + bytes(784))
-            ids: list[int] = []
-            latest = time.monotonic() + 5
-            while len(ids) < len(connections) and time.monotonic() < latest:
-                bulk = door.take()
-                if bulk is None:
-                    time.sleep(0.001)
-                    continue
-                ids += bulk.ids.tolist()
-                door.release(bulk.buffer)
-            assert len(ids) == len(connections), "not every request reached a bulk"
-            for start in range(0, len(ids), 3):  # eight calls back to back, the thread writing meanwhile
-                some = np.array(ids[start : start + 3], np.uint64)
-                door.answer(some, [b"%d" % i for i in some.tolist()], b"200 OK", [b"content-type: text/plain\r\n"] * 3)
-            answered = sorted(int(read_answer(connection)[2]) for connection in connections)
-            assert answered == sorted(ids)  # each connection its own request's answer, none lost
+            for round_ in range(200):
+                for connection in connections:
+                    connection.sendall(request)
+                ids: list[int] = []
+                latest = time.monotonic() + 5
+                while len(ids) < len(connections) and time.monotonic() < latest:
+                    bulk = door.take()
+                    if bulk is None:
+                        time.sleep(0.0002)
+                        continue
+                    ids += bulk.ids.tolist()
+                    door.release(bulk.buffer)
+                assert len(ids) == len(connections), f"round {round_}: not every request reached a bulk"
+                start = 0
+                while start < len(ids):
+                    some = np.array(ids[start : start + int(rng.integers(1, 5))], np.uint64)
+                    door.answer(some, [b"%d" % i for i in some.tolist()], b"200 OK",
+                                [b"content-type: text/plain\r\n"] * len(some))  # fmt: skip
+                    start += len(some)
+                try:
+                    answered = sorted(int(read_answer(connection)[2]) for connection in connections)
+                except TimeoutError:
+                    pytest.fail(f"round {round_}: an answer handed to the door never went out")
+                assert answered == sorted(ids)  # each connection its own request's answer
         finally:
             for connection in connections:
                 connection.close()
+
+
+def test_a_body_larger_than_the_whole_budget_is_413_not_a_503_for_ever() -> None:
+    """One image's body where CGSERVE_MAX_INFLIGHT_BYTES is less than one image: no retry could fit it."""
+    with (
+        door_alone((1, 28, 28), threads=1, full_rows=8, max_connections=8, max_bytes=512) as (_, address),
+        socket.create_connection(address, timeout=5) as connection,
+    ):
+        connection.sendall(POST % (b"/predict", b"", 784) + bytes(784))
+        status, _, body = read_answer(connection)
+    assert status.startswith(b"HTTP/1.1 413") and b"CGSERVE_MAX_INFLIGHT_BYTES" in body, (status, body)
 
 
 def test_an_answer_given_twice_reaches_nobody() -> None:

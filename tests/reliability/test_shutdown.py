@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from loadtest.server_process import free_port, running
-from tests.reliability.common import SERVE
+from tests.reliability.common import SERVE, seed_with_forward
 
 IN_FLIGHT = 200
 IMAGES = 8  # 1,600 rows in all: about a second of work for the CPU engine, well inside the queue limit
@@ -67,34 +67,46 @@ def test_sigterm_with_200_requests_in_flight_loses_none(tmp_path: Path, workers:
     assert log.count("draining: readiness is 503") == workers and "Finished server process" in log
 
 
+SLOW_ON_MARKED = """\
+if bool((x[:, 0, 0, :4] == 1.0).all(dim=1).any()):  # the first four pixels 255: a batch of 3 s
+    time.sleep(3)"""
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_second_signal_ends_the_drain_and_still_answers_what_was_read(tmp_path: Path, workers: int) -> None:
-    """A drain of 60 s cut short by a second SIGTERM: the server stops accepting and exits within seconds, and the
-    requests it had read are answered (docs/operations.md, Drain on SIGTERM)."""
+    """A drain of 60 s cut short by a second SIGTERM while batches of 3 s are running: the server stops accepting,
+    answers the requests it had read, and exits within seconds (docs/operations.md, Drain on SIGTERM)."""
+    repository = seed_with_forward(tmp_path / "repo", "slow", SLOW_ON_MARKED)
     port = free_port()
     env = {
         "CGSERVE_HOST": "127.0.0.1", "CGSERVE_PORT": str(port), "CGSERVE_GRPC_PORT": "0", "CGSERVE_DEVICE": "cpu",
-        "CGSERVE_WORKERS": str(workers), "CGSERVE_DRAIN_SECONDS": "60", "CGSERVE_SHUTDOWN_TIMEOUT_S": "20",
+        "CGSERVE_MODEL_REPOSITORY": str(repository), "CGSERVE_WORKERS": str(workers), "CGSERVE_DRAIN_SECONDS": "60",
+        "CGSERVE_SHUTDOWN_TIMEOUT_S": "20", "CGSERVE_BATCH_TIMEOUT_S": "30",
     }  # fmt: skip
-    body = np.random.default_rng(0).integers(0, 256, (IMAGES, 1, 28, 28), dtype=np.uint8).tobytes()
+    marked = np.zeros((1, 1, 28, 28), dtype=np.uint8)
+    marked[0, 0, 0, :4] = 255
     with running(SERVE, tmp_path / "server.log", port=port, env=env) as server:
 
-        async def requests_then_two_signals() -> list[httpx.Response | BaseException]:
+        async def slow_requests_then_two_signals() -> tuple[list[httpx.Response | BaseException], float]:
             raw = {"content-type": "application/octet-stream"}
             async with httpx.AsyncClient(base_url=server.url, timeout=30, trust_env=False) as client:
-                sent = [asyncio.create_task(client.post("/predict", content=body, headers=raw)) for _ in range(20)]
-                await asyncio.sleep(0.3)
+                sent = [asyncio.create_task(client.post("/predict", content=marked.tobytes(), headers=raw))
+                        for _ in range(6)]  # fmt: skip
+                await asyncio.sleep(0.3)  # read, and in their 3 s batches
                 os.kill(server.proc.pid, signal.SIGTERM)
                 await asyncio.sleep(1.0)  # the drain has begun (the manager looks at its signals twice a second)
                 os.kill(server.proc.pid, signal.SIGTERM)
-                return list(await asyncio.gather(*sent, return_exceptions=True))
+                second = time.monotonic()
+                answers = list(await asyncio.gather(*sent, return_exceptions=True))
+                return answers, time.monotonic() - second
 
-        answers = asyncio.run(requests_then_two_signals())
+        answers, answered_after_s = asyncio.run(slow_requests_then_two_signals())
         started = time.monotonic()
         exit_code = server.proc.wait(timeout=40)
         took = time.monotonic() - started
         log = server.log_path.read_text()
     codes = [a if isinstance(a, BaseException) else a.status_code for a in answers]
-    assert codes == [200] * len(answers), codes
+    assert codes == [200] * len(answers), (codes, log[-3000:])
+    assert answered_after_s > 0.5, "the requests were answered before the second signal: it was not tested"
     assert took < 15, f"the server exited {took:.1f} s after its answers: the second signal did not end the drain"
     assert exit_code in (0, -signal.SIGTERM), log[-3000:]
