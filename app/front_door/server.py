@@ -34,6 +34,12 @@ if TYPE_CHECKING:
     from app.front_door.grpc_calls import GrpcRows
 
 log = logging.getLogger(__name__)
+# The door's HTTP refusals by status → cgserve_rejections_total's reason, as the service's port counts the same
+# refusals. 503 is left out: the door gives it for two causes (its connections, its bytes in flight) that it does not
+# count apart.
+REJECTION_REASONS = {400: "invalid_input", 401: "unauthorized", 404: "invalid_route", 405: "invalid_route",
+                     408: "request_timeout", 411: "invalid_input", 413: "body_too_large", 415: "invalid_input",
+                     422: "invalid_input", 431: "invalid_input"}  # fmt: skip
 TEND_EVERY_S = 1.0  # how often the C side's refusals are counted and its GET answers set afresh
 DRAIN_POLL_S = 0.01  # how often a drain looks whether every request is answered and every connection closed
 
@@ -277,6 +283,8 @@ class FrontDoor:
             counted = self.refused.get((form, code), 0)
             if total > counted:
                 metrics.REQUESTS.labels(model="", protocol=PROTOCOL, format=form, code=code).inc(total - counted)
+                if form == FORM and (reason := REJECTION_REASONS.get(int(code))):  # as the service's port counts them
+                    metrics.reject("", reason, total - counted)
                 self.refused[(form, code)] = total
 
 

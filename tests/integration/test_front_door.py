@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import signal
 import socket
 import sys
@@ -323,6 +324,7 @@ def test_it_counts_into_metrics(server: dict[str, Any]) -> None:
         for _ in range(3):
             predict(client, image)
         assert client.post("/predict", content=image, headers={"content-type": RAW["content-type"]}).status_code == 401
+        assert client.post("/no/such/route", content=image, headers=RAW).status_code == 404
         time.sleep(1.5)  # the C side's refusals are counted every second
         after = settled_metrics(server["url"])
 
@@ -334,6 +336,13 @@ def test_it_counts_into_metrics(server: dict[str, Any]) -> None:
         >= 1
     )
     assert 'cgserve_request_duration_seconds_count{format="raw",model="fashion-cnn",protocol="door"}' in after
+    for reason in ("unauthorized", "invalid_route"):  # as the service's port counts its refusals
+
+        def rejected(metrics: str, reason: str = reason) -> float:
+            found = re.search(rf'^cgserve_rejections_total\{{model="",reason="{reason}"\}} (\S+)$', metrics, re.M)
+            return float(found[1]) if found else 0.0
+
+        assert rejected(after) - rejected(before) >= 1, reason
 
 
 def test_with_the_engine_process(tmp_path: Any) -> None:
