@@ -25,7 +25,7 @@ from app.errors import RouteError, error_response
 from app.front_door.server import attach as attach_front_door
 from app.http.fast_path import FastPath
 from app.http.inline import InlinePredict
-from app.http.inline_routes import PREDICT, V2_INFER
+from app.http.inline_routes import PREDICT, V2_INFER, count_refused
 from app.http.limits import BodyBudget, RequestGuard
 from app.http.openapi import build_openapi
 from app.http.protocol import HOOKS_KEY, ProtocolHooks
@@ -152,6 +152,7 @@ def create_app(
         budget=budget,
         request_timeout_s=settings.request_timeout_s,
         body_timeout_s=settings.body_timeout_s,
+        on_refused=count_refused,  # its refused inference requests in cgserve_requests_total, as routes count
     )
     layers = access_layers(settings)  # tokens, CORS, request ids, access log: none unless set
     # Access layers or tracing on: each request needs the ASGI stack (its layers, the data plane's

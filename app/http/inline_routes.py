@@ -12,7 +12,9 @@ through each.
 
 from __future__ import annotations
 
+from app.http.heads import Head
 from app.http.routes.predict import FORMAT_OF
+from app.ops import metrics
 
 # /predict's media types: every one it takes, read whole here (bodies up to INLINE_BODY_LIMIT).
 PREDICT_FORMS = {media.encode(): form for media, form in FORMAT_OF.items()}
@@ -45,3 +47,14 @@ def route_of(path: str) -> tuple[str, str, str | None] | None:
             return None
         return V2_INFER, model, version or None
     return None
+
+
+def count_refused(path: str, head: Head, status: int) -> None:
+    """An inference request refused before its route read it (app/http/limits.py's guard), in
+    cgserve_requests_total as its route counts the answers it gives (no model: none was looked up), so that an error
+    rate over that counter sees it; other paths' refusals are in cgserve_rejections_total alone."""
+    found = route_of(path)
+    if found is None or (form := form_of(found[0], head.media, head.header_length)) is None:
+        return
+    protocol = "rest" if found[0] == PREDICT else "v2"
+    metrics.REQUESTS.labels(model="", protocol=protocol, format=form, code=str(status)).inc()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -102,8 +103,12 @@ class RequestGuard:
         budget: BodyBudget,
         request_timeout_s: float,
         body_timeout_s: float,
+        on_refused: Callable[[str, Head, int], None] | None = None,
     ) -> None:
+        """`on_refused(path, head, status)`: told of each request refused here, before its route (app/main.py counts
+        the inference requests among them as their routes count their answers)."""
         self.app = app
+        self.on_refused = on_refused
         self.max_body_bytes = max_body_bytes
         # v2 infer bodies: a model's max_batch_size of FP32 images, as its configuration promises and gRPC takes them
         # (app/protocols/v2/batch_limits.py); every other body: CGSERVE_MAX_BODY_BYTES.
@@ -211,5 +216,7 @@ class RequestGuard:
         headers += [(name.lower().encode(), value.encode()) for name, value in error.headers.items()]
         headers.append((b"connection", b"close"))
         status = 400 if error.status == 422 and scope["path"].startswith("/v2") else error.status
+        if self.on_refused is not None:
+            self.on_refused(scope["path"], scope[HEAD_KEY], status)
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})

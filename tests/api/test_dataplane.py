@@ -67,3 +67,27 @@ def test_a_request_for_no_route_is_counted_as_an_invalid_route(
     before = rejections("", "invalid_route")
     assert client.request(method, path).status_code == status
     assert rejections("", "invalid_route") - before == 1
+
+
+def answered(protocol: str, form: str, code: str) -> float:
+    metric_buffers.flush()
+    labels = {"model": "", "protocol": protocol, "format": form, "code": code}
+    return REGISTRY.get_sample_value("cgserve_requests_total", labels) or 0.0
+
+
+@pytest.mark.parametrize(
+    ("path", "headers", "protocol", "form"),
+    [
+        ("/predict", RAW, "rest", "raw"),
+        ("/v2/models/fashion-cnn/infer", {"inference-header-content-length": "10"}, "v2", "binary"),
+    ],
+)
+def test_an_inference_request_refused_before_its_route_is_in_the_requests_counter(
+    client: TestClient, path: str, headers: dict[str, str], protocol: str, form: str
+) -> None:
+    """The guard's refusals (here a malformed X-Request-Timeout-Ms, 400) answer inference requests: an error rate
+    over cgserve_requests_total sees them, as it sees the routes' own refusals."""
+    before = answered(protocol, form, "400")
+    response = client.post(path, content=PIXELS, headers={**headers, "x-request-timeout-ms": "soon"})
+    assert response.status_code == 400, response.text
+    assert answered(protocol, form, "400") - before == 1
