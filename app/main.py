@@ -104,7 +104,7 @@ def create_app(
             codecs = {PREDICT: app.state.predict_codec, V2_INFER: app.state.v2_codec}
             hooks.inline = InlinePredict(plane, codecs, budget)  # the protocol answers small predicts
         try:
-            with drain_on_signals(settings.drain_seconds, service.begin_drain):
+            with drain_on_signals(settings.drain_seconds, service.begin_drain, service.stop_accepting):
                 yield {HOOKS_KEY: hooks}  # the server's protocol reads this app's limits and inline handler here
         finally:
             hooks.inline = None

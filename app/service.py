@@ -219,6 +219,9 @@ class Service:
         # the models, registered from its own layer (app/front_door/server.py's attach).
         self.on_started: list[Callable[[], Awaitable[None]]] = []
         self.on_stop: list[Callable[[], Awaitable[None]]] = []
+        # Told when the drain ends and the HTTP port stops accepting: such an ingress stops at that moment too,
+        # not when the HTTP port's last connection has closed (on_stop).
+        self.on_stop_accepting: list[Callable[[], None]] = []
 
     def start(self) -> None:
         metrics.READY.set(0)
@@ -234,6 +237,11 @@ class Service:
             self.draining = True
             metrics.READY.set(0)
             log.info("draining: readiness is 503; requests are served until the server stops accepting")
+
+    def stop_accepting(self) -> None:
+        """The drain is over and the HTTP port stops accepting: every ingress told of it stops accepting too."""
+        for stopping in self.on_stop_accepting:
+            stopping()
 
     def _device_died(self, source: str, reason: str) -> None:
         """A device is dead, as `source` found it (a model's batcher, or the link to the engine process, which holds

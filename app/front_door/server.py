@@ -26,6 +26,7 @@ from app.front_door.library import door_library
 from app.http.answer import error_answer
 from app.ops import metrics
 from app.ops.connection_budgets import connection_budgets
+from app.ops.listening import stop_queueing
 from app.protocols.v2 import tensors
 from app.protocols.v2.rest import config_body, metadata_body
 from app.service import Service
@@ -78,7 +79,12 @@ def attach(service: Service) -> None:
         for door in doors:
             await door.stop(service.settings.shutdown_timeout_s)
 
+    def stop_accepting() -> None:
+        for door in doors:
+            door.stop_accepting()
+
     service.on_started.append(opened)
+    service.on_stop_accepting.append(stop_accepting)
     service.on_stop.append(stopped)
 
 
@@ -152,6 +158,14 @@ class FrontDoor:
         except BlockingIOError:
             return
         self.feeder.pump()
+
+    def stop_accepting(self) -> None:
+        """The drain is over: no connection is taken from now on, as the service's port takes none. A connecting
+        client's SYN goes unanswered until the listener closes (app/ops/listening.py), rather than its connection
+        being accepted and then reset; the connections open are still answered (stop)."""
+        for listener in self.listeners:
+            stop_queueing(listener)
+        self.door.drain()
 
     async def stop(self, timeout_s: float) -> None:
         """Stop accepting; answer every request taken, each closing its connection; wait for idle connections to

@@ -37,8 +37,10 @@ MANAGER_GRACE_S = 5.0  # a managed worker stops by itself this long after its dr
 
 
 @contextmanager
-def drain_on_signals(drain_seconds: float, begin_drain: Callable[[], None]) -> Iterator[None]:
-    """While the server runs: the first signal drains, then passes on to uvicorn's own handler."""
+def drain_on_signals(drain_seconds: float, begin_drain: Callable[[], None],
+                     stop_accepting: Callable[[], None] | None = None) -> Iterator[None]:  # fmt: skip
+    """While the server runs: the first signal drains, then passes on to uvicorn's own handler, which stops
+    accepting; `stop_accepting` is called on the event loop at that moment, for the ports uvicorn does not own."""
     managed = MANAGED_ENV in os.environ
     if threading.current_thread() is not threading.main_thread() or (drain_seconds == 0 and not managed):
         yield  # signals reach the main thread only (an in-process test client runs elsewhere)
@@ -50,6 +52,8 @@ def drain_on_signals(drain_seconds: float, begin_drain: Callable[[], None]) -> I
     def pass_on(sig: int, frame: FrameType | None) -> None:
         nonlocal stopped
         handler = uvicorn_handlers[sig]
+        if not stopped and stop_accepting is not None:
+            loop.call_soon_threadsafe(stop_accepting)
         stopped = True
         if callable(handler):
             handler(sig, frame)

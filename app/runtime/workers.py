@@ -23,15 +23,12 @@ exits. A second signal to the manager stops at once.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import multiprocessing
 import os
 import shutil
 import signal
 import socket
-import struct
-import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -43,6 +40,7 @@ from uvicorn.supervisors import Multiprocess
 from app.config import Settings
 from app.engine_process import SEGMENTS_ENV, SOCKET_ENV
 from app.http.server import uvicorn_options
+from app.ops.listening import stop_queueing
 from app.runtime.drain import MANAGED_ENV, STOP_SIGNAL
 
 log = logging.getLogger("uvicorn.error")
@@ -138,26 +136,6 @@ def check_manager(manager: Multiprocess) -> None:
             f"cannot start: uvicorn {uvicorn.__version__}'s Multiprocess has no {', '.join(missing)}, which "
             "app/runtime/workers.py's drain needs; install the uvicorn pyproject.toml names (pip install -e .)"
         )
-
-
-def stop_queueing(sock: socket.socket) -> None:
-    """The kernel drops new connections' packets from now on, for every process that holds `sock`.
-
-    A socket filter that drops everything: a connecting client's SYN goes unanswered (it retries,
-    and is refused once the socket is closed), while what is queued already stays to be accepted.
-    Closing the socket instead resets what is queued; shutting it down as well. Linux only; elsewhere
-    the workers' closes alone end the listening."""
-    if sys.platform != "linux":
-        return
-    drop = ctypes.create_string_buffer(struct.pack("HBBI", 0x06, 0, 0, 0))  # BPF_RET | BPF_K, 0: keep 0 bytes
-    program = struct.pack("HP", 1, ctypes.addressof(drop))  # struct sock_fprog {len, filter}
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, program)
-    except OSError as error:
-        log.warning("cannot stop the listening socket queueing connections: %s", error)
-
-
-_SO_ATTACH_FILTER = 26  # <asm-generic/socket.h>; Python's socket module does not name it
 
 
 def _signal(pid: int | None, sig: int) -> None:

@@ -356,6 +356,39 @@ def test_with_the_engine_process(tmp_path: Any) -> None:
         np.testing.assert_array_equal(mine.as_numpy("probabilities"), theirs.as_numpy("probabilities"))
 
 
+def test_the_door_stops_taking_connections_when_the_services_port_does(tmp_path: Any) -> None:
+    """At the drain's end both ports stop taking connections, though the service's port still finishes a request
+    it is reading: a client connecting to the door after that is not taken, where the door went on taking
+    connections until the service's port had closed its last one (a walkthrough's find: up to 5 s longer, serving
+    some, then accepting and resetting them)."""
+    port, door_port = free_port(), free_port()
+    argv = [*SERVE, "--port", str(port), "--grpc-port", "0", "--device", "cpu", "--front-door-port", str(door_port),
+            "--drain-seconds", "1"]  # fmt: skip
+    env = {"CGSERVE_BODY_TIMEOUT_S": "8", "CGSERVE_SHUTDOWN_TIMEOUT_S": "10"}
+    with (
+        running(argv, tmp_path / "server.log", port=port, cwd=ROOT, env=env) as process,
+        socket.create_connection(("127.0.0.1", port), timeout=10) as reading,  # its request holds uvicorn's stop
+    ):
+        reading.sendall(b"POST /predict HTTP/1.1\r\nhost: x\r\ncontent-type: application/octet-stream\r\n"
+                        b"content-length: 784\r\n\r\n" + bytes(10))  # fmt: skip
+        process.proc.send_signal(signal.SIGTERM)
+        latest = time.monotonic() + 10
+        while time.monotonic() < latest:  # until the service's port takes no connection
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            except OSError:
+                break
+            time.sleep(0.05)
+        time.sleep(0.2)  # the door is told on the event loop's next turn
+        try:  # its SYN unanswered (app/ops/listening.py), as the service's port's are
+            socket.create_connection(("127.0.0.1", door_port), timeout=1).close()
+            taken = True
+        except OSError:
+            taken = False
+        assert process.proc.poll() is None, "the server exited before the door was tried: nothing was tested"
+        assert not taken, "the door took a connection after the service's port had stopped taking them"
+
+
 def test_a_shutdown_still_answers_and_closes(tmp_path: Any) -> None:
     """SIGTERM with two keep-alive connections open on the door: once the service's port has stopped, a request
     on one is still answered, each connection is closed after, and the server exits."""
