@@ -217,12 +217,12 @@ static int request_line_ok(const char *line, size_t len) {
 }
 
 /* What is wrong with a whole head's syntax, or NULL: each line a name, its colon at once, and a value without
- * control characters, ended by CRLF; no folded line; one Host. Checked once, before any header is read: a proxy
+ * control characters, ended by CRLF; no folded line; one Host (exactly one in HTTP/1.1); at most one Authorization. Checked once, before any header is read: a proxy
  * before the door that reads a header the door did not (`Transfer-Encoding : chunked`, a header behind a bare
  * CR or LF, a folded line) would frame the body otherwise than the door does (request smuggling). */
 static const char *head_problem(const char *head, size_t n) {
     const char *line = head, *blank = head + n - 2; /* the head ends in CRLF CRLF: the blank line's */
-    int hosts = 0;
+    int hosts = 0, authorizations = 0, http11 = 0;
     for (int first = 1; line < blank; first = 0) {
         const char *cr = memchr(line, '\r', (size_t)(blank - line) + 1);
         size_t len = (size_t)(cr - line); /* found: the blank line's CR at the latest */
@@ -231,6 +231,7 @@ static const char *head_problem(const char *head, size_t n) {
         if (first) {
             if (!request_line_ok(line, len))
                 return "the request line is not a method, a target and HTTP/1.1 (or 1.0), one space apart";
+            http11 = memcmp(line + len - 8, "HTTP/1.1", 8) == 0;
         } else {
             if (*line == ' ' || *line == '\t') return "a header line begins with whitespace (a folded line)";
             const char *q = line, *end = line + len;
@@ -240,10 +241,15 @@ static const char *head_problem(const char *head, size_t n) {
             for (q++; q < end; q++)
                 if (((unsigned char)*q < 0x20 && *q != '\t') || *q == 0x7f) return "a header value holds a control character";
             hosts += len >= 5 && strncasecmp(line, "host:", 5) == 0;
+            authorizations += len >= 14 && strncasecmp(line, "authorization:", 14) == 0;
         }
         line = cr + 2;
     }
-    return hosts > 1 ? "the request has two Host headers" : NULL;
+    if (hosts > 1) return "the request has two Host headers";
+    if (http11 && hosts == 0) return "an HTTP/1.1 request has no Host header";
+    /* Which one a proxy or the service's port reads is theirs to say: the service's port refuses two as well. */
+    if (authorizations > 1) return "the request has two Authorization headers";
+    return NULL;
 }
 
 static const refusal_t TAKEN = {-1, NULL, NULL, NULL};
