@@ -10,6 +10,8 @@ times on time.monotonic() (CLOCK_MONOTONIC, the load generator's clock too: its 
 places its bins on this timeline):
 
   bulk        the feeder takes a bulk from the door: n rows, start = its oldest request's arrival
+  rows        the same bulk, start = its requests' mean arrival
+  later, engine, answer   the front door's other stages (_trace_door_path)
   jpeg_launch a decoder batch's decode, resize and copies out queued, on its launch thread: n photos
   jpeg_back   from that launch's start to its pixels handed back on the event loop
   batch       the model's batch: staged, replayed, answered (n rows)
@@ -111,7 +113,9 @@ def install(path: Path) -> None:
 
     @functools.wraps(queue)
     def traced_queue(self: Any, bulk: Any) -> None:
-        _note("bulk", float(bulk.arrived.min()), time.monotonic(), len(bulk.ids))
+        taken = time.monotonic()
+        _note("bulk", float(bulk.arrived.min()), taken, len(bulk.ids))
+        _note("rows", float(bulk.arrived.mean()), taken, len(bulk.ids))
         queue(self, bulk)
 
     Feeder._queue = traced_queue  # type: ignore[method-assign]
@@ -157,18 +161,13 @@ def install(path: Path) -> None:
 
 
 def _trace_door_path(feeder: Any) -> None:
-    """The front door's stages a request's time passes through between its bulk and its answer (issue 26 item 4):
-    rows (each bulk's mean arrival to its take), later (a partial bulk held for the batcher's launch moment: now to
-    that moment), engine (the engine's run: the graph's launch to its CUDA event seen), answer (a piece's answers
-    built and handed to the door)."""
+    """The front door's stages a request's time passes through between its bulk and its answer (issue 26 item 4),
+    besides install's bulk and rows: later (a partial bulk held for the batcher's launch moment: now to that
+    moment), engine (the engine's run: the graph's launch to its CUDA event seen), answer (a piece's answers built
+    and handed to the door)."""
     from app.engines.cuda import CudaEngine
 
-    queue, later, answered = feeder._queue, feeder._later, feeder._answered
-
-    @functools.wraps(queue)
-    def traced_queue(self: Any, bulk: Any) -> None:
-        _note("rows", float(bulk.arrived.mean()), time.monotonic(), len(bulk.ids))
-        queue(self, bulk)
+    later, answered = feeder._later, feeder._answered
 
     @functools.wraps(later)
     def traced_later(self: Any) -> bool:
@@ -186,7 +185,7 @@ def _trace_door_path(feeder: Any) -> None:
         finally:
             _note("answer", start, time.monotonic(), len(requests))
 
-    feeder._queue, feeder._later, feeder._answered = traced_queue, traced_later, traced_answered
+    feeder._later, feeder._answered = traced_later, traced_answered
     run = CudaEngine.run
 
     @functools.wraps(run)

@@ -140,9 +140,6 @@ class RequestGuard:
         if declared is not None and declared > limit:
             await self._refuse(scope, send, BodyTooLargeError(limit, setting))
             return
-        if declared is not None and declared > self.budget.limit:  # never admitted, however idle the server
-            await self._refuse(scope, send, BodyTooLargeError(self.budget.limit, "CGSERVE_MAX_INFLIGHT_BYTES"))
-            return
         # Admission, before a byte is read: room for what it declares (a chunked body: one byte).
         if self.budget.used + (1 if declared is None else declared) > self.budget.limit:
             await self._refuse(scope, send, BudgetExhaustedError(self.budget.limit))
@@ -164,10 +161,14 @@ class RequestGuard:
     def _body_limit(self, path: str, head: Head) -> tuple[int, str]:
         """The body's limit and the setting behind it: a v2 infer body in the binary form (its header's length
         given) may be a model's max_batch_size of FP32 images (app/protocols/v2/batch_limits.py); JSON's numbers
-        take five times the bytes and decode to ten times more, and keep CGSERVE_MAX_BODY_BYTES as other bodies do."""
+        take five times the bytes and decode to ten times more, and keep CGSERVE_MAX_BODY_BYTES as other bodies do.
+        Never more than the whole in-flight budget: a larger body, declared or found as it arrives, could never be
+        admitted however idle the server (413, not a 503 for ever)."""
         if head.header_length is not None and path.startswith("/v2/models/") and path.endswith("/infer"):
-            return self.infer_body_bytes, "a model's max_batch_size of FP32 images, or CGSERVE_MAX_BODY_BYTES"
-        return self.max_body_bytes, "CGSERVE_MAX_BODY_BYTES"
+            limit, setting = self.infer_body_bytes, "a model's max_batch_size of FP32 images, or CGSERVE_MAX_BODY_BYTES"
+        else:
+            limit, setting = self.max_body_bytes, "CGSERVE_MAX_BODY_BYTES"
+        return (limit, setting) if limit <= self.budget.limit else (self.budget.limit, "CGSERVE_MAX_INFLIGHT_BYTES")
 
     def _guarded(self, receive: Receive, extensions: dict[str, object], held: _Held,
                  inflater: Inflater | None, limit: int, setting: str) -> Receive:  # fmt: skip
@@ -177,8 +178,6 @@ class RequestGuard:
             size = len(message.get("body", b""))
             if held.bytes + size > limit:  # a chunked or compressed body (a declared one was checked)
                 raise BodyTooLargeError(limit, setting)
-            if held.bytes + size > self.budget.limit:  # more than the whole budget: never admitted, however idle
-                raise BodyTooLargeError(self.budget.limit, "CGSERVE_MAX_INFLIGHT_BYTES")
             if not self.budget.reserve(size):
                 raise BudgetExhaustedError(self.budget.limit)
             held.bytes += size

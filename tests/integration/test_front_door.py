@@ -720,6 +720,21 @@ def door_alone(shape: tuple[int, int, int], *, threads: int, full_rows: int, max
         os.close(wake)
 
 
+def taken_ids(door: Any, count: int, seconds: float = 5.0) -> list[int]:
+    """The ids of the next `count` requests the door holds: its bulks taken, each given back at once, until it has
+    them or `seconds` pass (fewer then)."""
+    ids: list[int] = []
+    latest = time.monotonic() + seconds
+    while len(ids) < count and time.monotonic() < latest:
+        bulk = door.take()
+        if bulk is None:
+            time.sleep(0.0002)
+            continue
+        ids += bulk.ids.tolist()
+        door.release(bulk.buffer)
+    return ids
+
+
 def test_the_most_buffers_the_settings_ask_for_open_the_door() -> None:
     """server.py's door_buffers at the largest CGSERVE_IN_FLIGHT and CGSERVE_JPEG_LAUNCHES, with the GPU decoder's
     share: door.c takes them (in_flight at 16 once stopped the server's start-up: "the front door refused … 17
@@ -738,12 +753,9 @@ def test_the_most_buffers_the_settings_ask_for_open_the_door() -> None:
     with door_alone((1, 28, 28), threads=1, full_rows=8, max_connections=8, buffers=buffers) as (door, address):
         connection = socket.create_connection(address, timeout=5)
         connection.sendall(POST % (b"/predict", b"", 784) + bytes(784))
-        latest = time.monotonic() + 5
-        while (bulk := door.take()) is None and time.monotonic() < latest:
-            time.sleep(0.01)
+        ids = taken_ids(door, 1)
         connection.close()
-        assert bulk is not None and len(bulk.ids) == 1, "the request never reached a bulk"
-        door.release(bulk.buffer)
+        assert len(ids) == 1, "the request never reached a bulk"
 
 
 def test_answers_handed_over_while_the_thread_has_not_yet_written_the_last_ones_all_go_out() -> None:
@@ -759,15 +771,7 @@ def test_answers_handed_over_while_the_thread_has_not_yet_written_the_last_ones_
             for round_ in range(200):
                 for connection in connections:
                     connection.sendall(request)
-                ids: list[int] = []
-                latest = time.monotonic() + 5
-                while len(ids) < len(connections) and time.monotonic() < latest:
-                    bulk = door.take()
-                    if bulk is None:
-                        time.sleep(0.0002)
-                        continue
-                    ids += bulk.ids.tolist()
-                    door.release(bulk.buffer)
+                ids = taken_ids(door, len(connections))
                 assert len(ids) == len(connections), f"round {round_}: not every request reached a bulk"
                 start = 0
                 while start < len(ids):
@@ -802,12 +806,9 @@ def test_an_answer_given_twice_reaches_nobody() -> None:
     with door_alone((1, 28, 28), threads=1, full_rows=8, max_connections=8) as (door, address):
 
         def taken() -> np.ndarray:
-            latest = time.monotonic() + 5
-            while (bulk := door.take()) is None and time.monotonic() < latest:
-                time.sleep(0.01)
-            assert bulk is not None, "the request never reached a bulk"
-            door.release(bulk.buffer)
-            return bulk.ids
+            ids = taken_ids(door, 1)
+            assert ids, "the request never reached a bulk"
+            return np.array(ids, np.uint64)
 
         def answer(ids: np.ndarray, body: bytes) -> None:
             door.answer(ids, [body], b"200 OK", [b"content-type: text/plain\r\n"])

@@ -54,13 +54,13 @@ def repository_infer_body_limit(settings: Settings) -> int:
     except (ModelConfigError, OSError):
         specs = []
     for spec in specs:
-        if fp32_batch_bytes(settings, spec) > settings.max_inflight_bytes:
+        if (wanted := fp32_batch_bytes(settings, spec)) > settings.max_inflight_bytes:
             log.warning(
                 "%s: a request of max_batch_size FP32 images takes %d bytes, more than "
                 "CGSERVE_MAX_INFLIGHT_BYTES (%d): such a request is refused with 413; send UINT8 pixels, or "
                 "raise the setting",
                 spec.name,
-                fp32_batch_bytes(settings, spec),
+                wanted,
                 settings.max_inflight_bytes,
             )
     return infer_body_limit(settings, specs)

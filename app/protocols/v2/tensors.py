@@ -193,8 +193,7 @@ def check_request_parameters(parameters: Iterable[tuple[str, object]], *, reserv
             unsigned = isinstance(value, int) and not isinstance(value, bool) and value >= 0
             valid = unsigned or (kind == SEQUENCE_ID and isinstance(value, str))
         if not valid:
-            shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-            raise InputError(f"the request parameter {quoted(key)} is {shown}",
+            raise InputError(f"the request parameter {quoted(key)} is {quoted(value)}",
                              expected=kind or "a string, a number or true or false")  # fmt: skip
 
 
