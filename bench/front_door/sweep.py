@@ -15,7 +15,9 @@ tree before a change; --label names its points apart). With --rate, an open loop
 in place of hey (latency from each request's scheduled send); with --trickle, one more client beside it posting a
 small PNG. With --jpeg the body is a 500×375 photo sent as image/jpeg;
 with --server-module bench.sim_gpu.serve the server's GPU JPEG decoder is a timed stand-in (bench/sim_gpu/
-jpeg_decoder.py), for a machine without a GPU. Writes <out>/<label>sweep.json (every command and figure) as it goes.
+jpeg_decoder.py), for a machine without a GPU. With --echo-us, points of bench/front_door/door_echo.c as well: the
+door with an ideal engine in C whose stand-in device takes that many µs a batch (the ceiling of any path behind this
+door). Writes <out>/<label>sweep.json (every command and figure) as it goes.
 """
 
 from __future__ import annotations
@@ -167,6 +169,38 @@ class Sweep:
         print(f"raw no-op × {a.noop_workers}: {result.get('requests_per_s')} req/s", flush=True)
         self.save()
 
+    def echo(self, device_us: float) -> None:
+        """One point of door_echo.c (the door, an ideal engine in C, a stand-in device of `device_us` a batch),
+        built here with the door's own C, under the same load as the service's points."""
+        a = self.args
+        binary = a.out / "door_echo"
+        if not binary.exists():
+            door = ROOT / "app" / "front_door"
+            sources = [
+                ROOT / "bench" / "front_door" / "door_echo.c",
+                *(door / f"{c}.c" for c in ("door", "grpc", "launch")),
+            ]
+            subprocess.run(["cc", "-O2", "-pthread", "-I", str(door), *map(str, sources), "-lnghttp2", "-ldl", "-lm",
+                            "-o", str(binary)], check=True)  # fmt: skip
+        (port,) = free_ports(1)
+        argv = ["taskset", "-c", a.server_cores, str(binary), str(port), "8", f"{device_us:g}"]
+        name = f"{a.label}echo-{device_us:g}us"
+        server = ServerProcess(argv, a.out / f"server-{name}.log", port=port, name=name, cwd=ROOT)
+        point: dict[str, Any] = {"server_command": shlex.join(argv)}
+        try:
+            server.wait_ready(30.0)
+            cpu_before, start = thread_cpu_s(server.proc.pid), time.monotonic()
+            point |= self.load(f"{server.url}/predict")
+            cpu_after, wall = thread_cpu_s(server.proc.pid), time.monotonic() - start
+            point["cores_busy"] = {k: round((cpu_after[k] - cpu_before.get(k, 0.0)) / wall, 2) for k in cpu_after}
+        except Exception as error:
+            point["error"] = f"{type(error).__name__}: {error}"
+            point["log_tail"] = server.log_tail(3000)
+        finally:
+            server.stop()
+            time.sleep(1)
+        self.finish(name, point)
+
     def variant(self, name: str, settings: dict[str, str]) -> None:
         a = self.args
         port, door = free_ports(2)
@@ -203,6 +237,10 @@ class Sweep:
         finally:
             server.stop()
             time.sleep(1)  # the port and the GPU's memory back before the next server
+        self.finish(name, point)
+
+    def finish(self, name: str, point: dict[str, Any]) -> None:
+        """A point's ratio to the no-op, recorded and printed."""
         noop = (self.record.get("noop") or {}).get("requests_per_s")
         figure = point.get("requests_per_s")
         point["ratio_to_noop"] = round(figure / noop, 3) if figure and noop else None
@@ -216,7 +254,7 @@ class Sweep:
               f"{point.get('status_codes')}; server means {means}; cores busy {point.get('cores_busy')} "
               f"{point.get('error', '')}", flush=True)  # fmt: skip
         if "trickle" in point:
-            print(f"  beside it, a PNG {a.trickle}/s: {point['trickle']}", flush=True)
+            print(f"  beside it, a PNG {self.args.trickle}/s: {point['trickle']}", flush=True)
         self.save()
 
 
@@ -244,6 +282,7 @@ def main() -> None:
         default="app.cli",
         help="the server's module: app.cli, or bench.sim_gpu.serve (a CPU machine's stand-in for the GPU JPEG decoder)",
     )
+    add("--echo-us", default="", help="door_echo.c's points first: a stand-in device's µs a batch, e.g. '0,100'")
     add("--server-cores", default="0-7")
     add("--loadgen-cores", default="8-15")
     args = p.parse_args()
@@ -256,6 +295,8 @@ def main() -> None:
     sweep = Sweep(args)
     if args.noop_workers:
         sweep.noop()
+    for device_us in filter(None, args.echo_us.split(",")):
+        sweep.echo(float(device_us))
     for entry in filter(None, args.variants.split(";")):
         name, _, assignments = entry.partition("=")
         sweep.variant(name, settings_of(assignments))
