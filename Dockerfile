@@ -6,7 +6,7 @@
 # serve` runs.
 
 # --- door ------------------------------------------------------------------------------------
-# app/front_door/door.c and grpc.c as a shared library, for CGSERVE_FRONT_DOOR_PORT (off by
+# app/front_door/door.c, grpc.c and launch.c as a shared library, for CGSERVE_FRONT_DOOR_PORT (off by
 # default): built here, where a compiler and nghttp2's headers are, so that neither image builds it
 # at start-up. Bookworm's glibc is older than either image's, so the one file loads in both; each
 # image installs nghttp2's library (libnghttp2-14), which grpc.c's HTTP/2 links against.
@@ -15,8 +15,8 @@ FROM debian:bookworm-slim AS door
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev libnghttp2-dev \
     && rm -rf /var/lib/apt/lists/*
-COPY app/front_door/door.h app/front_door/door.c app/front_door/grpc.c /tmp/door/
-RUN gcc -O2 -shared -fPIC -pthread -o /libfrontdoor.so /tmp/door/door.c /tmp/door/grpc.c -lnghttp2
+COPY app/front_door/door.h app/front_door/door.c app/front_door/grpc.c app/front_door/launch.c /tmp/door/
+RUN gcc -O2 -shared -fPIC -pthread -o /libfrontdoor.so /tmp/door/door.c /tmp/door/grpc.c /tmp/door/launch.c -lnghttp2 -ldl -lm
 
 # --- cpu ------------------------------------------------------------------------------------
 # A slim Debian Python and torch's CPU wheel from PyTorch's own index: PyPI's Linux torch is the

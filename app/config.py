@@ -114,6 +114,13 @@ class Settings(BaseSettings):
         "first. Every other call is UNIMPLEMENTED there and goes to grpc_port. 0: off.",
     )
     front_door_threads: int = Field(4, ge=1, le=64, description="C threads serving front_door_port.")
+    front_door_launcher: bool = Field(
+        True,
+        description="Where front_door_port is set and the default model runs CUDA graphs on one GPU: its POST "
+        "/predict rows are copied by the door's threads into pinned memory of three slots of their own, launched "
+        "and answered by a C thread, never Python's (app/front_door/launch.c). Rows past those slots, and every "
+        "other request, go through the batcher as before. Off: every row goes through the batcher.",
+    )
     front_door_library: Path | None = Field(
         None,
         description="app/front_door/door.c built as a shared library (the image builds it); unset: built on first "

@@ -45,7 +45,7 @@ from app.engines.factory import (
 )
 from app.engines.memory import close_and_release
 from app.errors import NotReadyError, UnknownModelError
-from app.ops import metric_buffers, metrics
+from app.ops import metric_buffers, metrics, tracing
 from app.ops.heap import freeze_startup_heap
 from app.ops.switch_interval import set_switch_interval
 from app.repository import LoadedModel, ModelConfigError, load_model, model_folders, read_each_model
@@ -53,6 +53,9 @@ from app.repository.model_spec import ModelSpec
 from app.repository.versions import UNVERSIONED
 
 log = logging.getLogger(__name__)
+# The front door's launcher's slots in each engine it may drive (app/front_door/launch.c): one filling, one on the
+# device, one being answered.
+LAUNCHER_SLOTS = 3
 RETIRE_POLL_S = 0.01  # how often a retiring model's queue is looked at until it is empty
 
 
@@ -391,6 +394,14 @@ class Service:
         log.debug("start-up failure", exc_info=True)
         self._on_fatal()
 
+    def _launcher_wanted(self, options: EngineOptions) -> bool:
+        """Whether a model's engine gets the front door's launcher's slots: the door is on in this process with its
+        launcher, the model is on one GPU, and requests are not traced (launch.c makes no spans). Any model may be
+        or become the default one, the door's, so each such model gets them (pinned rows and graphs, a few MB)."""
+        settings = self.settings
+        return (bool(settings.front_door_port) and settings.front_door_launcher and len(options.devices) == 1
+                and options.devices[0].startswith("cuda") and not tracing.active())  # fmt: skip
+
     async def _start_model(self, served: ServedModel, model: LoadedModel, *, beside: bool = False) -> None:
         """Build the model's engines and start its batcher. `beside`: another version of it serves meanwhile
         (a load): its readiness metrics stay as they are until this one is ready."""
@@ -412,6 +423,7 @@ class Service:
                     in_flight=settings.in_flight,
                     event_wait=settings.event_wait,
                     host_io=settings.host_io,
+                    launcher_slots=LAUNCHER_SLOTS if self._launcher_wanted(options) else 0,
                 )
                 served.engines.append(engine)
                 metrics.DEVICE_READY.labels(model=name, device=device).set(1)

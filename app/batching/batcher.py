@@ -181,6 +181,20 @@ class Batcher:
             figures[device]["batches_in_flight"] = in_flight
         return figures
 
+    def count_batches(self, rows: np.ndarray, buckets: np.ndarray, seconds: np.ndarray) -> None:
+        """Batches of this batcher's engine launched outside it (the front door's launcher, app/front_door/launch.c)
+        into its metrics: (m,) rows, buckets and device seconds each."""
+        for bucket in np.unique(buckets).tolist():
+            which = buckets == bucket
+            batches, padding, compute = self._bucket_metrics[bucket]
+            batches.inc(int(which.sum()))
+            padding.inc(int((bucket - rows[which]).sum()))
+            compute.observe_many(seconds[which].astype(np.float64))
+        self._batch_rows.observe_many(rows)
+        device_batches, device_rows, _ = self._device_metrics[0]
+        device_batches.inc(len(rows))
+        device_rows.inc(int(rows.sum()))
+
     def drain_estimate_s(self) -> float:
         """Seconds the rows queued now would take at the recent device throughput (0 when unknown)."""
         return self._queued_rows / self.rows_per_s if self.rows_per_s else 0.0

@@ -84,6 +84,21 @@ class _CompileIncomplete(RuntimeError):
 _Key = tuple[int, InputDtype]  # (bucket, input dtype): one graph each, per slot
 
 
+@dataclass(frozen=True)
+class LauncherHandles:
+    """The raw CUDA objects app/front_door/launch.c drives, as integers (addresses and handles)."""
+
+    stream: int  # CUstream: the engine's
+    context: int  # CUcontext: the device's primary one
+    buckets: tuple[int, ...]
+    ins: list[int]  # per slot: (max_bucket, C, H, W) uint8, pinned
+    outs: list[int]  # per slot: (max_bucket, width) fp32, pinned
+    graphs: list[int]  # CUgraphExec of slot s, bucket b at s * len(buckets) + b
+    starts: list[int]  # CUevent per slot, before and after its batch
+    dones: list[int]
+    width: int
+
+
 @dataclass(slots=True)
 class _SlotState:
     host_in: dict[InputDtype, torch.Tensor]  # dtype → (max_bucket, C, H, W), pinned
@@ -115,6 +130,7 @@ class CudaEngine:
         keep_graphs: bool = False,
         compile_strict: bool = False,
         name: str | None = None,
+        launcher_slots: int = 0,
     ) -> None:
         started = time.perf_counter()
         self.name = name or ("cuda-graph" if use_graphs else "eager")
@@ -148,6 +164,11 @@ class CudaEngine:
             Slot(index=i, inputs={d: t.numpy() for d, t in state.host_in.items()}, outputs=state.host_out.numpy())
             for i, state in enumerate(self._slots)
         )
+        # The front door's launcher's own slots (app/front_door/launch.c), captured and validated with the batcher's
+        # but never in its pool: their graphs are launched from C (launcher_handles).
+        self._launcher_slots = [self._new_slot_state() for _ in range(launcher_slots)]
+        self._slots += self._launcher_slots
+        self.launcher_slots = launcher_slots
         self.report = EngineReport(
             facts={
                 "dtype": dtype,
@@ -392,6 +413,32 @@ class CudaEngine:
                 await self._waiter.completion(event)
                 return
             await asyncio.sleep(0)  # let the loop decode and batch other requests meanwhile
+
+    def launcher_handles(self) -> LauncherHandles | None:
+        """What app/front_door/launch.c launches for uint8 rows: its slots' pinned memory, their graphs and events, the
+        engine's stream and the CUDA context; None where the engine has no launcher slots or no graphs."""
+        if not self._launcher_slots or not self._launcher_slots[0].graphs:
+            return None
+        import ctypes
+
+        context = ctypes.c_void_p()
+        cuda = ctypes.CDLL("libcuda.so.1")
+        torch.cuda.set_device(self._device)  # its primary context current on this thread: the one C makes current
+        if cuda.cuCtxGetCurrent(ctypes.byref(context)) != 0 or not context.value:
+            return None
+        return LauncherHandles(
+            stream=self._stream.cuda_stream,
+            context=context.value,
+            buckets=self.buckets,
+            ins=[state.host_in["uint8"].data_ptr() for state in self._launcher_slots],
+            outs=[state.host_out.data_ptr() for state in self._launcher_slots],
+            graphs=[
+                state.graphs[b, "uint8"].raw_cuda_graph_exec() for state in self._launcher_slots for b in self.buckets
+            ],
+            starts=[state.start.cuda_event for state in self._launcher_slots],
+            dones=[state.done.cuda_event for state in self._launcher_slots],
+            width=self.spec.layout.width,
+        )
 
     def healthy(self) -> bool:
         return self._broken is None

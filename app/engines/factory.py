@@ -101,6 +101,7 @@ def build_engine(
     in_flight: int,
     event_wait: str,
     host_io: str = "auto",
+    launcher_slots: int = 0,
 ) -> Engine:
     """Build the engine `options` name for `model` (loaded on the CPU) on `device` (default: the first of
     options.devices); slow: run it off the event loop. A CUDA engine moves `model.module` to its device:
@@ -143,6 +144,7 @@ def build_engine(
         host_io=host_io,
         compile_strict=options.compile_strict,
         name=options.engine,
+        launcher_slots=launcher_slots if options.engine == "cuda-graph" else 0,
     )
 
 

@@ -597,7 +597,7 @@ int add_row(door_t *d, uint64_t id, uint8_t kind, const char *prefix, size_t pre
     d->bulk_header_ends[i] = start + (int32_t)(prefix_len + header_len);
     d->bulk_lens[i] = (int32_t)len;
     d->bulk_jpegs += kind == KIND_JPEG;
-    d->requests++;
+    __atomic_add_fetch(&d->requests, 1, __ATOMIC_RELAXED);
     d->copying[b]++; /* fd_take waits for the copy: 150 KB an image is not copied under the lock */
     pthread_mutex_unlock(&d->bulk_mu);
     memcpy(d->buffer[b] + (size_t)i * d->row_bytes, body, len);
@@ -643,7 +643,13 @@ static int parse_one(door_t *d, conn_t *c, int fd) {
             memcpy(prefix, c->buf + h.model_off, h.model_len);
             prefix[h.model_len] = '\n';
         }
-        if (add_row(d, http_id(c->gen, fd), kind, prefix, prefix_len, c->buf + h.len, h.header_len, body, len)) {
+        struct direct *launcher = kind == KIND_PREDICT ? __atomic_load_n(&d->direct, __ATOMIC_ACQUIRE) : NULL;
+        if (launcher && direct_add(launcher, http_id(c->gen, fd), body, len)) {
+            __atomic_add_fetch(&d->requests, 1, __ATOMIC_RELAXED);
+            c->state = IN_FLIGHT;
+            answered_here = 0;
+        } else if (add_row(d, http_id(c->gen, fd), kind, prefix, prefix_len, c->buf + h.len, h.header_len, body,
+                           len)) {
             c->state = IN_FLIGHT;
             answered_here = 0;
         } else {
@@ -1116,7 +1122,7 @@ void fd_answer(door_t *d, int k, const uint64_t *ids, const char *bodies, const 
  * out[2 + REFUSALS + i]: gRPC calls refused with status i. */
 void fd_counts(door_t *d, uint64_t *out) {
     pthread_mutex_lock(&d->bulk_mu);
-    out[0] = d->requests;
+    out[0] = __atomic_load_n(&d->requests, __ATOMIC_RELAXED);
     for (int i = 0; i < REFUSALS; i++) out[1 + i] = d->refused[i];
     for (int i = 0; i < GRPC_CODES; i++) out[2 + REFUSALS + i] = d->grpc_refused[i];
     pthread_mutex_unlock(&d->bulk_mu);
@@ -1136,7 +1142,10 @@ void fd_drain(door_t *d) {
     }
 }
 
+int fd_direct_close(door_t *d, double timeout_s);
+
 void fd_close(door_t *d) {
+    fd_direct_close(d, 0.0); /* Python closed it before, where it opened one */
     __atomic_store_n(&d->stop, 1, __ATOMIC_RELAXED);
     for (int t = 0; t < d->threads; t++) {
         pthread_join(d->tids[t], NULL);

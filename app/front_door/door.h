@@ -160,7 +160,8 @@ typedef struct {
     int32_t *bulk_header_ends;    /* row i's header is bulk_headers[ends[i - 1]:ends[i]] (empty: POST /predict) */
     int32_t *bulk_lens;           /* row i's bytes: row_bytes of pixels, or an image upload's length */
     uint8_t *bulk_kinds;          /* KIND_PREDICT, KIND_V2, KIND_GRPC, KIND_JPEG or KIND_IMAGE */
-    uint64_t requests, refused[REFUSALS], grpc_refused[GRPC_CODES];
+    uint64_t requests, refused[REFUSALS], grpc_refused[GRPC_CODES]; /* requests: __atomic */
+    struct direct *direct;        /* __atomic: the launcher POST /predict's rows go to first (launch.c), or NULL */
 } door_t;
 
 /* door.c's, for grpc.c. */
@@ -183,6 +184,11 @@ int add_row(door_t *d, uint64_t id, uint8_t kind, const char *prefix, size_t pre
 /* A copy of the answer Python set for `key`, with its head and body, or 0 (none; -1: it needs a token not given). */
 int find_get(door_t *d, const char *key, size_t key_len, const char *authorization, size_t authorization_len,
              char **head, char **body, size_t *body_len);
+
+/* launch.c's, for door.c: a POST /predict's pixels to the launcher, 1; 0 where it cannot take them (the bulk's). */
+int direct_add(struct direct *x, uint64_t id, const char *body, size_t len);
+void fd_answer(door_t *d, int k, const uint64_t *ids, const char *bodies, const int64_t *offsets,
+               const char *status, const char *heads, const int64_t *head_offsets);
 
 /* grpc.c's, for door.c. */
 int h2_open(door_t *d, conn_t *c, int fd);          /* the session of a connection just accepted: 0 failed */

@@ -10,8 +10,12 @@ import itertools
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # the engine's module imports torch: the door's layer only names the type
+    from app.engines.cuda import LauncherHandles
 
 MOST_ROWS = 1024  # a bulk's rows at most (the C side answers 503 past it); more than a batch's: pieces
 MAX_V2_HEADER = 4096  # door.c's: a row's header at most (a v2 request's model and JSON header, a gRPC call's fields)
@@ -60,9 +64,37 @@ def _load(library: Path) -> ctypes.CDLL:
     lib.fd_refusal_code.argtypes = [ctypes.c_int]
     lib.fd_set_gets.restype = ctypes.c_int
     lib.fd_set_gets.argtypes = (pointer, number, pointer, pointer, pointer, pointer, pointer)
+    lib.fd_direct_open.restype = ctypes.c_void_p
+    lib.fd_direct_open.argtypes = (pointer, number, *(pointer,) * 6, pointer, pointer, number, text, pointer, text,
+                                   text, text, seconds, ctypes.c_char_p)  # fmt: skip
+    lib.fd_direct_figures.restype = None
+    lib.fd_direct_figures.argtypes = (pointer, pointer, number, pointer, pointer, pointer, number, pointer, pointer)
+    lib.fd_direct_close.restype = ctypes.c_int
+    lib.fd_direct_close.argtypes = (pointer, seconds)
+    lib.fmt_f32.restype = ctypes.c_int
+    lib.fmt_f32.argtypes = (ctypes.c_void_p, ctypes.c_float)  # a buffer of 32 bytes (the tests)
     lib.fd_drain.argtypes = [ctypes.c_void_p]
     lib.fd_close.argtypes = [ctypes.c_void_p]
     return lib
+
+
+# What one read of the launcher's figures takes at most (launch.c keeps 2**20 latencies and 2**16 batches).
+LAUNCHER_READ = 1 << 20
+LAUNCHER_BATCHES_READ = 1 << 16
+
+
+@dataclass(frozen=True)
+class LauncherFigures:
+    """launch.c's figures since the last read."""
+
+    latencies: np.ndarray  # (n,) float64 seconds: each answer's, from its request's whole arrival
+    rows: np.ndarray  # (m,) int32: each batch's rows
+    buckets: np.ndarray  # (m,) int32: its bucket
+    seconds: np.ndarray  # (m,) float32: its device time
+    lost: int  # latencies not kept (the ring was full): the answers are counted, their latencies are not
+    pending: int  # rows taken and not yet answered
+    dead: str | None  # why the launcher stopped on a failed or hung batch, else None
+    failed: int  # rows answered 503 since (their batch failed or outlived the batch timeout)
 
 
 @dataclass(frozen=True)
@@ -111,6 +143,7 @@ class Door:
         self._which = ctypes.c_int()
         self._jpegs = ctypes.c_int()
         self.refusal_codes = [lib.fd_refusal_code(i) for i in range(REFUSALS)]
+        self._launcher: int | None = None  # launch.c's, where one is open
 
     @property
     def buffers(self) -> list[np.ndarray]:
@@ -197,6 +230,48 @@ class Door:
         if self._door:
             self._lib.fd_counts(self._door, counts)
         return counts
+
+    def open_launcher(self, handles: LauncherHandles, prefix: bytes, names: list[bytes],
+                      failure: tuple[bytes, bytes, bytes], timeout_s: float) -> None:  # fmt: skip
+        """launch.c's thread started on `handles` (an engine's launcher slots): POST /predict's rows go to it from now
+        on, answered with `prefix`, the label, names[label] and the scores (answers.py's predictions()); a batch
+        that fails or outlives `timeout_s` answers `failure` (status, head lines, body). ValueError where C refuses."""
+        n = len(handles.buckets)
+
+        def addresses(values: list[int]) -> ctypes.Array[ctypes.c_void_p]:
+            return (ctypes.c_void_p * len(values))(*values)
+
+        error = ctypes.create_string_buffer(256)
+        opened = self._lib.fd_direct_open(
+            self._door, n, (ctypes.c_int * n)(*handles.buckets), addresses(handles.ins), addresses(handles.outs),
+            addresses(handles.graphs), addresses(handles.starts), addresses(handles.dones), handles.stream,
+            handles.context, handles.width, prefix, (ctypes.c_char_p * len(names))(*names), *failure, timeout_s, error,
+        )  # fmt: skip
+        if not opened:
+            raise ValueError(f"the front door's launcher did not start: {error.value.decode(errors='replace')}")
+        self._launcher = opened
+
+    def launcher_figures(self) -> LauncherFigures | None:
+        """What the launcher answered since the last call; None where none is open."""
+        if not self._door or not self._launcher:
+            return None
+        lib, most, batches = self._lib, LAUNCHER_READ, LAUNCHER_BATCHES_READ
+        latencies, rows = np.empty(most, np.float64), np.empty(batches, np.int32)
+        buckets, seconds = np.empty(batches, np.int32), np.empty(batches, np.float32)
+        counts, why = np.zeros(6, np.uint64), ctypes.create_string_buffer(256)
+        lib.fd_direct_figures(self._launcher, latencies.ctypes.data, most, rows.ctypes.data, buckets.ctypes.data,
+                              seconds.ctypes.data, batches, counts.ctypes.data, why)  # fmt: skip
+        n, m = int(counts[0]), int(counts[1])
+        return LauncherFigures(latencies[:n], rows[:m], buckets[:m], seconds[:m], int(counts[2]), int(counts[3]),
+                               why.value.decode(errors="replace") if counts[4] else None, int(counts[5]))  # fmt: skip
+
+    def close_launcher(self, timeout_s: float) -> bool:
+        """No row goes to the launcher from now on; its rows answered and its thread ended, within `timeout_s`
+        (False where a batch outlived it). Blocks: call it off the event loop."""
+        launcher, self._launcher = self._launcher, None
+        if not self._door or not launcher:
+            return True
+        return bool(self._lib.fd_direct_close(self._door, timeout_s))
 
     def drain(self) -> None:
         """Stop accepting; answers close their connections from now on (idle ones at their keep-alive timeout)."""

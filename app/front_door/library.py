@@ -1,6 +1,6 @@
-"""The front door's C side as a shared library: the one the settings name, or door.c and grpc.c built once with cc
-at first use, cached under the sources' hash (app/ops/c_library.py). The container image builds it at image build
-time and names it in CGSERVE_FRONT_DOOR_LIBRARY.
+"""The front door's C side as a shared library: the one the settings name, or door.c, grpc.c and launch.c built
+once with cc at first use, cached under the sources' hash (app/ops/c_library.py). The container image builds it at
+image build time and names it in CGSERVE_FRONT_DOOR_LIBRARY.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from pathlib import Path
 from app.ops.c_library import BuildError, built_library
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "door.c", HERE / "grpc.c")  # and door.h, which both include
-LIBRARIES = ("-lnghttp2",)  # HTTP/2 for grpc.c: Debian's libnghttp2-dev to build, libnghttp2-14 to run
+SOURCES = (HERE / "door.c", HERE / "grpc.c", HERE / "launch.c")  # and door.h, which they include
+# HTTP/2 for grpc.c: Debian's libnghttp2-dev to build, libnghttp2-14 to run; launch.c opens CUDA's driver at run time.
+LIBRARIES = ("-lnghttp2", "-ldl", "-lm")
 
 __all__ = ["BuildError", "door_library"]
 

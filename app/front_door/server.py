@@ -22,6 +22,7 @@ from app.errors import ServiceError
 from app.front_door.answers import JSON_HEAD, status_line
 from app.front_door.door import GRPC_CODE_NAMES, MAX_GETS, Door, Limits
 from app.front_door.feeder import FORM, GRPC_FORM, PROTOCOL, Feeder
+from app.front_door.launcher import Launcher
 from app.front_door.library import door_library
 from app.http.answer import error_answer
 from app.ops import metrics
@@ -97,6 +98,7 @@ class FrontDoor:
         self.refused: dict[tuple[str, str], int] = {}  # (format, code) → what was counted into Prometheus so far
         self.left_out: list[str] = []  # the models whose metadata the door's answers have no room for
         self.default_name = service.model(None).spec.name  # the default model: the door opened for its images
+        self.launcher = Launcher(service, door, feeder.models.shape)  # bound at the first tend, once serving
         self._set_gets()
         self.counter = asyncio.create_task(self._tend_forever(), name="front-door-tending")
         asyncio.get_running_loop().add_reader(wake, self._woken)
@@ -172,13 +174,14 @@ class FrontDoor:
         reach their keep-alive timeout (at most timeout_s in all), then close what is left."""
         self.door.drain()
         latest = time.monotonic() + timeout_s
+        self.counter.cancel()  # before the launcher is unbound: no tend binds it again
+        await asyncio.gather(self.counter, return_exceptions=True)
+        await self.launcher.unbind(timeout_s)  # its rows answered; new ones go to the feeder
         while (not self.feeder.idle() or self.door.open_connections()) and time.monotonic() < latest:
             self.feeder.pump()
             await asyncio.sleep(DRAIN_POLL_S)
         asyncio.get_running_loop().remove_reader(self.wake)
         self.feeder.close()  # no bulk is taken from here on: none can start a decode while the buffers are unpinned
-        self.counter.cancel()
-        await asyncio.gather(self.counter, return_exceptions=True)
         self._count()
         if self.pinned and not await self._unpinned(max(0.0, latest - time.monotonic())):
             self.door.detach()
@@ -221,10 +224,12 @@ class FrontDoor:
         with contextlib.suppress(Exception):  # a failed start-up is the service's to report
             await self.service.wait_started()  # ready from now on (the door opened before): its GETs say so at once
         self._set_gets()
+        await self.launcher.tend()
         while True:
             await asyncio.sleep(TEND_EVERY_S)
             self._count()
             self._set_gets()
+            await self.launcher.tend()
 
     def _set_gets(self) -> None:
         """The GETs a v2 client sends before its inferences (perf_analyzer reads the model's metadata and

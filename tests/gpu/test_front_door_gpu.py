@@ -1,13 +1,15 @@
-"""The front door (app/front_door) on a real GPU: the seed CNN's CUDA graphs behind it, with one process and
-with the engine process; 64 connections' images at once (a third POST /predict, a third v2 binary UINT8 as Triton's
-HTTP clients send it, a third gRPC ModelInfer with UINT8 raw contents, on the door's gRPC port) each get their own
-image's scores, equal to the fp32 model run eagerly, and the bulks went through the graphs (/metrics counts the
-door's answers). And two models behind one door (the seed CNN and its twin, 32 connections over v2 HTTP and gRPC):
-each request answered by its own model's graphs."""
+"""The front door (app/front_door) on a real GPU: the seed CNN's CUDA graphs behind it, with one process, with the
+engine process and with the launcher off; 64 connections' images at once (a third POST /predict, a third v2 binary
+UINT8 as Triton's HTTP clients send it, a third gRPC ModelInfer with UINT8 raw contents, on the door's gRPC port)
+each get their own image's scores, equal to the fp32 model run eagerly, and the bulks went through the graphs
+(/metrics counts the door's answers). The launcher (POST /predict's rows launched and answered in C,
+app/front_door/launch.c) answers as the service's port does. And two models behind one door (the seed CNN and its
+twin, 32 connections over v2 HTTP and gRPC): each request answered by its own model's graphs."""
 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -65,13 +67,15 @@ def at_once(one_connection: Callable[[int], list[list[float]]], connections: int
     return got
 
 
-@pytest.fixture(params=["one process", "engine process"])
+@pytest.fixture(params=["one process", "engine process", "launcher off"])
 def door(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str, str]]:
     port, grpc_port = free_port(), free_port()
     settings = {"device": "cuda", "engine": "cuda-graph", "compile": "none", "front_door_port": str(port),
                 "front_door_grpc_port": str(grpc_port), "front_door_threads": "4"}  # fmt: skip
     if request.param == "engine process":
         settings |= {"workers": "2", "engine_process": "true"}
+    if request.param == "launcher off":
+        settings |= {"front_door_launcher": "false"}
     with running_server(tmp_path / "server.log", SERVE, **settings) as url:
         yield url, f"http://127.0.0.1:{port}", f"127.0.0.1:{grpc_port}"
 
@@ -102,17 +106,63 @@ def test_each_of_64_connections_gets_its_images_scores(door: tuple[str, str, str
     got = at_once(one_connection, CONNECTIONS, want)
     assert relative_error(got, want) < 1e-3  # fp32 graphs against eager fp32 without TF32
     assert (got.argmax(axis=1) == want.argmax(axis=1)).mean() > 0.99
-    metrics = settled_metrics(url)
-    door = [
-        line
-        for line in metrics.splitlines()
-        if line.startswith("cgserve_requests_total{") and 'protocol="door"' in line
-    ]
-    answered = {form: sum(float(line.rsplit(" ", 1)[1]) for line in door if f'format="{form}"' in line and
-                          'code="200"' in line) for form in ("raw", "v2-binary", "grpc")}  # fmt: skip
     connections = {form: len(range(kind, CONNECTIONS, 3)) for kind, form in enumerate(("raw", "v2-binary", "grpc"))}
+    metrics, answered = door_answers_counted(url, {form: n * EACH for form, n in connections.items()})
     assert answered == {form: n * EACH for form, n in connections.items()}
     assert "cgserve_batches_total{" in metrics
+
+
+def door_answers_counted(url: str, want: dict[str, int]) -> tuple[str, dict[str, float]]:
+    """/metrics, and the door's 200s by format, once they are `want` (the launcher's are read each second) or
+    after 10 s."""
+    latest = time.monotonic() + 10
+    while True:
+        metrics = settled_metrics(url)
+        door = [line for line in metrics.splitlines()
+                if line.startswith("cgserve_requests_total{") and 'protocol="door"' in line]  # fmt: skip
+        answered = {form: sum(float(line.rsplit(" ", 1)[1]) for line in door if f'format="{form}"' in line and
+                              'code="200"' in line) for form in want}  # fmt: skip
+        if answered == want or time.monotonic() > latest:
+            return metrics, answered
+
+
+def test_the_launchers_answers_are_the_ports(tmp_path: Path) -> None:
+    """POST /predict through the door's launcher: bound (its log line), each image's answer the service's port's
+    (the same model, engine, label and class name; scores within 1e-5, written as orjson writes them), every
+    answer counted, and its batches in the model's metrics."""
+    port = free_port()
+    settings = {"device": "cuda", "engine": "cuda-graph", "compile": "none", "front_door_port": str(port),
+                "front_door_threads": "4"}  # fmt: skip
+    log = tmp_path / "server.log"
+    images = np.random.default_rng(2).integers(0, 256, (48, 1, 28, 28), dtype=np.uint8)
+    with running_server(log, SERVE, **settings) as url:
+        latest = time.monotonic() + 10
+        while "launched and answered in C" not in log.read_text() and time.monotonic() < latest:
+            time.sleep(0.1)  # bound at the door's first tend once the service serves
+        assert "launched and answered in C" in log.read_text()
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as door, \
+                httpx.Client(base_url=url, timeout=30) as service:  # fmt: skip
+            for image in images:
+                headers = {"content-type": "application/octet-stream"}
+                through_door = door.post("/predict", content=image.tobytes(), headers=headers)
+                through_port = service.post("/predict", content=image.tobytes(), headers=headers)
+                assert through_door.status_code == through_port.status_code == 200, through_door.text
+                assert through_door.headers["content-type"] == "application/json"
+                got, want = orjson.loads(through_door.content), orjson.loads(through_port.content)
+                scores = np.array(got["predictions"][0]["scores"], np.float32)
+                expected = np.array(want["predictions"][0]["scores"], np.float32)
+                assert np.abs(scores - expected).max() < 1e-5
+                for answer in (got, want):
+                    answer["predictions"][0].pop("scores")
+                assert got == want
+                written = orjson.dumps(scores[None], option=orjson.OPT_SERIALIZE_NUMPY)[1:-1]
+                assert (
+                    b'"scores":' + written + b"}]}" == through_door.content[through_door.content.index(b'"scores":') :]
+                )
+        metrics, answered = door_answers_counted(url, {"raw": len(images)})
+        assert answered == {"raw": len(images)}
+        assert "cgserve_batches_total{" in metrics
+    assert "Traceback" not in log.read_text()
 
 
 @pytest.fixture

@@ -1,0 +1,484 @@
+/* The door's own launcher: the default model's POST /predict rows staged, replayed and answered in C, with no
+ * Python between a request's last byte and its answer (issue 26 item 4).
+ *
+ * Why: through the event loop, a request of the seed CNN spent ~0.6 ms in the server, three quarters of it
+ * waiting for Python's thread (run 53d). The door's threads with an ideal engine in C answered as fast as the raw
+ * no-op, even with the device busy 0.1–0.15 ms a batch (bench/front_door/door_echo.c, run 56a).
+ *
+ * What Python gives it (fd_direct_open, app/front_door/direct.py):
+ * - SLOTS of the model's CUDA engine's slots, captured for it alone: per slot, its pinned (max_bucket, C, H, W)
+ *   uint8 rows, which the graphs read; its pinned (max_bucket, width) fp32 scores, which they write; a graph
+ *   executable per bucket; and the two events bracketing a batch;
+ * - the engine's stream, and the CUDA context;
+ * - the answer's fixed parts, as app/front_door/answers.py writes them.
+ *
+ * The three slots take turns:
+ * - a door thread copies a request's pixels straight into the FILLING slot (direct_add). Where none is free, or
+ *   it is full, the row goes to Python's bulk as every other request does;
+ * - the launcher thread launches the filling slot the moment the device is done with the batch before it (or at
+ *   once where the device is idle), then answers that batch while the new one runs: the device never waits for
+ *   the answers;
+ * - the answers are written here: each row's argmax, class name and scores, byte for byte orjson's (fmt_f32).
+ *
+ * Nothing waits for company: one row on an idle device is launched alone, as the batcher does.
+ *
+ * The launcher waits for a batch by polling its `done` event. It spins for SPIN_S, then sleeps in
+ * cuEventSynchronize. A batch not done within the batch timeout, or a CUDA error, answers its rows with Python's
+ * failure answer and stops the launcher: the device is dead, new rows go to Python, and Python's tending declares
+ * it so.
+ *
+ * Metrics: each answer's latency and each batch's rows, bucket and device seconds are kept in rings that Python
+ * reads every tend (fd_direct_figures).
+ *
+ * CUDA is reached through the driver's library, opened at fd_direct_open: the door builds and runs without CUDA.
+ */
+#include "door.h" /* first: its _GNU_SOURCE */
+
+#include <dlfcn.h>
+#include <math.h>
+
+#define SLOTS 3
+#define MAX_BUCKETS 32
+#define SPIN_S 0.002   /* longer than any batch of a small CNN; past it, sleep in the driver */
+#define LATENCIES (1 << 20) /* answers' latencies kept between two reads (5 s at 200,000 a second) */
+#define BATCHES (1 << 16)
+#define CUDA_NOT_READY 600
+
+typedef int (*cu_ctx_set_t)(void *);
+typedef int (*cu_graph_launch_t)(void *, void *);
+typedef int (*cu_event_record_t)(void *, void *);
+typedef int (*cu_event_query_t)(void *);
+typedef int (*cu_event_sync_t)(void *);
+typedef int (*cu_event_elapsed_t)(float *, void *, void *);
+
+enum { FREE = 0, FILLING = 1, RUNNING = 2, ANSWERING = 3, LOST = 4 };
+
+typedef struct {
+    uint8_t *in;        /* (max_bucket, C, H, W) uint8, pinned: what its graphs read */
+    const float *out;   /* (max_bucket, width) fp32, pinned: what its graphs write */
+    void *graphs[MAX_BUCKETS]; /* CUgraphExec of each bucket */
+    void *start, *done; /* CUevent */
+    int state, n, copying, bucket;
+    double launched;
+    uint64_t *ids;
+    double *arrived;
+} dslot_t;
+
+typedef struct { int32_t rows, bucket; float seconds; } batch_fig_t;
+
+struct direct {
+    door_t *d;
+    pthread_mutex_t mu; /* everything below but the launcher's own answer buffers */
+    pthread_cond_t cv;
+    dslot_t slots[SLOTS];
+    int filling, running; /* slot indexes, or -1 */
+    int n_buckets, buckets[MAX_BUCKETS], row_bytes, width;
+    void *ctx, *stream, *cuda;
+    cu_ctx_set_t ctx_set;
+    cu_graph_launch_t launch;
+    cu_event_record_t record;
+    cu_event_query_t query;
+    cu_event_sync_t sync;
+    cu_event_elapsed_t elapsed;
+    char *prefix, **names, *fail_status, *fail_head, *fail_body;
+    size_t prefix_len, *name_lens, fail_head_len, fail_body_len;
+    double timeout_s;
+    int stop, sleeping, dead;
+    char why[256];
+    double *latencies;
+    uint64_t lat_n;  /* latencies kept since the last read (at most LATENCIES) */
+    uint64_t lat_lost;
+    uint64_t failed;  /* rows answered with the failure answer since the last read */
+    batch_fig_t *batch_figs;
+    uint64_t batch_n;
+    uint64_t answered;
+    pthread_t tid;
+    char *bodies, *heads; /* the launcher's: a batch's answers */
+    int64_t *body_offsets, *head_offsets;
+    size_t bodies_cap;
+};
+
+/* --- answers: orjson's float32, byte for byte ------------------------------------------------------------ */
+
+/* `v` as orjson writes a numpy float32: the shortest digits that read back as v; fixed notation from 1e-6 up to
+ * below 1e13 (".0" after a whole number), else d[.ddd]e±n; NaN and infinities as null. Returns the length. */
+int fmt_f32(char *out, float v) {
+    if (isnan(v) || isinf(v)) { memcpy(out, "null", 4); return 4; }
+    if (v == 0.0f) return signbit(v) ? (memcpy(out, "-0.0", 4), 4) : (memcpy(out, "0.0", 3), 3);
+    char sci[32];
+    int p = 1;
+    for (; p <= 9; p++) { /* the correctly rounded p digits: the first p that reads back is the shortest */
+        snprintf(sci, sizeof sci, "%.*e", p - 1, (double)v);
+        if (strtof(sci, NULL) == v) break;
+    }
+    char digits[16];
+    int k = 0, n = 0, len = 0;
+    const char *s = sci;
+    if (*s == '-') { out[len++] = '-'; s++; }
+    for (; *s && *s != 'e'; s++)
+        if (*s != '.') digits[k++] = *s;
+    n = atoi(s + 1);
+    while (k > 1 && digits[k - 1] == '0') k--; /* "%.*e" pads where fewer digits read back the same */
+    if (n < -6 || n >= 13) {
+        out[len++] = digits[0];
+        if (k > 1) { out[len++] = '.'; memcpy(out + len, digits + 1, (size_t)k - 1); len += k - 1; }
+        len += sprintf(out + len, "e%c%d", n < 0 ? '-' : '+', n < 0 ? -n : n);
+    } else if (n < 0) {
+        out[len++] = '0'; out[len++] = '.';
+        for (int z = 0; z < -n - 1; z++) out[len++] = '0';
+        memcpy(out + len, digits, (size_t)k); len += k;
+    } else {
+        for (int i = 0; i <= n; i++) out[len++] = i < k ? digits[i] : '0';
+        out[len++] = '.';
+        if (k > n + 1) { memcpy(out + len, digits + n + 1, (size_t)(k - n - 1)); len += k - n - 1; }
+        else out[len++] = '0';
+    }
+    return len;
+}
+
+/* A row's answer to POST /predict, as answers.py's predictions() writes it; its length. `out` holds at least
+ * prefix + names + 24 bytes a score. */
+static size_t answer_body(struct direct *x, const float *scores, char *out) {
+    int label = 0;
+    for (int j = 0; j < x->width; j++) { /* numpy's argmax: the first largest, the first NaN where any */
+        if (isnan(scores[j])) { label = j; break; }
+        if (scores[j] > scores[label]) label = j;
+    }
+    size_t len = x->prefix_len;
+    memcpy(out, x->prefix, len);
+    len += (size_t)sprintf(out + len, "%d", label);
+    memcpy(out + len, x->names[label], x->name_lens[label]);
+    len += x->name_lens[label];
+    for (int j = 0; j < x->width; j++) {
+        if (j) out[len++] = ',';
+        len += (size_t)fmt_f32(out + len, scores[j]);
+    }
+    memcpy(out + len, "]}]}", 4);
+    return len + 4;
+}
+
+/* --- the door's side ------------------------------------------------------------------------------------- */
+
+/* A POST /predict's pixels into the filling slot: 1, or 0 where the launcher cannot take it (no slot free, the
+ * filling one full, the device dead or the launcher stopping): it goes to Python's bulk then. */
+int direct_add(struct direct *x, uint64_t id, const char *body, size_t len) {
+    if (len != (size_t)x->row_bytes) return 0;
+    pthread_mutex_lock(&x->mu);
+    if (x->dead || x->stop) { pthread_mutex_unlock(&x->mu); return 0; }
+    int max_rows = x->buckets[x->n_buckets - 1];
+    if (x->filling < 0 || x->slots[x->filling].n >= max_rows) {
+        if (x->filling >= 0) { pthread_mutex_unlock(&x->mu); return 0; } /* full until launched: Python takes it */
+        for (int s = 0; s < SLOTS && x->filling < 0; s++)
+            if (x->slots[s].state == FREE) { x->filling = s; x->slots[s].state = FILLING; }
+        if (x->filling < 0) { pthread_mutex_unlock(&x->mu); return 0; }
+    }
+    dslot_t *s = &x->slots[x->filling];
+    int i = s->n++;
+    s->ids[i] = id;
+    s->arrived[i] = now_s();
+    s->copying++;
+    pthread_mutex_unlock(&x->mu);
+    memcpy(s->in + (size_t)i * x->row_bytes, body, len); /* straight into the pinned memory the graph reads */
+    pthread_mutex_lock(&x->mu);
+    s->copying--;
+    if (x->sleeping) pthread_cond_signal(&x->cv);
+    pthread_mutex_unlock(&x->mu);
+    return 1;
+}
+
+/* --- the launcher ---------------------------------------------------------------------------------------- */
+
+static void stop_dead(struct direct *x, const char *why, int code) {
+    pthread_mutex_lock(&x->mu);
+    if (!x->dead) {
+        x->dead = 1;
+        snprintf(x->why, sizeof x->why, "%s (CUDA error %d)", why, code);
+    }
+    pthread_mutex_unlock(&x->mu);
+}
+
+static void answer_failed(struct direct *x, dslot_t *s) {
+    int k = s->n;
+    for (int i = 0; i <= k; i++) {
+        x->body_offsets[i] = (int64_t)(i * x->fail_body_len);
+        x->head_offsets[i] = (int64_t)(i * x->fail_head_len);
+    }
+    for (int i = 0; i < k; i++) {
+        memcpy(x->bodies + i * x->fail_body_len, x->fail_body, x->fail_body_len);
+        memcpy(x->heads + i * x->fail_head_len, x->fail_head, x->fail_head_len);
+    }
+    fd_answer(x->d, k, s->ids, x->bodies, x->body_offsets, x->fail_status, x->heads, x->head_offsets);
+    pthread_mutex_lock(&x->mu);
+    x->failed += (uint64_t)k;
+    pthread_mutex_unlock(&x->mu);
+}
+
+static const char JSON_HEAD[] = "content-type: application/json\r\n";
+
+static void answer_batch(struct direct *x, dslot_t *s, float seconds) {
+    int k = s->n;
+    size_t head_len = sizeof JSON_HEAD - 1, len = 0;
+    for (int i = 0; i < k; i++) {
+        x->body_offsets[i] = (int64_t)len;
+        len += answer_body(x, s->out + (size_t)i * x->width, x->bodies + len);
+        memcpy(x->heads + i * head_len, JSON_HEAD, head_len);
+        x->head_offsets[i] = (int64_t)(i * head_len);
+    }
+    x->body_offsets[k] = (int64_t)len;
+    x->head_offsets[k] = (int64_t)(k * head_len);
+    fd_answer(x->d, k, s->ids, x->bodies, x->body_offsets, "200 OK", x->heads, x->head_offsets);
+    double now = now_s();
+    pthread_mutex_lock(&x->mu);
+    for (int i = 0; i < k; i++) {
+        if (x->lat_n < LATENCIES) x->latencies[x->lat_n++] = now - s->arrived[i];
+        else x->lat_lost++;
+    }
+    if (x->batch_n < BATCHES) x->batch_figs[x->batch_n++] = (batch_fig_t){k, s->bucket, seconds};
+    x->answered += (uint64_t)k;
+    pthread_mutex_unlock(&x->mu);
+}
+
+/* Whether the running batch is done: 1; 0 where it failed or outlived the timeout (the device is dead then). */
+static int wait_done(struct direct *x, dslot_t *s) {
+    for (;;) {
+        int r = x->query(s->done);
+        if (r == 0) return 1;
+        if (r != CUDA_NOT_READY) { stop_dead(x, "a batch of the front door's launcher failed", r); return 0; }
+        double waited = now_s() - s->launched;
+        if (waited > x->timeout_s) {
+            stop_dead(x, "a batch of the front door's launcher did not complete within the batch timeout", 0);
+            return 0;
+        }
+        if (waited > SPIN_S) { /* a long batch: sleep in the driver (a blocking-sync event), then look again */
+            r = x->sync(s->done);
+            if (r != 0) { stop_dead(x, "a batch of the front door's launcher failed", r); return 0; }
+        }
+    }
+}
+
+static int launch_slot(struct direct *x, dslot_t *s) {
+    int b = 0;
+    while (x->buckets[b] < s->n) b++; /* the smallest bucket that holds its rows */
+    s->bucket = x->buckets[b];
+    s->launched = now_s();
+    int r = x->record(s->start, x->stream);
+    if (!r) r = x->launch(s->graphs[b], x->stream);
+    if (!r) r = x->record(s->done, x->stream);
+    if (r) stop_dead(x, "the front door's launcher could not launch a batch", r);
+    return r == 0;
+}
+
+static void *launcher(void *arg) {
+    struct direct *x = arg;
+    int r = x->ctx_set(x->ctx);
+    if (r) stop_dead(x, "the front door's launcher could not use the CUDA context", r);
+    pthread_mutex_lock(&x->mu);
+    for (;;) {
+        int has_rows = x->filling >= 0 && x->slots[x->filling].n > 0;
+        if (x->running < 0 && !has_rows) {
+            if (x->stop) break;
+            x->sleeping = 1;
+            pthread_cond_wait(&x->cv, &x->mu);
+            x->sleeping = 0;
+            continue;
+        }
+        int done = x->running, ok = 1;
+        pthread_mutex_unlock(&x->mu);
+        if (done >= 0) ok = wait_done(x, &x->slots[done]);
+        pthread_mutex_lock(&x->mu);
+        x->running = -1;
+        if (done >= 0) x->slots[done].state = ok ? ANSWERING : LOST; /* a slot the device may still write: never reused */
+        int next = -1;
+        if (x->filling >= 0 && x->slots[x->filling].n > 0) {
+            next = x->filling;
+            x->filling = -1; /* new rows go to another free slot from now on */
+            while (x->slots[next].copying > 0) { /* a row still being copied in */
+                pthread_mutex_unlock(&x->mu);
+                sched_yield();
+                pthread_mutex_lock(&x->mu);
+            }
+            x->slots[next].state = RUNNING;
+        }
+        int dead = x->dead;
+        pthread_mutex_unlock(&x->mu);
+        if (next >= 0) {
+            if (!dead && launch_slot(x, &x->slots[next])) {
+                pthread_mutex_lock(&x->mu);
+                x->running = next;
+                pthread_mutex_unlock(&x->mu);
+            } else {
+                answer_failed(x, &x->slots[next]);
+                pthread_mutex_lock(&x->mu);
+                x->slots[next].state = dead ? FREE : LOST;
+                x->slots[next].n = 0;
+                pthread_mutex_unlock(&x->mu);
+            }
+        }
+        if (done >= 0) {
+            dslot_t *s = &x->slots[done];
+            float ms = 0.0f;
+            if (ok) {
+                x->elapsed(&ms, s->start, s->done);
+                answer_batch(x, s, ms / 1000.0f);
+            } else {
+                answer_failed(x, s);
+            }
+            pthread_mutex_lock(&x->mu);
+            if (ok) s->state = FREE;
+            s->n = 0;
+            pthread_mutex_unlock(&x->mu);
+        }
+        pthread_mutex_lock(&x->mu);
+    }
+    pthread_mutex_unlock(&x->mu);
+    return NULL;
+}
+
+/* --- Python's side --------------------------------------------------------------------------------------- */
+
+/* The launcher for `d`, started: `buckets` (n_buckets, ascending); per slot s, ins[s] and outs[s] (pinned host
+ * memory), graphs[s * n_buckets + b] (CUgraphExec), starts[s], dones[s] (CUevent); the engine's stream and the
+ * context (CUstream, CUcontext); the answer's prefix (up to the label) and each class's part after the label;
+ * the failure answer (status, head lines, body); `error`: why not, where NULL is returned. */
+struct direct *fd_direct_open(door_t *d, int n_buckets, const int *buckets, void *const *ins, void *const *outs,
+                              void *const *graphs, void *const *starts, void *const *dones, void *stream, void *ctx,
+                              int width, const char *prefix, const char *const *names, const char *fail_status,
+                              const char *fail_head, const char *fail_body, double timeout_s, char *error) {
+    if (n_buckets < 1 || n_buckets > MAX_BUCKETS || width < 1 || d->direct) {
+        strcpy(error, "out of range, or a launcher already open");
+        return NULL;
+    }
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!cuda) {
+        snprintf(error, 256, "libcuda.so.1: %s", dlerror());
+        return NULL;
+    }
+    struct direct *x = calloc(1, sizeof *x);
+    x->cuda = cuda;
+    x->ctx_set = (cu_ctx_set_t)dlsym(cuda, "cuCtxSetCurrent");
+    x->launch = (cu_graph_launch_t)dlsym(cuda, "cuGraphLaunch");
+    x->record = (cu_event_record_t)dlsym(cuda, "cuEventRecord");
+    x->query = (cu_event_query_t)dlsym(cuda, "cuEventQuery");
+    x->sync = (cu_event_sync_t)dlsym(cuda, "cuEventSynchronize");
+    x->elapsed = (cu_event_elapsed_t)dlsym(cuda, "cuEventElapsedTime");
+    if (!x->ctx_set || !x->launch || !x->record || !x->query || !x->sync || !x->elapsed) {
+        strcpy(error, "libcuda.so.1 lacks a function the launcher calls");
+        dlclose(cuda);
+        free(x);
+        return NULL;
+    }
+    x->d = d;
+    x->n_buckets = n_buckets;
+    memcpy(x->buckets, buckets, sizeof(int) * (size_t)n_buckets);
+    x->row_bytes = d->row_bytes;
+    x->width = width;
+    x->stream = stream;
+    x->ctx = ctx;
+    x->timeout_s = timeout_s;
+    x->filling = x->running = -1;
+    int max_rows = buckets[n_buckets - 1];
+    for (int s = 0; s < SLOTS; s++) {
+        dslot_t *slot = &x->slots[s];
+        slot->in = ins[s];
+        slot->out = outs[s];
+        for (int b = 0; b < n_buckets; b++) slot->graphs[b] = graphs[s * n_buckets + b];
+        slot->start = starts[s];
+        slot->done = dones[s];
+        slot->ids = malloc(sizeof(uint64_t) * (size_t)max_rows);
+        slot->arrived = malloc(sizeof(double) * (size_t)max_rows);
+    }
+    x->prefix = strdup(prefix);
+    x->prefix_len = strlen(prefix);
+    x->names = calloc((size_t)width, sizeof(char *));
+    x->name_lens = calloc((size_t)width, sizeof(size_t));
+    size_t longest = 0;
+    for (int j = 0; j < width; j++) {
+        x->names[j] = strdup(names[j]);
+        x->name_lens[j] = strlen(names[j]);
+        if (x->name_lens[j] > longest) longest = x->name_lens[j];
+    }
+    x->fail_status = strdup(fail_status);
+    x->fail_head = strdup(fail_head);
+    x->fail_head_len = strlen(fail_head);
+    x->fail_body = strdup(fail_body);
+    x->fail_body_len = strlen(fail_body);
+    size_t row_cap = x->prefix_len + longest + 32 + (size_t)width * 24;
+    if (row_cap < x->fail_body_len) row_cap = x->fail_body_len;
+    x->bodies = malloc(row_cap * (size_t)max_rows);
+    size_t head_cap = sizeof JSON_HEAD > x->fail_head_len ? sizeof JSON_HEAD : x->fail_head_len;
+    x->heads = malloc(head_cap * (size_t)max_rows);
+    x->body_offsets = malloc(sizeof(int64_t) * ((size_t)max_rows + 1));
+    x->head_offsets = malloc(sizeof(int64_t) * ((size_t)max_rows + 1));
+    x->latencies = malloc(sizeof(double) * LATENCIES);
+    x->batch_figs = malloc(sizeof(batch_fig_t) * BATCHES);
+    pthread_mutex_init(&x->mu, NULL);
+    pthread_cond_init(&x->cv, NULL);
+    pthread_create(&x->tid, NULL, launcher, x);
+    pthread_setname_np(x->tid, "cgserve-launch");
+    __atomic_store_n(&d->direct, x, __ATOMIC_RELEASE); /* door threads hand it rows from now on */
+    return x;
+}
+
+/* What happened since the last call: up to `most` latencies (seconds) into `latencies`, up to `most_batches`
+ * (rows, bucket, device seconds) into the three arrays; counts[0] latencies, [1] batches, [2] latencies lost
+ * since the last call (the ring was full), [3] rows not yet answered, [4] dead (why in `why`), [5] rows answered
+ * with the failure answer since the last call. */
+void fd_direct_figures(struct direct *x, double *latencies, int most, int32_t *rows, int32_t *buckets,
+                       float *seconds, int most_batches, uint64_t *counts, char *why) {
+    pthread_mutex_lock(&x->mu);
+    memset(counts, 0, 6 * sizeof *counts);
+    strcpy(why, x->why);
+    if (!x->latencies) { /* closed */
+        pthread_mutex_unlock(&x->mu);
+        return;
+    }
+    uint64_t n = x->lat_n < (uint64_t)most ? x->lat_n : (uint64_t)most;
+    memcpy(latencies, x->latencies, sizeof(double) * n);
+    memmove(x->latencies, x->latencies + n, sizeof(double) * (x->lat_n - n));
+    x->lat_n -= n;
+    uint64_t m = x->batch_n < (uint64_t)most_batches ? x->batch_n : (uint64_t)most_batches;
+    for (uint64_t i = 0; i < m; i++) {
+        rows[i] = x->batch_figs[i].rows;
+        buckets[i] = x->batch_figs[i].bucket;
+        seconds[i] = x->batch_figs[i].seconds;
+    }
+    memmove(x->batch_figs, x->batch_figs + m, sizeof(batch_fig_t) * (x->batch_n - m));
+    x->batch_n -= m;
+    uint64_t pending = 0;
+    for (int s = 0; s < SLOTS; s++)
+        if (x->slots[s].state != LOST) pending += (uint64_t)x->slots[s].n;
+    counts[0] = n;
+    counts[1] = m;
+    counts[2] = x->lat_lost;
+    x->lat_lost = 0;
+    counts[3] = pending;
+    counts[4] = (uint64_t)x->dead;
+    counts[5] = x->failed;
+    x->failed = 0;
+    pthread_mutex_unlock(&x->mu);
+}
+
+/* No row is taken from now on (they go to Python's bulk); the rows taken are launched and answered, then the
+ * launcher's thread ends. Returns once it has, within `timeout_s` (0 where a batch outlived it: its slots and
+ * buffers are then left to the process's end). */
+int fd_direct_close(door_t *d, double timeout_s) {
+    struct direct *x = __atomic_exchange_n(&d->direct, NULL, __ATOMIC_ACQ_REL);
+    if (!x) return 1;
+    pthread_mutex_lock(&x->mu);
+    x->stop = 1;
+    pthread_cond_signal(&x->cv);
+    pthread_mutex_unlock(&x->mu);
+    double latest = now_s() + timeout_s;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += (time_t)timeout_s + 1;
+    if (pthread_timedjoin_np(x->tid, NULL, &ts) != 0 || now_s() > latest + 1.0) return 0;
+    /* The struct and its slots' ids stay: a door thread may be inside direct_add with it still (it finds `stop`). */
+    free(x->latencies); free(x->batch_figs); free(x->bodies); free(x->heads); free(x->body_offsets);
+    free(x->head_offsets);
+    pthread_mutex_lock(&x->mu);
+    x->latencies = NULL;
+    x->batch_figs = NULL;
+    pthread_mutex_unlock(&x->mu);
+    return 1;
+}
