@@ -71,6 +71,10 @@ class ServedModel:
     failure: str | None = None
     retired: bool = False  # replaced by a load or unloaded: answers what it admitted, then is freed
     admitted: int = 0  # requests admitted (app/dataplane.py's admit) and not yet answered
+    # The front door's launcher drives its engine's launcher slots (app/front_door/launcher.py): retire waits until it
+    # is closed, and never frees an engine whose launcher's last batch outlived its close (stuck).
+    launcher_bound: bool = False
+    launcher_stuck: bool = False
 
     def device_states(self) -> dict[str, str]:
         """Device → its engine's state: starting, ready, dead, failed (its start-up) or not started."""
@@ -500,10 +504,16 @@ class Service:
             # this runs once a retirement, off the request path.
             while isinstance(batcher, Batcher) and batcher.queued_rows and batcher.dead is None:  # noqa: ASYNC110
                 await asyncio.sleep(RETIRE_POLL_S)
+        while served.launcher_bound:  # noqa: ASYNC110  # closing: within the batch timeout (launch.c's own)
+            await asyncio.sleep(RETIRE_POLL_S)
         served.retired = True
         served.batcher = None
         if batcher is not None:
             await batcher.stop()  # nothing queued any more: it waits for the batches in flight
+        if served.launcher_stuck:  # the launcher may yet launch its graphs: left to the process's end
+            log.warning("%s version %s: its engines are kept (the front door's launcher outlived its close)",
+                        served.spec.name, served.spec.version)  # fmt: skip
+            return
         engines, served.engines = served.engines, []
         del batcher  # its engines tuple: the last reference but `engines`
         engine_labels = [_engine_labels(engine, served.spec.name) for engine in engines]

@@ -194,6 +194,9 @@ class Batcher:
         device_batches, device_rows, _ = self._device_metrics[0]
         device_batches.inc(len(rows))
         device_rows.inc(int(rows.sum()))
+        if (seconds_in_all := float(seconds.sum())) > 0:  # the device's rate, for Retry-After and admission
+            rate = float(rows.sum()) / seconds_in_all * len(self.engines)
+            self.rows_per_s = rate if not self.rows_per_s else self.rows_per_s + 0.05 * (rate - self.rows_per_s)
 
     def drain_estimate_s(self) -> float:
         """Seconds the rows queued now would take at the recent device throughput (0 when unknown)."""

@@ -1142,10 +1142,9 @@ void fd_drain(door_t *d) {
     }
 }
 
-int fd_direct_close(door_t *d, double timeout_s);
-
+/* Python closes the launcher (launch.c) before it frees the door, and frees no door whose launcher outlived its
+ * close. */
 void fd_close(door_t *d) {
-    fd_direct_close(d, 0.0); /* Python closed it before, where it opened one */
     __atomic_store_n(&d->stop, 1, __ATOMIC_RELAXED);
     for (int t = 0; t < d->threads; t++) {
         pthread_join(d->tids[t], NULL);

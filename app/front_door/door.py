@@ -70,7 +70,9 @@ def _load(library: Path) -> ctypes.CDLL:
     lib.fd_direct_figures.restype = None
     lib.fd_direct_figures.argtypes = (pointer, pointer, number, pointer, pointer, pointer, number, pointer, pointer)
     lib.fd_direct_close.restype = ctypes.c_int
-    lib.fd_direct_close.argtypes = (pointer, seconds)
+    lib.fd_direct_close.argtypes = (pointer, pointer, seconds)
+    lib.fd_direct_free.restype = None
+    lib.fd_direct_free.argtypes = (pointer,)
     lib.fmt_f32.restype = ctypes.c_int
     lib.fmt_f32.argtypes = (ctypes.c_void_p, ctypes.c_float)  # a buffer of 32 bytes (the tests)
     lib.fd_drain.argtypes = [ctypes.c_void_p]
@@ -95,6 +97,7 @@ class LauncherFigures:
     pending: int  # rows taken and not yet answered
     dead: str | None  # why the launcher stopped on a failed or hung batch, else None
     failed: int  # rows answered 503 since (their batch failed or outlived the batch timeout)
+    batches_lost: int  # batches not kept (their ring was full): their rows are counted in `latencies`
 
 
 @dataclass(frozen=True)
@@ -252,26 +255,40 @@ class Door:
         self._launcher = opened
 
     def launcher_figures(self) -> LauncherFigures | None:
-        """What the launcher answered since the last call; None where none is open."""
-        if not self._door or not self._launcher:
+        """What the launcher answered since the last call, also once it is closed (its last figures), until
+        free_launcher; None where none is open."""
+        if not self._launcher:
             return None
         lib, most, batches = self._lib, LAUNCHER_READ, LAUNCHER_BATCHES_READ
         latencies, rows = np.empty(most, np.float64), np.empty(batches, np.int32)
         buckets, seconds = np.empty(batches, np.int32), np.empty(batches, np.float32)
-        counts, why = np.zeros(6, np.uint64), ctypes.create_string_buffer(256)
+        counts, why = np.zeros(7, np.uint64), ctypes.create_string_buffer(256)
         lib.fd_direct_figures(self._launcher, latencies.ctypes.data, most, rows.ctypes.data, buckets.ctypes.data,
                               seconds.ctypes.data, batches, counts.ctypes.data, why)  # fmt: skip
         n, m = int(counts[0]), int(counts[1])
         return LauncherFigures(latencies[:n], rows[:m], buckets[:m], seconds[:m], int(counts[2]), int(counts[3]),
-                               why.value.decode(errors="replace") if counts[4] else None, int(counts[5]))  # fmt: skip
+                               why.value.decode(errors="replace") if counts[4] else None, int(counts[5]),
+                               int(counts[6]))  # fmt: skip
+
+    def stop_launcher(self) -> None:
+        """No row goes to the launcher from now on (the feeder's bulk takes them); what it holds it still answers.
+        Returns at once: close_launcher waits for it."""
+        if self._door and self._launcher:
+            self._lib.fd_direct_close(self._door, self._launcher, 0.0)
 
     def close_launcher(self, timeout_s: float) -> bool:
-        """No row goes to the launcher from now on; its rows answered and its thread ended, within `timeout_s`
-        (False where a batch outlived it). Blocks: call it off the event loop."""
-        launcher, self._launcher = self._launcher, None
-        if not self._door or not launcher:
+        """stop_launcher, then its rows answered and its thread ended within `timeout_s`: False where a batch
+        outlived it (its thread may still answer through the door, which must then not be freed). Blocks: call
+        it off the event loop. Its last figures stay readable until free_launcher."""
+        if not self._door or not self._launcher:
             return True
-        return bool(self._lib.fd_direct_close(self._door, timeout_s))
+        return bool(self._lib.fd_direct_close(self._door, self._launcher, timeout_s))
+
+    def free_launcher(self) -> None:
+        """A closed launcher's buffers freed (where its thread ended); none is open from now on."""
+        launcher, self._launcher = self._launcher, None
+        if launcher:
+            self._lib.fd_direct_free(launcher)
 
     def drain(self) -> None:
         """Stop accepting; answers close their connections from now on (idle ones at their keep-alive timeout)."""

@@ -22,10 +22,10 @@
  *
  * Nothing waits for company: one row on an idle device is launched alone, as the batcher does.
  *
- * The launcher waits for a batch by polling its `done` event. It spins for SPIN_S, then sleeps in
- * cuEventSynchronize. A batch not done within the batch timeout, or a CUDA error, answers its rows with Python's
- * failure answer and stops the launcher: the device is dead, new rows go to Python, and Python's tending declares
- * it so.
+ * The launcher waits for a batch by polling its `done` event: spinning for SPIN_S, then sleeping between looks,
+ * longer each time up to NAP_MOST_S. Never in the driver (cuEventSynchronize): a hung device would hold it there
+ * for ever. A batch not done within the batch timeout, or a CUDA error, answers its rows with Python's failure
+ * answer and stops the launcher: the device is dead, new rows go to Python, and Python's tending declares it so.
  *
  * Metrics: each answer's latency and each batch's rows, bucket and device seconds are kept in rings that Python
  * reads every tend (fd_direct_figures).
@@ -39,7 +39,9 @@
 
 #define SLOTS 3
 #define MAX_BUCKETS 32
-#define SPIN_S 0.002   /* longer than any batch of a small CNN; past it, sleep in the driver */
+#define SPIN_S 0.002   /* longer than any batch of a small CNN; past it, nap between looks */
+#define NAP_FIRST_S 0.00005
+#define NAP_MOST_S 0.0005 /* a ResNet-50 batch of 128 takes ~6 ms: answered at most this late */
 #define LATENCIES (1 << 20) /* answers' latencies kept between two reads (5 s at 200,000 a second) */
 #define BATCHES (1 << 16)
 #define CUDA_NOT_READY 600
@@ -48,7 +50,6 @@ typedef int (*cu_ctx_set_t)(void *);
 typedef int (*cu_graph_launch_t)(void *, void *);
 typedef int (*cu_event_record_t)(void *, void *);
 typedef int (*cu_event_query_t)(void *);
-typedef int (*cu_event_sync_t)(void *);
 typedef int (*cu_event_elapsed_t)(float *, void *, void *);
 
 enum { FREE = 0, FILLING = 1, RUNNING = 2, ANSWERING = 3, LOST = 4 };
@@ -78,16 +79,15 @@ struct direct {
     cu_graph_launch_t launch;
     cu_event_record_t record;
     cu_event_query_t query;
-    cu_event_sync_t sync;
     cu_event_elapsed_t elapsed;
     char *prefix, **names, *fail_status, *fail_head, *fail_body;
     size_t prefix_len, *name_lens, fail_head_len, fail_body_len;
     double timeout_s;
-    int stop, sleeping, dead;
+    int stop, sleeping, dead, joined;
     char why[256];
     double *latencies;
     uint64_t lat_n;  /* latencies kept since the last read (at most LATENCIES) */
-    uint64_t lat_lost;
+    uint64_t lat_lost, batches_lost; /* not kept since the last read (a ring was full) */
     uint64_t failed;  /* rows answered with the failure answer since the last read */
     batch_fig_t *batch_figs;
     uint64_t batch_n;
@@ -100,25 +100,47 @@ struct direct {
 
 /* --- answers: orjson's float32, byte for byte ------------------------------------------------------------ */
 
-/* `v` as orjson writes a numpy float32: the shortest digits that read back as v; fixed notation from 1e-6 up to
+/* The shortest decimal digits that read back as float32 `v` (> 0), and the closest such to v: Ryu's, which orjson
+ * writes. For each length p, the correctly rounded p digits, and where they do not read back (at a power of two,
+ * where the floats below are twice as close as those above) the p-digit numbers either side of them. Into
+ * `digits` (no dot, no trailing zeros); returns their count, and the decimal exponent of the first in *exponent. */
+static int shortest_digits(float v, char *digits, int *exponent) {
+    char text[40];
+    for (int p = 1; p <= 9; p++) {
+        snprintf(text, sizeof text, "%.*e", p - 1, (double)v);
+        long long m = 0;
+        for (const char *c = text; *c != 'e'; c++)
+            if (*c != '.') m = m * 10 + (*c - '0');
+        int e = atoi(strchr(text, 'e') + 1) - (p - 1); /* v ≈ m × 10^e */
+        long long best = -1;
+        double best_gap = 0.0;
+        for (int delta = 0; delta <= 2; delta++) { /* m, then m + 1 and m − 1 */
+            long long candidate = m + (delta == 0 ? 0 : delta == 1 ? 1 : -1);
+            if (candidate <= 0) continue;
+            snprintf(text, sizeof text, "%llde%d", candidate, e);
+            if (strtof(text, NULL) != v) continue;
+            double gap = fabs(strtod(text, NULL) - (double)v);
+            if (best < 0 || gap < best_gap) { best = candidate; best_gap = gap; }
+            if (delta == 0) break; /* the correctly rounded one reads back: it is the closest */
+        }
+        if (best < 0) continue;
+        int k = snprintf(digits, 16, "%lld", best);
+        *exponent = e + k - 1;
+        while (k > 1 && digits[k - 1] == '0') k--;
+        return k;
+    }
+    return snprintf(digits, 16, "0"); /* not reached: 9 digits always read back */
+}
+
+/* `v` as orjson writes a numpy float32: the shortest digits (shortest_digits); fixed notation from 1e-6 up to
  * below 1e13 (".0" after a whole number), else d[.ddd]e±n; NaN and infinities as null. Returns the length. */
 int fmt_f32(char *out, float v) {
     if (isnan(v) || isinf(v)) { memcpy(out, "null", 4); return 4; }
     if (v == 0.0f) return signbit(v) ? (memcpy(out, "-0.0", 4), 4) : (memcpy(out, "0.0", 3), 3);
-    char sci[32];
-    int p = 1;
-    for (; p <= 9; p++) { /* the correctly rounded p digits: the first p that reads back is the shortest */
-        snprintf(sci, sizeof sci, "%.*e", p - 1, (double)v);
-        if (strtof(sci, NULL) == v) break;
-    }
+    int len = 0, n = 0;
+    if (v < 0) { out[len++] = '-'; v = -v; }
     char digits[16];
-    int k = 0, n = 0, len = 0;
-    const char *s = sci;
-    if (*s == '-') { out[len++] = '-'; s++; }
-    for (; *s && *s != 'e'; s++)
-        if (*s != '.') digits[k++] = *s;
-    n = atoi(s + 1);
-    while (k > 1 && digits[k - 1] == '0') k--; /* "%.*e" pads where fewer digits read back the same */
+    int k = shortest_digits(v, digits, &n);
     if (n < -6 || n >= 13) {
         out[len++] = digits[0];
         if (k > 1) { out[len++] = '.'; memcpy(out + len, digits + 1, (size_t)k - 1); len += k - 1; }
@@ -233,6 +255,7 @@ static void answer_batch(struct direct *x, dslot_t *s, float seconds) {
         else x->lat_lost++;
     }
     if (x->batch_n < BATCHES) x->batch_figs[x->batch_n++] = (batch_fig_t){k, s->bucket, seconds};
+    else x->batches_lost++;
     x->answered += (uint64_t)k;
     pthread_mutex_unlock(&x->mu);
     fd_answer(x->d, k, s->ids, x->bodies, x->body_offsets, "200 OK", x->heads, x->head_offsets);
@@ -240,6 +263,7 @@ static void answer_batch(struct direct *x, dslot_t *s, float seconds) {
 
 /* Whether the running batch is done: 1; 0 where it failed or outlived the timeout (the device is dead then). */
 static int wait_done(struct direct *x, dslot_t *s) {
+    double nap = NAP_FIRST_S;
     for (;;) {
         int r = x->query(s->done);
         if (r == 0) return 1;
@@ -249,9 +273,10 @@ static int wait_done(struct direct *x, dslot_t *s) {
             stop_dead(x, "a batch of the front door's launcher did not complete within the batch timeout", 0);
             return 0;
         }
-        if (waited > SPIN_S) { /* a long batch: sleep in the driver (a blocking-sync event), then look again */
-            r = x->sync(s->done);
-            if (r != 0) { stop_dead(x, "a batch of the front door's launcher failed", r); return 0; }
+        if (waited > SPIN_S) { /* a long batch: nap, longer each time */
+            struct timespec ts = {0, (long)(nap * 1e9)};
+            nanosleep(&ts, NULL);
+            nap = nap * 2 < NAP_MOST_S ? nap * 2 : NAP_MOST_S;
         }
     }
 }
@@ -359,9 +384,8 @@ struct direct *fd_direct_open(door_t *d, int n_buckets, const int *buckets, void
     x->launch = (cu_graph_launch_t)dlsym(cuda, "cuGraphLaunch");
     x->record = (cu_event_record_t)dlsym(cuda, "cuEventRecord");
     x->query = (cu_event_query_t)dlsym(cuda, "cuEventQuery");
-    x->sync = (cu_event_sync_t)dlsym(cuda, "cuEventSynchronize");
     x->elapsed = (cu_event_elapsed_t)dlsym(cuda, "cuEventElapsedTime");
-    if (!x->ctx_set || !x->launch || !x->record || !x->query || !x->sync || !x->elapsed) {
+    if (!x->ctx_set || !x->launch || !x->record || !x->query || !x->elapsed) {
         strcpy(error, "libcuda.so.1 lacks a function the launcher calls");
         dlclose(cuda);
         free(x);
@@ -422,11 +446,12 @@ struct direct *fd_direct_open(door_t *d, int n_buckets, const int *buckets, void
 /* What happened since the last call: up to `most` latencies (seconds) into `latencies`, up to `most_batches`
  * (rows, bucket, device seconds) into the three arrays; counts[0] latencies, [1] batches, [2] latencies lost
  * since the last call (the ring was full), [3] rows not yet answered, [4] dead (why in `why`), [5] rows answered
- * with the failure answer since the last call. */
+ * with the failure answer since the last call, [6] batches not kept since the last call (their ring was full).
+ * Valid until fd_direct_free, after the close too (its last figures). */
 void fd_direct_figures(struct direct *x, double *latencies, int most, int32_t *rows, int32_t *buckets,
                        float *seconds, int most_batches, uint64_t *counts, char *why) {
     pthread_mutex_lock(&x->mu);
-    memset(counts, 0, 6 * sizeof *counts);
+    memset(counts, 0, 7 * sizeof *counts);
     strcpy(why, x->why);
     if (!x->latencies) { /* closed */
         pthread_mutex_unlock(&x->mu);
@@ -455,30 +480,45 @@ void fd_direct_figures(struct direct *x, double *latencies, int most, int32_t *r
     counts[4] = (uint64_t)x->dead;
     counts[5] = x->failed;
     x->failed = 0;
+    counts[6] = x->batches_lost;
+    x->batches_lost = 0;
     pthread_mutex_unlock(&x->mu);
 }
 
 /* No row is taken from now on (they go to Python's bulk); the rows taken are launched and answered, then the
- * launcher's thread ends. Returns once it has, within `timeout_s` (0 where a batch outlived it: its slots and
- * buffers are then left to the process's end). */
-int fd_direct_close(door_t *d, double timeout_s) {
-    struct direct *x = __atomic_exchange_n(&d->direct, NULL, __ATOMIC_ACQ_REL);
-    if (!x) return 1;
+ * launcher's thread ends. Returns 1 once it has, 0 where it had not within `timeout_s`: it may then still answer
+ * through the door, which must not be freed (Python leaves it to the process's end). */
+int fd_direct_close(door_t *d, struct direct *x, double timeout_s) {
+    struct direct *expected = x;
+    __atomic_compare_exchange_n(&d->direct, &expected, NULL, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
     pthread_mutex_lock(&x->mu);
     x->stop = 1;
     pthread_cond_signal(&x->cv);
     pthread_mutex_unlock(&x->mu);
-    double latest = now_s() + timeout_s;
+    if (x->joined) return 1;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += (time_t)timeout_s + 1;
-    if (pthread_timedjoin_np(x->tid, NULL, &ts) != 0 || now_s() > latest + 1.0) return 0;
-    /* The struct and its slots' ids stay: a door thread may be inside direct_add with it still (it finds `stop`). */
-    free(x->latencies); free(x->batch_figs); free(x->bodies); free(x->heads); free(x->body_offsets);
-    free(x->head_offsets);
-    pthread_mutex_lock(&x->mu);
+    double at = ts.tv_sec + ts.tv_nsec / 1e9 + timeout_s;
+    ts.tv_sec = (time_t)at;
+    ts.tv_nsec = (long)((at - (double)ts.tv_sec) * 1e9);
+    if (pthread_timedjoin_np(x->tid, NULL, &ts) != 0) return 0;
+    x->joined = 1;
+    return 1;
+}
+
+/* A closed launcher's buffers freed, once its thread has ended (else nothing: left to the process's end). The
+ * struct itself stays: a door thread that read d->direct before the close may yet look at it in direct_add (it
+ * finds `stop` and takes nothing). */
+void fd_direct_free(struct direct *x) {
+    if (!x->joined) return;
+    pthread_mutex_lock(&x->mu); /* emptied under the lock first: a figures call finds them gone, not freed */
+    double *latencies = x->latencies;
+    batch_fig_t *batch_figs = x->batch_figs;
     x->latencies = NULL;
     x->batch_figs = NULL;
     pthread_mutex_unlock(&x->mu);
-    return 1;
+    free(latencies); free(batch_figs); free(x->bodies); free(x->heads); free(x->body_offsets); free(x->head_offsets);
+    x->bodies = x->heads = NULL;
+    x->body_offsets = x->head_offsets = NULL;
+    dlclose(x->cuda);
 }

@@ -18,6 +18,7 @@ batch would tell it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from app.batching.batcher import Batcher
@@ -32,6 +33,7 @@ from app.service import ServedModel, Service
 log = logging.getLogger(__name__)
 
 PROTOCOL, FORM = "door", "raw"  # feeder.py's labels for POST /predict through the door
+CLOSE_MARGIN_S = 5.0  # a close waits for the last batch's own timeout (launch.c's), and this much more
 FAILED = ("the device is dead (a batch of the front door's launcher failed or did not complete within the batch "
           "timeout); the service is restarting")  # fmt: skip
 
@@ -43,36 +45,56 @@ class Launcher:
         self.service, self.door, self.shape = service, door, shape
         self.bound: ServedModel | None = None  # the version whose engine it drives (held: admitted + 1)
         self.refused: ServedModel | None = None  # the version it could not start on (said once, not tried again)
+        self.closing: asyncio.Future[bool] | None = None  # the close under way, which a second unbind awaits too
+        self.stopped = False  # the door is stopping: never bound again
+        self._tending: asyncio.Task[None] | None = None  # the tend an install began (kept: a task is weakly held)
+        service.on_install.append(self._installed)
 
     def eligible(self) -> ServedModel | None:
         """The default model's version the launcher can drive now, or None."""
-        if not self.service.settings.front_door_launcher:
+        if self.stopped or not self.service.settings.front_door_launcher:
             return None
         try:
             served = self.service.model(None)
         except Exception:  # no default model now (unloaded): nothing to bind
             return None
         batcher = served.batcher
-        if not isinstance(batcher, Batcher) or len(batcher.engines) != 1 or served.spec.input_shape != self.shape:
+        if served.retired or not isinstance(batcher, Batcher) or len(batcher.engines) != 1:
             return None
-        if not served.spec.layout.default or not getattr(batcher.engines[0], "launcher_slots", 0):
-            return None  # named outputs (answers.py answers them row by row), or no slots (another engine, traced)
+        if served.spec.input_shape != self.shape or not served.spec.layout.default:
+            return None  # not the door's images; named outputs (answers.py answers them row by row)
+        if not getattr(batcher.engines[0], "launcher_slots", 0):
+            return None  # another engine, or none for it (traced, several devices)
         return served
 
+    def _installed(self, name: str) -> None:
+        """A model loaded or unloaded (Service.install, on the event loop): where the bound version is no longer the
+        default one, POST /predict goes to the feeder from this step on, as the service's port's requests go to the
+        new version, and the launcher is closed and bound again on a task of its own (not a second later)."""
+        if self.bound is not None and self.eligible() is not self.bound:
+            self.door.stop_launcher()  # what it holds it still answers (in flight, as the port's are)
+            with contextlib.suppress(RuntimeError):  # no loop running (a test's install): the next tend binds
+                self._tending = asyncio.get_running_loop().create_task(self.tend())
+
     async def tend(self) -> None:
-        """The figures since the last tend counted; bound again where the default model changed."""
-        self.count()
-        wanted = self.eligible()
-        if wanted is self.bound:
-            return
-        await self.unbind(self.service.settings.batch_timeout_s)
-        if wanted is not None and wanted is not self.refused:
+        """The figures since the last tend counted; bound again where the default model changed. Never raises: the
+        door's other tending goes on."""
+        try:
+            self.count()
+            if self.eligible() is self.bound:
+                return
+            await self.unbind(self.service.settings.batch_timeout_s + CLOSE_MARGIN_S)
+            wanted = self.eligible()  # again: the await above let a load or an unload run
+            if wanted is None or wanted is self.bound or wanted is self.refused:
+                return
             try:
                 self.bind(wanted)
             except Exception as error:  # the door serves on through the batcher, whatever went wrong here
                 self.refused = wanted
                 log.warning("front door: POST /predict of %s goes through the batcher: %s: %s", wanted.spec.name,
                             type(error).__name__, error)  # fmt: skip
+        except Exception:
+            log.exception("front door: tending the launcher failed")
 
     def bind(self, served: ServedModel) -> None:
         """The launcher started on `served`'s engine; an exception where it cannot be (the door then goes on without
@@ -90,25 +112,39 @@ class Launcher:
             (status_line(failure.status), head_lines(failure.headers), failure.body),
             self.service.settings.batch_timeout_s,
         )  # fmt: skip
-        served.admitted += 1  # its engines stay until unbound, as for a request in flight (app/dataplane.py's admit)
+        served.launcher_bound = True  # its engines stay until unbound (Service.retire waits)
         self.bound = served
         log.info("front door: POST /predict of %s (version %s) launched and answered in C (launch.c)",
                  served.spec.name, served.spec.version)  # fmt: skip
 
-    async def unbind(self, timeout_s: float) -> None:
-        """The launcher's rows answered and its thread ended (off the event loop), its last figures counted."""
-        served = self.bound
-        if served is None:
-            return
-        self.count()
-        ended = await asyncio.to_thread(self.door.close_launcher, timeout_s)
-        self.count(served)
-        self.bound = None
-        if ended:
-            served.admitted -= 1
-        else:  # a batch the device never finished: its engine is never freed under it
-            log.warning("front door: the launcher's last batch outlived %.0f s; %s's engine is kept", timeout_s,
-                        served.spec.name)  # fmt: skip
+    async def unbind(self, timeout_s: float, *, for_good: bool = False) -> bool:
+        """The launcher's rows answered and its thread ended (off the event loop), its last figures counted. False
+        where a batch outlived `timeout_s`: its thread may still answer through the door, which must then never be
+        freed (FrontDoor.stop), and the version's engines are never freed under it. `for_good`: never bound again.
+        A close under way (the tend's, when the door stops) is awaited, not started twice."""
+        self.stopped = self.stopped or for_good
+        if self.closing is None:
+            if self.bound is None:
+                return True
+            self.closing = asyncio.ensure_future(self._close(self.bound, timeout_s))
+        return await asyncio.shield(self.closing)
+
+    async def _close(self, served: ServedModel, timeout_s: float) -> bool:
+        try:
+            self.count()
+            ended = await asyncio.to_thread(self.door.close_launcher, timeout_s)
+            self.count(served)  # its last figures
+            if ended:
+                self.door.free_launcher()
+            else:  # a batch the device never finished: its engines never freed under the launcher
+                served.launcher_stuck = True
+                log.warning("front door: the launcher's last batch outlived %.0f s; %s's engine and the door are "
+                            "left to the process's end", timeout_s, served.spec.name)  # fmt: skip
+            return ended
+        finally:
+            served.launcher_bound = False
+            self.bound = None
+            self.closing = None
 
     def count(self, served: ServedModel | None = None) -> None:
         """The launcher's answers and batches since the last count into the metrics; a dead launcher's device
@@ -130,3 +166,6 @@ class Launcher:
                 batcher.count_batches(figures.rows, figures.buckets, figures.seconds)
             if figures.dead is not None and batcher.dead is None:
                 batcher.declare_dead(figures.dead, batcher.engines[0].device)
+        if figures.batches_lost:
+            log.warning("front door: %d of the launcher's batches were not counted (read too seldom)",
+                        figures.batches_lost)  # fmt: skip

@@ -22,7 +22,7 @@ from app.errors import ServiceError
 from app.front_door.answers import JSON_HEAD, status_line
 from app.front_door.door import GRPC_CODE_NAMES, MAX_GETS, Door, Limits
 from app.front_door.feeder import FORM, GRPC_FORM, PROTOCOL, Feeder
-from app.front_door.launcher import Launcher
+from app.front_door.launcher import CLOSE_MARGIN_S, Launcher
 from app.front_door.library import door_library
 from app.http.answer import error_answer
 from app.ops import metrics
@@ -174,9 +174,11 @@ class FrontDoor:
         reach their keep-alive timeout (at most timeout_s in all), then close what is left."""
         self.door.drain()
         latest = time.monotonic() + timeout_s
-        self.counter.cancel()  # before the launcher is unbound: no tend binds it again
+        self.counter.cancel()
         await asyncio.gather(self.counter, return_exceptions=True)
-        await self.launcher.unbind(timeout_s)  # its rows answered; new ones go to the feeder
+        # Its rows answered (new ones go to the feeder), never bound again; a close the tend began is awaited.
+        launcher_ended = await self.launcher.unbind(self.service.settings.batch_timeout_s + CLOSE_MARGIN_S,
+                                                    for_good=True)  # fmt: skip
         while (not self.feeder.idle() or self.door.open_connections()) and time.monotonic() < latest:
             self.feeder.pump()
             await asyncio.sleep(DRAIN_POLL_S)
@@ -186,6 +188,9 @@ class FrontDoor:
         if self.pinned and not await self._unpinned(max(0.0, latest - time.monotonic())):
             self.door.detach()
             return  # a decoder batch may still write the buffers: the door left open (and pinned) for the process's end
+        if not launcher_ended:
+            self.door.detach()
+            return  # the launcher's thread may still answer through the door: left open for the process's end
         # Detached here, on the loop, where a batch that outlived the timeout may still answer: that answer then
         # finds the door gone, not freed under it. Freed on a thread: it joins the door's, up to one sweep's wait.
         await asyncio.to_thread(self.door.free, self.door.detach())

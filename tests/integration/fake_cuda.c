@@ -10,6 +10,7 @@
  * Loaded first (ctypes.CDLL), it is the libcuda.so.1 launch.c's dlopen finds: glibc matches the soname.
  */
 #include <stdint.h>
+#include <unistd.h>
 
 typedef struct { const uint8_t *in; float *out; int rows, row_bytes, width; } fake_graph_t;
 enum { WORKS = 0, FAIL = 1, HANG = 2 };
@@ -31,5 +32,11 @@ int cuGraphLaunch(void *graph, void *stream) {
 }
 int cuEventRecord(void *event, void *stream) { (void)event; (void)stream; return 0; }
 int cuEventQuery(void *event) { (void)event; return mode == HANG ? 600 : 0; } /* 600: CUDA_ERROR_NOT_READY */
-int cuEventSynchronize(void *event) { (void)event; return 0; }
+/* As the driver's: it returns once the event is done, so under HANG not for 30 s. launch.c must never call it (a
+ * hung device would hold its thread there for ever): the hang test fails if it does. */
+int cuEventSynchronize(void *event) {
+    (void)event;
+    for (int i = 0; i < 3000 && mode == HANG; i++) usleep(10000);
+    return 0;
+}
 int cuEventElapsedTime(float *ms, void *start, void *end) { (void)start; (void)end; *ms = 0.05f; return 0; }

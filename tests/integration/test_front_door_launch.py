@@ -8,6 +8,7 @@ tests/gpu/test_front_door_gpu.py's."""
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import os
 import socket
 import struct
@@ -73,10 +74,14 @@ def test_scores_are_written_as_orjson_writes_them(library: ctypes.CDLL) -> None:
     ]
     decades = [m * 10.0**e for e in range(-45, 39) for m in (1.0, 1.5, 9.999999)]
     probabilities = rng.dirichlet(np.ones(10), 2000).ravel()
+    # Each power of two and the floats either side: below one the floats are twice as close as above it, and the
+    # correctly rounded digits need not read back where the next ones up do (2**-96: 1.2621775e-29).
+    powers = np.ldexp(np.float32(1), np.arange(-149, 128)).astype(np.float32)
+    beside = np.concatenate([powers, np.nextafter(powers, np.float32(0)), np.nextafter(powers, np.float32(np.inf))])
     bits = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
     with np.errstate(over="ignore"):  # 9.999999e38 and up: infinity
         chosen_values = np.array(chosen + decades, np.float32)
-    values = np.concatenate([chosen_values, probabilities.astype(np.float32), bits])
+    values = np.concatenate([chosen_values, beside, probabilities.astype(np.float32), bits])
     want = orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].split(b",")
     wrong = [(struct.pack("<f", v).hex(), c_float(library, v), w)
              for v, w in zip(values.tolist(), want, strict=True) if c_float(library, np.float32(v)) != w]  # fmt: skip
@@ -86,7 +91,7 @@ def test_scores_are_written_as_orjson_writes_them(library: ctypes.CDLL) -> None:
 def test_without_cuda_the_launcher_refuses_to_start() -> None:
     """No libcuda.so.1 here: open_launcher says so, and the door goes on serving through the feeder. In a process
     of its own: the other tests' stand-in for the driver, once loaded, is what dlopen finds."""
-    if Path("/usr/lib/x86_64-linux-gnu/libcuda.so.1").exists():
+    if ctypes.util.find_library("cuda"):
         pytest.skip("CUDA's driver is installed here")
     done = subprocess.run([sys.executable, "-c", WITHOUT_CUDA], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -119,7 +124,7 @@ class FakeGraph(ctypes.Structure):
 
 @pytest.fixture(scope="module")
 def fake_cuda(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    if Path("/usr/lib/x86_64-linux-gnu/libcuda.so.1").exists():
+    if ctypes.util.find_library("cuda"):
         pytest.skip("CUDA's driver is installed here: the stand-in would not be the one launch.c opens")
     built = tmp_path_factory.mktemp("fake-cuda") / "libcuda.so.1"
     source = Path(__file__).with_name("fake_cuda.c")
@@ -152,6 +157,7 @@ def launched(fake_cuda: ctypes.CDLL) -> Iterator[tuple[Any, tuple[str, int], cty
         door.open_launcher(handles, PREFIX, NAMES, FAILURE, 0.3)
         yield door, address, fake_cuda
         door.close_launcher(5.0)
+        door.free_launcher()
         del ins, outs, graphs, events  # kept alive until the launcher is closed
 
 
@@ -203,6 +209,8 @@ def test_after_a_close_requests_go_to_the_bulk(launched: Any) -> None:
     image = np.full(SHAPE, 7, np.uint8)
     assert post(address, [image]) == [(200, expected(image))]
     assert door.close_launcher(5.0)
+    assert door.launcher_figures() is not None  # its last figures, until freed
+    door.free_launcher()
     assert door.launcher_figures() is None
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(post, address, [image])
