@@ -115,11 +115,12 @@ class Settings(BaseSettings):
     )
     front_door_threads: int = Field(4, ge=1, le=64, description="C threads serving front_door_port.")
     front_door_launcher: bool = Field(
-        True,
-        description="Where front_door_port is set and the default model runs CUDA graphs on one GPU: its POST "
-        "/predict rows are copied by the door's threads into pinned memory of three slots of their own, launched "
-        "and answered by a C thread, never Python's (app/front_door/launch.c). Rows past those slots, and every "
-        "other request, go through the batcher as before. Off: every row goes through the batcher.",
+        False,
+        description="Experimental, off until measured faster (bench/results/2026-12-06-run56-h100-door-launcher.md): "
+        "where front_door_port is set and the default model runs CUDA graphs on one GPU, its POST /predict rows are "
+        "copied by the door's threads into pinned memory of three slots of its engine's own, launched and answered "
+        "by a C thread, never Python's (app/front_door/launch.c). Rows past those slots, and every other request, "
+        "go through the batcher as before. Each CUDA-graph model then captures three more slots.",
     )
     front_door_library: Path | None = Field(
         None,

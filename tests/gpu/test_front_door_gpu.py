@@ -74,8 +74,7 @@ def door(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, 
                 "front_door_grpc_port": str(grpc_port), "front_door_threads": "4"}  # fmt: skip
     if request.param == "engine process":
         settings |= {"workers": "2", "engine_process": "true"}
-    if request.param == "launcher off":
-        settings |= {"front_door_launcher": "false"}
+    settings["front_door_launcher"] = "false" if request.param == "launcher off" else "true"
     with running_server(tmp_path / "server.log", SERVE, **settings) as url:
         yield url, f"http://127.0.0.1:{port}", f"127.0.0.1:{grpc_port}"
 
@@ -132,7 +131,7 @@ def test_the_launchers_answers_are_the_ports(tmp_path: Path) -> None:
     answer counted, and its batches in the model's metrics."""
     port = free_port()
     settings = {"device": "cuda", "engine": "cuda-graph", "compile": "none", "front_door_port": str(port),
-                "front_door_threads": "4"}  # fmt: skip
+                "front_door_threads": "4", "front_door_launcher": "true"}  # fmt: skip
     log = tmp_path / "server.log"
     images = np.random.default_rng(2).integers(0, 256, (48, 1, 28, 28), dtype=np.uint8)
     with running_server(log, SERVE, **settings) as url:

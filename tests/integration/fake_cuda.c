@@ -2,7 +2,8 @@
  * GPU. It is not a model of the GPU: it lets the tests drive launch.c's slots, answers, figures, close and failures.
  *
  * A "graph" is a fake_graph_t naming a slot's pinned rows and scores. Launching it scores each of its rows at
- * once: score j of a row is (its byte j + 1) / 256, so a test knows each request's answer from its own image. An
+ * once: score j of a row is 1 / (its byte j + 3), so a test knows each request's answer from its own image (and
+ * the scores are floats of every digit count, as a softmax's are, not a few dyadic ones). An
  * event is always done, unless fake_cuda_mode(HANG) says none ever is; under FAIL, every launch fails.
  *
  *   cc -shared -fPIC -Wl,-soname,libcuda.so.1 tests/integration/fake_cuda.c -o DIR/libcuda.so.1
@@ -26,7 +27,7 @@ int cuGraphLaunch(void *graph, void *stream) {
     const fake_graph_t *g = graph;
     for (int r = 0; r < g->rows; r++)
         for (int j = 0; j < g->width; j++)
-            g->out[r * g->width + j] = (float)(g->in[(long)r * g->row_bytes + j] + 1) / 256.0f;
+            g->out[r * g->width + j] = 1.0f / (float)(g->in[(long)r * g->row_bytes + j] + 3);
     __atomic_add_fetch(&launches, 1, __ATOMIC_RELAXED);
     return 0;
 }
