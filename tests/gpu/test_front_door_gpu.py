@@ -161,6 +161,9 @@ def test_the_launchers_answers_are_the_ports(tmp_path: Path) -> None:
         metrics, answered = door_answers_counted(url, {"raw": len(images)})
         assert answered == {"raw": len(images)}
         assert "cgserve_batches_total{" in metrics
+        # The feeder observes each row it takes in the door's wait; the launcher's rows never wait for a bulk.
+        waited = [line for line in metrics.splitlines() if line.startswith("cgserve_front_door_wait_seconds_count")]
+        assert all(float(line.rsplit(" ", 1)[1]) == 0 for line in waited), waited
     assert "Traceback" not in log.read_text()
 
 
