@@ -553,7 +553,8 @@ class Service:
             if served.batcher is not None:
                 await served.batcher.stop()
             for engine in served.engines:
-                if not self.device_dead:  # a dead engine's close could wait forever
+                # A dead engine's close could wait forever; a stuck launcher may yet launch its graphs.
+                if not self.device_dead and not served.launcher_stuck:
                     engine.close()
         if self.jpeg_decoder is not None and not self.device_dead:
             self.jpeg_decoder.close()

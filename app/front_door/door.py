@@ -71,6 +71,8 @@ def _load(library: Path) -> ctypes.CDLL:
     lib.fd_direct_figures.argtypes = (pointer, pointer, number, pointer, pointer, pointer, number, pointer, pointer)
     lib.fd_direct_close.restype = ctypes.c_int
     lib.fd_direct_close.argtypes = (pointer, pointer, seconds)
+    lib.fd_direct_stop.restype = None
+    lib.fd_direct_stop.argtypes = (pointer, pointer)
     lib.fd_direct_free.restype = None
     lib.fd_direct_free.argtypes = (pointer,)
     lib.fmt_f32.restype = ctypes.c_int
@@ -274,7 +276,7 @@ class Door:
         """No row goes to the launcher from now on (the feeder's bulk takes them); what it holds it still answers.
         Returns at once: close_launcher waits for it."""
         if self._door and self._launcher:
-            self._lib.fd_direct_close(self._door, self._launcher, 0.0)
+            self._lib.fd_direct_stop(self._door, self._launcher)
 
     def close_launcher(self, timeout_s: float) -> bool:
         """stop_launcher, then its rows answered and its thread ended within `timeout_s`: False where a batch

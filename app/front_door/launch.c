@@ -190,7 +190,7 @@ static int fast_digits(float v, char *digits, int *exponent) {
     return k;
 }
 
-/* `v` as orjson writes a numpy float32: the shortest digits (shortest_digits); fixed notation from 1e-6 up to
+/* `v` as orjson writes a numpy float32: the shortest digits (fast_digits); fixed notation from 1e-6 up to
  * below 1e13 (".0" after a whole number), else d[.ddd]e±n; NaN and infinities as null. Returns the length. */
 int fmt_f32(char *out, float v) {
     if (isnan(v) || isinf(v)) { memcpy(out, "null", 4); return 4; }
@@ -289,6 +289,7 @@ static void answer_failed(struct direct *x, dslot_t *s) {
     }
     pthread_mutex_lock(&x->mu); /* counted before the answers go: a client that has one finds it counted */
     x->failed += (uint64_t)k;
+    s->n = 0; /* and no longer pending */
     pthread_mutex_unlock(&x->mu);
     fd_answer(x->d, k, s->ids, x->bodies, x->body_offsets, x->fail_status, x->heads, x->head_offsets);
 }
@@ -315,6 +316,7 @@ static void answer_batch(struct direct *x, dslot_t *s, float seconds) {
     if (x->batch_n < BATCHES) x->batch_figs[x->batch_n++] = (batch_fig_t){k, s->bucket, seconds};
     else x->batches_lost++;
     x->answered += (uint64_t)k;
+    s->n = 0; /* no longer pending */
     pthread_mutex_unlock(&x->mu);
     fd_answer(x->d, k, s->ids, x->bodies, x->body_offsets, "200 OK", x->heads, x->head_offsets);
 }
@@ -543,23 +545,29 @@ void fd_direct_figures(struct direct *x, double *latencies, int most, int32_t *r
     pthread_mutex_unlock(&x->mu);
 }
 
-/* No row is taken from now on (they go to Python's bulk); the rows taken are launched and answered, then the
- * launcher's thread ends. Returns 1 once it has, 0 where it had not within `timeout_s`: it may then still answer
- * through the door, which must not be freed (Python leaves it to the process's end). */
-int fd_direct_close(door_t *d, struct direct *x, double timeout_s) {
+/* No row is taken from now on (they go to Python's bulk); what it holds it still launches and answers. At once:
+ * fd_direct_close waits for it. */
+void fd_direct_stop(door_t *d, struct direct *x) {
     struct direct *expected = x;
     __atomic_compare_exchange_n(&d->direct, &expected, NULL, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
     pthread_mutex_lock(&x->mu);
     x->stop = 1;
     pthread_cond_signal(&x->cv);
     pthread_mutex_unlock(&x->mu);
+}
+
+/* fd_direct_stop, then the launcher's thread joined: 1 once it has ended, 0 where it had not within `timeout_s`
+ * (it may then still answer through the door, which must not be freed: Python leaves it to the process's end).
+ * One caller at a time (Python's close, on one thread); a second call after an ended one returns 1. */
+int fd_direct_close(door_t *d, struct direct *x, double timeout_s) {
+    fd_direct_stop(d, x);
     if (x->joined) return 1;
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    clock_gettime(CLOCK_MONOTONIC, &ts);
     double at = ts.tv_sec + ts.tv_nsec / 1e9 + timeout_s;
     ts.tv_sec = (time_t)at;
     ts.tv_nsec = (long)((at - (double)ts.tv_sec) * 1e9);
-    if (pthread_timedjoin_np(x->tid, NULL, &ts) != 0) return 0;
+    if (pthread_clockjoin_np(x->tid, NULL, CLOCK_MONOTONIC, &ts) != 0) return 0;
     x->joined = 1;
     return 1;
 }

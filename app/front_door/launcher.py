@@ -47,12 +47,15 @@ class Launcher:
         self.refused: ServedModel | None = None  # the version it could not start on (said once, not tried again)
         self.closing: asyncio.Future[bool] | None = None  # the close under way, which a second unbind awaits too
         self.stopped = False  # the door is stopping: never bound again
+        # A close outlived its timeout: that launcher's thread may still answer through the door and launch its
+        # version's graphs, so nothing is bound again and the door is never freed (unbind says False from then on).
+        self.stuck = False
         self._tending: asyncio.Task[None] | None = None  # the tend an install began (kept: a task is weakly held)
         service.on_install.append(self._installed)
 
     def eligible(self) -> ServedModel | None:
         """The default model's version the launcher can drive now, or None."""
-        if self.stopped or not self.service.settings.front_door_launcher:
+        if self.stopped or self.stuck or not self.service.settings.front_door_launcher:
             return None
         try:
             served = self.service.model(None)
@@ -125,7 +128,7 @@ class Launcher:
         self.stopped = self.stopped or for_good
         if self.closing is None:
             if self.bound is None:
-                return True
+                return not self.stuck
             self.closing = asyncio.ensure_future(self._close(self.bound, timeout_s))
         return await asyncio.shield(self.closing)
 
@@ -137,7 +140,7 @@ class Launcher:
             if ended:
                 self.door.free_launcher()
             else:  # a batch the device never finished: its engines never freed under the launcher
-                served.launcher_stuck = True
+                served.launcher_stuck = self.stuck = True
                 log.warning("front door: the launcher's last batch outlived %.0f s; %s's engine and the door are "
                             "left to the process's end", timeout_s, served.spec.name)  # fmt: skip
             return ended

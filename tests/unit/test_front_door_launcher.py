@@ -1,7 +1,8 @@
 """app/front_door/launcher.py's bookkeeping, with a stand-in door and service: a stop that finds the tend's close
 under way waits for it (the door must not be freed while the launcher's thread answers through it); a load that
 makes another version the default stops the launcher in the same step and binds it to that version; a close that
-times out leaves the version's engines to the process's end. launch.c itself is tests/integration's."""
+times out leaves the version's engines and the door to the process's end, and nothing is bound after it. launch.c
+itself is tests/integration's."""
 
 from __future__ import annotations
 
@@ -114,6 +115,12 @@ async def test_a_close_that_times_out_keeps_the_engines_and_the_door(parts: tupl
     launcher = Launcher(service, door, (1, 28, 28))  # type: ignore[arg-type]
     await launcher.tend()
     served = default["served"]
-    assert not await launcher.unbind(1.0, for_good=True)
+    default["served"] = version("2")
+    await launcher.tend()  # its close times out
     assert served.launcher_stuck and not served.launcher_bound
     assert door.calls == ["open", "close"]  # not freed: its thread may still answer
+    await launcher.tend()  # a new default: nothing is bound while the stuck thread may still answer
+    default["served"] = served
+    await launcher.tend()  # nor the stuck version again (a second launcher on its slots)
+    assert door.calls == ["open", "close"]
+    assert not await launcher.unbind(1.0, for_good=True)  # the stop leaves the door to the process's end
