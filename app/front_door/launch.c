@@ -1,11 +1,11 @@
 /* The door's own launcher: the default model's POST /predict rows staged, replayed and answered in C, with no
  * Python between a request's last byte and its answer (issue 26 item 4).
  *
- * Why: through the event loop, a request of the seed CNN spent ~0.6 ms in the server, three quarters of it
- * waiting for Python's thread (run 53d). The door's threads with an ideal engine in C answered as fast as the raw
- * no-op, even with the device busy 0.1–0.15 ms a batch (bench/front_door/door_echo.c, run 56a).
+ * Why: through the event loop, a request of the seed CNN spent ~0.6 ms in the server, ~0.1 ms of it on the device
+ * (run 53d). The door's threads with an ideal engine in C answered 0.96–1.17× as fast as the raw no-op, with a
+ * stand-in device busy 0–0.15 ms a batch (bench/front_door/door_echo.c, run 56a).
  *
- * What Python gives it (fd_direct_open, app/front_door/direct.py):
+ * What Python gives it (fd_direct_open, from app/front_door/launcher.py through door.py):
  * - SLOTS of the model's CUDA engine's slots, captured for it alone: per slot, its pinned (max_bucket, C, H, W)
  *   uint8 rows, which the graphs read; its pinned (max_bucket, width) fp32 scores, which they write; a graph
  *   executable per bucket; and the two events bracketing a batch;

@@ -3,9 +3,10 @@ when the default model changes.
 
 POST /predict's rows then go from the door's threads into pinned memory of three slots of the engine's own, and
 launch.c's thread launches their graphs and writes their answers: no Python between a request's last byte and its
-answer (run 56a: the door with an ideal engine in C answered as fast as the raw no-op, where the event loop's path
-reached 0.4×). Rows past those slots, v2 and gRPC requests, uploads and other models go through the feeder and
-the batcher as before, onto the same stream of the same engine.
+answer (run 56a: the door with an ideal engine in C answered 0.96–1.17× as fast as the raw no-op, where the event
+loop's path reached 0.4×). Off by default until it is measured faster on a GPU (run 57a's formatter was not).
+Rows past those slots, v2 and gRPC requests, uploads and other models go through the feeder and the batcher as
+before, onto the same stream of the same engine.
 
 Bound where the launcher can answer as the service's port would: the default model runs CUDA graphs on one GPU
 (its engine has launcher slots, app/service.py's _launcher_wanted), its outputs are class scores, and its images
@@ -43,7 +44,7 @@ class Launcher:
 
     def __init__(self, service: Service, door: Door, shape: tuple[int, int, int]) -> None:
         self.service, self.door, self.shape = service, door, shape
-        self.bound: ServedModel | None = None  # the version whose engine it drives (held: admitted + 1)
+        self.bound: ServedModel | None = None  # the version whose engine it drives (its launcher_bound: retire waits)
         self.refused: ServedModel | None = None  # the version it could not start on (said once, not tried again)
         self.closing: asyncio.Future[bool] | None = None  # the close under way, which a second unbind awaits too
         self.stopped = False  # the door is stopping: never bound again
