@@ -318,10 +318,28 @@ static int v2_infer_model(const char *path, size_t path_len, size_t *off, size_t
 /* What the head asks for, checked before its body is needed: the route, the token, and the body's form and
  * length. Taken (`which` < 0): *header_len is the v2 request's JSON header's length (0 for POST /predict) and
  * *model_off, *model_len where its model is in `buf` (v2_infer_model), *image whether its body is an encoded image. */
+/* A header's value as a refusal may quote it: its media type (up to a ';'), trimmed, at most n − 1 bytes, each byte
+ * a JSON string may hold as it is ('?' for any other: a quote, a backslash, a control or non-ASCII byte); "(none)"
+ * where there is none, as the service's port says. */
+static void shown(char *out, size_t n, const char *value, size_t len) {
+    while (len && (*value == ' ' || *value == '\t')) { value++; len--; }
+    size_t i = 0;
+    for (; i < len && i + 1 < n && value[i] != ';'; i++) {
+        unsigned char ch = (unsigned char)value[i];
+        out[i] = ch >= 0x20 && ch < 0x7f && ch != '"' && ch != '\\' ? (char)ch : '?';
+    }
+    while (i && out[i - 1] == ' ') i--;
+    out[i] = 0;
+    if (!i) snprintf(out, n, "(none)");
+}
+
+/* check_head's refusal, and where it says what the request sent, that message in `detail` (DETAIL bytes; else ""). */
+#define DETAIL 160
 static refusal_t check_head(door_t *d, const char *buf, size_t head_len, size_t body_len, size_t *header_len,
-                            size_t *model_off, size_t *model_len, int *image) {
+                            size_t *model_off, size_t *model_len, int *image, char *detail) {
     size_t value_len = 0;
     size_t path_len = 0;
+    detail[0] = 0;
     const char *path = target(buf, head_len, 4, &path_len); /* POST */
     int v2 = v2_infer_model(path, path_len, model_off, model_len);
     if (!v2 && !same(path, path_len, d->path, d->path_len))
@@ -367,15 +385,21 @@ static refusal_t check_head(door_t *d, const char *buf, size_t head_len, size_t 
     }
     const char *type = find_header(buf, head_len, "content-type:", &value_len);
     *image = media_is(type, value_len, "image/jpeg") || media_is(type, value_len, "image/png");
-    if (!*image && !media_is(type, value_len, "application/octet-stream"))
+    if (!*image && !media_is(type, value_len, "application/octet-stream")) {
+        char media[48];
+        shown(media, sizeof media, type, type ? value_len : 0);
+        snprintf(detail, DETAIL, "content type '%s' is not accepted here", media);
         return (refusal_t){R415, "unsupported_media_type",
                            "the Content-Type is not application/octet-stream, image/jpeg or image/png", ""};
+    }
     if (*image && body_len > (size_t)d->row_bytes) /* it goes into its row, where its pixels will be */
         return (refusal_t){R413, "body_too_large",
                            "an image upload here is at most one image's pixels in bytes (C×H×W of the default "
                            "model): send larger ones to the service's port", ""};
-    if (!*image && (int)body_len != d->row_bytes)
+    if (!*image && (int)body_len != d->row_bytes) {
+        snprintf(detail, DETAIL, "the body has %zu bytes, not one uint8 image (%d bytes)", body_len, d->row_bytes);
         return (refusal_t){R422, "invalid_input", "the body's length is not one image's pixels", ""};
+    }
     return TAKEN;
 }
 
@@ -564,12 +588,14 @@ static int parse_head(door_t *d, conn_t *c, int fd) {
         return -1;
     }
     c->held = body_len;
-    refusal_t refusal = check_head(d, c->buf, head_len, body_len, &header_len, &model_off, &model_len, &image);
+    char detail[DETAIL];
+    refusal_t refusal = check_head(d, c->buf, head_len, body_len, &header_len, &model_off, &model_len, &image, detail);
     if (c->len < head_len + body_len) {
         const char *expect = find_header(c->buf, head_len, "expect:", &value_len);
         if (expect && !http10 && value_len == 12 && strncasecmp(expect, "100-continue", 12) == 0) {
             if (refusal.which >= 0) { /* refused before its body is sent, as Expect asks */
-                refuse(d, fd, refusal.which, refusal.code, refusal.message, refusal.extra_head, 1, v2);
+                refuse(d, fd, refusal.which, refusal.code, detail[0] ? detail : refusal.message, refusal.extra_head,
+                       1, v2);
                 return -1;
             }
             if (!send_all(fd, "HTTP/1.1 100 Continue\r\n\r\n", 25)) return -1;
@@ -577,6 +603,7 @@ static int parse_head(door_t *d, conn_t *c, int fd) {
     }
     c->head = (head_t){.len = head_len, .body_len = body_len, .header_len = header_len, .image = image, .v2 = v2,
                        .model_off = model_off, .model_len = model_len, .refusal = refusal};
+    memcpy(c->head.detail, detail, DETAIL);
     return 2;
 }
 
@@ -629,7 +656,8 @@ static int parse_one(door_t *d, conn_t *c, int fd) {
     int closing = c->close_after || load(&d->draining);
     int sent = 1, answered_here = 1;
     if (h.refusal.which >= 0) {
-        sent = refuse(d, fd, h.refusal.which, h.refusal.code, h.refusal.message, h.refusal.extra_head, closing, h.v2);
+        const char *message = h.detail[0] ? h.detail : h.refusal.message;
+        sent = refuse(d, fd, h.refusal.which, h.refusal.code, message, h.refusal.extra_head, closing, h.v2);
     } else {
         c->gen++; /* this request's own: an answer for an earlier one (answered twice) goes nowhere */
         const char *body = c->buf + h.len + h.header_len;

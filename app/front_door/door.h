@@ -66,6 +66,8 @@ typedef struct {
     int v2;              /* refused in the protocol's error shape */
     size_t model_off, model_len; /* a v2 infer's model in its path ("<name>[/versions/<version>]"): its bytes */
     refusal_t refusal;   /* what the head asks that the door refuses (TAKEN: nothing), answered once the body is in */
+    char detail[160];    /* where set, the refusal's message with what the request sent (a byte count, a type):
+                          * door.c's DETAIL bytes */
 } head_t;
 
 typedef struct {

@@ -206,7 +206,8 @@ def test_refusals_are_answers_on_the_connection(server: dict[str, Any]) -> None:
     image = sample_images(1)[0]
     with socket.create_connection(("127.0.0.1", server["port"]), timeout=5) as connection:  # one throughout
         status, _, body = exchange(connection, POST % (b"/predict", AUTH, 100) + b"\0" * 100)
-        assert status.startswith(b"HTTP/1.1 422 ") and b"one image" in body, (status, body)
+        assert status.startswith(b"HTTP/1.1 422 "), (status, body)  # what it sent, as the service's port says
+        assert orjson.loads(body)["error"]["message"] == "the body has 100 bytes, not one uint8 image (784 bytes)"
         status, _, body = exchange(connection, POST % (b"/v1/models/fashion-cnn/predict", AUTH, len(image)) + image)
         assert status.startswith(b"HTTP/1.1 404 ") and b"HTTP port" in body, (status, body)
         for path in (b"/v2/models/fashion%2Dcnn/infer", b"/v2/models/fashion-cnn/versions//infer",
@@ -226,6 +227,14 @@ def test_refusals_are_answers_on_the_connection(server: dict[str, Any]) -> None:
         json = POST.replace(b"application/octet-stream", b"application/json")
         status, _, body = exchange(connection, json % (b"/predict", AUTH, len(image)) + image)
         assert status.startswith(b"HTTP/1.1 415 ") and b"octet-stream" in body, (status, body)
+        assert orjson.loads(body)["error"]["message"] == "content type 'application/json' is not accepted here"
+        # A type a client made up is shown as JSON may hold it: no quote, backslash or non-ASCII byte of it
+        odd = POST.replace(b"application/octet-stream", b' text/"x\\y\xffz; charset=utf-8')
+        status, _, body = exchange(connection, odd % (b"/predict", AUTH, len(image)) + image)
+        assert orjson.loads(body)["error"]["message"] == "content type 'text/?x?y?z' is not accepted here", body
+        untyped = POST.replace(b"Content-Type: application/octet-stream\r\n", b"")
+        status, _, body = exchange(connection, untyped % (b"/predict", AUTH, len(image)) + image)
+        assert orjson.loads(body)["error"]["message"] == "content type '(none)' is not accepted here", body
         gzipped = AUTH + b"Content-Encoding: gzip\r\n"  # tritonclient's request_compression_algorithm
         status, _, body = exchange(connection, POST % (b"/predict", gzipped, len(image)) + image)
         assert status.startswith(b"HTTP/1.1 415 ") and b"Content-Encoding" in body and b"HTTP port" in body, body
