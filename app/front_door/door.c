@@ -65,6 +65,11 @@ static int send_all(int fd, const char *text, size_t n) {
     return 1;
 }
 
+/* A 401's challenge, as the service's port gives it (app/errors.py's UnauthorizedError, RFC 6750): a wrong token's
+ * says so; a missing one gets the bare challenge. */
+#define NO_TOKEN "www-authenticate: Bearer realm=\"cudagraph-serve\"\r\n"
+#define INVALID_TOKEN "www-authenticate: Bearer realm=\"cudagraph-serve\", error=\"invalid_token\"\r\n"
+
 /* A refusal in the service's error shape ({"error": {"code", "message", "expected"}}), counted; to a v2 request,
  * in the protocol's ({"error": "…"}, with Triton's 400 for a 422). Returns whether it was written whole. */
 static int refuse(door_t *d, int fd, int which, const char *code, const char *message, const char *extra_head,
@@ -352,7 +357,7 @@ static refusal_t check_head(door_t *d, const char *buf, size_t head_len, size_t 
         if (!auth || !token_ok(d, auth, value_len))
             return (refusal_t){R401, "unauthorized",
                                auth ? "the bearer token is not one of the inference tokens" : "the request has no bearer token",
-                               "www-authenticate: Bearer\r\n"};
+                               auth ? INVALID_TOKEN : NO_TOKEN};
     }
     const char *encoding = find_header(buf, head_len, "content-encoding:", &value_len);
     if (encoding && !(value_len == 8 && strncasecmp(encoding, "identity", 8) == 0))
@@ -477,8 +482,8 @@ static int answer_get(door_t *d, int fd, const char *buf, size_t head_len, int c
         free(body);
     }
     if (found < 0)
-        return refuse(d, fd, R401, "unauthorized", "the bearer token is missing or not one of the inference tokens",
-                      "www-authenticate: Bearer\r\n", closing, v2);
+        return refuse(d, fd, R401, "unauthorized", auth ? "the bearer token is not one of the inference tokens"
+                      : "the request has no bearer token", auth ? INVALID_TOKEN : NO_TOKEN, closing, v2);
     size_t model_off, model_len;
     int post_route = same(path, path_len, d->path, d->path_len) || v2_infer_model(path, path_len, &model_off, &model_len);
     if (!found && post_route) { /* as a wrong method always is here: refused, and the connection closed */

@@ -239,11 +239,18 @@ def test_refusals_are_answers_on_the_connection(server: dict[str, Any]) -> None:
         status, _, body = exchange(connection, POST % (b"/predict", gzipped, len(image)) + image)
         assert status.startswith(b"HTTP/1.1 415 ") and b"Content-Encoding" in body and b"HTTP port" in body, body
         status, headers, body = exchange(connection, POST % (b"/predict", b"", len(image)) + image)
-        assert status.startswith(b"HTTP/1.1 401 ") and headers[b"www-authenticate"] == b"Bearer", (status, headers)
+        assert status.startswith(b"HTTP/1.1 401 "), (status, headers)  # the port's challenge (app/errors.py)
+        assert headers[b"www-authenticate"] == b'Bearer realm="cudagraph-serve"', headers
         assert b"no bearer token" in body and b"CGSERVE_AUTH_TOKENS" in body  # and what it expected
         wrong = b"Authorization: Bearer " + b"x" * len(TOKEN) + b"\r\n"
-        status, _, body = exchange(connection, POST % (b"/predict", wrong, len(image)) + image)
+        status, headers, body = exchange(connection, POST % (b"/predict", wrong, len(image)) + image)
         assert status.startswith(b"HTTP/1.1 401 ") and b"not one of" in body, (status, body)
+        assert headers[b"www-authenticate"] == b'Bearer realm="cudagraph-serve", error="invalid_token"', headers
+        for given, challenge in ((b"", b'Bearer realm="cudagraph-serve"'),
+                                 (wrong, b'Bearer realm="cudagraph-serve", error="invalid_token"')):  # fmt: skip
+            status, headers, _ = exchange(connection, b"GET /v2/models/fashion-cnn HTTP/1.1\r\nHost: x\r\n" + given
+                                          + b"\r\n")  # fmt: skip
+            assert status.startswith(b"HTTP/1.1 401 ") and headers[b"www-authenticate"] == challenge, headers
         status, _, body = exchange(connection, POST % (b"/predict", AUTH, len(image)) + image)  # it goes on
         assert status.startswith(b"HTTP/1.1 200 ") and b'"predictions"' in body, (status, body)
     for length in (b"-1", b"18446744073709551615", b"12abc", b""):  # refused, not read past the buffer
