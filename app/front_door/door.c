@@ -462,6 +462,17 @@ int find_get(door_t *d, const char *key, size_t key_len, const char *authorizati
     return found;
 }
 
+/* Whether a GET of `path` has an answer Python set (gRPC's keys, which all hold a '?', are not GETs). */
+static int has_get(door_t *d, const char *path, size_t path_len) {
+    if (memchr(path, '?', path_len)) return 0;
+    int found = 0;
+    pthread_mutex_lock(&d->gets_mu);
+    for (int i = 0; i < d->n_gets && !found; i++)
+        found = d->gets[i].path && same(path, path_len, d->gets[i].path, strlen(d->gets[i].path));
+    pthread_mutex_unlock(&d->gets_mu);
+    return found;
+}
+
 /* A GET Python set an answer for, or 404 (the HTTP port has the rest); a GET has no body. Returns whether the
  * connection goes on: the answer was written whole, and it does not close it. */
 static int answer_get(door_t *d, int fd, const char *buf, size_t head_len, int closing, int v2) {
@@ -547,9 +558,18 @@ static int parse_head(door_t *d, conn_t *c, int fd) {
         c->since = now_s();
         return closing || !sent ? -1 : 1;
     }
-    if (memcmp(c->buf, "POST ", 5) != 0) {
-        refuse(d, fd, R405, "method_not_allowed", "the front door serves POST, and GET of the v2 metadata",
-               "allow: GET, POST\r\n", 1, v2);
+    if (memcmp(c->buf, "POST ", 5) != 0) { /* another method: what its route takes, as the service's port says */
+        const char *space = memchr(c->buf, ' ', head_len); /* request_line_ok found one */
+        size_t path_len = 0, model_off, model_len;
+        const char *path = target(c->buf, head_len, (size_t)(space - c->buf), &path_len);
+        if (same(path, path_len, d->path, d->path_len) || v2_infer_model(path, path_len, &model_off, &model_len))
+            refuse(d, fd, R405, "method_not_allowed", "the route takes POST", "allow: POST\r\n", 1, v2);
+        else if (has_get(d, path, path_len))
+            refuse(d, fd, R405, "method_not_allowed", "the route takes GET", "allow: GET\r\n", 1, v2);
+        else
+            refuse(d, fd, R404, "not_found", "the front door serves POST /predict and POST /v2/models/<model>"
+                   "[/versions/<v>]/infer, and GETs of the v2 metadata; every other route is the service's HTTP port's",
+                   "", 1, v2);
         return -1;
     }
     if (find_header(c->buf, head_len, "transfer-encoding:", &value_len)) {

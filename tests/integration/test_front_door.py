@@ -267,6 +267,17 @@ def test_refusals_are_answers_on_the_connection(server: dict[str, Any]) -> None:
             raw.sendall(request)
             answer = closed_within(raw, 5)
             assert answer is not None and answer.startswith(b"HTTP/1.1 " + code + b" "), (request, answer)
+    # Another method: what its route takes, as the service's port says (Allow), or 404 where the door has no such
+    # route.
+    methods = {b"PUT /predict": (b"405", b"allow: POST\r\n"),
+               b"PUT /v2/models/fashion-cnn/infer": (b"405", b"allow: POST\r\n"),
+               b"DELETE /v2/models/fashion-cnn": (b"405", b"allow: GET\r\n"), b"PUT /nope": (b"404", b"")}  # fmt: skip
+    for line, (code, allow) in methods.items():
+        with socket.create_connection(("127.0.0.1", server["port"]), timeout=5) as raw:
+            raw.sendall(line + b" HTTP/1.1\r\nHost: x\r\n" + AUTH + b"Content-Length: 0\r\n\r\n")
+            answer = closed_within(raw, 5)
+            assert answer is not None and answer.startswith(b"HTTP/1.1 " + code + b" "), (line, answer)
+            assert (allow.lower() in answer.lower()) if allow else (b"allow:" not in answer.lower()), (line, answer)
             assert b"connection: close" in answer
     with httpx.Client(base_url=server["door"]) as client:
         predict(client, image)  # and the server still serves
