@@ -299,16 +299,20 @@ class FrontDoor:
         return [self.default_name, *others]
 
     def _count(self) -> None:
-        """The C side's refusals since the last count, into cgserve_requests (no model: none was looked up)."""
+        """The C side's refusals since the last count, into cgserve_requests (no model, none was looked up, but for a
+        POST /predict of the wrong length)."""
         _, refused, _ = self.door.counts()
         totals = {(FORM, str(code)): total for code, total in refused.items()}  # HTTP's by status, gRPC's by code
         totals |= {(GRPC_FORM, GRPC_CODE_NAMES[code]): total for code, total in enumerate(self.door.grpc_refusals())}
         for (form, code), total in totals.items():
             counted = self.refused.get((form, code), 0)
             if total > counted:
-                metrics.REQUESTS.labels(model="", protocol=PROTOCOL, format=form, code=code).inc(total - counted)
+                # A 422 is a POST /predict body of the wrong length (a v2 request's is a 400): the default model's,
+                # as the service's port counts it; every other refusal is before any model is looked up.
+                model = self.default_name if (form, code) == (FORM, "422") else ""
+                metrics.REQUESTS.labels(model=model, protocol=PROTOCOL, format=form, code=code).inc(total - counted)
                 if form == FORM and (reason := REJECTION_REASONS.get(int(code))):  # as the service's port counts them
-                    metrics.reject("", reason, total - counted)
+                    metrics.reject(model, reason, total - counted)
                 self.refused[(form, code)] = total
 
 

@@ -352,6 +352,7 @@ def test_it_counts_into_metrics(server: dict[str, Any]) -> None:
             predict(client, image)
         assert client.post("/predict", content=image, headers={"content-type": RAW["content-type"]}).status_code == 401
         assert client.post("/no/such/route", content=image, headers=RAW).status_code == 404
+        assert client.post("/predict", content=image[:100], headers=RAW).status_code == 422
         time.sleep(1.5)  # the C side's refusals are counted every second
         after = settled_metrics(server["url"])
 
@@ -370,6 +371,11 @@ def test_it_counts_into_metrics(server: dict[str, Any]) -> None:
             return float(found[1]) if found else 0.0
 
         assert rejected(after) - rejected(before) >= 1, reason
+    # A body of the wrong length is the default model's, as the port counts it
+    wrong = 'model="fashion-cnn",protocol="door",format="raw",code="422"'
+    assert requests_counted(after, wrong) - requests_counted(before, wrong) == 1
+    found = re.search(r'^cgserve_rejections_total\{model="fashion-cnn",reason="invalid_input"\} (\S+)$', after, re.M)
+    assert found and float(found[1]) >= 1
 
 
 def test_with_the_engine_process(tmp_path: Any) -> None:
