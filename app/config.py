@@ -116,7 +116,7 @@ class Settings(BaseSettings):
     front_door_threads: int = Field(4, ge=1, le=64, description="C threads serving front_door_port.")
     front_door_launcher: bool = Field(
         False,
-        description="Experimental, off until measured faster (bench/results/2026-12-06-run56-h100-door-launcher.md): "
+        description="Experimental, off until measured faster than the batcher's path on a GPU (docs/tuning.md): "
         "where front_door_port is set and the default model runs CUDA graphs on one GPU, its POST /predict rows are "
         "copied by the door's threads into pinned memory of three slots of its engine's own, launched and answered "
         "by a C thread, never Python's (app/front_door/launch.c). Rows past those slots, and every other request, "

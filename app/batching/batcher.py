@@ -194,8 +194,12 @@ class Batcher:
         device_batches, device_rows, _ = self._device_metrics[0]
         device_batches.inc(len(rows))
         device_rows.inc(int(rows.sum()))
-        if (seconds_in_all := float(seconds.sum())) > 0:  # the device's rate, for Retry-After and admission
-            rate = float(rows.sum()) / seconds_in_all * len(self.engines)
+        self._measured(float(rows.sum()), float(seconds.sum()))  # the device's rate, for Retry-After and admission
+
+    def _measured(self, rows: float, seconds: float) -> None:
+        """`rows` answered in `seconds` of device time: rows_per_s, smoothed over ~20 batches."""
+        if seconds > 0:
+            rate = rows / seconds * len(self.engines)  # the devices run side by side
             self.rows_per_s = rate if not self.rows_per_s else self.rows_per_s + 0.05 * (rate - self.rows_per_s)
 
     def drain_estimate_s(self) -> float:
@@ -454,9 +458,7 @@ class Batcher:
                 self.declare_dead(f"the {engine.device} device reported {what}", engine.device)
         else:
             compute.observe(seconds)
-            if seconds > 0:  # rows per device second, smoothed over ~20 batches
-                rate = rows / seconds * len(self.engines)  # the devices run side by side
-                self.rows_per_s = rate if not self.rows_per_s else self.rows_per_s + 0.05 * (rate - self.rows_per_s)
+            self._measured(rows, seconds)
             answer(shares, slot.outputs)
             if span is not None:
                 span.add_event("handed back")

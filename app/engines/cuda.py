@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import ctypes
 import gc
 import logging
 import time
@@ -419,8 +420,6 @@ class CudaEngine:
         engine's stream and the CUDA context; None where the engine has no launcher slots or no graphs."""
         if not self._launcher_slots or not self._launcher_slots[0].graphs:
             return None
-        import ctypes
-
         context = ctypes.c_void_p()
         cuda = ctypes.CDLL("libcuda.so.1")
         torch.cuda.set_device(self._device)  # its primary context current on this thread: the one C makes current

@@ -320,9 +320,6 @@ static int v2_infer_model(const char *path, size_t path_len, size_t *off, size_t
     return 1;
 }
 
-/* What the head asks for, checked before its body is needed: the route, the token, and the body's form and
- * length. Taken (`which` < 0): *header_len is the v2 request's JSON header's length (0 for POST /predict) and
- * *model_off, *model_len where its model is in `buf` (v2_infer_model), *image whether its body is an encoded image. */
 /* A header's value as a refusal may quote it: its media type (up to a ';'), trimmed, at most n − 1 bytes, each byte
  * a JSON string may hold as it is ('?' for any other: a quote, a backslash, a control or non-ASCII byte); "(none)"
  * where there is none, as the service's port says. */
@@ -338,8 +335,11 @@ static void shown(char *out, size_t n, const char *value, size_t len) {
     if (!i) snprintf(out, n, "(none)");
 }
 
-/* check_head's refusal, and where it says what the request sent, that message in `detail` (DETAIL bytes; else ""). */
-#define DETAIL 160
+/* What the head asks for, checked before its body is needed: the route, the token, and the body's form and
+ * length. Taken (`which` < 0): *header_len is the v2 request's JSON header's length (0 for POST /predict) and
+ * *model_off, *model_len where its model is in `buf` (v2_infer_model), *image whether its body is an encoded image.
+ * Refused: where the message says what the request sent (a byte count, a media type), it is written into `detail`
+ * (DETAIL bytes) and the refusal's own message is NULL; else `detail` is "". */
 static refusal_t check_head(door_t *d, const char *buf, size_t head_len, size_t body_len, size_t *header_len,
                             size_t *model_off, size_t *model_len, int *image, char *detail) {
     size_t value_len = 0;
@@ -394,8 +394,7 @@ static refusal_t check_head(door_t *d, const char *buf, size_t head_len, size_t 
         char media[48];
         shown(media, sizeof media, type, type ? value_len : 0);
         snprintf(detail, DETAIL, "content type '%s' is not accepted here", media);
-        return (refusal_t){R415, "unsupported_media_type",
-                           "the Content-Type is not application/octet-stream, image/jpeg or image/png", ""};
+        return (refusal_t){R415, "unsupported_media_type", NULL, ""};
     }
     if (*image && body_len > (size_t)d->row_bytes) /* it goes into its row, where its pixels will be */
         return (refusal_t){R413, "body_too_large",
@@ -403,7 +402,7 @@ static refusal_t check_head(door_t *d, const char *buf, size_t head_len, size_t 
                            "model): send larger ones to the service's port", ""};
     if (!*image && (int)body_len != d->row_bytes) {
         snprintf(detail, DETAIL, "the body has %zu bytes, not one uint8 image (%d bytes)", body_len, d->row_bytes);
-        return (refusal_t){R422, "invalid_input", "the body's length is not one image's pixels", ""};
+        return (refusal_t){R422, "invalid_input", NULL, ""};
     }
     return TAKEN;
 }
@@ -440,23 +439,28 @@ static int jpeg_for_gpu(const uint8_t *p, size_t n, long long max_pixels) {
     return 0;
 }
 
+/* The index of the answer Python set for `key`, or -1; with gets_mu held. */
+static int get_index(door_t *d, const char *key, size_t key_len) {
+    for (int i = 0; i < d->n_gets; i++)
+        if (d->gets[i].path && same(key, key_len, d->gets[i].path, strlen(d->gets[i].path))) return i;
+    return -1;
+}
+
 /* The answers Python set: a GET's by its path, a gRPC call's by its method and request (grpc.c's key). */
 int find_get(door_t *d, const char *key, size_t key_len, const char *authorization, size_t authorization_len,
              char **head, char **body, size_t *body_len) {
     int found = 0;
     pthread_mutex_lock(&d->gets_mu);
-    for (int i = 0; i < d->n_gets && !found; i++) {
+    int i = get_index(d, key, key_len);
+    if (i >= 0) {
         get_t *g = &d->gets[i];
-        if (!g->path || !same(key, key_len, g->path, strlen(g->path))) continue;
-        found = 1;
-        if (g->token && d->n_tokens && !(authorization && token_ok(d, authorization, authorization_len))) {
-            found = -1;
-            break;
+        found = g->token && d->n_tokens && !(authorization && token_ok(d, authorization, authorization_len)) ? -1 : 1;
+        if (found > 0) {
+            *head = strdup(g->head);
+            *body = malloc(g->body_len + 1);
+            memcpy(*body, g->body, g->body_len);
+            *body_len = g->body_len;
         }
-        *head = strdup(g->head);
-        *body = malloc(g->body_len + 1);
-        memcpy(*body, g->body, g->body_len);
-        *body_len = g->body_len;
     }
     pthread_mutex_unlock(&d->gets_mu);
     return found;
@@ -465,12 +469,16 @@ int find_get(door_t *d, const char *key, size_t key_len, const char *authorizati
 /* Whether a GET of `path` has an answer Python set (gRPC's keys, which all hold a '?', are not GETs). */
 static int has_get(door_t *d, const char *path, size_t path_len) {
     if (memchr(path, '?', path_len)) return 0;
-    int found = 0;
     pthread_mutex_lock(&d->gets_mu);
-    for (int i = 0; i < d->n_gets && !found; i++)
-        found = d->gets[i].path && same(path, path_len, d->gets[i].path, strlen(d->gets[i].path));
+    int found = get_index(d, path, path_len) >= 0;
     pthread_mutex_unlock(&d->gets_mu);
     return found;
+}
+
+/* Whether `path` is one the door takes POSTs on: its POST /predict, or a v2 infer. */
+static int post_route(door_t *d, const char *path, size_t path_len) {
+    size_t model_off, model_len;
+    return same(path, path_len, d->path, d->path_len) || v2_infer_model(path, path_len, &model_off, &model_len);
 }
 
 /* A GET Python set an answer for, or 404 (the HTTP port has the rest); a GET has no body. Returns whether the
@@ -495,9 +503,7 @@ static int answer_get(door_t *d, int fd, const char *buf, size_t head_len, int c
     if (found < 0)
         return refuse(d, fd, R401, "unauthorized", auth ? "the bearer token is not one of the inference tokens"
                       : "the request has no bearer token", auth ? INVALID_TOKEN : NO_TOKEN, closing, v2);
-    size_t model_off, model_len;
-    int post_route = same(path, path_len, d->path, d->path_len) || v2_infer_model(path, path_len, &model_off, &model_len);
-    if (!found && post_route) { /* as a wrong method always is here: refused, and the connection closed */
+    if (!found && post_route(d, path, path_len)) { /* as a wrong method always is here: refused, and the connection closed */
         refuse(d, fd, R405, "method_not_allowed", "the route takes POST", "allow: POST\r\n", 1, v2);
         return 0;
     }
@@ -560,9 +566,9 @@ static int parse_head(door_t *d, conn_t *c, int fd) {
     }
     if (memcmp(c->buf, "POST ", 5) != 0) { /* another method: what its route takes, as the service's port says */
         const char *space = memchr(c->buf, ' ', head_len); /* request_line_ok found one */
-        size_t path_len = 0, model_off, model_len;
+        size_t path_len = 0;
         const char *path = target(c->buf, head_len, (size_t)(space - c->buf), &path_len);
-        if (same(path, path_len, d->path, d->path_len) || v2_infer_model(path, path_len, &model_off, &model_len))
+        if (post_route(d, path, path_len))
             refuse(d, fd, R405, "method_not_allowed", "the route takes POST", "allow: POST\r\n", 1, v2);
         else if (has_get(d, path, path_len))
             refuse(d, fd, R405, "method_not_allowed", "the route takes GET", "allow: GET\r\n", 1, v2);

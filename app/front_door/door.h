@@ -57,6 +57,8 @@ static const int refusal_codes[REFUSALS] = {400, 401, 404, 405, 408, 411, 413, 4
 
 typedef struct { int which; const char *code, *message, *extra_head; } refusal_t;
 
+#define DETAIL 160 /* a refusal's message that says what the request sent (a byte count, a media type) */
+
 /* A POST's head, parsed once it is whole: later reads while its body arrives only count bytes. */
 typedef struct {
     size_t len;          /* the head's bytes, its blank line included; 0: not yet whole */
@@ -66,8 +68,7 @@ typedef struct {
     int v2;              /* refused in the protocol's error shape */
     size_t model_off, model_len; /* a v2 infer's model in its path ("<name>[/versions/<version>]"): its bytes */
     refusal_t refusal;   /* what the head asks that the door refuses (TAKEN: nothing), answered once the body is in */
-    char detail[160];    /* where set, the refusal's message with what the request sent (a byte count, a type):
-                          * door.c's DETAIL bytes */
+    char detail[DETAIL]; /* where set, the refusal's message, with what the request sent (check_head) */
 } head_t;
 
 typedef struct {

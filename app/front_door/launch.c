@@ -1,9 +1,10 @@
 /* The door's own launcher: the default model's POST /predict rows staged, replayed and answered in C, with no
  * Python between a request's last byte and its answer (issue 26 item 4).
  *
- * Why: through the event loop, a request of the seed CNN spent ~0.6 ms in the server, ~0.1 ms of it on the device
- * (run 53d). The door's threads with an ideal engine in C answered 0.96–1.17× as fast as the raw no-op, with a
- * stand-in device busy 0–0.15 ms a batch (bench/front_door/door_echo.c, run 56a).
+ * Why: for a small CNN, most of a request's time in the server is not on the device but in handing its row to
+ * Python's event loop, batching there and handing the answers back. The door's threads with an engine in C and
+ * nothing else (bench/front_door/door_echo.c) are the ceiling of this design; what each measured is in
+ * bench/results/.
  *
  * What Python gives it (fd_direct_open, from app/front_door/launcher.py through door.py):
  * - SLOTS of the model's CUDA engine's slots, captured for it alone: per slot, its pinned (max_bucket, C, H, W)
@@ -41,7 +42,7 @@
 #define MAX_BUCKETS 32
 #define SPIN_S 0.002   /* longer than any batch of a small CNN; past it, nap between looks */
 #define NAP_FIRST_S 0.00005
-#define NAP_MOST_S 0.0005 /* a ResNet-50 batch of 128 takes ~6 ms: answered at most this late */
+#define NAP_MOST_S 0.0005 /* a large model's batch takes milliseconds: its answers at most this much later */
 #define LATENCIES (1 << 20) /* answers' latencies kept between two reads (5 s at 200,000 a second) */
 #define BATCHES (1 << 16)
 #define CUDA_NOT_READY 600
@@ -67,6 +68,28 @@ typedef struct {
 
 typedef struct { int32_t rows, bucket; float seconds; } batch_fig_t;
 
+/* One text laid out max_rows times, as fd_answer takes k answers: copy i is text[offsets[i]:offsets[i + 1]]. The
+ * answers' parts that are the same for every row, laid out once at fd_direct_open; a batch hands fd_answer its
+ * first k. */
+typedef struct { char *text; int64_t *offsets; } repeated_t;
+
+static repeated_t repeated(const char *text, int max_rows) {
+    size_t len = strlen(text);
+    repeated_t r = {malloc(len * (size_t)max_rows + 1), malloc(sizeof(int64_t) * ((size_t)max_rows + 1))};
+    for (int i = 0; i <= max_rows; i++) {
+        r.offsets[i] = (int64_t)(i * len);
+        if (i < max_rows) memcpy(r.text + i * len, text, len);
+    }
+    return r;
+}
+
+static void free_repeated(repeated_t *r) {
+    free(r->text);
+    free(r->offsets);
+    r->text = NULL;
+    r->offsets = NULL;
+}
+
 struct direct {
     door_t *d;
     pthread_mutex_t mu; /* everything below but the launcher's own answer buffers */
@@ -80,8 +103,9 @@ struct direct {
     cu_event_record_t record;
     cu_event_query_t query;
     cu_event_elapsed_t elapsed;
-    char *prefix, **names, *fail_status, *fail_head, *fail_body;
-    size_t prefix_len, *name_lens, fail_head_len, fail_body_len;
+    char *prefix, **names, *fail_status;
+    size_t prefix_len, *name_lens;
+    repeated_t json_heads, fail_heads, fail_bodies; /* each row's head lines, and the failure answer's parts */
     double timeout_s;
     int stop, sleeping, dead, joined;
     char why[256];
@@ -91,11 +115,9 @@ struct direct {
     uint64_t failed;  /* rows answered with the failure answer since the last read */
     batch_fig_t *batch_figs;
     uint64_t batch_n;
-    uint64_t answered;
     pthread_t tid;
-    char *bodies, *heads; /* the launcher's: a batch's answers */
-    int64_t *body_offsets, *head_offsets;
-    size_t bodies_cap;
+    char *bodies; /* the launcher's: a batch's answers, body i at bodies[body_offsets[i]:body_offsets[i + 1]] */
+    int64_t *body_offsets;
 };
 
 /* --- answers: orjson's float32, byte for byte ------------------------------------------------------------ */
@@ -103,8 +125,9 @@ struct direct {
 /* The shortest decimal digits that read back as float32 `v` (> 0), and of those the closest to v: Ryu's, which orjson
  * writes. For each length p, the correctly rounded p digits, and where they do not read back (at a power of two,
  * where the floats below are twice as close as those above) the p-digit numbers either side of them. Exact, and
- * slow: ~15 printf and strtof calls a score, 2 ms for a batch of 21 rows' 10 scores (run 57a). fast_digits does
- * the same in doubles and comes here only where their rounding could decide. Into `digits` (no dot, no trailing
+ * slow: up to ~15 printf and strtof calls a score, so that a batch's scores would take the launcher longer than the
+ * device takes the batch (bench/front_door/fmt_f32_cost.c compares the two). fast_digits does the same in doubles
+ * and comes here only where their rounding could decide. Into `digits` (no dot, no trailing
  * zeros); returns their count, and the decimal exponent of the first in *exponent. */
 static int exact_digits(float v, char *digits, int *exponent) {
     char text[40];
@@ -279,34 +302,22 @@ static void stop_dead(struct direct *x, const char *why, int code) {
 
 static void answer_failed(struct direct *x, dslot_t *s) {
     int k = s->n;
-    for (int i = 0; i <= k; i++) {
-        x->body_offsets[i] = (int64_t)(i * x->fail_body_len);
-        x->head_offsets[i] = (int64_t)(i * x->fail_head_len);
-    }
-    for (int i = 0; i < k; i++) {
-        memcpy(x->bodies + i * x->fail_body_len, x->fail_body, x->fail_body_len);
-        memcpy(x->heads + i * x->fail_head_len, x->fail_head, x->fail_head_len);
-    }
     pthread_mutex_lock(&x->mu); /* counted before the answers go: a client that has one finds it counted */
     x->failed += (uint64_t)k;
     s->n = 0; /* and no longer pending */
     pthread_mutex_unlock(&x->mu);
-    fd_answer(x->d, k, s->ids, x->bodies, x->body_offsets, x->fail_status, x->heads, x->head_offsets);
+    fd_answer(x->d, k, s->ids, x->fail_bodies.text, x->fail_bodies.offsets, x->fail_status, x->fail_heads.text,
+              x->fail_heads.offsets);
 }
-
-static const char JSON_HEAD[] = "content-type: application/json\r\n";
 
 static void answer_batch(struct direct *x, dslot_t *s, float seconds) {
     int k = s->n;
-    size_t head_len = sizeof JSON_HEAD - 1, len = 0;
+    size_t len = 0;
     for (int i = 0; i < k; i++) {
         x->body_offsets[i] = (int64_t)len;
         len += answer_body(x, s->out + (size_t)i * x->width, x->bodies + len);
-        memcpy(x->heads + i * head_len, JSON_HEAD, head_len);
-        x->head_offsets[i] = (int64_t)(i * head_len);
     }
     x->body_offsets[k] = (int64_t)len;
-    x->head_offsets[k] = (int64_t)(k * head_len);
     double now = now_s(); /* counted before the answers go: a client that has one finds it counted */
     pthread_mutex_lock(&x->mu);
     for (int i = 0; i < k; i++) {
@@ -315,10 +326,9 @@ static void answer_batch(struct direct *x, dslot_t *s, float seconds) {
     }
     if (x->batch_n < BATCHES) x->batch_figs[x->batch_n++] = (batch_fig_t){k, s->bucket, seconds};
     else x->batches_lost++;
-    x->answered += (uint64_t)k;
     s->n = 0; /* no longer pending */
     pthread_mutex_unlock(&x->mu);
-    fd_answer(x->d, k, s->ids, x->bodies, x->body_offsets, "200 OK", x->heads, x->head_offsets);
+    fd_answer(x->d, k, s->ids, x->bodies, x->body_offsets, "200 OK", x->json_heads.text, x->json_heads.offsets);
 }
 
 /* Whether the running batch is done: 1; 0 where it failed or outlived the timeout (the device is dead then). */
@@ -482,17 +492,12 @@ struct direct *fd_direct_open(door_t *d, int n_buckets, const int *buckets, void
         if (x->name_lens[j] > longest) longest = x->name_lens[j];
     }
     x->fail_status = strdup(fail_status);
-    x->fail_head = strdup(fail_head);
-    x->fail_head_len = strlen(fail_head);
-    x->fail_body = strdup(fail_body);
-    x->fail_body_len = strlen(fail_body);
-    size_t row_cap = x->prefix_len + longest + 32 + (size_t)width * 24;
-    if (row_cap < x->fail_body_len) row_cap = x->fail_body_len;
-    x->bodies = malloc(row_cap * (size_t)max_rows);
-    size_t head_cap = sizeof JSON_HEAD > x->fail_head_len ? sizeof JSON_HEAD : x->fail_head_len;
-    x->heads = malloc(head_cap * (size_t)max_rows);
+    x->json_heads = repeated("content-type: application/json\r\n", max_rows);
+    x->fail_heads = repeated(fail_head, max_rows);
+    x->fail_bodies = repeated(fail_body, max_rows);
+    /* a row's answer at most: the prefix, a label, the longest name, a score's 15 bytes and a comma each, "]}]}" */
+    x->bodies = malloc((x->prefix_len + longest + 32 + (size_t)width * 24) * (size_t)max_rows);
     x->body_offsets = malloc(sizeof(int64_t) * ((size_t)max_rows + 1));
-    x->head_offsets = malloc(sizeof(int64_t) * ((size_t)max_rows + 1));
     x->latencies = malloc(sizeof(double) * LATENCIES);
     x->batch_figs = malloc(sizeof(batch_fig_t) * BATCHES);
     pthread_mutex_init(&x->mu, NULL);
@@ -583,8 +588,9 @@ void fd_direct_free(struct direct *x) {
     x->latencies = NULL;
     x->batch_figs = NULL;
     pthread_mutex_unlock(&x->mu);
-    free(latencies); free(batch_figs); free(x->bodies); free(x->heads); free(x->body_offsets); free(x->head_offsets);
-    x->bodies = x->heads = NULL;
-    x->body_offsets = x->head_offsets = NULL;
+    free(latencies); free(batch_figs); free(x->bodies); free(x->body_offsets);
+    x->bodies = NULL;
+    x->body_offsets = NULL;
+    free_repeated(&x->json_heads); free_repeated(&x->fail_heads); free_repeated(&x->fail_bodies);
     dlclose(x->cuda);
 }

@@ -3,8 +3,9 @@ when the default model changes.
 
 POST /predict's rows then go from the door's threads into pinned memory of three slots of the engine's own, and
 launch.c's thread launches their graphs and writes their answers: no Python between a request's last byte and its
-answer (run 56a: the door with an ideal engine in C answered 0.96–1.17× as fast as the raw no-op, where the event
-loop's path reached 0.4×). Off by default until it is measured faster on a GPU (run 57a's formatter was not).
+answer. Why: for a small CNN the event loop's hand-offs, not the device, bound how fast the door answers; the door
+with an engine in C and nothing else is the ceiling (bench/front_door/door_echo.c). Off by default
+(CGSERVE_FRONT_DOOR_LAUNCHER) until a run in bench/results/ shows it faster than the feeder on a GPU.
 Rows past those slots, v2 and gRPC requests, uploads and other models go through the feeder and the batcher as
 before, onto the same stream of the same engine.
 
@@ -26,6 +27,7 @@ from app.batching.batcher import Batcher
 from app.errors import NotReadyError
 from app.front_door.answers import Answers, head_lines, status_line
 from app.front_door.door import Door
+from app.front_door.feeder import FORM, PROTOCOL  # POST /predict's labels through the door
 from app.http.answer import error_answer
 from app.ops import metrics
 from app.protocols.v2.rest import V2Codec
@@ -33,7 +35,6 @@ from app.service import ServedModel, Service
 
 log = logging.getLogger(__name__)
 
-PROTOCOL, FORM = "door", "raw"  # feeder.py's labels for POST /predict through the door
 CLOSE_MARGIN_S = 5.0  # a close waits for the last batch's own timeout (launch.c's), and this much more
 FAILED = ("the device is dead (a batch of the front door's launcher failed or did not complete within the batch "
           "timeout); the service is restarting")  # fmt: skip
