@@ -401,9 +401,8 @@ class Service:
     def _launcher_wanted(self, options: EngineOptions) -> bool:
         """Whether a model's engine gets the front door's launcher's slots: the door is on in this process with its
         launcher, the model is on one GPU, and requests are not traced (launch.c makes no spans). Any model may be
-        or become the default one, the door's, so each such model gets them: three more slots' pinned rows (both input
-        dtypes) and graphs; for ResNet-50 at bucket 128, 3 × 128 × (150 KB of uint8 + 602 KB of fp32) ≈ 290 MB of
-        pinned memory."""
+        or become the default one, the door's, so each such model gets them: three more slots' pinned rows (uint8
+        pixels alone) and graphs; for ResNet-50 at bucket 128, 3 × 128 × 150 KB ≈ 58 MB of pinned memory."""
         settings = self.settings
         return (bool(settings.front_door_port) and settings.front_door_launcher and len(options.devices) == 1
                 and options.devices[0].startswith("cuda") and not tracing.active())  # fmt: skip

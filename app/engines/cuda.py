@@ -42,6 +42,7 @@ import copy
 import ctypes
 import gc
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -102,7 +103,7 @@ class LauncherHandles:
 
 @dataclass(slots=True)
 class _SlotState:
-    host_in: dict[InputDtype, torch.Tensor]  # dtype → (max_bucket, C, H, W), pinned
+    host_in: dict[InputDtype, torch.Tensor]  # dtype → (max_bucket, C, H, W), pinned; the launcher's: uint8 alone
     host_out: torch.Tensor  # (max_bucket, width) fp32 probabilities (or packed named outputs), pinned
     mapped_in: dict[InputDtype, torch.Tensor]  # pixels read in place: CUDA views of host_in, else empty
     mapped_out: torch.Tensor | None  # probabilities written in place: a CUDA view of host_out
@@ -166,8 +167,9 @@ class CudaEngine:
             for i, state in enumerate(self._slots)
         )
         # The front door's launcher's own slots (app/front_door/launch.c), captured and validated with the batcher's
-        # but never in its pool: their graphs are launched from C (launcher_handles).
-        self._launcher_slots = [self._new_slot_state() for _ in range(launcher_slots)]
+        # but never in its pool: their graphs are launched from C (launcher_handles). The door hands it uint8 pixels
+        # only, so they hold and capture that input alone.
+        self._launcher_slots = [self._new_slot_state(("uint8",)) for _ in range(launcher_slots)]
         self._slots += self._launcher_slots
         self.launcher_slots = launcher_slots
         self.report = EngineReport(
@@ -262,17 +264,15 @@ class CudaEngine:
             self._forward = self._device_forward(None)
             self._prepare(use_graphs, keep_graphs, None, strict)
 
-    def _new_slot_state(self) -> _SlotState:
+    def _new_slot_state(self, dtypes: tuple[InputDtype, ...] = INPUT_DTYPES) -> _SlotState:
+        """A slot's pinned rows for each input dtype in `dtypes`, its events, and (captured later) its graphs."""
         rows, classes = self.buckets[-1], self.spec.layout.width
-        host_in = {
-            d: torch.zeros((rows, *self.spec.input_shape), dtype=TORCH_INPUT[d]).pin_memory() for d in INPUT_DTYPES
-        }
+        host_in = {d: torch.zeros((rows, *self.spec.input_shape), dtype=TORCH_INPUT[d]).pin_memory() for d in dtypes}
         host_out = torch.zeros((rows, classes), dtype=torch.float32).pin_memory()
         mapped_in: dict[InputDtype, torch.Tensor] = {}
         mapped_out = None
-        map_input = self.host_io == "mapped" or (
-            self.host_io == "auto" and host_in["float32"].nbytes <= MAPPED_INPUT_LIMIT_BYTES
-        )
+        fp32_bytes = rows * math.prod(self.spec.input_shape) * 4  # one limit for every slot, whatever it holds
+        map_input = self.host_io == "mapped" or (self.host_io == "auto" and fp32_bytes <= MAPPED_INPUT_LIMIT_BYTES)
         if self.host_io != "copy":
             try:
                 mapped_out = device_view(host_out, self._device)
@@ -318,7 +318,7 @@ class CudaEngine:
         pool = torch.cuda.graph_pool_handle()  # one pool shared by every graph, as in vLLM
         capture_seconds = self.report.capture_seconds
         for index, state in enumerate(self._slots):
-            for dtype in INPUT_DTYPES:
+            for dtype in state.host_in:
                 run_bucket = partial(self._copy_forward_copy, state, dtype)
                 captured = capture_graphs(run_bucket, self.buckets, self._stream, pool, keep_graph=keep_graphs)
                 for bucket in self.buckets:
@@ -343,9 +343,10 @@ class CudaEngine:
         # The stream context puts the calling thread's current stream back afterwards.
         with torch.inference_mode(), torch.cuda.stream(self._stream):
             for state in self._slots:
+                dtypes = tuple(state.host_in)
                 for bucket in self.buckets:
-                    for draw in range(VALIDATION_DRAWS * len(INPUT_DTYPES)):
-                        dtype = INPUT_DTYPES[draw % len(INPUT_DTYPES)]
+                    for draw in range(VALIDATION_DRAWS * len(dtypes)):
+                        dtype = dtypes[draw % len(dtypes)]
                         x = torch.randint(0, 256, (bucket, *shape), device=self._device, generator=generator)
                         x = x.to(torch.uint8) if dtype == "uint8" else x.float() * (1 / 255)
                         want = packed(self._reference(self._input(x)), self.spec.layout)

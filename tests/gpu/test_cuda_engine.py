@@ -93,6 +93,23 @@ def test_mapped_host_io_aliases_the_slots_and_equals_eager(compile_mode: str | N
         engine.close()
 
 
+def test_launcher_slots_hold_and_capture_uint8_pixels_alone() -> None:
+    """The front door's launcher hands its slots uint8 pixels only: no fp32 rows pinned or graphs captured for them,
+    while the batcher's slots keep both; each launcher graph is handed out, slot by bucket."""
+    engine = build(buckets=(1, 8, 32), launcher_slots=3)
+    try:
+        handles = engine.launcher_handles()
+        assert handles is not None
+        assert len(handles.ins) == len(handles.outs) == 3 and len(handles.graphs) == 3 * 3
+        for state in engine._launcher_slots:
+            assert list(state.host_in) == ["uint8"]
+            assert sorted(state.graphs) == [(1, "uint8"), (8, "uint8"), (32, "uint8")]
+        for slot in engine.slots:  # the batcher's
+            assert set(slot.inputs) == {"uint8", "float32"}
+    finally:
+        engine.close()
+
+
 def test_a_bucket_beyond_tolerance_stops_start_up_with_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(TOLERANCE, "fp32", -1.0)  # nothing can pass: every bucket mismatches
     with pytest.raises(RuntimeError, match=r"\(fp32\) logits differ from fp32 eager beyond -1.*try another dtype"):
