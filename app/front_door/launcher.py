@@ -163,8 +163,9 @@ class Launcher:
             metrics.observe_requests(name, PROTOCOL, FORM, "200", figures.latencies)
             if figures.lost:  # answered, their latencies not kept
                 metrics.REQUESTS.labels(model=name, protocol=PROTOCOL, format=FORM, code="200").inc(figures.lost)
-        if figures.failed:
+        if figures.failed:  # answered 503 as the port answers a dead device's requests (their latencies not kept)
             metrics.REQUESTS.labels(model=name, protocol=PROTOCOL, format=FORM, code="503").inc(figures.failed)
+            metrics.reject(name, NotReadyError.reason, figures.failed)
         batcher = served.batcher
         if isinstance(batcher, Batcher):
             if len(figures.rows):

@@ -12,10 +12,13 @@ import time
 import types
 from typing import Any
 
+import numpy as np
 import pytest
 
 from app.front_door import launcher as launcher_module
+from app.front_door.feeder import FORM, PROTOCOL
 from app.front_door.launcher import Launcher
+from app.ops import metrics
 
 pytestmark = pytest.mark.anyio
 
@@ -45,8 +48,11 @@ class FakeDoor:
     def open_launcher(self, *_: Any) -> None:
         self.calls.append("open")
 
-    def launcher_figures(self) -> None:
-        return None
+    figures: Any = None  # what the next launcher_figures() gives, once
+
+    def launcher_figures(self) -> Any:
+        figures, self.figures = self.figures, None
+        return figures
 
     def stop_launcher(self) -> None:
         self.calls.append("stop")
@@ -124,3 +130,24 @@ async def test_a_close_that_times_out_keeps_the_engines_and_the_door(parts: tupl
     await launcher.tend()  # nor the stuck version again (a second launcher on its slots)
     assert door.calls == ["open", "close"]
     assert not await launcher.unbind(1.0, for_good=True)  # the stop leaves the door to the process's end
+
+
+async def test_a_failed_batchs_503s_are_counted_as_rejections_and_its_device_declared_dead(
+    parts: tuple[Any, dict[str, Any]],
+) -> None:
+    service, default = parts
+    door = FakeDoor()
+    launcher = Launcher(service, door, (1, 28, 28))  # type: ignore[arg-type]
+    await launcher.tend()
+    served = default["served"]
+    declared: list[tuple[str, str]] = []
+    served.batcher.declare_dead = lambda why, device: declared.append((why, device))
+    empty = np.zeros(0)
+    door.figures = types.SimpleNamespace(latencies=empty, rows=empty, buckets=empty, seconds=empty, lost=0, pending=0,
+                                         dead="a batch failed", failed=3, batches_lost=0)  # fmt: skip
+    codes = metrics.REQUESTS.labels(model="m", protocol=PROTOCOL, format=FORM, code="503")
+    rejections = metrics.REJECTIONS.labels(model="m", reason="not_ready")
+    before = (codes._value.get(), rejections._value.get())
+    launcher.count()
+    assert (codes._value.get() - before[0], rejections._value.get() - before[1]) == (3, 3)
+    assert declared == [("a batch failed", "cuda:0")]
