@@ -186,20 +186,7 @@ class Sweep:
         argv = ["taskset", "-c", a.server_cores, str(binary), str(port), "8", f"{device_us:g}"]
         name = f"{a.label}echo-{device_us:g}us"
         server = ServerProcess(argv, a.out / f"server-{name}.log", port=port, name=name, cwd=ROOT)
-        point: dict[str, Any] = {"server_command": shlex.join(argv)}
-        try:
-            server.wait_ready(30.0)
-            cpu_before, start = thread_cpu_s(server.proc.pid), time.monotonic()
-            point |= self.load(f"{server.url}/predict")
-            cpu_after, wall = thread_cpu_s(server.proc.pid), time.monotonic() - start
-            point["cores_busy"] = {k: round((cpu_after[k] - cpu_before.get(k, 0.0)) / wall, 2) for k in cpu_after}
-        except Exception as error:
-            point["error"] = f"{type(error).__name__}: {error}"
-            point["log_tail"] = server.log_tail(3000)
-        finally:
-            server.stop()
-            time.sleep(1)
-        self.finish(name, point)
+        self.measure(name, server, port, {"server_command": shlex.join(argv)}, ready_s=30.0)
 
     def variant(self, name: str, settings: dict[str, str]) -> None:
         a = self.args
@@ -213,11 +200,19 @@ class Sweep:
         if a.tree is not None:  # its own app/ first on the path
             env |= {"PYTHONPATH": f"{tree}:{os.environ.get('PYTHONPATH', '')}"}
         server = ServerProcess(argv, a.out / f"server-{name}.log", port=port, name=name, env=env, cwd=tree)
-        point: dict[str, Any] = {"server_command": shlex.join(argv), "env": env}
+        point = {"server_command": shlex.join(argv), "env": env}
+        self.measure(name, server, door, point, ready_s=240.0, metrics_url=server.url)
+
+    def measure(self, name: str, server: ServerProcess, door: int, point: dict[str, Any], *, ready_s: float,
+                metrics_url: str | None = None) -> None:  # fmt: skip
+        """One point: `server` once ready, under the load on the door's port `door`, with the cores each kind of its
+        threads kept busy and, where it has /metrics (`metrics_url`), the step of its histograms over the load;
+        then stopped, and the point recorded."""
         try:
-            server.wait_ready(240.0)
-            before, cpu_before, start = scrape(server.url), thread_cpu_s(server.proc.pid), time.monotonic()
-            trickle = Trickle(door, a.trickle) if a.trickle else None
+            server.wait_ready(ready_s)
+            before = scrape(metrics_url) if metrics_url else None
+            cpu_before, start = thread_cpu_s(server.proc.pid), time.monotonic()
+            trickle = Trickle(door, self.args.trickle) if self.args.trickle and metrics_url else None
             if trickle is not None:
                 trickle.start()
             point |= self.load(f"http://127.0.0.1:{door}/predict")
@@ -226,12 +221,12 @@ class Sweep:
                 trickle.join(timeout=30)
                 point["trickle"] = trickle.figures()
             cpu_after, wall = thread_cpu_s(server.proc.pid), time.monotonic() - start
-            after = scrape(server.url)
             # Cores busy over the warm-up and the load together, each kind of thread.
             point["cores_busy"] = {k: round((cpu_after[k] - cpu_before.get(k, 0.0)) / wall, 2) for k in cpu_after}
+            after = scrape(metrics_url) if metrics_url else None
             if before is not None and after is not None:
                 point["server"] = step_view(before, after)
-        except Exception as error:  # one variant failing must not lose the others' figures
+        except Exception as error:  # one point failing must not lose the others' figures
             point["error"] = f"{type(error).__name__}: {error}"
             point["log_tail"] = server.log_tail(3000)
         finally:
