@@ -16,7 +16,6 @@ run 56a's door_echo points at 50–150 µs a batch measured.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import shlex
@@ -37,39 +36,23 @@ DOOR = ROOT / "app" / "front_door"
 BUCKETS, WIDTH, SHAPE = (1, 2, 4, 8, 16, 32, 64), 10, (1, 28, 28)
 
 
-class FakeGraph(ctypes.Structure):
-    _fields_ = [("in_", ctypes.c_void_p), ("out", ctypes.c_void_p), ("rows", ctypes.c_int),
-                ("row_bytes", ctypes.c_int), ("width", ctypes.c_int)]  # fmt: skip
-
-
 def serve(port: int, threads: int, work: Path) -> None:
     """The door with its launcher on stand-in slots, on 127.0.0.1:`port` until killed."""
-    from app.engines.cuda import LauncherHandles
     from app.front_door.door import Door, Limits
     from app.front_door.library import door_library
+    from tests.integration.fake_cuda import build_fake_cuda, stand_in_slots
 
-    fake = work / "libcuda.so.1"
-    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1",
-                    str(ROOT / "tests" / "integration" / "fake_cuda.c"), "-o", str(fake)], check=True)  # fmt: skip
-    ctypes.CDLL(str(fake), mode=ctypes.RTLD_GLOBAL)  # what launch.c's dlopen("libcuda.so.1") finds
+    build_fake_cuda(work)
     listener = socket.create_server(("127.0.0.1", port), backlog=4096)
     listener.setblocking(False)
     wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
     limits = Limits(max_connections=4096, keepalive_s=60, request_s=30, tokens=(), max_bytes=2**30, max_pixels=2**26)
     door = Door(door_library(None), listener, threads=threads, shape=SHAPE, buffers=3, wake_fd=wake,
                 path=b"/predict", full_rows=BUCKETS[-1], limits=limits)  # fmt: skip
-    ins = [np.zeros((BUCKETS[-1], *SHAPE), np.uint8) for _ in range(3)]
-    outs = [np.zeros((BUCKETS[-1], WIDTH), np.float32) for _ in range(3)]
-    graphs = [FakeGraph(i.ctypes.data, o.ctypes.data, b, i[0].nbytes, WIDTH)
-              for i, o in zip(ins, outs, strict=True) for b in BUCKETS]  # fmt: skip
-    events = [ctypes.c_int() for _ in range(6)]
-    handles = LauncherHandles(stream=1, context=1, buckets=BUCKETS, ins=[i.ctypes.data for i in ins],
-                              outs=[o.ctypes.data for o in outs], graphs=[ctypes.addressof(g) for g in graphs],
-                              starts=[ctypes.addressof(e) for e in events[:3]],
-                              dones=[ctypes.addressof(e) for e in events[3:]], width=WIDTH)  # fmt: skip
+    slots = stand_in_slots(BUCKETS, SHAPE, WIDTH)  # alive while the launcher is, until killed
     prefix = b'{"model":"fashion-cnn","engine":"cuda-graph","postprocess":"softmax","predictions":[{"label":'
     names = [b',"class_name":"class %d","scores":[' % j for j in range(WIDTH)]
-    door.open_launcher(handles, prefix, names, (b"503 Service Unavailable", b"", b"{}"), 30.0)
+    door.open_launcher(slots.handles, prefix, names, (b"503 Service Unavailable", b"", b"{}"), 30.0)
     door.set_gets([(b"/readyz", b"200 OK\r\ncontent-type: text/plain\r\n", b"ready", False)])
     print(f"launcher on 127.0.0.1:{port}, {threads} threads", flush=True)
     while True:

@@ -24,6 +24,7 @@ import orjson
 import pytest
 
 from tests.integration.door_toolchain import door_toolchain
+from tests.integration.fake_cuda import build_fake_cuda, stand_in_slots
 from tests.integration.server_process import ROOT
 from tests.integration.test_front_door import door_alone, taken_ids
 
@@ -117,48 +118,24 @@ PREFIX, NAMES = b'{"model":"m","predictions":[{"label":', [b',"class_name":"c%d"
 FAILURE = (b"503 Service Unavailable", b"content-type: application/json\r\n", b'{"error":"dead"}')
 
 
-class FakeGraph(ctypes.Structure):
-    _fields_ = [("in_", ctypes.c_void_p), ("out", ctypes.c_void_p), ("rows", ctypes.c_int),
-                ("row_bytes", ctypes.c_int), ("width", ctypes.c_int)]  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def fake_cuda(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     if ctypes.util.find_library("cuda"):
         pytest.skip("CUDA's driver is installed here: the stand-in would not be the one launch.c opens")
-    built = tmp_path_factory.mktemp("fake-cuda") / "libcuda.so.1"
-    source = Path(__file__).with_name("fake_cuda.c")
-    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", str(source), "-o", str(built)],
-                   check=True)  # fmt: skip
-    fake = ctypes.CDLL(str(built), mode=ctypes.RTLD_GLOBAL)  # launch.c's dlopen("libcuda.so.1") finds this one
-    fake.fake_cuda_launches.restype = ctypes.c_long
-    return fake
+    return build_fake_cuda(tmp_path_factory.mktemp("fake-cuda"))
 
 
 @pytest.fixture
 def launched(fake_cuda: ctypes.CDLL) -> Iterator[tuple[Any, tuple[str, int], ctypes.CDLL]]:
     """A door with the launcher open on three stand-in slots: (the Door, its address, the stand-in driver)."""
-    from app.engines.cuda import LauncherHandles
-
     fake_cuda.fake_cuda_mode(0)
-    ins = [np.zeros((BUCKETS[-1], *SHAPE), np.uint8) for _ in range(3)]
-    outs = [np.zeros((BUCKETS[-1], WIDTH), np.float32) for _ in range(3)]
-    graphs = [
-        FakeGraph(i.ctypes.data, o.ctypes.data, b, i[0].nbytes, WIDTH)
-        for i, o in zip(ins, outs, strict=True)
-        for b in BUCKETS
-    ]
-    events = [ctypes.c_int() for _ in range(6)]
-    handles = LauncherHandles(stream=1, context=1, buckets=BUCKETS, ins=[i.ctypes.data for i in ins],
-                              outs=[o.ctypes.data for o in outs], graphs=[ctypes.addressof(g) for g in graphs],
-                              starts=[ctypes.addressof(e) for e in events[:3]],
-                              dones=[ctypes.addressof(e) for e in events[3:]], width=WIDTH)  # fmt: skip
+    slots = stand_in_slots(BUCKETS, SHAPE, WIDTH)
     with door_alone(SHAPE, threads=4, full_rows=16, max_connections=64) as (door, address):
-        door.open_launcher(handles, PREFIX, NAMES, FAILURE, 0.3)
+        door.open_launcher(slots.handles, PREFIX, NAMES, FAILURE, 0.3)
         yield door, address, fake_cuda
         door.close_launcher(5.0)
         door.free_launcher()
-        del ins, outs, graphs, events  # kept alive until the launcher is closed
+        del slots  # kept alive until the launcher is closed
 
 
 def post(address: tuple[str, int], images: list[np.ndarray]) -> list[tuple[int, bytes]]:
