@@ -4,8 +4,8 @@ when the default model changes.
 POST /predict's rows then go from the door's threads into pinned memory of three slots of the engine's own, and
 launch.c's thread launches their graphs and writes their answers: no Python between a request's last byte and its
 answer. Why: for a small CNN the event loop's hand-offs, not the device, bound how fast the door answers; the door
-with an engine in C and nothing else is the ceiling (bench/front_door/door_echo.c). Off by default
-(CGSERVE_FRONT_DOOR_LAUNCHER) until a run in bench/results/ shows it faster than the feeder on a GPU.
+with an engine in C and nothing else is the ceiling (bench/front_door/door_echo.c). On by default
+(CGSERVE_FRONT_DOOR_LAUNCHER); docs/tuning.md says what it gains, with its records.
 Rows past those slots, v2 and gRPC requests, uploads and other models go through the feeder and the batcher as
 before, onto the same stream of the same engine.
 
