@@ -120,7 +120,7 @@ class Settings(BaseSettings):
         "/predict rows are copied by the door's threads into pinned memory of three slots of its engine's own, "
         "launched and answered by a C thread, never Python's (app/front_door/launch.c): for the seed CNN, 2.2-2.9x "
         "the batcher's rate (docs/tuning.md). Rows past those slots, and every other request, go through the batcher "
-        "as before. Each CUDA-graph model then captures three more slots, for uint8 pixels. false: every row goes "
+        "as before. The default model's engine then captures three more slots, for uint8 pixels. false: every row goes "
         "through the batcher.",
     )
     front_door_library: Path | None = Field(

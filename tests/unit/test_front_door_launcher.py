@@ -151,3 +151,24 @@ async def test_a_failed_batchs_503s_are_counted_as_rejections_and_its_device_dec
     launcher.count()
     assert (codes._value.get() - before[0], rejections._value.get() - before[1]) == (3, 3)
     assert declared == [("a batch failed", "cuda:0")]
+
+
+def test_only_the_default_models_engine_gets_launcher_slots() -> None:
+    """The launcher serves the default model alone, decided once for the process's life: another model's engine
+    captures no slots for it (their pinned rows and graphs saved); while no default is decided, any may become it."""
+    from app.config import Settings
+    from app.service import Service
+
+    one_gpu, two_gpus, cpu = (types.SimpleNamespace(devices=d) for d in (["cuda:0"], ["cuda:0", "cuda:1"], ["cpu"]))
+    named = Service(Settings(front_door_port=8002, default_model="a"))
+    assert named._launcher_wanted("a", one_gpu) and not named._launcher_wanted("b", one_gpu)  # type: ignore[arg-type]
+    assert not named._launcher_wanted("a", two_gpus) and not named._launcher_wanted("a", cpu)  # type: ignore[arg-type]
+    undecided = Service(Settings(front_door_port=8002))
+    assert undecided._launcher_wanted("b", one_gpu)  # type: ignore[arg-type]
+    undecided.default_decided, undecided.default_name = True, None  # several served at first: /predict has none
+    assert not undecided._launcher_wanted("b", one_gpu)  # type: ignore[arg-type]
+    for off in (
+        Settings(front_door_port=8002, default_model="a", front_door_launcher=False),
+        Settings(default_model="a"),
+    ):
+        assert not Service(off)._launcher_wanted("a", one_gpu)  # type: ignore[arg-type]
