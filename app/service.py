@@ -398,18 +398,17 @@ class Service:
         log.debug("start-up failure", exc_info=True)
         self._on_fatal()
 
-    def _launcher_wanted(self, name: str, options: EngineOptions) -> bool:
-        """Whether model `name`'s engine gets the front door's launcher's slots: the door is on in this process with
-        its launcher, the model is on one GPU, requests are not traced (launch.c makes no spans), and it is the
-        default model, the one the launcher serves: /predict's, decided once for the process's life
-        (decide_default), or any model while that is not decided yet (a first load may decide it). Every version of
-        it gets them: three more slots' pinned rows (uint8 pixels alone) and graphs; for ResNet-50 at bucket 128,
-        3 × 128 × 150 KB ≈ 58 MB of pinned memory."""
+    def _launcher_wanted(self, spec: ModelSpec, options: EngineOptions) -> bool:
+        """Whether a model's engine gets the front door's launcher's slots: the door is on in this process with its
+        launcher, the model is on one GPU, requests are not traced (launch.c makes no spans), and it is what the
+        launcher can serve (launcher.py's eligible): the default model, /predict's (decided before any engine is
+        built, for the process's life: decide_default), with class scores (launch.c writes no named outputs).
+        Every version of it gets them: three more slots' pinned rows (uint8 pixels alone) and graphs; for ResNet-50
+        at bucket 128, 3 × 128 × 150 KB ≈ 58 MB of pinned memory."""
         settings = self.settings
-        default = not self.default_decided or name == self.default_name
-        return (default and bool(settings.front_door_port) and settings.front_door_launcher
-                and len(options.devices) == 1 and options.devices[0].startswith("cuda")
-                and not tracing.active())  # fmt: skip
+        return (spec.name == self.default_name and spec.layout.default and bool(settings.front_door_port)
+                and settings.front_door_launcher and len(options.devices) == 1
+                and options.devices[0].startswith("cuda") and not tracing.active())  # fmt: skip
 
     async def _start_model(self, served: ServedModel, model: LoadedModel, *, beside: bool = False) -> None:
         """Build the model's engines and start its batcher. `beside`: another version of it serves meanwhile
@@ -432,7 +431,7 @@ class Service:
                     in_flight=settings.in_flight,
                     event_wait=settings.event_wait,
                     host_io=settings.host_io,
-                    launcher_slots=LAUNCHER_SLOTS if self._launcher_wanted(name, options) else 0,
+                    launcher_slots=LAUNCHER_SLOTS if self._launcher_wanted(served.spec, options) else 0,
                 )
                 served.engines.append(engine)
                 metrics.DEVICE_READY.labels(model=name, device=device).set(1)

@@ -66,6 +66,8 @@ class Launcher:
         batcher = served.batcher
         if served.retired or not isinstance(batcher, Batcher) or len(batcher.engines) != 1:
             return None
+        if batcher.dead is not None:  # its rows would wait for the batch timeout; the batcher refuses them at once
+            return None
         if served.spec.input_shape != self.shape or not served.spec.layout.default:
             return None  # not the door's images; named outputs (answers.py answers them row by row)
         if not getattr(batcher.engines[0], "launcher_slots", 0):

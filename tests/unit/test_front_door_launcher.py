@@ -154,21 +154,39 @@ async def test_a_failed_batchs_503s_are_counted_as_rejections_and_its_device_dec
 
 
 def test_only_the_default_models_engine_gets_launcher_slots() -> None:
-    """The launcher serves the default model alone, decided once for the process's life: another model's engine
-    captures no slots for it (their pinned rows and graphs saved); while no default is decided, any may become it."""
+    """The launcher serves the default model alone (decided before any engine is built), where its outputs are class
+    scores: another model's engine, or one of named outputs, captures no slots for it (pinned rows and graphs never
+    launched)."""
     from app.config import Settings
     from app.service import Service
 
+    def spec(name: str, scores: bool = True) -> Any:
+        return types.SimpleNamespace(name=name, layout=types.SimpleNamespace(default=scores))
+
     one_gpu, two_gpus, cpu = (types.SimpleNamespace(devices=d) for d in (["cuda:0"], ["cuda:0", "cuda:1"], ["cpu"]))
-    named = Service(Settings(front_door_port=8002, default_model="a"))
-    assert named._launcher_wanted("a", one_gpu) and not named._launcher_wanted("b", one_gpu)  # type: ignore[arg-type]
-    assert not named._launcher_wanted("a", two_gpus) and not named._launcher_wanted("a", cpu)  # type: ignore[arg-type]
-    undecided = Service(Settings(front_door_port=8002))
-    assert undecided._launcher_wanted("b", one_gpu)  # type: ignore[arg-type]
-    undecided.default_decided, undecided.default_name = True, None  # several served at first: /predict has none
-    assert not undecided._launcher_wanted("b", one_gpu)  # type: ignore[arg-type]
+    service = Service(Settings(front_door_port=8002, default_model="a"))
+    assert service._launcher_wanted(spec("a"), one_gpu)  # type: ignore[arg-type]
+    assert not service._launcher_wanted(spec("b"), one_gpu)  # type: ignore[arg-type]
+    assert not service._launcher_wanted(spec("a", scores=False), one_gpu)  # type: ignore[arg-type]
+    assert not service._launcher_wanted(spec("a"), two_gpus) and not service._launcher_wanted(spec("a"), cpu)  # type: ignore[arg-type]
+    service.default_name = None  # several served at first, none named: /predict has no model
+    assert not service._launcher_wanted(spec("a"), one_gpu)  # type: ignore[arg-type]
     for off in (
         Settings(front_door_port=8002, default_model="a", front_door_launcher=False),
         Settings(default_model="a"),
     ):
-        assert not Service(off)._launcher_wanted("a", one_gpu)  # type: ignore[arg-type]
+        assert not Service(off)._launcher_wanted(spec("a"), one_gpu)  # type: ignore[arg-type]
+
+
+async def test_a_dead_devices_launcher_is_closed_and_not_bound_again(parts: tuple[Any, dict[str, Any]]) -> None:
+    """Once the batcher has declared the device dead (its own batch failed), the launcher takes no more rows: they
+    would wait for the batch timeout, where the batcher refuses them at once."""
+    service, default = parts
+    door = FakeDoor()
+    launcher = Launcher(service, door, (1, 28, 28))  # type: ignore[arg-type]
+    await launcher.tend()
+    served = default["served"]
+    served.batcher.dead = "a batch failed"
+    await launcher.tend()
+    await launcher.tend()
+    assert door.calls == ["open", "close", "free"] and launcher.bound is None and not served.launcher_bound
