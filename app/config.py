@@ -116,12 +116,12 @@ class Settings(BaseSettings):
     front_door_threads: int = Field(4, ge=1, le=64, description="C threads serving front_door_port.")
     front_door_launcher: bool = Field(
         True,
-        description="Where front_door_port is set and the default model runs CUDA graphs on one GPU, its POST "
-        "/predict rows are copied by the door's threads into pinned memory of three slots of its engine's own, "
-        "launched and answered by a C thread, never Python's (app/front_door/launch.c): for the seed CNN, 2.2-2.9x "
-        "the batcher's rate (docs/tuning.md). Rows past those slots, and every other request, go through the batcher "
-        "as before. The default model's engine then captures three more slots, for uint8 pixels. false: every row goes "
-        "through the batcher.",
+        description="Where front_door_port is set and the default model runs CUDA graphs on one GPU with class "
+        "scores, its POST /predict rows are copied by the door's threads into pinned memory of three slots of its "
+        "engine's own, launched and answered by a C thread, never Python's (app/front_door/launch.c): for the seed "
+        "CNN, 2.2-2.9x the batcher's rate (docs/tuning.md). Rows past those slots, and every other request, go "
+        "through the batcher as before. The default model's engine then captures three more slots, for uint8 "
+        "pixels. false: every row goes through the batcher.",
     )
     front_door_library: Path | None = Field(
         None,
