@@ -15,6 +15,11 @@
 #                                                (PA_CONCURRENCIES="64 256"), then two side by side at 128 each
 #                                                (PA_PAIR=0: not); PA_RATE=R: then an open loop at R requests/s
 #                                                (--request-rate-range), for the p99 at a share of the peak
+#   bash bench/front_door/run_h200.sh launcher   the door's launcher against the batcher's path (launcher off),
+#                                                alternated, by bench/front_door/sweep.py: the seed CNN at 64 and 256
+#                                                connections beside the 8-worker raw no-op, then ResNet-50 at 256
+#                                                and the engine's own peak, all at --compile none (~7 minutes);
+#                                                JSON under $OUT, each point's line printed
 set -u
 case "${1:-}" in
 seed)
@@ -106,5 +111,23 @@ pathlib.Path('/tmp/v2.body').write_bytes(h + pathlib.Path('/tmp/image.u8').read_
   curl -s localhost:8122/metrics | grep -E '^cgserve_(requests_total|batch_rows_(sum|count))' > "$OUT/resnet50-door-metrics.txt"
   kill -TERM $door; wait $door; tail -3 "$OUT/resnet50-door-server.log"
   ;;
-*) echo "usage: $0 seed|resnet50|v2" >&2; exit 2 ;;
+launcher)
+  off=CGSERVE_FRONT_DOOR_LAUNCHER=false
+  sweep() { timeout "$1" python3 bench/front_door/sweep.py --hey .gpu/bin/hey "${@:2}"; }
+  for c in 64 256; do
+    sweep 200 --concurrency $c --out /tmp/seed-c$c --noop-workers 8 --label "seed-c$c-" \
+      --variants "launcher=;batcher=$off;launcher2=;batcher2=$off" > "/tmp/seed-c$c.log" 2>&1
+    cp "/tmp/seed-c$c/seed-c$c-sweep.json" "$OUT/"; grep "req/s" "/tmp/seed-c$c.log" | cut -c1-170
+  done
+  export CGSERVE_COMPILE=none CGSERVE_BUCKETS=1,8,32,64,128
+  mkdir -p /tmp/resnet50-only && cp -r models/examples/repository/resnet50 /tmp/resnet50-only/  # its one model
+  sweep 170 --concurrency 256 --out /tmp/r50 --noop-workers 0 --repository /tmp/resnet50-only \
+    --image-shape 3,224,224 --label r50-c256- --variants "launcher=;batcher=$off" > /tmp/r50.log 2>&1
+  cp /tmp/r50/r50-c256-sweep.json "$OUT/"; grep "req/s" /tmp/r50.log | cut -c1-170
+  timeout 120 taskset -c 0-7 python3 -c "import json; from pathlib import Path; from bench.resnet50_e2e import \
+engine_peak; print(json.dumps(engine_peak(Path('/tmp/resnet50-only'), '1,8,32,64,128', 4.0)))" \
+    > "$OUT/resnet50-engine-peak.json" 2> /tmp/resnet50-engine-peak.log
+  echo "engine peak: $(tail -c 300 "$OUT/resnet50-engine-peak.json")"
+  ;;
+*) echo "usage: $0 seed|resnet50|v2|launcher" >&2; exit 2 ;;
 esac
