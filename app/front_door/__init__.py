@@ -18,6 +18,13 @@ model, or to any other model of its images that a v2 infer or a gRPC call names.
     client ◀── the service's own answer ───── the connection's own thread writes each answer (gRPC's:
                                               the gRPC port's ModelInferResponse, through nghttp2)
 
+On a GPU the default model's POST /predict rows of raw pixels take a shorter way (CGSERVE_FRONT_DOOR_LAUNCHER, on
+by default): the door thread copies them straight into a pinned slot of that model's engine, and launch.c's thread
+launches the slot's captured graph through CUDA's driver and writes the answers, with no Python between a request
+and its answer. Rows past its three slots go the feeder's way above. The seed CNN at 64 connections reached
+0.82–1.02× of the 8-worker no-op that way on an H100, where the feeder's way reached 0.34–0.45×
+(bench/results/2026-12-06-run57-h100-launcher-on.md).
+
 Most clients send one image a request, as raw pixels or as Triton's clients and perf_analyzer send it (who
 can be pointed at the door: it answers the v2 metadata GETs they read first). On the service's port each
 such request costs Python a request's work (the ASGI protocol, the data plane, a future), and the H200
@@ -36,7 +43,7 @@ faster for JPEG-heavy traffic, the door or the port with the engine process, is 
 gRPC on the door (run 38) answered perf_analyzer at 0.94–0.99× its v2 HTTP there, where grpcio's server in
 Python held gRPC to 0.53–0.60× of the engine's peak (run 25).
 
-    library.py     door.c and grpc.c built (or the one the settings name)
+    library.py     door.c, grpc.c and launch.c built (or the one the settings name)
     door.py        the C side through ctypes
     feeder.py      bulks onto their models' batchers, answers back: the flow control
     models.py      which model each row is for (POST /predict, a v2 path, a gRPC model_name), and its parts
@@ -46,6 +53,8 @@ Python held gRPC to 0.53–0.60× of the engine's peak (run 25).
                    ModelInferResponse from a template, the metadata calls' answers (loaded only with gRPC on)
     answers.py     each request's answer for a piece: /predict's JSON for k rows at once; v2's binary
                    outputs behind one JSON header built once, the rest row by row
+    launcher.py    launch.c bound to the default model's engine (its launcher slots), its figures into the
+                   metrics each second, bound again when the default model's version changes
     server.py      the port's life: opened once the models are ready, its v2 GET answers kept fresh,
                    drained and closed at shutdown
 """
