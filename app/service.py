@@ -54,7 +54,7 @@ from app.repository.versions import UNVERSIONED
 
 log = logging.getLogger(__name__)
 # The front door's launcher's slots in each engine it may drive (app/front_door/launch.c): one filling, one on the
-# device, one being answered.
+# device, one being answered (launch.c's SLOTS: the two change together).
 LAUNCHER_SLOTS = 3
 RETIRE_POLL_S = 0.01  # how often a retiring model's queue is looked at until it is empty
 

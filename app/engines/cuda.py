@@ -171,7 +171,6 @@ class CudaEngine:
         # only, so they hold and capture that input alone.
         self._launcher_slots = [self._new_slot_state(("uint8",)) for _ in range(launcher_slots)]
         self._slots += self._launcher_slots
-        self.launcher_slots = launcher_slots
         self.report = EngineReport(
             facts={
                 "dtype": dtype,
@@ -415,6 +414,11 @@ class CudaEngine:
                 await self._waiter.completion(event)
                 return
             await asyncio.sleep(0)  # let the loop decode and batch other requests meanwhile
+
+    @property
+    def launcher_slots(self) -> int:
+        """How many slots of its own the front door's launcher has in this engine (0: none)."""
+        return len(self._launcher_slots)
 
     def launcher_handles(self) -> LauncherHandles | None:
         """What app/front_door/launch.c launches for uint8 rows: its slots' pinned memory, their graphs and events, the

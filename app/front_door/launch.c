@@ -38,7 +38,7 @@
 #include <dlfcn.h>
 #include <math.h>
 
-#define SLOTS 3
+#define SLOTS 3 /* app/service.py's LAUNCHER_SLOTS: the two change together */
 #define MAX_BUCKETS 32
 #define SPIN_S 0.002   /* longer than any batch of a small CNN; past it, nap between looks */
 #define NAP_FIRST_S 0.00005
@@ -402,26 +402,24 @@ static void *launcher(void *arg) {
                 x->running = next;
                 pthread_mutex_unlock(&x->mu);
             } else {
-                answer_failed(x, &x->slots[next]);
+                answer_failed(x, &x->slots[next]); /* which empties it */
                 pthread_mutex_lock(&x->mu);
                 x->slots[next].state = dead ? FREE : LOST;
-                x->slots[next].n = 0;
                 pthread_mutex_unlock(&x->mu);
             }
         }
         if (done >= 0) {
             dslot_t *s = &x->slots[done];
             float ms = 0.0f;
-            if (ok) {
+            if (ok) { /* each empties it */
                 x->elapsed(&ms, s->start, s->done);
                 answer_batch(x, s, ms / 1000.0f);
+                pthread_mutex_lock(&x->mu);
+                s->state = FREE;
+                pthread_mutex_unlock(&x->mu);
             } else {
-                answer_failed(x, s);
+                answer_failed(x, s); /* LOST stays: the device may still write it */
             }
-            pthread_mutex_lock(&x->mu);
-            if (ok) s->state = FREE;
-            s->n = 0;
-            pthread_mutex_unlock(&x->mu);
         }
         pthread_mutex_lock(&x->mu);
     }

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 
 from app.engines.cuda import LauncherHandles
+from app.service import LAUNCHER_SLOTS as SLOTS  # launch.c's SLOTS
 
 SOURCE = Path(__file__).with_name("fake_cuda.c")
-SLOTS = 3  # launch.c's
 
 
 class FakeGraph(ctypes.Structure):

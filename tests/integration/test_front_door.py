@@ -267,6 +267,7 @@ def test_refusals_are_answers_on_the_connection(server: dict[str, Any]) -> None:
             raw.sendall(request)
             answer = closed_within(raw, 5)
             assert answer is not None and answer.startswith(b"HTTP/1.1 " + code + b" "), (request, answer)
+            assert b"connection: close" in answer
     # Another method: what its route takes, as the service's port says (Allow), or 404 where the door has no such
     # route.
     methods = {b"PUT /predict": (b"405", b"allow: POST\r\n"),
