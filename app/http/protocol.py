@@ -492,7 +492,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.transport.write(self._last_words)  # the refusal of what followed the requests answered
             self.transport.close()
             return
-        if not self._in_headers and not self.transport.is_closing():  # answered before its body was whole
+        # Answered before its body was whole: the body being read is the answered request's own only where the
+        # newest request is the one answered; behind an earlier answer it is a pipelined request's, read on.
+        answered_own = self.cycle is not None and self.cycle.response_complete
+        if not self._in_headers and answered_own and not self.transport.is_closing():
             self._stop_rate()
             self._lingering = 0
             self._arm(LINGER_S, self._linger_over)

@@ -310,6 +310,18 @@ def test_pipelined_requests_come_back_in_order(servers: tuple[str, str]) -> None
     assert rows == [1, 2, 0, 3]
 
 
+@pytest.mark.parametrize("rows", [100, 400])  # past LINGER_BYTES; and past INLINE_BODY_LIMIT, so not taken inline
+def test_a_large_request_pipelined_behind_a_small_one_is_answered(servers: tuple[str, str], rows: int) -> None:
+    """The first answer is written while the second's body is still being read: that body is the next request's,
+    not the rest of the answered one's to be dropped (the connection was closed after 64 KiB of it, and reset)."""
+    inline, _ = servers
+    with connect(inline) as sock:
+        sock.sendall(raw_request("/predict", RAW) + raw_request("/predict", RAW * rows))
+        got = read_answers(sock, 2)
+    assert [head.split(b"\r\n")[0] for head, _ in got] == [b"HTTP/1.1 200 OK"] * 2
+    assert len(orjson.loads(got[1][1])["predictions"]) == rows
+
+
 def test_http_1_0_gets_its_answer_and_the_connection_closes(servers: tuple[str, str]) -> None:
     inline, _ = servers
     with connect(inline) as sock:
