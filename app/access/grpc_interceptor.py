@@ -110,7 +110,8 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     f"with one of the {kind} tokens ({SETTING[kind]})"
                 )
                 log.debug("refused %s: no %s token", method, "accepted" if token is not None else kind)
-                if method == STREAM_INFER:  # refused as the stream it is, before a message is read
+                # Refused before a message is read, as the stream of requests each call is registered as.
+                if method == STREAM_INFER:
                     refusal = grpc.stream_stream_rpc_method_handler(_stream_refusal(message))
                     return self._traced_stream(method, request_id, refusal, carrier)
                 return self._traced(method, request_id, _refusal(message), None, carrier)
@@ -119,40 +120,43 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return handler
         if method == STREAM_INFER:
             return self._traced_stream(method, request_id, handler, carrier)
-        if handler.unary_unary is None:
+        if handler.stream_unary is None:
             return handler  # the other streams (health Watch, reflection): left as they are
-        return self._traced(method, request_id, handler.unary_unary, handler, carrier)
+        return self._traced(method, request_id, handler.stream_unary, handler, carrier)
 
     def _traced(
         self,
         method: str,
         request_id: str | None,
-        behavior: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]],
+        behavior: Callable[[AsyncIterator[Any], grpc.aio.ServicerContext], Awaitable[Any]],
         handler: grpc.RpcMethodHandler | None,
         carrier: Carrier | None = None,
     ) -> grpc.RpcMethodHandler:
-        """`behavior` as a unary handler that sends the id back and writes the access-log line."""
+        """`behavior`, a call of one request (registered as a stream of requests: app/protocols/v2/grpc_methods.py),
+        as a handler that sends the id back and writes the access-log line."""
         log = self.log
 
-        async def traced(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def traced(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
             if request_id is not None:
                 context.set_trailing_metadata(((HEADER, request_id),))  # kept by abort() too
             if log is None:
-                return await behavior(request, context)
-            call, response, ended = _Call(method, request_id, context.peer(), carrier), None, None
+                return await behavior(requests, context)
+            call, read = _Call(method, request_id, context.peer(), carrier), _Read(requests)
+            response, ended = None, None
             try:
-                response = await behavior(request, context)
+                response = await behavior(read, context)
                 return response
             except BaseException as error:  # cancelled (the client left, its deadline passed) or failed
                 ended = error
                 raise
             finally:
+                request = read.request
                 model = getattr(request, "model_name", None) or getattr(request, "name", None) or None
                 log.write(call.arrived, call.fields(context, (_size(request), _size(response)), model, ended))
 
-        if handler is None:  # a refusal: the request is never deserialized
-            return grpc.unary_unary_rpc_method_handler(traced)
-        return grpc.unary_unary_rpc_method_handler(traced, handler.request_deserializer, handler.response_serializer)
+        if handler is None:  # a refusal: nothing is read
+            return grpc.stream_unary_rpc_method_handler(traced)
+        return grpc.stream_unary_rpc_method_handler(traced, handler.request_deserializer, handler.response_serializer)
 
     def _traced_stream(
         self, method: str, request_id: str | None, handler: grpc.RpcMethodHandler, carrier: Carrier | None
@@ -193,6 +197,21 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 log.write(call.arrived, call.fields(context, (bytes_in, bytes_out), model, ended))
 
         return grpc.stream_stream_rpc_method_handler(traced, handler.request_deserializer, handler.response_serializer)
+
+
+class _Read:
+    """A call's requests, as read: the last one, for the access-log line (None where none was read)."""
+
+    def __init__(self, requests: AsyncIterator[Any]) -> None:
+        self.requests = requests
+        self.request: Any = None
+
+    def __aiter__(self) -> _Read:
+        return self
+
+    async def __anext__(self) -> Any:
+        self.request = await anext(self.requests)
+        return self.request
 
 
 @dataclass(slots=True)
@@ -241,8 +260,8 @@ def ended_by_client(context: grpc.aio.ServicerContext) -> grpc.StatusCode:
     )
 
 
-def _refusal(message: str) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
-    async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
+def _refusal(message: str) -> Callable[[AsyncIterator[Any], grpc.aio.ServicerContext], Awaitable[Any]]:
+    async def refuse(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
     return refuse
@@ -257,7 +276,7 @@ def _stream_refusal(message: str) -> Callable[[AsyncIterator[Any], grpc.aio.Serv
 
 
 def _size(message: Any) -> int:
-    """A protobuf message's encoded size (the raw bytes of a refused call, never deserialized)."""
+    """A protobuf message's encoded size (0: none was read)."""
     if message is None:
         return 0
     if isinstance(message, bytes | bytearray):

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from tests.integration.server_process import running_server
 from tests.reliability.common import SERVE
 
 MODEL = "fashion-cnn"
+MESSAGE_WITHIN_S = 4  # the gRPC server's CGSERVE_REQUEST_TIMEOUT_S
 V2 = f"/v2/models/{MODEL}/infer"
 IMAGE = [0] * 784
 CLASSIFY = {"name": "probabilities", "parameters": {"classification": 3}}
@@ -91,7 +94,14 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
     logs = tmp_path_factory.mktemp("malformed")
     grpc_port = free_port()
     with (
-        running_server(logs / "inline.log", command=SERVE, device="cpu", grpc_port=str(grpc_port)) as inline,
+        # Its timeout short, for the gRPC call whose message never comes whole (within the timeout: DEADLINE_EXCEEDED)
+        running_server(
+            logs / "inline.log",
+            command=SERVE,
+            device="cpu",
+            grpc_port=str(grpc_port),
+            request_timeout_s=str(MESSAGE_WITHIN_S),
+        ) as inline,  # fmt: skip
         running_server(logs / "asgi.log", command=SERVE, device="cpu", inline_predict="false") as asgi,
     ):
         yield {"inline": inline, "asgi": asgi, "grpc": f"127.0.0.1:{grpc_port}", "grpc_log": str(logs / "inline.log")}
@@ -264,6 +274,44 @@ def test_bytes_that_are_not_a_protobuf_message_get_invalid_argument_from_health_
     assert f"do not parse as a protobuf {message}" in str(raised.value.details()), raised.value.details()
     log = Path(servers["grpc_log"]).read_text()
     assert "DecodeError" not in log, log[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("/inference.GRPCInferenceService/ModelInfer", "inference.ModelInferRequest"),
+        ("/grpc.health.v1.Health/Check", "grpc.health.v1.HealthCheckRequest"),
+    ],
+)
+def test_a_call_that_ends_without_its_message_is_refused_at_once(
+    servers: dict[str, str], path: str, message: str
+) -> None:
+    """HEADERS that end the call, no message: grpcio's unary handler waited for one for ever, and the call (and its
+    connection) stayed open with no answer."""
+    with grpc.insecure_channel(servers["grpc"]) as channel, pytest.raises(grpc.RpcError) as raised:
+        channel.stream_unary(path)(iter([]), timeout=30)  # the client sends its headers and ends the call
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT, raised.value
+    assert raised.value.details() == f"the call ended without a request message; expected one {message}"
+
+
+def test_a_call_whose_message_never_comes_ends_at_the_timeout(servers: dict[str, str]) -> None:
+    """A call whose message does not come (a client that sends headers and stops): DEADLINE_EXCEEDED at the
+    service's timeout, not a call and a connection held open until the connection's age ends it (30 minutes)."""
+    released = threading.Event()
+
+    def never() -> Iterator[bytes]:
+        released.wait(60)  # the call has ended by then: grpcio stops asking
+        yield from ()
+
+    started = time.monotonic()
+    with grpc.insecure_channel(servers["grpc"]) as channel, pytest.raises(grpc.RpcError) as raised:
+        try:
+            channel.stream_unary("/inference.GRPCInferenceService/ModelInfer")(never(), timeout=60)
+        finally:
+            released.set()
+    assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, raised.value
+    assert f"did not come whole within {MESSAGE_WITHIN_S} s" in str(raised.value.details()), raised.value.details()
+    assert time.monotonic() - started < 40  # the server's bound, not the client's deadline
 
 
 def test_a_streamed_request_with_a_long_id_is_refused_without_echoing_it(servers: dict[str, str]) -> None:

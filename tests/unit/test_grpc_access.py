@@ -47,11 +47,11 @@ async def outcome(method: str, *metadata: tuple[str, str]) -> str:
     if handler == "served":
         return "served"
     assert (handler.stream_stream is not None) == (method == STREAM)  # a stream is refused as a stream
-    with pytest.raises(Aborted) as refused:
-        if method == STREAM:  # its messages never read
+    with pytest.raises(Aborted) as refused:  # its messages never read: a call of one is a stream of one
+        if method == STREAM:
             await anext(handler.stream_stream(unread(), Context()))
         else:
-            await handler.unary_unary(b"", Context())
+            await handler.stream_unary(unread(), Context())
     code, message = refused.value.args
     return f"{code.name}: {message}"
 

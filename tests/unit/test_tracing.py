@@ -8,7 +8,7 @@ import asyncio
 import logging
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -63,6 +63,11 @@ def access_lines() -> Iterator[list[dict[str, Any]]]:
         yield handler.lines
     finally:
         logging.getLogger(LOGGER).removeHandler(handler)
+
+
+async def one(request: bytes) -> AsyncIterator[bytes]:
+    """A call's one request, as grpc.aio hands it to a handler of a stream of requests."""
+    yield request
 
 
 def named(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
@@ -143,7 +148,7 @@ async def test_grpc_metadata_traceparent_is_the_request_spans_parent(
     plane = DataPlane(SimpleNamespace(settings=settings))  # type: ignore[arg-type]
     interceptor = AccessInterceptor(tokens=TokenSet([]), tracing=True, access_log=access_log(), traced=True)
 
-    async def infer(request: Any, context: Any) -> Any:
+    async def infer(requests: Any, context: Any) -> Any:
         async def read() -> bytes:
             return b""
 
@@ -152,12 +157,12 @@ async def test_grpc_metadata_traceparent_is_the_request_spans_parent(
         )
 
     async def continuation(details: Any) -> Any:
-        return SimpleNamespace(unary_unary=infer, request_deserializer=None, response_serializer=None)
+        return SimpleNamespace(stream_unary=infer, request_deserializer=None, response_serializer=None)
 
     details = SimpleNamespace(method="/inference.GRPCInferenceService/ModelInfer",
                               invocation_metadata=(("traceparent", TRACEPARENT),))  # fmt: skip
     handler = await interceptor.intercept_service(continuation, details)
-    assert await handler.unary_unary(b"", Context()) == "answer"
+    assert await handler.stream_unary(one(b""), Context()) == "answer"
     (span,) = named(spans, "ModelInfer")
     assert f"{span.context.trace_id:032x}" == TRACE_ID
     assert span.parent is not None and f"{span.parent.span_id:016x}" == PARENT_ID

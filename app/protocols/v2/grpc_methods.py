@@ -8,10 +8,16 @@ instead, they reach the method as `Unparsed`: a call ends INVALID_ARGUMENT sayin
 logged by no one, except on a stream that answers such a message itself and goes on (ModelStreamInfer,
 whose answers carry an error_message). Registered as the generated code registers, by exact method path
 and as a generic handler.
+
+A method of one request is registered as one that reads a stream of them (the same bytes on the wire: a unary call
+is a stream of one message), so that its one message is awaited here, within a bound. grpcio's unary handlers wait
+for it for ever, and a call that ended without one was never answered: a client held a connection (and a share of
+the server's connections) with a call that sent headers alone, or a message that never ended.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass
@@ -50,6 +56,51 @@ def parser(message: Any) -> Callable[[bytes], Any]:
     return parsed
 
 
+async def one_request(requests: AsyncIterator[Any], context: Any, within_s: float, expected: str) -> Any:
+    """The call's one request message, once it has come whole; the call ends INVALID_ARGUMENT where the client
+    ended it without one, and DEADLINE_EXCEEDED where it has not come whole within `within_s` of the call's start
+    (a client's own nearer deadline ends the call itself)."""
+    task = asyncio.current_task()
+    assert task is not None
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        task.cancel()
+
+    timer = asyncio.get_running_loop().call_later(within_s, expire)
+    try:
+        request = await anext(requests, None)
+    except asyncio.CancelledError:
+        if not expired:
+            raise  # the client cancelled, or its deadline passed
+        task.uncancel()
+        await context.abort(
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            f"the request message did not come whole within {within_s:g} s of the call's start "
+            f"(CGSERVE_REQUEST_TIMEOUT_S); expected one {expected}",
+        )
+    finally:
+        timer.cancel()
+    if request is None:
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT, f"the call ended without a request message; expected one {expected}"
+        )
+    return request
+
+
+def reading_one(
+    method: Callable[[Any, Any], Awaitable[Any]], within_s: float, expected: str
+) -> Callable[[AsyncIterator[Any], Any], Awaitable[Any]]:
+    """`method` of one request as a handler of a stream of requests: its request read by one_request."""
+
+    async def call(requests: AsyncIterator[Any], context: Any) -> Any:
+        return await method(await one_request(requests, context, within_s, expected), context)
+
+    return call
+
+
 def refusing_unparsed(method: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:
     """A method of one request that never sees Unparsed: the call ends INVALID_ARGUMENT instead. (Its answer, or
     the answers it writes with context.write, as health's Watch does.)"""
@@ -82,10 +133,16 @@ def refusing_unparsed_requests(
 
 
 def add_service(
-    servicer: Any, server: grpc.aio.Server, service: ServiceDescriptor, answers_unparsed: Collection[str] = ()
+    servicer: Any,
+    server: grpc.aio.Server,
+    service: ServiceDescriptor,
+    *,
+    read_within_s: float,
+    answers_unparsed: Collection[str] = (),
 ) -> None:
     """Every method of `service` on `servicer`, as the generated add_…_to_server would, each request parsed here;
-    the streams named in `answers_unparsed` get each Unparsed message to answer themselves."""
+    a method of one request waits at most `read_within_s` for it; the streams named in `answers_unparsed` get each
+    Unparsed message to answer themselves."""
     handlers = {}
     for method in service.methods:
         request, response = GetMessageClass(method.input_type), GetMessageClass(method.output_type)
@@ -97,9 +154,11 @@ def add_service(
             assert not method.client_streaming, method.name
             # A stream of answers written with context.write (health's Watch), not yielded: awaited as a call is.
             assert not (method.server_streaming and inspect.isasyncgenfunction(behavior)), method.name
+            # Read as a stream of one (the module's docstring says why); a stream of answers written with
+            # context.write, as a coroutine: grpc.aio's reader/writer form of a stream handler.
             streams = method.server_streaming
-            make = grpc.unary_stream_rpc_method_handler if streams else grpc.unary_unary_rpc_method_handler
-            behavior = refusing_unparsed(behavior)
+            make = grpc.stream_stream_rpc_method_handler if streams else grpc.stream_unary_rpc_method_handler
+            behavior = reading_one(refusing_unparsed(behavior), read_within_s, method.input_type.full_name)
         handlers[method.name] = make(
             behavior, request_deserializer=parser(request), response_serializer=response.SerializeToString
         )

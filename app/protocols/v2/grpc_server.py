@@ -480,10 +480,13 @@ class GrpcServer:
         self.inference = InferenceServicer(plane, control)
         health_service = health_pb2.DESCRIPTOR.services_by_name["Health"]
         reflection_service = reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"]
-        add_service(self.inference, self.server, SERVICE, answers_unparsed=("ModelStreamInfer",))
-        add_service(self.health, self.server, health_service)
+        # A call's one message comes within the service's timeout, as an HTTP request's body counts in its own.
+        within_s = settings.request_timeout_s
+        streams = ("ModelStreamInfer",)
+        add_service(self.inference, self.server, SERVICE, read_within_s=within_s, answers_unparsed=streams)
+        add_service(self.health, self.server, health_service, read_within_s=within_s)
         names = (SERVICE_NAME, health_service.full_name, reflection_service.full_name)
-        add_service(reflection.aio.ReflectionServicer(names), self.server, reflection_service)
+        add_service(reflection.aio.ReflectionServicer(names), self.server, reflection_service, read_within_s=within_s)
         self.server.add_generic_rpc_handlers((UnsupportedMethods(SERVICE),))
         self.address = f"{settings.host}:{settings.grpc_port}"
         credentials = server_credentials(settings)

@@ -75,7 +75,8 @@ class UnsupportedMethods(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc 
             methods = ", ".join(known.name for known in self.served.methods)
             text = f"{service} has no method {method[:64]!r}; expected one of {methods}"
 
-        async def refuse(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        async def refuse(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, text)
 
-        return grpc.unary_unary_rpc_method_handler(refuse)  # bytes as they came: nothing is parsed
+        # As a stream's: refused at once, nothing read (a unary handler would wait for the message first).
+        return grpc.stream_unary_rpc_method_handler(refuse)
