@@ -77,7 +77,10 @@ class Codec(Protocol[WireIn, AnswerOut]):
 class NowCodec(Codec[WireIn, AnswerOut], Protocol[WireIn, AnswerOut]):
     """A codec that can also decode a small request at once, for a caller that waits by callback."""
 
-    def decode_now(self, request: WireIn, spec: ModelSpec) -> tuple[np.ndarray, Any]: ...
+    def decode_now(self, request: WireIn, spec: ModelSpec) -> tuple[np.ndarray, Any] | None:
+        """A small request decoded at once; None where it holds encoded images, which the async `decode` takes to
+        the uploads' decoder (Pillow's decode of a few 1000×1000 PNGs held the loop 135 ms)."""
+        ...
 
     def decode_cheaply(self, request: WireIn, spec: ModelSpec) -> tuple[np.ndarray, Any] | None:
         """A large request decoded at once where that costs little (a binary tensor: a view of its bytes

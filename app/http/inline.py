@@ -66,9 +66,9 @@ class InlineRequest:
         self.started = started  # time.perf_counter(), for the latency histogram
 
 
-# A body up to this is decoded on the loop as it completes; a larger one (up to INLINE_BODY_LIMIT) in
-# a task by the codec's async decode, where JSON and encoded images (v2 BYTES tensors) may leave the
-# loop. A raw /predict body is a view of its bytes whatever its size: always decoded at once, as is a
+# A body up to this is decoded on the loop as it completes, but for encoded images in a v2 BYTES tensor; a larger one
+# (up to INLINE_BODY_LIMIT) and those images in a task by the codec's async decode, where JSON and encoded images may
+# leave the loop. A raw /predict body is a view of its bytes whatever its size: always decoded at once, as is a
 # v2 binary tensor under a small JSON header (the codec's decode_cheaply). An image body (JPEG, PNG)
 # never is: the uploads' decoder batches it with others (on the GPU where there is one).
 DECODE_NOW_BYTES = 64 * 1024
@@ -133,14 +133,15 @@ class InlinePredict:
         batcher, served = request.batcher, request.served
         try:  # the codec's own decode, here and now where it is cheap
             if request.form == "raw" or (request.form != "image" and len(body) <= DECODE_NOW_BYTES):
-                images, request.asked = request.codec.decode_now(wire, served.spec)
-            elif (decoded := request.codec.decode_cheaply(wire, served.spec)) is not None:  # a v2 binary tensor
-                images, request.asked = decoded
-            else:  # JSON, or encoded images in a v2 tensor: off the loop where the codec takes them
+                decoded = request.codec.decode_now(wire, served.spec)
+            else:
+                decoded = request.codec.decode_cheaply(wire, served.spec)  # a v2 binary tensor
+            if decoded is None:  # JSON, or encoded images in a v2 tensor: off the loop where the codec takes them
                 request.decoding = asyncio.get_running_loop().create_task(
                     self._decode_and_queue(request, wire, batcher, served)
                 )
                 return
+            images, request.asked = decoded
         except Exception as error:
             self._refuse(request, error)
             return

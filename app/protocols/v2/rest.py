@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from app.codecs.bodies import decode_image, writes_a_boolean
+from app.codecs.bodies import writes_a_boolean
 from app.codecs.uploads import Images, upload_images
 from app.errors import ClientClosedError, InputError, ServiceError
 from app.http.answer import HttpAnswer, HttpBody, error_answer, whole_body
@@ -173,12 +173,13 @@ class V2Codec:
             return await upload_images(images, max_pixels=pixels, spec=spec, gpu=gpu), asked
         return images, asked
 
-    def decode_now(self, request: HttpBody, spec: ModelSpec) -> tuple[np.ndarray, Asked]:
-        """A small request checked and decoded here and now (encoded images with Pillow)."""
+    def decode_now(self, request: HttpBody, spec: ModelSpec) -> tuple[np.ndarray, Asked] | None:
+        """A small request checked and decoded here and now; None for encoded images (a BYTES input), which the
+        async decode takes to the uploads' decoder, never Pillow on the loop (its header is parsed again there:
+        a few µs for a small body)."""
         asked, images = parse_infer(request.body, request.header_length, spec, self.max_instances)
         if isinstance(images, list):
-            pixels = spec.max_image_pixels(self.service.settings.max_image_pixels)
-            images = np.concatenate([decode_image(data, max_pixels=pixels, spec=spec) for data in images])
+            return None
         return images, asked
 
     def decode_cheaply(self, request: HttpBody, spec: ModelSpec) -> tuple[np.ndarray, Asked] | None:
