@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import io
+import re
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,14 @@ RAW_LAYOUTS = ("nchw", "nhwc")
 # Large downscales first shrink by a whole factor (a box filter, cheap), then resample: a 1024×1024
 # upload made 28×28 costs 2 ms of resizing instead of 9 (Pillow's reducing_gap).
 REDUCING_GAP = 3.0
+# A progressive JPEG is decoded once a scan, and its scans are a few bytes each: 20,000 of them in 244 KB took 8.6 s
+# of a decode thread for a 1024×1024 image (a hostile-client review). libjpeg's own progressions have up to 10, tuned
+# encoders ~20. The same limit in app/front_door/door.c (MAX_JPEG_SCANS), which sends a JPEG over it here to refuse.
+MAX_JPEG_SCANS = 100
+# A 16-bit grey PNG opens in these (Pillow reads 16-bit colour as 8-bit itself); convert() clips them at 255 rather
+# than scale them, which turned a 16-bit Fashion-MNIST test set's 91 % accuracy into 66 %.
+SIXTEEN_BIT_MODES = frozenset(("I;16", "I;16B", "I;16L", "I;16N", "I"))
+JPEG_SCAN = b"\xff\xda"  # SOS; byte stuffing keeps 0xFF 0xDA out of the entropy-coded data
 
 
 def json_expected(spec: ModelSpec) -> str:
@@ -141,9 +150,11 @@ def decode_image(data: bytes | bytearray, *, max_pixels: int, spec: ModelSpec) -
         # open() reads the header only: the size check runs before any pixel is decoded.
         with Image.open(io.BytesIO(data), formats=("PNG", "JPEG")) as image:
             check_image_size(image.size, max_pixels=max_pixels, spec=spec)
+            if image.format == "JPEG":
+                check_jpeg_scans(data)
             # JPEG decodes at a reduced scale, no smaller than what follows needs; a no-op for PNG.
             image.draft(color, (resize, resize) if resize else (w, h))
-            picture = image.convert(color)
+            picture = (eight_bit(image) if image.mode in SIXTEEN_BIT_MODES else image).convert(color)
             if resize:  # shorter side → resize, as torchvision's Resize(int)
                 scale = resize / min(picture.size)
                 size = (max(1, round(picture.width * scale)), max(1, round(picture.height * scale)))
@@ -154,8 +165,14 @@ def decode_image(data: bytes | bytearray, *, max_pixels: int, spec: ModelSpec) -
             if picture.size != (w, h):
                 picture = picture.resize((w, h), Image.Resampling.LANCZOS, reducing_gap=REDUCING_GAP)
     except Image.DecompressionBombError as error:  # Pillow's own guard, hit by absurd headers
+        # Its text names its own limit (178956970), not the server's: only its count of the header's pixels is kept.
+        declared = re.search(r"\((\d+) pixels\)", str(error))
+        pixels = f"{declared[1]} pixels" if declared else "more pixels than any image this server takes"
         raise InputError(
-            str(error), expected=_too_large(max_pixels, spec), status=413, code="image_too_large"
+            f"the image's header declares {pixels}, over the limit of {max_pixels}",
+            expected=_too_large(max_pixels, spec),
+            status=413,
+            code="image_too_large",
         ) from None
     except UnidentifiedImageError:  # its text names a BytesIO's address: nothing the client can use
         raise InputError(
@@ -181,6 +198,27 @@ def check_image_size(size: tuple[int, int], *, max_pixels: int, spec: ModelSpec)
             expected=_too_large(max_pixels, spec),
             status=413,
             code="image_too_large",
+        )
+
+
+def eight_bit(image: Image.Image) -> Image.Image:
+    """A 16-bit grey image (0–65535) as 8-bit grey (0–255), each value's high byte, as the PNG's own 8-bit would be."""
+    values = np.asarray(image).astype(np.int64).clip(0, 65535)  # (H, W); "I" is int32
+    return Image.fromarray((values >> 8).astype(np.uint8), mode="L")
+
+
+def jpeg_scans(data: bytes | bytearray) -> int:
+    """The SOS markers in a JPEG: its scans (an EXIF thumbnail's among them, a few at most)."""
+    return data.count(JPEG_SCAN)
+
+
+def check_jpeg_scans(data: bytes | bytearray) -> None:
+    """422 for a JPEG of more than MAX_JPEG_SCANS scans, before it is decoded (a decode a scan)."""
+    scans = jpeg_scans(data)
+    if scans > MAX_JPEG_SCANS:
+        raise InputError(
+            f"the JPEG has {scans} scans, over the limit of {MAX_JPEG_SCANS}",
+            expected=f"a JPEG of at most {MAX_JPEG_SCANS} scans (a progressive JPEG has about 10); {IMAGE_EXPECTED}",
         )
 
 

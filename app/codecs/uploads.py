@@ -26,7 +26,7 @@ from typing import Literal, Protocol, cast, runtime_checkable
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from app.codecs.bodies import check_image_size, decode_image
+from app.codecs.bodies import MAX_JPEG_SCANS, check_image_size, decode_image, jpeg_scans
 from app.errors import GpuDecodeError
 from app.ops import metrics
 from app.ops.off_loop import off_loop
@@ -166,7 +166,13 @@ def gpu_decodable(data: bytes | bytearray, *, max_pixels: int, spec: ModelSpec) 
             check_image_size(image.size, max_pixels=max_pixels, spec=spec)
             # A JPEG cut short (no end-of-image marker) goes to Pillow, which refuses it as before:
             # nvJPEG's hardware decoder would fill in the missing rows without a word.
-            return image.format == "JPEG" and image.mode in GPU_JPEG_MODES and data.rfind(JPEG_END) > 0
+            # A progressive one of too many scans too: its Huffman phase runs on a launch thread's CPU.
+            return (
+                image.format == "JPEG"
+                and image.mode in GPU_JPEG_MODES
+                and data.rfind(JPEG_END) > 0
+                and not (image.info.get("progressive") and jpeg_scans(data) > MAX_JPEG_SCANS)
+            )
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError):
         return False  # Pillow's decode_image says what is wrong with it
 

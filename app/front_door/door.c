@@ -407,11 +407,26 @@ static refusal_t check_head(door_t *d, const char *buf, size_t head_len, size_t 
     return TAKEN;
 }
 
+/* app/codecs/bodies.py's MAX_JPEG_SCANS: a progressive JPEG of more scans goes to Pillow's path, which refuses it. */
+#define MAX_JPEG_SCANS 100
+
+/* The SOS markers (0xFF 0xDA) in p[0, n): byte stuffing keeps that pair out of the entropy-coded data. */
+static int jpeg_scans(const uint8_t *p, size_t n) {
+    int scans = 0;
+    for (const uint8_t *at = p, *end = p + n; at + 1 < end; at++) {
+        at = memchr(at, 0xFF, (size_t)(end - at) - 1);
+        if (!at) break;
+        scans += at[1] == 0xDA;
+    }
+    return scans;
+}
+
 /* Whether nvJPEG takes this upload as the service's port would send it there (app/codecs/uploads.py's
  * gpu_decodable, without Pillow): a JPEG (SOI first) whose frame, baseline or progressive, holds 8-bit grey or
  * YCbCr of at most max_pixels, ending in an EOI (nvJPEG's hardware decoder would fill in the rows of one cut short
- * without a word). Anything else is Pillow's, which decodes it or says what is wrong with it. The markers before
- * the frame are walked by their lengths: a few of them, a few bytes each. */
+ * without a word), and, progressive, of at most MAX_JPEG_SCANS scans (their Huffman phase runs on a CPU). Anything
+ * else is Pillow's, which decodes it or says what is wrong with it. The markers before the frame are walked by their
+ * lengths: a few of them, a few bytes each. */
 static int jpeg_for_gpu(const uint8_t *p, size_t n, long long max_pixels) {
     if (n < 4 || p[0] != 0xFF || p[1] != 0xD8) return 0;
     size_t i = 2, end = n;
@@ -430,7 +445,7 @@ static int jpeg_for_gpu(const uint8_t *p, size_t n, long long max_pixels) {
             long long height = p[i + 3] << 8 | p[i + 4], width = p[i + 5] << 8 | p[i + 6];
             int precision = p[i + 2], components = p[i + 7];
             return precision == 8 && (components == 1 || components == 3) && height > 0 && width > 0 &&
-                   height * width <= max_pixels;
+                   height * width <= max_pixels && (m != 0xC2 || jpeg_scans(p, n) <= MAX_JPEG_SCANS);
         }
         if ((m >= 0xC3 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC) || m == 0xDA || m == 0xD9)
             return 0; /* lossless, arithmetic or hierarchical frames; a scan or the end before any frame */

@@ -29,8 +29,10 @@ import tritonclient.http as triton_http
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
+from app.codecs.bodies import MAX_JPEG_SCANS
 from loadtest.server_process import running
 from models.fashion_mnist import load_test_sample
+from tests.hostile_images import scan_bomb
 from tests.integration.door_toolchain import door_toolchain
 from tests.integration.server_process import ROOT, free_port, requests_counted, running_server, settled_metrics
 
@@ -862,9 +864,10 @@ def test_an_answer_given_twice_reaches_nobody() -> None:
 
 def test_it_tells_the_jpegs_nvjpeg_takes_from_those_pillow_decodes() -> None:
     """door.c's own test for the GPU (app/codecs/uploads.py's gpu_decodable, in C): a whole baseline or progressive
-    JPEG of grey or YCbCr within the pixel limit is a JPEG row; a PNG, a CMYK JPEG, one cut short, one over the
-    limit, or junk after a JPEG's first marker is an IMAGE row, for Pillow. Each row starts with its body's bytes;
-    a body over a row's bytes is refused 413 (door.c alone, Python as the feeder)."""
+    JPEG of grey or YCbCr within the pixel limit (and, progressive, the scan limit) is a JPEG row; a PNG, a CMYK
+    JPEG, one cut short, one over a limit, or junk after a JPEG's first marker is an IMAGE row, for Pillow. Each
+    row starts with its body's bytes; a body over a row's bytes is refused 413 (door.c alone, Python as the
+    feeder)."""
     from app.front_door.door import IMAGE, JPEG
 
     y, x = np.indices((64, 64))
@@ -877,6 +880,8 @@ def test_it_tells_the_jpegs_nvjpeg_takes_from_those_pillow_decodes() -> None:
         rgb: JPEG,
         encoded(photo[..., 0], "JPEG", quality=75): JPEG,  # grey
         encoded(photo, "JPEG", quality=75, progressive=True): JPEG,
+        scan_bomb(MAX_JPEG_SCANS, side=64): JPEG,  # progressive, at the scan limit
+        scan_bomb(MAX_JPEG_SCANS + 1, side=64): IMAGE,  # over it: Pillow's path, which refuses it
         encoded(flat[:64, :64], "JPEG"): JPEG,  # 4,096 pixels: at the limit
         encoded(flat, "JPEG"): IMAGE,  # 16,384: over it
         encoded(photo, "PNG"): IMAGE,

@@ -6,6 +6,8 @@ A fake batch decoder stands in for app/codecs/gpu_jpeg.py (tests/gpu/test_gpu_jp
 from __future__ import annotations
 
 import asyncio
+import io
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +15,7 @@ import pytest
 from PIL import Image
 from pydantic import ValidationError
 
-from app.codecs.bodies import decode_image
+from app.codecs.bodies import MAX_JPEG_SCANS, decode_image
 from app.codecs.uploads import choose_jpeg_decoder, decode_upload, gpu_decodable, start_jpeg_decoder
 from app.config import Settings
 from app.errors import GpuDecodeError, InputError
@@ -21,6 +23,7 @@ from app.ops import metrics
 from app.repository import read_repository
 from app.repository.model_spec import ModelSpec
 from loadtest.photos import encode, synthetic_photo
+from tests.hostile_images import scan_bomb
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "models" / "examples" / "repository"
 RESNET50 = next(spec for spec in read_repository(EXAMPLES) if spec.name == "resnet50")
@@ -147,6 +150,42 @@ def test_an_oversized_jpeg_is_refused_from_its_header_before_any_decoder() -> No
         asyncio.run(decode_upload(JPEG, max_pixels=500 * 375 - 1, spec=RESNET50, gpu=gpu))
     assert refused.value.status == 413 and "500×375 = 187500 pixels, over the limit of 187499" in str(refused.value)
     assert gpu.seen == []
+
+
+def test_a_progressive_jpeg_of_too_many_scans_is_refused_before_its_decode() -> None:
+    """20,000 scans held a decode thread 8.6 s for one 1024×1024 upload; the limit is checked on the bytes."""
+    gpu = FakeGpu()
+    assert upload(scan_bomb(MAX_JPEG_SCANS), gpu).shape == (1, 3, 224, 224)  # at the limit: decoded (on the GPU)
+    assert len(gpu.seen) == 1
+    bomb = scan_bomb(20_000)
+    assert not gpu_decodable(bomb, max_pixels=LIMIT, spec=RESNET50)  # not to a launch thread's Huffman phase
+    started = time.perf_counter()
+    with pytest.raises(InputError) as refused:
+        upload(bomb, gpu)
+    assert time.perf_counter() - started < 1.0  # refused before a scan is decoded (decoding takes seconds)
+    assert refused.value.status == 422 and "the JPEG has 20000 scans, over the limit of 100" in str(refused.value)
+    assert len(gpu.seen) == 1
+
+
+def test_a_header_past_pillows_own_guard_is_refused_with_the_servers_limit() -> None:
+    """Pillow's DecompressionBombError names its own limit (178956970 pixels), not the one the server keeps."""
+    huge = bytearray(JPEG)
+    frame = huge.index(b"\xff\xc0")
+    huge[frame + 5 : frame + 9] = (65535).to_bytes(2, "big") * 2  # height, width
+    with pytest.raises(InputError) as refused:
+        upload(bytes(huge), None)
+    assert refused.value.status == 413
+    assert str(refused.value) == f"the image's header declares {65535 * 65535} pixels, over the limit of {LIMIT}"
+
+
+def test_a_16_bit_grey_png_decodes_as_its_8_bit_twin() -> None:
+    """Pillow opens it as I;16, and convert() clipped every value over 255: the image came out nearly white, and a
+    model answered it with no error (a hostile-client review: 91 % accuracy → 66 % on Fashion-MNIST)."""
+    grey = np.random.default_rng(0).integers(0, 256, (48, 64), dtype=np.uint8)
+    sixteen = encode(grey.astype(np.uint16) * 257, "PNG")  # 0–255 → 0–65535, as a 16-bit export scales it
+    assert Image.open(io.BytesIO(sixteen)).mode == "I;16"
+    expected = decode_image(encode(grey, "PNG"), max_pixels=LIMIT, spec=RESNET50)
+    np.testing.assert_array_equal(decode_image(sixteen, max_pixels=LIMIT, spec=RESNET50), expected)
 
 
 def test_an_empty_upload_is_refused_as_before() -> None:
