@@ -167,9 +167,9 @@ def decode_image(data: bytes | bytearray, *, max_pixels: int, spec: ModelSpec) -
     except Image.DecompressionBombError as error:  # Pillow's own guard, hit by absurd headers
         # Its text names its own limit (178956970), not the server's: only its count of the header's pixels is kept.
         declared = re.search(r"\((\d+) pixels\)", str(error))
-        pixels = f"{declared[1]} pixels" if declared else "more pixels than any image this server takes"
+        count = f"{declared[1]} pixels" if declared else "more pixels than any image this server takes"
         raise InputError(
-            f"the image's header declares {pixels}, over the limit of {max_pixels}",
+            f"the image's header declares {count}, over the limit of {max_pixels}",
             expected=_too_large(max_pixels, spec),
             status=413,
             code="image_too_large",
