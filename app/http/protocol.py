@@ -8,6 +8,9 @@
   comes in one write. Headers not complete within
   CGSERVE_HEADER_TIMEOUT_S of the request's first byte, or of the connection's opening, get 408
   (slowloris: one byte every few seconds holds nothing for long).
+- A transfer coding other than chunked alone (gzip, "gzip, chunked", chunked twice) gets 501 and the connection is
+  closed (RFC 9112 §6.1): httptools framed "gzip, chunked" as chunked and dropped the gzip, where a proxy in front
+  that decodes it reads another body (request smuggling).
 - Heads that would be read two ways get 400 and the connection is closed, as nginx answers them:
   HTTP/1.1 without Host or with two (HTTP/1.0 with two), two Authorization headers (which one
   would the tokens check?), a path with a control character once percent-decoded (%0A: no route
@@ -104,6 +107,7 @@ REASONS = {
     431: b"Request Header Fields Too Large",
     408: b"Request Timeout",
     429: b"Too Many Requests",
+    501: b"Not Implemented",
 }
 # What a request httptools cannot parse is told (uvicorn's own answer was the text "Invalid HTTP request received.").
 NOT_PARSEABLE_EXPECTED = (
@@ -122,7 +126,8 @@ MAX_PIPELINED = 32
 REQUEST_LINE_BYTES = 16  # the method, the version, spaces and CRLF of a request line, about
 # Headers whose every instance on_header notes: two Hosts or two Authorizations are refused (_check_head), and
 # Expect: 100-continue is what uvicorn's cycle answers with a 100 before it reads the body.
-WATCHED_HEADERS = frozenset((b"host", b"authorization", b"expect"))
+WATCHED_HEADERS = frozenset((b"host", b"authorization", b"expect", b"transfer-encoding"))
+CHUNKED = [b"chunked"]  # the one transfer coding taken (RFC 9112 §6.1: another is 501)
 
 
 # Bodies up to this are taken inline, read whole into their cycle: one 3×256×256 uint8 image and
@@ -205,6 +210,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._header_bytes = 0  # raw bytes of a head that came in pieces
         self._head_bytes = 0  # the head as the parser hands it over (URL, names, values)
         self._hosts = self._authorizations = 0
+        self._transfer_codings: list[bytes] = []  # each Transfer-Encoding header's value, as sent
         self._refused: ServiceError | None = None
         self._first_byte: float | None = None
         self._starting = False  # inside on_headers_complete: the request may be taken inline
@@ -286,6 +292,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._head_bytes = REQUEST_LINE_BYTES
         self._hosts = self._authorizations = 0
+        self._transfer_codings = []
         if self._first_byte is None:  # a head that begins after a whole request in the same read
             self._first_byte = time.monotonic()
             self._head_begun_mid_read = True
@@ -312,6 +319,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._hosts += 1
         elif name == b"authorization":
             self._authorizations += 1
+        elif name == b"transfer-encoding":
+            self._transfer_codings.append(value)
         elif value.lower() == b"100-continue":  # Expect
             self.expect_100_continue = True
 
@@ -369,6 +378,17 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                     "at most one Authorization header",
                 )
             )  # fmt: skip
+        if self._transfer_codings:
+            codings = [coding.strip() for coding in b",".join(self._transfer_codings).lower().split(b",")]
+            if codings != CHUNKED:  # httptools would frame it as chunked and drop the rest: a proxy might not
+                sent = b", ".join(self._transfer_codings)[:200].decode("latin-1")
+                self._refuse(
+                    _HeaderProblem(
+                        501, "not_implemented", f"the request's Transfer-Encoding is {sent!r}",
+                        "Transfer-Encoding: chunked alone, or a Content-Length (a compressed body says so in "
+                        "Content-Encoding: gzip or deflate)",
+                    )
+                )  # fmt: skip
         path = self.url.partition(b"?")[0]
         if b"%" in path and CONTROL.search(unquote_to_bytes(path)):
             self._refuse(

@@ -84,6 +84,38 @@ CHUNKED = (
     b"POST /predict HTTP/1.1\r\nHost: x\r\n" + RAW + b"Transfer-Encoding: chunked\r\n\r\n"
     + b"%x\r\n" % len(IMAGE) + IMAGE + b"\r\n0\r\n\r\n"
 )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("codings", "status"),
+    [
+        (b"gzip, chunked", 501),
+        (b"foo, chunked", 501),
+        (b"gzip\r\nTransfer-Encoding: chunked", 501),
+        (b"gzip", 501),
+        (b"chunked, chunked", 400),  # httptools refuses these two itself
+        (b"chunked\r\nTransfer-Encoding: gzip", 400),
+    ],
+)
+def test_a_transfer_coding_other_than_chunked_alone_is_refused(
+    server: tuple[str, int], codings: bytes, status: int
+) -> None:
+    """httptools framed "gzip, chunked" as chunked and dropped the gzip: a gzip body got a misleading 400, a plain
+    one claimed as gzip a 200, and a proxy in front that does decode it would read another body (smuggling). Now
+    501 (RFC 9112 §6.1), and the connection closes."""
+    head = b"POST /predict HTTP/1.1\r\nHost: x\r\n" + RAW + b"Transfer-Encoding: " + codings + b"\r\n\r\n"
+    answer = exchange(server, head + b"%x\r\n" % len(IMAGE) + IMAGE + b"\r\n0\r\n\r\n")
+    assert statuses(answer) == [status], answer[:300]
+    assert b"connection: close" in answer.lower()
+    assert status == 400 or b"Transfer-Encoding is" in answer
+
+
+@pytest.mark.parametrize("spelt", [b"Chunked ", b"CHUNKED"])
+def test_chunked_alone_is_read_however_it_is_spelt(server: tuple[str, int], spelt: bytes) -> None:
+    request = CHUNKED.replace(b"chunked", spelt).replace(b"Host: x\r\n", b"Host: x\r\nConnection: close\r\n")
+    assert statuses(exchange(server, request)) == [200]
+
+
 HALF_CLOSED = {
     "inline": [predict_head(len(IMAGE)) + IMAGE],
     "http-1.0": [predict_head(len(IMAGE), version=b"HTTP/1.0") + IMAGE],
