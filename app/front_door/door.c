@@ -185,12 +185,16 @@ static const char *find_header(const char *head, size_t n, const char *name, siz
     return find_header_from(head, n, head, name, value_len);
 }
 
-/* The time taken depends on the tokens' lengths, not on the candidate's bytes or length, and every token is
+/* Whether `value` is `Bearer <token>` with one of the tokens: the scheme in any case, then spaces, as
+ * app/access/tokens.py's bearer_token reads it (one or more spaces before the token, white space after it).
+ * The time taken depends on the tokens' lengths, not on the candidate's bytes or length, and every token is
  * compared whatever matched: as app/access/tokens.py's TokenSet, which compares digests. */
 int token_ok(door_t *d, const char *value, size_t len) {
     if (len < 7 || strncasecmp(value, "bearer ", 7) != 0) return 0;
     value += 7;
     len -= 7;
+    while (len && (*value == ' ' || *value == '\t')) value++, len--;
+    while (len && (value[len - 1] == ' ' || value[len - 1] == '\t')) len--;
     int ok = 0;
     for (int t = 0; t < d->n_tokens; t++) {
         unsigned char diff = d->token_lens[t] != len;
@@ -570,8 +574,13 @@ static int parse_head(door_t *d, conn_t *c, int fd) {
     if (http10) c->close_after = 1;
     const char *connection = find_header(c->buf, head_len, "connection:", &value_len);
     if (connection && value_len == 5 && strncasecmp(connection, "close", 5) == 0) c->close_after = 1;
-    if (get && !find_header(c->buf, head_len, "content-length:", &value_len) &&
-        !find_header(c->buf, head_len, "transfer-encoding:", &value_len)) {
+    if (get) { /* a GET has no body: a Content-Length of 0 says so too (as the service's port reads it) */
+        const char *length = find_header(c->buf, head_len, "content-length:", &value_len);
+        if (find_header(c->buf, head_len, "transfer-encoding:", &value_len) ||
+            (length && byte_count(length, value_len) != 0)) {
+            refuse(d, fd, R400, "bad_request", "a GET with a body is not taken here: send it without one", "", 1, v2);
+            return -1;
+        }
         int closing = c->close_after || load(&d->draining);
         int sent = answer_get(d, fd, c->buf, head_len, closing, v2);
         memmove(c->buf, c->buf + head_len, c->len - head_len);
@@ -579,25 +588,31 @@ static int parse_head(door_t *d, conn_t *c, int fd) {
         c->since = now_s();
         return closing || !sent ? -1 : 1;
     }
-    if (memcmp(c->buf, "POST ", 5) != 0) { /* another method: what its route takes, as the service's port says */
-        const char *space = memchr(c->buf, ' ', head_len); /* request_line_ok found one */
-        size_t path_len = 0;
-        const char *path = target(c->buf, head_len, (size_t)(space - c->buf), &path_len);
-        if (post_route(d, path, path_len))
+    /* Another method: what its route takes, as the service's port says. So too for a POST to a route not served
+     * here whose body could not be read (a chunked POST to /v2/repository/index was told to send a Content-Length);
+     * one with a Content-Length is read, and refused 404 by check_head, the connection kept. */
+    const char *space = memchr(c->buf, ' ', head_len); /* request_line_ok found one */
+    size_t path_len = 0;
+    const char *path = target(c->buf, head_len, (size_t)(space - c->buf), &path_len);
+    int post = memcmp(c->buf, "POST ", 5) == 0, route = post_route(d, path, path_len);
+    const char *length = find_header(c->buf, head_len, "content-length:", &value_len);
+    int unframed = find_header(c->buf, head_len, "transfer-encoding:", &value_len) || !length;
+    if (!post || (!route && unframed)) {
+        if (route)
             refuse(d, fd, R405, "method_not_allowed", "the route takes POST", "allow: POST\r\n", 1, v2);
         else if (has_get(d, path, path_len))
             refuse(d, fd, R405, "method_not_allowed", "the route takes GET", "allow: GET\r\n", 1, v2);
         else
             refuse(d, fd, R404, "not_found", "the front door serves POST /predict and POST /v2/models/<model>"
-                   "[/versions/<v>]/infer, and GETs of the v2 metadata; every other route is the service's HTTP port's",
-                   "", 1, v2);
+                   "[/versions/<v>]/infer without a query, and GETs of the v2 metadata; every other route is the "
+                   "service's HTTP port's", "", 1, v2);
         return -1;
     }
     if (find_header(c->buf, head_len, "transfer-encoding:", &value_len)) {
         refuse(d, fd, R411, "length_required", "a chunked body is not taken here: send a Content-Length", "", 1, v2);
         return -1;
     }
-    const char *length = find_header(c->buf, head_len, "content-length:", &value_len);
+    length = find_header(c->buf, head_len, "content-length:", &value_len);
     if (!length) {
         refuse(d, fd, R411, "length_required", "the request has no Content-Length", "", 1, v2);
         return -1;

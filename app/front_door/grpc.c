@@ -65,6 +65,7 @@ typedef struct call {
     int post, grpc;         /* :method POST; content-type application/grpc… */
     char auth[MAX_AUTH];
     size_t auth_len;        /* 0: none; over MAX_AUTH: too long to be a token (auth holds none of it) */
+    int auths;              /* authorization entries: two are refused, whichever is right (as the gRPC port) */
     char *message;          /* its body: the 5-byte gRPC prefix and the request */
     size_t len, cap;
     int too_large, ended;   /* more than a call of its method holds came; the client's last frame came */
@@ -385,8 +386,10 @@ static void call_begun(struct h2 *h, call_t *call) {
         refuse_call(h, call, UNIMPLEMENTED, NOT_SERVED);
     } else if (call->infer && d->n_tokens && !(token(call) && token_ok(d, call->auth, call->auth_len))) {
         refuse_call(h, call, UNAUTHENTICATED,
-                    call->auth_len ? "the bearer token is not one of the inference tokens" TOKEN_EXPECTED
-                                   : "the call has no bearer token" TOKEN_EXPECTED);
+                    call->auths > 1 ? "the bearer token is sent twice (`authorization` metadata more than once)"
+                                      TOKEN_EXPECTED
+                    : call->auth_len ? "the bearer token is not one of the inference tokens" TOKEN_EXPECTED
+                                     : "the call has no bearer token" TOKEN_EXPECTED);
     }
 }
 
@@ -453,8 +456,9 @@ static int on_header(nghttp2_session *s, const nghttp2_frame *frame, const uint8
         call->grpc = value_len >= 16 && memcmp(value, "application/grpc", 16) == 0 &&
                      (value_len == 16 || value[16] == '+' || value[16] == ';');
     } else if (is(name, name_len, "authorization")) {
-        call->auth_len = value_len; /* over MAX_AUTH: not a token, and not copied */
-        if (value_len <= MAX_AUTH) memcpy(call->auth, value, value_len);
+        /* over MAX_AUTH, or a second one: not a token, and not copied */
+        call->auth_len = ++call->auths > 1 ? MAX_AUTH + 1 : value_len;
+        if (call->auth_len <= MAX_AUTH) memcpy(call->auth, value, value_len);
     }
     return 0;
 }

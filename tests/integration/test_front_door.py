@@ -204,6 +204,26 @@ def test_image_uploads_get_the_ports_answers(server: dict[str, Any]) -> None:
     assert post(server["door"], uploads[1], "image/png").status_code == 200  # and it goes on
 
 
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "says"),
+    [
+        # A GET's empty body said with Content-Length: 0 is a GET (it was 405, "the route takes GET").
+        (b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", b"200", b""),
+        (b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", b"400", b"a GET with a body"),
+        # A route the door does not serve is told so before its framing (it was 411, "send a Content-Length").
+        (b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\n\r\n", b"404", b"HTTP port"),
+        (b"POST /nowhere HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", b"404", b"HTTP port"),
+        (b"POST /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n", b"405", b"takes GET"),
+    ],
+)
+def test_a_head_is_answered_for_what_it_asks_before_how_its_body_is_framed(
+    server: dict[str, Any], request_bytes: bytes, status: bytes, says: bytes
+) -> None:
+    with socket.create_connection(("127.0.0.1", server["port"]), timeout=5) as connection:
+        got, _, body = exchange(connection, request_bytes)
+    assert got.startswith(b"HTTP/1.1 " + status + b" ") and says in body, (got, body)
+
+
 def test_refusals_are_answers_on_the_connection(server: dict[str, Any]) -> None:
     image = sample_images(1)[0]
     with socket.create_connection(("127.0.0.1", server["port"]), timeout=5) as connection:  # one throughout
@@ -255,6 +275,14 @@ def test_refusals_are_answers_on_the_connection(server: dict[str, Any]) -> None:
             assert status.startswith(b"HTTP/1.1 401 ") and headers[b"www-authenticate"] == challenge, headers
         status, _, body = exchange(connection, POST % (b"/predict", AUTH, len(image)) + image)  # it goes on
         assert status.startswith(b"HTTP/1.1 200 ") and b'"predictions"' in body, (status, body)
+        # The token as the service's ports read it: the scheme in any case, one or more spaces before it.
+        for spaced in (b"Authorization: bearer  " + TOKEN.encode() + b"\r\n",
+                       b"Authorization: Bearer \t" + TOKEN.encode() + b" \r\n"):  # fmt: skip
+            status, _, body = exchange(connection, POST % (b"/predict", spaced, len(image)) + image)
+            assert status.startswith(b"HTTP/1.1 200 "), (spaced, status, body)
+            with socket.create_connection(("127.0.0.1", int(server["url"].rsplit(":", 1)[1])), timeout=5) as port:
+                status, _, body = exchange(port, POST % (b"/predict", spaced, len(image)) + image)  # as the port
+                assert status.startswith(b"HTTP/1.1 200 "), (spaced, status, body)
     for length in (b"-1", b"18446744073709551615", b"12abc", b""):  # refused, not read past the buffer
         with socket.create_connection(("127.0.0.1", server["port"]), timeout=5) as raw:
             raw.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: " + length + b"\r\n\r\n")

@@ -132,6 +132,9 @@ def test_every_call_it_does_not_take_is_a_status_that_says_where_to_send_it(serv
          "no bearer token; expected `authorization: Bearer <token>`"),
         ("ModelInfer", good.SerializeToString(), {"metadata": (("authorization", "Bearer nope"),)},
          grpc.StatusCode.UNAUTHENTICATED, "not one of the inference tokens"),
+        # Two entries, the right one last: refused as the gRPC port refuses them (the door took the last one).
+        ("ModelInfer", good.SerializeToString(), {"metadata": (("authorization", "Bearer nope"), *auth)},
+         grpc.StatusCode.UNAUTHENTICATED, "sent twice"),
         ("ModelInfer", good.SerializeToString(), {"metadata": auth, "compression": grpc.Compression.Gzip},
          grpc.StatusCode.UNIMPLEMENTED, "uncompressed"),
         # A model it does not serve: NOT_FOUND, as the gRPC port says of a name it does not serve (a typo).
