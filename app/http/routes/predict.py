@@ -23,7 +23,7 @@ from app.errors import ClientClosedError, InputError, ServiceError
 from app.http.answer import HttpAnswer, HttpBody, error_answer, whole_body
 from app.http.limits import deadline_of
 from app.http.multipart import upload_in
-from app.ops.off_loop import LARGE_JSON_BYTES, off_loop
+from app.ops.off_loop import LARGE_JSON_BYTES, off_loop, off_loop_in_turn
 from app.repository.model_spec import ModelSpec
 from app.service import ServedModel, Service
 
@@ -95,8 +95,9 @@ async def decode_body(
         return await upload_images([upload], max_pixels=max_pixels, spec=spec, gpu=jpeg)
     if FORMAT_OF.get(request.media) == "image":  # the body is the image (curl --data-binary @photo.jpg)
         return await upload_images([request.body], max_pixels=max_pixels, spec=spec, gpu=jpeg)
-    if len(request.body) >= LARGE_JSON_BYTES:
-        return await off_loop(decode_bytes, request, spec, max_instances)
+    if len(request.body) >= LARGE_JSON_BYTES:  # JSON in turn with the others; raw bytes are a view, at once
+        decode = off_loop_in_turn if FORMAT_OF.get(request.media) == "json" else off_loop
+        return await decode(decode_bytes, request, spec, max_instances)
     return decode_bytes(request, spec, max_instances)
 
 

@@ -43,7 +43,7 @@ from app.errors import (
 )
 from app.model_control import IGNORED_LOAD_PARAMETERS, LOAD_EXPECTED, ControlError, RepositoryControl
 from app.ops.connection_budgets import connection_budgets
-from app.ops.off_loop import LARGE_JSON_BYTES, off_loop
+from app.ops.off_loop import LARGE_JSON_BYTES, off_loop, off_loop_in_turn
 from app.protocols.v2 import tensors
 from app.protocols.v2.grpc_methods import SERVICE, Unparsed, add_service
 from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
@@ -112,8 +112,9 @@ class GrpcCodec:
         raw = _raw_contents(request)
         if _payload_bytes(request, raw) < LARGE_JSON_BYTES:  # as the REST path: large decodes off the loop
             images = input_images(request, raw, spec, settings.max_instances)
-        else:
-            images = await off_loop(input_images, request, raw, spec, settings.max_instances)
+        else:  # typed contents (repeated numbers) in turn with the other large decodes; raw bytes are a view
+            decode = off_loop if raw is not None else off_loop_in_turn
+            images = await decode(input_images, request, raw, spec, settings.max_instances)
         if isinstance(images, list):  # encoded images: the uploads' decoder, on the GPU where it can be
             pixels = spec.max_image_pixels(settings.max_image_pixels)
             gpu = self.service.jpeg_decoder

@@ -30,7 +30,7 @@ from app.http.answer import HttpAnswer, HttpBody, error_answer, whole_body
 from app.http.limits import deadline_of
 from app.http.routes.probes import ServiceDep
 from app.http.schemas import V2_NOT_FOUND, ReadyAnswer
-from app.ops.off_loop import LARGE_JSON_BYTES, off_loop
+from app.ops.off_loop import LARGE_JSON_BYTES, off_loop, off_loop_in_turn
 from app.protocols.v2 import tensors
 from app.protocols.v2.unsupported import HTTP_ROUTES, UnsupportedExtensionError
 from app.repository.model_spec import ModelSpec
@@ -163,8 +163,9 @@ class V2Codec:
 
     async def decode(self, request: HttpBody, spec: ModelSpec) -> tuple[Images, Asked]:
         parse = (request.body, request.header_length, spec, self.max_instances)
-        if len(request.body) >= LARGE_JSON_BYTES:
-            asked, images = await off_loop(parse_infer, *parse)
+        if len(request.body) >= LARGE_JSON_BYTES:  # the binary form's tensors are views: only its JSON costs
+            decode = off_loop if request.header_length is not None else off_loop_in_turn
+            asked, images = await decode(parse_infer, *parse)
         else:
             asked, images = parse_infer(*parse)
         if isinstance(images, list):  # encoded images: the uploads' decoder, on the GPU where it can be
