@@ -27,7 +27,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from app.codecs.bodies import MAX_JPEG_SCANS, check_image_size, decode_image, jpeg_scans
-from app.errors import GpuDecodeError
+from app.errors import GpuDecodeError, InputError
 from app.ops import metrics
 from app.ops.off_loop import off_loop
 from app.repository.model_spec import ModelSpec
@@ -200,8 +200,25 @@ async def decode_uploads(
 ) -> np.ndarray:
     """Several encoded images (a v2 BYTES input) → (k, C, H, W) uint8, each as an upload is decoded; the
     GPU decoder batches those that arrive together."""
-    pixels = await asyncio.gather(*(decode_upload(data, max_pixels=max_pixels, spec=spec, gpu=gpu) for data in encoded))
+    pixels = await asyncio.gather(
+        *(
+            _decode_element(i, len(encoded), data, max_pixels=max_pixels, spec=spec, gpu=gpu)
+            for i, data in enumerate(encoded)
+        )
+    )
     return pixels[0] if len(pixels) == 1 else np.concatenate(pixels)
+
+
+async def _decode_element(i: int, count: int, data: bytes | bytearray, *, max_pixels: int, spec: ModelSpec,
+                          gpu: JpegBatchDecoder | None) -> np.ndarray:  # fmt: skip
+    """decode_upload of element `i` of `count`; where there are several, its refusal says which."""
+    try:
+        return await decode_upload(data, max_pixels=max_pixels, spec=spec, gpu=gpu)
+    except InputError as error:
+        if count == 1:
+            raise
+        raise InputError(f"element {i} of the {count}: {error.message}", expected=error.expected,
+                         status=error.status, code=error.code) from None  # fmt: skip
 
 
 async def upload_images(

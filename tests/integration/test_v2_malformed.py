@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import base64
+import io
 import threading
 import time
 from collections.abc import Iterator
@@ -15,6 +17,7 @@ import httpx
 import numpy as np
 import orjson
 import pytest
+from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
@@ -27,6 +30,16 @@ MESSAGE_WITHIN_S = 4  # the gRPC server's CGSERVE_REQUEST_TIMEOUT_S
 V2 = f"/v2/models/{MODEL}/infer"
 IMAGE = [0] * 784
 CLASSIFY = {"name": "probabilities", "parameters": {"classification": 3}}
+
+
+def png_base64() -> str:
+    """One 28×28 grey PNG, base64: a BYTES element the seed CNN takes."""
+    encoded = io.BytesIO()
+    Image.fromarray(np.zeros((28, 28), np.uint8)).save(encoded, "PNG")
+    return base64.b64encode(encoded.getvalue()).decode()
+
+
+PNG = png_base64()
 
 
 def v2(tensor: dict[str, object] | None = None, **document: object) -> bytes:
@@ -79,6 +92,12 @@ MALFORMED = [
     ("an input name of 20,000 characters", v2({"name": "x" * 20_000}), {}, "the input is named 'xxx"),
     ("an id of 2,000 characters", v2(id="i" * 2000), {}, "the request id is 2000 characters"),
     ("a datatype of 20,000 characters", v2({"datatype": "F" * 20_000}), {}, "datatype is 'FFF"),
+    # The datatype, not its data: "holds non-numeric elements" never said the datatype was the wrong one
+    ("datatype STRING with strings", v2({"datatype": "STRING", "data": ["a"] * 784}), {}, "datatype is 'STRING'"),
+    ("datatype bytes in lower case", v2({"datatype": "bytes", "shape": [1], "data": [PNG]}), {}, "datatype is 'bytes'"),
+    # Which of a tensor's images could not be decoded
+    ("a bad image among two", v2({"datatype": "BYTES", "shape": [2], "data": [PNG, "aGVsbG8="]}), {},
+     "element 1 of the 2: the upload could not be decoded"),
     # Triton's shared-memory extension: ignored, the client read its output region's stale bytes as the answer
     ("an input in shared memory", v2({"parameters": {"shared_memory_region": "in", "shared_memory_byte_size": 784}}),
      {}, "shared-memory region ('shared_memory_region')"),
@@ -177,7 +196,10 @@ SHARED_INPUT = grpc_request()
 SHARED_INPUT.inputs[0].parameters["shared_memory_region"].string_param = "in"
 SHARED_OUTPUT = grpc_request()
 SHARED_OUTPUT.outputs.add(name="probabilities").parameters["shared_memory_region"].string_param = "out"
+NEGATIVE_BATCH = grpc_request()  # gRPC's shape is int64s: the count of elements it was told was -784
+NEGATIVE_BATCH.inputs[0].shape[0] = -1
 GRPC_MALFORMED = [
+    ("a negative batch", NEGATIVE_BATCH, "the input's shape is [-1, 1, 28, 28]"),
     ("an input in shared memory", SHARED_INPUT, "shared-memory region ('shared_memory_region')"),
     ("an output to shared memory", SHARED_OUTPUT, "shared-memory region ('shared_memory_region')"),
     ("an id of 2,000 characters", LONG_ID, "the request id is 2000 characters"),

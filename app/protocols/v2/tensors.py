@@ -59,7 +59,7 @@ def encoded_images(
     want = expected(spec)
     if name != INPUT:
         raise InputError(f"the input is named {quoted(name)}", expected=want)
-    if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1):
+    if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1) or shape[0] < 0:
         raise InputError(f"the BYTES input's shape is {list(shape)}", expected=want)
     check_count(shape[0], max_instances, want)
     if len(elements) != shape[0]:
@@ -96,7 +96,7 @@ def decode_input(
     if datatype not in DATATYPES:
         raise InputError(f"the input's datatype is {quoted(datatype)}", expected=want)
     c, h, w = spec.input_shape
-    if len(shape) != 4 or list(shape[1:]) != [c, h, w]:
+    if len(shape) != 4 or list(shape[1:]) != [c, h, w] or shape[0] < 0:  # gRPC's shape is int64s: -1 too
         raise InputError(f"the input's shape is {list(shape)}", expected=want)
     check_count(shape[0], max_instances, want)
     if data.size != math.prod(shape):
@@ -108,6 +108,8 @@ def decode_input(
 def json_elements(datatype: str, data: object, spec: ModelSpec, *, booleans_written: bool) -> np.ndarray:
     """The JSON form's "data" (flat or nested list) → a flat array of the datatype's elements.
     `booleans_written`: the request's JSON holds `true` or `false` somewhere (writes_a_boolean)."""
+    if datatype not in DATATYPES:  # before its data: "STRING" or "bytes" is what is wrong, not the strings they hold
+        raise InputError(f"the input's datatype is {quoted(datatype)}", expected=expected(spec))
     try:
         array = np.asarray(data)
     except (ValueError, OverflowError, RecursionError):
