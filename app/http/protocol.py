@@ -62,6 +62,7 @@ rest of its body came. It is armed again then.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -77,6 +78,7 @@ from app.errors import RequestTimeoutError, ServiceError, error_body, retry_afte
 from app.http.limits import BODY_TIMED_OUT_KEY, FIRST_BYTE_KEY, BodyTooSlowError
 from app.ops import timers
 from app.ops.connection_budgets import connection_budgets
+from app.ops.log_limits import INVALID_REQUEST
 
 
 class _ConnectionRefused(ServiceError):
@@ -115,6 +117,7 @@ NOT_PARSEABLE_EXPECTED = (
     "path, lines ending in CRLF, 'Name: value' headers without a space before the colon, one Content-Length of "
     "digits or chunked framing"
 )
+UVICORN_ERRORS = logging.getLogger("uvicorn.error")  # where uvicorn logs each request httptools cannot parse
 CONTROL = re.compile(rb"[\x00-\x1f\x7f]")  # in a percent-decoded path (httptools refuses them raw)
 LINGER_S = 1.0  # after an answer written before its body was whole: how long the rest may take
 LINGER_BYTES = 65536  # ... and how much of it is read and dropped before the connection is closed
@@ -199,6 +202,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     inline: InlineHandler | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        UVICORN_ERRORS.addFilter(INVALID_REQUEST)  # once a process: a filter already added is not added again
         super().__init__(*args, **kwargs)
         hooks: ProtocolHooks | None = (kwargs.get("app_state") or {}).get(HOOKS_KEY)
         self._hooks = hooks

@@ -30,10 +30,14 @@ IMAGE = (Path(__file__).parents[2] / "models" / "examples" / "ankle-boot.u8").re
 RAW = b"Content-Type: application/octet-stream\r\n"
 
 
+LOG: Path | None = None  # the server's log, for the test of what a flood of bad requests writes there
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
-    log = tmp_path_factory.mktemp("framing") / "server.log"
-    with running_server(log, command=SERVE, device="cpu") as url:
+    global LOG
+    LOG = tmp_path_factory.mktemp("framing") / "server.log"
+    with running_server(LOG, command=SERVE, device="cpu") as url:
         host, port = url.removeprefix("http://").split(":")
         yield host, int(port)
 
@@ -165,3 +169,12 @@ def test_a_connection_holds_at_most_32_requests_awaiting_answers(server: tuple[s
     answer = exchange(server, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * 40)
     assert statuses(answer) == [200] * 32 + [429], statuses(answer)
     assert b"too_many_pipelined" in answer
+
+
+def test_a_flood_of_unparseable_requests_is_not_a_log_line_each(server: tuple[str, int]) -> None:
+    """uvicorn logs "Invalid HTTP request received." for each: a client sending garbage in a loop filled the log.
+    Each is still answered 400; the log says it at most once a minute, with how many it left out."""
+    assert LOG is not None
+    for _ in range(50):
+        assert statuses(exchange(server, b"NOT HTTP AT ALL\r\n\r\n")) == [400]
+    assert LOG.read_text().count("Invalid HTTP request received.") <= 1
