@@ -535,11 +535,12 @@ static int answer_get(door_t *d, int fd, const char *buf, size_t head_len, int c
     return sent;
 }
 
-/* Whether a head's refusal takes the v2 protocol's error shape: its target starts with /v2/ (after GET, or any
+/* Whether a head's refusal takes the v2 protocol's error shape: its target is /v2 or under it (after GET, or any
  * other method of four letters and a space, as POST is read). */
 static int v2_target(const char *buf, size_t len) {
     int get = len >= 4 && memcmp(buf, "GET ", 4) == 0;
-    return len > 9 && memcmp(buf + 4 + !get, "/v2/", 4) == 0;
+    const char *p = buf + 4 + !get; /* after "GET " or "POST " */
+    return len > 9 && memcmp(p, "/v2", 3) == 0 && (p[3] == '/' || p[3] == ' ' || p[3] == '?'); /* GET /v2 too */
 }
 
 /* With c->mu held, c IDLE and its head not yet parsed: the head, if whole, checked and kept in c->head. Returns 2

@@ -214,6 +214,8 @@ def test_image_uploads_get_the_ports_answers(server: dict[str, Any]) -> None:
         (b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\n\r\n", b"404", b"HTTP port"),
         (b"POST /nowhere HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", b"404", b"HTTP port"),
         (b"POST /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n", b"405", b"takes GET"),
+        # The v2 server metadata's refusal in the v2 protocol's error shape, as under /v2/ (a string, not an object)
+        (b"GET /v2 HTTP/1.1\r\nHost: x\r\n\r\n", b"401", b'{"error":"'),
     ],
 )
 def test_a_head_is_answered_for_what_it_asks_before_how_its_body_is_framed(
