@@ -37,6 +37,7 @@ MAX_JPEG_SCANS = 100
 # than scale them, which turned a 16-bit Fashion-MNIST test set's 91 % accuracy into 66 %.
 SIXTEEN_BIT_MODES = frozenset(("I;16", "I;16B", "I;16L", "I;16N", "I"))
 JPEG_SCAN = b"\xff\xda"  # SOS; byte stuffing keeps 0xFF 0xDA out of the entropy-coded data
+JPEG_FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # SOFn (C4: DHT, C8: JPG, CC: DAC are not frames)
 
 
 def json_expected(spec: ModelSpec) -> str:
@@ -150,7 +151,7 @@ def decode_image(data: bytes | bytearray, *, max_pixels: int, spec: ModelSpec) -
         # open() reads the header only: the size check runs before any pixel is decoded.
         with Image.open(io.BytesIO(data), formats=("PNG", "JPEG")) as image:
             check_image_size(image.size, max_pixels=max_pixels, spec=spec)
-            if image.format == "JPEG":
+            if image.info.get("progressive"):  # a baseline JPEG's scans are one a component at most
                 check_jpeg_scans(data)
             # JPEG decodes at a reduced scale, no smaller than what follows needs; a no-op for PNG.
             image.draft(color, (resize, resize) if resize else (w, h))
@@ -208,8 +209,18 @@ def eight_bit(image: Image.Image) -> Image.Image:
 
 
 def jpeg_scans(data: bytes | bytearray) -> int:
-    """The SOS markers in a JPEG: its scans (an EXIF thumbnail's among them, a few at most)."""
-    return data.count(JPEG_SCAN)
+    """The SOS markers of a JPEG from its frame header on: its scans. The segments before the frame (APPn: EXIF and
+    its thumbnail, ICC profiles, XMP) are stepped over by their lengths, since their bytes may hold the pair."""
+    at = 2  # after SOI
+    while at + 4 <= len(data) and data[at] == 0xFF:
+        marker = data[at + 1]
+        if marker == 0xFF:  # a fill byte
+            at += 1
+            continue
+        if marker in JPEG_FRAMES:
+            break
+        at += 2 + int.from_bytes(data[at + 2 : at + 4], "big")
+    return data.count(JPEG_SCAN, at)
 
 
 def check_jpeg_scans(data: bytes | bytearray) -> None:

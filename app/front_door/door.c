@@ -414,7 +414,8 @@ static refusal_t check_head(door_t *d, const char *buf, size_t head_len, size_t 
 /* app/codecs/bodies.py's MAX_JPEG_SCANS: a progressive JPEG of more scans goes to Pillow's path, which refuses it. */
 #define MAX_JPEG_SCANS 100
 
-/* The SOS markers (0xFF 0xDA) in p[0, n): byte stuffing keeps that pair out of the entropy-coded data. */
+/* The SOS markers (0xFF 0xDA) in p[0, n), the bytes from a JPEG's frame header on (the segments before it may hold
+ * the pair: an EXIF thumbnail, an ICC profile): byte stuffing keeps it out of the entropy-coded data. */
 static int jpeg_scans(const uint8_t *p, size_t n) {
     int scans = 0;
     for (const uint8_t *at = p, *end = p + n; at + 1 < end; at++) {
@@ -449,7 +450,7 @@ static int jpeg_for_gpu(const uint8_t *p, size_t n, long long max_pixels) {
             long long height = p[i + 3] << 8 | p[i + 4], width = p[i + 5] << 8 | p[i + 6];
             int precision = p[i + 2], components = p[i + 7];
             return precision == 8 && (components == 1 || components == 3) && height > 0 && width > 0 &&
-                   height * width <= max_pixels && (m != 0xC2 || jpeg_scans(p, n) <= MAX_JPEG_SCANS);
+                   height * width <= max_pixels && (m != 0xC2 || jpeg_scans(p + i, n - i) <= MAX_JPEG_SCANS);
         }
         if ((m >= 0xC3 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC) || m == 0xDA || m == 0xD9)
             return 0; /* lossless, arithmetic or hierarchical frames; a scan or the end before any frame */

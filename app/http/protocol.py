@@ -8,9 +8,9 @@
   comes in one write. Headers not complete within
   CGSERVE_HEADER_TIMEOUT_S of the request's first byte, or of the connection's opening, get 408
   (slowloris: one byte every few seconds holds nothing for long).
-- A transfer coding other than chunked alone (gzip, "gzip, chunked", chunked twice) gets 501 and the connection is
-  closed (RFC 9112 §6.1): httptools framed "gzip, chunked" as chunked and dropped the gzip, where a proxy in front
-  that decodes it reads another body (request smuggling).
+- A transfer coding other than chunked alone (gzip, "gzip, chunked") gets 501 and the connection is closed (RFC 9112
+  §6.1; chunked twice is httptools' own 400): httptools framed "gzip, chunked" as chunked and dropped the gzip,
+  where a proxy in front that decodes it reads another body (request smuggling).
 - Heads that would be read two ways get 400 and the connection is closed, as nginx answers them:
   HTTP/1.1 without Host or with two (HTTP/1.0 with two), two Authorization headers (which one
   would the tokens check?), a path with a control character once percent-decoded (%0A: no route

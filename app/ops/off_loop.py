@@ -56,5 +56,15 @@ async def off_loop_in_turn(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T
     turn = _turns.get(loop)
     if turn is None:
         turn = _turns[loop] = asyncio.Lock()
-    async with turn:
-        return await off_loop(fn, *args, **kwargs)
+    await turn.acquire()
+    decode = loop.run_in_executor(_pool, partial(fn, *args, **kwargs))
+    # The turn ends when the thread does, not when its caller stops waiting (a deadline, a client gone): the thread
+    # decodes on, holding its objects, and the next would decode beside it.
+    decode.add_done_callback(partial(_end_turn, turn))
+    return await asyncio.shield(decode)
+
+
+def _end_turn(turn: asyncio.Lock, decode: asyncio.Future[Any]) -> None:
+    turn.release()
+    if not decode.cancelled():
+        decode.exception()  # read: one whose caller left is not logged as never retrieved

@@ -44,3 +44,18 @@ def test_each_event_loop_has_its_own_turn() -> None:
     """A turn held by a loop that has ended does not hold the next loop's decodes (a test's, or a restarted app's)."""
     assert asyncio.run(most_at_once(off_loop_in_turn, 2)) == 1
     assert asyncio.run(most_at_once(off_loop_in_turn, 2)) == 1
+
+
+def test_a_turn_lasts_as_long_as_its_decode_whatever_its_caller_does() -> None:
+    """A caller cancelled (its deadline passed, its client left) stops waiting; its thread decodes on. The next
+    decode waited for the caller and ran beside that thread."""
+
+    async def scenario() -> int:
+        work = Overlap()
+        first = asyncio.ensure_future(off_loop_in_turn(work, 0.3))
+        await asyncio.sleep(0.05)  # the first is decoding
+        first.cancel()
+        assert await asyncio.gather(off_loop_in_turn(work, 0.05), off_loop_in_turn(work, 0.05)) == [0.05, 0.05]
+        return work.most
+
+    assert asyncio.run(scenario()) == 1

@@ -10,14 +10,13 @@ whose answers carry an error_message). Registered as the generated code register
 and as a generic handler.
 
 A method of one request is registered as one that reads a stream of them (the same bytes on the wire: a unary call
-is a stream of one message), so that its one message is awaited here, within a bound. grpcio's unary handlers wait
+is a stream of one message), so that its one message is awaited within a bound (grpc_reads.py). grpcio's unary handlers wait
 for it for ever, and a call that ended without one was never answered: a client held a connection (and a share of
 the server's connections) with a call that sent headers alone, or a message that never ended.
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError
 from google.protobuf.message_factory import GetMessageClass
 
+from app.protocols.v2.grpc_reads import reading_one
 from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
 
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
@@ -54,51 +54,6 @@ def parser(message: Any) -> Callable[[bytes], Any]:
             return Unparsed(name)
 
     return parsed
-
-
-async def one_request(requests: AsyncIterator[Any], context: Any, within_s: float, expected: str) -> Any:
-    """The call's one request message, once it has come whole; the call ends INVALID_ARGUMENT where the client
-    ended it without one, and DEADLINE_EXCEEDED where it has not come whole within `within_s` of the call's start
-    (a client's own nearer deadline ends the call itself)."""
-    task = asyncio.current_task()
-    assert task is not None
-    expired = False
-
-    def expire() -> None:
-        nonlocal expired
-        expired = True
-        task.cancel()
-
-    timer = asyncio.get_running_loop().call_later(within_s, expire)
-    try:
-        request = await anext(requests, None)
-    except asyncio.CancelledError:
-        if not expired:
-            raise  # the client cancelled, or its deadline passed
-        task.uncancel()
-        await context.abort(
-            grpc.StatusCode.DEADLINE_EXCEEDED,
-            f"the request message did not come whole within {within_s:g} s of the call's start "
-            f"(CGSERVE_REQUEST_TIMEOUT_S); expected one {expected}",
-        )
-    finally:
-        timer.cancel()
-    if request is None:
-        await context.abort(
-            grpc.StatusCode.INVALID_ARGUMENT, f"the call ended without a request message; expected one {expected}"
-        )
-    return request
-
-
-def reading_one(
-    method: Callable[[Any, Any], Awaitable[Any]], within_s: float, expected: str
-) -> Callable[[AsyncIterator[Any], Any], Awaitable[Any]]:
-    """`method` of one request as a handler of a stream of requests: its request read by one_request."""
-
-    async def call(requests: AsyncIterator[Any], context: Any) -> Any:
-        return await method(await one_request(requests, context, within_s, expected), context)
-
-    return call
 
 
 def refusing_unparsed(method: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:

@@ -46,6 +46,7 @@ from app.ops.connection_budgets import connection_budgets
 from app.ops.off_loop import LARGE_JSON_BYTES, off_loop, off_loop_in_turn
 from app.protocols.v2 import tensors
 from app.protocols.v2.grpc_methods import SERVICE, Unparsed, add_service
+from app.protocols.v2.grpc_reads import CALL_STARTED
 from app.protocols.v2.proto import grpc_predict_v2_pb2 as pb
 from app.protocols.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from app.protocols.v2.stream_answers import ConnectionBudgets, StreamStopped, answer_stream
@@ -229,10 +230,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def _infer(self, codec: GrpcCodec, request: Any, context: Any, path: str) -> Any:
         """One ModelInferRequest through the data plane: `codec`'s answer or refusal."""
-        # The end to end: the service's timeout, or less if the client's gRPC deadline is nearer.
-        timeout_s = self.service.settings.request_timeout_s
+        # The end to end: the service's timeout from the call's start (its message's arrival counted, as an HTTP
+        # body's is; a stream's request from now), or less if the client's gRPC deadline is nearer.
+        now, timeout_s = time.monotonic(), self.service.settings.request_timeout_s
+        started = CALL_STARTED.get() or now
         remaining = context.time_remaining()
-        deadline = time.monotonic() + (timeout_s if remaining is None else min(timeout_s, remaining))
+        deadline = started + timeout_s if remaining is None else min(started + timeout_s, now + remaining)
 
         async def read() -> Any:
             return request  # the whole message is here already
