@@ -10,9 +10,9 @@ whose answers carry an error_message). Registered as the generated code register
 and as a generic handler.
 
 A method of one request is registered as one that reads a stream of them (the same bytes on the wire: a unary call
-is a stream of one message), so that its one message is awaited within a bound (grpc_reads.py). grpcio's unary handlers wait
-for it for ever, and a call that ended without one was never answered: a client held a connection (and a share of
-the server's connections) with a call that sent headers alone, or a message that never ended.
+is a stream of one message), so that its one message is awaited within a bound (grpc_reads.py). grpcio's unary
+handlers wait for it for ever, and a call that ended without one was never answered: a client held a connection (and
+a share of the server's connections) with a call that sent headers alone, or a message that never ended.
 """
 
 from __future__ import annotations
