@@ -46,9 +46,10 @@ double now_s(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-static void count_refusal(door_t *d, int which) {
+static void count_refusal(door_t *d, int which, int v2) {
     pthread_mutex_lock(&d->bulk_mu);
     d->refused[which]++;
+    if (v2) d->refused_v2[which]++;
     pthread_mutex_unlock(&d->bulk_mu);
 }
 
@@ -99,7 +100,7 @@ static int refuse(door_t *d, int fd, int which, const char *code, const char *me
                      "HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s%s\r\n%s",
                      refusal_codes[status], reasons[status], body_len, extra_head,
                      closing ? "connection: close\r\n" : "", body);
-    count_refusal(d, status);
+    count_refusal(d, status, v2);
     return send_all(fd, text, (size_t)n);
 }
 
@@ -1210,12 +1211,14 @@ void fd_answer(door_t *d, int k, const uint64_t *ids, const char *bodies, const 
 }
 
 /* out[0]: requests taken; out[1 + i]: refusals with refusal_codes[i]; out[1 + REFUSALS]: connections open;
- * out[2 + REFUSALS + i]: gRPC calls refused with status i. */
+ * out[2 + REFUSALS + i]: gRPC calls refused with status i; out[2 + REFUSALS + GRPC_CODES + i]: those of the
+ * refusals with refusal_codes[i] whose target was under /v2. */
 void fd_counts(door_t *d, uint64_t *out) {
     pthread_mutex_lock(&d->bulk_mu);
     out[0] = __atomic_load_n(&d->requests, __ATOMIC_RELAXED);
     for (int i = 0; i < REFUSALS; i++) out[1 + i] = d->refused[i];
     for (int i = 0; i < GRPC_CODES; i++) out[2 + REFUSALS + i] = d->grpc_refused[i];
+    for (int i = 0; i < REFUSALS; i++) out[2 + REFUSALS + GRPC_CODES + i] = d->refused_v2[i];
     pthread_mutex_unlock(&d->bulk_mu);
     pthread_mutex_lock(&d->table_mu);
     out[1 + REFUSALS] = (uint64_t)d->open_conns;

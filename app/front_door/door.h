@@ -164,6 +164,7 @@ typedef struct {
     int32_t *bulk_lens;           /* row i's bytes: row_bytes of pixels, or an image upload's length */
     uint8_t *bulk_kinds;          /* KIND_PREDICT, KIND_V2, KIND_GRPC, KIND_JPEG or KIND_IMAGE */
     uint64_t requests, refused[REFUSALS], grpc_refused[GRPC_CODES]; /* requests: __atomic */
+    uint64_t refused_v2[REFUSALS]; /* those of refused[] whose target was under /v2 (counted as format v2-binary) */
     struct direct *direct;        /* __atomic: the launcher POST /predict's rows go to first (launch.c), or NULL */
 } door_t;
 

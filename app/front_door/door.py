@@ -225,13 +225,18 @@ class Door:
         refused = {code: int(counts[1 + i]) for i, code in enumerate(self.refusal_codes)}
         return int(counts[0]), refused, int(counts[REFUSALS + 1])
 
+    def v2_refusals(self) -> dict[int, int]:
+        """Those of the refusals whose target was under /v2 (the protocol's requests), by HTTP status."""
+        counts = self._counts()
+        return {code: int(counts[2 + REFUSALS + GRPC_CODES + i]) for i, code in enumerate(self.refusal_codes)}
+
     def grpc_refusals(self) -> list[int]:
         """gRPC calls refused by the C side, by status code (0..16): totals since the door opened."""
         counts = self._counts()
-        return [int(n) for n in counts[REFUSALS + 2 :]]
+        return [int(n) for n in counts[REFUSALS + 2 : REFUSALS + 2 + GRPC_CODES]]
 
     def _counts(self) -> ctypes.Array[ctypes.c_uint64]:
-        counts = (ctypes.c_uint64 * (REFUSALS + 2 + GRPC_CODES))()
+        counts = (ctypes.c_uint64 * (REFUSALS + 2 + GRPC_CODES + REFUSALS))()  # door.c's fd_counts says where
         if self._door:
             self._lib.fd_counts(self._door, counts)
         return counts

@@ -21,7 +21,7 @@ from app.config import Settings
 from app.errors import ServiceError
 from app.front_door.answers import JSON_HEAD, status_line
 from app.front_door.door import GRPC_CODE_NAMES, MAX_GETS, Door, Limits
-from app.front_door.feeder import FORM, GRPC_FORM, PROTOCOL, Feeder
+from app.front_door.feeder import FORM, GRPC_FORM, PROTOCOL, V2_FORM, Feeder
 from app.front_door.launcher import CLOSE_MARGIN_S, Launcher
 from app.front_door.library import door_library
 from app.http.answer import error_answer
@@ -302,7 +302,9 @@ class FrontDoor:
         """The C side's refusals since the last count, into cgserve_requests (no model, none was looked up, but for a
         POST /predict of the wrong length)."""
         _, refused, _ = self.door.counts()
-        totals = {(FORM, str(code)): total for code, total in refused.items()}  # HTTP's by status, gRPC's by code
+        v2 = self.door.v2_refusals()  # among them, the v2 protocol's: counted as its answers are, format v2-binary
+        totals = {(FORM, str(code)): total - v2[code] for code, total in refused.items()}  # HTTP's by status
+        totals |= {(V2_FORM, str(code)): total for code, total in v2.items()}
         totals |= {(GRPC_FORM, GRPC_CODE_NAMES[code]): total for code, total in enumerate(self.door.grpc_refusals())}
         for (form, code), total in totals.items():
             counted = self.refused.get((form, code), 0)
@@ -311,7 +313,7 @@ class FrontDoor:
                 # as the service's port counts it; every other refusal is before any model is looked up.
                 model = self.default_name if (form, code) == (FORM, "422") else ""
                 metrics.REQUESTS.labels(model=model, protocol=PROTOCOL, format=form, code=code).inc(total - counted)
-                if form == FORM and (reason := REJECTION_REASONS.get(int(code))):  # as the service's port counts them
+                if form in (FORM, V2_FORM) and (reason := REJECTION_REASONS.get(int(code))):  # as the port counts them
                     metrics.reject(model, reason, total - counted)
                 self.refused[(form, code)] = total
 

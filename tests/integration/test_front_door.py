@@ -386,6 +386,8 @@ def test_it_counts_into_metrics(server: dict[str, Any]) -> None:
         assert client.post("/predict", content=image, headers={"content-type": RAW["content-type"]}).status_code == 401
         assert client.post("/no/such/route", content=image, headers=RAW).status_code == 404
         assert client.post("/predict", content=image[:100], headers=RAW).status_code == 422
+        # A v2 request the C side refuses before its parse (no Inference-Header-Content-Length): the protocol's
+        assert client.post("/v2/models/fashion-cnn/infer", content=image, headers=RAW).status_code == 400
         time.sleep(1.5)  # the C side's refusals are counted every second
         after = settled_metrics(server["url"])
 
@@ -409,6 +411,11 @@ def test_it_counts_into_metrics(server: dict[str, Any]) -> None:
     assert requests_counted(after, wrong) - requests_counted(before, wrong) == 1
     found = re.search(r'^cgserve_rejections_total\{model="fashion-cnn",reason="invalid_input"\} (\S+)$', after, re.M)
     assert found and float(found[1]) >= 1
+    # counted under the v2 protocol's format, as its answers are (it was format="raw")
+    v2_refused = 'model="",protocol="door",format="v2-binary",code="400"'
+    assert requests_counted(after, v2_refused) - requests_counted(before, v2_refused) == 1
+    raw_refused = 'model="",protocol="door",format="raw",code="400"'
+    assert requests_counted(after, raw_refused) - requests_counted(before, raw_refused) == 0
 
 
 def test_with_the_engine_process(tmp_path: Any) -> None:
