@@ -20,6 +20,9 @@
 #                                                connections beside the 8-worker raw no-op, then ResNet-50 at 256
 #                                                and the engine's own peak, all at --compile none (~7 minutes);
 #                                                JSON under $OUT, each point's line printed
+#   bash bench/front_door/run_h200.sh jpeg       JPEG bodies through the door at 1024 connections, the shipped
+#                                                decoder and three direct launches, open loops at 70 % (run 58b's
+#                                                command, ~3.5 minutes)
 set -u
 case "${1:-}" in
 seed)
@@ -129,5 +132,13 @@ engine_peak; print(json.dumps(engine_peak(Path('/tmp/resnet50-only'), '1,8,32,64
     > "$OUT/resnet50-engine-peak.json" 2> /tmp/resnet50-engine-peak.log
   echo "engine peak: $(tail -c 300 "$OUT/resnet50-engine-peak.json")"
   ;;
-*) echo "usage: $0 seed|resnet50|v2|launcher" >&2; exit 2 ;;
+jpeg)
+  D=CGSERVE_JPEG_NVJPEG=direct,CGSERVE_JPEG_STREAM_PRIORITY=high,CGSERVE_JPEG_LAUNCHES=3
+  timeout 500 python3 bench/one_image.py --out /tmp/one-image --budget-s 390 --designs front-door --kinds jpeg-body \
+    --variant-kinds jpeg-body --concurrencies 1024 --p99-fraction 0.7 --variants "direct3=$D" \
+    > "$OUT/one-image-door-jpeg.log" 2>&1
+  cp /tmp/one-image/one-image.json "$OUT/one-image-door-jpeg.json"
+  grep -E "engine peak|c1024|open loop" "$OUT/one-image-door-jpeg.log" | cut -c1-200
+  ;;
+*) echo "usage: $0 seed|resnet50|v2|launcher|jpeg" >&2; exit 2 ;;
 esac
