@@ -57,7 +57,11 @@ async def off_loop_in_turn(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T
     if turn is None:
         turn = _turns[loop] = asyncio.Lock()
     await turn.acquire()
-    decode = loop.run_in_executor(_pool, partial(fn, *args, **kwargs))
+    try:
+        decode = loop.run_in_executor(_pool, partial(fn, *args, **kwargs))
+    except BaseException:  # not scheduled (the pool shut down): no thread will end the turn
+        turn.release()
+        raise
     # The turn ends when the thread does, not when its caller stops waiting (a deadline, a client gone): the thread
     # decodes on, holding its objects, and the next would decode beside it.
     decode.add_done_callback(partial(_end_turn, turn))

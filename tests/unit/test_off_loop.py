@@ -7,6 +7,9 @@ import asyncio
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
 
 from app.ops.off_loop import off_loop, off_loop_in_turn
 
@@ -59,3 +62,19 @@ def test_a_turn_lasts_as_long_as_its_decode_whatever_its_caller_does() -> None:
         return work.most
 
     assert asyncio.run(scenario()) == 1
+
+
+def test_a_decode_the_pool_cannot_take_gives_its_turn_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool shut down (the server stopping) refuses the work: the turn was kept, and every later decode waited."""
+    from app.ops import off_loop as module
+
+    async def scenario() -> float:
+        stopped = ThreadPoolExecutor(1)
+        stopped.shutdown()
+        with monkeypatch.context() as patched:
+            patched.setattr(module, "_pool", stopped)
+            with pytest.raises(RuntimeError):
+                await off_loop_in_turn(Overlap(), 0.01)
+        return await asyncio.wait_for(off_loop_in_turn(Overlap(), 0.01), 5)
+
+    assert asyncio.run(scenario()) == 0.01
