@@ -22,3 +22,18 @@ def with_scan_markers_before_its_frame(jpeg: bytes, count: int) -> bytes:
     thumbnail may: not scans of the image, and not counted as them."""
     payload = b"\xff\xda\x00\x00" * count
     return jpeg[:2] + b"\xff\xe2" + (len(payload) + 2).to_bytes(2, "big") + payload + jpeg[2:]
+
+
+def scan_bomb_hiding_its_frame(scans: int, side: int = 256) -> bytes:
+    """scan_bomb with RST markers (no length) where a walk that read them as having one would jump past the frame and
+    its scans: at each jump's landing, fill bytes and another RST, so that such a walk counts none of them."""
+    bomb = scan_bomb(scans, side)
+    first = bomb.index(SCAN)
+    out = bytearray(b"\xff\xd8\xff\xd0") + bomb[2:first]
+    landing = 4 + int.from_bytes(out[4:6], "big")  # where the walk reading "FF D0" as having a length lands
+    for scan in (SCAN + part for part in bomb[first:-2].split(SCAN)[1:]):
+        if len(out) + len(scan) > landing:
+            out += b"\xff" * (landing - len(out)) + b"\xff\xd0"
+            landing += 2 + int.from_bytes(scan[:2], "big")  # the scan's own FF DA read as that RST's length
+        out += scan
+    return bytes(out + b"\xff\xd9")

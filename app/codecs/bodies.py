@@ -212,14 +212,19 @@ def jpeg_scans(data: bytes | bytearray) -> int:
     """The SOS markers of a JPEG from its frame header on: its scans. The segments before the frame (APPn: EXIF and
     its thumbnail, ICC profiles, XMP) are stepped over by their lengths, since their bytes may hold the pair."""
     at = 2  # after SOI
+    # Stepped as libjpeg steps them; anything it would not step over ends the walk early, which counts more, not less.
     while at + 4 <= len(data) and data[at] == 0xFF:
         marker = data[at + 1]
         if marker == 0xFF:  # a fill byte
             at += 1
             continue
-        if marker in JPEG_FRAMES:
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # TEM, RSTn: no length (read as one, they jumped the frame)
+            at += 2
+            continue
+        length = int.from_bytes(data[at + 2 : at + 4], "big")
+        if marker in JPEG_FRAMES or marker in (0xD9, 0xDA) or length < 2:  # the frame, or no frame before the scans
             break
-        at += 2 + int.from_bytes(data[at + 2 : at + 4], "big")
+        at += 2 + length
     return data.count(JPEG_SCAN, at)
 
 

@@ -219,16 +219,13 @@ class Door:
     def open_connections(self) -> int:
         return self.counts()[2] if self._door else 0
 
-    def counts(self) -> tuple[int, dict[int, int], int]:
-        """(requests taken, refusals by HTTP status, connections open): totals since the door opened."""
+    def counts(self) -> tuple[int, dict[int, int], int, dict[int, int]]:
+        """(requests taken, refusals by HTTP status, connections open, those of the refusals whose target was under
+        /v2 by HTTP status): totals since the door opened, of one moment."""
         counts = self._counts()
         refused = {code: int(counts[1 + i]) for i, code in enumerate(self.refusal_codes)}
-        return int(counts[0]), refused, int(counts[REFUSALS + 1])
-
-    def v2_refusals(self) -> dict[int, int]:
-        """Those of the refusals whose target was under /v2 (the protocol's requests), by HTTP status."""
-        counts = self._counts()
-        return {code: int(counts[2 + REFUSALS + GRPC_CODES + i]) for i, code in enumerate(self.refusal_codes)}
+        v2 = {code: int(counts[2 + REFUSALS + GRPC_CODES + i]) for i, code in enumerate(self.refusal_codes)}
+        return int(counts[0]), refused, int(counts[REFUSALS + 1]), v2
 
     def grpc_refusals(self) -> list[int]:
         """gRPC calls refused by the C side, by status code (0..16): totals since the door opened."""

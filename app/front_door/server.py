@@ -301,8 +301,7 @@ class FrontDoor:
     def _count(self) -> None:
         """The C side's refusals since the last count, into cgserve_requests (no model, none was looked up, but for a
         POST /predict of the wrong length)."""
-        _, refused, _ = self.door.counts()
-        v2 = self.door.v2_refusals()  # among them, the v2 protocol's: counted as its answers are, format v2-binary
+        _, refused, _, v2 = self.door.counts()  # v2: among them, the v2 protocol's, counted as its answers are
         totals = {(FORM, str(code)): total - v2[code] for code, total in refused.items()}  # HTTP's by status
         totals |= {(V2_FORM, str(code)): total for code, total in v2.items()}
         totals |= {(GRPC_FORM, GRPC_CODE_NAMES[code]): total for code, total in enumerate(self.door.grpc_refusals())}

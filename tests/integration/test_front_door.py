@@ -32,7 +32,7 @@ from tritonclient.utils import InferenceServerException
 from app.codecs.bodies import MAX_JPEG_SCANS
 from loadtest.server_process import running
 from models.fashion_mnist import load_test_sample
-from tests.hostile_images import scan_bomb, with_scan_markers_before_its_frame
+from tests.hostile_images import scan_bomb, scan_bomb_hiding_its_frame, with_scan_markers_before_its_frame
 from tests.integration.door_toolchain import door_toolchain
 from tests.integration.server_process import ROOT, free_port, requests_counted, running_server, settled_metrics
 
@@ -920,6 +920,7 @@ def test_it_tells_the_jpegs_nvjpeg_takes_from_those_pillow_decodes() -> None:
         scan_bomb(MAX_JPEG_SCANS, side=64): JPEG,  # progressive, at the scan limit
         scan_bomb(MAX_JPEG_SCANS + 1, side=64): IMAGE,  # over it: Pillow's path, which refuses it
         with_scan_markers_before_its_frame(scan_bomb(10, side=64), MAX_JPEG_SCANS + 50): JPEG,  # not its scans
+        scan_bomb_hiding_its_frame(MAX_JPEG_SCANS + 1, side=64): IMAGE,  # an RST before its frame hides nothing
         encoded(flat[:64, :64], "JPEG"): JPEG,  # 4,096 pixels: at the limit
         encoded(flat, "JPEG"): IMAGE,  # 16,384: over it
         encoded(photo, "PNG"): IMAGE,

@@ -23,7 +23,7 @@ from app.ops import metrics
 from app.repository import read_repository
 from app.repository.model_spec import ModelSpec
 from loadtest.photos import encode, synthetic_photo
-from tests.hostile_images import scan_bomb, with_scan_markers_before_its_frame
+from tests.hostile_images import scan_bomb, scan_bomb_hiding_its_frame, with_scan_markers_before_its_frame
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "models" / "examples" / "repository"
 RESNET50 = next(spec for spec in read_repository(EXAMPLES) if spec.name == "resnet50")
@@ -165,6 +165,11 @@ def test_a_progressive_jpeg_of_too_many_scans_is_refused_before_its_decode() -> 
     assert time.perf_counter() - started < 1.0  # refused before a scan is decoded (decoding takes seconds)
     assert refused.value.status == 422 and "the JPEG has 20000 scans, over the limit of 100" in str(refused.value)
     assert len(gpu.seen) == 1
+    # RST markers (no length) before the frame do not hide it and its scans from the count
+    hidden = scan_bomb_hiding_its_frame(2_000)
+    with pytest.raises(InputError, match="the JPEG has 2000 scans"):
+        decode_image(hidden, max_pixels=LIMIT, spec=RESNET50)
+    assert not gpu_decodable(hidden, max_pixels=LIMIT, spec=RESNET50)
     # Marker bytes in a segment before the frame (an ICC profile, an EXIF thumbnail) are not its scans
     profiled = with_scan_markers_before_its_frame(scan_bomb(10), MAX_JPEG_SCANS + 50)
     assert gpu_decodable(profiled, max_pixels=LIMIT, spec=RESNET50)
