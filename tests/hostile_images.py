@@ -11,7 +11,8 @@ SCAN = b"\xff\xda"  # a JPEG's SOS marker
 
 def scan_bomb(scans: int, side: int = 256) -> bytes:
     """A grey progressive JPEG of side×side with its last scan repeated until it has `scans`: a decoder decodes once
-    a scan, and each repeat is a few bytes (20,000 of them held a decode thread 8.6 s at 1024×1024)."""
+    a scan, and each repeat is a few bytes (20,000 of them held a decode thread 7.2 s at 1024×1024:
+    bench/hostile_images.py)."""
     jpeg = encode(np.full((side, side), 128, np.uint8), quality=90, progressive=True)
     last = jpeg.rindex(SCAN)
     return jpeg[:-2] + jpeg[last:-2] * (scans - jpeg.count(SCAN)) + b"\xff\xd9"

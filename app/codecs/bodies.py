@@ -29,12 +29,13 @@ RAW_LAYOUTS = ("nchw", "nhwc")
 # Large downscales first shrink by a whole factor (a box filter, cheap), then resample: a 1024×1024
 # upload made 28×28 costs 2 ms of resizing instead of 9 (Pillow's reducing_gap).
 REDUCING_GAP = 3.0
-# A progressive JPEG is decoded once a scan, and its scans are a few bytes each: 20,000 of them in 244 KB took 8.6 s
-# of a decode thread for a 1024×1024 image (a hostile-client review). libjpeg's own progressions have up to 10, tuned
-# encoders ~20. The same limit in app/front_door/door.c (MAX_JPEG_SCANS), which sends a JPEG over it here to refuse.
+# A progressive JPEG is decoded once a scan, and its scans are a few bytes each: 20,000 of them in 244 KB took 7.3 s
+# of a decode thread for a 1024×1024 image (bench/results/2026-12-06-cpu-hostile-images.json). libjpeg's own
+# progressions have up to 10, tuned encoders ~20. The same limit in app/front_door/door.c (MAX_JPEG_SCANS), which
+# sends a JPEG over it here to refuse.
 MAX_JPEG_SCANS = 100
 # A 16-bit grey PNG opens in these (Pillow reads 16-bit colour as 8-bit itself); convert() clips them at 255 rather
-# than scale them, which turned a 16-bit Fashion-MNIST test set's 91 % accuracy into 66 %.
+# than scale them: the seed CNN's 92 % on 1000 Fashion-MNIST test images was 67 % on their 16-bit PNGs (same record).
 SIXTEEN_BIT_MODES = frozenset(("I;16", "I;16B", "I;16L", "I;16N", "I"))
 JPEG_SCAN = b"\xff\xda"  # SOS; byte stuffing keeps 0xFF 0xDA out of the entropy-coded data
 JPEG_FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # SOFn (C4: DHT, C8: JPG, CC: DAC are not frames)

@@ -200,23 +200,21 @@ async def decode_uploads(
 ) -> np.ndarray:
     """Several encoded images (a v2 BYTES input) → (k, C, H, W) uint8, each as an upload is decoded; the
     GPU decoder batches those that arrive together."""
+    if len(encoded) == 1:  # one upload (POST /predict's, most often): no gather, and no place to name
+        return await decode_upload(encoded[0], max_pixels=max_pixels, spec=spec, gpu=gpu)
+    count = len(encoded)
     pixels = await asyncio.gather(
-        *(
-            _decode_element(i, len(encoded), data, max_pixels=max_pixels, spec=spec, gpu=gpu)
-            for i, data in enumerate(encoded)
-        )
+        *(_decode_element(i, count, data, max_pixels=max_pixels, spec=spec, gpu=gpu) for i, data in enumerate(encoded))
     )
-    return pixels[0] if len(pixels) == 1 else np.concatenate(pixels)
+    return np.concatenate(pixels)
 
 
 async def _decode_element(i: int, count: int, data: bytes | bytearray, *, max_pixels: int, spec: ModelSpec,
                           gpu: JpegBatchDecoder | None) -> np.ndarray:  # fmt: skip
-    """decode_upload of element `i` of `count`; where there are several, its refusal says which."""
+    """decode_upload of element `i` of `count`, its refusal saying which it was."""
     try:
         return await decode_upload(data, max_pixels=max_pixels, spec=spec, gpu=gpu)
     except InputError as error:
-        if count == 1:
-            raise
         raise InputError(f"element {i} of the {count}: {error.message}", expected=error.expected,
                          status=error.status, code=error.code) from None  # fmt: skip
 

@@ -42,7 +42,6 @@ import copy
 import ctypes
 import gc
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -270,7 +269,7 @@ class CudaEngine:
         host_out = torch.zeros((rows, classes), dtype=torch.float32).pin_memory()
         mapped_in: dict[InputDtype, torch.Tensor] = {}
         mapped_out = None
-        fp32_bytes = rows * math.prod(self.spec.input_shape) * 4  # one limit for every slot, whatever it holds
+        fp32_bytes = rows * self.spec.pixels * 4  # one limit for every slot, whatever it holds
         map_input = self.host_io == "mapped" or (self.host_io == "auto" and fp32_bytes <= MAPPED_INPUT_LIMIT_BYTES)
         if self.host_io != "copy":
             try:

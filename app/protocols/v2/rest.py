@@ -176,8 +176,8 @@ class V2Codec:
 
     def decode_now(self, request: HttpBody, spec: ModelSpec) -> tuple[np.ndarray, Asked] | None:
         """A small request checked and decoded here and now; None for encoded images (a BYTES input), which the
-        async decode takes to the uploads' decoder, never Pillow on the loop (its header is parsed again there:
-        a few µs for a small body)."""
+        async decode takes to the uploads' decoder, never Pillow on the loop (its JSON, at most DECODE_NOW_BYTES,
+        is parsed again there: a rare form, base64 images in JSON, against a decode an image)."""
         asked, images = parse_infer(request.body, request.header_length, spec, self.max_instances)
         if isinstance(images, list):
             return None
