@@ -349,8 +349,7 @@ class Settings(BaseSettings):
         ge=1,
         le=8,
         description="GPU decoder: batches being launched at once, so that one batch's host work (reading its "
-        "uploads, torchvision's calls) overlaps the previous one's decode. With jpeg_nvjpeg direct, batches decoding "
-        "at once, a decoder state each: a batch's resize runs beside the next one's decode. 1: one after the other.",
+        "uploads, torchvision's calls) overlaps the previous one's decode. 1: one after the other.",
     )
     jpeg_nvjpeg: Literal["torchvision", "direct"] = Field(
         "torchvision",

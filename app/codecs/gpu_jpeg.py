@@ -31,13 +31,9 @@ many, so that the decoder which feeds those batches does not queue behind them (
 nvJPEG decoded at half its idle rate: bench/results/HISTORY.md, run 39).
 
 With CGSERVE_JPEG_NVJPEG=direct, nvJPEG's hardware decoder is called without torchvision
-(app/codecs/nvjpeg.py): each of `launches` decoder states has a stream of its own, so batches
+(app/codecs/nvjpeg.py): each launch thread has a decoder state and a stream of its own, so batches
 decode at once and none waits on the host for its decode (our stream waits for its event). The
-images it does not take (progressive ones) go through torchvision as above. A direct launch gives
-its slot back as soon as its decodes have been queued, before its resizes and copies: its state
-then takes the next batch while the last one is resized on another of the 2 × `launches` threads
-(pipelined: a state's batch spent ~22 of its ~29 ms launch in the decode call, run 58b, and
-sat idle for the rest).
+images it does not take (progressive ones) go through torchvision as above.
 
 Where the caller's `out` is a row of an array registered with `pin` (the front door's bulks), the copy out of the
 device writes that row itself, a run of consecutive rows one copy (app/codecs/pinned_rows.py); the other rows go
@@ -112,7 +108,7 @@ class _Launched:
     hosts: list[torch.Tensor | None]
     done: torch.cuda.Event
     started: float  # perf_counter at the launch, for cgserve_gpu_jpeg_batch_seconds
-    decode_s: float  # wall time until its decodes ended, of its started → launched (cgserve_gpu_jpeg_stage_seconds)
+    decode_s: float  # wall time in decode_jpeg, of the launch's started → launched (cgserve_gpu_jpeg_stage_seconds)
     launched: float  # perf_counter once the resizes and copies out were queued
     errors: list[str] = field(default_factory=list)
     # nvJPEG's (C, H_i, W_i) outputs, read by the resize queued on our stream: let go once `done` has completed
@@ -154,9 +150,7 @@ class GpuJpegDecoder:
         self._stream = torch.cuda.Stream(self.device, priority=stream_priority)  # resizes and copies out
         # nvJPEG's outputs are allocated under it (above)
         self._decode_stream = torch.cuda.Stream(self.device, priority=stream_priority)
-        # A direct launch gives its slot back once decoded (above): a thread for each slot's next batch beside the
-        # threads still resizing the last ones (with torchvision's decoder half of them stay idle).
-        self._worker = ThreadPoolExecutor(max_workers=2 * launches, thread_name_prefix="gpu-jpeg")
+        self._worker = ThreadPoolExecutor(max_workers=launches, thread_name_prefix="gpu-jpeg")
         self._launch_slots = asyncio.Semaphore(launches)
         self._waiter = EventWaiter("gpu-jpeg-event-waiter")
         self._pending: list[_Job] = []
@@ -267,27 +261,15 @@ class GpuJpegDecoder:
             waits.flush()  # what it holds when the decoder closes
 
     async def _launch_and_hand_back(self, jobs: list[_Job], settled: asyncio.Future[None]) -> None:
-        loop = asyncio.get_running_loop()
-        slot_held = True
-
-        def give_slot_back() -> None:  # on the loop, once: from the launch once decoded, or as its call ends
-            nonlocal slot_held
-            if slot_held:
-                slot_held = False
-                self._launch_slots.release()
-
-        def decoded() -> None:  # on the launch thread
-            loop.call_soon_threadsafe(give_slot_back)
-
         try:
             try:
-                launched = await loop.run_in_executor(self._worker, self._launch, jobs, decoded)
+                launched = await asyncio.get_running_loop().run_in_executor(self._worker, self._launch, jobs)
             except Exception as error:  # not nvJPEG's refusal (that is per job): a fault, 500
                 log.exception("GPU JPEG batch of %d failed", len(jobs))
                 _fail(jobs, error)
                 return
             finally:
-                give_slot_back()
+                self._launch_slots.release()
             self.batch_sizes.append(len(jobs))
             self.batches_launched += 1
             self.images_launched += len(jobs)
@@ -301,34 +283,33 @@ class GpuJpegDecoder:
                 settled.set_result(None)
             self._unsettled.discard(settled)
 
-    def _launch(self, jobs: list[_Job], decoded_all: Callable[[], None]) -> _Launched:
+    def _launch(self, jobs: list[_Job]) -> _Launched:
         """On the worker thread: decode, resize and start the copies out; returns before they finish (or, raising,
-        once what it queued has: a copy into a pinned `out` then writes no more). With the direct decoder
-        `decoded_all` is called once every decode is queued and its state given back: the next batch may launch."""
+        once what it queued has: a copy into a pinned `out` then writes no more)."""
         started = time.perf_counter()
         hosts: list[torch.Tensor | None] = [None] * len(jobs)
         in_out: set[int] = set()
         errors: list[str] = []
+        kept: list[torch.Tensor] = []
+        decode_s = 0.0
         with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
             try:
-                # [(job index, (C, H_i, W_i) uint8 on the GPU)], every colour's
-                decoded = [pair for color, indices in _by_color(jobs).items()
-                           for pair in self._decode(jobs, indices, color, errors)]  # fmt: skip
-                decode_s = time.perf_counter() - started
-                if self._direct is not None:
-                    decoded_all()
-                for spec, group in _by_model_and_size(jobs, decoded):
-                    # Photos from one camera or one client share a size: one resize for all of them.
-                    images = torch.stack([image for _, image in group])  # (k, C, H, W) uint8
-                    pixels = preprocess_batch(images, spec)  # (k, C, h, w) uint8 on the GPU
-                    self._copy_out(jobs, group, pixels, hosts, in_out)
+                for color, indices in _by_color(jobs).items():
+                    decode_started = time.perf_counter()
+                    decoded = self._decode(jobs, indices, color, errors)  # [(job index, (C, H_i, W_i) uint8 on GPU)]
+                    decode_s += time.perf_counter() - decode_started
+                    kept.extend(image for _, image in decoded)
+                    for spec, group in _by_model_and_size(jobs, decoded):
+                        # Photos from one camera or one client share a size: one resize for all of them.
+                        images = torch.stack([image for _, image in group])  # (k, C, H, W) uint8
+                        pixels = preprocess_batch(images, spec)  # (k, C, h, w) uint8 on the GPU
+                        self._copy_out(jobs, group, pixels, hosts, in_out)
                 done = torch.cuda.Event(blocking=True)  # its waiter thread sleeps instead of spinning a core
                 done.record(self._stream)
             except BaseException:
                 if self._pinned:  # a copy into a pinned `out` may be queued: done before its caller hears
                     self._stream.synchronize()
                 raise
-        kept = [image for _, image in decoded]
         return _Launched(jobs, hosts, done, started, decode_s, time.perf_counter(), errors, kept, in_out)
 
     def _copy_out(self, jobs: list[_Job], group: list[tuple[int, torch.Tensor]], pixels: torch.Tensor,

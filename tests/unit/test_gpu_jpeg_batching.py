@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import importlib
 import io
 import itertools
 import sys
@@ -369,14 +368,14 @@ class StandInBatchDecoder:
         return results, NoEvent()
 
 
-def decode_directly(uploads: list[bytes], stand_in: StandInBatchDecoder, max_batch: int = 32) -> list[Any]:
+def decode_directly(uploads: list[bytes], stand_in: StandInBatchDecoder) -> list[Any]:
     """decode_together with CGSERVE_JPEG_NVJPEG=direct, its decoder state the stand-in."""
     import queue
 
     from app.codecs.gpu_jpeg import GpuJpegDecoder  # afresh, against the stand-ins (the fixture)
 
     async def run() -> list[Any]:
-        decoder = GpuJpegDecoder("cpu", launches=1, max_batch=max_batch)
+        decoder = GpuJpegDecoder("cpu", launches=1)
         decoder._direct = queue.SimpleQueue()
         decoder._direct.put(stand_in)  # type: ignore[arg-type]
         decoder._nvjpeg = stand_in  # type: ignore[assignment]  # its close stands for the handle's (states, then it)
@@ -412,38 +411,6 @@ def test_a_batch_the_direct_decoder_refuses_whole_goes_through_torchvision(calls
     assert stand_in.batches == [3] and calls == [3, 1, 1, 1]  # torchvision's way: the batch, then one at a time
     assert isinstance(results[0], np.ndarray) and isinstance(results[2], np.ndarray)
     assert isinstance(results[1], GpuDecodeError)
-
-
-def test_a_direct_state_decodes_the_next_batch_while_the_last_is_resized(
-    calls: list[int], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # One launch, one state: the first batch's resize waits until the second batch's decode has begun, which it
-    # can only do once the first launch gave its slot back at its decode's end, not at its launch's.
-    gpu_jpeg = importlib.import_module("app.codecs.gpu_jpeg")  # afresh, against the stand-ins (the fixture)
-
-    stand_in = StandInBatchDecoder()
-    second_decode, first_resize_saw_it = threading.Event(), []
-    decode = stand_in.decode
-
-    def decode_counting(images: list[Any], gray: bool) -> tuple[list[Any], NoEvent]:
-        if stand_in.batches:  # a batch before this one
-            second_decode.set()
-        return decode(images, gray)
-
-    resize = gpu_jpeg.preprocess_batch
-
-    def resize_after_the_next_decode(images: torch.Tensor, spec: Any) -> torch.Tensor:
-        if not first_resize_saw_it:
-            first_resize_saw_it.append(second_decode.wait(timeout=5))
-        return resize(images, spec)
-
-    monkeypatch.setattr(stand_in, "decode", decode_counting)
-    monkeypatch.setattr(gpu_jpeg, "preprocess_batch", resize_after_the_next_decode)
-    results = decode_directly(JPEGS[:6], stand_in, max_batch=3)
-    assert first_resize_saw_it == [True] and stand_in.batches == [3, 3]
-    by_torchvision, _ = decode_together(JPEGS[:6])
-    for got, want in zip(results, by_torchvision, strict=True):
-        np.testing.assert_array_equal(got, want)
 
 
 class StandInHandle:
