@@ -25,10 +25,10 @@
 #                                                command, ~3.5 minutes)
 #   bash bench/front_door/run_h200.sh jpeg-engine  JPEG photos as multipart uploads through 8 workers and the engine
 #                                                process at 1024 connections, the shipped decoder and three direct
-#                                                launches (what a default of three direct launches needs measured:
-#                                                run 39 had the direct decoder lose there, run 51g did not reach the
-#                                                comparison); ResNet-50 compiled into CGSERVE_COMPILE_CACHE_DIR first,
-#                                                so that neither server spends its budget compiling (~6 minutes)
+#                                                launches, open loops at 70 % (run 52 had three direct launches win
+#                                                there by 7-10 % with a p99 of 66-67 ms against 39-41); ResNet-50
+#                                                compiled into CGSERVE_COMPILE_CACHE_DIR first, so that neither server
+#                                                spends its budget compiling (run 51f did) (~6 minutes)
 set -u
 case "${1:-}" in
 seed)
