@@ -21,19 +21,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from app.engine_process.frames import EngineProcessError
 from app.engines.factory import EngineOptions, engine_options, resolve_devices
 from app.errors import NotReadyError, ServiceError
+from app.ops.daemon_thread import in_daemon_thread
 from app.repository import LoadedModel, ModelConfigError, load_model, model_folders, read_model
 from app.service import ServedModel, Service
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 RETIRING_SETS = 2  # a model's replaced versions held while they drain, in sets of its versions
 Files = tuple[tuple[str, int, int], ...]  # (path, mtime ns, size) of each file of a model's folder
@@ -81,6 +85,7 @@ class ControlError(ServiceError):
 class Retiring:
     served: ServedModel
     task: asyncio.Task[None]
+    set: int  # the load or unload that replaced it: a model's versions are retired a set at a time
 
 
 class NameLocks:
@@ -114,6 +119,7 @@ class ModelControl:
         self._loading: set[str] = set()
         self._failures: dict[str, str] = {}  # name → why its last load failed
         self._retiring: list[Retiring] = []
+        self._set_numbers = itertools.count()
         self._seen: dict[str, Files] = {}  # poll: name → its files, as last loaded
         self._failed_at: dict[str, Files] = {}  # poll: name → its files when a load of them failed
         self._poller: asyncio.Task[None] | None = None
@@ -170,10 +176,18 @@ class ModelControl:
         return [entry for entry in entries if entry["state"] == "READY"] if ready_only else entries
 
     async def load(self, name: str) -> None:
-        """Load `name`, waiting for it. The load is this object's task, not the caller's: a client that
-        leaves (a gRPC deadline, a closed connection) does not stop a build half-way and strand what it
-        built; a second call for the same name while one runs waits for that one."""
+        """Load `name`, waiting for it (503 once the server begins to stop: `unless_stopping`). The load is
+        this object's task, not the caller's: a client that leaves (a gRPC deadline, a closed connection) does
+        not stop a build half-way and strand what it built; a second call for the same name while one runs
+        waits for that one."""
         self._allowed()
+        # The name against the repository's folders before anything is read: a name such as "/usr" or ".." made
+        # `repository / name` that folder, walked file by file before the 404 (the lifecycle review).
+        if name not in await asyncio.to_thread(self._folder_names):
+            raise self._not_in_repository(name)
+        await unless_stopping(self.service, f"load of {name!r}", self._load_when_free, name)
+
+    async def _load_when_free(self, name: str) -> None:
         running = self._loads.get(name)
         if running is not None:  # it read the files before this call: wait for it, then load what is there now
             await asyncio.wait({running})
@@ -185,6 +199,9 @@ class ModelControl:
 
     async def unload(self, name: str) -> None:
         self._allowed()
+        await unless_stopping(self.service, f"unload of {name!r}", self._unload_when_free, name)
+
+    async def _unload_when_free(self, name: str) -> None:
         async with self._locks.hold(name):  # waits for a load of this model under way, not another's
             self._started()
             if name not in self.service.versions:
@@ -219,14 +236,15 @@ class ModelControl:
             try:
                 built = await self._build(name)
             except ServiceError as error:
-                self._failures[name] = error.message
+                # Kept for the index's entry of a folder the repository holds, not of any name a client sends
+                # (one refused as no model's folder kept ~90 KB for ever: the lifecycle review).
+                if not (isinstance(error, ControlError) and error.status == 404):
+                    self._failures[name] = error.message
                 raise
             finally:
                 self._loading.discard(name)
             self._failures.pop(name, None)
-            since = time.monotonic()
-            for old in self.service.install(name, built):
-                self._retire(old, since)
+            self._retire_set(self.service.install(name, built))
             log.info("%s loaded: serving versions %s", name, ", ".join(sorted(built, key=int)))
 
     async def _build(self, name: str) -> dict[str, ServedModel]:
@@ -234,8 +252,8 @@ class ModelControl:
         repository = self.settings.model_repository
         # The files as read, before reading them: a change made while this builds is seen by the next poll.
         files = await asyncio.to_thread(fingerprint, repository, name)
-        try:
-            prepared = await asyncio.to_thread(self._prepare, repository, name)
+        try:  # a factory may take minutes (a slow mount): a stopping process does not wait for it
+            prepared = await in_daemon_thread(self._prepare, repository, name, name=f"prepare-{name}")
         except ModelConfigError as error:
             raise await self._load_refused(name, error) from None
         built: dict[str, ServedModel] = {}
@@ -255,10 +273,13 @@ class ModelControl:
     async def _load_refused(self, name: str, error: ModelConfigError) -> ControlError:
         """404 for a name the repository does not hold (an empty repository holds none), else 400 with the
         model's problems. Asked of the folders, not of the problems' words, which differ for each case."""
-        if name not in await asyncio.to_thread(self._folder_names):
-            repository = self.settings.model_repository
-            return ControlError(404, f"failed to load '{name}': {repository}: holds no model named {name!r}")
+        if name not in await asyncio.to_thread(self._folder_names):  # gone since load() looked
+            return self._not_in_repository(name)
         return ControlError(400, f"failed to load '{name}': {'; '.join(error.problems)}")
+
+    def _not_in_repository(self, name: str) -> ControlError:
+        repository = self.settings.model_repository
+        return ControlError(404, f"failed to load '{name}': {repository}: holds no model named {name!r}")
 
     def _prepare(self, repository: Path, name: str) -> list[tuple[LoadedModel, EngineOptions]]:
         """On a thread: the model's versions read and loaded on the CPU, each with its engine options."""
@@ -270,25 +291,29 @@ class ModelControl:
     async def _wait_for_retirements(self, name: str) -> None:
         """Hold a load while RETIRING_SETS earlier sets of the model's versions still drain: each holds its
         engines (graphs, pinned slots) for up to request_timeout_s, and a reload loop must not stack them
-        until the device runs out of memory. At most serving + RETIRING_SETS retiring + one building."""
-        limit = RETIRING_SETS * max(1, len(self.service.versions.get(name, {})))
-        while sum(1 for r in self._retiring if r.served.spec.name == name) >= limit:
-            oldest = next(r for r in self._retiring if r.served.spec.name == name)
-            await asyncio.wait({oldest.task})
+        until the device runs out of memory. At most serving + RETIRING_SETS retiring + one building. Counted in
+        sets, not versions: after an unload no version serves to tell a set's size by (a model of two versions,
+        unloaded, held its next load for request_timeout_s: the lifecycle review)."""
+        while len(sets := sorted({r.set for r in self._retiring if r.served.spec.name == name})) >= RETIRING_SETS:
+            await asyncio.wait([r.task for r in self._retiring if r.served.spec.name == name and r.set == sets[0]])
 
     def _unload(self, name: str) -> None:
-        since = time.monotonic()
-        for old in self.service.install(name, {}):
-            self._retire(old, since)
+        self._retire_set(self.service.install(name, {}))
         self._seen.pop(name, None)
         self._failures.pop(name, None)
         log.info("%s unloaded: its requests answered, its engines are freed", name)
 
-    def _retire(self, served: ServedModel, since: float) -> None:
-        task = asyncio.create_task(self.service.retire(served, since=since), name=f"retire-{served.title}")
-        retiring = Retiring(served, task)
-        self._retiring.append(retiring)
-        task.add_done_callback(lambda _: self._retiring.remove(retiring))
+    def _retire_set(self, replaced: list[ServedModel]) -> None:
+        """Retire the versions one load or unload replaced, as one set, from now."""
+        since, one_set = time.monotonic(), next(self._set_numbers)
+        for served in replaced:
+            task = asyncio.create_task(self.service.retire(served, since=since), name=f"retire-{served.title}")
+            retiring = Retiring(served, task, one_set)
+            self._retiring.append(retiring)
+            task.add_done_callback(partial(self._forget, retiring))
+
+    def _forget(self, retiring: Retiring, _: object) -> None:
+        self._retiring.remove(retiring)
 
     async def retired(self) -> None:
         """For tests and tools: returns once every retired version is freed."""
@@ -352,6 +377,7 @@ class RemoteModelControl:
 
     def __init__(self, service: Service) -> None:
         assert service.engine_link is not None
+        self.service = service
         self.link = service.engine_link
         self.mode = service.settings.model_control
 
@@ -366,16 +392,37 @@ class RemoteModelControl:
         return entries
 
     async def load(self, name: str) -> None:
-        await self._call("load", name=name)
+        await unless_stopping(self.service, f"load of {name!r}", self._call, "load", name)
 
     async def unload(self, name: str) -> None:
-        await self._call("unload", name=name)
+        await unless_stopping(self.service, f"unload of {name!r}", self._call, "unload", name)
 
-    async def _call(self, op: str, **fields: Any) -> dict[str, Any]:
+    async def _call(self, op: str, name: str | None = None, **fields: Any) -> dict[str, Any]:
+        if name is not None:
+            fields["name"] = name
         answer = await self.link.control({"op": op, **fields})
         if "error" in answer:
             raise EngineProcessError(answer["error"])  # its status, code and message, as the engine answered
         return answer
+
+
+async def unless_stopping(service: Service, what: str, call: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """call(*args)'s answer, or 503 once the server begins to drain. A load held up (a factory reading a slow
+    mount, the model's lock) held its request through the whole shutdown timeout, its caller then cut off with a
+    500 (the lifecycle review). The call is no longer waited for: a load goes on, or stop() cancels it."""
+    if service.draining:
+        raise NotReadyError(f"the server is stopping: no {what} now; call it again on a server that is not")
+    waiting = asyncio.ensure_future(call(*args))
+    drain = asyncio.ensure_future(service.drain_began.wait())
+    try:
+        done, _ = await asyncio.wait({waiting, drain}, return_when=asyncio.FIRST_COMPLETED)
+    finally:  # neither is waited for past here (this caller cancelled too: a client that left)
+        waiting.cancel()
+        drain.cancel()
+    if waiting in done:
+        return waiting.result()
+    raise NotReadyError(f"the server began to stop before the {what} ended; it may or may not have taken effect "
+                        "there: call it again on a server that is not stopping")  # fmt: skip
 
 
 def repository_names(repository: Path) -> list[str]:

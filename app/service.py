@@ -213,6 +213,7 @@ class Service:
         self.started = False  # start-up is over: no model is then "the repository still being read"
         self.failure: str | None = None  # why start-up failed or the device died
         self.draining = False
+        self.drain_began = asyncio.Event()  # set with `draining`: for what waits on something that may not end first
         self.device_dead = False
         # None: Pillow decodes every upload. A worker of the engine process: that process's (DeferringDecoder).
         self.jpeg_decoder: JpegBatchDecoder | DeferringDecoder | None = None
@@ -242,6 +243,7 @@ class Service:
         """SIGTERM: readiness 503 from now on, so load balancers stop sending; requests are still served."""
         if not self.draining:
             self.draining = True
+            self.drain_began.set()
             metrics.READY.set(0)
             log.info("draining: readiness is 503; requests are served until the server stops accepting")
 

@@ -67,9 +67,18 @@ def test_an_unload_of_a_model_in_the_repository_but_not_loaded_is_a_no_op(client
 def test_a_load_whose_caller_leaves_half_way_still_completes_and_leaves_nothing_unowned(client: TestClient) -> None:
     old = service(client).models[MODEL]
 
+    started = asyncio.Event()
+    load_when_free = control(client)._load_when_free
+
+    async def noting(name: str) -> None:  # past the name's check against the repository's folders
+        started.set()
+        await load_when_free(name)  # its task made before its first wait
+
+    control(client)._load_when_free = noting  # type: ignore[method-assign]
+
     async def leave_early() -> None:
         caller = asyncio.create_task(control(client).load(MODEL))
-        await asyncio.sleep(0)  # the load has started building
+        await started.wait()  # the load has started building
         caller.cancel()  # a gRPC client's deadline passing
         with pytest.raises(asyncio.CancelledError):
             await caller
@@ -378,7 +387,7 @@ def test_an_unload_called_while_a_load_waits_for_drains_comes_after_it(client: T
 
     async def call_in_order() -> None:
         held = asyncio.Event()
-        stand_ins = [Retiring(service(client).models[MODEL], asyncio.create_task(held.wait())) for _ in range(2)]
+        stand_ins = [Retiring(service(client).models[MODEL], asyncio.create_task(held.wait()), i) for i in range(2)]
         assert len(stand_ins) == RETIRING_SETS  # as many sets as a load waits behind
         control(client)._retiring.extend(stand_ins)
         loading = asyncio.create_task(control(client).load(MODEL))
@@ -393,3 +402,89 @@ def test_an_unload_called_while_a_load_waits_for_drains_comes_after_it(client: T
 
     client.portal.call(call_in_order)
     assert client.get(f"/v1/models/{MODEL}/ready").status_code == 404  # the last call's state: unloaded
+
+
+def test_a_load_of_a_name_no_folder_has_reads_nothing_and_keeps_nothing(
+    client: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name was joined to the repository's path before it was checked: "/usr" or ".." walked that folder file by
+    file (60 s, 1 GB, beside every other load), and each refused name kept its failure for ever (the lifecycle
+    review). Now checked against the repository's folders first."""
+    import app.model_control
+
+    read: list[str] = []
+    monkeypatch.setattr(app.model_control, "fingerprint", lambda repository, name: read.append(name) or ())
+    names = ["..", "/usr", str(tmp_path), "../" + MODEL, "no-such-model", "x" * 30_000]
+    for name in names:
+        with pytest.raises(app.model_control.ControlError) as refused:
+            client.portal.call(control(client).load, name)
+        assert refused.value.status == 404 and "holds no model named" in refused.value.message
+    answer = client.post("/v2/repository/models/%2E%2E/load")
+    assert answer.status_code == 404 and "holds no model named '..'" in answer.json()["error"], answer.text
+    assert read == [] and control(client)._failures == {} and not control(client)._loads
+    assert client.post(f"/v2/repository/models/{MODEL}/load").status_code == 200 and read == [MODEL]
+
+
+def test_a_load_or_unload_under_way_when_the_drain_begins_is_503_at_once(tmp_path: Path) -> None:
+    """The load's request was held until the shutdown timeout cut it with a 500 (the lifecycle review): the call
+    answers 503 as the drain begins, and later calls at once."""
+    from app.errors import NotReadyError
+
+    repository = tmp_path / "repository"
+    with controlled_app(repository) as client:
+        client.portal.call(service(client).wait_started)
+        loading = a_held_load(client, repository)
+        unloading = client.portal.start_task_soon(control(client).unload, "held")  # waits for the load's lock
+        try:
+            time.sleep(0.2)
+            began = time.monotonic()
+            client.portal.call(service(client).begin_drain)
+            for call in (loading, unloading):
+                with pytest.raises(NotReadyError, match=r"the server began to stop before the (un)?load of 'held'"):
+                    call.result(timeout=10)
+            took = time.monotonic() - began
+            answer = client.post(f"/v2/repository/models/{MODEL}/load")
+        finally:
+            released_loads(repository)
+        assert took < 5, took
+        assert answer.status_code == 503 and "the server is stopping: no load of 'fashion-cnn'" in answer.json()[
+            "error"], answer.text  # fmt: skip
+
+
+def test_a_model_s_files_are_read_on_a_thread_a_stopping_process_does_not_wait_for(client: TestClient) -> None:
+    """A factory reading a slow mount held the engine process's exit for as long (SIGKILLed 46 s after SIGTERM): the
+    loop's executor threads and ThreadPoolExecutor's are joined at exit, a daemon thread is not."""
+    import threading
+
+    daemons: list[bool] = []
+    prepare = control(client)._prepare
+
+    def noting(*args: Any) -> Any:
+        daemons.append(threading.current_thread().daemon)
+        return prepare(*args)
+
+    control(client)._prepare = noting  # type: ignore[method-assign]
+    assert client.post(f"/v2/repository/models/{MODEL}/load").status_code == 200
+    assert daemons == [True]
+
+
+def test_a_model_of_two_versions_unloaded_loads_again_at_once_while_they_drain(tmp_path: Path) -> None:
+    """A load waits while two earlier sets of the model drain; after an unload, no version served to tell a set's
+    size by, and the two versions of one set made the load wait request_timeout_s (the lifecycle review)."""
+    with controlled_app(tmp_path, request_timeout_s=30) as client:
+        client.portal.call(service(client).wait_started)
+        model = tmp_path / MODEL
+        for version in ("1", "2"):
+            (model / version).mkdir()
+            shutil.copy(model / "fashion_cnn.pt", model / version)
+        (model / "fashion_cnn.pt").unlink()
+        toml = model / "model.toml"
+        toml.write_text("version_policy = { all = {} }\n" + toml.read_text())  # above its [preprocess] table
+        assert client.post(f"/v2/repository/models/{MODEL}/load").status_code == 200
+        for version in ("1", "2"):  # a request each version admitted and has not answered: they drain 30 s
+            service(client).versions[MODEL][version].admitted += 1
+        assert client.post(f"/v2/repository/models/{MODEL}/unload").status_code == 200
+        began = time.monotonic()
+        assert client.post(f"/v2/repository/models/{MODEL}/load").status_code == 200
+        took = time.monotonic() - began
+        assert took < 10 and sorted(service(client).versions[MODEL]) == ["1", "2"], took

@@ -1,0 +1,45 @@
+"""Work a stopping process must not wait for: run on a daemon thread of its own, awaited through a future.
+
+asyncio.to_thread's threads (the loop's default executor) are joined when the loop closes, and every
+ThreadPoolExecutor's threads again at the interpreter's exit. A model's factory that reads weights from a slow
+mount for a minute then holds a stopping process up for that minute, past the budget its supervisor gives it
+(the engine process was SIGKILLed 46 s after its server's SIGTERM, a load under way: the lifecycle review). A
+daemon thread is not waited for: the process ends with the work unfinished, which a stopping server wants. Use
+it for work that holds nothing the process must release in order (files read, a model built on the CPU).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+async def in_daemon_thread(fn: Callable[..., T], /, *args: object, name: str = "daemon-work") -> T:
+    """fn(*args) on a new daemon thread; its result or exception here. Cancelled, the caller stops waiting and the
+    thread runs on, its result dropped."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, error: BaseException | None) -> None:  # on the loop
+        if future.done():  # the caller was cancelled meanwhile
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+
+    def run() -> None:
+        try:
+            result, error = fn(*args), None
+        except BaseException as raised:  # handed to the caller, as to_thread does
+            result, error = None, raised
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return await future
