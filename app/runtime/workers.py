@@ -82,6 +82,7 @@ class DrainingManager(Multiprocess):
         check_manager(self)
         self.drain_seconds = drain_seconds
         self.stopping: threading.Timer | None = None
+        self.known_pids: set[int] = set()  # the workers whose gauges /metrics merges
 
     def handle_term(self) -> None:
         self._drain("SIGTERM")
@@ -109,8 +110,22 @@ class DrainingManager(Multiprocess):
         self.should_exit.set()
 
     def keep_subprocess_alive(self) -> None:
+        """Twice a second in the manager's loop, after the signals' handling: a dead worker replaced."""
         if self.stopping is None:  # not while draining: no worker is restarted then
             super().keep_subprocess_alive()
+        self.forget_the_gone()
+
+    def forget_the_gone(self) -> None:
+        """The workers that left `processes` since the last look (died and replaced, restarted by SIGHUP, let go by
+        SIGTTOU; each joined first) leave /metrics' live gauges too. prometheus_client merges every file of the
+        metrics folder: a worker killed while starting kept cgserve_ready at 0 under a ready server, and one killed
+        under load 768 queued rows and 2 batches in flight on an idle one, for ever (the operator review)."""
+        from prometheus_client import multiprocess  # the folder is set by now (the module's docstring)
+
+        alive = {process.pid for process in self.processes if process.pid is not None}
+        for pid in self.known_pids - alive:
+            multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+        self.known_pids = alive
 
     def terminate_all(self) -> None:
         if self.stopping is None:  # a worker failed to start: uvicorn's own way

@@ -111,3 +111,45 @@ def test_several_workers_share_the_port_and_merge_their_metrics(tmp_path: Path) 
         if sample.name == "cgserve_requests_total" and sample.labels["code"] == "200"
     )
     assert served == 40  # whichever worker answered /metrics counted every worker's requests
+
+
+def worker_pids(port: str) -> set[int]:
+    """The server's worker processes (multiprocessing's spawned children), by the port in their environment."""
+    found = set()
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if proc.name.isdigit() and b"spawn_main" in (proc / "cmdline").read_bytes() and (
+                    f"CGSERVE_PORT={port}".encode() in (proc / "environ").read_bytes().split(b"\0")):  # fmt: skip
+                found.add(int(proc.name))
+    return found
+
+
+def gauge(url: str, name: str) -> float:
+    line = next(line for line in httpx.get(f"{url}/metrics").text.splitlines() if line.startswith(f"{name} "))
+    return float(line.split()[1])
+
+
+def test_a_worker_that_dies_leaves_the_live_gauges_when_it_is_replaced(tmp_path: Path) -> None:
+    """A worker killed while draining (or starting, or under load) kept its last cgserve_ready 0 in /metrics'
+    minimum for ever: the shipped alert fired against a ready server (the operator review)."""
+    import os
+    import signal
+    import time
+
+    with running_server(tmp_path / "workers.log", workers="2") as url:
+        port = url.rsplit(":", 1)[1]
+        first = worker_pids(port)
+        assert len(first) == 2, first
+        victim = min(first)
+        os.kill(victim, signal.SIGTERM)  # it drains: its readiness, and its cgserve_ready, 0
+        deadline = time.monotonic() + 30
+        while gauge(url, "cgserve_ready") != 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert gauge(url, "cgserve_ready") == 0
+        os.kill(victim, signal.SIGKILL)  # gone before it ends: uvicorn's manager replaces it
+        while (len(worker_pids(port) - first) < 1 or httpx.get(f"{url}/readyz").status_code != 200) and (
+                time.monotonic() < deadline + 60):  # fmt: skip
+            time.sleep(0.2)
+        assert httpx.get(f"{url}/readyz").status_code == 200
+        time.sleep(1.5)  # the manager's next look at its workers (twice a second)
+        assert gauge(url, "cgserve_ready") == 1
