@@ -42,9 +42,11 @@ RUN python3 -m pip install --no-cache-dir torch==2.13.0 --index-url https://down
     && python3 -c "import torch; assert torch.version.cuda is None, 'expected the CPU build of torch'"
 
 # Dependencies read from pyproject.toml alone, so that editing app/ or models/ reuses this layer;
-# torch>=2.4 is already met, so pip keeps the CPU build.
+# torch>=2.4 is already met, so pip keeps the CPU build. The tracing extra too (pure Python, a few MB):
+# CGSERVE_TRACING=otlp is a setting, and an image without its SDK could not start with it.
 COPY pyproject.toml ./
-RUN python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+RUN python3 -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['dependencies'] + p['optional-dependencies']['tracing']))" \
         > /tmp/requirements.txt \
     && python3 -m pip install --no-cache-dir -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt \
@@ -106,11 +108,12 @@ RUN printf '#include <Python.h>\nint main(void) { return Py_IsInitialized(); }\n
     && gcc -fsyntax-only -I"$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" /tmp/toolchain.c \
     && rm /tmp/toolchain.c
 
-# Dependencies first, read from pyproject.toml alone, so that editing app/ or models/ reuses
-# this layer. torch>=2.4 is already met by the base image, so pip keeps its CUDA build; the
+# Dependencies first, read from pyproject.toml alone (and the tracing extra, as in cpu), so that
+# editing app/ or models/ reuses this layer. torch>=2.4 is already met by the base image, so pip keeps its CUDA build; the
 # last line fails the build if anything replaced it.
 COPY pyproject.toml ./
-RUN python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+RUN python3 -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['dependencies'] + p['optional-dependencies']['tracing']))" \
         > /tmp/requirements.txt \
     && python3 -m pip install --no-cache-dir -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt \

@@ -8,6 +8,7 @@ the same name here are the defaults a model.toml may override.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import re
 import ssl
 import types
@@ -487,12 +488,28 @@ class Settings(BaseSettings):
                 "worker holds its own engines, so a load would reach the one worker that took the call; with "
                 "engine_process every worker's models are its, and a load reaches them all. Or use workers 1"
             )
+        if self.tracing != "off":
+            self._check_tracing_installed()
         if self.queue_limit < self.max_instances:
             raise ValueError(
                 f"queue_limit ({self.queue_limit}) must be at least max_instances ({self.max_instances}), "
                 "or the largest allowed request could never be queued"
             )
         return self
+
+    def _check_tracing_installed(self) -> None:
+        """The SDK (and OTLP's exporter) is an extra: without it the server stopped in its lifespan with a traceback."""
+        needed = ["opentelemetry.sdk"] + (["opentelemetry.exporter.otlp.proto.http"] if self.tracing == "otlp" else [])
+        for module in needed:
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except ModuleNotFoundError:  # its parent package is missing
+                found = False
+            if not found:
+                raise ValueError(
+                    f"tracing {self.tracing} needs OpenTelemetry's {module}, which is not installed: install the "
+                    "tracing extra (pip install 'cudagraph-serve[tracing]'), or set tracing off"
+                )
 
     def _check_front_door(self) -> None:
         """The front door runs where every request meets one batcher, and speaks plain HTTP only."""

@@ -32,7 +32,7 @@ from app.http.protocol import HOOKS_KEY, ProtocolHooks
 from app.http.routes import models, probes
 from app.http.routes.predict import PredictCodec, predict
 from app.model_control import ModelControl, RemoteModelControl, RepositoryControl
-from app.ops import metrics
+from app.ops import metrics, tracing
 from app.ops.loop_lag import GcPauses, sample_loop_lag
 from app.protocols.v2 import repository as v2_repository
 from app.protocols.v2 import rest as v2_rest
@@ -112,6 +112,7 @@ def create_app(
                 await grpc_server.stop()
             await control.stop()
             await service.stop()
+            await asyncio.to_thread(tracing.flush)  # the last requests' and batches' spans
             lag_sampler.cancel()
             gc_pauses.remove()
             if service.device_dead and exit_on_dead_device:

@@ -40,6 +40,7 @@ from app.engine_process.segments import map_file
 from app.errors import GpuDecodeError, NotReadyError, ServiceError
 from app.front_door.server import attach as attach_front_door
 from app.model_control import ModelControl
+from app.ops import tracing
 from app.ops.loop_lag import GcPauses, sample_loop_lag
 from app.service import ServedModel, Service
 
@@ -385,6 +386,7 @@ async def serve_engines(settings: Settings, socket_path: str, on_ready: Callable
         server.close()
         await host.control.stop()
         await service.stop()
+        await asyncio.to_thread(tracing.flush)  # the last batches' spans
 
 
 PROCESS_NAME = "cgserve-engines"  # what top, ps -o comm and /proc/<pid>/comm show (15 bytes at most)

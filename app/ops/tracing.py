@@ -24,6 +24,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.trace import Span, SpanContext, Tracer
 
@@ -45,7 +46,9 @@ class Carrier:
 CARRIER: ContextVar[Carrier | None] = ContextVar("trace_carrier", default=None)
 
 _tracer: Tracer | None = None
+_provider: TracerProvider | None = None  # flushed at shutdown: its batch processor holds the last spans
 _configured: tuple[str, str] = ("off", "")
+FLUSH_TIMEOUT_S = 2.0  # at shutdown, for spans still queued: a collector that does not answer holds it no longer
 
 
 def active() -> bool:
@@ -56,12 +59,12 @@ def active() -> bool:
 def configure(mode: str, endpoint: str, *, exporter: SpanExporter | None = None) -> None:
     """Start-up: mode off | otlp | console (`exporter`, for tests, replaces the mode's own). The same
     mode and endpoint again (each app made in a process) keeps the tracer it has."""
-    global _tracer, _configured
+    global _tracer, _provider, _configured
     if (mode, endpoint) == _configured and exporter is None:
         return
     _configured = (mode, endpoint)
     if mode == "off":
-        _tracer = None
+        _tracer = _provider = None
         return
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
@@ -79,7 +82,14 @@ def configure(mode: str, endpoint: str, *, exporter: SpanExporter | None = None)
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
     else:
         raise ValueError(f"tracing must be off, otlp or console; got {mode!r}")
-    _tracer = provider.get_tracer(NAME)
+    _tracer, _provider = provider.get_tracer(NAME), provider
+
+
+def flush() -> None:
+    """At shutdown, the spans still queued sent (within FLUSH_TIMEOUT_S): the batch processor's thread sends every
+    few seconds, and a server stopped by SIGTERM lost its last ones (the operator review)."""
+    if _provider is not None:
+        _provider.force_flush(timeout_millis=int(FLUSH_TIMEOUT_S * 1000))
 
 
 def start_request(name: str, protocol: str, form: str) -> tuple[Span, object]:

@@ -192,3 +192,58 @@ print(sorted(name for name in sys.modules if name.startswith("opentelemetry") an
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_spans_still_queued_for_the_collector_are_sent_by_the_shutdown_s_flush() -> None:
+    """The batch processor sends every few seconds: a server stopped by SIGTERM lost its last spans (the operator
+    review). A collector on loopback counts the OTLP posts."""
+    import http.server
+    import threading
+
+    posts: list[int] = []
+
+    class Collector(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            posts.append(len(self.rfile.read(int(self.headers["content-length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        tracing.configure("otlp", f"http://127.0.0.1:{server.server_port}/v1/traces")
+        span, token = tracing.start_request("POST /predict", "rest", "raw")
+        tracing.end_request(span, token, "fashion-cnn", "200")
+        assert posts == []  # queued in the batch processor
+        tracing.flush()
+        assert len(posts) == 1 and posts[0] > 0
+    finally:
+        tracing.configure("off", "")
+        server.shutdown()
+
+
+def test_tracing_without_the_sdk_installed_is_a_start_up_error_naming_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The images lacked the extra, and CGSERVE_TRACING=otlp stopped the server in its lifespan with a traceback."""
+    import importlib.util
+
+    from pydantic import ValidationError
+
+    find_spec = importlib.util.find_spec
+
+    def without_the_sdk(name: str, *args: Any) -> Any:
+        return None if name.startswith("opentelemetry.sdk") else find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_the_sdk)
+    for mode in ("otlp", "console"):
+        with pytest.raises(
+            ValidationError,
+            match=rf"tracing {mode} needs OpenTelemetry's opentelemetry.sdk, which is "
+            r"not installed: install the tracing extra \(pip install 'cudagraph-serve\[tracing\]'\)",
+        ):
+            Settings(tracing=mode)
+    assert Settings(tracing="off").tracing == "off"
