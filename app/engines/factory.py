@@ -154,7 +154,15 @@ def replica_of(model: LoadedModel) -> LoadedModel:
 
 
 def use_compile_cache(settings: Settings) -> None:
-    """Point inductor's on-disk cache at CGSERVE_COMPILE_CACHE_DIR (read when it compiles)."""
-    if settings.compile_cache_dir is not None:
-        settings.compile_cache_dir.mkdir(parents=True, exist_ok=True)
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(settings.compile_cache_dir)
+    """Point inductor's on-disk cache at CGSERVE_COMPILE_CACHE_DIR (read when it compiles); ValueError naming the
+    setting where the folder cannot be made."""
+    folder = settings.compile_cache_dir
+    if folder is not None:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ValueError(
+                f"CGSERVE_COMPILE_CACHE_DIR {folder}: the folder cannot be made ({error.strerror or error}); name a "
+                "folder this process may write, or unset it"
+            ) from None
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)

@@ -70,3 +70,16 @@ def test_without_a_gpu_all_means_the_cpu_and_a_gpu_list_is_refused_before_the_se
     with pytest.raises(ModelConfigError, match="torch sees no CUDA device") as refused:
         prepare_models(Settings(device="cuda:0,cuda:1"))
     assert len(refused.value.problems) == 1
+
+
+def test_a_compile_cache_folder_that_cannot_be_made_is_an_error_naming_the_setting(tmp_path: object) -> None:
+    """It was a bare FileNotFoundError in the start-up log (the operator review)."""
+    from pathlib import Path
+
+    from app.engines.factory import use_compile_cache
+
+    blocker = Path(str(tmp_path)) / "a-file"
+    blocker.write_text("")
+    with pytest.raises(ValueError, match=r"CGSERVE_COMPILE_CACHE_DIR .*a-file/cache: the folder cannot be made \(.+\); "
+                       "name a folder this process may write, or unset it"):  # fmt: skip
+        use_compile_cache(Settings(compile_cache_dir=blocker / "cache"))
