@@ -357,8 +357,9 @@ class Settings(BaseSettings):
         description="GPU decoder: torchvision's decode_jpeg, one batch at a time in the process (its lock); direct "
         "calls nvJPEG's hardware decoder (the JPEG engines of A100, H100, H200) with a decoder state a launch thread, "
         "so that batches decode at once (a GPU without those engines keeps torchvision's). Through the front door, "
-        "with jpeg_launches 3, direct won by 2–3 % on an H100 (run 51); for multipart uploads in the engine process "
-        "it lost to torchvision on the H200 (run 39), and has not been compared since (bench/results/HISTORY.md).",
+        "with jpeg_launches 3, direct won in five of six calls by 2–5 % on H100s, with a shorter tail (runs 51, 58, "
+        "59); for multipart uploads in the engine process it did 7–10 % more photos a second but had a p99 at 70 % "
+        "of 66–67 ms against 39–41 (run 52; bench/results/HISTORY.md).",
     )
     jpeg_preallocate: str = Field(
         "0",

@@ -27,8 +27,8 @@ GIL held is kept to those calls; the rest is done once a batch (the descriptors 
 of one size's views in one call), since every launch thread's Python shares the one GIL with the loop.
 
 CGSERVE_JPEG_NVJPEG leaves it off by default. Through the front door, at three launches, it beat torchvision's
-decoder by 2–3 % (run 51); for the engine process's multipart uploads it lost in run 39 and has not been compared
-since (bench/results/HISTORY.md).
+decoder in five of six calls by 2–5 %, with a shorter tail (runs 51, 58, 59); for the engine process's multipart
+uploads it did 7–10 % more photos a second with a longer tail (run 52; bench/results/HISTORY.md).
 """
 
 from __future__ import annotations
