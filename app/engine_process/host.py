@@ -40,7 +40,7 @@ from app.engine_process.segments import map_file
 from app.errors import GpuDecodeError, NotReadyError, ServiceError
 from app.front_door.server import attach as attach_front_door
 from app.model_control import ModelControl
-from app.ops import tracing
+from app.ops import daemon_thread, tracing
 from app.ops.loop_lag import GcPauses, sample_loop_lag
 from app.service import ServedModel, Service
 
@@ -410,6 +410,7 @@ def engine_process_main(on_ready: Callable[[], None], on_fatal: Callable[[], Non
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     run_loop(serve_engines(settings, os.environ[SOCKET_ENV], on_ready, on_fatal))
+    daemon_thread.leave_now_if_unfinished(log)  # a load's factory still reading its model: neither waited for nor cut
 
 
 def run_loop(main: Coroutine[Any, Any, None]) -> None:

@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
+import sys
 import threading
 from collections.abc import Callable
 from typing import TypeVar
 
 T = TypeVar("T")
+_running: set[threading.Thread] = set()  # started here and not yet returned
 
 
 async def in_daemon_thread(fn: Callable[..., T], /, *args: object, name: str = "daemon-work") -> T:
@@ -38,8 +42,24 @@ async def in_daemon_thread(fn: Callable[..., T], /, *args: object, name: str = "
             result, error = fn(*args), None
         except BaseException as raised:  # handed to the caller, as to_thread does
             result, error = None, raised
+        finally:
+            _running.discard(threading.current_thread())
         with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
             loop.call_soon_threadsafe(settle, result, error)
 
-    threading.Thread(target=run, name=name, daemon=True).start()
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    _running.add(thread)
+    thread.start()
     return await future
+
+
+def leave_now_if_unfinished(log: logging.Logger) -> None:
+    """For a process that ends by returning from its main (the engine process): where work started here is still
+    going, say so and leave through os._exit(0). The interpreter's end would stop that thread where it stands, and
+    one inside torch's C++ code aborts the process (SIGABRT, std::terminate: the review of this module's first use)."""
+    if left := sorted(thread.name for thread in list(_running)):
+        log.warning("stopping with %s still at work: it is left unfinished", ", ".join(left))
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)

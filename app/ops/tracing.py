@@ -19,6 +19,7 @@ Carrier: a mutable object in a context variable, because the route may run on a 
 
 from __future__ import annotations
 
+import threading
 import time
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -70,7 +71,9 @@ def configure(mode: str, endpoint: str, *, exporter: SpanExporter | None = None)
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
 
-    provider = TracerProvider(resource=Resource.create({"service.name": NAME}))
+    # Not shut down at the interpreter's exit by the SDK: that sends what is queued with no time limit (`flush` does
+    # it at the server's stop, within FLUSH_TIMEOUT_S).
+    provider = TracerProvider(resource=Resource.create({"service.name": NAME}), shutdown_on_exit=False)
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     elif mode == "console":
@@ -86,10 +89,14 @@ def configure(mode: str, endpoint: str, *, exporter: SpanExporter | None = None)
 
 
 def flush() -> None:
-    """At shutdown, the spans still queued sent (within FLUSH_TIMEOUT_S): the batch processor's thread sends every
-    few seconds, and a server stopped by SIGTERM lost its last ones (the operator review)."""
+    """At shutdown, the spans still queued sent, waited for FLUSH_TIMEOUT_S at most: the batch processor's thread
+    sends every few seconds, and a server stopped by SIGTERM lost its last ones (the operator review). On a daemon
+    thread of its own, left behind past the limit: the SDK's force_flush does not keep to its timeout (it sends every
+    queued batch, each within the exporter's 10 s and its retries: 40 s against a collector that did not answer)."""
     if _provider is not None:
-        _provider.force_flush(timeout_millis=int(FLUSH_TIMEOUT_S * 1000))
+        sending = threading.Thread(target=_provider.force_flush, name="trace-flush", daemon=True)
+        sending.start()
+        sending.join(FLUSH_TIMEOUT_S)
 
 
 def start_request(name: str, protocol: str, form: str) -> tuple[Span, object]:

@@ -42,7 +42,7 @@ def drain_on_signals(drain_seconds: float, begin_drain: Callable[[], None],
     """While the server runs: the first signal drains, then passes on to uvicorn's own handler, which stops
     accepting; `stop_accepting` is called on the event loop at that moment, for the ports uvicorn does not own."""
     managed = MANAGED_ENV in os.environ
-    if threading.current_thread() is not threading.main_thread() or (drain_seconds == 0 and not managed):
+    if threading.current_thread() is not threading.main_thread():
         yield  # signals reach the main thread only (an in-process test client runs elsewhere)
         return
     loop = asyncio.get_running_loop()

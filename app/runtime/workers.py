@@ -26,6 +26,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import socket
@@ -47,6 +48,7 @@ log = logging.getLogger("uvicorn.error")
 
 _FAILED_MARKER_ENV = "CGSERVE_START_UP_FAILED_MARKER"
 SHM_MIN_FREE_BYTES = 1 << 30  # below this, the engine process's segments go to the metrics folder
+LIVE_GAUGE_FILE = re.compile(r"^gauge_live[a-z]+_(\d+)\.db$")  # prometheus_client's files of a process's live gauges
 
 
 def serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
@@ -82,7 +84,6 @@ class DrainingManager(Multiprocess):
         check_manager(self)
         self.drain_seconds = drain_seconds
         self.stopping: threading.Timer | None = None
-        self.known_pids: set[int] = set()  # the workers whose gauges /metrics merges
 
     def handle_term(self) -> None:
         self._drain("SIGTERM")
@@ -116,16 +117,20 @@ class DrainingManager(Multiprocess):
         self.forget_the_gone()
 
     def forget_the_gone(self) -> None:
-        """The workers that left `processes` since the last look (died and replaced, restarted by SIGHUP, let go by
-        SIGTTOU; each joined first) leave /metrics' live gauges too. prometheus_client merges every file of the
-        metrics folder: a worker killed while starting kept cgserve_ready at 0 under a ready server, and one killed
-        under load 768 queued rows and 2 batches in flight on an idle one, for ever (the operator review)."""
+        """Every process gone whose live gauges are in the metrics folder leaves them: a worker that died and was
+        replaced, one restarted by SIGHUP or let go by SIGTTOU, and a replacement uvicorn gave up on before it was
+        ever one of `processes` (its gauges made as it imported the metrics). prometheus_client merges every file of
+        the folder until told a process is dead: a worker killed while draining or starting held cgserve_ready at 0
+        under a ready server, and one killed under load 768 queued rows and 2 batches in flight on an idle one, for
+        ever (the operator review). Twice a second: a listing of a folder of a few files a process."""
         from prometheus_client import multiprocess  # the folder is set by now (the module's docstring)
 
-        alive = {process.pid for process in self.processes if process.pid is not None}
-        for pid in self.known_pids - alive:
-            multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
-        self.known_pids = alive
+        folder = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+        with contextlib.suppress(OSError):
+            pids = {int(match[1]) for name in os.listdir(folder) if (match := LIVE_GAUGE_FILE.match(name))}
+            for pid in pids:
+                if not _alive(pid):  # a child not yet reaped is alive still: its file goes at the next look
+                    multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
 
     def terminate_all(self) -> None:
         if self.stopping is None:  # a worker failed to start: uvicorn's own way

@@ -229,3 +229,71 @@ def test_a_load_of_a_second_version_routes_by_version_over_grpc(server: dict[str
     assert triton.get_model_metadata(MODEL).versions == ["1", "2"]
     card = httpx.get(f"{server['url']}/v1/models/{MODEL}").json()
     assert card["version"] == "2" and set(card["versions"]) == {"1", "2"}
+
+
+# A factory computing in torch until the test releases it (weights read and converted on a slow mount): its load is
+# under way when the server is told to stop.
+COMPUTING_MODEL = '''"""The seed CNN, built once the test says so, computing meanwhile."""
+import time
+from pathlib import Path
+
+import torch
+
+from models.cnn import FashionCNN
+
+GATES = Path(__file__).resolve().parents[2]
+
+
+def build() -> FashionCNN:
+    (GATES / "building").touch()
+    a, deadline = torch.randn(128, 128), time.monotonic() + 30
+    while not (GATES / "released").exists() and time.monotonic() < deadline:
+        a = torch.tanh(a @ a)
+    return FashionCNN()
+'''
+
+
+@pytest.mark.parametrize(("design", "drain_s"), [("one-process", "0"), ("engine-process", "0.5")])
+def test_a_load_under_way_at_sigterm_is_503_at_once_and_the_server_exits_without_waiting_for_it(
+    design: str, drain_s: str, tmp_path: Path
+) -> None:
+    """The load's request was held through the shutdown timeout and cut with a 500 (with CGSERVE_DRAIN_SECONDS=0
+    no drain began at all); the engine process waited for the factory, then aborted inside torch (reviews)."""
+    import os
+    import signal
+
+    from loadtest.server_process import running
+
+    repository = tmp_path / "gates" / "repository"
+    shutil.copytree(DEFAULT_REPOSITORY / MODEL, repository / MODEL, ignore=shutil.ignore_patterns("*.json"))
+    port, grpc_port = free_port(), free_port()
+    env = {"CGSERVE_HOST": "127.0.0.1", "CGSERVE_PORT": str(port), "CGSERVE_GRPC_PORT": str(grpc_port),
+           "CGSERVE_DEVICE": "cpu", "CGSERVE_MODEL_REPOSITORY": str(repository), "CGSERVE_MODEL_CONTROL": "explicit",
+           "CGSERVE_DRAIN_SECONDS": drain_s, "CGSERVE_SHUTDOWN_TIMEOUT_S": "20"}  # fmt: skip
+    env |= {f"CGSERVE_{k.upper()}": v for k, v in DESIGNS[design].items()}
+    with running(SERVE, tmp_path / "server.log", port=port, env=env) as server:
+        shutil.copytree(repository / MODEL, repository / "held")
+        (repository / "held" / "model.py").write_text(COMPUTING_MODEL)
+        toml = repository / "held" / "model.toml"
+        toml.write_text(toml.read_text().replace('"models.cnn:FashionCNN"', '"model:build"'))
+        answers: list[httpx.Response] = []
+        loading = threading.Thread(target=lambda: answers.append(
+            httpx.post(f"{server.url}/v2/repository/models/held/load", timeout=60)))  # fmt: skip
+        loading.start()
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "gates" / "building").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        try:
+            began = time.monotonic()
+            os.kill(server.proc.pid, signal.SIGTERM)
+            loading.join(timeout=30)
+            answered = time.monotonic() - began
+            server.proc.wait(timeout=30)
+            exited = time.monotonic() - began
+        finally:
+            (tmp_path / "gates" / "released").touch()
+        log = (tmp_path / "server.log").read_text()
+    assert answers and answers[0].status_code == 503, (answers, log[-2000:])
+    assert "the server began to stop before the load of 'held' ended" in answers[0].json()["error"]
+    assert answered < 5 and exited < 15, (answered, exited)
+    assert "terminate called" not in log and "Traceback" not in log, log[-3000:]

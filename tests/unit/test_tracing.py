@@ -247,3 +247,28 @@ def test_tracing_without_the_sdk_installed_is_a_start_up_error_naming_the_extra(
         ):
             Settings(tracing=mode)
     assert Settings(tracing="off").tracing == "off"
+
+
+def test_the_shutdown_s_flush_gives_up_on_a_collector_that_does_not_answer_within_its_limit() -> None:
+    """The SDK's force_flush does not keep to its timeout: against a collector that took the connection and never
+    answered, a stop waited 10-40 s for it (a review of the flush)."""
+    import socket
+    import threading
+    import time
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.append(listener.accept()[0]), daemon=True).start()
+    try:
+        tracing.configure("otlp", f"http://127.0.0.1:{listener.getsockname()[1]}/v1/traces")
+        span, token = tracing.start_request("POST /predict", "rest", "raw")
+        tracing.end_request(span, token, "fashion-cnn", "200")
+        began = time.monotonic()
+        tracing.flush()
+        took = time.monotonic() - began
+    finally:
+        tracing.configure("off", "")
+        for connection in held:
+            connection.close()
+        listener.close()
+    assert tracing.FLUSH_TIMEOUT_S <= took < tracing.FLUSH_TIMEOUT_S + 1.5, took
