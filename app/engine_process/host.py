@@ -409,7 +409,11 @@ def engine_process_main(on_ready: Callable[[], None], on_fatal: Callable[[], Non
     # it: only the parent's STOP_SIGNAL, sent after the last worker has exited, stops it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    run_loop(serve_engines(settings, os.environ[SOCKET_ENV], on_ready, on_fatal))
+    try:
+        run_loop(serve_engines(settings, os.environ[SOCKET_ENV], on_ready, on_fatal))
+    except BaseException:
+        daemon_thread.leave_now_if_unfinished(log, failed=True)
+        raise
     daemon_thread.leave_now_if_unfinished(log)  # a load's factory still reading its model: neither waited for nor cut
 
 

@@ -53,13 +53,16 @@ async def in_daemon_thread(fn: Callable[..., T], /, *args: object, name: str = "
     return await future
 
 
-def leave_now_if_unfinished(log: logging.Logger) -> None:
+def leave_now_if_unfinished(log: logging.Logger, *, failed: bool = False) -> None:
     """For a process that ends by returning from its main (the engine process): where work started here is still
-    going, say so and leave through os._exit(0). The interpreter's end would stop that thread where it stands, and
-    one inside torch's C++ code aborts the process (SIGABRT, std::terminate: the review of this module's first use)."""
+    going, say so and leave through os._exit, 0 (1 where `failed`, the exception being handled logged first). The
+    interpreter's end would stop that thread where it stands, and one inside torch's C++ code aborts the process
+    (SIGABRT, std::terminate: the review of this module's first use)."""
     if left := sorted(thread.name for thread in list(_running)):
+        if failed:
+            log.exception("stopping after a failure")
         log.warning("stopping with %s still at work: it is left unfinished", ", ".join(left))
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
+        os._exit(1 if failed else 0)

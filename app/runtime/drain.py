@@ -67,6 +67,9 @@ def drain_on_signals(drain_seconds: float, begin_drain: Callable[[], None],
         draining = True
         log.info("%s: draining for %g s before the server stops accepting", signal.Signals(sig).name, drain_seconds)
         loop.call_soon_threadsafe(begin_drain)
+        if drain_seconds == 0 and not managed:  # no drain to wait for: uvicorn's now, so that a second signal is
+            pass_on(sig, frame)  # its own second one (a stop through the loop let one come first and be lost)
+            return
         timer_s = drain_seconds + MANAGER_GRACE_S if managed else drain_seconds
         loop.call_soon_threadsafe(loop.call_later, timer_s, stop_unless_stopped, sig, frame)
 

@@ -125,11 +125,13 @@ class DrainingManager(Multiprocess):
         ever (the operator review). Twice a second: a listing of a folder of a few files a process."""
         from prometheus_client import multiprocess  # the folder is set by now (the module's docstring)
 
-        folder = os.environ["PROMETHEUS_MULTIPROC_DIR"]
-        with contextlib.suppress(OSError):
-            pids = {int(match[1]) for name in os.listdir(folder) if (match := LIVE_GAUGE_FILE.match(name))}
-            for pid in pids:
-                if not _alive(pid):  # a child not yet reaped is alive still: its file goes at the next look
+        try:
+            names = os.listdir(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+        except OSError:  # the folder removed at the server's end
+            return
+        for pid in {int(match[1]) for name in names if (match := LIVE_GAUGE_FILE.match(name))}:
+            if not _alive(pid):  # a child not yet reaped is alive still: its file goes at the next look
+                with contextlib.suppress(OSError):  # a file removed meanwhile
                     multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
 
     def terminate_all(self) -> None:
@@ -248,6 +250,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
+    except PermissionError:  # there is such a process, another user's (the pid reused)
+        return True
     return True
 
 

@@ -29,3 +29,29 @@ def test_the_live_gauges_of_a_process_gone_are_removed_and_the_living_ones_kept(
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [f"gauge_livemin_{alive}.db", f"counter_{dead}.db", f"gauge_max_{dead}.db"]
     )
+
+
+def test_a_pid_another_user_now_holds_is_alive_and_the_sweep_goes_on_past_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """os.kill(pid, 0) answers EPERM for a dead worker's pid reused by another user's process: that ended the whole
+    sweep, and every dead pid after it kept its gauges (a review)."""
+    import app.runtime.workers as workers
+
+    dead = []
+    for _ in range(3):
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+        dead.append(int(gone.stdout))
+    reused, kill = dead[0], os.kill
+
+    def kill_as_another_user_sees_it(pid: int, sig: int) -> None:
+        if pid == reused:
+            raise PermissionError(1, "Operation not permitted")
+        kill(pid, sig)
+
+    monkeypatch.setattr(workers.os, "kill", kill_as_another_user_sees_it)
+    for pid in dead:
+        (tmp_path / f"gauge_livesum_{pid}.db").write_bytes(b"")
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    DrainingManager.forget_the_gone(object.__new__(DrainingManager))
+    assert [p.name for p in tmp_path.iterdir()] == [f"gauge_livesum_{reused}.db"]  # its owner is alive
