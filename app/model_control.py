@@ -237,7 +237,8 @@ class ModelControl:
                 built = await self._build(name)
             except ServiceError as error:
                 # Kept for the index's entry of a folder the repository holds, not of any name a client sends
-                # (one refused as no model's folder kept ~90 KB for ever: the lifecycle review).
+                # (4000 names refused as no model's folder kept 350 MB for ever:
+                # bench/results/2026-12-06-cpu-review-probes/).
                 if not (isinstance(error, ControlError) and error.status == 404):
                     self._failures[name] = error.message
                 raise

@@ -29,7 +29,7 @@ RAW_LAYOUTS = ("nchw", "nhwc")
 # Large downscales first shrink by a whole factor (a box filter, cheap), then resample: a 1024×1024
 # upload made 28×28 costs 2 ms of resizing instead of 9 (Pillow's reducing_gap).
 REDUCING_GAP = 3.0
-# A progressive JPEG is decoded once a scan, and its scans are a few bytes each: 20,000 of them in 244 KB took 7.3 s
+# A progressive JPEG is decoded once a scan, and its scans are a few bytes each: 20,000 of them in 244 KB took 7.2 s
 # of a decode thread for a 1024×1024 image (bench/results/2026-12-06-cpu-hostile-images.json). libjpeg's own
 # progressions have up to 10, tuned encoders ~20. The same limit in app/front_door/door.c (MAX_JPEG_SCANS), which
 # sends a JPEG over it here to refuse.

@@ -577,10 +577,11 @@ static int parse_head(door_t *d, conn_t *c, int fd) {
     if (http10) c->close_after = 1;
     const char *connection = find_header(c->buf, head_len, "connection:", &value_len);
     if (connection && value_len == 5 && strncasecmp(connection, "close", 5) == 0) c->close_after = 1;
+    size_t length_len = 0, coding_len = 0; /* the framing headers, each found once */
+    const char *length = find_header(c->buf, head_len, "content-length:", &length_len);
+    int coded = find_header(c->buf, head_len, "transfer-encoding:", &coding_len) != NULL;
     if (get) { /* a GET has no body: a Content-Length of 0 says so too (as the service's port reads it) */
-        const char *length = find_header(c->buf, head_len, "content-length:", &value_len);
-        if (find_header(c->buf, head_len, "transfer-encoding:", &value_len) ||
-            (length && byte_count(length, value_len) != 0)) {
+        if (coded || (length && byte_count(length, length_len) != 0)) {
             refuse(d, fd, R400, "bad_request", "a GET with a body is not taken here: send it without one", "", 1, v2);
             return -1;
         }
@@ -598,9 +599,7 @@ static int parse_head(door_t *d, conn_t *c, int fd) {
     size_t path_len = 0;
     const char *path = target(c->buf, head_len, (size_t)(space - c->buf), &path_len);
     int post = memcmp(c->buf, "POST ", 5) == 0, route = post_route(d, path, path_len);
-    const char *length = find_header(c->buf, head_len, "content-length:", &value_len);
-    int unframed = find_header(c->buf, head_len, "transfer-encoding:", &value_len) || !length;
-    if (!post || (!route && unframed)) {
+    if (!post || (!route && (coded || !length))) {
         if (route)
             refuse(d, fd, R405, "method_not_allowed", "the route takes POST", "allow: POST\r\n", 1, v2);
         else if (has_get(d, path, path_len))
@@ -611,11 +610,10 @@ static int parse_head(door_t *d, conn_t *c, int fd) {
                    "service's HTTP port's", "", 1, v2);
         return -1;
     }
-    if (find_header(c->buf, head_len, "transfer-encoding:", &value_len)) {
+    if (coded) {
         refuse(d, fd, R411, "length_required", "a chunked body is not taken here: send a Content-Length", "", 1, v2);
         return -1;
     }
-    length = find_header(c->buf, head_len, "content-length:", &value_len);
     if (!length) {
         refuse(d, fd, R411, "length_required", "the request has no Content-Length", "", 1, v2);
         return -1;
@@ -625,7 +623,7 @@ static int parse_head(door_t *d, conn_t *c, int fd) {
         refuse(d, fd, R400, "bad_request", "the request has two Content-Length headers", "", 1, v2);
         return -1;
     }
-    long length_value = byte_count(length, value_len);
+    long length_value = byte_count(length, length_len);
     if (length_value < 0) {
         refuse(d, fd, R400, "bad_request", "the Content-Length is not a number of bytes (at most 9 digits)", "", 1, v2);
         return -1;

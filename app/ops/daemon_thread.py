@@ -3,9 +3,10 @@
 asyncio.to_thread's threads (the loop's default executor) are joined when the loop closes, and every
 ThreadPoolExecutor's threads again at the interpreter's exit. A model's factory that reads weights from a slow
 mount for a minute then holds a stopping process up for that minute, past the budget its supervisor gives it
-(the engine process was SIGKILLed 46 s after its server's SIGTERM, a load under way: the lifecycle review). A
-daemon thread is not waited for: the process ends with the work unfinished, which a stopping server wants. Use
-it for work that holds nothing the process must release in order (files read, a model built on the CPU).
+(the engine process was SIGKILLed by its parent after its server's SIGTERM, a load under way: the lifecycle
+review). A daemon thread is not waited for: the process ends with the work unfinished, which a stopping server
+wants. Use it for work that holds nothing the process must release in order (files read, a model built on the
+CPU).
 """
 
 from __future__ import annotations

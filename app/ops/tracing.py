@@ -92,7 +92,8 @@ def flush() -> None:
     """At shutdown, the spans still queued sent, waited for FLUSH_TIMEOUT_S at most: the batch processor's thread
     sends every few seconds, and a server stopped by SIGTERM lost its last ones (the operator review). On a daemon
     thread of its own, left behind past the limit: the SDK's force_flush does not keep to its timeout (it sends every
-    queued batch, each within the exporter's 10 s and its retries: 40 s against a collector that did not answer)."""
+    queued batch, each within the exporter's 10 s and its retries: 40.1 s against a collector that did not answer,
+    bench/results/2026-12-06-cpu-review-probes/)."""
     if _provider is not None:
         sending = threading.Thread(target=_provider.force_flush, name="trace-flush", daemon=True)
         sending.start()

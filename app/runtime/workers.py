@@ -122,7 +122,8 @@ class DrainingManager(Multiprocess):
         ever one of `processes` (its gauges made as it imported the metrics). prometheus_client merges every file of
         the folder until told a process is dead: a worker killed while draining or starting held cgserve_ready at 0
         under a ready server, and one killed under load 768 queued rows and 2 batches in flight on an idle one, for
-        ever (the operator review). Twice a second: a listing of a folder of a few files a process."""
+        ever (the operator review; bench/results/2026-12-06-cpu-review-probes/). Twice a second: a listing of a
+        folder of a few files a process."""
         from prometheus_client import multiprocess  # the folder is set by now (the module's docstring)
 
         try:
