@@ -305,16 +305,28 @@ static int model_call(const call_t *call) {
 }
 
 /* A model call's request (name = 1, version = 2, both strings) as protobuf's own serializer writes it, the way
- * Python keys its answers: fields in order, an empty one left out, the last of a repeated one kept. 0 where the
- * bytes are not such a request. `out` holds `len` bytes: the canonical form is never longer. */
+ * Python keys its answers: fields in order, an empty one left out, the last of a repeated one kept, any other
+ * field skipped (protobuf's parser keeps such a field as unknown, so the gRPC port answers the request as if it were
+ * not there: a newer client's field, or name sent as another wire type). 0 where the bytes are not protobuf (a
+ * varint or a length past the end, a group, wire type 6 or 7). `out` holds `len` bytes: the canonical form is
+ * never longer. */
 static int canonical_model_request(const uint8_t *p, size_t len, uint8_t *out, size_t *out_len) {
     const uint8_t *field[3] = {NULL, NULL, NULL};
     uint64_t field_len[3] = {0, 0, 0}, tag, n;
     for (size_t at = 0; at < len;) {
-        if (!varint(p, len, &at, &tag) || (tag != 0x0a && tag != 0x12)) return 0;
+        if (!varint(p, len, &at, &tag) || tag >> 3 == 0) return 0;
+        switch (tag & 7) {
+        case 0: if (!varint(p, len, &at, &n)) return 0; continue;
+        case 1: if (len - at < 8) return 0; at += 8; continue;
+        case 5: if (len - at < 4) return 0; at += 4; continue;
+        case 2: break;
+        default: return 0; /* groups (3, 4), long deprecated, and 6, 7, which are not wire types */
+        }
         if (!varint(p, len, &at, &n) || n > len - at) return 0;
-        field[tag >> 3] = p + at;
-        field_len[tag >> 3] = n;
+        if (tag == 0x0a || tag == 0x12) {
+            field[tag >> 3] = p + at;
+            field_len[tag >> 3] = n;
+        }
         at += n;
     }
     *out_len = 0;
@@ -337,8 +349,12 @@ static int canonical_model_request(const uint8_t *p, size_t len, uint8_t *out, s
 static void answer_set(struct h2 *h, call_t *call, const uint8_t *request, size_t len) {
     uint8_t canonical[MAX_SMALL_MESSAGE];
     size_t canonical_len = 0;
-    int model = len <= sizeof canonical && model_call(call) && canonical_model_request(request, len, canonical,
-                                                                                       &canonical_len);
+    int model = len <= sizeof canonical && model_call(call);
+    if (model && !canonical_model_request(request, len, canonical, &canonical_len)) {
+        refuse_call(h, call, INVALID_ARGUMENT, "the request is not a model's name and version as protobuf writes "
+                    "them (a length or a varint runs past its end, or a field of no wire type)");
+        return;
+    }
     if (model) { /* the same request however a client's library wrote it */
         request = canonical;
         len = canonical_len;

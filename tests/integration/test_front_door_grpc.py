@@ -217,6 +217,37 @@ def test_a_model_call_is_answered_however_its_request_is_encoded(server: dict[st
             assert stub(request, metadata=tuple(METADATA.items()), timeout=10) == want, request
 
 
+def test_a_model_calls_unknown_fields_are_skipped_as_protobuf_skips_them(server: dict[str, Any]) -> None:
+    """A third review: a field the door did not know (a newer client's, or the name as a varint) made the request
+    not one it keyed, so it answered UNIMPLEMENTED where the gRPC port, whose parser keeps such a field aside,
+    answered the request. Bytes that are not protobuf are INVALID_ARGUMENT, saying so."""
+    served = pb.ModelMetadataRequest(name="fashion-cnn").SerializeToString()
+    unknown = [  # field 3 as a varint, field 4 fixed64, field 5 length-delimited, field 6 fixed32, name as a varint
+        b"\x18\x96\x01",
+        b"\x21" + bytes(8),
+        b"\x2a\x03abc",
+        b"\x35" + bytes(4),
+        b"\x08\x01",
+    ]
+    auth = tuple(METADATA.items())
+    with grpc.insecure_channel(server["door"]) as door, grpc.insecure_channel(server["grpc"]) as port:
+        method = "/inference.GRPCInferenceService/ModelMetadata"
+        door_call, port_call = (c.unary_unary(method, lambda m: m, lambda m: m) for c in (door, port))
+        want = port_call(served, metadata=auth, timeout=10)
+        for field in unknown:
+            for request in (served + field, field + served):
+                assert port_call(request, metadata=auth, timeout=10) == want, request
+                assert door_call(request, metadata=auth, timeout=10) == want, request
+        ready_method = "/inference.GRPCInferenceService/ModelReady"
+        ready = door.unary_unary(ready_method, lambda m: m, pb.ModelReadyResponse.FromString)
+        ready_request = pb.ModelReadyRequest(name="fashion-cnn").SerializeToString() + b"\x18\x01"
+        assert ready(ready_request, metadata=auth, timeout=10).ready
+        for broken in (served + b"\x18", served + b"\x2a\x09abc", served + b"\x21\x00", served + b"\x1b", b"\x02\x00"):
+            error = refused(door, "ModelMetadata", broken, metadata=auth)
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, broken
+            assert "not a model's name and version" in (error.details() or ""), broken
+
+
 def test_it_counts_into_metrics(server: dict[str, Any]) -> None:
     before = settled_metrics(server["url"])
     client = triton_grpc.InferenceServerClient(server["door"])
