@@ -83,6 +83,11 @@ def _readable(value: Path | None) -> Path | None:
 # A PEM file of the TLS settings, checked readable at start-up.
 TlsFile = Annotated[Path | None, AfterValidator(_readable)]
 
+# GPU decoder launches at once where jpeg_launches is 0, by decoder: torchvision's decodes one batch at a time (its
+# lock), so a second launch only overlaps host work; the direct decoder's states decode side by side, and 3 was their
+# best count for JPEG bodies through the front door (runs 50, 51: 4 to 8 did less, with a longer tail).
+JPEG_LAUNCHES = {"torchvision": 2, "direct": 3}
+
 
 class Settings(BaseSettings):
     # hide_input_in_errors: a bad token must not be repeated in an error (or a traceback's) text.
@@ -346,20 +351,23 @@ class Settings(BaseSettings):
         "(bench/results/HISTORY.md); a lone upload still goes at once.",
     )
     jpeg_launches: int = Field(
-        2,
-        ge=1,
+        0,
+        ge=0,
         le=8,
         description="GPU decoder: batches being launched at once, so that one batch's host work (reading its "
-        "uploads, torchvision's calls) overlaps the previous one's decode. 1: one after the other.",
+        "uploads, torchvision's calls) overlaps the previous one's decode, and the direct decoder's states decode "
+        "batches side by side. 1: one after the other; 0: the decoder's own count, 2 for torchvision's (one batch "
+        "decodes at a time) and 3 for direct (the best count through the front door, runs 50 and 51).",
     )
-    jpeg_nvjpeg: Literal["torchvision", "direct"] = Field(
-        "torchvision",
+    jpeg_nvjpeg: Literal["auto", "torchvision", "direct"] = Field(
+        "auto",
         description="GPU decoder: torchvision's decode_jpeg, one batch at a time in the process (its lock); direct "
         "calls nvJPEG's hardware decoder (the JPEG engines of A100, H100, H200) with a decoder state a launch thread, "
-        "so that batches decode at once (a GPU without those engines keeps torchvision's). Through the front door, "
-        "with jpeg_launches 3, direct won in five of six calls by 2–5 % on H100s, with a shorter tail (runs 51, 58, "
-        "59); for multipart uploads in the engine process it did 7–10 % more photos a second but had a p99 at 70 % "
-        "of 66–67 ms against 39–41 (run 52; bench/results/HISTORY.md).",
+        "so that batches decode at once (a GPU without those engines keeps torchvision's). auto: direct where the "
+        "front door serves in one process, torchvision otherwise. Through the front door, at 3 launches, direct won "
+        "in five of six calls by 2–5 % on H100s, with a shorter tail (runs 51, 58, 59); for multipart uploads in the "
+        "engine process it did 7–10 % more photos a second but had a p99 at 70 % of 66–67 ms against 39–41 (run 52; "
+        "bench/results/HISTORY.md).",
     )
     jpeg_preallocate: str = Field(
         "0",
@@ -382,8 +390,8 @@ class Settings(BaseSettings):
         True,
         description="GPU decoder at the front door: its bulks' rows are registered as pinned memory at start-up, and "
         "the device copies each photo's pixels straight into its row (no host copy a photo on the event loop). "
-        "Pins the door's buffers whole (MOST_ROWS × C×H×W bytes each, 1.2 GB for ResNet-50's 8): false leaves them "
-        "pageable, touched as rows come.",
+        "Pins the door's buffers whole (MOST_ROWS × C×H×W bytes each, 1.5 GB for ResNet-50's 10 at the defaults): "
+        "false leaves them pageable, touched as rows come.",
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log verbosity.")
     auth_tokens: Tokens = Field(
@@ -442,6 +450,20 @@ class Settings(BaseSettings):
         description="PEM CA certificate(s): set, clients must present a certificate signed by one of them, on "
         "both ports (mutual TLS). Needs tls_cert_file.",
     )
+
+    @property
+    def nvjpeg(self) -> Literal["torchvision", "direct"]:
+        """jpeg_nvjpeg, auto decided: direct for the front door in one process, whose JPEG bodies it decoded faster
+        and with a shorter tail (runs 51, 58, 59); torchvision's where the engine process decodes the workers'
+        multipart uploads, which direct's did with a longer tail (run 52), and where JPEGs come by the port alone."""
+        if self.jpeg_nvjpeg != "auto":
+            return self.jpeg_nvjpeg
+        return "direct" if self.front_door_port and not self.engine_process else "torchvision"
+
+    @property
+    def decoder_launches(self) -> int:
+        """jpeg_launches, or the count for the decoder `nvjpeg` names where it is 0."""
+        return self.jpeg_launches or JPEG_LAUNCHES[self.nvjpeg]
 
     _split_buckets = field_validator("buckets", mode="before")(split_buckets)
     _check_buckets = field_validator("buckets")(check_buckets)

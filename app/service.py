@@ -338,8 +338,8 @@ class Service:
             setting,
             device,
             max_batch=s.jpeg_max_batch,
-            launches=s.jpeg_launches,
-            nvjpeg=s.jpeg_nvjpeg,
+            launches=s.decoder_launches,
+            nvjpeg=s.nvjpeg,
             priority=s.jpeg_stream_priority,
             preallocate=s.jpeg_preallocate,
         )

@@ -64,7 +64,7 @@ import torchvision.io
 from app.codecs.nvjpeg import UNSUPPORTED, BatchDecoder, NvJpeg, NvJpegError
 from app.codecs.pinned_rows import PinnedRows, Place, copy_runs
 from app.codecs.preprocess import preprocess_batch
-from app.config import Settings
+from app.config import JPEG_LAUNCHES, Settings
 from app.engines.event_waiter import EventWaiter
 from app.errors import GpuDecodeError, NotReadyError
 from app.ops import metrics
@@ -75,10 +75,11 @@ from app.repository.model_spec import ModelSpec
 log = logging.getLogger(__name__)
 
 # The settings' defaults (CGSERVE_JPEG_MAX_BATCH, CGSERVE_JPEG_LAUNCHES: the reasons are there), one source for
-# both, for the benches and tests that build a decoder directly.
+# both, for the benches and tests that build a decoder directly: torchvision's decoder, as a server without the
+# front door has (CGSERVE_JPEG_NVJPEG=auto).
 MAX_BATCH: int = Settings.model_fields["jpeg_max_batch"].default
-LAUNCHES: int = Settings.model_fields["jpeg_launches"].default
-NVJPEG: str = Settings.model_fields["jpeg_nvjpeg"].default
+NVJPEG = "torchvision"
+LAUNCHES: int = JPEG_LAUNCHES[NVJPEG]
 PRIORITY: str = Settings.model_fields["jpeg_stream_priority"].default
 # CGSERVE_JPEG_STREAM_PRIORITY → torch.cuda.Stream's priority: lower is sooner. The models' streams are at 0, so
 # at -1 the device starts the decoder's kernels ahead of a batch's where both wait for room.

@@ -51,12 +51,12 @@ def door_buffers(settings: Settings, *, paced: bool) -> int:
     one to fill; and where the GPU decoder paces bulks of JPEGs (feeder.py), room for those too: at each of its
     launches about one being decoded and one whose rows wait for the model, and one waiting for a launch. Nothing
     else bounds the bulks the decoder paces: once every buffer is held, rows wait in C until one is released."""
-    return settings.in_flight + 1 + (2 * settings.jpeg_launches + 1 if paced else 0)
+    return settings.in_flight + 1 + (2 * settings.decoder_launches + 1 if paced else 0)
 
 
 def pin_buffers(service: Service, door: Door) -> list[np.ndarray]:
     """The door's buffers registered for the GPU decoder to write photos' pixels into (jpeg_pinned_rows), those it
-    registered; none where there is no such decoder. Locks their pages: a second or so for ResNet-50's 1.2 GB."""
+    registered; none where there is no such decoder. Locks their pages: a second or so for ResNet-50's 1.5 GB."""
     decoder = service.jpeg_decoder
     if not service.settings.jpeg_pinned_rows or not isinstance(decoder, RowWritingDecoder):
         return []
