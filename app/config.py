@@ -365,9 +365,9 @@ class Settings(BaseSettings):
         "calls nvJPEG's hardware decoder (the JPEG engines of A100, H100, H200) with a decoder state a launch thread, "
         "so that batches decode at once (a GPU without those engines keeps torchvision's). auto: direct where the "
         "front door serves in one process, torchvision otherwise. Through the front door, at 3 launches, direct won "
-        "in five of six calls by 2–5 % on H100s, with a shorter tail (runs 51, 58, 59); for multipart uploads in the "
-        "engine process it did 7–10 % more photos a second but had a p99 at 70 % of 66–67 ms against 39–41 (run 52; "
-        "bench/results/HISTORY.md).",
+        "in eight of nine calls by 1–10 % on H100s, with a shorter tail in all nine (runs 51, 58–60); for multipart "
+        "uploads in the engine process it did 7–10 % more photos a second but had a p99 at 70 % of 66–67 ms against "
+        "39–41 (run 52; bench/results/HISTORY.md).",
     )
     jpeg_preallocate: str = Field(
         "0",
