@@ -12,6 +12,9 @@ load, and a batch larger than the state's buffers makes nvJPEG reallocate them (
   direct        app/codecs/nvjpeg.py's BatchDecoder, one a thread, its stream at each of --priorities
   direct-pre    the same, each state preallocated (BatchDecoder.preallocate) for the largest --batch of
                 --preallocate's WIDTHxHEIGHT (with --preallocate; the device memory it took is recorded)
+  direct-handles  direct, but each thread's state made from a handle of its own (NvJpeg()), where the server's
+                states share one: whether the handle serializes their hardware decodes (run 60 saw the JPEG
+                engines half busy while the server's three states were the limit)
 
 img/s and the process's CPU µs a photo, idle and at each --busy-gpu fraction (jpeg_stages.py's BusyGpu:
 ResNet-50 replays keeping the device that busy, as the engine does in the server). Beside a busy device each point
@@ -97,8 +100,9 @@ def rate(kind: str, nvjpeg: NvJpeg, device: torch.device, photos: list[bytes], t
     def run(n: int) -> None:
         buffers = [bytearray(photos[(n + i) % len(photos)]) for i in range(max(batches))]
         tensors = [torch.frombuffer(b, dtype=torch.uint8) for b in buffers]
+        own = NvJpeg() if kind == "direct-handles" else None  # closed as the thread ends
         with torch.cuda.device(device):  # the state, its stream and its preallocation on --device
-            decoder = nvjpeg.decoder(device, priority) if kind.startswith("direct") else None
+            decoder = (own or nvjpeg).decoder(device, priority) if kind.startswith("direct") else None
             if decoder is not None and preallocate is not None:
                 decoder.preallocate(max(batches), *preallocate)
             stream = torch.cuda.Stream(device, priority=priority)
@@ -122,6 +126,8 @@ def rate(kind: str, nvjpeg: NvJpeg, device: torch.device, photos: list[bytes], t
                 one_batch(k)
                 counts[n] += k
                 turn += 1
+        if own is not None:
+            own.close()
 
     workers = [threading.Thread(target=run, args=(n,), daemon=True) for n in range(threads)]
     for worker in workers:
@@ -164,11 +170,13 @@ def main() -> None:
     parser.add_argument(
         "--kinds",
         default="torchvision,direct,direct-pre",
-        help="which kinds, in this order (direct-pre needs --preallocate)",
+        help="which kinds, in this order (direct-pre needs --preallocate): torchvision, direct, direct-pre, "
+        "direct-handles",
     )
     args = parser.parse_args()
-    if unknown := set(args.kinds.split(",")) - {"torchvision", "direct", "direct-pre"}:
-        parser.error(f"--kinds: {', '.join(sorted(unknown))} not one of torchvision, direct, direct-pre")
+    known = ("torchvision", "direct", "direct-pre", "direct-handles")
+    if unknown := set(args.kinds.split(",")) - set(known):
+        parser.error(f"--kinds: {', '.join(sorted(unknown))} not one of {', '.join(known)}")
     args.out.mkdir(parents=True, exist_ok=True)
     import torchvision
 

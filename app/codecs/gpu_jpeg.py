@@ -30,10 +30,10 @@ than the models' streams: beside a busy device the decoder's few small kernels s
 many, so that the decoder which feeds those batches does not queue behind them (beside a device kept 0.6 busy,
 nvJPEG decoded at half its idle rate: bench/results/HISTORY.md, run 39).
 
-With CGSERVE_JPEG_NVJPEG=direct, nvJPEG's hardware decoder is called without torchvision
-(app/codecs/nvjpeg.py): each launch thread has a decoder state and a stream of its own, so batches
-decode at once and none waits on the host for its decode (our stream waits for its event). The
-images it does not take (progressive ones) go through torchvision as above.
+With CGSERVE_JPEG_NVJPEG=direct (auto's choice for the front door in one process), nvJPEG's hardware decoder is
+called without torchvision (app/codecs/nvjpeg.py): each launch thread has a decoder state and a stream of its own,
+so batches decode at once and none waits on the host for its decode (our stream waits for its event). The images it
+does not take (progressive ones) go through torchvision as above.
 
 Where the caller's `out` is a row of an array registered with `pin` (the front door's bulks), the copy out of the
 device writes that row itself, a run of consecutive rows one copy (app/codecs/pinned_rows.py); the other rows go
