@@ -158,7 +158,7 @@ def line(result: dict[str, Any]) -> str:
              f"device {mean['batch_compute_ms']})")  # fmt: skip
     if (server.get("jpeg_batch_ms") or {}).get("count"):  # the GPU decoder's: the wait for a launch, a batch by stage
         stages = ", ".join(f"{stage} {server.get(f'jpeg_stage_ms_{stage}', {}).get('mean')}"
-                           for stage in ("decode", "prepare", "device", "hand_back"))  # fmt: skip
+                           for stage in ("state_wait", "decode", "prepare", "device", "hand_back"))  # fmt: skip
         text += (f"; jpeg ms: wait {server.get('jpeg_wait_ms', {}).get('mean')}, batch "
                  f"{server['jpeg_batch_ms'].get('mean')} ({stages})")  # fmt: skip
     if tail := result.get("tail_over_time"):  # 0.1 for a tail spread over the run, near 1 for a stall

@@ -109,7 +109,8 @@ class _Launched:
     hosts: list[torch.Tensor | None]
     done: torch.cuda.Event
     started: float  # perf_counter at the launch, for cgserve_gpu_jpeg_batch_seconds
-    decode_s: float  # wall time in decode_jpeg, of the launch's started → launched (cgserve_gpu_jpeg_stage_seconds)
+    decode_s: float  # wall time decoding, of the launch's started → launched (cgserve_gpu_jpeg_stage_seconds)
+    state_wait_s: float  # of decode_s, the direct decoder's wait for its state's previous batch (0: torchvision's)
     launched: float  # perf_counter once the resizes and copies out were queued
     errors: list[str] = field(default_factory=list)
     # nvJPEG's (C, H_i, W_i) outputs, read by the resize queued on our stream: let go once `done` has completed
@@ -293,11 +294,13 @@ class GpuJpegDecoder:
         errors: list[str] = []
         kept: list[torch.Tensor] = []
         decode_s = 0.0
+        state_waits: list[float] = []  # the direct decoder's, a batch a colour
         with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
             try:
                 for color, indices in _by_color(jobs).items():
                     decode_started = time.perf_counter()
-                    decoded = self._decode(jobs, indices, color, errors)  # [(job index, (C, H_i, W_i) uint8 on GPU)]
+                    # [(job index, (C, H_i, W_i) uint8 on the GPU)]
+                    decoded = self._decode(jobs, indices, color, errors, state_waits)
                     decode_s += time.perf_counter() - decode_started
                     kept.extend(image for _, image in decoded)
                     for spec, group in _by_model_and_size(jobs, decoded):
@@ -311,7 +314,8 @@ class GpuJpegDecoder:
                 if self._pinned:  # a copy into a pinned `out` may be queued: done before its caller hears
                     self._stream.synchronize()
                 raise
-        return _Launched(jobs, hosts, done, started, decode_s, time.perf_counter(), errors, kept, in_out)
+        return _Launched(jobs, hosts, done, started, decode_s, sum(state_waits), time.perf_counter(), errors, kept,
+                         in_out)  # fmt: skip
 
     def _copy_out(self, jobs: list[_Job], group: list[tuple[int, torch.Tensor]], pixels: torch.Tensor,
                   hosts: list[torch.Tensor | None], in_out: set[int]) -> None:  # fmt: skip
@@ -338,10 +342,11 @@ class GpuJpegDecoder:
                 hosts[group[row][0]] = host[row]
 
     def _decode(
-        self, jobs: list[_Job], indices: list[int], color: str, errors: list[str]
+        self, jobs: list[_Job], indices: list[int], color: str, errors: list[str], state_waits: list[float]
     ) -> list[tuple[int, torch.Tensor]]:
-        """(job index, (C, H, W) uint8 on the GPU) for each image nvJPEG decodes; its refusals in `errors`.
-        Ordered before what is queued next on our stream."""
+        """(job index, (C, H, W) uint8 on the GPU) for each image nvJPEG decodes; its refusals in `errors`, and the
+        direct decoder's wait for its state's previous batch in `state_waits`. Ordered before what is queued next on
+        our stream."""
         if self._direct is None:
             return self._decode_torchvision(jobs, indices, color, errors)
         buffers = [_writable(jobs[i].data) for i in indices]
@@ -351,6 +356,7 @@ class GpuJpegDecoder:
         try:
             try:
                 images, done = decoder.decode(buffers, gray=color == "L")
+                state_waits.append(decoder.waited_s)  # read before the state goes back to the pool
             except RuntimeError:  # NvJpegError (a corrupt image, say), the device's memory: torchvision's way for it
                 log.debug("nvJPEG's hardware decoder refused a batch of %d; torchvision decodes it", len(indices))
                 return self._decode_torchvision(jobs, indices, color, errors)
@@ -416,14 +422,15 @@ class GpuJpegDecoder:
 
 
 # cgserve_gpu_jpeg_stage_seconds's children, looked up once rather than per batch
-_DECODE, _PREPARE, _DEVICE, _HAND_BACK = (
-    metrics.GPU_JPEG_STAGE.labels(stage) for stage in ("decode", "prepare", "device", "hand_back")
+_STATE_WAIT, _DECODE, _PREPARE, _DEVICE, _HAND_BACK = (
+    metrics.GPU_JPEG_STAGE.labels(stage) for stage in ("state_wait", "decode", "prepare", "device", "hand_back")
 )
 
 
 def _observe_stages(launched: _Launched, completed: float) -> None:
-    """Where one batch's time went (cgserve_gpu_jpeg_stage_seconds): four observations a batch, not an upload."""
-    _DECODE.observe(launched.decode_s)
+    """Where one batch's time went (cgserve_gpu_jpeg_stage_seconds): five observations a batch, not an upload."""
+    _STATE_WAIT.observe(launched.state_wait_s)
+    _DECODE.observe(launched.decode_s - launched.state_wait_s)
     _PREPARE.observe(launched.launched - launched.started - launched.decode_s)
     _DEVICE.observe(completed - launched.launched)
     _HAND_BACK.observe(time.perf_counter() - completed)

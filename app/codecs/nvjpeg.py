@@ -40,6 +40,7 @@ import ctypes.util
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -189,6 +190,9 @@ class BatchDecoder:
         _check(held.nvjpegJpegStreamCreate(nvjpeg.handle, ctypes.byref(self._parsed)), "stream creation")
         self._previous: torch.cuda.Event | None = None
         self._owner = threading.Lock()  # one batch at a time: a second caller is a fault, not a wait
+        # The last decode's wait for this state's previous batch to finish on the device, in seconds: part of
+        # cgserve_gpu_jpeg_stage_seconds' decode, observed apart as its state_wait.
+        self.waited_s = 0.0
 
     def close(self) -> None:
         """Destroy the state once its last batch is done on the device (asleep until then)."""
@@ -231,8 +235,11 @@ class BatchDecoder:
         else:
             taken = self._headers_an_image_at_a_time(images, results)
         # This state's last batch, waited for asleep (a blocking event) and only if not done: a wait gives the GIL up.
+        self.waited_s = 0.0
         if self._previous is not None and not self._previous.query():  # type: ignore[no-untyped-call]
+            waiting = time.perf_counter()
             self._previous.synchronize()
+            self.waited_s = time.perf_counter() - waiting
         done = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
         try:
             views = self._decode_taken(taken, gray) if taken else []

@@ -335,7 +335,7 @@ def test_the_http_path_with_the_gpu_decoder(design: str, tmp_path: Path) -> None
     assert gpu_count == 3 * len(jpegs) + 1 and _sample(exposition, 'cgserve_image_decodes_total{decoder="cpu"}') >= 2
     batches = _sample(exposition, "cgserve_gpu_jpeg_batch_images_count")
     assert batches >= 1
-    for stage in ("decode", "prepare", "device", "hand_back"):  # each batch once a stage
+    for stage in ("state_wait", "decode", "prepare", "device", "hand_back"):  # each batch once a stage
         assert _sample(exposition, f'cgserve_gpu_jpeg_stage_seconds_count{{stage="{stage}"}}') == batches
         assert _sample(exposition, f'cgserve_gpu_jpeg_stage_seconds_sum{{stage="{stage}"}}') >= 0
 

@@ -339,10 +339,12 @@ class StandInBatchDecoder:
     (as the hardware says of them), a header's fault for what Pillow cannot open, NvJpegError for a whole
     batch holding `fails_batch`; counts its batches."""
 
-    def __init__(self, fails_batch: bytes | None = None) -> None:
+    def __init__(self, fails_batch: bytes | None = None, waited_s: float = 0.0) -> None:
         self.batches: list[int] = []
         self.fails_batch = fails_batch
         self.closed = False
+        self.wait_s = waited_s  # slept at each decode, as BatchDecoder waits for its state's previous batch
+        self.waited_s = 0.0  # the last decode's, as BatchDecoder says it
 
     def close(self) -> None:
         self.closed = True
@@ -351,6 +353,8 @@ class StandInBatchDecoder:
         from app.codecs.nvjpeg import UNSUPPORTED, NvJpegError
 
         self.batches.append(len(images))
+        time.sleep(self.wait_s)
+        self.waited_s = self.wait_s
         if self.fails_batch is not None and any(bytes(image) == self.fails_batch for image in images):
             raise NvJpegError("nvJPEG batched decode failed: execution failed")
         results: list[Any] = []
@@ -403,6 +407,23 @@ def test_the_direct_decoder_s_pixels_are_torchvision_s_and_what_it_does_not_take
         np.testing.assert_array_equal(got, want)
     assert isinstance(direct[3], GpuDecodeError) and "could not read its header" in str(direct[3])
     assert stand_in.closed  # the decoder's close destroys its states
+
+
+def test_the_direct_decoders_wait_for_its_state_is_a_stage_of_its_own(calls: list[int]) -> None:
+    """The decode stage held the wait for the state's previous batch on the device as well as nvJPEG's call (run 60
+    could not tell them apart): that wait is observed as state_wait, and decode is the rest."""
+    from prometheus_client import REGISTRY
+
+    def stage(name: str, what: str) -> float:
+        return REGISTRY.get_sample_value(f"cgserve_gpu_jpeg_stage_seconds_{what}", {"stage": name}) or 0.0
+
+    before = {(name, what): stage(name, what) for name in ("state_wait", "decode") for what in ("sum", "count")}
+    results = decode_directly([JPEGS[5], JPEGS[6]], StandInBatchDecoder(waited_s=0.2))
+    assert all(isinstance(result, np.ndarray) for result in results)
+    batches = stage("state_wait", "count") - before["state_wait", "count"]
+    assert batches >= 1 and stage("decode", "count") - before["decode", "count"] == batches
+    assert stage("state_wait", "sum") - before["state_wait", "sum"] == pytest.approx(0.2 * batches)
+    assert stage("decode", "sum") - before["decode", "sum"] >= 0  # the rest of the call, the wait taken out
 
 
 def test_a_batch_the_direct_decoder_refuses_whole_goes_through_torchvision(calls: list[int]) -> None:

@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import shutil
 import subprocess
+import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -179,6 +180,32 @@ def test_a_batch_the_library_fails_is_an_error_and_the_state_decodes_the_next(li
     assert decoder._previous is not None and decoder._previous.synchronized == 1  # type: ignore[attr-defined]
     results, _ = decoder.decode([bytearray(b"FAKE 2 2 0")], gray=False)
     assert isinstance(results[0], torch.Tensor) and (results[0] == torch.tensor(1, dtype=torch.uint8)).any()
+
+
+class Unfinished(Event):
+    """A previous batch still on the device: its wait takes `seconds`."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def query(self) -> bool:
+        return False
+
+    def synchronize(self) -> None:
+        super().synchronize()
+        time.sleep(self.seconds)
+
+
+def test_the_wait_for_the_states_previous_batch_is_said_apart(library: str) -> None:
+    """cgserve_gpu_jpeg_stage_seconds' state_wait: the decode call's wait for the state's previous batch, 0 where it
+    was done (not waited for)."""
+    decoder = NvJpeg(library).decoder(torch.device("cpu"))
+    decoder._previous = Unfinished(0.05)  # type: ignore[assignment]
+    decoder.decode([bytearray(b"FAKE 2 2 0")], gray=False)
+    assert decoder.waited_s >= 0.05
+    decoder.decode([bytearray(b"FAKE 2 2 0")], gray=False)  # its previous batch (the stand-ins' Event) is done
+    assert decoder.waited_s == 0.0
 
 
 def test_preallocation_asks_for_the_batch_at_its_size_and_says_what_it_was_refused(library: str) -> None:
