@@ -21,8 +21,12 @@
 #                                                and the engine's own peak, all at --compile none (~7 minutes);
 #                                                JSON under $OUT, each point's line printed
 #   bash bench/front_door/run_h200.sh jpeg       JPEG bodies through the door at 1024 connections, the shipped
-#                                                decoder and three direct launches, open loops at 70 % (run 58b's
-#                                                command, ~3.5 minutes)
+#                                                decoder (direct, 3 launches) and torchvision's, open loops at 70 %,
+#                                                nvidia-smi's utilisation each second beside (run 60's command,
+#                                                ~3.5 minutes)
+#   bash bench/front_door/run_h200.sh nvjpeg-handles  the direct decoder's states alone, 1 to 4 threads, idle and
+#                                                beside a device kept 0.6 busy: from one shared handle (as served) and
+#                                                from a handle each (~2 minutes)
 #   bash bench/front_door/run_h200.sh jpeg-engine  JPEG photos as multipart uploads through 8 workers and the engine
 #                                                process at 1024 connections, the shipped decoder and three direct
 #                                                launches, open loops at 70 % (run 52 had three direct launches win
@@ -152,12 +156,20 @@ engine_peak; print(json.dumps(engine_peak(Path('/tmp/resnet50-only'), '1,8,32,64
   grep -E "engine peak|c1024|open loop" "$OUT/one-image-engine-process-jpeg.log" | cut -c1-300
   ;;
 jpeg)
-  D=CGSERVE_JPEG_NVJPEG=direct,CGSERVE_JPEG_STREAM_PRIORITY=high,CGSERVE_JPEG_LAUNCHES=3
+  nvidia-smi dmon -s u -o T -d 1 > "$OUT/dmon.txt" 2>&1 &
+  dmon=$!
   timeout 500 python3 bench/one_image.py --out /tmp/one-image --budget-s 390 --designs front-door --kinds jpeg-body \
-    --variant-kinds jpeg-body --concurrencies 1024 --p99-fraction 0.7 --variants "direct3=$D" \
-    > "$OUT/one-image-door-jpeg.log" 2>&1
+    --variant-kinds jpeg-body --concurrencies 1024 --p99-fraction 0.7 \
+    --variants "torchvision=CGSERVE_JPEG_NVJPEG=torchvision" \
+    2>&1 | while IFS= read -r line; do echo "$(date +%T) $line"; done > "$OUT/one-image-door-jpeg.log"
+  kill $dmon
   cp /tmp/one-image/one-image.json "$OUT/one-image-door-jpeg.json"
-  grep -E "engine peak|c1024|open loop" "$OUT/one-image-door-jpeg.log" | cut -c1-200
+  grep -E "engine peak|c1024|open loop" "$OUT/one-image-door-jpeg.log" | cut -c1-300
   ;;
-*) echo "usage: $0 seed|resnet50|v2|launcher|jpeg|jpeg-engine" >&2; exit 2 ;;
+nvjpeg-handles)
+  timeout 200 python3 bench/nvjpeg_states.py --out "$OUT/nvjpeg-handles" --threads 1,2,3,4 --batch 121 --seconds 2 \
+    --busy-gpu 0,0.6 --kinds direct,direct-handles > "$OUT/nvjpeg-handles.log" 2>&1
+  grep -E "^direct" "$OUT/nvjpeg-handles.log"
+  ;;
+*) echo "usage: $0 seed|resnet50|v2|launcher|jpeg|jpeg-engine|nvjpeg-handles" >&2; exit 2 ;;
 esac
