@@ -304,31 +304,64 @@ static int model_call(const call_t *call) {
     return 0;
 }
 
+#define MAX_GROUP_DEPTH 100 /* protobuf's default recursion limit */
+
+/* Whether `n` bytes are UTF-8 as protobuf checks a string field's: no overlong form, surrogate or code point past
+ * U+10FFFF. */
+static int utf8(const uint8_t *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        uint8_t c = s[i];
+        size_t more; /* continuation bytes after `c` */
+        if (c < 0x80) more = 0;
+        else if (c >= 0xc2 && c <= 0xdf) more = 1;
+        else if (c >= 0xe0 && c <= 0xef) more = 2;
+        else if (c >= 0xf0 && c <= 0xf4) more = 3;
+        else return 0; /* a continuation byte first, an overlong lead (0xc0, 0xc1), or past U+10FFFF */
+        if (n - i - 1 < more) return 0;
+        for (size_t k = 1; k <= more; k++)
+            if ((s[i + k] & 0xc0) != 0x80) return 0;
+        uint8_t second = more ? s[i + 1] : 0;
+        if ((c == 0xe0 && second < 0xa0) || (c == 0xed && second > 0x9f) || (c == 0xf0 && second < 0x90) ||
+            (c == 0xf4 && second > 0x8f))
+            return 0; /* overlong, a surrogate, past U+10FFFF */
+        i += 1 + more;
+    }
+    return 1;
+}
+
 /* A model call's request (name = 1, version = 2, both strings) as protobuf's own serializer writes it, the way
  * Python keys its answers: fields in order, an empty one left out, the last of a repeated one kept, any other
  * field skipped (protobuf's parser keeps such a field as unknown, so the gRPC port answers the request as if it were
- * not there: a newer client's field, or name sent as another wire type). 0 where the bytes are not protobuf (a
- * varint or a length past the end, a group, wire type 6 or 7). `out` holds `len` bytes: the canonical form is
- * never longer. */
+ * not there: a newer client's field, a group, or name sent as another wire type). 0 where protobuf's parser (upb)
+ * refuses the bytes: a varint or a length past the end, a tag over 5 bytes or 32 bits, field 0, an end-group without
+ * its start or a group left open, groups nested deeper than MAX_GROUP_DEPTH, wire type 6 or 7, a name or version
+ * that is not UTF-8. `out` holds `len` bytes: the canonical form is never longer. */
 static int canonical_model_request(const uint8_t *p, size_t len, uint8_t *out, size_t *out_len) {
     const uint8_t *field[3] = {NULL, NULL, NULL};
     uint64_t field_len[3] = {0, 0, 0}, tag, n;
+    uint32_t open[MAX_GROUP_DEPTH]; /* the field numbers of the groups open, innermost last */
+    int depth = 0;
     for (size_t at = 0; at < len;) {
-        if (!varint(p, len, &at, &tag) || tag >> 3 == 0) return 0;
+        size_t tag_at = at;
+        if (!varint(p, len, &at, &tag) || at - tag_at > 5 || tag > UINT32_MAX || tag >> 3 == 0) return 0;
         switch (tag & 7) {
         case 0: if (!varint(p, len, &at, &n)) return 0; continue;
         case 1: if (len - at < 8) return 0; at += 8; continue;
         case 5: if (len - at < 4) return 0; at += 4; continue;
+        case 3: if (depth == MAX_GROUP_DEPTH) return 0; open[depth++] = (uint32_t)(tag >> 3); continue;
+        case 4: if (!depth || open[--depth] != (uint32_t)(tag >> 3)) return 0; continue;
         case 2: break;
-        default: return 0; /* groups (3, 4), long deprecated, and 6, 7, which are not wire types */
+        default: return 0; /* 6, 7: not wire types */
         }
         if (!varint(p, len, &at, &n) || n > len - at) return 0;
-        if (tag == 0x0a || tag == 0x12) {
+        if (!depth && (tag == 0x0a || tag == 0x12)) { /* a group's fields are the group's, not the request's */
+            if (!utf8(p + at, n)) return 0; /* a string field, each time it comes */
             field[tag >> 3] = p + at;
             field_len[tag >> 3] = n;
         }
         at += n;
     }
+    if (depth) return 0;
     *out_len = 0;
     for (int f = 1; f <= 2; f++) {
         if (!field_len[f]) continue;
@@ -351,8 +384,13 @@ static void answer_set(struct h2 *h, call_t *call, const uint8_t *request, size_
     size_t canonical_len = 0;
     int model = len <= sizeof canonical && model_call(call);
     if (model && !canonical_model_request(request, len, canonical, &canonical_len)) {
-        refuse_call(h, call, INVALID_ARGUMENT, "the request is not a model's name and version as protobuf writes "
-                    "them (a length or a varint runs past its end, or a field of no wire type)");
+        if (h->d->n_tokens && !(token(call) && token_ok(h->d, call->auth, call->auth_len)))
+            refuse_call(h, call, UNAUTHENTICATED, "the bearer token is missing or not one of the inference tokens"
+                        TOKEN_EXPECTED); /* as the gRPC port: the token before the message */
+        else
+            refuse_call(h, call, INVALID_ARGUMENT, "the request is not a model's name and version as protobuf writes "
+                        "them (a length or a varint past its end, a tag too long, field 0, a group left open or "
+                        "closed without its start, a field of no wire type, or a name or version not UTF-8)");
         return;
     }
     if (model) { /* the same request however a client's library wrote it */

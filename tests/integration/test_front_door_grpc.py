@@ -220,14 +220,34 @@ def test_a_model_call_is_answered_however_its_request_is_encoded(server: dict[st
 def test_a_model_calls_unknown_fields_are_skipped_as_protobuf_skips_them(server: dict[str, Any]) -> None:
     """A third review: a field the door did not know (a newer client's, or the name as a varint) made the request
     not one it keyed, so it answered UNIMPLEMENTED where the gRPC port, whose parser keeps such a field aside,
-    answered the request. Bytes that are not protobuf are INVALID_ARGUMENT, saying so."""
+    answered the request. A fourth: groups are such fields too, and a tag protobuf refuses (over 5 bytes or 32 bits)
+    or a name not UTF-8 was taken. Bytes protobuf refuses are INVALID_ARGUMENT at both, saying so at the door, once
+    the token is checked (as at the port)."""
     served = pb.ModelMetadataRequest(name="fashion-cnn").SerializeToString()
-    unknown = [  # field 3 as a varint, field 4 fixed64, field 5 length-delimited, field 6 fixed32, name as a varint
-        b"\x18\x96\x01",
-        b"\x21" + bytes(8),
-        b"\x2a\x03abc",
-        b"\x35" + bytes(4),
-        b"\x08\x01",
+    unknown = [
+        b"\x18\x96\x01",  # field 3, a varint
+        b"\x21" + bytes(8),  # field 4, fixed64
+        b"\x2a\x03abc",  # field 5, length-delimited
+        b"\x35" + bytes(4),  # field 6, fixed32
+        b"\x08\x01",  # the name as a varint
+        b"\x1b\x1c",  # a group (field 3), empty
+        b"\x1b\x08\x01\x23\x24\x1c",  # a group holding a varint and a group
+        b"\x0b\x0c",  # the name as a group
+        b"\x1b\x0a\x05other\x1c",  # a name inside a group: the group's, not the request's
+    ]
+    broken = [
+        served + b"\x18",  # a varint past the end
+        served + b"\x2a\x09abc",  # a length past the end
+        served + b"\x21\x00",  # a fixed64 cut short
+        served + b"\x1b",  # a group left open
+        served + b"\x1c",  # a group closed without its start
+        served + b"\x1b\x24",  # closed as another field
+        b"\x02\x00",  # field 0
+        served + b"\x80\x80\x80\x80\x10\x01",  # a tag over 32 bits
+        b"\x8a\x80\x80\x80\x80\x00\x0bfashion-cnn",  # the name's tag in 6 bytes
+        b"\x0a\x0bfashion-cn\xff",  # a name not UTF-8
+        b"\x0a\x03\xed\xa0\x80" + served,  # a surrogate in a name then replaced
+        served + b"\x12\x02\xc0\x81",  # an overlong version
     ]
     auth = tuple(METADATA.items())
     with grpc.insecure_channel(server["door"]) as door, grpc.insecure_channel(server["grpc"]) as port:
@@ -242,10 +262,13 @@ def test_a_model_calls_unknown_fields_are_skipped_as_protobuf_skips_them(server:
         ready = door.unary_unary(ready_method, lambda m: m, pb.ModelReadyResponse.FromString)
         ready_request = pb.ModelReadyRequest(name="fashion-cnn").SerializeToString() + b"\x18\x01"
         assert ready(ready_request, metadata=auth, timeout=10).ready
-        for broken in (served + b"\x18", served + b"\x2a\x09abc", served + b"\x21\x00", served + b"\x1b", b"\x02\x00"):
-            error = refused(door, "ModelMetadata", broken, metadata=auth)
-            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, broken
-            assert "not a model's name and version" in (error.details() or ""), broken
+        for request in broken:
+            at_port = refused(port, "ModelMetadata", request, metadata=auth)
+            error = refused(door, "ModelMetadata", request, metadata=auth)
+            assert error.code() == at_port.code() == grpc.StatusCode.INVALID_ARGUMENT, request
+            assert "not a model's name and version" in (error.details() or ""), request
+            no_token = (refused(channel, "ModelMetadata", request) for channel in (door, port))
+            assert [e.code() for e in no_token] == [grpc.StatusCode.UNAUTHENTICATED] * 2, request
 
 
 def test_it_counts_into_metrics(server: dict[str, Any]) -> None:
