@@ -83,9 +83,10 @@ def _readable(value: Path | None) -> Path | None:
 # A PEM file of the TLS settings, checked readable at start-up.
 TlsFile = Annotated[Path | None, AfterValidator(_readable)]
 
-# GPU decoder launches at once where jpeg_launches is 0, by decoder: torchvision's decodes one batch at a time (its
-# lock), so a second launch only overlaps host work; the direct decoder's states decode side by side, and 3 was their
-# best count for JPEG bodies through the front door (runs 50, 51: 4 to 8 did less, with a longer tail).
+# The GPU decoder's batches launched at once where jpeg_launches is 0, by the nvJPEG call it makes (the decoder
+# started decides, app/codecs/gpu_jpeg.py): torchvision's decodes one batch at a time (its lock), so a second launch
+# only overlaps host work; the direct decoder's states decode side by side, and 3 was their best count for JPEG bodies
+# through the front door (runs 50, 51: 4 to 8 did less, with a longer tail).
 JPEG_LAUNCHES = {"torchvision": 2, "direct": 3}
 
 
@@ -356,8 +357,9 @@ class Settings(BaseSettings):
         le=8,
         description="GPU decoder: batches being launched at once, so that one batch's host work (reading its "
         "uploads, torchvision's calls) overlaps the previous one's decode, and the direct decoder's states decode "
-        "batches side by side. 1: one after the other; 0: the decoder's own count, 2 for torchvision's (one batch "
-        "decodes at a time) and 3 for direct (the best count through the front door, runs 50 and 51).",
+        "batches side by side. 1: one after the other; 0: the count of the decoder started, 2 for torchvision's (one "
+        "batch decodes at a time, even where direct was asked for and the GPU has no JPEG engines) and 3 for direct "
+        "(the best count through the front door, runs 50 and 51).",
     )
     jpeg_nvjpeg: Literal["auto", "torchvision", "direct"] = Field(
         "auto",
@@ -454,16 +456,12 @@ class Settings(BaseSettings):
     @property
     def nvjpeg(self) -> Literal["torchvision", "direct"]:
         """jpeg_nvjpeg, auto decided: direct for the front door in one process, whose JPEG bodies it decoded faster
-        and with a shorter tail (runs 51, 58, 59); torchvision's where the engine process decodes the workers'
-        multipart uploads, which direct's did with a longer tail (run 52), and where JPEGs come by the port alone."""
+        and with a shorter tail (runs 51, 58–60); torchvision's where the engine process decodes the workers'
+        multipart uploads, which direct's did with a longer tail (run 52), and where JPEGs come by the port alone.
+        (The GPU decoder keeps torchvision's where the GPU has no JPEG engines.)"""
         if self.jpeg_nvjpeg != "auto":
             return self.jpeg_nvjpeg
         return "direct" if self.front_door_port and not self.engine_process else "torchvision"
-
-    @property
-    def decoder_launches(self) -> int:
-        """jpeg_launches, or the count for the decoder `nvjpeg` names where it is 0."""
-        return self.jpeg_launches or JPEG_LAUNCHES[self.nvjpeg]
 
     _split_buckets = field_validator("buckets", mode="before")(split_buckets)
     _check_buckets = field_validator("buckets")(check_buckets)

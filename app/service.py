@@ -338,7 +338,7 @@ class Service:
             setting,
             device,
             max_batch=s.jpeg_max_batch,
-            launches=s.decoder_launches,
+            launches=s.jpeg_launches,
             nvjpeg=s.nvjpeg,
             priority=s.jpeg_stream_priority,
             preallocate=s.jpeg_preallocate,

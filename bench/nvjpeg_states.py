@@ -100,8 +100,8 @@ def rate(kind: str, nvjpeg: NvJpeg, device: torch.device, photos: list[bytes], t
     def run(n: int) -> None:
         buffers = [bytearray(photos[(n + i) % len(photos)]) for i in range(max(batches))]
         tensors = [torch.frombuffer(b, dtype=torch.uint8) for b in buffers]
-        own = NvJpeg() if kind == "direct-handles" else None  # closed as the thread ends
-        with torch.cuda.device(device):  # the state, its stream and its preallocation on --device
+        with torch.cuda.device(device):  # the handle, the state, its stream and its preallocation on --device
+            own = NvJpeg() if kind == "direct-handles" else None  # closed as the thread ends
             decoder = (own or nvjpeg).decoder(device, priority) if kind.startswith("direct") else None
             if decoder is not None and preallocate is not None:
                 decoder.preallocate(max(batches), *preallocate)

@@ -3,9 +3,9 @@
 Concurrent uploads queue here; one collector task takes everything waiting (up to `max_batch`)
 as soon as fewer than `launches` batches are being launched, so the window is a launch itself:
 a lone upload goes at once, and under load batches grow with the load (continuous batching).
-Two launches at once (the default) let one batch's host work (tensors over the uploads,
-torchvision's Python, the pinned buffer) run while the previous one is in nvJPEG, which
-torchvision serialises behind its decoder's lock. Their resizes and copies share one stream,
+Two launches at once (torchvision's default; the direct decoder's is three) let one batch's host work
+(tensors over the uploads, torchvision's Python, the pinned buffer) run while the previous one is in nvJPEG,
+which torchvision serialises behind its decoder's lock. Their resizes and copies share one stream,
 interleaved in whatever order the two threads queue them: each batch waits on its own event.
 
 One batch, on a worker thread (torchvision's batched decode does host work, the Huffman phase
@@ -79,7 +79,6 @@ log = logging.getLogger(__name__)
 # front door has (CGSERVE_JPEG_NVJPEG=auto).
 MAX_BATCH: int = Settings.model_fields["jpeg_max_batch"].default
 NVJPEG = "torchvision"
-LAUNCHES: int = JPEG_LAUNCHES[NVJPEG]
 PRIORITY: str = Settings.model_fields["jpeg_stream_priority"].default
 # CGSERVE_JPEG_STREAM_PRIORITY → torch.cuda.Stream's priority: lower is sooner. The models' streams are at 0, so
 # at -1 the device starts the decoder's kernels ahead of a batch's where both wait for room.
@@ -124,25 +123,28 @@ class GpuJpegDecoder:
         device: str,
         *,
         max_batch: int = MAX_BATCH,
-        launches: int = LAUNCHES,
+        launches: int = 0,
         nvjpeg: str = NVJPEG,
         priority: str = PRIORITY,
         preallocate: tuple[int, int] | None = None,
     ) -> None:
-        if max_batch < 1 or launches < 1:
-            raise ValueError(f"max_batch and launches must be at least 1; got {max_batch} and {launches}")
+        if max_batch < 1 or launches < 0:
+            raise ValueError(f"max_batch must be at least 1 and launches 0 or more; got {max_batch} and {launches}")
         self.device = torch.device(device)
         # nvJPEG's hardware decoder called directly, a state a launch thread (app/codecs/nvjpeg.py), or None:
         # torchvision's decode_jpeg for every batch.
         self._nvjpeg: NvJpeg | None
         self._direct: queue.SimpleQueue[BatchDecoder] | None
         stream_priority = STREAM_PRIORITIES[priority]
+        sized = (max_batch, *preallocate) if preallocate else None
         self._nvjpeg, self._direct = (
-            _direct_decoders(self.device, launches, stream_priority, (max_batch, *preallocate) if preallocate else None)
+            _direct_decoders(self.device, launches or JPEG_LAUNCHES["direct"], stream_priority, sized)
             if nvjpeg == "direct"
             else (None, None)
         )
         self.nvjpeg = "direct" if self._direct is not None else "torchvision"
+        # 0: the count for the decoder started, torchvision's where direct was asked for and this GPU has no engines
+        self.launches = launches or JPEG_LAUNCHES[self.nvjpeg]
         self.max_batch = max_batch
         # The latest launched batches' sizes, for tests (bounded: a server launches batches for ever);
         # the running totals, for the benchmark's mean batch.
@@ -152,8 +154,8 @@ class GpuJpegDecoder:
         self._stream = torch.cuda.Stream(self.device, priority=stream_priority)  # resizes and copies out
         # nvJPEG's outputs are allocated under it (above)
         self._decode_stream = torch.cuda.Stream(self.device, priority=stream_priority)
-        self._worker = ThreadPoolExecutor(max_workers=launches, thread_name_prefix="gpu-jpeg")
-        self._launch_slots = asyncio.Semaphore(launches)
+        self._worker = ThreadPoolExecutor(max_workers=self.launches, thread_name_prefix="gpu-jpeg")
+        self._launch_slots = asyncio.Semaphore(self.launches)
         self._waiter = EventWaiter("gpu-jpeg-event-waiter")
         self._pending: list[_Job] = []
         self._pinned = PinnedRows()  # the callers' arrays whose rows the device writes directly

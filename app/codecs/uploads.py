@@ -57,6 +57,7 @@ class PacedDecoder(JpegBatchDecoder, Protocol):
 
     # Called on the loop (call_soon) each time every upload given to `decode` has been taken into a launch.
     on_caught_up: Callable[[], None] | None
+    launches: int  # batches launched at once: the front door keeps room for about two bulks of JPEGs a launch
 
     def backlog(self) -> int:
         """Uploads given to `decode` and not yet taken into a launch."""

@@ -46,12 +46,13 @@ TEND_EVERY_S = 1.0  # how often the C side's refusals are counted and its GET an
 DRAIN_POLL_S = 0.01  # how often a drain looks whether every request is answered and every connection closed
 
 
-def door_buffers(settings: Settings, *, paced: bool) -> int:
+def door_buffers(settings: Settings, *, paced_launches: int) -> int:
     """The bulks door.c holds (MOST_ROWS × C×H×W bytes each, touched as rows come): one for each batch in flight and
-    one to fill; and where the GPU decoder paces bulks of JPEGs (feeder.py), room for those too: at each of its
-    launches about one being decoded and one whose rows wait for the model, and one waiting for a launch. Nothing
-    else bounds the bulks the decoder paces: once every buffer is held, rows wait in C until one is released."""
-    return settings.in_flight + 1 + (2 * settings.decoder_launches + 1 if paced else 0)
+    one to fill; and where the GPU decoder paces bulks of JPEGs (feeder.py), launching `paced_launches` batches at
+    once (0: no such decoder), room for those too: at each launch about one being decoded and one whose rows wait for
+    the model, and one waiting for a launch. Nothing else bounds the bulks the decoder paces: once every buffer is
+    held, rows wait in C until one is released."""
+    return settings.in_flight + 1 + (2 * paced_launches + 1 if paced_launches else 0)
 
 
 def pin_buffers(service: Service, door: Door) -> list[np.ndarray]:
@@ -130,13 +131,14 @@ class FrontDoor:
             max_pixels=default.max_image_pixels(settings.max_image_pixels),  # the uploads nvJPEG is given
         )
         wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        paced = service.jpeg_decoder if isinstance(service.jpeg_decoder, PacedDecoder) else None
         door = Door(
             library,
             listener,
             threads=settings.front_door_threads,
             shape=shape,
             wake_fd=wake,
-            buffers=door_buffers(settings, paced=isinstance(service.jpeg_decoder, PacedDecoder)),
+            buffers=door_buffers(settings, paced_launches=paced.launches if paced is not None else 0),
             path=b"/predict",
             full_rows=max(settings.buckets),
             limits=limits,

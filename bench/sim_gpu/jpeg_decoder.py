@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from app.config import JPEG_LAUNCHES
+
 SCALE = 10
 PREPARE_S = SCALE * 0.019e-3  # a photo: the batch's host work outside the decoder lock
 DECODE_FIXED_S, DECODE_S = SCALE * 1.0e-3, SCALE * 0.0625e-3  # a batch, a photo: under the lock
@@ -40,9 +42,10 @@ class _Job:
 
 
 class TimedJpegDecoder:
-    def __init__(self, shape: tuple[int, int, int], *, max_batch: int = 128, launches: int = 2,
+    def __init__(self, shape: tuple[int, int, int], *, max_batch: int = 128, launches: int = 0,
                  nvjpeg: str = "torchvision") -> None:  # fmt: skip
         self.max_batch = max_batch
+        self.launches = launches = launches or JPEG_LAUNCHES[nvjpeg]  # 0: the real decoder's count (the settings')
         self.pixels = np.full((1, *shape), 128, np.uint8)  # (1, C, h, w): what each upload decodes to
         self.nvjpeg = f"simulated {nvjpeg}"
         # torchvision's decoder lock: one decode at a time in the process; the direct decoder (CGSERVE_JPEG_NVJPEG=

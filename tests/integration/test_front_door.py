@@ -821,8 +821,8 @@ def test_the_most_buffers_the_settings_ask_for_open_the_door() -> None:
         (most,) = (limit.le for limit in Settings.model_fields[name].metadata if isinstance(limit, Le))
         return int(most)
 
-    settings = Settings(in_flight=largest("in_flight"), jpeg_launches=largest("jpeg_launches"))
-    buffers = door_buffers(settings, paced=True)
+    settings = Settings(in_flight=largest("in_flight"))
+    buffers = door_buffers(settings, paced_launches=largest("jpeg_launches"))
     with door_alone((1, 28, 28), threads=1, full_rows=8, max_connections=8, buffers=buffers) as (door, address):
         connection = socket.create_connection(address, timeout=5)
         connection.sendall(POST % (b"/predict", b"", 784) + bytes(784))

@@ -465,6 +465,7 @@ class PacedHeldDecoder(HeldDecoder):
         super().__init__(pixels)
         self.unlaunched = 0
         self.on_caught_up: Any = None
+        self.launches = 2
 
     def decode(self, data: Any, spec: Any, out: np.ndarray | None = None) -> asyncio.Future[np.ndarray]:
         self.unlaunched += 1

@@ -478,3 +478,28 @@ def test_each_launch_s_state_is_sized_once_and_a_size_nvjpeg_refuses_stops_start
     with pytest.raises(ValueError, match=said + r" \(.*allocator failure\); set 0 to let them grow"):
         gpu_jpeg._direct_decoders(torch.device("cpu"), 2, 0, (128, 9000, 9000))
     assert refusing.closed  # its states and handle let go
+
+
+def test_launches_0_is_the_count_of_the_decoder_started(calls: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """CGSERVE_JPEG_LAUNCHES=0: 3 for the direct decoder, a state each; 2 for torchvision's, asked for or taken where
+    the GPU has no JPEG engines (a review found the door's buffers counted for 3 there); a count set is kept."""
+    from app.codecs import gpu_jpeg  # afresh, against the stand-ins (the fixture)
+    from app.codecs.nvjpeg import NvJpegError
+
+    handle = StandInHandle()
+    monkeypatch.setattr(gpu_jpeg, "NvJpeg", lambda: handle)
+    direct = gpu_jpeg.GpuJpegDecoder("cpu", nvjpeg="direct")
+    assert (direct.nvjpeg, direct.launches, len(handle.made)) == ("direct", 3, 3)
+    direct.close()
+
+    def no_engines() -> None:
+        raise NvJpegError("the hardware backend is not available on this GPU")
+
+    monkeypatch.setattr(gpu_jpeg, "NvJpeg", no_engines)
+    fallen_back = gpu_jpeg.GpuJpegDecoder("cpu", nvjpeg="direct")
+    assert (fallen_back.nvjpeg, fallen_back.launches) == ("torchvision", 2)
+    fallen_back.close()
+    for nvjpeg, launches, want in (("torchvision", 0, 2), ("torchvision", 5, 5), ("direct", 1, 1)):
+        decoder = gpu_jpeg.GpuJpegDecoder("cpu", nvjpeg=nvjpeg, launches=launches)
+        assert decoder.launches == want, (nvjpeg, launches)
+        decoder.close()
