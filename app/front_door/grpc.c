@@ -290,6 +290,11 @@ static const char *token(const call_t *call) {
     return call->auth_len && call->auth_len <= MAX_AUTH ? call->auth : NULL;
 }
 
+/* Whether the door asks for tokens and the call has none of them. */
+static int no_token(door_t *d, const call_t *call) {
+    return d->n_tokens && !(token(call) && token_ok(d, call->auth, call->auth_len));
+}
+
 /* Whether the call is the service's `method`. */
 static int call_is(const call_t *call, const char *method) {
     size_t prefix = sizeof SERVICE - 1, n = strlen(method);
@@ -384,13 +389,9 @@ static void answer_set(struct h2 *h, call_t *call, const uint8_t *request, size_
     size_t canonical_len = 0;
     int model = len <= sizeof canonical && model_call(call);
     if (model && !canonical_model_request(request, len, canonical, &canonical_len)) {
-        if (h->d->n_tokens && !(token(call) && token_ok(h->d, call->auth, call->auth_len)))
-            refuse_call(h, call, UNAUTHENTICATED, "the bearer token is missing or not one of the inference tokens"
-                        TOKEN_EXPECTED); /* as the gRPC port: the token before the message */
-        else
-            refuse_call(h, call, INVALID_ARGUMENT, "the request is not a model's name and version as protobuf writes "
-                        "them (a length or a varint past its end, a tag too long, field 0, a group left open or "
-                        "closed without its start, a field of no wire type, or a name or version not UTF-8)");
+        refuse_call(h, call, INVALID_ARGUMENT, "the request is not a model's name and version as protobuf writes them "
+                    "(a length or a varint past its end, a tag too long, field 0, a group left open or closed "
+                    "without its start, a field of no wire type, or a name or version not UTF-8)");
         return;
     }
     if (model) { /* the same request however a client's library wrote it */
@@ -405,10 +406,7 @@ static void answer_set(struct h2 *h, call_t *call, const uint8_t *request, size_
     char *head = NULL, *body = NULL;
     size_t body_len = 0;
     int found = find_get(h->d, key, n, token(call), token(call) ? call->auth_len : 0, &head, &body, &body_len);
-    /* A model call is answered to a client with a token only, as the gRPC port asks for one before anything: one
-     * Python set an answer for is checked by find_get, one of a model not served here. */
-    int no_token = !found && model && h->d->n_tokens && !(token(call) && token_ok(h->d, call->auth, call->auth_len));
-    if (found < 0 || no_token) {
+    if (found < 0) { /* an answer Python set for clients with a token (a model call's came without one: call_ended) */
         refuse_call(h, call, UNAUTHENTICATED, "the bearer token is missing or not one of the inference tokens"
                     TOKEN_EXPECTED);
         return;
@@ -438,7 +436,7 @@ static void call_begun(struct h2 *h, call_t *call) {
         call->stream_call = 1;
     } else if (!call->path_len || memcmp(call->path, SERVICE, sizeof SERVICE - 1) != 0) {
         refuse_call(h, call, UNIMPLEMENTED, NOT_SERVED);
-    } else if (call->infer && d->n_tokens && !(token(call) && token_ok(d, call->auth, call->auth_len))) {
+    } else if (call->infer && no_token(d, call)) {
         refuse_call(h, call, UNAUTHENTICATED,
                     call->auths > 1 ? "the bearer token is sent twice (`authorization` metadata more than once)"
                                       TOKEN_EXPECTED
@@ -451,6 +449,11 @@ static void call_begun(struct h2 *h, call_t *call) {
 static void call_ended(struct h2 *h, call_t *call) {
     if (call->stream_call) { /* ended before its first message */
         refuse_call(h, call, UNIMPLEMENTED, NOT_SERVED);
+        return;
+    }
+    if (model_call(call) && no_token(h->d, call)) { /* as the gRPC port: the token before anything of the message */
+        refuse_call(h, call, UNAUTHENTICATED, "the bearer token is missing or not one of the inference tokens"
+                    TOKEN_EXPECTED);
         return;
     }
     int infer = call->infer;
