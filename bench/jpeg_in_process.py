@@ -126,7 +126,8 @@ async def point(batcher: Any, decoder: Any, spec: Any, photos: list[bytearray], 
         # the window: count, mean, p50, p99, as one_image reads a server's.
         figures["server"] = step_view(before[0], after[0])
         batches, images = after[1] - before[1], after[2] - before[2]
-        figures["decoder"] = {"kind": decoder.nvjpeg, "photos_a_batch": round(images / batches, 1) if batches else None}
+        figures["decoder"] = {"kind": decoder.nvjpeg, "launches": decoder.launches,
+                              "photos_a_batch": round(images / batches, 1) if batches else None}  # fmt: skip
         for name, sampler in samplers:
             try:
                 figures.setdefault("py_spy", {})[name] = await asyncio.to_thread(sampler.wait, 30 + seconds)
