@@ -35,6 +35,7 @@ class Decoder:
     one, counted as the decoder counts its batches."""
 
     nvjpeg = "stand-in"
+    launches = 1
 
     def __init__(self) -> None:
         self.batches_launched = self.images_launched = 0
@@ -86,7 +87,7 @@ def test_a_point_counts_the_measured_window_and_reads_the_batcher_s_histograms_o
     server = figures["server"]
     assert server["batch_rows"]["mean"] == 8.0 and server["batch_compute_ms"]["mean"] == 2.0
     # The decoder's batches in the window (one photo each here); no GPU decoder's histograms moved.
-    assert figures["decoder"] == {"kind": "stand-in", "photos_a_batch": 1.0}
+    assert figures["decoder"] == {"kind": "stand-in", "launches": 1, "photos_a_batch": 1.0}
     assert all(server.get(key, {"count": 0})["count"] == 0 for key in ("jpeg_wait_ms", "jpeg_batch_ms"))
 
 
