@@ -109,8 +109,8 @@ RUN printf '#include <Python.h>\nint main(void) { return Py_IsInitialized(); }\n
     && rm /tmp/toolchain.c
 
 # Dependencies first, read from pyproject.toml alone (and the tracing extra, as in cpu), so that
-# editing app/ or models/ reuses this layer. torch>=2.4 is already met by the base image, so pip keeps its CUDA build; the
-# last line fails the build if anything replaced it.
+# editing app/ or models/ reuses this layer. torch>=2.4 is already met by the base image, so pip
+# keeps its CUDA build; the last line fails the build if anything replaced it.
 COPY pyproject.toml ./
 RUN python3 -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
 print('\n'.join(p['dependencies'] + p['optional-dependencies']['tracing']))" \

@@ -14,11 +14,16 @@ import pytest
 from app.runtime.workers import DrainingManager
 
 
+def gone_pid() -> int:
+    """The pid of a process that has ended (and been reaped)."""
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(ended.stdout)
+
+
 def test_the_live_gauges_of_a_process_gone_are_removed_and_the_living_ones_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    dead, alive = int(gone.stdout), os.getpid()
+    dead, alive = gone_pid(), os.getpid()
     names = [f"gauge_livemin_{dead}.db", f"gauge_livesum_{dead}.db", f"gauge_livemin_{alive}.db",
              f"counter_{dead}.db", f"gauge_max_{dead}.db"]  # fmt: skip
     for name in names:
@@ -38,10 +43,7 @@ def test_a_pid_another_user_now_holds_is_alive_and_the_sweep_goes_on_past_it(
     sweep, and every dead pid after it kept its gauges (a review)."""
     import app.runtime.workers as workers
 
-    dead = []
-    for _ in range(3):
-        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-        dead.append(int(gone.stdout))
+    dead = [gone_pid() for _ in range(3)]
     reused, kill = dead[0], os.kill
 
     def kill_as_another_user_sees_it(pid: int, sig: int) -> None:

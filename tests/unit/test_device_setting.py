@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from pydantic import ValidationError
@@ -72,13 +74,11 @@ def test_without_a_gpu_all_means_the_cpu_and_a_gpu_list_is_refused_before_the_se
     assert len(refused.value.problems) == 1
 
 
-def test_a_compile_cache_folder_that_cannot_be_made_is_an_error_naming_the_setting(tmp_path: object) -> None:
+def test_a_compile_cache_folder_that_cannot_be_made_is_an_error_naming_the_setting(tmp_path: Path) -> None:
     """It was a bare FileNotFoundError in the start-up log (the operator review)."""
-    from pathlib import Path
-
     from app.engines.factory import use_compile_cache
 
-    blocker = Path(str(tmp_path)) / "a-file"
+    blocker = tmp_path / "a-file"
     blocker.write_text("")
     with pytest.raises(ValueError, match=r"CGSERVE_COMPILE_CACHE_DIR .*a-file/cache: the folder cannot be made \(.+\); "
                        "name a folder this process may write, or unset it"):  # fmt: skip
