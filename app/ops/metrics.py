@@ -18,6 +18,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from app.ops import metric_buffers
 from app.ops.gpu_metrics import GpuCollector
 from app.ops.metric_buffers import BufferedHistogram, BufferedSum
+from app.ops.process_metrics import WorkerProcesses
 
 # 50 µs … 10 s: a replay of the seed CNN is ~30 µs, an overloaded queue is seconds. Between 25 and 250 ms, where a
 # photo's p99 lies (issue 26: ≤ 50 ms at 70 % load), 35, 75 and 150 ms as well: with 50, 100 and 250 alone every
@@ -238,6 +239,7 @@ def _render() -> bytes:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         registry.register(GPU)  # read by this worker alone: one set of GPU series, not one per worker
+        registry.register(WorkerProcesses(os.environ["PROMETHEUS_MULTIPROC_DIR"]))  # process_*{pid}, each process
         return generate_latest(registry)
     return generate_latest()
 

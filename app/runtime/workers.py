@@ -26,7 +26,6 @@ import contextlib
 import logging
 import multiprocessing
 import os
-import re
 import shutil
 import signal
 import socket
@@ -42,13 +41,13 @@ from app.config import Settings
 from app.engine_process import SEGMENTS_ENV, SOCKET_ENV
 from app.http.server import uvicorn_options
 from app.ops.listening import stop_queueing
+from app.ops.process_metrics import live_pids
 from app.runtime.drain import MANAGED_ENV, STOP_SIGNAL
 
 log = logging.getLogger("uvicorn.error")
 
 _FAILED_MARKER_ENV = "CGSERVE_START_UP_FAILED_MARKER"
 SHM_MIN_FREE_BYTES = 1 << 30  # below this, the engine process's segments go to the metrics folder
-LIVE_GAUGE_FILE = re.compile(r"^gauge_live[a-z]+_(\d+)\.db$")  # prometheus_client's files of a process's live gauges
 
 
 def serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
@@ -126,11 +125,7 @@ class DrainingManager(Multiprocess):
         folder of a few files a process."""
         from prometheus_client import multiprocess  # the folder is set by now (the module's docstring)
 
-        try:
-            names = os.listdir(os.environ["PROMETHEUS_MULTIPROC_DIR"])
-        except OSError:  # the folder removed at the server's end
-            return
-        for pid in {int(match[1]) for name in names if (match := LIVE_GAUGE_FILE.match(name))}:
+        for pid in live_pids(os.environ["PROMETHEUS_MULTIPROC_DIR"]):
             if not _alive(pid):  # a child not yet reaped is alive still: its file goes at the next look
                 with contextlib.suppress(OSError):  # a file removed meanwhile
                     multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]

@@ -104,6 +104,7 @@ def test_several_workers_share_the_port_and_merge_their_metrics(tmp_path: Path) 
         for _ in range(40):  # new connections, so both workers take some
             assert httpx.post(f"{url}/predict", json={"instances": [[0.0] * 784]}).status_code == 200
         exposition = settled_metrics(url)  # several processes: each flushes its own
+        workers = worker_pids(url.rsplit(":", 1)[1])
     served = sum(
         sample.value
         for family in text_string_to_metric_families(exposition)
@@ -111,6 +112,13 @@ def test_several_workers_share_the_port_and_merge_their_metrics(tmp_path: Path) 
         if sample.name == "cgserve_requests_total" and sample.labels["code"] == "200"
     )
     assert served == 40  # whichever worker answered /metrics counted every worker's requests
+    memory = {  # the multiprocess mode has no process_* of its own: each live worker's, by pid
+        int(sample.labels["pid"])
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+        if sample.name == "process_resident_memory_bytes" and sample.value > 0
+    }
+    assert len(workers) == 2 and workers <= memory, (workers, memory)
 
 
 def worker_pids(port: str) -> set[int]:

@@ -1,0 +1,48 @@
+"""The `process_*` metrics (memory, CPU time, open files, start time) of every live process of a server with several
+workers, labelled by pid. prometheus_client's multiprocess mode has no process collector: each worker's registry
+would report only the worker that answered the scrape, so the mode drops them all. Here whichever worker renders
+/metrics reads /proc for each process whose live gauges are in the metrics folder: the workers, and the engine
+process where there is one (each imports app/ops/metrics.py, whose label-less cgserve_ready is a live gauge).
+
+One process serving alone keeps prometheus_client's own, unlabelled collector."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from collections.abc import Iterable
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+LIVE_GAUGE_FILE = re.compile(r"^gauge_live[a-z]+_(\d+)\.db$")  # prometheus_client's files of a process's live gauges
+
+
+def live_pids(folder: str) -> list[int]:
+    """The processes whose live gauges are in `folder`, the multiprocess metrics folder (a process gone leaves it
+    within a second: app/runtime/workers.py's forget_the_gone)."""
+    try:
+        names = os.listdir(folder)
+    except OSError:  # the folder removed at the server's end
+        return []
+    return sorted({int(match[1]) for name in names if (match := LIVE_GAUGE_FILE.match(name))})
+
+
+class WorkerProcesses(Collector):
+    """process_resident_memory_bytes{pid} and the rest of prometheus_client's process metrics, for each live pid."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def collect(self) -> Iterable[Metric]:
+        merged: dict[str, Metric] = {}
+        for pid in live_pids(self.folder):
+            # /proc/<pid>/stat, limits and fd: a process that ended meanwhile yields nothing; one of another user
+            # (the pid reused) yields what /proc lets us read, as for this process.
+            for family in ProcessCollector(pid=functools.partial(int, pid), registry=None).collect():
+                into = merged.setdefault(family.name, Metric(family.name, family.documentation, family.type))
+                for sample in family.samples:
+                    into.add_sample(sample.name, {"pid": str(pid)}, sample.value)
+        return merged.values()
