@@ -30,17 +30,38 @@ def live_pids(folder: str) -> list[int]:
     return sorted({int(match[1]) for name in names if (match := LIVE_GAUGE_FILE.match(name))})
 
 
-class WorkerProcesses(Collector):
-    """process_resident_memory_bytes{pid} and the rest of prometheus_client's process metrics, for each live pid."""
+def state_and_parent(pid: int) -> tuple[str, int] | None:
+    """/proc/<pid>/stat's state (R, S, Z for a zombie …) and parent pid, or None where there is no such process
+    (or no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[-1].split()  # after the command's name, which may hold spaces
+    except OSError:
+        return None
+    return fields[0].decode(), int(fields[1])
 
-    def __init__(self, folder: str) -> None:
+
+def is_zombie(pid: int) -> bool:
+    """Whether `pid` has ended and waits to be reaped (os.kill(pid, 0) still finds it)."""
+    state = state_and_parent(pid)
+    return state is not None and state[0] in "ZX"
+
+
+class WorkerProcesses(Collector):
+    """process_resident_memory_bytes{pid} and the rest of prometheus_client's process metrics, for each live pid
+    that is a child of `parent`: the server's manager, whose workers render /metrics (a pid of the folder reused
+    by some other process before the manager's sweep is not the server's)."""
+
+    def __init__(self, folder: str, parent: int | None = None) -> None:
         self.folder = folder
+        self.parent = os.getppid() if parent is None else parent
 
     def collect(self) -> Iterable[Metric]:
         merged: dict[str, Metric] = {}
         for pid in live_pids(self.folder):
-            # /proc/<pid>/stat, limits and fd: a process that ended meanwhile yields nothing; one of another user
-            # (the pid reused) yields what /proc lets us read, as for this process.
+            state = state_and_parent(pid)
+            if state is None or state[0] in "ZX" or state[1] != self.parent:  # gone, ended unreaped, or not ours
+                continue  # (a zombie's memory and open files read 0: a dip in every panel while a worker drains)
             for family in ProcessCollector(pid=functools.partial(int, pid), registry=None).collect():
                 into = merged.setdefault(family.name, Metric(family.name, family.documentation, family.type))
                 for sample in family.samples:

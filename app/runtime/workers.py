@@ -41,7 +41,7 @@ from app.config import Settings
 from app.engine_process import SEGMENTS_ENV, SOCKET_ENV
 from app.http.server import uvicorn_options
 from app.ops.listening import stop_queueing
-from app.ops.process_metrics import live_pids
+from app.ops.process_metrics import is_zombie, live_pids
 from app.runtime.drain import MANAGED_ENV, STOP_SIGNAL
 
 log = logging.getLogger("uvicorn.error")
@@ -248,7 +248,9 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:  # there is such a process, another user's (the pid reused)
         return True
-    return True
+    # A worker that died while the server drains is not reaped (keep_subprocess_alive leaves uvicorn's loop then):
+    # a zombie, which os.kill finds, whose live gauges would stay until the server ends (a review).
+    return not is_zombie(pid)
 
 
 def _env_value(value: Any) -> str:

@@ -57,3 +57,24 @@ def test_a_pid_another_user_now_holds_is_alive_and_the_sweep_goes_on_past_it(
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
     DrainingManager.forget_the_gone(object.__new__(DrainingManager))
     assert [p.name for p in tmp_path.iterdir()] == [f"gauge_livesum_{reused}.db"]  # its owner is alive
+
+
+def test_a_worker_that_died_unreaped_while_draining_leaves_its_live_gauges(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the server drains, the manager reaps no worker: one that died stayed a zombie, which os.kill(pid, 0)
+    finds, and its live gauges stayed until the server ended (a review)."""
+    import time
+
+    from app.ops.process_metrics import is_zombie
+
+    zombie = subprocess.Popen([sys.executable, "-c", ""])
+    try:
+        while not is_zombie(zombie.pid):
+            time.sleep(0.01)
+        (tmp_path / f"gauge_livemin_{zombie.pid}.db").write_bytes(b"")
+        monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+        DrainingManager.forget_the_gone(object.__new__(DrainingManager))
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        zombie.wait()

@@ -6,36 +6,57 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.ops.process_metrics import WorkerProcesses
+from app.ops.process_metrics import WorkerProcesses, is_zombie
+
+NEVER_A_PID = 2**22 + 1  # over Linux's largest pid_max: no process has it, now or later
 
 
-def test_each_live_process_has_its_memory_and_cpu_by_pid_and_a_process_gone_has_none(tmp_path: Path) -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
-    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    gone = int(ended.stdout)
+@pytest.fixture
+def worker() -> Iterator[subprocess.Popen[bytes]]:
+    """A child of this process (as workers are the manager's), up and running: it has said so."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert child.stdout is not None and child.stdout.readline() == b"up\n"
+    yield child
+    child.communicate(b"")
+
+
+def scrape(folder: Path) -> dict[str, Metric]:
+    registry = CollectorRegistry()
+    registry.register(WorkerProcesses(str(folder), parent=os.getpid()))  # the children of this process are workers
+    return {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+
+
+def test_each_live_worker_has_its_memory_and_cpu_by_pid(tmp_path: Path, worker: subprocess.Popen[bytes]) -> None:
+    zombie = subprocess.Popen([sys.executable, "-c", ""])  # ended and not yet reaped: a worker died while draining
+    while not is_zombie(zombie.pid):
+        time.sleep(0.01)
     try:
-        for pid, name in ((os.getpid(), "livemin"), (child.pid, "livesum"), (gone, "livemin")):
-            (tmp_path / f"gauge_{name}_{pid}.db").write_bytes(b"")
+        pids = {"worker": worker.pid, "zombie": zombie.pid, "gone": NEVER_A_PID, "not ours": os.getpid()}
+        for pid in pids.values():
+            (tmp_path / f"gauge_livemin_{pid}.db").write_bytes(b"")
         (tmp_path / "counter_1.db").write_bytes(b"")  # a counter's file says nothing of whether its process lives
-        registry = CollectorRegistry()
-        registry.register(WorkerProcesses(str(tmp_path)))
-        families = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+        families = scrape(tmp_path)
     finally:
-        child.communicate(b"")
+        zombie.wait()
     memory = {int(s.labels["pid"]): s.value for s in families["process_resident_memory_bytes"].samples}
-    assert sorted(memory) == sorted([os.getpid(), child.pid])
-    assert all(value > 1_000_000 for value in memory.values())  # a Python process holds megabytes
-    cpu = {int(s.labels["pid"]) for s in families["process_cpu_seconds"].samples}
-    assert cpu == set(memory) and families["process_cpu_seconds"].type == "counter"
+    assert list(memory) == [worker.pid] and memory[worker.pid] > 1_000_000  # a Python process holds megabytes
+    cpu = families["process_cpu_seconds"]
+    assert cpu.type == "counter" and [s.labels["pid"] for s in cpu.samples] == [str(worker.pid)]
     assert {"process_open_fds", "process_max_fds", "process_start_time_seconds"} <= set(families)
 
 
 def test_a_folder_gone_yields_no_series(tmp_path: Path) -> None:
-    registry = CollectorRegistry()
-    registry.register(WorkerProcesses(str(tmp_path / "removed at the server's end")))
-    assert b"process_" not in generate_latest(registry)
+    assert not [name for name in scrape(tmp_path / "removed at the server's end") if name.startswith("process_")]
