@@ -126,7 +126,7 @@ class DrainingManager(Multiprocess):
         from prometheus_client import multiprocess  # the folder is set by now (the module's docstring)
 
         for pid in live_pids(os.environ["PROMETHEUS_MULTIPROC_DIR"]):
-            if not _alive(pid):  # a child not yet reaped is alive still: its file goes at the next look
+            if not _alive(pid):  # a zombie (ended, not yet reaped) counts as gone
                 with contextlib.suppress(OSError):  # a file removed meanwhile
                     multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
 
