@@ -14,7 +14,8 @@ load, and a batch larger than the state's buffers makes nvJPEG reallocate them (
                 --preallocate's WIDTHxHEIGHT (with --preallocate; the device memory it took is recorded)
   direct-handles  direct, but each thread's state made from a handle of its own (NvJpeg()), where the server's
                 states share one: whether the handle serializes their hardware decodes (run 60 saw the JPEG
-                engines half busy while the server's three states were the limit)
+                engines half busy while the server's three states were the limit; run 61: it does not, the
+                shared handle as fast or faster at 2-4 threads)
 
 img/s and the process's CPU µs a photo, idle and at each --busy-gpu fraction (jpeg_stages.py's BusyGpu:
 ResNet-50 replays keeping the device that busy, as the engine does in the server). Beside a busy device each point

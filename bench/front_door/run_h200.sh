@@ -26,7 +26,7 @@
 #                                                ~3.5 minutes)
 #   bash bench/front_door/run_h200.sh nvjpeg-handles  the direct decoder's states alone, 1 to 4 threads, idle and
 #                                                beside a device kept 0.6 busy: from one shared handle (as served) and
-#                                                from a handle each (~2 minutes)
+#                                                from a handle each (~1 minute; run 61)
 #   bash bench/front_door/run_h200.sh jpeg-engine  JPEG photos as multipart uploads through 8 workers and the engine
 #                                                process at 1024 connections, the shipped decoder and three direct
 #                                                launches, open loops at 70 % (run 52 had three direct launches win
