@@ -37,8 +37,12 @@
   one slower gets 408 the same way. A window in which the app had yet to take what came (our
   pause, not the client's) is not judged.
 - An answer written before its body was whole (413, 408, 504, 401, a refusal): the rest of the
-  body is read and dropped for at most LINGER_S and LINGER_BYTES, then the connection is closed;
-  a rest that comes whole within them leaves the connection open for the next request.
+  body is read and dropped for at most LINGER_S and LINGER_BYTES, then the connection is closed
+  (closed at once, with the rest unread, the client's kernel may reset it before the answer is
+  read); a rest declared within LINGER_BYTES that comes whole in time leaves the connection open
+  for the next request. Any other rest (larger, or chunked) cannot, and the answer says
+  `Connection: close` (RFC 9112 §9.6): a keep-alive client sent its next request on a connection
+  closed under it and lost it (a review).
 - The deadline's start: the time of each request's first byte goes into the ASGI scope
   (extensions["cgserve.first_byte"]), so the end-to-end deadline counts the reading too.
 - Small inference requests (POST /predict, the v2 infer; app/http/inline_routes.py): while the app
@@ -228,6 +232,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._window_bytes = 0
         self._rate_timer: timers.Armed | None = None
         self._lingering: int | None = None  # bytes dropped since an answer written before its body was whole
+        self._body_bytes = 0  # of the body being read, so far: an early answer's rest is its length less these
+        self._close_after_linger = False  # an early answer said Connection: close: no request follows the rest
         self._last_words: bytes | None = None  # a refusal that waits for the answers owed before it
         self._last_whole: RequestResponseCycle | None = None  # the newest request that came whole
         self._head_begun_mid_read = False  # on_message_begin's word to data_received
@@ -329,6 +335,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.expect_100_continue = True
 
     def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
         cycle = self.cycle
         if self._inline is not None and self._inline[1].cycle is cycle:
             # An inline request has no receive() to wake nor to pause reading for (uvicorn's own does both, at
@@ -435,7 +442,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self._timer is not None:
             self._disarm()
         self._in_headers = False
-        self._header_bytes = 0
+        self._header_bytes = self._body_bytes = 0
         extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
         extensions[FIRST_BYTE_KEY] = self._first_byte or time.monotonic()
         self._first_byte = None
@@ -483,7 +490,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         async def run(scope: Any, receive: Any, send: Any) -> None:
             async def sending(message: Any) -> None:
                 try:
-                    await send(message)
+                    if message["type"] == "http.response.start" and self._rest_too_long_to_linger(cycle):
+                        await self._send_closing(cycle, send, message)
+                    else:
+                        await send(message)
                 except RuntimeError:
                     if not self.transport.is_closing():
                         raise  # the app's own error (a message out of order): uvicorn logs it
@@ -493,11 +503,36 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
         return run
 
+    def _rest_too_long_to_linger(self, cycle: RequestResponseCycle) -> bool:
+        """Whether `cycle`'s answer starts before its body is whole with a rest the linger will not take whole: chunked
+        (its length unknown), or more than LINGER_BYTES still to come."""
+        if self._in_headers or cycle is not self.cycle:  # whole (nearly always), or a pipelined request's answer
+            return False
+        declared = next((value for name, value in cycle.scope["headers"] if name == b"content-length"), None)
+        return declared is None or int(declared) - self._body_bytes > LINGER_BYTES  # one Content-Length: _check_head
+
+    async def _send_closing(self, cycle: RequestResponseCycle, send: Any, message: Any) -> None:
+        """The answer's head with `Connection: close`, the connection closed after the linger (on_response_complete),
+        not at the answer's end as uvicorn closes a connection it has said close on (the rest unread: a reset). An
+        answer that names its own Connection is uvicorn's to close (a 408 for a body too slow: at once)."""
+        if any(name.lower() == b"connection" for name, _ in message.get("headers", ())):
+            await send(message)
+            return
+        self._close_after_linger = True
+        cycle.keep_alive = False  # uvicorn's send() writes the header for it ...
+        try:
+            await send(message)
+        finally:
+            cycle.keep_alive = True  # ... and reads it again at the answer's end, to close there: ours closes
+
     def on_message_complete(self) -> None:
         if self._timer is not None:
             self._disarm()
         if self._rate_timer is not None:
             self._stop_rate()
+        if self._close_after_linger and self._lingering is not None:  # the rest came whole, after Connection: close
+            self.transport.close()
+            return
         self._lingering = None  # the rest came whole: the connection goes on (keep-alive, as uvicorn's)
         cycle = self.cycle
         inline = self._inline if self._inline is not None and self._inline[1].cycle is cycle else None
@@ -523,6 +558,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._stop_rate()
             self._lingering = 0
             self._arm(LINGER_S, self._linger_over)
+        elif self._close_after_linger and not self.transport.is_closing():  # the rest came whole as it was answered
+            self.transport.close()
 
     def _linger_over(self) -> None:
         self._timer = None

@@ -178,3 +178,23 @@ def test_a_flood_of_unparseable_requests_is_not_a_log_line_each(server: tuple[st
     for _ in range(50):
         assert statuses(exchange(server, b"NOT HTTP AT ALL\r\n\r\n")) == [400]
     assert LOG.read_text().count("Invalid HTTP request received.") <= 1
+
+
+def test_an_answer_before_a_large_body_is_whole_says_close_and_the_client_s_next_request_is_answered(
+    server: tuple[str, int],
+) -> None:
+    """A gzip body that inflates past the limit is refused (413) after its first MB on the wire, as it is read; the
+    connection then closes, the rest unread. Said without `Connection: close`, a keep-alive client sent its next
+    request on that connection and lost it (6 of 20 here, a review's 10 of 20)."""
+    import gzip
+
+    import httpx
+
+    bomb = gzip.compress(bytes(1 << 30), 9)  # ~1 MB on the wire: past LINGER_BYTES
+    zipped = {"content-encoding": "gzip", "content-type": "application/octet-stream"}
+    raw = {"content-type": "application/octet-stream"}
+    with httpx.Client(base_url=f"http://{server[0]}:{server[1]}", timeout=30) as client:
+        for _ in range(3):
+            refused = client.post("/predict", content=bomb, headers=zipped)
+            assert refused.status_code == 413 and refused.headers["connection"] == "close", refused.headers
+            assert client.post("/predict", content=IMAGE, headers=raw).status_code == 200

@@ -110,8 +110,23 @@ async def test_after_an_early_413_the_rest_of_a_large_body_is_not_read_for_long(
     protocol.data_received(head("/predict", 16 * 2**20) + b"x" * 1000)
     await settle()
     assert status(transport) == 413 and not transport.closed  # the answer is out; some of the rest is read
+    # ... and says the connection closes: a keep-alive client sent its next request into a connection closed under
+    # it, and lost it (a review)
+    assert b"connection: close" in bytes(transport.written).lower()
     for _ in range(LINGER_BYTES // 16384 + 1):
         protocol.data_received(b"x" * 16384)
+    assert transport.closed
+
+
+@pytest.mark.anyio
+async def test_an_early_answer_to_a_chunked_body_says_close_and_closes_once_the_rest_is_read() -> None:
+    protocol, transport = await connected(refusing_app)
+    chunked = b"POST /predict HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+    protocol.data_received(chunked + b"10\r\n" + b"x" * 16 + b"\r\n")
+    await settle()
+    assert status(transport) == 413 and b"connection: close" in bytes(transport.written).lower()
+    assert not transport.closed  # the rest is read first: closed unread, the client's kernel may lose the answer
+    protocol.data_received(b"0\r\n\r\n")  # the rest, whole and small: still closed, as the answer said
     assert transport.closed
 
 
@@ -134,3 +149,4 @@ async def test_after_an_early_answer_a_small_rest_keeps_the_connection() -> None
     protocol.data_received(head("/predict", 0))
     await settle()
     assert bytes(transport.written).count(b"HTTP/1.1 413") == 2 and not transport.closed
+    assert b"connection: close" not in bytes(transport.written).lower()  # a rest the linger takes whole
