@@ -37,6 +37,7 @@
 #define RESETS_BURST 1024 /* calls a client may cancel at once, then RESETS_A_SECOND (nghttp2's rapid-reset guard) */
 #define RESETS_A_SECOND 512
 #define MAX_SMALL_MESSAGE 4096 /* a call other than ModelInfer: a model's name and version */
+#define MAX_HEADER_LIST 16384  /* a call's headers and metadata, as HTTP/2 counts them (SETTINGS_MAX_HEADER_LIST_SIZE) */
 #define MAX_PATH 128
 #define MAX_AUTH 1024
 /* Every call the door does not serve is told this. */
@@ -682,12 +683,16 @@ int h2_open(door_t *d, conn_t *c, int fd) {
     /* A call's window holds its whole message (one image and its request), so that a client sends it at once;
      * the connection's, every call's at once. */
     int32_t call_window = 2 * (d->row_bytes + MAX_V2_HEADER) + 65535;
+    /* The header list's bound said, as the gRPC port's (grpcio's 16 KiB), for a client to fail a call with more
+     * metadata itself (grpc-go's does; grpcio's does not). A header field over nghttp2's own 64 KiB bound is a
+     * connection error (HPACK's state is the connection's): every call on that connection fails with it. */
     nghttp2_settings_entry settings[] = {
         {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, MAX_STREAMS},
         {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, (uint32_t)call_window},
+        {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST},
     };
     int64_t window = (int64_t)call_window * MAX_STREAMS;
-    nghttp2_submit_settings(h->s, NGHTTP2_FLAG_NONE, settings, 2);
+    nghttp2_submit_settings(h->s, NGHTTP2_FLAG_NONE, settings, sizeof settings / sizeof *settings);
     nghttp2_session_set_local_window_size(h->s, NGHTTP2_FLAG_NONE, 0, window < (1 << 30) ? (int32_t)window : 1 << 30);
     c->h2 = h;
     return 1;
