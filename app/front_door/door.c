@@ -73,8 +73,8 @@ static int send_all(int fd, const char *text, size_t n) {
 
 /* A refusal in the service's error shape ({"error": {"code", "message", "expected"}}), counted; to a v2 request,
  * in the protocol's ({"error": "…"}, with Triton's 400 for a 422). Returns whether it was written whole. */
-static int refuse(door_t *d, int fd, int which, const char *code, const char *message, const char *extra_head,
-                  int closing, int v2) {
+static int refusal(door_t *d, int fd, int which, const char *code, const char *message, const char *extra_head,
+                   int closing, int v2, int counted) {
     static const char *reasons[REFUSALS] = {
         "Bad Request", "Unauthorized", "Not Found", "Method Not Allowed", "Request Timeout", "Length Required",
         "Content Too Large", "Unsupported Media Type", "Unprocessable Content", "Request Header Fields Too Large",
@@ -100,8 +100,14 @@ static int refuse(door_t *d, int fd, int which, const char *code, const char *me
                      "HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s%s\r\n%s",
                      refusal_codes[status], reasons[status], body_len, extra_head,
                      closing ? "connection: close\r\n" : "", body);
-    count_refusal(d, status, v2);
+    if (counted) count_refusal(d, status, v2);
     return send_all(fd, text, (size_t)n);
+}
+
+/* A refusal of an inference request (or of what may have been one), counted into cgserve_requests_total. */
+static int refuse(door_t *d, int fd, int which, const char *code, const char *message, const char *extra_head,
+                  int closing, int v2) {
+    return refusal(d, fd, which, code, message, extra_head, closing, v2, 1);
 }
 
 /* With c->mu held. The buffer goes too: a flood of connections leaves no memory behind it. */
@@ -521,17 +527,19 @@ static int answer_get(door_t *d, int fd, const char *buf, size_t head_len, int c
         free(head);
         free(body);
     }
+    /* A GET is a lookup of metadata or readiness, not an inference: its refusals are not counted as requests, as the
+     * HTTP port counts none of its lookups (a review: each GET of an unknown model added a v2 request's 404). */
     if (found < 0)
-        return refuse(d, fd, R401, "unauthorized", auth ? "the bearer token is not one of the inference tokens"
-                      : "the request has no bearer token", auth ? INVALID_TOKEN : NO_TOKEN, closing, v2);
+        return refusal(d, fd, R401, "unauthorized", auth ? "the bearer token is not one of the inference tokens"
+                       : "the request has no bearer token", auth ? INVALID_TOKEN : NO_TOKEN, closing, v2, 0);
     if (!found && post_route(d, path, path_len)) { /* as a wrong method always is here: refused, and the connection closed */
         refuse(d, fd, R405, "method_not_allowed", "the route takes POST", "allow: POST\r\n", 1, v2);
         return 0;
     }
     if (!found)
-        return refuse(d, fd, R404, "not_found", "the front door answers GETs of the v2 metadata, configuration and "
-                      "readiness of the models it serves (those of the default model's images), and this is none of "
-                      "them: another model, version or route is the service's HTTP port's", "", closing, v2);
+        return refusal(d, fd, R404, "not_found", "the front door answers GETs of the v2 metadata, configuration and "
+                       "readiness of the models it serves (those of the default model's images), and this is none "
+                       "of them: another model, version or route is the service's HTTP port's", "", closing, v2, 0);
     int sent = send_all(fd, text, (size_t)n);
     free(text);
     return sent;

@@ -176,7 +176,22 @@ static void respond(struct h2 *h, call_t *call, char *message, size_t len, char 
     nghttp2_submit_response(h->s, call->stream, nv, 2, &body);
 }
 
-/* A call refused here, counted by its code; `message` percent-encoded as grpc-message asks (it is ASCII). */
+/* Whether the call is the service's `method`. */
+static int call_is(const call_t *call, const char *method) {
+    size_t prefix = sizeof SERVICE - 1, n = strlen(method);
+    return call->path_len == prefix + n && memcmp(call->path, SERVICE, prefix) == 0 &&
+           memcmp(call->path + prefix, method, n) == 0;
+}
+
+/* Whether the call is one of MODEL_CALLS. */
+static int model_call(const call_t *call) {
+    for (size_t i = 0; i < sizeof MODEL_CALLS / sizeof *MODEL_CALLS; i++)
+        if (call_is(call, MODEL_CALLS[i])) return 1;
+    return 0;
+}
+
+/* A call refused here, counted by its code unless it is one of MODEL_CALLS (a lookup, not an inference: the gRPC port
+ * counts none of them); `message` percent-encoded as grpc-message asks (it is ASCII). */
 static void refuse_call(struct h2 *h, call_t *call, int code, const char *message) {
     char lines[1024];
     int n = snprintf(lines, sizeof lines, "grpc-status: %d\r\ngrpc-message: ", code);
@@ -184,9 +199,11 @@ static void refuse_call(struct h2 *h, call_t *call, int code, const char *messag
         n += *m == '%' || *m < 0x20 || *m > 0x7e ? snprintf(lines + n, 4, "%%%02X", (unsigned char)*m)
                                                  : (lines[n] = *m, 1);
     n += snprintf(lines + n, sizeof lines - (size_t)n, "\r\n");
-    pthread_mutex_lock(&h->d->bulk_mu);
-    h->d->grpc_refused[code]++;
-    pthread_mutex_unlock(&h->d->bulk_mu);
+    if (!model_call(call)) {
+        pthread_mutex_lock(&h->d->bulk_mu);
+        h->d->grpc_refused[code]++;
+        pthread_mutex_unlock(&h->d->bulk_mu);
+    }
     respond(h, call, NULL, 0, strndup(lines, (size_t)n), (size_t)n);
 }
 
@@ -294,20 +311,6 @@ static const char *token(const call_t *call) {
 /* Whether the door asks for tokens and the call has none of them. */
 static int no_token(door_t *d, const call_t *call) {
     return d->n_tokens && !(token(call) && token_ok(d, call->auth, call->auth_len));
-}
-
-/* Whether the call is the service's `method`. */
-static int call_is(const call_t *call, const char *method) {
-    size_t prefix = sizeof SERVICE - 1, n = strlen(method);
-    return call->path_len == prefix + n && memcmp(call->path, SERVICE, prefix) == 0 &&
-           memcmp(call->path + prefix, method, n) == 0;
-}
-
-/* Whether the call is one of MODEL_CALLS. */
-static int model_call(const call_t *call) {
-    for (size_t i = 0; i < sizeof MODEL_CALLS / sizeof *MODEL_CALLS; i++)
-        if (call_is(call, MODEL_CALLS[i])) return 1;
-    return 0;
 }
 
 #define MAX_GROUP_DEPTH 100 /* protobuf's default recursion limit */

@@ -960,3 +960,24 @@ def test_it_tells_the_jpegs_nvjpeg_takes_from_those_pillow_decodes() -> None:
         with socket.create_connection(address, timeout=5) as connection:
             status, _, body = exchange(connection, head % (b"image/jpeg", 3 * 64 * 64 + 1) + bytes(3 * 64 * 64 + 1))
             assert status.startswith(b"HTTP/1.1 413 ") and b"service's port" in body, (status, body)
+
+
+def door_requests(metrics: str) -> float:
+    """Every cgserve_requests_total series of the door's, summed."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith("cgserve_requests_total{") and 'protocol="door"' in line)  # fmt: skip
+
+
+def test_a_lookup_it_refuses_is_not_counted_as_a_request(server: dict[str, Any]) -> None:
+    """The HTTP port counts no GET of metadata or readiness among its requests; each such GET of a model the door
+    does not serve added a v2 request's 404 and an invalid_route rejection (a review: 50 GETs, 50 requests)."""
+    with httpx.Client(base_url=server["door"]) as client:
+        time.sleep(1.5)  # the C side's refusals of the tests before are counted (every second), not among these
+        before = settled_metrics(server["url"])
+        for i in range(5):
+            token = {"authorization": RAW["authorization"]}
+            assert client.get(f"/v2/models/no-such-model-{i}", headers=token).status_code == 404
+            assert client.get("/v2/models/fashion-cnn").status_code == 401  # no token
+        time.sleep(1.5)  # the C side's refusals are counted every second
+        after = settled_metrics(server["url"])
+    assert door_requests(after) == door_requests(before)

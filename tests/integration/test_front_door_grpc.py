@@ -447,3 +447,20 @@ def test_the_door_says_its_bound_on_a_calls_metadata(server: dict[str, Any]) -> 
             data += client.recv(65536)
     said = dict(struct.unpack(">HI", found[0][i : i + 6]) for i in range(0, len(found[0]), 6))
     assert said.get(6) == 16384, said  # 6: SETTINGS_MAX_HEADER_LIST_SIZE (RFC 9113 §6.5.2)
+
+
+def test_a_model_call_it_refuses_is_not_counted_as_a_request(server: dict[str, Any]) -> None:
+    """ModelMetadata, ModelConfig and ModelReady are lookups: the gRPC port counts none of them among its requests;
+    each of a model the door does not serve added a door request's NOT_FOUND (a review: 50 calls, 50 requests)."""
+    from tests.integration.test_front_door import door_requests
+
+    client = triton_grpc.InferenceServerClient(server["door"])
+    time.sleep(1.5)  # the C side's refusals of the tests before are counted (every second), not among these
+    before = settled_metrics(server["url"])
+    for i in range(5):
+        with pytest.raises(InferenceServerException, match="serves no model of that name"):
+            client.get_model_metadata(f"no-such-model-{i}", headers=METADATA)
+        with pytest.raises(InferenceServerException):
+            client.get_model_config("fashion-cnn")  # no token
+    time.sleep(1.5)  # the C side's refusals are counted every second
+    assert door_requests(settled_metrics(server["url"])) == door_requests(before)
