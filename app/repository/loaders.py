@@ -129,11 +129,25 @@ def _load_weights(module: nn.Module, spec: ModelSpec) -> None:
 def _unread(path: Path, error: BaseException) -> str:
     """Why torch.load refused a weights file, in words. A file cut short, or still being copied in where a poll saw
     it, reads as torch's bare "OSError: [Errno 22] Invalid argument" (its mmap) or a zip reader's error: for those,
-    its size and the likely cause; a whole file torch refuses (a pickled module, the legacy format) says only that."""
-    if isinstance(error, OSError | EOFError | zipfile.BadZipFile) or "PytorchStreamReader failed" in str(error):
+    its size and the likely cause; a whole file torch refuses (a pickled module, the legacy format) says only that.
+    An empty file, or one that does not begin as torch.save's do, is the first kind too: torch answers it with
+    advice to save with _use_new_zipfile_serialization, which misleads (a review)."""
+    if (isinstance(error, OSError | EOFError | zipfile.BadZipFile) or "PytorchStreamReader failed" in str(error)
+            or not _begins_as_torch_save_does(path)):  # fmt: skip
         try:
             size = f"{path.stat().st_size:,} bytes"
         except OSError:  # gone meanwhile
             size = "no such file"
         return f"not a file torch.save wrote whole ({size}: cut short or still being written?): {error_line(error)}"
     return f"torch.load (weights_only) refused it: {error_line(error)}"
+
+
+def _begins_as_torch_save_does(path: Path) -> bool:
+    """Whether the file begins as torch.save's files do: a zip's local file header (its format since torch 1.6) or a
+    pickle's protocol opcode (the legacy format, which torch refuses in words of its own)."""
+    try:
+        with path.open("rb") as file:
+            head = file.read(4)
+    except OSError:  # gone meanwhile: the size says so
+        return False
+    return head == b"PK\x03\x04" or head[:1] == b"\x80"

@@ -284,6 +284,21 @@ def test_weights_cut_short_say_so_and_how_many_bytes_were_read(tmp_path: Path) -
     assert f"{len(whole) // 2:,} bytes" in problem and "cut short or still being written" in problem, problem
 
 
+@pytest.mark.parametrize("content", [b"", b"not a checkpoint at all " * 200], ids=["empty", "not torch's"])
+def test_an_empty_or_foreign_weights_file_is_not_told_to_use_another_torch_save_format(
+    tmp_path: Path, content: bytes
+) -> None:
+    """An empty file (a copy begun) and one of other bytes got torch's advice to save with
+    _use_new_zipfile_serialization=True, which misleads (a review)."""
+    folder = seed_folder(tmp_path / "repository" / "seed")
+    (folder / WEIGHTS).write_bytes(content)
+    (spec,) = read_repository(folder.parent)
+    with pytest.raises(ModelConfigError) as raised:
+        load_model(spec)
+    (problem,) = raised.value.problems
+    assert f"not a file torch.save wrote whole ({len(content):,} bytes: cut short or still being written?)" in problem
+
+
 def test_weights_of_another_model_name_the_keys_that_differ(tmp_path: Path) -> None:
     folder = seed_folder(tmp_path / "repository" / "seed")
     torch.save({"other.weight": torch.zeros(2)}, folder / WEIGHTS)
