@@ -71,8 +71,8 @@ static int send_all(int fd, const char *text, size_t n) {
 #define NO_TOKEN "www-authenticate: Bearer realm=\"cudagraph-serve\"\r\n"
 #define INVALID_TOKEN "www-authenticate: Bearer realm=\"cudagraph-serve\", error=\"invalid_token\"\r\n"
 
-/* A refusal in the service's error shape ({"error": {"code", "message", "expected"}}), counted; to a v2 request,
- * in the protocol's ({"error": "…"}, with Triton's 400 for a 422). Returns whether it was written whole. */
+/* A refusal in the service's error shape ({"error": {"code", "message", "expected"}}), counted where `counted`; to a
+ * v2 request, in the protocol's ({"error": "…"}, with Triton's 400 for a 422). Returns whether it was written whole. */
 static int refusal(door_t *d, int fd, int which, const char *code, const char *message, const char *extra_head,
                    int closing, int v2, int counted) {
     static const char *reasons[REFUSALS] = {
