@@ -456,8 +456,9 @@ def _skipped(relative: Path) -> bool:
 def forget_frames(error: BaseException) -> None:
     """Drop the tracebacks of `error` and of every exception it was raised from or during. Their frames hold what a
     failed load read (the model's module, its weights: a probe's forward that raised has the module as `self`), in
-    reference cycles that only a full collection frees, rare in the frozen heap (app/ops/heap.py): ten failed loads of
-    a model of 200 MB held 950 MB more (a review). What the answer says is in the messages."""
+    reference cycles that only a full collection frees, rare in the frozen heap (app/ops/heap.py): ten failed loads
+    of a model of 200 MB held 955 MB more (bench/results/2026-12-07-cpu-review-probes/). What the answer says is in
+    the messages."""
     chain: list[BaseException | None] = [error]
     seen: set[int] = set()
     while chain:

@@ -17,6 +17,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+ENDED = "ZX"  # /proc/<pid>/stat's states of a process that has ended: a zombie, dead
 LIVE_GAUGE_FILE = re.compile(r"^gauge_live[a-z]+_(\d+)\.db$")  # prometheus_client's files of a process's live gauges
 
 
@@ -44,7 +45,7 @@ def state_and_parent(pid: int) -> tuple[str, int] | None:
 def is_zombie(pid: int) -> bool:
     """Whether `pid` has ended and waits to be reaped (os.kill(pid, 0) still finds it)."""
     state = state_and_parent(pid)
-    return state is not None and state[0] in "ZX"
+    return state is not None and state[0] in ENDED
 
 
 class WorkerProcesses(Collector):
@@ -60,7 +61,7 @@ class WorkerProcesses(Collector):
         merged: dict[str, Metric] = {}
         for pid in live_pids(self.folder):
             state = state_and_parent(pid)
-            if state is None or state[0] in "ZX" or state[1] != self.parent:  # gone, ended unreaped, or not ours
+            if state is None or state[0] in ENDED or state[1] != self.parent:  # gone, ended unreaped, or not ours
                 continue  # (a zombie's memory and open files read 0: a dip in every panel while a worker drains)
             for family in ProcessCollector(pid=functools.partial(int, pid), registry=None).collect():
                 into = merged.setdefault(family.name, Metric(family.name, family.documentation, family.type))

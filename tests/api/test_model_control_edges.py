@@ -516,9 +516,9 @@ def test_a_failed_load_lets_go_of_the_model_it_read(
     tmp_path: Path, client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The failure's tracebacks held the model's module (the probe's forward had it as `self`) in reference cycles
-    that only a full collection frees, rare in the frozen heap: ten failed loads of a model of 200 MB held 950 MB
-    more, in the engine process 1040 MB against 276 (a review). With the collector off, as it is for long between
-    full collections: every module a failed load built is gone once the answer is given."""
+    that only a full collection frees, rare in the frozen heap: ten failed loads of a model of 200 MB held 955 MB
+    more, 764 in the engine process (bench/results/2026-12-07-cpu-review-probes/). With the collector off, as it is
+    for long between full collections: every module a failed load built is gone once the answer is given."""
     import gc
     import sys
     import types

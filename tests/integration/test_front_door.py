@@ -970,7 +970,7 @@ def door_requests(metrics: str) -> float:
 
 def test_a_lookup_it_refuses_is_not_counted_as_a_request(server: dict[str, Any]) -> None:
     """The HTTP port counts no GET of metadata or readiness among its requests; each such GET of a model the door
-    does not serve added a v2 request's 404 and an invalid_route rejection (a review: 50 GETs, 50 requests)."""
+    does not serve added a v2 request's 404 and an invalid_route rejection (a review)."""
     with httpx.Client(base_url=server["door"]) as client:
         time.sleep(1.5)  # the C side's refusals of the tests before are counted (every second), not among these
         before = settled_metrics(server["url"])

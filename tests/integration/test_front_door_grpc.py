@@ -438,7 +438,7 @@ def test_the_door_says_its_bound_on_a_calls_metadata(server: dict[str, Any]) -> 
     """Its SETTINGS give SETTINGS_MAX_HEADER_LIST_SIZE, 16 KiB as the gRPC port's, for a client to fail a call with
     more metadata by itself (grpc-go's client does; grpcio's, here, sends it anyway). Unsaid, a call's 70 KB value
     went over nghttp2's own bound on a header field, a connection error, and every other call on that connection
-    failed with it (a review: 285 of 1,000 on one channel)."""
+    failed with it (a review)."""
     host, port = server["door"].split(":")
     with socket.create_connection((host, int(port)), timeout=5) as client:
         client.sendall(PREFACE)
@@ -451,7 +451,7 @@ def test_the_door_says_its_bound_on_a_calls_metadata(server: dict[str, Any]) -> 
 
 def test_a_model_call_it_refuses_is_not_counted_as_a_request(server: dict[str, Any]) -> None:
     """ModelMetadata, ModelConfig and ModelReady are lookups: the gRPC port counts none of them among its requests;
-    each of a model the door does not serve added a door request's NOT_FOUND (a review: 50 calls, 50 requests)."""
+    each of a model the door does not serve added a door request's NOT_FOUND (a review)."""
     from tests.integration.test_front_door import door_requests
 
     client = triton_grpc.InferenceServerClient(server["door"])

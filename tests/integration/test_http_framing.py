@@ -185,7 +185,7 @@ def test_an_answer_before_a_large_body_is_whole_says_close_and_the_client_s_next
 ) -> None:
     """A gzip body that inflates past the limit is refused (413) after its first MB on the wire, as it is read; the
     connection then closes, the rest unread. Said without `Connection: close`, a keep-alive client sent its next
-    request on that connection and lost it (6 of 20 here, a review's 10 of 20)."""
+    request on that connection and lost it when the machine was busy (bench/results/2026-12-07-cpu-review-probes/)."""
     import gzip
 
     import httpx
