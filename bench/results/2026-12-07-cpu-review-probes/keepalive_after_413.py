@@ -12,8 +12,9 @@ good = bytes(784)
 failed, answers = 0, set()
 with httpx.Client(base_url=f"http://127.0.0.1:{sys.argv[1]}", timeout=30) as client:
     for _ in range(40):
-        refused = client.post("/predict", content=bomb,
-                              headers={"content-encoding": "gzip", "content-type": "application/octet-stream"})
+        refused = client.post(
+            "/predict", content=bomb, headers={"content-encoding": "gzip", "content-type": "application/octet-stream"}
+        )
         answers.add((refused.status_code, refused.headers.get("connection")))
         try:
             ok = client.post("/predict", content=good, headers={"content-type": "application/octet-stream"})
