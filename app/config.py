@@ -359,12 +359,12 @@ class Settings(BaseSettings):
         "uploads, torchvision's calls) overlaps the previous one's decode, and the direct decoder's states decode "
         "batches side by side. 1: one after the other; 0: the count of the decoder started, 2 for torchvision's (one "
         "batch decodes at a time, even where direct was asked for and the GPU has no JPEG engines) and 3 for direct "
-        "(the best count through the front door, runs 50 and 51).",
+        "(the best count through the front door, runs 50 and 51), whose states decode 3 batches at once at most.",
     )
     jpeg_nvjpeg: Literal["auto", "torchvision", "direct"] = Field(
         "auto",
         description="GPU decoder: torchvision's decode_jpeg, one batch at a time in the process (its lock); direct "
-        "calls nvJPEG's hardware decoder (the JPEG engines of A100, H100, H200) with a decoder state a launch thread, "
+        "calls nvJPEG's hardware decoder (the JPEG engines of A100, H100, H200) with decoder states of its own, "
         "so that batches decode at once (a GPU without those engines keeps torchvision's). auto: direct where the "
         "front door serves in one process, torchvision otherwise. Through the front door, at 3 launches, direct won "
         "in eight of nine calls by 1–10 % on H100s, with a shorter tail in all nine (runs 51, 58–60); for multipart "

@@ -31,9 +31,9 @@ many, so that the decoder which feeds those batches does not queue behind them (
 nvJPEG decoded at half its idle rate: bench/results/HISTORY.md, run 39).
 
 With CGSERVE_JPEG_NVJPEG=direct (auto's choice for the front door in one process), nvJPEG's hardware decoder is
-called without torchvision (app/codecs/nvjpeg.py): each launch thread has a decoder state and a stream of its own,
-so batches decode at once and none waits on the host for its decode (our stream waits for its event). The images it
-does not take (progressive ones) go through torchvision as above.
+called without torchvision (app/codecs/nvjpeg.py): a launch thread takes a decoder state, with a stream of its own,
+from a pool of DIRECT_STATES, so batches decode at once and none waits on the host for its decode (our stream waits
+for its event). The images it does not take (progressive ones) go through torchvision as above.
 
 Where the caller's `out` is a row of an array registered with `pin` (the front door's bulks), the copy out of the
 device writes that row itself, a run of consecutive rows one copy (app/codecs/pinned_rows.py); the other rows go
@@ -88,6 +88,10 @@ STREAM_PRIORITIES = {"normal": 0, "high": -1}
 # at a time took 15 MB. Past it a size's images are resized in several groups.
 RESIZE_GROUP_VALUES = 1 << 25
 RECENT_BATCHES = 1024
+# The direct decoder's states, decoding at once at most: beside a busy device three decoded the most photos a second
+# (run 61: 19.3k, against 16.3k for two and 18.5k for four). Launch threads past them wait for a free state, so that
+# one batch's resize and copies out are queued while three decode.
+DIRECT_STATES = 3
 READ_MODES = {"RGB": torchvision.io.ImageReadMode.RGB, "L": torchvision.io.ImageReadMode.GRAY}
 
 
@@ -131,14 +135,16 @@ class GpuJpegDecoder:
         if max_batch < 1 or launches < 0:
             raise ValueError(f"max_batch must be at least 1 and launches 0 or more; got {max_batch} and {launches}")
         self.device = torch.device(device)
-        # nvJPEG's hardware decoder called directly, a state a launch thread (app/codecs/nvjpeg.py), or None:
+        # nvJPEG's hardware decoder called directly, a pool of states (app/codecs/nvjpeg.py), or None:
         # torchvision's decode_jpeg for every batch.
         self._nvjpeg: NvJpeg | None
         self._direct: queue.SimpleQueue[BatchDecoder] | None
         stream_priority = STREAM_PRIORITIES[priority]
         sized = (max_batch, *preallocate) if preallocate else None
         self._nvjpeg, self._direct = (
-            _direct_decoders(self.device, launches or JPEG_LAUNCHES["direct"], stream_priority, sized)
+            _direct_decoders(
+                self.device, min(launches or JPEG_LAUNCHES["direct"], DIRECT_STATES), stream_priority, sized
+            )
             if nvjpeg == "direct"
             else (None, None)
         )
@@ -354,11 +360,13 @@ class GpuJpegDecoder:
         buffers = [_writable(jobs[i].data) for i in indices]
         for i, buffer in zip(indices, buffers, strict=True):  # nvJPEG may read them until `done`: each held by
             jobs[i].data = buffer  # its job until the hand-back
-        decoder = self._direct.get()  # one a launch thread: never waits
+        waiting = time.perf_counter()
+        decoder = self._direct.get()  # waits while every state decodes (more launch threads than DIRECT_STATES)
+        free = time.perf_counter() - waiting
         try:
             try:
                 images, done = decoder.decode(buffers, gray=color == "L")
-                state_waits.append(decoder.waited_s)  # read before the state goes back to the pool
+                state_waits.append(free + decoder.waited_s)  # read before the state goes back to the pool
             except RuntimeError:  # NvJpegError (a corrupt image, say), the device's memory: torchvision's way for it
                 log.debug("nvJPEG's hardware decoder refused a batch of %d; torchvision decodes it", len(indices))
                 return self._decode_torchvision(jobs, indices, color, errors)
@@ -439,11 +447,11 @@ def _observe_stages(launched: _Launched, completed: float) -> None:
 
 
 def _direct_decoders(
-    device: torch.device, launches: int, priority: int, preallocate: tuple[int, int, int] | None = None
+    device: torch.device, states: int, priority: int, preallocate: tuple[int, int, int] | None = None
 ) -> tuple[NvJpeg, queue.SimpleQueue[BatchDecoder]] | tuple[None, None]:
-    """nvJPEG's hardware backend and a decoder state for each launch thread (its stream at `priority`, its
-    buffers sized now for `preallocate`'s (batch, width, height) where given), or (None, None) (logged: why)
-    where this GPU or library has none. ValueError where the states cannot be sized as asked: the operator
+    """nvJPEG's hardware backend and a pool of `states` decoder states for the launch threads (each's stream at
+    `priority`, its buffers sized now for `preallocate`'s (batch, width, height) where given), or (None, None)
+    (logged: why) where this GPU or library has none. ValueError where the states cannot be sized as asked: the operator
     asked for it, and a server quietly decoding otherwise is what they would not see. The states share one
     handle: a handle each decoded no faster (run 61)."""
     nvjpeg: NvJpeg | None = None
@@ -451,7 +459,7 @@ def _direct_decoders(
     try:
         with torch.cuda.device(device):  # a handle and its states belong to the device current when made
             nvjpeg = NvJpeg()
-            for _ in range(launches):
+            for _ in range(states):
                 pool.put(nvjpeg.decoder(device, priority))
     except (NvJpegError, OSError, AttributeError) as error:  # no hardware decoder, no library, an old library
         log.info("JPEG uploads: nvJPEG's hardware decoder is not available here (%s); torchvision's decoder", error)
@@ -462,14 +470,14 @@ def _direct_decoders(
         batch, width, height = preallocate
         try:
             with torch.cuda.device(device):
-                for _ in range(launches):  # each state once: taken from the pool and put back
+                for _ in range(states):  # each state once: taken from the pool and put back
                     decoder = pool.get()
                     decoder.preallocate(batch, width, height)
                     pool.put(decoder)
         except NvJpegError as error:  # the device's memory, or a library without the call
             nvjpeg.close()
             raise ValueError(
-                f"CGSERVE_JPEG_PREALLOCATE={width}x{height}: nvJPEG could not size its {launches} decoder states "
+                f"CGSERVE_JPEG_PREALLOCATE={width}x{height}: nvJPEG could not size its {states} decoder states "
                 f"for {batch} photos that large ({error}); set 0 to let them grow as batches come, or a smaller "
                 "size where the device's memory ran short"
             ) from error

@@ -1,9 +1,9 @@
-"""nvJPEG's batched decode on the GPU's JPEG engines, called directly: one decoder state a launch thread, no lock.
+"""nvJPEG's batched decode on the GPU's JPEG engines, called directly: a decoder state a batch decoding, no lock.
 
 torchvision's decode_jpeg holds one lock for the whole process over a batch and ends it in a
 cudaStreamSynchronize of its decoder stream: a process decodes one batch at a time, however many
 threads launch, and each batch's wait for the device holds the next one's host work back. Here each
-launch thread has a state of its own (nvjpegJpegState_t) on a stream of its own, so batches decode at
+batch decoding has a state of its own (nvjpegJpegState_t) on a stream of its own, so batches decode at
 once, and nothing waits on the host for the decode: the caller orders its resize after it with an event.
 
     BatchDecoder.decode([k JPEG buffers], gray) →
@@ -127,7 +127,7 @@ def _check(status: int, what: str) -> None:
 
 
 class NvJpeg:
-    """One nvJPEG handle on the hardware backend, and the decoder states made from it (one a launch thread).
+    """One nvJPEG handle on the hardware backend, and the decoder states made from it (one a batch decoding at once).
     NvJpegError where the library is missing or this GPU has no hardware JPEG decoder."""
 
     def __init__(self, path: str | None = None) -> None:
@@ -178,7 +178,7 @@ class NvJpeg:
 class BatchDecoder:
     """One decoder state and its stream: one batch at a time, from one thread at a time. Its previous batch
     must have been decoded before the next starts (the state's buffers are reused): `decode` waits for that
-    batch's own event, asleep, where it has not (with a state a launch thread, it has)."""
+    batch's own event, asleep, where it has not."""
 
     def __init__(self, nvjpeg: NvJpeg, device: torch.device, priority: int = 0) -> None:
         self.nvjpeg, self.device = nvjpeg, device

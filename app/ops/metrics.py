@@ -116,13 +116,13 @@ GPU_JPEG_BATCH_SECONDS = Histogram(
 )
 GPU_JPEG_STAGE = Histogram(
     "cgserve_gpu_jpeg_stage_seconds",
-    "One GPU JPEG batch's time by stage, each batch once: state_wait (the direct decoder's wait for its state's "
-    "previous batch to finish on the device; 0 with torchvision's), decode (the rest of the decoding on the launch "
-    "thread: torchvision's decode_jpeg calls, a wait for its decoder's lock, nvJPEG's host phase, its device phase "
-    "and the wait for it; the direct decoder's headers and nvJPEG's call), prepare (the rest of the launch: "
-    "stacking, resizing and the copy out queued), device (the launch's return to its resize and copy out done on "
-    "the device, and the loop's turn to see it), hand_back (every upload's rows copied out of pinned memory and "
-    "answered, on the loop).",
+    "One GPU JPEG batch's time by stage, each batch once: state_wait (the direct decoder's wait for a state: a free "
+    "one, then its previous batch to finish on the device; 0 with torchvision's), decode (the rest of the decoding "
+    "on the launch thread: torchvision's decode_jpeg calls, a wait for its decoder's lock, nvJPEG's host phase, its "
+    "device phase and the wait for it; the direct decoder's headers and nvJPEG's call), prepare (the rest of the "
+    "launch: stacking, resizing and the copy out queued), device (the launch's return to its resize and copy out "
+    "done on the device, and the loop's turn to see it), hand_back (every upload's rows copied out of pinned memory "
+    "and answered, on the loop).",
     ["stage"],
     buckets=LATENCY_BUCKETS,
 )

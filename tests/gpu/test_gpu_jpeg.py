@@ -27,7 +27,7 @@ from PIL import Image
 pytest.importorskip("torchvision")  # the optional extra; without it the GPU decoder is never chosen
 
 from app.codecs.bodies import decode_image
-from app.codecs.gpu_jpeg import GpuJpegDecoder
+from app.codecs.gpu_jpeg import DIRECT_STATES, GpuJpegDecoder
 from app.codecs.nvjpeg import BatchDecoder
 from app.repository import load_model, read_repository
 from app.repository.model_spec import ModelSpec
@@ -150,6 +150,25 @@ def test_two_launches_at_once_give_every_upload_the_pixels_it_gets_alone(nvjpeg:
     for i, got in enumerate(together):
         assert isinstance(got, np.ndarray), got
         np.testing.assert_array_equal(got, alone[i % 40], err_msg=f"upload {i}")  # type: ignore[arg-type]
+
+
+def test_launch_threads_past_the_direct_decoder_s_states_wait_for_one_and_get_the_same_pixels() -> None:
+    """Five launch threads share DIRECT_STATES decoder states: a thread finding none free waits for one (the
+    pool's get), and every upload still gets the pixels it gets alone."""
+    jpegs = [encode(synthetic_photo(500, 375, seed=i), quality=90) for i in range(24)]
+    alone, _ = decode_all([(data, RESNET50) for data in jpegs], max_batch=1, launches=1, nvjpeg="direct")
+
+    async def run() -> list[object]:
+        decoder = GpuJpegDecoder("cuda:0", max_batch=3, launches=5, nvjpeg="direct")
+        assert decoder.launches == 5 and decoder._direct is not None
+        assert decoder._direct.qsize() == DIRECT_STATES < 5
+        try:
+            return list(await asyncio.gather(*(decoder.decode(jpegs[i % 24], RESNET50) for i in range(120))))
+        finally:
+            decoder.close()
+
+    for i, got in enumerate(asyncio.run(run())):
+        np.testing.assert_array_equal(got, alone[i % 24], err_msg=f"upload {i}")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("nvjpeg", NVJPEG)

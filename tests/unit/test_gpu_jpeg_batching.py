@@ -422,7 +422,8 @@ def test_the_direct_decoders_wait_for_its_state_is_a_stage_of_its_own(calls: lis
     assert all(isinstance(result, np.ndarray) for result in results)
     batches = stage("state_wait", "count") - before["state_wait", "count"]
     assert batches >= 1 and stage("decode", "count") - before["decode", "count"] == batches
-    assert stage("state_wait", "sum") - before["state_wait", "sum"] == pytest.approx(0.2 * batches)
+    # and the wait for a free state from the pool, here a few microseconds
+    assert stage("state_wait", "sum") - before["state_wait", "sum"] == pytest.approx(0.2 * batches, abs=0.01)
     assert stage("decode", "sum") - before["decode", "sum"] >= 0  # the rest of the call, the wait taken out
 
 
