@@ -212,8 +212,9 @@ class Settings(BaseSettings):
     batch_timeout_s: float = Field(
         10.0,
         gt=0.0,
-        description="A launched batch not back after this marks the device dead: its requests get 503 and the "
-        "process exits non-zero, for its supervisor to restart it.",
+        description="A launched batch not back after this marks the GPU dead: its requests get 503 and the "
+        "process exits non-zero, for its supervisor to restart it. On the CPU such a batch is logged (a slow or stuck "
+        "model's code, not a hung device) and its requests get 504 at their deadlines.",
     )
     max_body_bytes: int = Field(
         16 * 2**20,

@@ -32,7 +32,7 @@ from app.http.protocol import HOOKS_KEY, ProtocolHooks
 from app.http.routes import models, probes
 from app.http.routes.predict import PredictCodec, predict
 from app.model_control import ModelControl, RemoteModelControl, RepositoryControl
-from app.ops import metrics, tracing
+from app.ops import daemon_thread, metrics, tracing
 from app.ops.loop_lag import GcPauses, sample_loop_lag
 from app.protocols.v2 import repository as v2_repository
 from app.protocols.v2 import rest as v2_rest
@@ -41,6 +41,8 @@ from app.protocols.v2.rest import V2Codec
 from app.repository import LoadedModel
 from app.runtime.drain import drain_on_signals
 from app.service import Service
+
+log = logging.getLogger(__name__)
 
 # No OpenTelemetry (Prometheus is the metrics path): with it off FastAPI skips its per-request
 # provider look-ups, a few % of the request path under load (py-spy). The benchmark's no-op and
@@ -120,6 +122,9 @@ def create_app(
                 # and so does a thread stuck in a forward): leave now, non-zero, for the supervisor.
                 logging.shutdown()
                 os._exit(1)
+            # A forward stuck in a model's code on the CPU (its batch outlived the stop's wait), a load's factory
+            # still reading its model: neither is waited for (their threads would hold the interpreter's exit).
+            daemon_thread.leave_now_if_unfinished(log)
 
     # FastAPIOffline serves Swagger UI and ReDoc from files in its wheel: /docs works offline.
     app = FastAPIOffline(

@@ -26,14 +26,14 @@ Pipelining and devices: one task collects and launches while a free Slot exists;
 `in_flight`), the SlotPool gives each batch the free slot of the least-loaded device, and a
 Slot returns to the pool only after its batch's results were copied out.
 
-Every request gets exactly one answer: its probabilities, or an error — 503 when the queue is
-over its limit (checked before the body is read, `admit`, and again at `enqueue`), 504 when its
-end-to-end deadline passes before its rows are launched (the rows of a split request left
-unlaunched are dropped), 500 when its batch failed, 503 when the device is dead. A batch not
-back within `batch_timeout_s`, or a sticky device error, on any device, declares the service's
-device dead (`on_dead`; fail fast, the supervisor restarts the process rather than the batcher
-limping on the other devices): queued requests are answered 503, and the slot of a batch that
-never came back is never reused (the device may still write its pinned memory).
+Every request gets exactly one answer: its probabilities, or an error — 503 when the queue is over its limit
+(checked before the body is read, `admit`, and again at `enqueue`), 504 when its end-to-end deadline passes
+before its rows are launched (the rows of a split request left unlaunched are dropped), 500 when its batch
+failed, 503 when the device is dead. A batch not back within `batch_timeout_s` on a GPU (on the CPU it is
+logged: a slow model, not a hung device), or a sticky device error, on any device, declares the service's
+device dead (`on_dead`; fail fast, the supervisor restarts the process rather than the batcher limping on the
+other devices): queued requests are answered 503, and the slot of a batch that never came back is never reused
+(the device may still write its pinned memory).
 
 Tracing (app/ops/tracing.py): with it on, `enqueue` and `_run_batch` are their traced variants,
 chosen once here: each request's span context is kept until its answer, and each batch gets a
@@ -95,6 +95,7 @@ class Batcher:
         self.fastest_bucket = fastest_bucket
         self.clock = DeviceClock(len(self.engines))  # when each device should be done, from measured batches
         self.batch_timeout_s = batch_timeout_s
+        self._overdue: set[asyncio.Task[None]] = set()  # cpu batches past batch_timeout_s, logged once each
         self.dead: str | None = None  # why the device is dead, once it is
         self.dead_device: str | None = None  # which one
         self._on_dead = on_dead
@@ -371,10 +372,18 @@ class Batcher:
                 request.future.set_exception(DeadlineExceededError(request.deadline - request.enqueued))
         self._drop_answered(every=0.0)  # those, and the requests whose clients left
         self._queue_depth.set(self._queued_rows)  # a queue that no batch drains (no free slot) shows too
-        for launched, lease, shares in list(self._batches.values()):
+        self._overdue.intersection_update(self._batches)  # those still running
+        for task, (launched, lease, shares) in list(self._batches.items()):
             if now - launched > self.batch_timeout_s:
                 device = lease.engine.device
                 timeout = f"the batch timeout of {self.batch_timeout_s:g} s"
+                if device == "cpu":  # a slow or stuck model's code, not a hung device: logged, not fatal
+                    if task not in self._overdue:
+                        self._overdue.add(task)
+                        log.warning("a batch of %d rows on the cpu has run past %s: the model is slow or stuck; its "
+                                    "requests get 504 at their deadlines, the model's next batches wait for it",
+                                    sum(end - start for _, start, end in shares), timeout)  # fmt: skip
+                    continue
                 self.declare_dead(f"a batch on {device} did not complete within {timeout}", device)
                 fail(shares, lambda: NotReadyError(f"the device is dead ({self.dead})"))
 
@@ -445,12 +454,16 @@ class Batcher:
             finished = True
             if span is not None:
                 span.add_event("replayed")
-        except Exception as error:
+        except (Exception, SystemExit, KeyboardInterrupt) as error:  # the last two: the model's code called sys.exit
+            # or raised them, on the engine's thread (signals reach the main thread's handlers, never a batch): its
+            # batch fails, not the server. CancelledError (the server stopping) goes on.
             finished = engine.healthy()  # a sticky device error: the slot may still be in use
             log.exception(
                 "batch of %d rows (bucket %d) on %s failed; failing its requests", rows, bucket, engine.device
             )
             what = f"{type(error).__name__}: {error}"
+            if not isinstance(error, Exception):
+                what = f"the model's code raised {type(error).__name__}({error}) while computing a batch"
             if span is not None:
                 span.record_exception(error)
             fail(shares, lambda: EngineError(what))

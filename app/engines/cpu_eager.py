@@ -17,6 +17,7 @@ from torch import nn
 from app.engines.base import EngineReport, InputDtype, Slot, host_slot
 from app.engines.model_input import ModelInput
 from app.engines.postprocess import finished_into, packed
+from app.ops.daemon_thread import at_work
 from app.repository.model_spec import ModelSpec
 
 
@@ -46,10 +47,10 @@ class CpuEagerEngine:
     def _forward(self, inputs: np.ndarray, outputs: np.ndarray) -> float:
         start = time.perf_counter()
         bucket = len(inputs)
-        with torch.inference_mode():
+        with at_work(), torch.inference_mode():  # a forward stuck in the model's code does not hold a stop
             # from_numpy shares memory: (bucket, C, H, W) in, (bucket, width) written in place: the class
             # scores, or every named output packed into one float32 row an image.
-            rows = packed(self.module(self.model_input(torch.from_numpy(inputs))), self.spec.layout)
+            rows = packed(self.module(self.model_input(torch.from_numpy(inputs))), self.spec.layout, bucket)
             out = torch.from_numpy(outputs[:bucket])
             finished_into(rows, self.spec.layout, self.spec.config.postprocess, out)
         return time.perf_counter() - start
@@ -58,4 +59,5 @@ class CpuEagerEngine:
         return True
 
     def close(self) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        # Not waited for: the batcher has waited for its batches, and one still running is stuck in the model's code.
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -347,7 +347,7 @@ class CudaEngine:
                         dtype = dtypes[draw % len(dtypes)]
                         x = torch.randint(0, 256, (bucket, *shape), device=self._device, generator=generator)
                         x = x.to(torch.uint8) if dtype == "uint8" else x.float() * (1 / 255)
-                        want = packed(self._reference(self._input(x)), self.spec.layout)
+                        want = packed(self._reference(self._input(x)), self.spec.layout, bucket)
                         state.host_in[dtype][:bucket].copy_(x)
                         got = self._queue_batch(state, bucket, dtype)
                         state.done.synchronize()

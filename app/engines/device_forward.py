@@ -41,4 +41,4 @@ class DeviceForward(nn.Module):
         # cache_enabled=False: weight casts must be captured into each graph, not cached outside it.
         with torch.autocast("cuda", dtype=DTYPES[self.dtype], enabled=self.dtype != "fp32", cache_enabled=False):
             returned = self.module(x)  # (b, classes), or a tuple or dict of named outputs
-        return packed(returned, self.layout)  # (b, width) fp32
+        return packed(returned, self.layout, x.shape[0])  # (b, width) fp32, or ModelOutputError

@@ -15,7 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from app.engines.base import EngineReport, InputDtype, Slot, host_slot
-from app.engines.postprocess import packed_numpy, scores_numpy
+from app.engines.postprocess import packed_numpy
+from app.ops.daemon_thread import at_work
 from app.repository.model_spec import ModelSpec
 from app.repository.onnx_files import open_session
 
@@ -60,15 +61,18 @@ class OnnxRuntimeEngine:
             x = x - self._mean
         if self._std is not None:
             x = x / self._std
-        returned = self._session.run(self._output_names, {self._input_name: np.ascontiguousarray(x, dtype=np.float32)})
-        if self._output_names is None:
-            outputs[: len(inputs)] = scores_numpy(returned[0], self.spec.config.postprocess)  # (b, classes)
-        else:  # (b, width): every named output packed
-            outputs[: len(inputs)] = packed_numpy(returned, self.spec.layout, self.spec.config.postprocess)
+        with at_work():  # a run that never returns does not hold a stop
+            returned = self._session.run(
+                self._output_names, {self._input_name: np.ascontiguousarray(x, dtype=np.float32)}
+            )
+        # (b, width): the class scores, or every named output packed; checked (b, *shape) each before it is written
+        outputs[: len(inputs)] = packed_numpy(returned[: len(self.spec.layout.outputs)], self.spec.layout,
+                                              self.spec.config.postprocess, len(inputs))  # fmt: skip
         return time.perf_counter() - start
 
     def healthy(self) -> bool:
         return True
 
     def close(self) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        # Not waited for: the batcher has waited for its batches, and one still running is stuck in the model's code.
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -50,19 +50,49 @@ def scores_numpy(logits: np.ndarray, kind: Postprocess) -> np.ndarray:
 # --- several named outputs (app/repository/outputs.py) ---------------------------------------------
 
 
-def packed(returned: object, layout: OutputLayout) -> torch.Tensor:
-    """The model's return value → (b, width) fp32: each output flattened, cast and concatenated in the
-    layout's order (a tuple in its order, a dict by name). The default layout's one tensor is only cast."""
+class ModelOutputError(RuntimeError):
+    """The model returned what its model.toml does not declare for the batch it was given: another shape, another
+    count of rows, another kind of value. Checked before anything is written into the batch's output rows, which
+    would otherwise keep an earlier batch's scores or broadcast one row over all (another client's answers)."""
+
+
+def packed(returned: object, layout: OutputLayout, batch: int) -> torch.Tensor:
+    """The model's return value for `batch` images → (batch, width) fp32: each output flattened, cast and
+    concatenated in the layout's order (a tuple in its order, a dict by name). The default layout's one tensor is
+    only cast. ModelOutputError where an output is not (batch, *its shape)."""
     if layout.default:
-        assert isinstance(returned, torch.Tensor)
+        if not isinstance(returned, torch.Tensor):
+            raise ModelOutputError(
+                f"the model returned a {type(returned).__name__} for a batch of {batch}; expected one "
+                f"({batch}, {layout.width}) tensor (or [[outputs]] in model.toml naming them)"
+            )
+        expect_shape(tuple(returned.shape), (batch, layout.width), layout.outputs[0].name)
         return returned.float()  # (b, classes)
     if isinstance(returned, torch.Tensor):
         parts = [returned]
     elif isinstance(returned, dict):
+        missing = [name for name in layout.names if name not in returned]
+        if missing:
+            raise ModelOutputError(f"the model's dict lacks {missing}; expected the outputs {list(layout.names)}")
         parts = [returned[name] for name in layout.names]
+    elif isinstance(returned, (tuple, list)):
+        parts = list(returned)
     else:
-        parts = list(returned)  # type: ignore[call-overload]
-    return torch.cat([part.reshape(part.shape[0], -1).float() for part in parts], dim=1)
+        raise ModelOutputError(f"the model returned a {type(returned).__name__}; expected a tensor, tuple or dict of "
+                               f"the outputs {list(layout.names)}")  # fmt: skip
+    if len(parts) != len(layout.outputs) or not all(isinstance(part, torch.Tensor) for part in parts):
+        raise ModelOutputError(f"the model returned {len(parts)} values; expected {len(layout.outputs)} tensors, the "
+                               f"outputs {list(layout.names)} in that order")  # fmt: skip
+    for part, output in zip(parts, layout.outputs, strict=True):
+        expect_shape(tuple(part.shape), (batch, *output.shape), output.name)
+    return torch.cat([part.reshape(batch, -1).float() for part in parts], dim=1)
+
+
+def expect_shape(got: tuple[int, ...], expected: tuple[int, ...], name: str) -> None:
+    """ModelOutputError unless an output of the batch has the shape model.toml declares for it."""
+    if got != expected:
+        raise ModelOutputError(f"the model returned {name} of shape {got} for a batch of {expected[0]}; expected "
+                               f"{expected}: one row an image, each as model.toml declares")  # fmt: skip
 
 
 def finished(rows: torch.Tensor, layout: OutputLayout, kind: Postprocess) -> torch.Tensor:
@@ -82,11 +112,14 @@ def finished_into(rows: torch.Tensor, layout: OutputLayout, kind: Postprocess, o
         out.copy_(finished(rows, layout, kind))
 
 
-def packed_numpy(returned: list[np.ndarray], layout: OutputLayout, kind: Postprocess) -> np.ndarray:
-    """The same on the host, for ONNX Runtime: its outputs in the layout's order → (b, width) float32, finished."""
+def packed_numpy(returned: list[np.ndarray], layout: OutputLayout, kind: Postprocess, batch: int) -> np.ndarray:
+    """The same on the host, for ONNX Runtime: its outputs for `batch` images in the layout's order → (batch, width)
+    float32, finished; ModelOutputError where an output is not (batch, *its shape)."""
+    for part, output in zip(returned, layout.outputs, strict=True):
+        expect_shape(tuple(part.shape), (batch, *output.shape), output.name)
     if layout.default:
         return scores_numpy(returned[0], kind)
-    rows = np.concatenate([part.reshape(len(part), -1).astype(np.float32) for part in returned], axis=1)
+    rows = np.concatenate([part.reshape(batch, -1).astype(np.float32) for part in returned], axis=1)
     classes = layout.classes
     if classes is not None and kind != "none":
         rows[:, classes.columns] = scores_numpy(rows[:, classes.columns], kind)

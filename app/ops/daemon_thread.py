@@ -17,7 +17,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -52,6 +52,19 @@ async def in_daemon_thread(fn: Callable[..., T], /, *args: object, name: str = "
     _running.add(thread)
     thread.start()
     return await future
+
+
+@contextlib.contextmanager
+def at_work() -> Iterator[None]:
+    """The calling thread (a pool's: an engine's forward on the CPU) is at work a stopping process must not wait
+    for while in the block: a model's code that never returns is left unfinished by leave_now_if_unfinished, where
+    the interpreter's end would join its pool's thread for ever (run_in_executor's threads are not daemons)."""
+    thread = threading.current_thread()
+    _running.add(thread)
+    try:
+        yield
+    finally:
+        _running.discard(thread)
 
 
 def leave_now_if_unfinished(log: logging.Logger, *, failed: bool = False) -> None:

@@ -43,6 +43,12 @@ def probe_onnx(spec: ModelSpec, batch: int) -> list[Seen]:
     differ = shape_differences(spec.input_shape, declared)
     if differ:
         raise ModelConfigError([f"{toml}: input_shape: {differ}"])
+    if isinstance(declared[0], int) and declared[0] > 0:  # it would load, then fail every batch of another size
+        raise ModelConfigError(
+            [f"{toml}: file: the ONNX model's input {declared} takes batches of {declared[0]} only; the server batches "
+             "requests into buckets of several sizes: export it with a dynamic batch dimension (torch.onnx.export's "
+             "dynamic_axes={'x': {0: 'N'}}, or dynamic_shapes)"]
+        )  # fmt: skip
     x = np.zeros((batch, *spec.input_shape), dtype=np.float32)
     try:
         outputs = session.run(None, {session.get_inputs()[0].name: x})

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from app.batching.batcher import PURGE_INTERVAL_S, Batcher
+from app.engines.base import InputDtype, Slot
 from app.errors import DeadlineExceededError, EngineError, NotReadyError, QueueFullError
 from tests.unit.fake_engine import SHAPE, FakeEngine, expected, images
 
@@ -231,7 +232,7 @@ async def test_stop_answers_queued_requests_503() -> None:
 
 
 async def test_reaper_answers_requests_that_no_free_slot_would_ever_collect() -> None:
-    engine = FakeEngine(in_flight=1)
+    engine = FakeEngine(in_flight=1, device="cuda:0")
     async with running(engine, max_delay_s=0.0, request_timeout_s=5.0) as batcher:
         engine.gate.clear()  # a hung device: the one slot never comes back
         hung = asyncio.create_task(batcher.submit(images(1.0)))
@@ -259,7 +260,7 @@ async def test_pixels_stay_uint8_unless_a_float_request_shares_the_batch() -> No
 
 
 async def test_a_hung_batch_declares_the_device_dead_once_and_its_slot_is_never_reused() -> None:
-    engine = FakeEngine(in_flight=2)
+    engine = FakeEngine(in_flight=2, device="cuda:0")
     deaths: list[str] = []
     async with running(engine, max_delay_s=0.0, request_timeout_s=5.0, on_dead=deaths.append) as batcher:
         engine.gate.clear()  # the device never answers
@@ -274,6 +275,46 @@ async def test_a_hung_batch_declares_the_device_dead_once_and_its_slot_is_never_
             batcher.admit(time.monotonic() + 1.0)
         with pytest.raises(NotReadyError, match="dead"):
             await batcher.submit(images(2.0))
+
+
+async def test_a_cpu_batch_past_the_batch_timeout_is_a_slow_model_logged_not_a_dead_device(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """On the CPU a batch that runs long is the model's code being slow (or stuck), not a hung device: the server
+    stays up for every other model, and the batch's answer still comes when it ends."""
+    engine = FakeEngine(in_flight=2)  # device "cpu"
+    deaths: list[str] = []
+    async with running(engine, max_delay_s=0.0, request_timeout_s=60.0, on_dead=deaths.append) as batcher:
+        engine.gate.clear()  # the model computes for ever, for now
+        slow = asyncio.create_task(batcher.submit(images(1.0)))
+        await engine.launched.wait()
+        with caplog.at_level("WARNING"):
+            batcher.reap(time.monotonic() + batcher.batch_timeout_s + 1.0)
+            batcher.reap(time.monotonic() + batcher.batch_timeout_s + 2.0)
+        assert deaths == [] and batcher.dead is None
+        overdue = [r for r in caplog.records if "slow or stuck" in r.getMessage()]
+        assert len(overdue) == 1, "logged once a batch"
+        engine.gate.set()
+        np.testing.assert_allclose(await slow, expected(1.0), rtol=1e-6)
+        np.testing.assert_allclose(await batcher.submit(images(2.0)), expected(2.0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("raised", [SystemExit(3), SystemExit(0), KeyboardInterrupt()])
+async def test_a_model_that_calls_sys_exit_fails_its_batch_not_the_server(raised: BaseException) -> None:
+    """sys.exit (or KeyboardInterrupt) from a model's forward reached asyncio as itself and stopped the server
+    (exit status the model's, 0 included): now that batch's requests get 500 saying so, and the next batch serves."""
+
+    class Exiting(FakeEngine):
+        async def run(self, slot: Slot, bucket: int, dtype: InputDtype) -> float:
+            if (slot.inputs[dtype][:bucket] == 9.0).any():
+                raise raised
+            return await super().run(slot, bucket, dtype)
+
+    async with running(Exiting(), max_delay_s=0.0) as batcher:
+        with pytest.raises(EngineError, match=f"the model's code raised {type(raised).__name__}"):
+            await batcher.submit(images(9.0))
+        np.testing.assert_allclose(await batcher.submit(images(2.0)), expected(2.0), rtol=1e-6)
+        assert batcher.dead is None
 
 
 async def test_a_deadline_shorter_than_the_timeout_and_the_unlaunched_rows_of_a_split_request() -> None:
