@@ -147,7 +147,7 @@ def serve(settings: Settings, overrides: dict[str, Any]) -> int:
             server.should_exit = True
         exit_for_certain(settings.shutdown_timeout_s + 5)
 
-    app = create_app(settings, prepared=prepared, on_fatal=exit_server, exit_on_dead_device=True)
+    app = create_app(settings, prepared=prepared, on_fatal=exit_server, owns_process=True)
     server = uvicorn.Server(uvicorn_config(app, settings))
     server.run(sockets=[sock])
     return 1 if app.state.service.failure else 0

@@ -61,14 +61,15 @@ def create_app(
     on_fatal: Callable[[], None] = lambda: None,
     on_ready: Callable[[], None] = lambda: None,
     peers_ready: Callable[[], tuple[bool, str]] | None = None,
-    exit_on_dead_device: bool = False,
+    owns_process: bool = False,
     engine_process: tuple[str, str] | None = None,
 ) -> FastAPI | AccessLayers:
     """The app; `prepared` models (loaded and checked by the CLI) save loading them twice.
 
     With several workers (app/runtime/workers.py), `on_ready` tells the others this one is ready and
-    `peers_ready` says whether all of them are. `exit_on_dead_device`: a server process ends itself at
-    once after its shutdown when a device died (in-process test clients keep their process).
+    `peers_ready` says whether all of them are. `owns_process`: a server process ends itself at
+    once after its shutdown when a device died, or where a model's forward or factory is still at work (in-process
+    test clients keep their process).
     `engine_process`: (socket, segment folder) of the engine process that runs the engines."""
     settings = settings or get_settings()
     budget = BodyBudget(settings.max_inflight_bytes)  # bodies in flight, by the guard and the protocol alike
@@ -117,14 +118,15 @@ def create_app(
             await asyncio.to_thread(tracing.flush)  # the last requests' and batches' spans
             lag_sampler.cancel()
             gc_pauses.remove()
-            if service.device_dead and exit_on_dead_device:
+            if service.device_dead and owns_process:
                 # A kernel that never ends holds the interpreter's exit (CUDA's teardown waits for it,
                 # and so does a thread stuck in a forward): leave now, non-zero, for the supervisor.
                 logging.shutdown()
                 os._exit(1)
-            # A forward stuck in a model's code on the CPU (its batch outlived the stop's wait), a load's factory
-            # still reading its model: neither is waited for (their threads would hold the interpreter's exit).
-            daemon_thread.leave_now_if_unfinished(log)
+            if owns_process:
+                # A forward stuck in a model's code on the CPU (its batch outlived the stop's wait), a load's factory
+                # still reading its model: neither is waited for (their threads would hold the interpreter's exit).
+                daemon_thread.leave_now_if_unfinished(log)
 
     # FastAPIOffline serves Swagger UI and ReDoc from files in its wheel: /docs works offline.
     app = FastAPIOffline(

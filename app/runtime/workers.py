@@ -212,7 +212,7 @@ def worker_app() -> Any:
         on_fatal=stop_every_worker,
         on_ready=mark_ready,
         peers_ready=every_worker_ready,
-        exit_on_dead_device=True,
+        owns_process=True,
         engine_process=(os.environ[SOCKET_ENV], os.environ[SEGMENTS_ENV]) if SOCKET_ENV in os.environ else None,
     )
 
