@@ -85,9 +85,11 @@ TlsFile = Annotated[Path | None, AfterValidator(_readable)]
 
 # The GPU decoder's batches launched at once where jpeg_launches is 0, by the nvJPEG call it makes (the decoder
 # started decides, app/codecs/gpu_jpeg.py): torchvision's decodes one batch at a time (its lock), so a second launch
-# only overlaps host work; the direct decoder's states decode side by side, and 3 was their best count for JPEG bodies
-# through the front door (runs 50, 51: 4 to 8 did less, with a longer tail).
-JPEG_LAUNCHES = {"torchvision": 2, "direct": 3}
+# only overlaps host work; the direct decoder's three states (gpu_jpeg.DIRECT_STATES) decode side by side, and a fourth
+# launch thread prepares a batch while they do: ≥ 0.6× of the engine's peak for JPEG bodies through the front door in
+# four calls of four, against two of four for three launches, with a p99 at 70 % of 43–48 ms (one of 82) against
+# 39–42 (run 62; four states did less, with a longer tail: runs 50, 51).
+JPEG_LAUNCHES = {"torchvision": 2, "direct": 4}
 
 
 class Settings(BaseSettings):
@@ -359,8 +361,8 @@ class Settings(BaseSettings):
         description="GPU decoder: batches being launched at once, so that one batch's host work (reading its "
         "uploads, torchvision's calls) overlaps the previous one's decode, and the direct decoder's states decode "
         "batches side by side. 1: one after the other; 0: the count of the decoder started, 2 for torchvision's (one "
-        "batch decodes at a time, even where direct was asked for and the GPU has no JPEG engines) and 3 for direct "
-        "(the best count through the front door, runs 50 and 51), whose states decode 3 batches at once at most.",
+        "batch decodes at a time, even where direct was asked for and the GPU has no JPEG engines) and 4 for direct "
+        "(three decoder states, which decode 3 batches at once at most, and a thread preparing the next: run 62).",
     )
     jpeg_nvjpeg: Literal["auto", "torchvision", "direct"] = Field(
         "auto",
@@ -368,7 +370,8 @@ class Settings(BaseSettings):
         "calls nvJPEG's hardware decoder (the JPEG engines of A100, H100, H200) with decoder states of its own, "
         "so that batches decode at once (a GPU without those engines keeps torchvision's). auto: direct where the "
         "front door serves in one process, torchvision otherwise. Through the front door, at 3 launches, direct won "
-        "in eight of nine calls by 1–10 % on H100s, with a shorter tail in all nine (runs 51, 58–60); for multipart "
+        "in eight of nine calls by 1–10 % on H100s, with a shorter tail in all nine (runs 51, 58–60; 4 launches since "
+        "run 62); for multipart "
         "uploads in the engine process it did 7–10 % more photos a second but had a p99 at 70 % of 66–67 ms against "
         "39–41 (run 52; bench/results/HISTORY.md).",
     )
@@ -393,7 +396,7 @@ class Settings(BaseSettings):
         True,
         description="GPU decoder at the front door: its bulks' rows are registered as pinned memory at start-up, and "
         "the device copies each photo's pixels straight into its row (no host copy a photo on the event loop). "
-        "Pins the door's buffers whole (MOST_ROWS × C×H×W bytes each, 1.5 GB for ResNet-50's 10 at the defaults): "
+        "Pins the door's buffers whole (MOST_ROWS × C×H×W bytes each, 1.8 GB for ResNet-50's 12 at the defaults): "
         "false leaves them pageable, touched as rows come.",
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log verbosity.")

@@ -3,7 +3,7 @@
 Concurrent uploads queue here; one collector task takes everything waiting (up to `max_batch`)
 as soon as fewer than `launches` batches are being launched, so the window is a launch itself:
 a lone upload goes at once, and under load batches grow with the load (continuous batching).
-Two launches at once (torchvision's default; the direct decoder's is three) let one batch's host work
+Two launches at once (torchvision's default; the direct decoder's is four, over three states) let one batch's host work
 (tensors over the uploads, torchvision's Python, the pinned buffer) run while the previous one is in nvJPEG,
 which torchvision serialises behind its decoder's lock. Their resizes and copies share one stream,
 interleaved in whatever order the two threads queue them: each batch waits on its own event.

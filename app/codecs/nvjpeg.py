@@ -26,8 +26,9 @@ loop's Python once an image. The batch's initialisation and decode go through CD
 GIL held is kept to those calls; the rest is done once a batch (the descriptors as one array, a batch
 of one size's views in one call), since every launch thread's Python shares the one GIL with the loop.
 
-CGSERVE_JPEG_NVJPEG=auto (the default) takes it, at three launches, for the front door in one process: there it
-beat torchvision's decoder in eight of nine calls by 1–10 %, with a shorter tail in all nine (runs 51, 58–60). The
+CGSERVE_JPEG_NVJPEG=auto (the default) takes it for the front door in one process: there, at three launches, it
+beat torchvision's decoder in eight of nine calls by 1–10 %, with a shorter tail in all nine (runs 51, 58–60); four
+launch threads over its three states did a little more (run 62). The
 engine process's multipart uploads keep torchvision's: this one did 7–10 % more photos a second there, with a longer
 tail (run 52; bench/results/HISTORY.md).
 """

@@ -57,7 +57,7 @@ def door_buffers(settings: Settings, *, paced_launches: int) -> int:
 
 def pin_buffers(service: Service, door: Door) -> list[np.ndarray]:
     """The door's buffers registered for the GPU decoder to write photos' pixels into (jpeg_pinned_rows), those it
-    registered; none where there is no such decoder. Locks their pages: a second or so for ResNet-50's 1.5 GB."""
+    registered; none where there is no such decoder. Locks their pages: a second or so for ResNet-50's 1.8 GB."""
     decoder = service.jpeg_decoder
     if not service.settings.jpeg_pinned_rows or not isinstance(decoder, RowWritingDecoder):
         return []

@@ -482,15 +482,15 @@ def test_each_launch_s_state_is_sized_once_and_a_size_nvjpeg_refuses_stops_start
 
 
 def test_launches_0_is_the_count_of_the_decoder_started(calls: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
-    """CGSERVE_JPEG_LAUNCHES=0: 3 for the direct decoder, a state each; 2 for torchvision's, asked for or taken where
-    the GPU has no JPEG engines (a review found the door's buffers counted for 3 there); a count set is kept."""
+    """CGSERVE_JPEG_LAUNCHES=0: 4 for the direct decoder, over its 3 states; 2 for torchvision's, asked for or taken
+    where the GPU has no JPEG engines (a review found the door's buffers counted for 3 there); a count set is kept."""
     from app.codecs import gpu_jpeg  # afresh, against the stand-ins (the fixture)
     from app.codecs.nvjpeg import NvJpegError
 
     handle = StandInHandle()
     monkeypatch.setattr(gpu_jpeg, "NvJpeg", lambda: handle)
     direct = gpu_jpeg.GpuJpegDecoder("cpu", nvjpeg="direct")
-    assert (direct.nvjpeg, direct.launches, len(handle.made)) == ("direct", 3, 3)
+    assert (direct.nvjpeg, direct.launches, len(handle.made)) == ("direct", 4, gpu_jpeg.DIRECT_STATES)
     direct.close()
 
     def no_engines() -> None:
