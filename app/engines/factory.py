@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 
 from app.config import Settings, named_gpus
-from app.engines.base import INPUT_DTYPES, Engine
+from app.engines.base import Engine
 from app.repository import LoadedModel
 from app.repository.model_config import ModelConfigError
 from app.repository.model_spec import ModelSpec
@@ -75,6 +75,9 @@ def engine_options(settings: Settings, spec: ModelSpec, devices: tuple[str, ...]
     if device == "cpu" and engine != "onnxruntime" and dtype != "fp32":
         source = "dtype" if config.dtype else "CGSERVE_DTYPE"
         problems.append(f"{toml}: {source}: {dtype} needs a CUDA device; on the CPU models run in fp32")
+    buckets = config.buckets or settings.buckets
+    if (too_large := _slots_past_memory(buckets, spec.input_shape, settings.in_flight)) is not None:
+        problems.append(f"{toml}: {'buckets' if config.buckets else 'CGSERVE_BUCKETS'}: {too_large}")
     if problems:
         raise ModelConfigError(problems)
     if engine == "onnxruntime":  # its providers choose its one device (model.toml's providers)
@@ -87,9 +90,27 @@ def engine_options(settings: Settings, spec: ModelSpec, devices: tuple[str, ...]
         compile=config.compile or settings.compile,
         compile_mode=config.compile_mode,
         compile_strict=settings.compile_strict if config.compile_strict is None else config.compile_strict,
-        buckets=config.buckets or settings.buckets,
+        buckets=buckets,
         max_delay_ms=settings.max_delay_ms if config.max_delay_ms is None else config.max_delay_ms,
         providers=config.providers,
+    )
+
+
+def _slots_past_memory(buckets: tuple[int, ...], input_shape: tuple[int, int, int], in_flight: int) -> str | None:
+    """Why the engine's slots could never be allocated, or None: each of its `in_flight` slots holds the largest
+    bucket's inputs as uint8 and float32 (5 bytes a value) on the host, and a bucket of millions of images asks for
+    more than the machine has (a MemoryError naming neither the model nor the key, before)."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not on this platform: the allocation says
+        return None
+    c, h, w = input_shape
+    need = in_flight * max(buckets) * c * h * w * 5
+    if need <= memory:
+        return None
+    return (
+        f"the largest bucket, {max(buckets)}, needs {need / 2**30:.1f} GiB of host memory for {in_flight} slots of "
+        f"({c}, {h}, {w}) inputs, more than this machine's {memory / 2**30:.1f} GiB; use smaller buckets"
     )
 
 
@@ -121,10 +142,10 @@ def build_engine(
         from app.engines.cpu_eager import CpuEagerEngine
 
         if options.engine == "compile":
-            from app.engines.inductor import compile_module
+            from app.engines.cpu_compiled import cpu_compiled_engine
 
-            compiled = compile_module(module, options.compile_mode, len(options.buckets) * len(INPUT_DTYPES))
-            return CpuEagerEngine(compiled, spec, options.buckets, in_flight=in_flight, name="compile")  # type: ignore[arg-type]
+            return cpu_compiled_engine(module, spec, options.buckets, mode=options.compile_mode,
+                                       strict=options.compile_strict, in_flight=in_flight)  # fmt: skip
         return CpuEagerEngine(module, spec, options.buckets, in_flight=in_flight)
     from app.engines.cuda import CudaEngine
     from app.engines.inductor import CAPTURE_MODES

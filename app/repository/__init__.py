@@ -138,7 +138,7 @@ def _read_spec(name: str, folder: Path, toml: Path, version: str) -> ModelSpec:
     spec = ModelSpec(name=name, folder=folder, config=config, class_names=(), version=version, config_file=config_file)
     if isinstance(config.labels, str) and (outside := _outside(spec.home, config.labels, spec.path(config.labels))):
         raise ModelConfigError([f"{toml}: labels: {outside}"])
-    return dataclasses.replace(spec, class_names=read_labels(config, folders))
+    return dataclasses.replace(spec, class_names=read_labels(config, folders, toml))
 
 
 def _outside(folder: Path, relative: str, found: Path | None = None) -> str | None:

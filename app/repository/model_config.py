@@ -75,6 +75,18 @@ class OutputConfig(BaseModel):
     classes: bool = False  # class scores: postprocess, labels and the classification extension apply
 
 
+# The keys that say where a model comes from, and the formats that read each: set for another format, a key is an
+# error (a torchscript model given `weights` served the file's own weights, not those).
+FORMAT_KEYS = {
+    "file": ("torchscript", "exported", "onnx"),
+    "weights": ("torchvision", "python"),
+    "architecture": ("torchvision",),
+    "arguments": ("torchvision",),
+    "allow_random_weights": ("torchvision",),
+    "factory": ("python",),
+    "providers": ("onnx",),
+}
+
 # /predict answers a class-scores output as these fields beside the other outputs' names.
 CLASS_FIELDS = ("label", "class_name", "scores")
 
@@ -134,6 +146,10 @@ class ModelConfig(BaseModel):
                 ("weights", 'format "torchvision" needs a state-dict file here, or allow_random_weights = true '
                  "for a benchmark model with random weights")
             )  # fmt: skip
+        for key, formats in FORMAT_KEYS.items():  # a key its format never reads would be ignored without a word
+            if key in self.model_fields_set and self.format not in formats:
+                used = " or ".join(f'"{f}"' for f in formats)
+                problems.append((key, f'format "{self.format}" does not read this key (format {used} does); remove it'))
         if self.format == "onnx" and self.engine not in (None, "onnxruntime"):
             problems.append(("engine", f'"{self.engine}" cannot run an ONNX file; use "onnxruntime"'))
         if self.format != "onnx" and self.engine == "onnxruntime":
@@ -225,16 +241,26 @@ def _names(folders: tuple[Path, ...]) -> str:
     return " or ".join(str(folder) for folder in folders)
 
 
-def read_labels(config: ModelConfig, folders: tuple[Path, ...]) -> tuple[str, ...]:
-    """The labels list, or the lines of the labels file (blank lines skipped)."""
+def read_labels(config: ModelConfig, folders: tuple[Path, ...], toml: Path) -> tuple[str, ...]:
+    """The labels list, or the lines of the labels file: line i names class i-1, blank lines at its end left out.
+    ModelConfigError for a blank line before the last label: skipped, it would name every later class as the next
+    one (Triton's label files are a line a class too)."""
     if config.labels is None:
         return ()
     if isinstance(config.labels, list):
         return tuple(config.labels)
     found = find(config.labels, folders)
     assert found is not None  # read_model_config checked it
-    lines = found.read_text().splitlines()
-    return tuple(line.strip() for line in lines if line.strip())
+    labels = [line.strip() for line in found.read_text().splitlines()]
+    while labels and not labels[-1]:
+        labels.pop()
+    blank = [number for number, label in enumerate(labels, 1) if not label]
+    if blank:
+        raise ModelConfigError(
+            [f"{toml}: labels: {found.name} has blank lines {blank[:10]} before its last label; each line names one "
+             "class in class order (line 1 class 0): remove them, or give those classes names"]
+        )  # fmt: skip
+    return tuple(labels)
 
 
 # What a table key takes, where pydantic's words ("a valid dictionary or instance of VersionPolicy") do not say.

@@ -52,6 +52,15 @@ BAD_MODELS = [
      "weights", "bad.pt"),
     ("input_shape in H, W, C", GOOD.replace("[1, 28, 28]", "[28, 28, 1]") + TEN_LABELS, {}, "input_shape",
      "input_shape is C, H, W: [1, 28, 28]?"),
+    # A blank line was skipped: every later class was named as the next one (class 8 served as "nine").
+    ("blank label line", GOOD + 'labels = "labels.txt"\n', {"labels.txt": "zero\n\ntwo\nthree\n"}, "labels",
+     "labels.txt has blank lines [2] before its last label"),
+    # A key its format never reads was ignored: a torchscript model given weights served the file's own.
+    ("a key of another format", f'format = "torchscript"\nfile = "model.pt"\nweights = "{WEIGHTS}"\n'
+     'input_shape = [1, 28, 28]\n' + TEN_LABELS, {"model.pt": ""}, "weights",
+     'format "torchscript" does not read this key (format "torchvision" or "python" does)'),
+    ("arguments for a python model", GOOD + TEN_LABELS + "arguments = { num_classes = 10 }\n", {}, "arguments",
+     'format "python" does not read this key'),
 ]  # fmt: skip
 
 
@@ -93,6 +102,19 @@ def test_start_up_reports_one_models_load_problem_beside_anothers_model_toml_pro
     assert sorted(problem.split(": ")[1] for problem in raised.value.problems) == ["batch_size", "labels"]
 
 
+def test_buckets_past_the_machines_memory_name_the_model_and_key(tmp_path: Path) -> None:
+    """A bucket of millions of images stopped start-up with numpy's MemoryError, naming neither model nor key."""
+    seed_folder(tmp_path / "huge", GOOD + TEN_LABELS + "buckets = [1, 100000000]\n")
+    with pytest.raises(ModelConfigError) as raised:
+        prepare_models(Settings(device="cpu", model_repository=tmp_path))
+    (problem,) = raised.value.problems
+    assert problem.startswith(f"{tmp_path / 'huge' / 'model.toml'}: buckets: the largest bucket, 100000000"), problem
+    assert "GiB of host memory" in problem and "use smaller buckets" in problem, problem
+    seed_folder(tmp_path / "plain" / "seed")
+    with pytest.raises(ModelConfigError, match="CGSERVE_BUCKETS: the largest bucket"):  # the setting, where it decides
+        prepare_models(Settings(device="cpu", model_repository=tmp_path / "plain", buckets="1,100000000"))
+
+
 def test_the_front_door_with_several_models_and_no_default_is_refused_before_the_server_listens(
     tmp_path: Path,
 ) -> None:
@@ -131,7 +153,7 @@ def test_a_default_model_that_is_not_in_the_repository_is_refused() -> None:
 def test_labels_from_a_file_and_preprocess_for_rgb(tmp_path: Path) -> None:
     folder = tmp_path / "rgb"
     folder.mkdir()
-    (folder / "labels.txt").write_text("cat\n\ndog\n")
+    (folder / "labels.txt").write_text("cat\n dog \n\n\n")  # blank lines at its end are left out
     (folder / "model.py").write_text(
         "import torch\n\ndef build():\n"
         "    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 2))\n"
