@@ -109,7 +109,14 @@ def _read_versions(name: str, folder: Path) -> list[ModelSpec]:
     if not versions:  # the unversioned layout: the folder is version 1
         if not shared.is_file():
             raise ModelConfigError([f"{folder}: no model.toml in this model folder"])
-        return [_read_spec(name, folder, shared, UNVERSIONED)]
+        spec = _read_spec(name, folder, shared, UNVERSIONED)
+        policy = spec.config.version_policy
+        if policy is not None and policy.specific is not None and int(UNVERSIONED) not in policy.specific.versions:
+            raise ModelConfigError(  # it served the folder as version 1 without a word
+                [f"{shared}: version_policy: versions {list(policy.specific.versions)} have no folder in {folder}: it "
+                 "holds no numbered version folders, and is served as version 1"]
+            )  # fmt: skip
+        return [spec]
     # The policy: <name>/model.toml's, else the newest version's own.
     newest = versions[max(versions)]
     source = shared if shared.is_file() else newest / "model.toml"

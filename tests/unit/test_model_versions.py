@@ -75,6 +75,17 @@ def test_an_unversioned_folder_is_version_1_as_before(tmp_path: Path) -> None:
     assert (spec.version, spec.folder, spec.toml) == ("1", tmp_path / "cnn", tmp_path / "cnn" / "model.toml")
 
 
+def test_a_specific_version_an_unversioned_folder_lacks_is_refused(tmp_path: Path) -> None:
+    """It was served as version 1 without a word; [1] names what the folder is, and is served."""
+    (tmp_path / "cnn").mkdir()
+    shutil.copy(WEIGHTS_PATH, tmp_path / "cnn")
+    (tmp_path / "cnn" / "model.toml").write_text(GOOD + "version_policy = { specific = { versions = [7] } }\n")
+    with pytest.raises(ModelConfigError, match=r"versions \[7\] have no folder .* served as version 1"):
+        read_repository(tmp_path)
+    (tmp_path / "cnn" / "model.toml").write_text(GOOD + "version_policy = { specific = { versions = [1] } }\n")
+    assert [spec.version for spec in read_repository(tmp_path)] == ["1"]
+
+
 @pytest.mark.parametrize(
     ("policy", "words"),
     [
