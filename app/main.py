@@ -126,7 +126,8 @@ def create_app(
             if owns_process:
                 # A forward stuck in a model's code on the CPU (its batch outlived the stop's wait), a load's factory
                 # still reading its model: neither is waited for (their threads would hold the interpreter's exit).
-                daemon_thread.leave_now_if_unfinished(log)
+                # Non-zero: work was cut short (uvicorn's own ending, which this skips, would say 0 or the signal).
+                daemon_thread.leave_now_if_unfinished(log, status=1)
 
     # FastAPIOffline serves Swagger UI and ReDoc from files in its wheel: /docs works offline.
     app = FastAPIOffline(

@@ -95,7 +95,7 @@ class Batcher:
         self.fastest_bucket = fastest_bucket
         self.clock = DeviceClock(len(self.engines))  # when each device should be done, from measured batches
         self.batch_timeout_s = batch_timeout_s
-        self._overdue: set[asyncio.Task[None]] = set()  # cpu batches past batch_timeout_s, logged once each
+        self._overdue: set[asyncio.Task[None]] = set()  # cpu batches past batch_timeout_s: logged as the first is
         self.dead: str | None = None  # why the device is dead, once it is
         self.dead_device: str | None = None  # which one
         self._on_dead = on_dead
@@ -374,15 +374,20 @@ class Batcher:
         self._queue_depth.set(self._queued_rows)  # a queue that no batch drains (no free slot) shows too
         self._overdue.intersection_update(self._batches)  # those still running
         for task, (launched, lease, shares) in list(self._batches.items()):
+            # A launched batch's requests past their deadlines get 504 now, not once it is back: every protocol's,
+            # the front door's too (its feeder has no timer of its own). Their rows are in the slot already.
+            for request, _, _ in shares:
+                if now >= request.deadline and not request.future.done():
+                    request.future.set_exception(DeadlineExceededError(request.deadline - request.enqueued))
             if now - launched > self.batch_timeout_s:
                 device = lease.engine.device
                 timeout = f"the batch timeout of {self.batch_timeout_s:g} s"
                 if device == "cpu":  # a slow or stuck model's code, not a hung device: logged, not fatal
-                    if task not in self._overdue:
-                        self._overdue.add(task)
+                    if not self._overdue:  # once while any is overdue (those queued behind it are too)
                         log.warning("a batch of %d rows on the cpu has run past %s: the model is slow or stuck; its "
                                     "requests get 504 at their deadlines, the model's next batches wait for it",
                                     sum(end - start for _, start, end in shares), timeout)  # fmt: skip
+                    self._overdue.add(task)
                     continue
                 self.declare_dead(f"a batch on {device} did not complete within {timeout}", device)
                 fail(shares, lambda: NotReadyError(f"the device is dead ({self.dead})"))
@@ -454,9 +459,13 @@ class Batcher:
             finished = True
             if span is not None:
                 span.add_event("replayed")
-        except (Exception, SystemExit, KeyboardInterrupt) as error:  # the last two: the model's code called sys.exit
-            # or raised them, on the engine's thread (signals reach the main thread's handlers, never a batch): its
-            # batch fails, not the server. CancelledError (the server stopping) goes on.
+        except BaseException as error:
+            # Whatever the model's code raised on the engine's thread fails its batch, not the server: sys.exit's
+            # SystemExit, KeyboardInterrupt, GeneratorExit, a CancelledError of its own (signals reach the main
+            # thread's handlers, never a batch). Only this task's own cancellation (the server stopping) goes on.
+            current = asyncio.current_task()
+            if isinstance(error, asyncio.CancelledError) and current is not None and current.cancelling():
+                raise
             finished = engine.healthy()  # a sticky device error: the slot may still be in use
             log.exception(
                 "batch of %d rows (bucket %d) on %s failed; failing its requests", rows, bucket, engine.device

@@ -14,6 +14,7 @@ A compile that fails or differs serves the eager module instead, with a warning 
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 import torch
@@ -39,6 +40,7 @@ def cpu_compiled_engine(module: nn.Module, spec: ModelSpec, buckets: tuple[int, 
                         in_flight: int) -> CpuEagerEngine:  # fmt: skip
     """A CpuEagerEngine of `module` torch.compile'd in `mode`, every bucket compiled and checked now; where that
     fails, one of the eager module with report.compile_fallback saying why (strict: the failure is raised)."""
+    started = time.perf_counter()
     compiled = compile_module(module, mode, len(buckets) * len(INPUT_DTYPES))
     engine = CpuEagerEngine(compiled, spec, buckets, in_flight=in_flight, name="compile")  # type: ignore[arg-type]
     reference = CpuEagerEngine(module, spec, buckets, in_flight=1)
@@ -55,6 +57,10 @@ def cpu_compiled_engine(module: nn.Module, spec: ModelSpec, buckets: tuple[int, 
         engine.report.compile_fallback = why
     finally:
         reference.close()
+    # As a GPU engine's: what was asked for (cgserve_compile_fallback is set for engines that say), and the compiles'
+    # time in the start-up's.
+    engine.report.facts["torch_compile_mode"] = mode
+    engine.report.startup_seconds = time.perf_counter() - started
     return engine
 
 

@@ -66,6 +66,7 @@ def packed(returned: object, layout: OutputLayout, batch: int) -> torch.Tensor:
                 f"the model returned a {type(returned).__name__} for a batch of {batch}; expected one "
                 f"({batch}, {layout.width}) tensor (or [[outputs]] in model.toml naming them)"
             )
+        returned = one_image_row(returned, batch, (layout.width,))
         expect_shape(tuple(returned.shape), (batch, layout.width), layout.outputs[0].name)
         return returned.float()  # (b, classes)
     if isinstance(returned, torch.Tensor):
@@ -83,9 +84,16 @@ def packed(returned: object, layout: OutputLayout, batch: int) -> torch.Tensor:
     if len(parts) != len(layout.outputs) or not all(isinstance(part, torch.Tensor) for part in parts):
         raise ModelOutputError(f"the model returned {len(parts)} values; expected {len(layout.outputs)} tensors, the "
                                f"outputs {list(layout.names)} in that order")  # fmt: skip
+    parts = [one_image_row(part, batch, output.shape) for part, output in zip(parts, layout.outputs, strict=True)]
     for part, output in zip(parts, layout.outputs, strict=True):
         expect_shape(tuple(part.shape), (batch, *output.shape), output.name)
     return torch.cat([part.reshape(batch, -1).float() for part in parts], dim=1)
+
+
+def one_image_row(part: torch.Tensor, batch: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """A batch of one returned without its batch dimension (a model ending in .squeeze()), as its one row: that
+    output's (1, *shape); anything else as it is. Such models were served before the shapes were checked."""
+    return part.unsqueeze(0) if batch == 1 and tuple(part.shape) == shape else part
 
 
 def expect_shape(got: tuple[int, ...], expected: tuple[int, ...], name: str) -> None:
@@ -115,6 +123,8 @@ def finished_into(rows: torch.Tensor, layout: OutputLayout, kind: Postprocess, o
 def packed_numpy(returned: list[np.ndarray], layout: OutputLayout, kind: Postprocess, batch: int) -> np.ndarray:
     """The same on the host, for ONNX Runtime: its outputs for `batch` images in the layout's order → (batch, width)
     float32, finished; ModelOutputError where an output is not (batch, *its shape)."""
+    returned = [part[None] if batch == 1 and part.shape == output.shape else part  # as one_image_row
+                for part, output in zip(returned, layout.outputs, strict=True)]  # fmt: skip
     for part, output in zip(returned, layout.outputs, strict=True):
         expect_shape(tuple(part.shape), (batch, *output.shape), output.name)
     if layout.default:

@@ -67,9 +67,10 @@ def at_work() -> Iterator[None]:
         _running.discard(thread)
 
 
-def leave_now_if_unfinished(log: logging.Logger, *, failed: bool = False) -> None:
-    """For a process that ends by returning from its main (the engine process): where work started here is still
-    going, say so and leave through os._exit, 0 (1 where `failed`, the exception being handled logged first). The
+def leave_now_if_unfinished(log: logging.Logger, *, failed: bool = False, status: int = 0) -> None:
+    """For a process that ends by returning from its main (the engine process), or a server's lifespan: where work
+    started here is still going, say so and leave through os._exit, `status` (1 where `failed`, the exception being
+    handled logged first). The
     interpreter's end would stop that thread where it stands, and one inside torch's C++ code aborts the process
     (SIGABRT, std::terminate: the review of this module's first use)."""
     if left := sorted(thread.name for thread in list(_running)):
@@ -79,4 +80,4 @@ def leave_now_if_unfinished(log: logging.Logger, *, failed: bool = False) -> Non
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(1 if failed else 0)
+        os._exit(1 if failed else status)

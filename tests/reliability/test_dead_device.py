@@ -49,5 +49,6 @@ def test_a_stuck_cpu_batch_answers_504_keeps_the_server_ready_and_sigterm_still_
         waited = time.monotonic() - started
         log = server.log_path.read_text()
     assert exit_code is not None, f"SIGTERM did not stop a server with a stuck forward within 30 s:\n{log[-3000:]}"
+    assert exit_code != 0, "work was cut short: the exit says so"
     record_figure("stuck_cpu_batch_stop", stop_s=waited)  # shutdown timeout 3 s
     assert "slow or stuck" in log and "the device is dead" not in log, log[-3000:]

@@ -233,11 +233,11 @@ async def test_stop_answers_queued_requests_503() -> None:
 
 async def test_reaper_answers_requests_that_no_free_slot_would_ever_collect() -> None:
     engine = FakeEngine(in_flight=1, device="cuda:0")
-    async with running(engine, max_delay_s=0.0, request_timeout_s=5.0) as batcher:
+    async with running(engine, max_delay_s=0.0, request_timeout_s=600.0) as batcher:
         engine.gate.clear()  # a hung device: the one slot never comes back
-        hung = asyncio.create_task(batcher.submit(images(1.0)))
+        hung = asyncio.create_task(batcher.submit(images(1.0)))  # its deadline past the batch timeout
         await engine.launched.wait()
-        queued = asyncio.create_task(batcher.submit(images(2.0)))
+        queued = asyncio.create_task(batcher.submit(images(2.0), deadline=time.monotonic() + 5.0))
         await asyncio.sleep(0)
         batcher.reap(time.monotonic() + 6.0)  # the queued request's deadline has passed
         with pytest.raises(DeadlineExceededError):
@@ -262,7 +262,7 @@ async def test_pixels_stay_uint8_unless_a_float_request_shares_the_batch() -> No
 async def test_a_hung_batch_declares_the_device_dead_once_and_its_slot_is_never_reused() -> None:
     engine = FakeEngine(in_flight=2, device="cuda:0")
     deaths: list[str] = []
-    async with running(engine, max_delay_s=0.0, request_timeout_s=5.0, on_dead=deaths.append) as batcher:
+    async with running(engine, max_delay_s=0.0, request_timeout_s=600.0, on_dead=deaths.append) as batcher:
         engine.gate.clear()  # the device never answers
         hung = asyncio.create_task(batcher.submit(images(1.0)))
         await engine.launched.wait()
@@ -293,10 +293,43 @@ async def test_a_cpu_batch_past_the_batch_timeout_is_a_slow_model_logged_not_a_d
             batcher.reap(time.monotonic() + batcher.batch_timeout_s + 2.0)
         assert deaths == [] and batcher.dead is None
         overdue = [r for r in caplog.records if "slow or stuck" in r.getMessage()]
-        assert len(overdue) == 1, "logged once a batch"
+        assert len(overdue) == 1, "logged once, not each reap"
         engine.gate.set()
         np.testing.assert_allclose(await slow, expected(1.0), rtol=1e-6)
         np.testing.assert_allclose(await batcher.submit(images(2.0)), expected(2.0), rtol=1e-6)
+
+
+async def test_a_launched_batchs_request_past_its_deadline_gets_504_then_not_when_the_batch_is_back() -> None:
+    """The front door's requests have no timer of their own: a review found one in a stuck CPU batch answered only
+    when the batch came back (or never), and a stop waiting for it."""
+    engine = FakeEngine(in_flight=2)
+    async with running(engine, max_delay_s=0.0, request_timeout_s=60.0) as batcher:
+        engine.gate.clear()  # the batch runs on
+        late = asyncio.create_task(batcher.submit(images(1.0), deadline=time.monotonic() + 0.5))
+        await engine.launched.wait()
+        batcher.reap(time.monotonic() + 1.0)  # past its deadline, the batch still out
+        with pytest.raises(DeadlineExceededError):
+            await asyncio.wait_for(late, 1.0)
+        engine.gate.set()
+        np.testing.assert_allclose(await batcher.submit(images(2.0)), expected(2.0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("raised", [GeneratorExit(), asyncio.CancelledError()])
+async def test_a_model_raising_generator_exit_or_its_own_cancellation_keeps_its_slots(raised: BaseException) -> None:
+    """Past `except (Exception, SystemExit, KeyboardInterrupt)` they left the slot unreusable: after in_flight such
+    batches every request of the model waited for a slot and got 504, the model still ready."""
+
+    class Raising(FakeEngine):
+        async def run(self, slot: Slot, bucket: int, dtype: InputDtype) -> float:
+            if (slot.inputs[dtype][:bucket] == 9.0).any():
+                raise raised
+            return await super().run(slot, bucket, dtype)
+
+    async with running(Raising(in_flight=2), max_delay_s=0.0) as batcher:
+        for _ in range(3):  # more than in_flight
+            with pytest.raises(EngineError, match=f"the model's code raised {type(raised).__name__}"):
+                await batcher.submit(images(9.0))
+        np.testing.assert_allclose(await asyncio.wait_for(batcher.submit(images(2.0)), 5), expected(2.0), rtol=1e-6)
 
 
 @pytest.mark.parametrize("raised", [SystemExit(3), SystemExit(0), KeyboardInterrupt()])

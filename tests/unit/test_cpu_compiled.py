@@ -47,6 +47,7 @@ def test_a_compile_that_fails_at_its_first_call_serves_the_eager_module_saying_w
 
     engine = built(monkeypatch, no_cxx)
     assert engine.name == "eager" and "InvalidCxxCompiler" in (engine.report.compile_fallback or "")
+    assert engine.report.facts["torch_compile_mode"] == "default"  # what cgserve_compile_fallback is set for
     slot = engine.slots[0]
     slot.inputs["uint8"][:4] = 0
     engine._forward(slot.inputs["uint8"][:4], slot.outputs)  # it serves

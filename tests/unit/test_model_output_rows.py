@@ -60,8 +60,10 @@ def test_packed_names_what_the_model_returned_instead() -> None:
     layout = OutputLayout.scores(10)
     with pytest.raises(ModelOutputError, match="returned a dict for a batch of 2; expected one \\(2, 10\\) tensor"):
         packed({"logits": torch.zeros(2, 10)}, layout, 2)
-    with pytest.raises(ModelOutputError, match=r"shape \(10,\) for a batch of 1; expected \(1, 10\)"):
-        packed(torch.zeros(10), layout, 1)  # squeezed
+    with pytest.raises(ModelOutputError, match=r"shape \(10,\) for a batch of 2; expected \(2, 10\)"):
+        packed(torch.zeros(10), layout, 2)
+    # A model ending in .squeeze() gives (10,) for one image: its one row, served as it was before the check.
+    assert packed(torch.arange(10.0), layout, 1).tolist() == [list(range(10))]
     named = OutputLayout.of([("scores", (10,), "FP32", True), ("box", (4,), "FP32", False)])
     with pytest.raises(ModelOutputError, match="returned 1 values; expected 2 tensors"):
         packed((torch.zeros(2, 10),), named, 2)

@@ -98,7 +98,8 @@ def card(served: ServedModel, service: Service) -> dict[str, Any]:
             described["validation_relative_error"] = {str(b): e for b, e in sorted(report.validation_error.items())}
         described.update(report.facts)
         if report.compile_fallback is not None:  # inductor failed: the graphs run the eager module
-            described["compile"] = f"none (compile {options.compile} failed: {report.compile_fallback})"
+            asked = options.compile_mode if options.engine == "compile" else options.compile  # torch.compile's mode
+            described["compile"] = f"none (compile {asked} failed: {report.compile_fallback})"
     return described
 
 
