@@ -470,9 +470,8 @@ class Batcher:
             log.exception(
                 "batch of %d rows (bucket %d) on %s failed; failing its requests", rows, bucket, engine.device
             )
-            what = f"{type(error).__name__}: {error}"
-            if not isinstance(error, Exception):
-                what = f"the model's code raised {type(error).__name__}({error}) while computing a batch"
+            raised = f"{type(error).__name__}: {error}"
+            what = raised if isinstance(error, Exception) else f"the model's code raised {raised} computing a batch"
             if span is not None:
                 span.record_exception(error)
             fail(shares, lambda: EngineError(what))

@@ -23,6 +23,7 @@ from torch import nn
 from app.engines.base import INPUT_DTYPES
 from app.engines.cpu_eager import CpuEagerEngine
 from app.engines.inductor import compile_module
+from app.engines.postprocess import relative_error
 from app.repository.model_spec import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,6 @@ def warm_up_against(engine: CpuEagerEngine, reference: CpuEagerEngine) -> None:
             engine._forward(slot.inputs[dtype][:bucket], slot.outputs)
             reference._forward(expected.inputs[dtype][:bucket], expected.outputs)
             got, want = torch.from_numpy(slot.outputs[:bucket]), torch.from_numpy(expected.outputs[:bucket])
-            error = float((got - want).norm() / want.norm().clamp_min(1e-12))
+            error = relative_error(got, want, engine.spec.layout)
             if not error <= TOLERANCE:
                 raise CompileMismatch(f"bucket {bucket} ({dtype}): outputs differ from eager by {error:.2g} (relative)")

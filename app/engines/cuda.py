@@ -59,7 +59,7 @@ from app.engines.graph_capture import capture_graphs
 from app.engines.host_mapped import device_view
 from app.engines.inductor import CountedInductor, compile_counted, compile_errors
 from app.engines.model_input import ModelInput
-from app.engines.postprocess import finished, finished_into, packed
+from app.engines.postprocess import finished, finished_into, packed, relative_error
 from app.repository.model_spec import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -351,7 +351,7 @@ class CudaEngine:
                         state.host_in[dtype][:bucket].copy_(x)
                         got = self._queue_batch(state, bucket, dtype)
                         state.done.synchronize()
-                        errors[bucket] = max(errors.get(bucket, 0.0), self._error(got, want))
+                        errors[bucket] = max(errors.get(bucket, 0.0), relative_error(got, want, self.spec.layout))
         bad = {b: e for b, e in errors.items() if not e <= TOLERANCE[self.dtype]}
         if bad:
             raise RuntimeError(
@@ -360,18 +360,6 @@ class CudaEngine:
             )
         log.info("%s: every bucket within tolerance of eager, max error %.2e", self.spec.name, max(errors.values()))
         return errors
-
-    def _error(self, got: torch.Tensor, want: torch.Tensor) -> float:
-        """‖got − want‖ / ‖want‖ of (b, width) logits; of named outputs, the largest of any one output's."""
-        layout = self.spec.layout
-        if layout.default:
-            return float((got - want).norm() / want.norm())
-        # One output's scale must not hide another's error (boxes in pixels beside scores in [0, 1]);
-        # an output of zeros must be zeros.
-        return max(
-            float((got[:, o.columns] - want[:, o.columns]).norm() / want[:, o.columns].norm().clamp_min(1e-12))
-            for o in layout.outputs
-        )
 
     # --- serving -------------------------------------------------------------------------------
 

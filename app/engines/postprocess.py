@@ -11,11 +11,16 @@ fp32 row per image first (`packed`), and the postprocess touches its class-score
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import numpy as np
 import torch
 
 from app.repository.model_config import Postprocess
-from app.repository.outputs import OutputLayout
+from app.repository.outputs import Output, OutputLayout
+
+# One output as the model returned it: torch's, or ONNX Runtime's array.
+Part = TypeVar("Part", torch.Tensor, np.ndarray)
 
 
 def scores(logits: torch.Tensor, kind: Postprocess) -> torch.Tensor:
@@ -66,9 +71,7 @@ def packed(returned: object, layout: OutputLayout, batch: int) -> torch.Tensor:
                 f"the model returned a {type(returned).__name__} for a batch of {batch}; expected one "
                 f"({batch}, {layout.width}) tensor (or [[outputs]] in model.toml naming them)"
             )
-        returned = one_image_row(returned, batch, (layout.width,))
-        expect_shape(tuple(returned.shape), (batch, layout.width), layout.outputs[0].name)
-        return returned.float()  # (b, classes)
+        return batch_rows(returned, batch, layout.outputs[0]).float()  # (b, classes)
     if isinstance(returned, torch.Tensor):
         parts = [returned]
     elif isinstance(returned, dict):
@@ -84,23 +87,33 @@ def packed(returned: object, layout: OutputLayout, batch: int) -> torch.Tensor:
     if len(parts) != len(layout.outputs) or not all(isinstance(part, torch.Tensor) for part in parts):
         raise ModelOutputError(f"the model returned {len(parts)} values; expected {len(layout.outputs)} tensors, the "
                                f"outputs {list(layout.names)} in that order")  # fmt: skip
-    parts = [one_image_row(part, batch, output.shape) for part, output in zip(parts, layout.outputs, strict=True)]
-    for part, output in zip(parts, layout.outputs, strict=True):
-        expect_shape(tuple(part.shape), (batch, *output.shape), output.name)
+    parts = [batch_rows(part, batch, output) for part, output in zip(parts, layout.outputs, strict=True)]
     return torch.cat([part.reshape(batch, -1).float() for part in parts], dim=1)
 
 
-def one_image_row(part: torch.Tensor, batch: int, shape: tuple[int, ...]) -> torch.Tensor:
-    """A batch of one returned without its batch dimension (a model ending in .squeeze()), as its one row: that
-    output's (1, *shape); anything else as it is. Such models were served before the shapes were checked."""
-    return part.unsqueeze(0) if batch == 1 and tuple(part.shape) == shape else part
+def batch_rows(part: Part, batch: int, output: Output) -> Part:
+    """One output of the model for `batch` images (a tensor, or ONNX Runtime's array) as (batch, *its shape):
+    ModelOutputError where it is not. A batch of one returned without its batch dimension (a model ending in
+    .squeeze()) is its one row: such models were served before the shapes were checked."""
+    if batch == 1 and tuple(part.shape) == output.shape:
+        return part[None]
+    expected = (batch, *output.shape)
+    if tuple(part.shape) != expected:
+        raise ModelOutputError(f"the model returned {output.name} of shape {tuple(part.shape)} for a batch of {batch}; "
+                               f"expected {expected}: one row an image, each as model.toml declares")  # fmt: skip
+    return part
 
 
-def expect_shape(got: tuple[int, ...], expected: tuple[int, ...], name: str) -> None:
-    """ModelOutputError unless an output of the batch has the shape model.toml declares for it."""
-    if got != expected:
-        raise ModelOutputError(f"the model returned {name} of shape {got} for a batch of {expected[0]}; expected "
-                               f"{expected}: one row an image, each as model.toml declares")  # fmt: skip
+def relative_error(got: torch.Tensor, want: torch.Tensor, layout: OutputLayout) -> float:
+    """‖got − want‖ / ‖want‖ of (b, width) rows (logits or finished scores); of named outputs, the largest of any
+    one output's: one output's scale must not hide another's error (boxes in pixels beside scores in [0, 1]), and an
+    output of zeros must be zeros. How a GPU engine's graphs and a CPU engine's compiled module are checked."""
+    if layout.default:
+        return float((got - want).norm() / want.norm())
+    return max(
+        float((got[:, o.columns] - want[:, o.columns]).norm() / want[:, o.columns].norm().clamp_min(1e-12))
+        for o in layout.outputs
+    )
 
 
 def finished(rows: torch.Tensor, layout: OutputLayout, kind: Postprocess) -> torch.Tensor:
@@ -123,10 +136,7 @@ def finished_into(rows: torch.Tensor, layout: OutputLayout, kind: Postprocess, o
 def packed_numpy(returned: list[np.ndarray], layout: OutputLayout, kind: Postprocess, batch: int) -> np.ndarray:
     """The same on the host, for ONNX Runtime: its outputs for `batch` images in the layout's order → (batch, width)
     float32, finished; ModelOutputError where an output is not (batch, *its shape)."""
-    returned = [part[None] if batch == 1 and part.shape == output.shape else part  # as one_image_row
-                for part, output in zip(returned, layout.outputs, strict=True)]  # fmt: skip
-    for part, output in zip(returned, layout.outputs, strict=True):
-        expect_shape(tuple(part.shape), (batch, *output.shape), output.name)
+    returned = [batch_rows(part, batch, output) for part, output in zip(returned, layout.outputs, strict=True)]
     if layout.default:
         return scores_numpy(returned[0], kind)
     rows = np.concatenate([part.reshape(batch, -1).astype(np.float32) for part in returned], axis=1)
